@@ -1,0 +1,65 @@
+"""ConfigStore registration (``base_<group>``) and the ``eagle3.*`` OmegaConf resolvers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import ListConfig, OmegaConf
+
+from eagle3 import layers
+from eagle3.config import schema
+
+_GROUPS = {
+    "model": schema.ModelConfig,
+    "topology": schema.TopologyConfig,
+    "layers": schema.LayersConfig,
+    "data": schema.DataConfig,
+    "capture": schema.CaptureConfig,
+    "train": schema.TrainConfig,
+    "logger": schema.LoggerConfig,
+    "paths": schema.PathsConfig,
+}
+
+
+def _plain(x):
+    return OmegaConf.to_container(x, resolve=True) if OmegaConf.is_config(x) else x
+
+
+def _model_fact(path: str, key: str):
+    """Read an architecture fact from a local HF model's config.json (for `model=hf`)."""
+    cfg_file = Path(str(path)).expanduser() / "config.json"
+    if not cfg_file.is_file():
+        raise ValueError(
+            f"model.path={path!r}: no config.json there to read {key!r} from; give a local HF "
+            f"model directory, or set the fact explicitly (e.g. model.num_layers=32)"
+        )
+    cfg = json.loads(cfg_file.read_text())
+    cfg = cfg.get("text_config", cfg)  # multimodal wrappers keep the LM facts inside
+    if key not in cfg:
+        raise ValueError(f"{cfg_file}: has no {key!r}; set the matching model.* field explicitly")
+    value = cfg[key]
+    return value[0] if key == "architectures" and isinstance(value, list) else value
+
+
+def register_resolvers() -> None:
+    OmegaConf.register_new_resolver(
+        "eagle3.aux_ids",
+        lambda ids, numbering, n: ListConfig(layers.resolve_aux_ids(_plain(ids), numbering, n)),
+        replace=True,
+    )
+    OmegaConf.register_new_resolver(
+        "eagle3.capture_ids",
+        lambda ids, n: ListConfig(layers.capture_ids(_plain(ids), n)),
+        replace=True,
+    )
+    OmegaConf.register_new_resolver("eagle3.model_fact", _model_fact, replace=True)
+
+
+def register_configs() -> None:
+    register_resolvers()
+    cs = ConfigStore.instance()
+    cs.store(name="base_run", node=schema.RunConfig)
+    for group, node in _GROUPS.items():
+        cs.store(group=group, name=f"base_{group}", node=node)

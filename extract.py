@@ -1,0 +1,23 @@
+"""Run the target over chat data and write the hidden-state dataset (+ draft vocab) to disk.
+
+    python extract.py --help            # config groups and overrides
+    python extract.py --cfg job --resolve
+"""
+
+import hydra
+from omegaconf import DictConfig
+
+from eagle3.config import register_configs
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="extract")
+def main(cfg: DictConfig):
+    from eagle3.extraction.run import run
+
+    return run(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+"""Train an EAGLE-3 draft head on an extracted hidden-state dataset; export it for vLLM.
+
+    python train.py --help            # config groups and overrides
+    python train.py --cfg job --resolve
+"""
+
+import hydra
+from omegaconf import DictConfig
+
+from eagle3.config import register_configs
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+def main(cfg: DictConfig):
+    from eagle3.training.run import run
+
+    return run(cfg)
+
+
+if __name__ == "__main__":
+    main()
