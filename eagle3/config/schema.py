@@ -218,3 +218,5 @@ class RunConfig:
     shard_index: int = 0
     num_shards: int = 1
     tags: List[str] = field(default_factory=list)
+    # the metric train.py's main() returns, for sweepers (Optuna maximises it)
+    optimized_metric: str = "val/sim_accept_len"

@@ -1,0 +1,53 @@
+"""Checks that need more than one field (the schemas catch typos and types at compose)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def torch_dtype(name: str, key: str = "capture.dtype") -> torch.dtype:
+    try:
+        return _DTYPES[str(name)]
+    except KeyError:
+        raise ConfigError(f"{key}: expected one of {sorted(_DTYPES)}, got {name!r}") from None
+
+
+def validate_topology(topology: Any) -> None:
+    for key in ("devices", "num_nodes", "extract_tp", "extract_dp"):
+        if int(topology[key]) < 1:
+            raise ConfigError(f"topology.{key}: expected >= 1, got {topology[key]}")
+    world = int(topology.devices) * int(topology.num_nodes)
+    need = int(topology.extract_tp) * int(topology.extract_dp)
+    if need > world:
+        raise ConfigError(
+            f"topology: extract_tp x extract_dp = {topology.extract_tp} x {topology.extract_dp} = {need} "
+            f"devices, but devices x num_nodes = {topology.devices} x {topology.num_nodes} = {world}"
+        )
+    if str(topology.accelerator) not in ("cpu", "gpu", "cuda", "auto"):
+        raise ConfigError(f"topology.accelerator: expected cpu|gpu|auto, got {topology.accelerator!r}")
+
+
+def validate_run_config(cfg: Any) -> None:
+    """Everything a stage checks before doing any work."""
+    validate_topology(cfg.topology)
+    torch_dtype(cfg.capture.dtype)
+    # resolving these runs the layer-id validation (range, unique, sorted)
+    list(cfg.layers.capture_ids)
+    if not 0.0 <= float(cfg.data.val_fraction) < 1.0:
+        raise ConfigError(f"data.val_fraction: expected in [0, 1), got {cfg.data.val_fraction}")
+    if int(cfg.data.max_length) < 2:
+        raise ConfigError(f"data.max_length: expected >= 2, got {cfg.data.max_length}")
+    if int(cfg.train.ttt_steps) < 1:
+        raise ConfigError(f"train.ttt_steps: expected >= 1, got {cfg.train.ttt_steps}")
+    if int(cfg.train.draft_vocab_size) < 1:
+        raise ConfigError(f"train.draft_vocab_size: expected >= 1, got {cfg.train.draft_vocab_size}")
+    if not 0 <= int(cfg.shard_index) < int(cfg.num_shards):
+        raise ConfigError(f"shard_index: expected 0..num_shards-1={int(cfg.num_shards) - 1}, got {cfg.shard_index}")

@@ -1,0 +1,40 @@
+"""Shared fixtures: the repo root, Hydra composition of conf/, the materialised SmolLM2."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = ROOT / ".cache"
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def compose(config_name: str = "train", overrides: list[str] | None = None, output_dir: str | None = None):
+    """Compose conf/ exactly as the entrypoints do (schemas registered, no run).
+    Outside a Hydra run there is no run dir: output_dir stands in for it."""
+    import tempfile
+
+    overrides = list(overrides or [])
+    overrides.append(f"paths.output_dir={output_dir or tempfile.mkdtemp(prefix='eagle3-run-')}")
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from eagle3.config import register_configs
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=False)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    from eagle3.targets import materialize_smollm2
+
+    return Path(materialize_smollm2(CACHE))

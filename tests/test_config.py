@@ -1,0 +1,117 @@
+"""Hydra composition of conf/: every preset composes, typos and wrong types fail at compose."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, ValidationError
+
+from conftest import ROOT, compose
+from eagle3.config.validate import ConfigError, validate_run_config
+
+GROUPS = ["model", "topology", "layers", "data", "capture", "train", "logger", "experiment", "debug"]
+NEEDS_PATH = {("model", "hf"), ("data", "jsonl"), ("data", "hf_disk")}
+
+
+def presets(group: str) -> list[str]:
+    return sorted(p.stem for p in (ROOT / "conf" / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("entry", ["train", "extract"])
+@pytest.mark.parametrize("group,preset", [(g, p) for g in GROUPS for p in presets(g)])
+def test_every_preset_composes_and_resolves(entry, group, preset):
+    overrides = [f"{group}={preset}"]
+    if (group, preset) in NEEDS_PATH:
+        # a path to resolve against: the model facts come from its config.json
+        overrides.append(f"{group}.path={ROOT / 'tests' / 'assets' / 'hf_model'}")
+    cfg = compose(entry, overrides)
+    OmegaConf.resolve(cfg)
+    assert cfg.task_name == entry
+    if not (group == "topology" and preset == "gpu8_tp8"):
+        validate_run_config(cfg)
+
+
+def test_layer_defaults_smollm2_and_kimi():
+    cfg = compose("extract")
+    assert list(cfg.layers.resolved_aux_ids) == [2, 15, 27]
+    assert list(cfg.layers.capture_ids) == [2, 15, 27, 30]
+    kimi = compose("extract", ["model=kimi_k2_5", "topology=gpu8_tp8", "capture=vllm"])
+    assert list(kimi.layers.resolved_aux_ids) == [2, 30, 58]
+    assert list(kimi.layers.capture_ids) == [2, 30, 58, 61]
+    assert kimi.topology.extract_tp == 8 and kimi.model.hidden_size == 7168
+    assert kimi.capture.dtype == "bfloat16"  # INT4 weights never become the hidden-state dtype
+    validate_run_config(kimi)
+
+
+def test_typo_in_key_fails_naming_it():
+    with pytest.raises(ConfigCompositionException) as e:
+        compose("train", ["train.lrr=1"])
+    assert "lrr" in str(e.value.__cause__ or e.value)
+
+
+def test_wrong_type_fails_naming_key():
+    with pytest.raises(ConfigCompositionException) as e:
+        compose("train", ["model.num_layers=abc"])
+    msg = str(e.value.__cause__ or e.value)
+    assert "num_layers" in msg and "abc" in msg
+
+
+def test_wrong_enum_fails():
+    with pytest.raises(ConfigCompositionException) as e:
+        compose("train", ["data.overflow=chop"])
+    assert "overflow" in str(e.value.__cause__ or e.value)
+
+
+@pytest.mark.parametrize(
+    "ids,needle",
+    [("[3,15,31]", "out of range"), ("[15,3,27]", "ascending"), ("[3,3,27]", "unique"), ("[]", "at least 1"), ("[0,15]", "out of range")],
+)
+def test_bad_layer_ids_fail_clearly(ids, needle):
+    cfg = compose("extract", [f"layers.aux_ids={ids}"])
+    with pytest.raises(InterpolationResolutionError) as e:
+        list(cfg.layers.capture_ids)
+    assert needle in str(e.value) and "layers.aux_ids" in str(e.value)
+
+
+def test_explicit_ids_and_output_of_layer_numbering():
+    cfg = compose("extract", ["layers.aux_ids=[3,15,26]"])
+    assert list(cfg.layers.capture_ids) == [3, 15, 26, 30]
+    # SpecForge/EAGLE "output of layer j" ids are vLLM ids j+1
+    cfg = compose("extract", ["layers.aux_ids=[1,14,26]", "layers.numbering=output_of_layer"])
+    assert list(cfg.layers.resolved_aux_ids) == [2, 15, 27]
+
+
+def test_topology_that_does_not_fit_fails():
+    cfg = compose("extract", ["topology=gpu1", "topology.extract_tp=2"])
+    with pytest.raises(ConfigError, match="extract_tp x extract_dp"):
+        validate_run_config(cfg)
+
+
+def test_model_hf_reads_facts_from_config_json():
+    path = ROOT / "tests" / "assets" / "hf_model"
+    cfg = compose("extract", ["model=hf", f"model.path={path}"])
+    assert cfg.model.num_layers == 4 and cfg.model.hidden_size == 64
+    assert cfg.model.architecture == "LlamaForCausalLM"
+    assert list(cfg.layers.capture_ids) == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("entry", ["train.py", "extract.py"])
+def test_cli_cfg_job_resolve(entry):
+    out = subprocess.run(
+        [sys.executable, entry, "model=kimi_k2_5", "topology=gpu8_tp8", "capture=vllm", "--cfg", "job", "--resolve"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    resolved = OmegaConf.create(out.stdout)
+    assert list(resolved.layers.capture_ids) == [2, 30, 58, 61]
+    assert resolved.topology.extract_tp == 8
+
+
+def test_cli_typo_exits_nonzero_with_key():
+    out = subprocess.run([sys.executable, "train.py", "train.lrr=1"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "lrr" in out.stderr
