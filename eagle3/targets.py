@@ -195,3 +195,42 @@ def resolve_target(model_cfg: Any, cache_dir: str | Path) -> str:
         raise TargetError(f"model.source: unknown {source!r}")
     check_facts(model_cfg, path)
     return str(path)
+
+
+def _weight_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [model_dir / n for n in names]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise TargetError(f"{model_dir}: no *.safetensors weights found")
+    return files
+
+
+def load_target_head_weights(model_dir: str | Path) -> dict[str, Any]:
+    """The three frozen pieces the draft head copies from the target: input embeddings,
+    final norm weight and lm_head (= embeddings when tied). Reads only those tensors."""
+    from safetensors import safe_open
+
+    model_dir = Path(model_dir)
+    wanted = {"embed": "embed_tokens.weight", "norm": "norm.weight", "lm_head": "lm_head.weight"}
+    found: dict[str, Any] = {}
+    for f in _weight_files(model_dir):
+        with safe_open(str(f), framework="pt") as st:
+            for key in st.keys():
+                for slot, suffix in wanted.items():
+                    if slot in found or not key.endswith(suffix):
+                        continue
+                    # the final norm, not a per-layer norm or the MTP layer's
+                    if slot == "norm" and ".layers." in key:
+                        continue
+                    if slot in ("embed", "norm") and key.count(".") > 3:
+                        continue
+                    found[slot] = st.get_tensor(key)
+    if "lm_head" not in found and "embed" in found:
+        found["lm_head"] = found["embed"]  # tied embeddings
+    missing = [s for s in wanted if s not in found]
+    if missing:
+        raise TargetError(f"{model_dir}: could not find target tensors {missing} (looked for *{list(wanted.values())})")
+    return found

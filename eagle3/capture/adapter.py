@@ -301,7 +301,7 @@ def _stack_hidden(hidden: Any, spec: CaptureSpec, sample_id: str | None) -> torc
                 hint = f"hidden size {got[2]}, the model's is {H}"
             raise CaptureError("hidden", want, f"tensor{got}", sample_id=sample_id, hint=hint)
         return hidden
-    if isinstance(hidden, (list, tuple)):
+    if isinstance(hidden, (list, tuple)) and not is_rpc_tensor(hidden):
         if len(hidden) and all(isinstance(x, (list, tuple)) and not is_rpc_tensor(x) for x in hidden):
             raise CaptureError("hidden", f"a list of {L} layer tensors [T, H]",
                                f"a list of lists: {_describe(hidden)}", sample_id=sample_id,

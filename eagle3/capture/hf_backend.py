@@ -1,0 +1,198 @@
+"""Capture with transformers: forward hooks on the base model, batched, padding stripped.
+
+Layer ids follow vLLM (DESIGN "Layer-id convention"): id k < N is the hidden state
+*entering* decoder layer k (a forward pre-hook on layer k; equals HF
+``output_hidden_states[k]``); id N is the *output* of the last decoder layer, before the
+final norm (a forward hook; HF's last ``output_hidden_states`` entry is after the norm and
+would disagree with vLLM). The base model is run, not the CausalLM head: no lm_head
+matmul over the vocabulary, which for large vocabularies costs more than a decoder layer.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from eagle3.capture.adapter import CapturedSample, CaptureError, CaptureSpec, to_captured_sample
+
+SORT_WINDOW_BATCHES = 16  # samples are sorted by length within this many batches' worth
+
+
+@dataclass
+class _Pending:
+    index: int  # position in the window (output order)
+    sample_id: str
+    input_ids: torch.Tensor
+    loss_mask: torch.Tensor
+
+
+def _decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The decoder layer list of a transformers base model (text or multimodal)."""
+    for path in ("layers", "language_model.layers", "model.layers", "decoder.layers"):
+        obj = model
+        for part in path.split("."):
+            obj = getattr(obj, part, None)
+        if isinstance(obj, torch.nn.ModuleList) and len(obj):
+            return obj
+    raise CaptureError(f"{type(model).__name__} decoder layers", "a ModuleList at .layers, "
+                       ".language_model.layers, .model.layers or .decoder.layers", "none found")
+
+
+def _load_base_model(model_dir: str, dtype: torch.dtype) -> torch.nn.Module:
+    """The base model without its LM head. transformers reports the head's weights as
+    "unexpected" in a noisy warning; we silence that and instead refuse what matters:
+    weights the base model needed but did not find (they would be random)."""
+    from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model, info = AutoModel.from_pretrained(model_dir, dtype=dtype, output_loading_info=True)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    missing = sorted(info.get("missing_keys") or [])
+    mismatched = sorted(info.get("mismatched_keys") or [])
+    if missing or mismatched:
+        raise CaptureError(f"{model_dir} weights", "every base-model weight present with its shape",
+                           f"missing {missing[:5]}, mismatched {mismatched[:5]}")
+    return model
+
+
+class HFCaptureBackend:
+    """Capture hidden states for ``capture_ids`` (vLLM numbering) with transformers."""
+
+    def __init__(self, model_dir: str, capture_ids: Sequence[int], dtype: torch.dtype = torch.bfloat16,
+                 device: str = "cpu", max_tokens_per_batch: int = 16384, batch_size: int = 8):
+        if batch_size < 1 or max_tokens_per_batch < 1:
+            raise CaptureError("capture batch limits", "batch_size >= 1 and max_tokens_per_batch >= 1",
+                               f"batch_size={batch_size}, max_tokens_per_batch={max_tokens_per_batch}")
+        self.model_dir = str(model_dir)
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.batch_size = int(batch_size)
+        self.max_tokens_per_batch = int(max_tokens_per_batch)
+        self.model = _load_base_model(self.model_dir, dtype).to(self.device).eval()
+        layers = _decoder_layers(self.model)
+        n = len(layers)
+        ids = [int(i) for i in capture_ids]
+        if not ids or ids != sorted(set(ids)) or ids[0] < 0 or ids[-1] > n:
+            raise CaptureError("capture_ids", f"unique ascending ids in 0..{n} (N={n} decoder layers "
+                               f"in {self.model_dir})", ids)
+        self.capture_ids = tuple(ids)
+        self.num_layers = n
+        self.hidden_size = int(self.model.config.get_text_config().hidden_size)
+        self._captured: dict[int, torch.Tensor] = {}
+        self._hooks = []
+        for lid in ids:
+            if lid < n:  # the residual stream entering layer lid
+                self._hooks.append(layers[lid].register_forward_pre_hook(self._pre_hook(lid), with_kwargs=True))
+            else:  # the last layer's output, before the final norm
+                self._hooks.append(layers[n - 1].register_forward_hook(self._post_hook(lid)))
+
+    def _pre_hook(self, lid: int):
+        def hook(module, args, kwargs):
+            h = args[0] if args else kwargs.get("hidden_states")
+            self._store(lid, h)
+
+        return hook
+
+    def _post_hook(self, lid: int):
+        def hook(module, args, output):
+            self._store(lid, output[0] if isinstance(output, (tuple, list)) else output)
+
+        return hook
+
+    def _store(self, lid: int, h) -> None:
+        if not isinstance(h, torch.Tensor) or h.dim() != 3:
+            raise CaptureError(f"hook for layer id {lid}", "a hidden-state tensor [B, T, H]",
+                               getattr(h, "shape", type(h).__name__))
+        self._captured[lid] = h.detach()
+
+    # ------------------------------------------------------------------ batching
+
+    def _batches(self, window: list[_Pending]) -> Iterator[list[_Pending]]:
+        """Longest first, so each batch pads little; limits on count and padded tokens."""
+        batch: list[_Pending] = []
+        for p in sorted(window, key=lambda p: -p.input_ids.shape[0]):
+            longest = batch[0].input_ids.shape[0] if batch else p.input_ids.shape[0]
+            if batch and (len(batch) >= self.batch_size or longest * (len(batch) + 1) > self.max_tokens_per_batch):
+                yield batch
+                batch = []
+            batch.append(p)
+        if batch:
+            yield batch
+
+    @torch.inference_mode()
+    def _run(self, batch: list[_Pending]) -> list[CapturedSample]:
+        lengths = [p.input_ids.shape[0] for p in batch]
+        T = max(lengths)
+        ids = torch.zeros(len(batch), T, dtype=torch.int64)
+        attn = torch.zeros(len(batch), T, dtype=torch.int64)
+        for row, p in enumerate(batch):  # right padding: real tokens keep positions 0..t-1
+            ids[row, : lengths[row]] = p.input_ids
+            attn[row, : lengths[row]] = 1
+        self._captured = {}
+        self.model(input_ids=ids.to(self.device), attention_mask=attn.to(self.device), use_cache=False)
+        missing = [lid for lid in self.capture_ids if lid not in self._captured]
+        if missing:
+            raise CaptureError("captured layer ids", list(self.capture_ids), f"no output for {missing}")
+        per_layer = [self._captured[lid].to("cpu") for lid in self.capture_ids]
+        self._captured = {}
+        out = []
+        for row, p in enumerate(batch):
+            t = lengths[row]
+            spec = CaptureSpec(self.capture_ids, self.hidden_size, self.dtype, p.input_ids.shape[0])
+            out.append(to_captured_sample(
+                [h[row, :t] for h in per_layer],  # padding stripped here, never stored
+                spec=spec, sent_token_ids=p.input_ids, loss_mask=p.loss_mask,
+                returned_token_ids=ids[row, :t], sample_id=p.sample_id,
+            ))
+        return out
+
+    def _window(self, window: list[_Pending]) -> Iterator[tuple[str, CapturedSample]]:
+        results: dict[int, CapturedSample] = {}
+        for batch in self._batches(window):
+            for p, s in zip(batch, self._run(batch)):
+                results[p.index] = s
+        for p in window:
+            yield p.sample_id, results.pop(p.index)
+
+    def capture_with_ids(self, samples: Iterable[tuple[str, torch.Tensor, torch.Tensor]]
+                         ) -> Iterator[tuple[str, CapturedSample]]:
+        """Like ``capture`` but yields (sample_id, CapturedSample) pairs."""
+        window: list[_Pending] = []
+        size = self.batch_size * SORT_WINDOW_BATCHES
+        for sample_id, input_ids, loss_mask in samples:
+            input_ids = torch.as_tensor(input_ids)
+            if input_ids.dim() != 1 or input_ids.shape[0] == 0:
+                raise CaptureError("input_ids", "a non-empty 1-D tensor [T]", list(input_ids.shape),
+                                   sample_id=str(sample_id))
+            window.append(_Pending(len(window), str(sample_id), input_ids.to(torch.int64),
+                                   torch.as_tensor(loss_mask)))
+            if len(window) >= size:
+                yield from self._window(window)
+                window = []
+        if window:
+            yield from self._window(window)
+
+    def capture(self, samples: Iterable[tuple[str, torch.Tensor, torch.Tensor]]) -> Iterator[CapturedSample]:
+        """One checked ``CapturedSample`` per (sample_id, input_ids, loss_mask), in input order."""
+        for _, s in self.capture_with_ids(samples):
+            yield s
+
+    def close(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        self.model = None
+        gc.collect()
+
+    def __enter__(self) -> "HFCaptureBackend":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

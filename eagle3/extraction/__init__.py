@@ -1,0 +1,1 @@
+"""extract.py's stage: chat data -> target forward -> checked records -> sharded dataset."""

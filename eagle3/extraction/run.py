@@ -1,0 +1,115 @@
+"""extract.py's stage: render chat data, capture hidden states, write the dataset.
+
+Resumable: samples already in valid shards are skipped, so a killed run continues where
+it stopped; a finished dataset makes a re-run a no-op that says so.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from eagle3.config.validate import torch_dtype, validate_run_config
+from eagle3.data.pipeline import prepare_samples
+from eagle3.data.vocab import build_draft_vocab, token_frequencies
+from eagle3.extraction.backends import make_backend
+from eagle3.identity import dataset_path, fingerprint_inputs
+from eagle3.store import Manifest, ShardWriter, check_free_disk, disk_needed_bytes, format_bytes
+from eagle3.targets import resolve_target
+
+console = Console(stderr=True)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]capture"), BarColumn(), MofNCompleteColumn(), TextColumn("samples"),
+        TextColumn("{task.fields[tok_s]:>8.0f} tok/s"), TimeElapsedColumn(), TextColumn("ETA"),
+        TimeRemainingColumn(), console=console,
+    )
+
+
+def _already_complete(ds_dir: Path) -> Manifest | None:
+    try:
+        m = Manifest.read(ds_dir)
+    except Exception:
+        return None
+    return m if m.complete else None
+
+
+def run(cfg: Any) -> str:
+    validate_run_config(cfg)
+    from transformers import AutoTokenizer
+
+    model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
+    inputs = fingerprint_inputs(cfg, model_dir)
+    ds_dir = dataset_path(cfg, model_dir)
+    done = _already_complete(ds_dir)
+    if done is not None:
+        console.print(f"dataset already complete ({done.num_samples} samples, {done.num_tokens} tokens): nothing to do")
+        print(ds_dir)
+        return str(ds_dir)
+
+    capture_ids = [int(i) for i in cfg.layers.capture_ids]
+    dtype = torch_dtype(cfg.capture.dtype)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    data = prepare_samples(
+        cfg.data.source, cfg.data.path, tokenizer,
+        max_samples=cfg.data.max_samples, max_length=int(cfg.data.max_length),
+        overflow=str(getattr(cfg.data.overflow, "value", cfg.data.overflow)),
+        val_fraction=float(cfg.data.val_fraction), seed=int(cfg.data.seed),
+        chat_template=cfg.model.chat_template,
+    )
+    samples = data.train + data.val
+    val_ids = sorted(s.id for s in data.val)
+
+    writer = ShardWriter(
+        ds_dir, layer_ids=capture_ids, hidden_size=int(cfg.model.hidden_size), dtype=dtype,
+        fingerprint_inputs=inputs, shard_max_tokens=int(cfg.capture.shard_max_tokens),
+    )
+    try:
+        for file, why in writer.dropped:
+            console.print(f"[yellow]{file}: {why}; its samples will be captured again")
+        done_ids = writer.done_ids()
+        todo = [s for s in samples if s.id not in done_ids]
+        todo_tokens = sum(int(s.input_ids.numel()) for s in todo)
+        need = disk_needed_bytes(todo_tokens, len(capture_ids), int(cfg.model.hidden_size), dtype, len(todo),
+                                 int(cfg.capture.shard_max_tokens))
+        free = check_free_disk(ds_dir, need, float(cfg.capture.disk_margin))
+        console.print(
+            f"dataset {ds_dir}\n  {len(samples)} samples ({len(done_ids)} already done), {todo_tokens} tokens to "
+            f"capture x {len(capture_ids)} layers x {cfg.model.hidden_size} x {dtype}: needs {format_bytes(need)}, "
+            f"free {format_bytes(free)}"
+        )
+        if todo:
+            backend = make_backend(cfg, model_dir, capture_ids, dtype, int(cfg.data.max_length))
+            try:
+                _capture(backend, todo, writer)
+            finally:
+                backend.close()
+        freq = token_frequencies(samples, int(cfg.model.vocab_size))
+        size = min(int(cfg.train.draft_vocab_size), int(cfg.model.vocab_size))
+        manifest = writer.finish(freq, {size: build_draft_vocab(freq, size)}, val_ids=val_ids)
+    finally:
+        writer.close()
+    console.print(
+        f"[green]done: {manifest.num_samples} samples, {manifest.num_tokens} tokens "
+        f"({manifest.num_loss_tokens} loss tokens) in {len(manifest.shards)} shards"
+    )
+    print(ds_dir)
+    return str(ds_dir)
+
+
+def _capture(backend, todo, writer: ShardWriter) -> None:
+    feed = ((s.id, s.input_ids, s.loss_mask) for s in todo)
+    t0, tokens = time.perf_counter(), 0
+    with _progress() as bar:
+        task = bar.add_task("capture", total=len(todo), tok_s=0.0)
+        for sample, record in zip(todo, backend.capture(feed)):
+            writer.add(sample.id, record)
+            tokens += int(record.token_ids.numel())
+            bar.update(task, advance=1, tok_s=tokens / max(1e-9, time.perf_counter() - t0))

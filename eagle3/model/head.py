@@ -1,0 +1,170 @@
+"""Eagle3DraftHead: the EAGLE-3 draft head with training-time test (TTT), a plain nn.Module.
+
+Index convention (all inputs aligned at the same positions t of a packed row):
+    input_ids[t] = x_t, aux_hidden[t] = g_t (aux layers' states after processing x_t),
+    final hidden z_t (the target's last state after x_t; p_t = softmax(lm_head(norm(z_t)))
+    is the target's distribution of x_{t+1}).
+
+TTT step k (k = 0 .. ttt_steps-1) at position t
+    consumes  embed(x_{t+1+k})  and  h_{k-1}(t)   (h_{-1}(t) = fc(g_t); h_{k-1} is the layer
+              output of step k-1 at t, before the final norm)
+    rope position  position_ids[t] + 1 + k   (the position of the token it consumes)
+    attends   step-0 keys at positions s <= t of its own sample, and its own keys at t from
+              steps 1..k (the diagonal)
+    predicts  x_{t+2+k}: logits_k[t] is trained against p_{t+1+k} on the draft vocab.
+If x_{t+1+k} lies past the end of t's sample, the input token is a pad (id 0) and logits_k[t]
+is garbage that only position t itself ever sees; the loss masks it (loss.py).
+
+This equals speculators 0.9 Eagle3DraftModel after its `shift_batch` (its index i is our
+t = i, its position ids are ours + 1), except that we never let step k read the next packed
+sample's tokens: speculators shifts across the packed row.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from eagle3.model.config import DraftConfig
+from eagle3.model.layers import Eagle3DecoderLayer, RMSNorm
+from eagle3.model.mask import build_ttt_mask, ttt_step_mask
+from eagle3.model.rope import RotaryEmbedding
+from eagle3.model.shift import shift_left
+
+PAD_INPUT_ID = 0  # fed where the token to consume lies past the end of a sample
+
+
+class TargetWeightsError(ValueError):
+    pass
+
+
+class Eagle3DraftHead(nn.Module):
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.cfg = cfg
+        h, v, vt = cfg.hidden_size, cfg.draft_vocab_size, cfg.target_vocab_size
+        aux = cfg.num_aux_layers * h
+        # trainable
+        self.input_norm = RMSNorm(aux, cfg.rms_norm_eps) if cfg.norm_before_fc else None
+        self.fc = nn.Linear(aux, h, bias=False)
+        self.layers = nn.ModuleList([Eagle3DecoderLayer(cfg)])
+        self.norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(h, v, bias=False)
+        self.rotary = RotaryEmbedding(cfg)
+        # frozen copies of the target's pieces: parameters with requires_grad=False rather
+        # than buffers, so DDP does not re-broadcast a vocab-sized matrix every step.
+        # NaN until load_target_weights: a forgotten load shows up as a NaN loss at once.
+        self.embed_tokens = nn.Embedding(vt, h)
+        self.target_norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.target_lm_head = nn.Linear(h, v, bias=False)  # target lm_head rows of the draft vocab
+        for p in (self.embed_tokens.weight, self.target_norm.weight, self.target_lm_head.weight):
+            p.requires_grad_(False)
+        self.register_buffer("d2t", torch.zeros(v, dtype=torch.int64))
+        self.register_buffer("t2d", torch.zeros(vt, dtype=torch.bool))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Trainable linears ~ N(0, initializer_range), norms = 1 (HF Llama init)."""
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear) and not name.startswith("target_"):
+                module.weight.normal_(0.0, self.cfg.initializer_range)
+            elif isinstance(module, RMSNorm) and not name.startswith("target_"):
+                module.weight.fill_(1.0)
+        self.embed_tokens.weight.fill_(float("nan"))
+        self.target_norm.weight.fill_(float("nan"))
+        self.target_lm_head.weight.fill_(float("nan"))
+
+    @torch.no_grad()
+    def load_target_weights(
+        self,
+        embed_tokens: torch.Tensor,  # [Vt, H]
+        target_norm_weight: torch.Tensor,  # [H]
+        target_lm_head_weight_full: torch.Tensor,  # [Vt, H] (the embeddings if tied)
+        d2t: torch.Tensor,  # [V] int64: target_id = draft_id + d2t[draft_id]
+        t2d: torch.Tensor,  # [Vt] bool: target id is in the draft vocab
+        init_lm_head_from_target: bool,
+    ) -> None:
+        cfg = self.cfg
+        h, v, vt = cfg.hidden_size, cfg.draft_vocab_size, cfg.target_vocab_size
+        expect = {
+            "embed_tokens": (embed_tokens, (vt, h)),
+            "target_norm_weight": (target_norm_weight, (h,)),
+            "target_lm_head_weight_full": (target_lm_head_weight_full, (vt, h)),
+            "d2t": (d2t, (v,)),
+            "t2d": (t2d, (vt,)),
+        }
+        for name, (tensor, shape) in expect.items():
+            if tuple(tensor.shape) != shape:
+                raise TargetWeightsError(
+                    f"load_target_weights: {name} has shape {tuple(tensor.shape)}, expected {shape} "
+                    f"(target vocab {vt}, draft vocab {v}, hidden {h})"
+                )
+        t2d = t2d.to(torch.bool).cpu()
+        d2t = d2t.to(torch.int64).cpu()
+        target_ids = torch.arange(v, dtype=torch.int64) + d2t
+        if int(t2d.sum()) != v or not torch.equal(target_ids, t2d.nonzero().squeeze(1)):
+            raise TargetWeightsError(
+                "load_target_weights: d2t and t2d disagree: arange(V) + d2t must list exactly the "
+                f"target ids where t2d is True, in increasing order (t2d has {int(t2d.sum())} True, V={v})"
+            )
+        rows = target_lm_head_weight_full.index_select(0, target_ids.to(target_lm_head_weight_full.device))
+        self.embed_tokens.weight.copy_(embed_tokens)
+        self.target_norm.weight.copy_(target_norm_weight)
+        self.target_lm_head.weight.copy_(rows)
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+        if init_lm_head_from_target:
+            self.lm_head.weight.copy_(rows)
+
+    @torch.no_grad()
+    def target_logits(self, final_hidden: torch.Tensor) -> torch.Tensor:
+        """z [B, T, H] -> target logits restricted to the draft vocab [B, T, V] (no grad).
+
+        softmax over these V rows is the target distribution renormalised on the draft vocab.
+        """
+        z = final_hidden.to(self.target_lm_head.weight.dtype)
+        return self.target_lm_head(self.target_norm(z))
+
+    def forward(
+        self,
+        aux_hidden: torch.Tensor,  # [B, T, num_aux * H]
+        input_ids: torch.Tensor,  # [B, T] int64
+        position_ids: torch.Tensor,  # [B, T]: position of x_t within its sample (0-based)
+        segment_ids: torch.Tensor,  # [B, T]: packed-sample index per token, -1 = padding
+        ttt_steps: int,
+    ) -> list[torch.Tensor]:
+        """Draft logits per TTT step: a list of ttt_steps tensors [B, T, V] (see module doc)."""
+        self._check_inputs(aux_hidden, input_ids, position_ids, segment_ids, ttt_steps)
+        mask = build_ttt_mask(segment_ids, ttt_steps)
+        g = aux_hidden.to(self.fc.weight.dtype)
+        if self.input_norm is not None:
+            g = self.input_norm(g)
+        hidden = self.fc(g)
+        layer = self.layers[0]
+        past_keys: list[torch.Tensor] = []
+        past_values: list[torch.Tensor] = []
+        step_logits: list[torch.Tensor] = []
+        for step in range(ttt_steps):
+            ids, _ = shift_left(input_ids, segment_ids, 1 + step, fill=PAD_INPUT_ID)
+            embeds = self.embed_tokens(ids).to(hidden.dtype)
+            cos, sin = self.rotary(position_ids + 1 + step, hidden.dtype)
+            hidden = layer(embeds, hidden, cos, sin, past_keys, past_values, ttt_step_mask(mask, step))
+            step_logits.append(self.lm_head(self.norm(hidden)))
+        return step_logits
+
+    def _check_inputs(self, aux_hidden, input_ids, position_ids, segment_ids, ttt_steps) -> None:
+        b, t = input_ids.shape
+        want_aux = (b, t, self.cfg.num_aux_layers * self.cfg.hidden_size)
+        if tuple(aux_hidden.shape) != want_aux:
+            raise ValueError(
+                f"Eagle3DraftHead.forward: aux_hidden has shape {tuple(aux_hidden.shape)}, expected {want_aux} "
+                f"(B, T, num_aux_layers * hidden_size)"
+            )
+        for name, tensor in (("position_ids", position_ids), ("segment_ids", segment_ids)):
+            if tuple(tensor.shape) != (b, t):
+                raise ValueError(
+                    f"Eagle3DraftHead.forward: {name} has shape {tuple(tensor.shape)}, expected {(b, t)}"
+                )
+        if ttt_steps < 1:
+            raise ValueError(f"Eagle3DraftHead.forward: ttt_steps must be >= 1, got {ttt_steps}")

@@ -1,0 +1,197 @@
+"""EAGLE-3 TTT loss and per-step counts (summed across ranks, never averaged as means).
+
+Which positions count (head.py has the index convention): step k at position t predicts
+x_{t+2+k} against p_{t+1+k}.
+
+- loss at step k counts t when x_{t+2+k} exists in t's sample and loss_mask[t+2+k]
+  (the predicted token is an assistant token). Padding and the next packed sample never
+  count.
+- accuracy at step k counts t when steps 0 and k both count: the draft chain starts by
+  predicting an assistant token and step k's token is one too (for a contiguous assistant
+  span: x_{t+2} .. x_{t+2+k} are all assistant tokens). Same rule as speculators'
+  prev_correct, which is seeded with the step-0 mask.
+
+loss = sum_k step_decay^k * (sum over counted t of loss_k(t)) / (number counted at k)
+kind "forward_kl": KL(p || q) over the draft vocab (p = target softmax on the draft rows);
+kind "ce_argmax":  cross-entropy of q against argmax p.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+
+from eagle3.model.shift import shift_left
+
+LOSS_KINDS = ("forward_kl", "ce_argmax")
+
+
+@dataclass
+class StepCounts:
+    """Per-step sums, each a float tensor [K] (K = TTT steps), all-reducible with SUM.
+
+    loss_sum[k]     sum of step k's per-position loss over counted positions (detached)
+    loss_count[k]   positions counted in step k's loss
+    acc_count[k]    positions counted in step k's accuracy (steps 0 and k both count)
+    correct_full[k] of those, steps 0..k all argmax-equal to the target's argmax
+    cond_count[k]   of those, steps 0..k-1 all correct (the denominator of cond_acc_k)
+    """
+
+    loss_sum: torch.Tensor
+    loss_count: torch.Tensor
+    acc_count: torch.Tensor
+    correct_full: torch.Tensor
+    cond_count: torch.Tensor
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.loss_sum.shape[0])
+
+    def stacked(self) -> torch.Tensor:
+        """[5, K] float64 tensor for one all_reduce(SUM); `from_stacked` undoes it."""
+        return torch.stack([getattr(self, f.name).double() for f in fields(self)])
+
+    @classmethod
+    def from_stacked(cls, stacked: torch.Tensor) -> StepCounts:
+        return cls(*[row for row in stacked])
+
+    @classmethod
+    def zeros(cls, num_steps: int, device: torch.device | str | None = None) -> StepCounts:
+        return cls(*[torch.zeros(num_steps, dtype=torch.float64, device=device) for _ in fields(cls)])
+
+    def __add__(self, other: StepCounts) -> StepCounts:
+        return StepCounts(*[getattr(self, f.name) + getattr(other, f.name) for f in fields(self)])
+
+    def loss_mean(self) -> torch.Tensor:
+        return self.loss_sum / self.loss_count.clamp_min(1)
+
+    def acc_full(self) -> torch.Tensor:
+        return self.correct_full / self.acc_count.clamp_min(1)
+
+    def acc_cond(self) -> torch.Tensor:
+        return self.correct_full / self.cond_count.clamp_min(1)
+
+    def to_metrics(self, prefix: str = "") -> dict[str, float]:
+        """Flat floats for a logger: loss_k, acc_k, cond_acc_k, sim_accept_len."""
+        out: dict[str, float] = {}
+        for k, (loss, acc, cond) in enumerate(zip(self.loss_mean(), self.acc_full(), self.acc_cond())):
+            out[f"{prefix}loss_{k}"] = float(loss)
+            out[f"{prefix}acc_{k}"] = float(acc)
+            out[f"{prefix}cond_acc_{k}"] = float(cond)
+        out[f"{prefix}sim_accept_len"] = sim_accept_len(self)
+        return out
+
+
+def sim_accept_len(counts: StepCounts) -> float:
+    """Simulated acceptance length 1 + sum_k acc_k (acc_k "full": steps 0..k all correct).
+
+    A uniform per-position estimate: it overstates what vLLM measures (DESIGN.md).
+    """
+    return float(1.0 + counts.acc_full().sum())
+
+
+def step_positions(
+    loss_mask: torch.Tensor, segment_ids: torch.Tensor, num_steps: int
+) -> list[torch.Tensor]:
+    """Per step k: bool [B, T], True where x_{t+2+k} exists in t's sample and is loss-masked."""
+    out = []
+    for step in range(num_steps):
+        shifted, valid = shift_left(loss_mask.to(torch.bool), segment_ids, 2 + step, fill=False)
+        out.append(shifted & valid)
+    return out
+
+
+@dataclass
+class TargetStats:
+    """What the loss needs from the target logits, computed once for all steps (no grad)."""
+
+    probs: torch.Tensor  # [B, T, V] fp32 (only for forward_kl; empty otherwise)
+    neg_entropy: torch.Tensor  # [B, T]: sum_v p log p
+    argmax: torch.Tensor  # [B, T] int64
+
+    @classmethod
+    @torch.no_grad()
+    def from_logits(cls, target_logits: torch.Tensor, kind: str) -> TargetStats:
+        argmax = target_logits.argmax(-1)
+        if kind != "forward_kl":
+            empty = target_logits.new_zeros(0)
+            return cls(empty, empty, argmax)
+        logp = F.log_softmax(target_logits.float(), dim=-1)
+        probs = logp.exp()
+        return cls(probs, (probs * logp).sum(-1), argmax)
+
+
+def per_position_loss(draft_logits: torch.Tensor, target: TargetStats, offset: int, kind: str) -> torch.Tensor:
+    """Loss of draft_logits [B, n, V] against target rows offset .. offset+n-1, as [B, n] fp32.
+
+    Written as lse(q_logits) - p . q_logits + sum p log p, so no [B, n, V] log-softmax of the
+    draft is materialised per step (memory: T=4096 x V=32000 fp32 is 0.5 GB per tensor).
+    """
+    n = draft_logits.shape[1]
+    logits = draft_logits.float()
+    lse = torch.logsumexp(logits, dim=-1)
+    if kind == "forward_kl":
+        p = target.probs[:, offset : offset + n]
+        return lse - (p * logits).sum(-1) + target.neg_entropy[:, offset : offset + n]
+    if kind == "ce_argmax":
+        ids = target.argmax[:, offset : offset + n, None]
+        return lse - logits.gather(-1, ids).squeeze(-1)
+    raise ValueError(f"eagle3_loss: kind must be one of {LOSS_KINDS}, got {kind!r}")
+
+
+def eagle3_loss(
+    step_logits: list[torch.Tensor],  # per TTT step: draft logits [B, T, V]
+    target_logits: torch.Tensor,  # [B, T, V] from z_t (head.target_logits), unshifted
+    *,
+    loss_mask: torch.Tensor,  # [B, T] bool: x_t is a trained (assistant) token
+    segment_ids: torch.Tensor,  # [B, T] int, -1 = padding
+    step_decay: float,
+    kind: str = "forward_kl",
+) -> tuple[torch.Tensor, StepCounts]:
+    """(scalar loss with grad, StepCounts); see the module doc for what counts."""
+    if kind not in LOSS_KINDS:
+        raise ValueError(f"eagle3_loss: kind must be one of {LOSS_KINDS}, got {kind!r}")
+    num_steps = len(step_logits)
+    if num_steps < 1:
+        raise ValueError("eagle3_loss: step_logits is empty")
+    if target_logits.shape != step_logits[0].shape:
+        raise ValueError(
+            f"eagle3_loss: target_logits shape {tuple(target_logits.shape)} != draft logits shape "
+            f"{tuple(step_logits[0].shape)} (both [B, T, draft_vocab])"
+        )
+    positions = step_positions(loss_mask, segment_ids, num_steps)
+    target = TargetStats.from_logits(target_logits, kind)
+    t = target_logits.shape[1]
+    device = target_logits.device
+    loss = torch.zeros((), dtype=torch.float32, device=device)
+    sums = {name: torch.zeros(num_steps, dtype=torch.float64, device=device) for name in
+            ("loss_sum", "loss_count", "acc_count", "correct_full", "cond_count")}
+    all_correct_so_far = torch.ones_like(positions[0])
+    for step, logits in enumerate(step_logits):
+        # step k at t is scored against p_{t+1+k}: the target row 1+k later. Rows t >= T-1-k
+        # have no target in this row at all; positions[step] is False there (and wherever
+        # t+1+k falls in another sample), so plain slices suffice.
+        offset = 1 + step
+        n = t - offset
+        counted = positions[step]
+        if n > 0:
+            per_pos = per_position_loss(logits[:, :n], target, offset, kind)
+            step_loss_sum = torch.where(counted[:, :n], per_pos, torch.zeros_like(per_pos)).sum()
+            correct = torch.zeros_like(counted)
+            correct[:, :n] = logits[:, :n].detach().argmax(-1) == target.argmax[:, offset:]
+        else:
+            step_loss_sum = logits.sum() * 0.0  # keeps the graph connected for an empty step
+            correct = torch.zeros_like(counted)
+        count = counted.sum()
+        loss = loss + (step_decay**step) * step_loss_sum / count.clamp_min(1)
+
+        scored = positions[0] & counted
+        sums["loss_sum"][step] = step_loss_sum.detach()
+        sums["loss_count"][step] = count
+        sums["acc_count"][step] = scored.sum()
+        sums["cond_count"][step] = (scored & all_correct_so_far).sum()
+        all_correct_so_far = all_correct_so_far & correct
+        sums["correct_full"][step] = (scored & all_correct_so_far).sum()
+    return loss, StepCounts(**sums)

@@ -1,0 +1,35 @@
+"""The hidden-state dataset on disk: the only code that knows its layout.
+
+Capture writes through ``ShardWriter``; training reads through ``HiddenStateDataset``.
+"""
+
+from eagle3.store.disk import DiskSpaceError, check_free_disk, disk_needed_bytes, format_bytes
+from eagle3.store.fingerprint import dataset_dir, dataset_fingerprint
+from eagle3.store.layout import (
+    SCHEMA_VERSION,
+    FingerprintMismatchError,
+    IncompleteDatasetError,
+    Manifest,
+    ShardInfo,
+    StoreError,
+)
+from eagle3.store.reader import HiddenStateDataset
+from eagle3.store.writer import ShardWriter, add_vocab
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "DiskSpaceError",
+    "FingerprintMismatchError",
+    "HiddenStateDataset",
+    "IncompleteDatasetError",
+    "Manifest",
+    "ShardInfo",
+    "ShardWriter",
+    "StoreError",
+    "add_vocab",
+    "check_free_disk",
+    "dataset_dir",
+    "dataset_fingerprint",
+    "disk_needed_bytes",
+    "format_bytes",
+]

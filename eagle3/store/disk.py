@@ -1,0 +1,65 @@
+"""What a dataset will cost on disk, and a refusal to start when it will not fit.
+
+Hidden states dominate: tokens x layers x hidden x bytes (SmolLM2: 4 x 576 x 2 B =
+4.6 KB per token). Running out of disk hours into an extraction is the failure to avoid.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from eagle3.store.layout import StoreError
+
+_PER_SHARD_OVERHEAD = 4096  # safetensors header + JSON metadata, generously
+
+
+class DiskSpaceError(StoreError):
+    pass
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    raise AssertionError  # unreachable
+
+
+def disk_needed_bytes(num_tokens: int, num_layers: int, hidden_size: int, dtype: torch.dtype,
+                      num_samples: int = 0, shard_max_tokens: int = 65536) -> int:
+    """Bytes for ``num_tokens`` tokens: hidden states + ids (8 B) + mask (1 B) + offsets."""
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    per_token = num_layers * hidden_size * itemsize + 8 + 1
+    shards = max(1, -(-int(num_tokens) // max(1, int(shard_max_tokens))))
+    return int(num_tokens) * per_token + 8 * (int(num_samples) + shards) + _PER_SHARD_OVERHEAD * shards
+
+
+def _existing_ancestor(path: Path) -> Path:
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def free_bytes(path: str | Path) -> int:
+    return shutil.disk_usage(_existing_ancestor(Path(path))).free
+
+
+def check_free_disk(path: str | Path, need_bytes: int, margin: float = 1.1) -> int:
+    """Raise ``DiskSpaceError`` unless ``path``'s filesystem has need x margin free.
+
+    Returns the free bytes. ``path`` need not exist yet (its nearest existing parent is
+    measured).
+    """
+    free = free_bytes(path)
+    want = int(need_bytes * margin)
+    if free < want:
+        raise DiskSpaceError(
+            f"{path}: not enough disk: need {format_bytes(want)} ({format_bytes(need_bytes)} x "
+            f"margin {margin}), free {format_bytes(free)}. Lower data.max_samples or "
+            "data.max_length, capture fewer layers, or point paths.data_dir at a larger disk."
+        )
+    return free

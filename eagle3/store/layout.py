@@ -1,0 +1,173 @@
+"""The dataset directory's layout: file names, the manifest schema, atomic writes, checksums.
+
+    manifest.json                 written last, always by temp file + fsync + rename
+    shard-00000.safetensors       input_ids int64 [Ttot], loss_mask bool [Ttot],
+                                  hidden [Ttot, L, H], offsets int64 [n+1];
+                                  metadata: fingerprint, sample ids (JSON), layer ids, dtype
+    token_freq.safetensors        counts int64 [target vocab] over loss-masked tokens
+    vocab-<V>.safetensors         d2t int64 [V], t2d bool [target vocab]
+
+Only ``eagle3.store`` reads or writes these names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SCHEMA_VERSION = 1
+FORMAT = "eagle3-hidden-states"
+MANIFEST = "manifest.json"
+TOKEN_FREQ = "token_freq.safetensors"
+SHARD_RE = re.compile(r"^shard-(\d{5,})\.safetensors$")
+TMP_MARK = ".tmp-"  # every temp file's name contains this; removed on the next open
+
+
+class StoreError(RuntimeError):
+    """A dataset directory that is not what the caller needs (names file, expected, got)."""
+
+
+class IncompleteDatasetError(StoreError):
+    pass
+
+
+class FingerprintMismatchError(StoreError):
+    pass
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:05d}.safetensors"
+
+
+def vocab_name(draft_vocab_size: int) -> str:
+    return f"vocab-{int(draft_vocab_size)}.safetensors"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    dt = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(dt, torch.dtype):
+        raise StoreError(f"dtype: expected a torch dtype name (e.g. 'bfloat16'), got {name!r}")
+    return dt
+
+
+@dataclass
+class ShardInfo:
+    file: str
+    num_samples: int
+    num_tokens: int
+    num_loss_tokens: int
+    size_bytes: int
+    sha256: str
+
+
+@dataclass
+class Manifest:
+    fingerprint: str
+    fingerprint_inputs: dict[str, Any]
+    layer_ids: list[int]
+    hidden_size: int
+    dtype: str
+    schema_version: int = SCHEMA_VERSION
+    format: str = FORMAT
+    complete: bool = False
+    num_samples: int = 0
+    num_tokens: int = 0
+    num_loss_tokens: int = 0
+    shards: list[ShardInfo] = field(default_factory=list)
+    sample_ids: list[str] = field(default_factory=list)  # done, in dataset order
+    val_ids: list[str] = field(default_factory=list)  # the validation split (subset of sample_ids)
+    token_freq: str | None = None
+    vocabs: dict[str, str] = field(default_factory=dict)  # str(V) -> file name
+
+    def recount(self) -> None:
+        """Counts follow the shard list: one source of truth."""
+        self.num_samples = sum(s.num_samples for s in self.shards)
+        self.num_tokens = sum(s.num_tokens for s in self.shards)
+        self.num_loss_tokens = sum(s.num_loss_tokens for s in self.shards)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def read(cls, directory: Path) -> "Manifest":
+        path = Path(directory) / MANIFEST
+        try:
+            raw = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise StoreError(f"{path}: no manifest; not a dataset directory (run extract.py)") from None
+        except json.JSONDecodeError as e:
+            raise StoreError(f"{path}: corrupt manifest ({e}); delete the directory and re-run extract.py") from None
+        if raw.get("format") != FORMAT:
+            raise StoreError(f"{path}: format: expected {FORMAT!r}, got {raw.get('format')!r}")
+        if raw.get("schema_version") != SCHEMA_VERSION:
+            raise StoreError(
+                f"{path}: schema_version: expected {SCHEMA_VERSION}, got {raw.get('schema_version')} "
+                "(written by another eagle3 version; re-run extract.py into a new directory)"
+            )
+        raw["shards"] = [ShardInfo(**s) for s in raw.get("shards", [])]
+        try:
+            return cls(**raw)
+        except TypeError as e:
+            raise StoreError(f"{path}: unexpected manifest fields ({e})") from None
+
+    def write(self, directory: Path) -> None:
+        atomic_write_bytes(Path(directory) / MANIFEST, self.to_json().encode())
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename durable: fsync the directory entry (no-op where unsupported)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def temp_path(final: Path) -> Path:
+    return final.with_name(f"{final.name}{TMP_MARK}{os.getpid()}")
+
+
+def commit_temp(tmp: Path, final: Path) -> None:
+    """fsync a finished temp file and rename it into place (atomic on POSIX)."""
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+
+
+def atomic_write_bytes(final: Path, data: bytes) -> None:
+    tmp = temp_path(final)
+    tmp.write_bytes(data)
+    commit_temp(tmp, final)
+
+
+def save_tensors_atomic(final: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+    from safetensors.torch import save_file
+
+    tmp = temp_path(final)
+    save_file(tensors, str(tmp), metadata=metadata)
+    commit_temp(tmp, final)
+
+
+def file_sha256(path: Path, chunk: int = 8 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()

@@ -1,0 +1,142 @@
+"""Reading a dataset: lazy, memory-mapped, one sample at a time.
+
+Only the shard offsets are read up front; a sample's rows of ``hidden`` are sliced out of
+the memory-mapped shard when asked for, so opening a multi-TB dataset costs nothing and a
+DataLoader worker touches only the samples it serves. Shard handles are per process
+(reopened after fork/spawn), so the dataset can go straight into a multi-worker DataLoader.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from eagle3.store.layout import (
+    IncompleteDatasetError,
+    Manifest,
+    StoreError,
+    dtype_from_name,
+)
+from eagle3.store.shard_file import ShardIdentity, inspect_shard
+from eagle3.store.vocab_files import check_token_freq, check_vocab, load_tensors
+
+
+class HiddenStateDataset:
+    """A complete dataset directory written by ``ShardWriter``.
+
+    ``ds[i]`` -> dict(input_ids int64 [T], loss_mask bool [T], hidden [T, L, H]).
+    """
+
+    def __init__(self, directory: str | Path, verify: str | None = None):
+        self.directory = Path(directory)
+        self.manifest = Manifest.read(self.directory)
+        m = self.manifest
+        if not m.complete:
+            raise IncompleteDatasetError(
+                f"{self.directory}: incomplete dataset ({m.num_samples} samples in {len(m.shards)} shards "
+                "so far, complete=false): re-run extract.py with the same config to finish it"
+            )
+        self.layer_ids: tuple[int, ...] = tuple(m.layer_ids)
+        self.hidden_size: int = m.hidden_size
+        self.dtype: torch.dtype = dtype_from_name(m.dtype)
+        self.fingerprint: str = m.fingerprint
+        ident = ShardIdentity(m.fingerprint, self.layer_ids, self.hidden_size, self.dtype)
+        shard_of, start_of, lengths = [], [], []
+        for k, info in enumerate(m.shards):
+            path = self.directory / info.file
+            if verify is not None:
+                inspect_shard(path, ident, info, verify)
+            elif not path.is_file() or path.stat().st_size != info.size_bytes:
+                got = path.stat().st_size if path.is_file() else "missing"
+                raise StoreError(f"{path}: size: expected {info.size_bytes} bytes, got {got}; "
+                                 "re-run extract.py to repair the dataset")
+            offsets = self._open(k).get_tensor("offsets")
+            if offsets.shape[0] != info.num_samples + 1:
+                raise StoreError(f"{path}: offsets: expected {info.num_samples + 1} entries, got {offsets.shape[0]}")
+            shard_of += [k] * info.num_samples
+            start_of += offsets[:-1].tolist()
+            lengths += (offsets[1:] - offsets[:-1]).tolist()
+        if len(lengths) != m.num_samples or len(m.sample_ids) != m.num_samples:
+            raise StoreError(f"{self.directory / 'manifest.json'}: num_samples {m.num_samples} disagrees "
+                             f"with shards ({len(lengths)}) / sample_ids ({len(m.sample_ids)})")
+        self._shard_of = torch.tensor(shard_of, dtype=torch.int64)
+        self._start = torch.tensor(start_of, dtype=torch.int64)
+        self.lengths = torch.tensor(lengths, dtype=torch.int64)  # tokens per sample, for batching
+
+    # handles are not picklable and not fork-safe: keep them per process
+    _handles: dict | None = None
+    _pid: int | None = None
+
+    def _open(self, k: int):
+        from safetensors import safe_open
+
+        if self._pid != os.getpid() or self._handles is None:
+            self._handles, self._pid = {}, os.getpid()
+        h = self._handles.get(k)
+        if h is None:
+            h = safe_open(str(self.directory / self.manifest.shards[k].file), framework="pt")
+            self._handles[k] = h
+        return h
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.pop("_handles", None)
+        state.pop("_pid", None)
+        return state
+
+    def __len__(self) -> int:
+        return int(self.lengths.shape[0])
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"{self.directory}: sample index {i} out of range 0..{n - 1}")
+        i %= n
+        h = self._open(int(self._shard_of[i]))
+        a = int(self._start[i])
+        b = a + int(self.lengths[i])
+        return {
+            "input_ids": h.get_slice("input_ids")[a:b],
+            "loss_mask": h.get_slice("loss_mask")[a:b],
+            "hidden": h.get_slice("hidden")[a:b],
+        }
+
+    def sample_id(self, i: int) -> str:
+        return self.manifest.sample_ids[i]
+
+    @property
+    def sample_ids(self) -> list[str]:
+        return list(self.manifest.sample_ids)
+
+    def val_indices(self) -> list[int]:
+        """Indices of the validation samples (the split made at extraction)."""
+        val = set(self.manifest.val_ids)
+        return [i for i, sid in enumerate(self.manifest.sample_ids) if sid in val]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.manifest.num_tokens
+
+    def token_freq(self) -> torch.Tensor:
+        """int64 [target vocab]: counts of loss-masked (assistant) tokens."""
+        if not self.manifest.token_freq:
+            raise StoreError(f"{self.directory}: no token_freq recorded; re-run extract.py")
+        t = load_tensors(self.directory / self.manifest.token_freq, ("token_freq",))["token_freq"]
+        return check_token_freq(t)
+
+    @property
+    def vocab_sizes(self) -> list[int]:
+        return sorted(int(v) for v in self.manifest.vocabs)
+
+    def load_vocab(self, draft_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(d2t int64 [V], t2d bool [target vocab]) for draft vocabulary size V."""
+        name = self.manifest.vocabs.get(str(int(draft_vocab_size)))
+        if name is None:
+            raise StoreError(
+                f"{self.directory}: no draft vocabulary of size {draft_vocab_size}; have {self.vocab_sizes} "
+                "(build one from token_freq() and add it with eagle3.store.add_vocab)"
+            )
+        t = load_tensors(self.directory / name, ("d2t", "t2d"))
+        return check_vocab(draft_vocab_size, t["d2t"], t["t2d"])

@@ -1,0 +1,292 @@
+"""Writing a dataset: shards appended atomically, resumable after a crash at any point.
+
+Order of durability: a shard is written to a temp name, fsynced and renamed; only then is
+the manifest (also temp + rename) updated. So at any kill point the directory holds valid
+shards, maybe one renamed shard the manifest does not list yet (adopted on reopen), and
+maybe temp files (removed on reopen). Reopening verifies every shard; a truncated or
+corrupt one is reported, deleted, and its samples are simply not in ``done_ids()`` any
+more, so the caller captures them again.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eagle3.store.fingerprint import canonical, dataset_fingerprint
+from eagle3.store.layout import (
+    MANIFEST,
+    SHARD_RE,
+    TMP_MARK,
+    TOKEN_FREQ,
+    FingerprintMismatchError,
+    Manifest,
+    StoreError,
+    dtype_name,
+    shard_name,
+    vocab_name,
+)
+from eagle3.store.shard_file import ShardIdentity, inspect_shard, write_shard
+from eagle3.store.vocab_files import save_token_freq, save_vocab
+
+log = logging.getLogger(__name__)
+LOCK = ".writer.lock"
+
+
+class ShardWriter:
+    """Append captured samples to the dataset in ``directory``; resume what is there.
+
+    ``verify``: how existing shards are checked on open: "full" (size, header and sha256
+    of every byte) or "fast" (size, header, identity and offsets).
+    """
+
+    def __init__(self, directory: str | Path, *, layer_ids: Sequence[int], hidden_size: int,
+                 dtype: torch.dtype, fingerprint_inputs: Mapping[str, Any],
+                 shard_max_tokens: int = 65536, verify: str = "full"):
+        if shard_max_tokens < 1:
+            raise StoreError(f"shard_max_tokens: expected >= 1, got {shard_max_tokens}")
+        self.directory = Path(directory)
+        self.shard_max_tokens = int(shard_max_tokens)
+        self.fingerprint = dataset_fingerprint(fingerprint_inputs)
+        self.ident = ShardIdentity(self.fingerprint, tuple(int(i) for i in layer_ids), int(hidden_size), dtype)
+        self.dropped: list[tuple[str, str]] = []  # (file, why) of shards found broken on open
+        self.adopted: list[str] = []  # shards found renamed but not yet in the manifest
+        self.removed_temp: list[str] = []
+        self._pending: list[tuple[str, Any]] = []
+        self._pending_ids: set[str] = set()
+        self._pending_tokens = 0
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock = self._acquire_lock()
+        try:
+            self.manifest = self._open_manifest(fingerprint_inputs)
+            self._recover(verify)
+        except BaseException:
+            self._release_lock()
+            raise
+
+    # ------------------------------------------------------------------ opening
+
+    def _acquire_lock(self):
+        f = open(self.directory / LOCK, "a+")
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            raise StoreError(
+                f"{self.directory}: another extraction is writing this dataset (lock {LOCK} held); "
+                "wait for it or stop it"
+            ) from None
+        return f
+
+    def _release_lock(self) -> None:
+        if self._lock is not None:
+            fcntl.flock(self._lock.fileno(), fcntl.LOCK_UN)
+            self._lock.close()
+            self._lock = None
+
+    def _open_manifest(self, fingerprint_inputs: Mapping[str, Any]) -> Manifest:
+        ident = self.ident
+        if not (self.directory / MANIFEST).exists():
+            m = Manifest(fingerprint=ident.fingerprint, fingerprint_inputs=canonical(fingerprint_inputs),
+                         layer_ids=list(ident.layer_ids), hidden_size=ident.hidden_size,
+                         dtype=dtype_name(ident.dtype))
+            m.write(self.directory)  # record identity first: a later run with other inputs refuses
+            return m
+        m = Manifest.read(self.directory)
+        if m.fingerprint != ident.fingerprint:
+            theirs, ours = m.fingerprint_inputs, canonical(fingerprint_inputs)
+            diff = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+            raise FingerprintMismatchError(
+                f"{self.directory}: fingerprint: expected {ident.fingerprint} (this config), got "
+                f"{m.fingerprint} (the dataset there); inputs that differ: {diff}. Refusing to mix "
+                "two datasets: use another directory or delete this one."
+            )
+        for field, want, got in (("layer_ids", list(ident.layer_ids), m.layer_ids),
+                                 ("hidden_size", ident.hidden_size, m.hidden_size),
+                                 ("dtype", dtype_name(ident.dtype), m.dtype)):
+            if want != got:
+                raise FingerprintMismatchError(
+                    f"{self.directory / MANIFEST}: {field}: expected {want}, got {got} (same fingerprint: "
+                    "the fingerprint inputs must include layer ids, hidden size and dtype)"
+                )
+        return m
+
+    def _recover(self, verify: str) -> None:
+        for p in sorted(self.directory.iterdir()):
+            if TMP_MARK in p.name:  # a crash's half-written file; we hold the lock, so nobody owns it
+                p.unlink()
+                self.removed_temp.append(p.name)
+                log.warning("%s: removed leftover temp file %s", self.directory, p.name)
+        m = self.manifest
+        before = (list(m.sample_ids), [s.file for s in m.shards], m.complete)
+        kept, ids, seen = [], [], set()
+        listed = {s.file for s in m.shards}
+        for info in m.shards:
+            try:
+                info, sample_ids = inspect_shard(self.directory / info.file, self.ident, info, verify)
+                if seen & set(sample_ids):
+                    raise StoreError(f"{info.file}: sample ids already in an earlier shard")
+            except StoreError as e:
+                self._drop(info.file, str(e))
+                continue
+            kept.append(info)
+            ids += sample_ids
+            seen |= set(sample_ids)
+        for p in sorted(self.directory.glob("shard-*.safetensors")):
+            if p.name in listed or not SHARD_RE.match(p.name):
+                continue
+            try:  # renamed into place, then killed before the manifest update
+                info, sample_ids = inspect_shard(p, self.ident, None, verify)
+                if seen & set(sample_ids):
+                    raise StoreError(f"{p.name}: sample ids already in another shard")
+            except StoreError as e:
+                self._drop(p.name, f"unlisted shard: {e}")
+                continue
+            kept.append(info)
+            ids += sample_ids
+            seen |= set(sample_ids)
+            self.adopted.append(p.name)
+            log.warning("%s: adopted shard %s (written before a crash, not yet in the manifest)",
+                        self.directory, p.name)
+        m.shards, m.sample_ids = kept, ids
+        if self.dropped or self.adopted:
+            m.complete = False
+        m.recount()
+        if (list(m.sample_ids), [s.file for s in m.shards], m.complete) != before:
+            m.write(self.directory)
+        indices = [int(SHARD_RE.match(s.file).group(1)) for s in m.shards]
+        self._next_index = max(indices, default=-1) + 1
+        self._done = set(m.sample_ids)
+
+    def _drop(self, file: str, why: str) -> None:
+        log.warning("%s: dropping shard %s, its samples will be captured again: %s", self.directory, file, why)
+        self.dropped.append((file, why))
+        (self.directory / file).unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ writing
+
+    @property
+    def complete(self) -> bool:
+        return self.manifest.complete
+
+    def done_ids(self) -> set[str]:
+        """Sample ids already durable in valid shards (skip these when resuming)."""
+        return set(self._done)
+
+    def add(self, sample_id: str, sample) -> None:
+        """Queue one ``CapturedSample``; a shard is flushed once shard_max_tokens is reached."""
+        if self._lock is None:
+            raise StoreError(f"{self.directory}: writer is closed")
+        sid = str(sample_id)
+        if sid in self._done or sid in self._pending_ids:
+            raise StoreError(f"{self.directory}: sample {sid!r} is already in the dataset (skip done_ids())")
+        self._check_sample(sid, sample)
+        T = int(sample.token_ids.shape[0])
+        if self._pending and self._pending_tokens + T > self.shard_max_tokens:
+            self.flush()
+        self._pending.append((sid, sample))
+        self._pending_ids.add(sid)
+        self._pending_tokens += T
+        if self._pending_tokens >= self.shard_max_tokens:
+            self.flush()
+
+    def _check_sample(self, sid: str, s) -> None:
+        L, H = len(self.ident.layer_ids), self.ident.hidden_size
+        T = s.token_ids.shape[0] if s.token_ids.dim() == 1 else -1
+        problems = [
+            ("token_ids", "int64 [T]", s.token_ids.dtype == torch.int64 and s.token_ids.dim() == 1,
+             f"{s.token_ids.dtype} {list(s.token_ids.shape)}"),
+            ("loss_mask", f"bool [{T}]", s.loss_mask.dtype == torch.bool and list(s.loss_mask.shape) == [T],
+             f"{s.loss_mask.dtype} {list(s.loss_mask.shape)}"),
+            ("hidden", f"{self.ident.dtype} [{T}, {L}, {H}]",
+             s.hidden.dtype == self.ident.dtype and list(s.hidden.shape) == [T, L, H],
+             f"{s.hidden.dtype} {list(s.hidden.shape)}"),
+            ("token_ids", "at least one token", T > 0, "0 tokens"),
+        ]
+        for field, want, ok, got in problems:
+            if not ok:
+                raise StoreError(f"{self.directory}: sample {sid!r} {field}: expected {want}, got {got}")
+
+    def flush(self):
+        """Write the queued samples as one shard, then record it in the manifest."""
+        if not self._pending:
+            return None
+        ids = [sid for sid, _ in self._pending]
+        samples = [s for _, s in self._pending]
+        path = self.directory / shard_name(self._next_index)
+        info = write_shard(path, self.ident, ids, [s.token_ids for s in samples],
+                           [s.loss_mask for s in samples], [s.hidden.cpu() for s in samples])
+        m = self.manifest
+        m.shards.append(info)
+        m.sample_ids += ids
+        m.complete = False
+        m.recount()
+        m.write(self.directory)
+        self._next_index += 1
+        self._done.update(ids)
+        self._pending, self._pending_ids, self._pending_tokens = [], set(), 0
+        return info
+
+    def finish(self, token_freq: torch.Tensor,
+               vocabs: Mapping[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
+               val_ids: Sequence[str] | None = None) -> Manifest:
+        """Flush, write token frequencies and draft vocabularies, record which samples are
+        validation (``val_ids``, all in the dataset), mark complete, unlock."""
+        if self._lock is None:
+            raise StoreError(f"{self.directory}: writer is closed")
+        self.flush()
+        m = self.manifest
+        if m.num_samples == 0:
+            raise StoreError(f"{self.directory}: no samples were written; refusing to mark an empty dataset complete")
+        save_token_freq(self.directory / TOKEN_FREQ, token_freq)
+        m.token_freq = TOKEN_FREQ
+        if val_ids is not None:
+            unknown = sorted(set(val_ids) - self._done)
+            if unknown:
+                raise StoreError(f"{self.directory}: val_ids not in the dataset: {unknown[:5]} ({len(unknown)} in all)")
+            m.val_ids = sorted(str(v) for v in val_ids)
+        for V, (d2t, t2d) in (vocabs or {}).items():
+            save_vocab(self.directory / vocab_name(V), V, d2t, t2d)
+            m.vocabs[str(int(V))] = vocab_name(V)
+        m.complete = True
+        m.write(self.directory)
+        self._release_lock()
+        return m
+
+    def close(self) -> None:
+        """Flush what is queued (it is valid work) and unlock, without marking complete."""
+        if self._lock is None:
+            return
+        try:
+            self.flush()
+        finally:
+            self._release_lock()
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def add_vocab(directory: str | Path, draft_vocab_size: int, d2t: torch.Tensor, t2d: torch.Tensor) -> Path:
+    """Add a draft vocabulary of another size to a complete dataset (e.g. a train-time V)."""
+    directory = Path(directory)
+    lock = open(directory / LOCK, "a+")
+    try:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        m = Manifest.read(directory)
+        if not m.complete:
+            raise StoreError(f"{directory}: incomplete dataset; finish extract.py before adding vocabularies")
+        path = directory / vocab_name(draft_vocab_size)
+        save_vocab(path, draft_vocab_size, d2t, t2d)
+        m.vocabs[str(int(draft_vocab_size))] = path.name
+        m.write(directory)
+        return path
+    finally:
+        lock.close()

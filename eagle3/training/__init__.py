@@ -1,0 +1,1 @@
+"""Lightning training of the draft head: data, module, logging, checkpoints, export."""

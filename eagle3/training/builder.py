@@ -1,0 +1,68 @@
+"""Build the draft head for a dataset: sizes from the target, frozen pieces copied from it,
+layer ids and vocabulary from the dataset (one source of truth, never re-typed)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from eagle3.data.vocab import build_draft_vocab
+from eagle3.model.config import DraftConfig
+from eagle3.model.head import Eagle3DraftHead
+from eagle3.store import HiddenStateDataset, add_vocab
+from eagle3.targets import load_target_head_weights, read_hf_config
+
+
+@dataclass
+class DraftMeta:
+    """What the export needs besides weights."""
+
+    draft_config: DraftConfig
+    aux_layer_ids: list[int]
+    verifier_name_or_path: str
+    verifier_architectures: list[str]
+    num_speculative_tokens: int
+
+
+def draft_vocab(dataset: HiddenStateDataset, size: int):
+    """The dataset's vocabulary of this size, built from its token counts on first use."""
+    if size not in dataset.vocab_sizes:
+        d2t, t2d = build_draft_vocab(dataset.token_freq(), size)
+        add_vocab(dataset.directory, size, d2t, t2d)
+        dataset.manifest.vocabs[str(size)] = f"vocab-{size}.safetensors"
+    return dataset.load_vocab(size)
+
+
+def build_head(cfg: Any, model_dir: str, dataset: HiddenStateDataset) -> tuple[Eagle3DraftHead, DraftMeta]:
+    hf = read_hf_config(model_dir)
+    target_vocab = int(hf["vocab_size"])
+    size = min(int(cfg.train.draft_vocab_size), target_vocab)
+    layer_ids = list(dataset.layer_ids)
+    final_id = int(cfg.model.num_layers)
+    if layer_ids[-1] != final_id:
+        raise ValueError(f"{dataset.directory}: last layer id {layer_ids[-1]} is not the final state {final_id}")
+    aux_ids = layer_ids[:-1]
+    overrides = {
+        k: cfg.train[k]
+        for k in ("num_attention_heads", "num_key_value_heads", "intermediate_size")
+        if cfg.train[k] is not None
+    }
+    draft_cfg = DraftConfig.from_target_config(
+        hf, draft_vocab_size=size, num_aux_layers=len(aux_ids),
+        norm_before_fc=bool(cfg.train.norm_before_fc), **overrides,
+    )
+    head = Eagle3DraftHead(draft_cfg)
+    d2t, t2d = draft_vocab(dataset, size)
+    w = load_target_head_weights(model_dir)
+    head.load_target_weights(
+        w["embed"].float(), w["norm"].float(), w["lm_head"].float(), d2t, t2d,
+        init_lm_head_from_target=bool(cfg.train.init_lm_head_from_target),
+    )
+    meta = DraftMeta(
+        draft_config=draft_cfg,
+        aux_layer_ids=aux_ids,
+        verifier_name_or_path=str(model_dir),
+        verifier_architectures=list(hf.get("architectures") or [str(cfg.model.architecture)]),
+        num_speculative_tokens=int(cfg.eval.num_draft_tokens),
+    )
+    return head, meta

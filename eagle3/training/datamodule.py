@@ -1,0 +1,74 @@
+"""LightningDataModule over an extracted dataset: lazy shard reads, packed batches, DDP split."""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+
+from eagle3.store import HiddenStateDataset
+from eagle3.training.batching import PackedBatchSampler, collate_packed, pack_by_length
+
+
+class _Subset(torch.utils.data.Dataset):
+    def __init__(self, base: HiddenStateDataset, indices: list[int]):
+        self.base, self.indices = base, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> dict:
+        return self.base[self.indices[i]]
+
+
+class Eagle3DataModule(L.LightningDataModule):
+    def __init__(self, dataset_dir: str, *, max_tokens_per_batch: int, seed: int = 0, num_workers: int = 0):
+        super().__init__()
+        self.dataset_dir = dataset_dir
+        self.max_tokens = int(max_tokens_per_batch)
+        self.seed, self.num_workers = int(seed), int(num_workers)
+        self.dataset = HiddenStateDataset(dataset_dir)
+        val = set(self.dataset.val_indices())
+        self.train_idx = [i for i in range(len(self.dataset)) if i not in val]
+        self.val_idx = sorted(val)
+        if not self.train_idx:
+            raise ValueError(f"{dataset_dir}: no training samples (all {len(self.dataset)} are validation)")
+        lengths = self.dataset.lengths
+        self.train_batches = pack_by_length([lengths[i] for i in self.train_idx], self.max_tokens, seed=self.seed)
+        self.val_batches = pack_by_length([lengths[i] for i in self.val_idx], self.max_tokens, seed=self.seed)
+        self._resume_start = 0
+
+    @property
+    def train_tokens(self) -> int:
+        return sum(min(self.dataset.lengths[i], self.max_tokens) for i in self.train_idx)
+
+    def _loader(self, idx: list[int], batches: list[list[int]], shuffle: bool) -> torch.utils.data.DataLoader:
+        trainer = self.trainer
+        rank = trainer.global_rank if trainer else 0
+        world = trainer.world_size if trainer else 1
+        sampler = PackedBatchSampler(batches, shuffle=shuffle, seed=self.seed, rank=rank, world_size=world)
+        if trainer is not None:
+            sampler.set_epoch(trainer.current_epoch)
+        max_tokens = self.max_tokens
+        return torch.utils.data.DataLoader(
+            _Subset(self.dataset, idx),
+            batch_sampler=sampler,
+            collate_fn=lambda items: collate_packed(items, max_tokens),
+            num_workers=self.num_workers,
+            persistent_workers=False,
+        )
+
+    def train_dataloader(self):
+        loader = self._loader(self.train_idx, self.train_batches, shuffle=True)
+        trainer = self.trainer
+        if trainer is not None and trainer.global_step > 0:
+            # resumed: skip the batches of this epoch that were already trained on
+            acc = max(1, trainer.accumulate_grad_batches)
+            per_epoch = len(loader.batch_sampler._epoch_order())
+            done = trainer.global_step * acc - trainer.current_epoch * per_epoch
+            loader.batch_sampler.start_batch = max(0, min(per_epoch, done))
+        return loader
+
+    def val_dataloader(self):
+        if not self.val_idx:
+            return []
+        return self._loader(self.val_idx, self.val_batches, shuffle=False)

@@ -1,0 +1,64 @@
+"""W&B as a dashboard: one run per job, grouped by sweep, tagged with the Hydra choices."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+_TAGGED_GROUPS = ("model", "layers", "data", "topology", "capture", "experiment")
+
+
+def wandb_mode(configured: str | None) -> str:
+    """Offline unless the user's environment says otherwise (no network is the norm here)."""
+    if configured:
+        return str(configured)
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
+    return "online" if os.environ.get("WANDB_API_KEY") else "offline"
+
+
+def hydra_context() -> tuple[dict[str, str], str | None, str | None]:
+    """(group choices, sweep dir, job number) of the running Hydra job, if any."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        hc = HydraConfig.get()
+    except Exception:  # not under @hydra.main (notebooks, tests calling run())
+        return {}, None, None
+    choices = {k: str(v) for k, v in hc.runtime.choices.items() if k in _TAGGED_GROUPS and v is not None}
+    mode = str(hc.mode)
+    if mode.endswith("MULTIRUN"):
+        return choices, str(hc.sweep.dir), str(hc.job.num)
+    return choices, None, None
+
+
+def build_logger(cfg: Any, output_dir: Path):
+    if cfg.logger.backend == "none":
+        return False
+    if cfg.logger.backend != "wandb":
+        raise ValueError(f"logger.backend: expected wandb|none, got {cfg.logger.backend!r}")
+    from lightning.pytorch.loggers import WandbLogger
+
+    choices, sweep_dir, job_num = hydra_context()
+    if not choices:
+        choices = {"model": str(cfg.model.name), "data": str(cfg.data.name)}
+    tags = [f"{k}:{v}" for k, v in sorted(choices.items())] + list(cfg.logger.tags) + list(cfg.tags)
+    group = cfg.logger.group or (Path(sweep_dir).name if sweep_dir else None)
+    name = f"{cfg.model.name}-{Path(output_dir).name}" + (f"-job{job_num}" if job_num is not None else "")
+    mode = wandb_mode(cfg.logger.mode)
+    return WandbLogger(
+        project=cfg.logger.project,
+        entity=cfg.logger.entity,
+        name=name,
+        group=group,
+        tags=tags,
+        save_dir=str(output_dir),
+        offline=(mode == "offline"),
+        mode=mode,
+        config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+        job_type=str(cfg.task_name),
+        reinit="create_new",  # multirun jobs in one process each get their own run
+    )

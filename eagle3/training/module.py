@@ -1,0 +1,116 @@
+"""The LightningModule around the plain-torch draft head (eagle3.model).
+
+Metrics are reduced as counts: each rank sums (loss, correct, total) per TTT step and
+the sums are all-reduced before dividing, so a rank with more tokens weighs more (a
+mean of per-rank means would not).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+import torch
+
+from eagle3.model.head import Eagle3DraftHead
+from eagle3.model.loss import StepCounts, eagle3_loss
+
+
+def warmup_cosine(step: int, *, warmup: int, total: int, min_ratio: float) -> float:
+    if step < warmup:
+        return (step + 1) / max(1, warmup)
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class Eagle3LitModule(L.LightningModule):
+    def __init__(self, head: Eagle3DraftHead, train_cfg: dict[str, Any]):
+        super().__init__()
+        self.head = head
+        self.tc = train_cfg
+        self.ttt_steps = int(train_cfg["ttt_steps"])
+        # frozen target copies are rebuilt from the target, never stored in checkpoints
+        self.strict_loading = False
+        self._val_counts = StepCounts.zeros(self.ttt_steps)
+
+    # ---- frozen weights stay out of checkpoints (Kimi's embeddings alone are 4.7 GB fp32)
+    def _frozen_keys(self) -> set[str]:
+        return {f"head.{n}" for n, p in self.head.named_parameters() if not p.requires_grad}
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        frozen = self._frozen_keys()
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k not in frozen}
+
+    # ---- steps
+    def _forward_loss(self, batch: dict[str, torch.Tensor]):
+        step_logits = self.head(
+            batch["aux_hidden"], batch["input_ids"], batch["position_ids"], batch["segment_ids"], self.ttt_steps
+        )
+        with torch.no_grad():
+            target_logits = self.head.target_logits(batch["final_hidden"])
+        return eagle3_loss(
+            step_logits,
+            target_logits,
+            loss_mask=batch["loss_mask"],
+            segment_ids=batch["segment_ids"],
+            step_decay=float(self.tc["step_decay"]),
+            kind=str(self.tc["loss"]),
+        )
+
+    def _metrics(self, counts: StepCounts, prefix: str) -> dict[str, torch.Tensor]:
+        loss_k, acc_k, cond_k = counts.loss_mean(), counts.acc_full(), counts.acc_cond()
+        out: dict[str, torch.Tensor] = {}
+        for k in range(self.ttt_steps):
+            out[f"{prefix}/loss_k{k}"] = loss_k[k]
+            out[f"{prefix}/acc_k{k}"] = acc_k[k]
+            out[f"{prefix}/cond_acc_k{k}"] = cond_k[k]
+        out[f"{prefix}/sim_accept_len"] = 1 + acc_k.sum()
+        return {k: v.float() for k, v in out.items()}
+
+    def training_step(self, batch, batch_idx):
+        loss, counts = self._forward_loss(batch)
+        logs = self._metrics(counts, "train")
+        logs["train/loss"] = loss.detach().float()
+        self.log_dict(logs, on_step=True, batch_size=1)
+        self.log("loss", loss.detach(), prog_bar=True, logger=False, batch_size=1)
+        return loss
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_counts = StepCounts.zeros(self.ttt_steps, device=self.device)
+
+    def validation_step(self, batch, batch_idx):
+        _, counts = self._forward_loss(batch)
+        self._val_counts = self._val_counts + StepCounts.from_stacked(counts.stacked())
+
+    def on_validation_epoch_end(self) -> None:
+        stacked = self._val_counts.stacked()
+        if self.trainer.world_size > 1:
+            stacked = self.trainer.strategy.reduce(stacked, reduce_op="sum")  # counts, not means
+        counts = StepCounts.from_stacked(stacked)
+        metrics = self._metrics(counts, "val")
+        decay = float(self.tc["step_decay"])
+        metrics["val/loss"] = sum(decay**k * metrics[f"val/loss_k{k}"] for k in range(self.ttt_steps))
+        metrics["val/tokens"] = counts.loss_count[0].float()
+        # already reduced across ranks: no sync_dist (it would average, not sum)
+        self.log_dict(metrics, sync_dist=False)
+        self.log("val_accept", metrics["val/sim_accept_len"], prog_bar=True, logger=False)
+
+    # ---- optimisation
+    def configure_optimizers(self):
+        params = [p for p in self.head.parameters() if p.requires_grad]
+        oc = self.tc["optimizer"]
+        if str(oc["name"]).lower() != "adamw":
+            raise ValueError(f"train.optimizer.name: expected adamw, got {oc['name']!r}")
+        opt = torch.optim.AdamW(
+            params, lr=float(self.tc["lr"]), betas=tuple(oc["betas"]), eps=float(oc["eps"]),
+            weight_decay=float(self.tc["weight_decay"]),
+        )
+        total = int(self.trainer.estimated_stepping_batches) if self.trainer else int(self.tc["max_steps"])
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt,
+            lambda s: warmup_cosine(
+                s, warmup=int(self.tc["warmup_steps"]), total=total, min_ratio=float(self.tc["min_lr_ratio"])
+            ),
+        )
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

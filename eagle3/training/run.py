@@ -1,0 +1,116 @@
+"""train.py's stage: find the dataset of this config, train the head, export it, report."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, RichProgressBar
+from omegaconf import OmegaConf
+
+from eagle3.config.validate import validate_run_config
+from eagle3.identity import dataset_path
+from eagle3.targets import resolve_target
+from eagle3.training.builder import build_head
+from eagle3.training.callbacks import TokenThroughput
+from eagle3.training.datamodule import Eagle3DataModule
+from eagle3.training.export import export_head
+from eagle3.training.loggers import build_logger
+from eagle3.training.module import Eagle3LitModule
+
+
+class DatasetNotFound(FileNotFoundError):
+    pass
+
+
+def _resolve_ckpt(ckpt_path: str | None, ckpt_dir: Path) -> str | None:
+    last = ckpt_dir / "last.ckpt"
+    if ckpt_path in (None, "", "auto"):
+        return str(last) if last.is_file() else None  # auto-resume in the same run dir
+    if ckpt_path == "last":
+        if not last.is_file():
+            raise FileNotFoundError(f"ckpt_path=last: no {last}; pass the run dir (hydra.run.dir=...) or a path")
+        return str(last)
+    if not Path(ckpt_path).is_file():
+        raise FileNotFoundError(f"ckpt_path={ckpt_path!r}: no such checkpoint file")
+    return ckpt_path
+
+
+def _scalars(metrics: dict) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items() if "/" in k}
+
+
+def run(cfg: Any) -> float:
+    validate_run_config(cfg)
+    L.seed_everything(int(cfg.train.seed), workers=True, verbose=False)
+    output_dir = Path(cfg.paths.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
+    ds_dir = dataset_path(cfg, model_dir)
+    if not (ds_dir / "manifest.json").is_file():
+        raise DatasetNotFound(
+            f"no dataset for this config at {ds_dir}: run extract.py with the same model/layers/data "
+            f"overrides first (python extract.py <same overrides>)"
+        )
+    datamodule = Eagle3DataModule(
+        str(ds_dir), max_tokens_per_batch=int(cfg.train.max_tokens_per_batch), seed=int(cfg.train.seed),
+        num_workers=int(cfg.train.num_workers),
+    )
+    head, draft_meta = build_head(cfg, model_dir, datamodule.dataset)
+    train_cfg = OmegaConf.to_container(cfg.train, resolve=True, enum_to_str=True)
+    module = Eagle3LitModule(head, train_cfg)
+
+    ckpt_dir = output_dir / "checkpoints"
+    checkpoint = ModelCheckpoint(
+        dirpath=ckpt_dir, filename="best-step{step}", monitor="val/sim_accept_len", mode="max",
+        save_top_k=1, save_last=True, auto_insert_metric_name=False,
+    )
+    logger = build_logger(cfg, output_dir)
+    callbacks = [checkpoint, TokenThroughput(), RichProgressBar()]
+    if logger:
+        callbacks.append(LearningRateMonitor(logging_interval="step"))
+    topo = cfg.topology
+    n_val = int(cfg.train.val_check_interval)
+    trainer = L.Trainer(
+        accelerator=str(topo.accelerator), devices=int(topo.devices), num_nodes=int(topo.num_nodes),
+        strategy=str(getattr(topo.strategy, "value", topo.strategy)), precision=str(topo.precision),
+        max_steps=int(cfg.train.max_steps), max_epochs=cfg.train.max_epochs if cfg.train.max_epochs else -1,
+        # validate every n optimizer steps, across epoch boundaries
+        val_check_interval=n_val * int(cfg.train.accumulate_grad_batches), check_val_every_n_epoch=None,
+        gradient_clip_val=float(cfg.train.grad_clip) or None,
+        accumulate_grad_batches=int(cfg.train.accumulate_grad_batches),
+        logger=logger, callbacks=callbacks, default_root_dir=str(output_dir),
+        use_distributed_sampler=False, num_sanity_val_steps=0,
+        log_every_n_steps=int(cfg.logger.log_every_n_steps), enable_model_summary=False,
+        deterministic=False,
+    )
+    resume = _resolve_ckpt(cfg.ckpt_path, ckpt_dir)
+    initial: dict[str, float] = {}
+    if resume is None and datamodule.val_idx:
+        initial = _scalars(trainer.validate(module, datamodule=datamodule, verbose=False)[0])
+    trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
+    if trainer.global_step % n_val != 0 and datamodule.val_idx:
+        trainer.validate(module, datamodule=datamodule, verbose=False)
+    final = _scalars(trainer.callback_metrics)
+    trainer.save_checkpoint(ckpt_dir / "last.ckpt")
+
+    summary: dict[str, Any] = {"dataset_dir": str(ds_dir), "global_step": trainer.global_step, "initial": initial,
+                               "final": final, "best_checkpoint": checkpoint.best_model_path or None,
+                               "best_val_sim_accept_len": float(checkpoint.best_model_score) if checkpoint.best_model_score is not None else None}
+    export_dir = None
+    if trainer.is_global_zero:
+        best = checkpoint.best_model_path
+        if best:
+            state = torch.load(best, map_location="cpu", weights_only=False)["state_dict"]
+            module.load_state_dict(state, strict=False)
+        export_dir = export_head(module.head, draft_meta, output_dir / "export")
+        summary["export_dir"] = str(export_dir)
+        (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        print(f"summary: {output_dir / 'summary.json'}")
+        print(str(export_dir))
+    metric = final.get(str(cfg.optimized_metric), float("nan"))
+    return metric

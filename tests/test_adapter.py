@@ -1,0 +1,273 @@
+"""The capture adapter refuses every real failure shape seen in issue 4 and passes good data."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eagle3.capture.adapter import (
+    CapturedSample,
+    CaptureError,
+    CaptureSpec,
+    decode_rpc_tensor,
+    is_rpc_tensor,
+    to_captured_sample,
+    unwrap_rpc_replies,
+)
+
+IDS = (2, 15, 27, 30)  # SmolLM2's aux ids + N
+T, L, H = 12, len(IDS), 16
+
+
+def spec(num_tokens: int = T, dtype: torch.dtype = torch.bfloat16) -> CaptureSpec:
+    return CaptureSpec(layer_ids=IDS, hidden_size=H, dtype=dtype, num_tokens=num_tokens)
+
+
+def tokens(n: int = T) -> torch.Tensor:
+    return torch.arange(100, 100 + n, dtype=torch.int64)
+
+
+def mask(n: int = T) -> torch.Tensor:
+    m = torch.zeros(n, dtype=torch.bool)
+    m[n // 2:] = True
+    return m
+
+
+def layers(n_tokens: int = T, dtype=torch.float32) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(n_tokens, H, generator=g).to(dtype) for _ in IDS]
+
+
+def capture(hidden, **kw) -> CapturedSample:
+    kw.setdefault("spec", spec())
+    kw.setdefault("sent_token_ids", tokens())
+    kw.setdefault("loss_mask", mask())
+    return to_captured_sample(hidden, **kw)
+
+
+def encode(t: torch.Tensor, buffers: list) -> list:
+    """vLLM's msgpack form of a tensor: [dtype, shape, index into aux buffers]."""
+    buffers.append(t.contiguous().view(torch.uint8).numpy().tobytes())
+    return [str(t.dtype).removeprefix("torch."), list(t.shape), len(buffers) - 1]
+
+
+# ------------------------------------------------------------------ good data
+
+
+def test_list_of_layers_is_stacked_in_layer_order_and_converted():
+    parts = layers()
+    s = capture(parts, returned_token_ids=tokens().tolist())
+    assert s.hidden.shape == (T, L, H) and s.hidden.dtype == torch.bfloat16
+    assert s.hidden.is_contiguous() and s.hidden.device.type == "cpu"
+    for j, p in enumerate(parts):
+        assert torch.equal(s.hidden[:, j], p.to(torch.bfloat16))
+    assert s.token_ids.dtype == torch.int64 and torch.equal(s.token_ids, tokens())
+    assert s.loss_mask.dtype == torch.bool and torch.equal(s.loss_mask, mask())
+
+
+def test_tensor_t_l_h_passes_and_integer_mask_becomes_bool():
+    h = torch.stack(layers(), dim=1)
+    s = capture(h, loss_mask=mask().to(torch.int32))
+    assert torch.equal(s.hidden, h.to(torch.bfloat16))
+    assert s.loss_mask.dtype == torch.bool and int(s.loss_mask.sum()) == T - T // 2
+
+
+# ------------------------------------------------------------------ wrong shapes
+
+
+def test_only_the_first_layer_after_indexing_a_single_reply_is_refused():
+    # the Kimi-K2.5 bug: reply[0] of a single reply = layer 0 only, [T, H]
+    with pytest.raises(CaptureError, match=r"hidden: expected \[T, L, H\] = \[12, 4, 16\].*tensor\[12, 16\]"):
+        capture(layers()[0])
+
+
+def test_flat_tensor_is_never_reshaped():
+    flat = torch.stack(layers(), dim=1).flatten()
+    with pytest.raises(CaptureError, match="flat tensor is never reshaped"):
+        capture(flat)
+
+
+def test_l_t_h_tensor_is_refused_with_a_hint():
+    lth = torch.stack(layers(), dim=0)
+    with pytest.raises(CaptureError, match=r"looks like \[L, T, H\]"):
+        capture(lth)
+
+
+def test_list_of_per_token_tensors_is_refused():
+    per_token = list(torch.stack(layers(), dim=1).flatten(1))  # T tensors [L*H]
+    with pytest.raises(CaptureError, match="one tensor per token"):
+        capture(per_token)
+
+
+def test_771_slices_of_one_layer_are_refused():
+    slices = list(torch.randn(771, T))  # what the downstream slicing produced
+    with pytest.raises(CaptureError, match=r"a list of 4 layer tensors.*a list of 771"):
+        capture(slices)
+
+
+def test_list_of_replies_passed_as_hidden_is_refused():
+    with pytest.raises(CaptureError, match="unwrap_rpc_replies"):
+        capture([layers(), layers()])
+
+
+def test_undecoded_rpc_tensors_are_refused():
+    buffers: list = []
+    with pytest.raises(CaptureError, match="decode_rpc_tensor"):
+        capture([encode(x, buffers) for x in layers()])
+    with pytest.raises(CaptureError, match="decode_rpc_tensor"):
+        capture(encode(torch.stack(layers(), 1), buffers))
+
+
+def test_wrong_layer_count():
+    with pytest.raises(CaptureError, match=r"a list of 4 layer tensors \(layer ids \[2, 15, 27, 30\]\)"):
+        capture(layers()[:3])
+    with pytest.raises(CaptureError, match="3 layers captured, 4 requested"):
+        capture(torch.stack(layers()[:3], dim=1))
+
+
+def test_wrong_hidden_size():
+    with pytest.raises(CaptureError, match=r"hidden\[layer 2\]: expected \[T, H\] = \[12, 16\]"):
+        capture([torch.randn(T, H + 1) for _ in IDS])
+    with pytest.raises(CaptureError, match="hidden size 17, the model's is 16"):
+        capture(torch.randn(T, L, H + 1))
+
+
+def test_token_count_mismatch_names_lost_tokens():
+    # prefix caching ran only the uncached suffix through the model
+    with pytest.raises(CaptureError, match="7 of the 12 prompt tokens were captured") as e:
+        capture(torch.randn(7, L, H), sample_id="conv-3")
+    assert e.value.sample_id == "conv-3" and "sample 'conv-3'" in str(e.value)
+    with pytest.raises(CaptureError, match="7 of the 12 prompt tokens"):
+        capture(layers(7))
+    with pytest.raises(CaptureError, match=r"sent_token_ids: expected 12 tokens \(spec.num_tokens\), got 11"):
+        capture(layers(), sent_token_ids=tokens(11))
+    with pytest.raises(CaptureError, match="loss_mask: expected 12 entries, got 13"):
+        capture(layers(), loss_mask=mask(13))
+
+
+def test_token_id_mismatch_reports_first_position():
+    back = tokens().clone()
+    back[5] = 7
+    back[9] = 8
+    with pytest.raises(CaptureError, match=r"returned_token_ids: expected the sent ids \(position 5: 105\), "
+                                           r"got 7 at position 5 \(2 positions differ\)"):
+        capture(layers(), returned_token_ids=back)
+    with pytest.raises(CaptureError, match="returned_token_ids: expected 12 tokens"):
+        capture(layers(), returned_token_ids=tokens(10))
+
+
+def test_nan_and_inf_are_counted_per_layer():
+    parts = layers()
+    parts[2][3, 0] = float("nan")
+    parts[2][4, 1] = float("nan")
+    parts[3][6, 5] = float("inf")
+    with pytest.raises(CaptureError, match=r"2 NaN and 1 Inf \(layer 27: 2, layer 30: 1; first at token 3\)"):
+        capture(parts)
+
+
+def test_overflow_on_conversion_is_caught():
+    parts = layers(dtype=torch.float32)
+    parts[0][0, 0] = 3.4e38  # finite in fp32, inf in fp16
+    with pytest.raises(CaptureError, match="Inf"):
+        capture(parts, spec=spec(dtype=torch.float16))
+
+
+def test_integer_hidden_is_not_converted():
+    with pytest.raises(CaptureError, match="hidden dtype: expected a floating dtype"):
+        capture(torch.ones(T, L, H, dtype=torch.int32))
+
+
+def test_spec_refuses_integer_dtype():
+    with pytest.raises(CaptureError, match="CaptureSpec.dtype"):
+        CaptureSpec(IDS, H, torch.int64, T)
+
+
+# ------------------------------------------------------------------ RPC contract
+
+
+def test_single_reply_where_a_list_of_replies_was_expected():
+    reply = layers()  # what collective_rpc(..., unique_reply_rank=0) returns: rank 0's list
+    with pytest.raises(CaptureError, match=r"expected a list of 8 replies.*got a single reply: a list of 4 "
+                                           r"items.*unique_reply_rank"):
+        unwrap_rpc_replies(reply, expected_replies=8, what="capture RPC")
+
+
+def test_list_of_replies_where_a_single_reply_was_expected():
+    replies = [layers() for _ in range(8)]
+    with pytest.raises(CaptureError, match="expected a single reply.*got a list of 8 replies"):
+        unwrap_rpc_replies(replies, expected_replies=1, what="capture RPC")
+
+
+def test_single_reply_and_list_of_one_both_unwrap_to_the_full_reply():
+    reply = layers()
+    for form in (reply, [reply]):
+        got = unwrap_rpc_replies(form, expected_replies=1, what="capture RPC")
+        assert len(got) == 1 and len(got[0]) == L  # all 4 layers, not layer 0's rows
+        s = capture(got[0])
+        assert s.hidden.shape == (T, L, H)
+
+
+def test_list_of_replies_unwraps_and_wrong_counts_are_refused():
+    replies = [layers() for _ in range(4)]
+    assert len(unwrap_rpc_replies(replies, expected_replies=4, what="rpc")) == 4
+    with pytest.raises(CaptureError, match="expected 8 replies, got 4 replies"):
+        unwrap_rpc_replies(replies, expected_replies=8, what="rpc")
+    with pytest.raises(CaptureError, match=r"None from workers \[1\]"):
+        unwrap_rpc_replies([replies[0], None], expected_replies=2, what="rpc")
+    with pytest.raises(CaptureError, match=r"rpc reply\[0\]: expected one worker's reply"):
+        unwrap_rpc_replies([[layers()], [layers()]], expected_replies=2, what="rpc")
+    with pytest.raises(CaptureError, match="empty list"):
+        unwrap_rpc_replies([], expected_replies=1, what="rpc")
+
+
+def test_encoded_single_reply_is_recognised_as_single():
+    buffers: list = []
+    reply = [encode(x, buffers) for x in layers()]
+    with pytest.raises(CaptureError, match="got a single reply"):
+        unwrap_rpc_replies(reply, expected_replies=2, what="rpc")
+    (got,) = unwrap_rpc_replies(reply, expected_replies=1, what="rpc")
+    s = capture([decode_rpc_tensor(x, buffers) for x in got])
+    assert torch.equal(s.hidden, torch.stack(layers(), 1).to(torch.bfloat16))
+
+
+def test_is_reply_resolves_nested_replies():
+    per_request = [layers(), layers()]  # one worker's reply: per request, per layer
+    got = unwrap_rpc_replies(per_request, expected_replies=1, what="rpc",
+                             is_reply=lambda r: isinstance(r[0], list))
+    assert got == [per_request]
+
+
+# ------------------------------------------------------------------ RPC tensors
+
+
+def test_decode_rpc_tensor_round_trips_dtypes_and_forms():
+    buffers: list = []
+    for t in (torch.randn(3, 5).to(torch.bfloat16), torch.arange(6, dtype=torch.int64).view(2, 3),
+              torch.randn(4)):
+        enc = encode(t, buffers)
+        assert is_rpc_tensor(enc)
+        assert torch.equal(decode_rpc_tensor(enc, buffers), t)
+        enc_torch_prefix = ["torch." + enc[0], enc[1], enc[2]]
+        assert torch.equal(decode_rpc_tensor(enc_torch_prefix, buffers), t)
+    inline = torch.randn(2, 2)
+    raw = inline.view(torch.uint8).numpy().tobytes()
+    assert torch.equal(decode_rpc_tensor(["float32", [2, 2], raw]), inline)
+    assert torch.equal(decode_rpc_tensor(["<f4", [2, 2], memoryview(raw)]), inline)  # numpy dtype str
+    assert decode_rpc_tensor(inline) is inline
+
+
+def test_decode_rpc_tensor_refuses_bad_input():
+    buffers: list = []
+    enc = encode(torch.randn(3, 5).to(torch.bfloat16), buffers)
+    with pytest.raises(CaptureError, match=r"expected 32 bytes \(shape \[4, 4\] x 2 B of torch.bfloat16\), got 30"):
+        decode_rpc_tensor(["bfloat16", [4, 4], 0], buffers)
+    with pytest.raises(CaptureError, match="no buffers"):
+        decode_rpc_tensor(enc)
+    with pytest.raises(CaptureError, match="buffer index: expected 0..0, got 3"):
+        decode_rpc_tensor(["bfloat16", [3, 5], 3], buffers)
+    with pytest.raises(CaptureError, match="dtype: expected a torch or numpy dtype name"):
+        decode_rpc_tensor(["bloat16", [3, 5], 0], buffers)
+    with pytest.raises(CaptureError, match="out-of-band"):
+        decode_rpc_tensor(["bfloat16", [3, 5], {"handle": 1}], buffers)
+    with pytest.raises(CaptureError, match=r"rpc tensor: expected a tensor or \[dtype, shape, buffer-index\]"):
+        decode_rpc_tensor([1, 2, 3])

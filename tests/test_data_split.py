@@ -1,0 +1,53 @@
+"""Hash-based train/val split: deterministic, the requested fraction, and stable when
+max_samples grows (through the real pipeline on the packaged ShareGPT file)."""
+
+from __future__ import annotations
+
+import pytest
+
+from eagle3.data import is_validation, load_conversations, prepare_samples
+
+
+def test_split_is_deterministic_and_near_the_fraction():
+    ids = [f"conv-{i}" for i in range(20000)]
+    val = [i for i in ids if is_validation(i, 0.1, seed=0)]
+    assert val == [i for i in ids if is_validation(i, 0.1, seed=0)]
+    assert 0.09 < len(val) / len(ids) < 0.11
+    other_seed = {i for i in ids if is_validation(i, 0.1, seed=1)}
+    assert 0.05 < len(other_seed & set(val)) / len(val) < 0.2  # independent draws overlap ~10%
+    # a larger fraction only adds samples to val
+    assert set(val) <= {i for i in ids if is_validation(i, 0.2, seed=0)}
+    assert not any(is_validation(i, 0.0, seed=0) for i in ids[:1000])
+    with pytest.raises(ValueError, match="val_fraction"):
+        is_validation("x", 1.0, seed=0)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_dir)
+
+
+def _prepare(tokenizer, max_samples):
+    return prepare_samples(
+        "sharegpt", None, tokenizer, max_samples=max_samples, max_length=128,
+        overflow="truncate", val_fraction=0.2, seed=3, progress=False,
+    )
+
+
+def test_split_is_stable_when_max_samples_grows(tokenizer):
+    small, large = _prepare(tokenizer, 30), _prepare(tokenizer, 90)
+    assert len(small.train) + len(small.val) == 30 and len(large.train) + len(large.val) == 90
+    small_train, small_val = {s.id for s in small.train}, {s.id for s in small.val}
+    large_train, large_val = {s.id for s in large.train}, {s.id for s in large.val}
+    assert small_val and small_train  # both sides exercised
+    assert small_train <= large_train and small_val <= large_val  # nobody changes side
+    # the small run kept the first 30 of the large run's samples in file order
+    order = {c.id: k for k, c in enumerate(load_conversations("sharegpt", limit=400).conversations)}
+    large_in_order = sorted(large_train | large_val, key=order.__getitem__)
+    assert set(large_in_order[:30]) == small_train | small_val
+    # parts of one ShareGPT chat never straddle the split
+    assert not {s.split_key for s in large.train} & {s.split_key for s in large.val}
+    for s in large.train + large.val:
+        assert is_validation(s.split_key, 0.2, 3) == (s.id in large_val)

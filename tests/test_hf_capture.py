@@ -1,0 +1,144 @@
+"""The transformers backend captures vLLM-numbered layer ids, pre-norm id N, no padding.
+
+Real SmolLM2-135M (tokenizer + weights) and the random tiny DeepSeek-V3 (MLA + MoE).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from eagle3.capture.adapter import CaptureError
+from eagle3.capture.hf_backend import HFCaptureBackend
+from eagle3.targets import materialize_smollm2, materialize_tiny
+
+CACHE = Path(__file__).resolve().parents[1] / ".cache"
+CONF = Path(__file__).resolve().parents[1] / "conf" / "model"
+
+CHATS = [
+    [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4."}],
+    [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue, like the sky."}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+     {"role": "assistant", "content": "Hello! How can I help you today with anything at all?"}],
+    [{"role": "user", "content": "Say yes."}, {"role": "assistant", "content": "Yes."}],
+]
+
+
+def chat_samples(model_dir) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """Real chat prompts from the real tokenizer; loss on the tokens after the last header."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    out = []
+    for i, chat in enumerate(CHATS):
+        ids = tok.apply_chat_template(chat, tokenize=True, return_dict=False)
+        ids = torch.tensor(ids if isinstance(ids[0], int) else ids[0], dtype=torch.int64)
+        prompt = tok.apply_chat_template(chat[:-1], tokenize=True, add_generation_prompt=True, return_dict=False)
+        mask = torch.zeros(len(ids), dtype=torch.bool)
+        mask[len(prompt):] = True
+        out.append((f"chat-{i}", ids, mask))
+    assert len({len(s[1]) for s in out}) == len(out)  # different lengths: batches really pad
+    return out
+
+
+def reference_states(backend: HFCaptureBackend, input_ids: torch.Tensor):
+    with torch.inference_mode():
+        return backend.model(input_ids=input_ids[None], output_hidden_states=True).hidden_states
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def check_convention(backend: HFCaptureBackend, samples):
+    """ids < N == HF output_hidden_states[k]; id N == pre-norm state; norm(id N) == HF's last."""
+    N = backend.num_layers
+    backend.batch_size = 1  # exact comparison: same shapes as the reference forward
+    assert not hasattr(backend.model, "lm_head")  # the base model: no vocab projection computed
+    for (sid, ids, mask), s in zip(samples, backend.capture(samples)):
+        assert s.hidden.shape == (len(ids), len(backend.capture_ids), backend.hidden_size)
+        assert torch.equal(s.token_ids, ids) and torch.equal(s.loss_mask, mask)
+        hs = reference_states(backend, ids)
+        assert len(hs) == N + 1
+        for j, k in enumerate(backend.capture_ids):
+            if k < N:
+                assert torch.equal(s.hidden[:, j], hs[k][0]), f"{sid}: layer id {k}"
+        final = s.hidden[:, backend.capture_ids.index(N)]
+        with torch.inference_mode():
+            assert torch.equal(backend.model.norm(final), hs[N][0])
+        assert rel_err(final, hs[N][0]) > 0.1  # HF's last entry is after the norm: not what we store
+
+
+def check_padded_batch(backend: HFCaptureBackend, samples):
+    """Padded, length-sorted batches give the records of one-by-one capture, in input order."""
+    backend.batch_size, backend.max_tokens_per_batch = 4, 10_000
+    batched = list(backend.capture_with_ids(samples))
+    backend.batch_size = 1
+    alone = list(backend.capture_with_ids(samples))
+    assert [sid for sid, _ in batched] == [sid for sid, _ in alone] == [s[0] for s in samples]
+    for (sid, b), (_, a) in zip(batched, alone):
+        assert b.hidden.shape == a.hidden.shape  # no pad rows
+        assert torch.equal(b.token_ids, a.token_ids) and torch.equal(b.loss_mask, a.loss_mask)
+        for j, k in enumerate(backend.capture_ids):
+            assert rel_err(b.hidden[:, j], a.hidden[:, j]) < 1e-2, f"{sid}: layer id {k}"
+    # a token budget below two samples' padded size splits batches; results still match
+    backend.batch_size, backend.max_tokens_per_batch = 4, max(len(s[1]) for s in samples) + 1
+    split = list(backend.capture(samples))
+    for s, (_, a) in zip(split, alone):
+        assert rel_err(s.hidden, a.hidden) < 1e-2
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    model_dir = materialize_smollm2(CACHE)
+    backend = HFCaptureBackend(str(model_dir), [2, 15, 27, 30])
+    yield backend, chat_samples(model_dir)
+    backend.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_deepseek():
+    cfg = yaml.safe_load((CONF / "tiny_deepseek_v3.yaml").read_text())
+    cfg.pop("defaults")
+    model_dir = materialize_tiny(cfg, CACHE)
+    backend = HFCaptureBackend(str(model_dir), [1, 2, 3, 4])
+    yield backend, chat_samples(model_dir)
+    backend.close()
+
+
+@pytest.mark.slow
+def test_smollm2_layer_id_convention(smollm2):
+    check_convention(*smollm2)
+
+
+@pytest.mark.slow
+def test_smollm2_padded_batch_equals_one_by_one(smollm2):
+    check_padded_batch(*smollm2)
+
+
+def test_tiny_deepseek_v3_layer_id_convention(tiny_deepseek):
+    backend, samples = tiny_deepseek
+    assert type(backend.model).__name__ == "DeepseekV3Model"
+    check_convention(backend, samples)
+
+
+def test_tiny_deepseek_v3_padded_batch_equals_one_by_one(tiny_deepseek):
+    check_padded_batch(*tiny_deepseek)
+
+
+def test_capture_ids_out_of_range_are_refused(tiny_deepseek):
+    backend, _ = tiny_deepseek
+    with pytest.raises(CaptureError, match=r"capture_ids: expected unique ascending ids in 0..4 \(N=4"):
+        HFCaptureBackend(backend.model_dir, [2, 5])
+    with pytest.raises(CaptureError, match="capture_ids"):
+        HFCaptureBackend(backend.model_dir, [3, 2, 4])
+
+
+def test_empty_prompt_is_refused(tiny_deepseek):
+    backend, _ = tiny_deepseek
+    empty = torch.zeros(0, dtype=torch.int64)
+    with pytest.raises(CaptureError, match=r"sample 'e': input_ids: expected a non-empty 1-D tensor"):
+        list(backend.capture([("e", empty, empty.bool())]))

@@ -1,0 +1,196 @@
+"""Parity with speculators 0.9's Eagle3DraftModel (the peer vLLM's own project trains with).
+
+Same weights, same inputs: per-step logits, loss and "full" accuracy counts agree (fp32).
+speculators is fed what its `shift_batch` would produce from our aligned sample:
+input_ids x[1:], hidden g[:-1], verifier states z[1:], position ids 1..T-1.
+Its loss mask at index i is the mask of the token the step-0 draft at i predicts; ours is
+given per token (x_t) and the loss shifts it (loss.py), so we hand it mask[i + 2].
+"""
+
+import json
+import warnings
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from eagle3.model import DraftConfig, Eagle3DraftHead, eagle3_loss, export_state_dict, speculators_config_dict
+from eagle3.model.export import transformer_layer_config_dict
+
+pytest.importorskip("speculators")
+warnings.filterwarnings("ignore", module="speculators")
+
+from speculators.config import SpeculatorsConfig, VerifierConfig  # noqa: E402
+from speculators.losses import resolve_loss_config  # noqa: E402
+from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig  # noqa: E402
+from speculators.proposals.greedy import GreedyTokenProposalConfig  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+H, VT, AUX_IDS = 64, 300, [1, 2, 3]
+SMOLLM2 = "/work/main/.cache/targets/smollm2_135m-bf16-98362432"
+LOGIT_TOL = dict(rtol=1e-5, atol=1e-5)  # measured: max |diff| ~1.5e-7 in fp32
+
+
+def _verifier_config() -> LlamaConfig:
+    return LlamaConfig(hidden_size=H, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                       num_hidden_layers=4, vocab_size=VT, rms_norm_eps=1e-5, max_position_embeddings=512,
+                       tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 50000.0})
+
+
+def _head_from_verifier(verifier: LlamaForCausalLM, draft_vocab: int, seed: int) -> Eagle3DraftHead:
+    torch.manual_seed(seed)
+    cfg = DraftConfig.from_target_config(verifier.config.to_dict(), draft_vocab_size=draft_vocab, num_aux_layers=3)
+    head = Eagle3DraftHead(cfg)
+    t2d = torch.zeros(VT, dtype=torch.bool)
+    t2d[torch.randperm(VT)[:draft_vocab]] = True
+    d2t = t2d.nonzero().squeeze(1) - torch.arange(draft_vocab)
+    head.load_target_weights(verifier.model.embed_tokens.weight, verifier.model.norm.weight, verifier.lm_head.weight,
+                             d2t, t2d, init_lm_head_from_target=True)
+    with torch.no_grad():  # move every norm off 1 so a swapped norm would show
+        for p in head.parameters():
+            if p.requires_grad and p.dim() == 1:
+                p.add_(0.2 * torch.randn_like(p))
+    return head.eval()
+
+
+@pytest.fixture(scope="module")
+def verifier(tmp_path_factory):
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(_verifier_config())
+    with torch.no_grad():
+        model.model.norm.weight.add_(0.2 * torch.randn(H))
+    path = tmp_path_factory.mktemp("verifier")
+    model.save_pretrained(path)
+    return model, path
+
+
+def _speculators_logits(ref: Eagle3DraftModel, g, ids, z=None, spec_mask=None, steps=3, decay=1.0):
+    """Run speculators on the shifted sample; return (per-step logits, loss, metrics)."""
+    captured = []
+    hook = ref.lm_head.register_forward_hook(lambda m, i, o: captured.append(o.detach()))
+    t = ids.shape[1]
+    kwargs = {}
+    if z is not None:
+        kwargs = dict(verifier_last_hidden_states=z[:, 1:], loss_mask=spec_mask, ttt_step_loss_decay=decay,
+                      loss_config=resolve_loss_config("kl_div", "eager"))  # the fused loss is Triton-only
+    with torch.no_grad():
+        out = ref(hidden_states=g[:, :-1], input_ids=ids[:, 1:], document_ids=torch.zeros(1, t - 1, dtype=torch.long),
+                  position_ids=torch.arange(1, t)[None], ttt_steps=steps, **kwargs)
+    hook.remove()
+    return captured, out
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_our_export_loads_in_speculators_and_gives_the_same_logits(verifier, tmp_path, steps):
+    model, vpath = verifier
+    head = _head_from_verifier(model, draft_vocab=120, seed=1)
+    # embed_tokens goes in the file: speculators 0.9 copies the verifier's embeddings only when
+    # its own (uninitialised, not NaN-filled under transformers 5) tensor holds a NaN, which
+    # is luck; vLLM shares the target's embeddings when the file has none
+    save_file(export_state_dict(head, include_embed_tokens=True, dtype=None), tmp_path / "model.safetensors")
+    config = speculators_config_dict(head.cfg, AUX_IDS, str(vpath), steps, verifier_architectures=["LlamaForCausalLM"])
+    (tmp_path / "config.json").write_text(json.dumps(config))
+
+    ref = Eagle3DraftModel.from_pretrained(str(tmp_path)).float().eval()  # its default flex attention
+    for ours, theirs in ((head.lm_head, ref.lm_head), (head.target_lm_head, ref.verifier_lm_head),
+                         (head.embed_tokens, ref.embed_tokens), (head.target_norm, ref.verifier_norm)):
+        assert torch.equal(ours.weight, theirs.weight)
+    assert torch.equal(ref.d2t, head.d2t) and torch.equal(ref.t2d, head.t2d)
+
+    t = 129  # flex attention's block mask wants the shifted length (128) to be a block multiple
+    torch.manual_seed(2)
+    ids, g = torch.randint(0, VT, (1, t)), torch.randn(1, t, 3 * H)
+    theirs, _ = _speculators_logits(ref, g, ids, steps=steps)
+    ours = head(g, ids, torch.arange(t)[None], torch.zeros(1, t, dtype=torch.long), steps)
+    assert len(theirs) == len(ours) == steps
+    for k in range(steps):
+        n = t - 1 - k  # positions whose consumed token exists; the rest are padding in both
+        torch.testing.assert_close(ours[k][0, :n], theirs[k][0, :n], **LOGIT_TOL)
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_loss_and_full_accuracy_match_speculators_eager_loss(verifier, steps):
+    model, vpath = verifier
+    draft_vocab = 6  # tiny draft vocab: random drafts agree with the target often enough to count
+    head = _head_from_verifier(model, draft_vocab=draft_vocab, seed=3)
+    tl = _verifier_config()
+    tl.num_hidden_layers = 1
+    tl._attn_implementation = "eager"  # a second attention path: eager softmax with a float mask
+    spec_cfg = Eagle3SpeculatorConfig(
+        transformer_layer_config=tl, draft_vocab_size=draft_vocab, norm_before_residual=False,
+        eagle_aux_hidden_state_layer_ids=AUX_IDS,
+        speculators_config=SpeculatorsConfig(
+            algorithm="eagle3", proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=steps)],
+            default_proposal_method="greedy", verifier=VerifierConfig(name_or_path=None, architectures=[])),
+    )
+    ref = Eagle3DraftModel(spec_cfg).float().eval()
+    state = export_state_dict(head, include_embed_tokens=True, dtype=None)
+    state["verifier_lm_head.weight"] = head.target_lm_head.weight
+    state["verifier_norm.weight"] = head.target_norm.weight
+    missing, unexpected = ref.load_state_dict(state, strict=False)
+    assert missing == [] and unexpected == []
+
+    t = 40
+    torch.manual_seed(4)
+    ids, g, z = torch.randint(0, VT, (1, t)), torch.randn(1, t, 3 * H), torch.randn(1, t, H) * 3
+    mask = torch.zeros(1, t, dtype=torch.bool)
+    mask[0, 6:22] = True  # prompt, an assistant span, a user turn, another assistant span
+    mask[0, 27:] = True
+    spec_mask = torch.zeros(1, t - 1, dtype=torch.bool)
+    spec_mask[0, : t - 2] = mask[0, 2:]
+    decay = 0.8
+    theirs, (_, their_loss, metrics) = _speculators_logits(ref, g, ids, z, spec_mask, steps, decay)
+
+    ours = head(g, ids, torch.arange(t)[None], torch.zeros(1, t, dtype=torch.long), steps)
+    loss, counts = eagle3_loss(ours, head.target_logits(z), loss_mask=mask,
+                               segment_ids=torch.zeros(1, t, dtype=torch.long), step_decay=decay)
+    for k in range(steps):
+        torch.testing.assert_close(ours[k][0, : t - 1 - k], theirs[k][0, : t - 1 - k], **LOGIT_TOL)
+    # their per-step denominator is mask.sum() + 1e-5: relative 1e-5 / 16 at most
+    torch.testing.assert_close(loss, their_loss, rtol=1e-5, atol=1e-6)
+    for k in range(steps):
+        torch.testing.assert_close(decay**k * counts.loss_mean()[k].float(), metrics[f"loss_{k}_sum"], rtol=1e-5, atol=1e-6)
+        assert counts.correct_full[k] == metrics[f"full_acc_{k}_sum"]
+        # speculators divides by every loss position (chains starting on a prompt token can
+        # never count as correct there); we divide by acc_count, chains starting on a trained token
+        assert counts.loss_count[k] == metrics[f"full_acc_{k}_total"]
+    assert counts.correct_full[0] > 0  # the comparison above is not 0 == 0
+
+
+def test_config_matches_what_speculators_itself_writes():
+    from speculators.train.cli import create_transformer_layer_config
+
+    target = json.loads(open(f"{SMOLLM2}/config.json").read())
+    cfg = DraftConfig.from_target_config(target, draft_vocab_size=32000, num_aux_layers=3)
+    theirs_tl = create_transformer_layer_config(SMOLLM2, 1, "llama", None, 0, [0])
+    ours_tl = transformer_layer_config_dict(cfg)
+    their_tl_dict = theirs_tl.to_dict()
+    for key, value in ours_tl.items():
+        assert their_tl_dict[key] == value, key
+
+    ours = speculators_config_dict(cfg, [2, 15, 27], SMOLLM2, 3, verifier_architectures=["LlamaForCausalLM"])
+    theirs = Eagle3SpeculatorConfig(
+        transformer_layer_config=theirs_tl, draft_vocab_size=32000, norm_before_residual=False,
+        eagle_aux_hidden_state_layer_ids=[2, 15, 27],
+        speculators_config=SpeculatorsConfig(
+            algorithm="eagle3", proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=3)],
+            default_proposal_method="greedy", verifier=VerifierConfig.from_pretrained(SMOLLM2)),
+    )
+    theirs = json.loads(theirs.to_json_string())  # what save_pretrained puts in config.json
+    skip = {"transformer_layer_config", "architectures", "transformers_version"}
+    assert {k: v for k, v in ours.items() if k not in skip} == {k: v for k, v in theirs.items() if k not in skip}
+    assert ours["architectures"] == ["Eagle3DraftModel"]  # what speculators' save_pretrained writes
+    # and speculators parses ours back
+    parsed = Eagle3SpeculatorConfig(**ours)
+    assert parsed.transformer_layer_config.head_dim == 64 and parsed.draft_vocab_size == 32000
+
+
+def test_vllm_reads_our_config_as_eagle3_with_our_flags():
+    base = pytest.importorskip("vllm.transformers_utils.configs.speculators.base")
+    cfg = DraftConfig.from_target_config(json.loads(open(f"{SMOLLM2}/config.json").read()), 32000, 3)
+    ours = speculators_config_dict(cfg, [2, 15, 27], SMOLLM2, 3)
+    pre = base.SpeculatorsConfig.extract_transformers_pre_trained_config(json.loads(json.dumps(ours)))
+    assert pre["architectures"] == ["Eagle3LlamaForCausalLM"]
+    assert pre["norm_before_residual"] is False  # vLLM's default when the key is missing is True
+    assert pre["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27] and pre["draft_vocab_size"] == 32000
+    assert base.SpeculatorsConfig.extract_vllm_speculative_config(ours) == {"method": "eagle3", "num_speculative_tokens": 3}
