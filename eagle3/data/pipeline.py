@@ -1,0 +1,204 @@
+"""Chat data -> rendered, masked, split samples: the data stage in one call.
+
+    load (lazy, file order) -> [regenerate assistant turns] -> render + mask -> split
+
+``max_samples`` caps the samples *kept* (train + val), in file order, and reading stops
+as soon as it is reached, so a 2000-sample run does not parse a 125 MB file. Which side
+a sample lands on is a hash of its split key (split.py), so growing ``max_samples`` only
+adds samples: every sample of the smaller run keeps its side.
+
+``regenerate`` is the hook for answers written by the target itself: a callable that
+takes a batch of loaded `Conversation`s and returns them (same ids, same order) with
+their assistant turns replaced. It runs before rendering, on batches of
+``regenerate_batch_size``, only on conversations the run still needs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+
+from eagle3.data.conversation import Conversation, DataError
+from eagle3.data.loaders import LoadReport, iter_conversations, no_usable_data_error
+from eagle3.data.render import ChatRenderer
+from eagle3.data.split import check_val_fraction, is_validation
+
+Regenerate = Callable[[list[Conversation]], list[Conversation]]
+
+
+@dataclass
+class PreparedSample:
+    id: str
+    input_ids: torch.Tensor  # int64 [T]
+    loss_mask: torch.Tensor  # bool [T], True on generated assistant tokens
+    messages: list[dict[str, str]]  # the conversation rendered (evaluation takes its first user turn)
+    split_key: str = ""
+
+
+@dataclass
+class PrepareReport:
+    load: LoadReport
+    max_samples: int | None = None
+    conversations_rendered: int = 0
+    skipped: Counter = field(default_factory=Counter)  # render skip reason -> conversations
+    truncated: int = 0  # kept samples cut to max_length
+    train_samples: int = 0
+    val_samples: int = 0
+    tokens: int = 0  # in kept samples
+    loss_tokens: int = 0
+
+    def rows(self) -> list[tuple[str, str]]:
+        load = self.load
+        rows = [
+            ("source", f"{load.source} ({load.path})"),
+            ("records read", str(load.records_read)),
+            ("usable conversations read", str(load.usable)),
+        ]
+        if load.cut_off:
+            rows.append(("file stopped", f"at byte {load.stop_offset_bytes}: {load.stop_reason}; "
+                                         f"recovered {load.records_read} whole records"))
+        if load.stopped_at_limit:
+            rows.append(("stopped early", f"max_samples={self.max_samples} reached"))
+        rows += [(f"skipped (load): {k}", str(n)) for k, n in sorted(load.skipped.items())]
+        rows += [(f"repaired (load): {k}", str(n)) for k, n in sorted(load.repaired.items())]
+        rows.append(("conversations rendered", str(self.conversations_rendered)))
+        rows += [(f"skipped (render): {k}", str(n)) for k, n in sorted(self.skipped.items())]
+        rows += [
+            ("truncated to max_length", str(self.truncated)),
+            ("train / val samples", f"{self.train_samples} / {self.val_samples}"),
+            ("tokens / loss tokens", f"{self.tokens} / {self.loss_tokens}"),
+        ]
+        return rows
+
+    def summary(self) -> str:
+        return "\n".join(f"{k}: {v}" for k, v in self.rows())
+
+    def print(self) -> None:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title="chat data", show_header=False)
+        table.add_column("what", no_wrap=True)
+        table.add_column("count", overflow="fold")
+        for what, count in self.rows():
+            table.add_row(what, count)
+        Console(stderr=True).print(table)
+
+
+@dataclass
+class PreparedData:
+    train: list[PreparedSample]
+    val: list[PreparedSample]
+    report: PrepareReport
+
+
+def _batches(conversations: Iterator[Conversation], size: Callable[[], int]) -> Iterator[list[Conversation]]:
+    while True:
+        batch: list[Conversation] = []
+        want = max(1, size())
+        for conv in conversations:
+            batch.append(conv)
+            if len(batch) >= want:
+                break
+        if not batch:
+            return
+        yield batch
+
+
+def _checked_regenerate(regenerate: Regenerate, batch: list[Conversation]) -> list[Conversation]:
+    out = regenerate(batch)
+    got = [c.id for c in out]
+    want = [c.id for c in batch]
+    if got != want:
+        raise DataError(f"regenerate must return the same conversations in order: sent ids {want[:5]}..., got {got[:5]}...")
+    return out
+
+
+def _progress(enabled: bool):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("rendering chat data"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        disable=not enabled,
+        transient=True,
+    )
+
+
+def prepare_samples(
+    source: str,
+    path: str | None,
+    tokenizer: Any,
+    *,
+    max_samples: int | None,
+    max_length: int,
+    overflow: str,
+    val_fraction: float,
+    seed: int,
+    chat_template: str | None = None,
+    progress: bool = True,
+    regenerate: Regenerate | None = None,
+    regenerate_batch_size: int = 64,
+) -> PreparedData:
+    if max_samples is not None and max_samples <= 0:
+        raise DataError(f"max_samples must be positive or null, got {max_samples}")
+    check_val_fraction(val_fraction)  # before any work
+    source = getattr(source, "value", source)
+    renderer = ChatRenderer(tokenizer, chat_template)
+    load_report = LoadReport(source, str(path))
+    report = PrepareReport(load=load_report, max_samples=max_samples)
+    train: list[PreparedSample] = []
+    val: list[PreparedSample] = []
+
+    def kept() -> int:
+        return len(train) + len(val)
+
+    def batch_size() -> int:
+        if regenerate is None:
+            return 1
+        remaining = regenerate_batch_size if max_samples is None else max_samples - kept()
+        return min(regenerate_batch_size, remaining)
+
+    stream = iter_conversations(source, path, load_report)
+    with _progress(progress) as bar:
+        task = bar.add_task("render", total=max_samples)
+        for batch in _batches(stream, batch_size):
+            if regenerate is not None:
+                batch = _checked_regenerate(regenerate, batch)
+            for conv in batch:
+                report.conversations_rendered += 1
+                result = renderer(conv.messages, max_length, overflow)
+                if result.sample is None:
+                    report.skipped[result.skip_reason] += 1
+                    continue
+                sample = PreparedSample(
+                    conv.id, result.sample.input_ids, result.sample.loss_mask, conv.messages, conv.split_key
+                )
+                (val if is_validation(conv.split_key, val_fraction, seed) else train).append(sample)
+                report.truncated += int(result.truncated)
+                report.tokens += sample.input_ids.numel()
+                report.loss_tokens += int(sample.loss_mask.sum())
+                bar.advance(task)
+                if max_samples is not None and kept() >= max_samples:
+                    break
+            if max_samples is not None and kept() >= max_samples:
+                load_report.stopped_at_limit = True
+                stream.close()
+                break
+
+    report.train_samples, report.val_samples = len(train), len(val)
+    if load_report.usable == 0:
+        raise no_usable_data_error(load_report)
+    if kept() == 0:
+        render_why = ", ".join(f"{k}: {n}" for k, n in sorted(report.skipped.items()))
+        raise DataError(
+            f"no usable samples: {load_report.usable} conversations loaded from {load_report.path}, "
+            f"all dropped when rendering ({render_why}; max_length={max_length}, overflow={overflow})"
+        )
+    report.print()
+    return PreparedData(train, val, report)

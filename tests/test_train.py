@@ -1,0 +1,86 @@
+"""train.py on a real extracted dataset (tiny random Llama target, real ShareGPT data):
+summary, export, checkpoints, exact resume, W&B offline files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import compose
+from eagle3.extraction.run import run as extract
+from eagle3.training.run import DatasetNotFound
+from eagle3.training.run import run as train
+
+TINY = ["experiment=tiny_test"]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("data")
+    extract(compose("extract", TINY + [f"paths.data_dir={d}"]))
+    return d
+
+
+def _train(data_dir: Path, out: Path, extra: list[str] = ()) -> float:
+    return train(compose("train", TINY + [f"paths.data_dir={data_dir}"] + list(extra), output_dir=str(out)))
+
+
+def test_train_writes_summary_export_and_checkpoints(data_dir, tmp_path):
+    metric = _train(data_dir, tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["global_step"] == 6
+    assert metric == pytest.approx(summary["final"]["val/sim_accept_len"])
+    for k in range(2):  # ttt_steps=2 in tiny_test
+        assert f"val/acc_k{k}" in summary["final"] and f"train/loss_k{k}" in summary["final"]
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+    export = Path(summary["export_dir"])
+    cfg = json.loads((export / "config.json").read_text())
+    assert cfg["speculators_model_type"] == "eagle3" and cfg["architectures"] == ["Eagle3DraftModel"]
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]  # tiny_llama N=4: [1,2,3] + 4
+    assert cfg["draft_vocab_size"] == 2048
+    weights = load_file(str(export / "model.safetensors"))
+    assert weights["fc.weight"].dtype == torch.bfloat16 and weights["fc.weight"].shape == (64, 3 * 64)
+    assert weights["d2t"].shape == (2048,) and weights["t2d"].shape == (49152,)
+    assert int(weights["t2d"].sum()) == 2048
+    assert not any(k.startswith(("target_", "embed_tokens")) for k in weights)
+    # frozen target copies are not stored in checkpoints
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert not any("embed_tokens" in k or "target_lm_head" in k for k in ckpt["state_dict"])
+    assert all(v.dtype != torch.bfloat16 for v in ckpt["state_dict"].values())  # fp32 resume state
+
+
+def test_resume_equals_uninterrupted(data_dir, tmp_path):
+    """6 steps in one go == 3 steps, then resume from last.ckpt for 3 more."""
+    common = ["train.val_check_interval=3", "train.warmup_steps=2"]
+    _train(data_dir, tmp_path / "straight", common + ["train.max_steps=6"])
+    _train(data_dir, tmp_path / "split", common + ["train.max_steps=3"])
+    _train(data_dir, tmp_path / "split", common + ["train.max_steps=6"])  # auto-resume in the same run dir
+    a = torch.load(tmp_path / "straight" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    b = torch.load(tmp_path / "split" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert a["global_step"] == b["global_step"] == 6
+    for k, v in a["state_dict"].items():
+        torch.testing.assert_close(b["state_dict"][k], v, rtol=1e-5, atol=1e-6, msg=k)
+    sa, sb = a["optimizer_states"][0]["state"], b["optimizer_states"][0]["state"]
+    assert sa.keys() == sb.keys()
+    for p in sa:
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(sb[p][key], sa[p][key], rtol=1e-5, atol=1e-7)
+
+
+def test_missing_dataset_says_run_extract(tmp_path):
+    with pytest.raises(DatasetNotFound, match="run extract.py"):
+        _train(tmp_path / "empty", tmp_path / "out")
+
+
+def test_wandb_offline_run_records_metrics(data_dir, tmp_path):
+    _train(data_dir, tmp_path, ["logger=wandb", "logger.mode=offline"])
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1, runs
+    summary = json.loads((runs[0] / "files" / "wandb-summary.json").read_text())
+    assert "val/sim_accept_len" in summary and "train/loss_k0" in summary and "train/tokens_per_s" in summary
+    config = (runs[0] / "files" / "config.yaml").read_text()
+    assert "ttt_steps" in config and "tiny_llama" in config
