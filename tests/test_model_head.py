@@ -119,6 +119,19 @@ def test_draft_never_sees_the_token_it_predicts():
             assert not torch.allclose(out[k][0, blind], base[k][0, blind])
 
 
+def test_only_relative_positions_matter():
+    # speculators trains step k at t with rope position t+1+k, vLLM serves it at t+k: the
+    # same model only because rope sees position differences; this pins that down
+    head = make_head()
+    s = sample(12, 6)
+    seg = torch.zeros(1, 12, dtype=torch.long)
+    pos = torch.arange(12)[None]
+    base = run(head, s["aux"][None], s["ids"][None], seg, 3, pos)
+    moved = run(head, s["aux"][None], s["ids"][None], seg, 3, pos - 1)
+    for k in range(3):
+        torch.testing.assert_close(moved[k], base[k], rtol=1e-4, atol=1e-4)
+
+
 def test_gradient_of_step_k_at_t_reaches_no_later_aux_feature():
     head = make_head()
     s = sample(10, 4)
@@ -249,6 +262,27 @@ def test_draft_config_from_the_real_smollm2_config():
     assert cfg.rms_norm_eps == pytest.approx(1e-5) and cfg.rope_scaling is None
     small = DraftConfig.from_target_config(json.loads(SMOLLM2_CONFIG.read_text()), 32000, 3, intermediate_size=512)
     assert small.intermediate_size == 512
+
+
+def test_draft_config_for_a_deepseek_v3_target_uses_a_plain_llama_layer():
+    kimi_like = {"model_type": "kimi_k25", "text_config": {
+        "model_type": "deepseek_v3", "hidden_size": 7168, "num_attention_heads": 64, "num_key_value_heads": 64,
+        "intermediate_size": 18432, "vocab_size": 163840, "rms_norm_eps": 1e-6, "head_dim": 64,
+        "max_position_embeddings": 262144, "rope_theta": 50000.0,
+        "rope_scaling": {"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096}}}
+    cfg = DraftConfig.from_target_config(kimi_like, draft_vocab_size=32000, num_key_value_heads=8)
+    # MLA's head_dim (the rope part, 64) and yarn describe the target's attention, not ours
+    assert (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (7168, 64, 8, 112)
+    assert cfg.rope_scaling is None and cfg.rope_theta == 50000.0 and cfg.target_vocab_size == 163840
+
+
+def test_the_model_package_imports_neither_lightning_nor_hydra():
+    import subprocess
+    import sys
+
+    code = "import sys, eagle3.model; print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning', 'hydra', 'omegaconf')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
 
 
 def test_llama3_rope_frequencies_match_transformers():

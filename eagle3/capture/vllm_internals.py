@@ -112,6 +112,13 @@ def engine_capture_kwargs(capture_ids: tuple[int, ...], connector_module: str = 
     }
 
 
+def shutdown_engine(llm: Any) -> None:
+    """Stop an LLM's engine (its processes and workers) now rather than at garbage collection."""
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        core.shutdown()
+
+
 # ---------------------------------------------------------------- the file format
 
 HIDDEN_KEY = "hidden_states"  # [n, L, H] capture dtype: prompt positions first_position..T-1
@@ -144,6 +151,9 @@ class _Tracked:
     first_position: int
 
 
+_CACHE_ONLY_PREFIX = "cache_only_layers."  # ExtractHiddenStatesModel's one layer
+
+
 def _hidden_state_group(kv_cache_config: KVCacheConfig | None) -> tuple[int, int]:
     """(index, block size) of the KV cache group holding the cache-only hidden-state layer.
 
@@ -159,9 +169,6 @@ def _hidden_state_group(kv_cache_config: KVCacheConfig | None) -> tuple[int, int
             "is speculative method extract_hidden_states on?"
         )
     return ids[0], int(groups[ids[0]].kv_cache_spec.block_size)
-
-
-_CACHE_ONLY_PREFIX = "cache_only_layers."
 
 
 class Eagle3HiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):

@@ -157,6 +157,9 @@ class TrainConfig:
     warmup_steps: int = 50
     min_lr_ratio: float = 0.1
     max_steps: int = 1000
+    # length of the cosine schedule; null = max_steps. Set it to stop early (or extend a
+    # resumed run) without changing the schedule already followed.
+    lr_decay_steps: Optional[int] = None
     max_epochs: Optional[int] = None
     max_tokens_per_batch: int = 4096
     accumulate_grad_batches: int = 1

@@ -7,7 +7,7 @@ embeddings and lm_head rows can be shared without projection.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 # Targets whose own config describes a Llama-like attention block we can copy.
@@ -43,7 +43,6 @@ class DraftConfig:
     # "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
     rope_scaling: dict[str, Any] | None = None
     initializer_range: float = 0.02
-    extra: dict[str, Any] = field(default_factory=dict)  # reserved; not used by the head
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
@@ -151,6 +150,4 @@ class DraftConfig:
             rope_scaling=rope_scaling,
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
-        if "num_attention_heads" in overrides and "head_dim" not in overrides and not llama_like:
-            values["head_dim"] = None
         return cls(**values)

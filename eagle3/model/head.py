@@ -8,7 +8,9 @@ Index convention (all inputs aligned at the same positions t of a packed row):
 TTT step k (k = 0 .. ttt_steps-1) at position t
     consumes  embed(x_{t+1+k})  and  h_{k-1}(t)   (h_{-1}(t) = fc(g_t); h_{k-1} is the layer
               output of step k-1 at t, before the final norm)
-    rope position  position_ids[t] + 1 + k   (the position of the token it consumes)
+    rope position  position_ids[t] + 1 + k   (the position of the token it consumes, as
+              speculators trains; vLLM serves with position_ids[t] + k: the same, since rope
+              only sees differences and every key/query of the row moves together)
     attends   step-0 keys at positions s <= t of its own sample, and its own keys at t from
               steps 1..k (the diagonal)
     predicts  x_{t+2+k}: logits_k[t] is trained against p_{t+1+k} on the draft vocab.

@@ -8,8 +8,10 @@ x_{t+2+k} against p_{t+1+k}.
   count.
 - accuracy at step k counts t when steps 0 and k both count: the draft chain starts by
   predicting an assistant token and step k's token is one too (for a contiguous assistant
-  span: x_{t+2} .. x_{t+2+k} are all assistant tokens). Same rule as speculators'
-  prev_correct, which is seeded with the step-0 mask.
+  span: x_{t+2} .. x_{t+2+k} are all assistant tokens). The numerator (correct_full)
+  equals speculators' full_acc sum (its prev_correct is seeded with the step-0 mask);
+  speculators divides by every loss position, so its acc_k is lower wherever a chain could
+  start on a prompt token.
 
 loss = sum_k step_decay^k * (sum over counted t of loss_k(t)) / (number counted at k)
 kind "forward_kl": KL(p || q) over the draft vocab (p = target softmax on the draft rows);
@@ -151,6 +153,7 @@ def eagle3_loss(
     kind: str = "forward_kl",
 ) -> tuple[torch.Tensor, StepCounts]:
     """(scalar loss with grad, StepCounts); see the module doc for what counts."""
+    kind = getattr(kind, "value", kind)  # accepts the config's LossKind enum as well
     if kind not in LOSS_KINDS:
         raise ValueError(f"eagle3_loss: kind must be one of {LOSS_KINDS}, got {kind!r}")
     num_steps = len(step_logits)

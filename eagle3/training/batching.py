@@ -2,9 +2,9 @@
 
 Samples are packed whole into one row of at most ``max_tokens`` tokens (no padding; the
 model's segment ids keep packed samples from attending to each other). The packing is
-computed once and is deterministic, so every epoch has the same batches and a resumed run
+computed once and is deterministic, so every pass has the same batches and a resumed run
 can skip exactly the batches it already trained on; only the batch *order* is shuffled
-per epoch (seeded). In DDP each rank takes every world-th batch of that order.
+per pass (seeded). In DDP each rank takes every world-th batch of that order.
 """
 
 from __future__ import annotations
@@ -42,35 +42,46 @@ def pack_by_length(lengths: Sequence[int], max_tokens: int, *, bucket: int = 256
 
 
 class PackedBatchSampler(torch.utils.data.Sampler[list[int]]):
-    """Yields the packed batches of this rank for the current epoch, from ``start_batch``."""
+    """This rank's packed batches as one deterministic stream: pass e of the data visits
+    the batches in a seeded permutation of e, and each ``__iter__`` is the next pass.
 
-    def __init__(self, batches: list[list[int]], *, shuffle: bool, seed: int = 0, rank: int = 0, world_size: int = 1):
+    The stream position is all the state there is, so a resumed run starts the stream at
+    ``batches_done`` (optimizer steps x accumulation, restored by Lightning) and sees
+    exactly the batches an uninterrupted run would have seen. Lightning's own epoch
+    counter is not used (``set_epoch`` is a no-op): training length is ``max_steps``.
+    """
+
+    def __init__(self, batches: list[list[int]], *, shuffle: bool, seed: int = 0, rank: int = 0,
+                 world_size: int = 1, batches_done: int = 0):
         if world_size > 1 and len(batches) < world_size:
             raise ValueError(f"{len(batches)} batches cannot feed {world_size} ranks; lower train.max_tokens_per_batch or add data")
         self.batches = batches
         self.shuffle, self.seed, self.rank, self.world_size = shuffle, seed, rank, world_size
-        self.epoch = 0
-        self.start_batch = 0
+        per_pass = self.per_pass
+        self.pass_index, self.start = (divmod(batches_done, per_pass) if per_pass else (0, 0))
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    @property
+    def per_pass(self) -> int:
+        # equal count per rank (drop the remainder) so DDP ranks never wait on each other
+        return len(self.batches) // self.world_size
 
-    def _epoch_order(self) -> list[int]:
+    def set_epoch(self, epoch: int) -> None:  # Lightning calls this; the stream keeps its own count
+        pass
+
+    def _pass_order(self, index: int) -> list[int]:
         if not self.shuffle:
             order = list(range(len(self.batches)))
         else:
-            g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+            g = torch.Generator().manual_seed(self.seed * 100_003 + index)
             order = torch.randperm(len(self.batches), generator=g).tolist()
-        # equal count per rank (drop the remainder) so DDP ranks never wait on each other
-        per_rank = len(order) // self.world_size
-        return order[self.rank :: self.world_size][:per_rank] if self.world_size > 1 else order
+        return order[self.rank :: self.world_size][: self.per_pass]
 
     def __len__(self) -> int:
-        return max(0, len(self._epoch_order()) - self.start_batch)
+        return self.per_pass - self.start
 
     def __iter__(self) -> Iterator[list[int]]:
-        order = self._epoch_order()[self.start_batch :]
-        self.start_batch = 0  # a resume skips only inside the first epoch it sees
+        order = self._pass_order(self.pass_index)[self.start :]
+        self.pass_index, self.start = self.pass_index + 1, 0
         for b in order:
             yield self.batches[b]
 

@@ -41,13 +41,12 @@ class Eagle3DataModule(L.LightningDataModule):
     def train_tokens(self) -> int:
         return sum(min(self.dataset.lengths[i], self.max_tokens) for i in self.train_idx)
 
-    def _loader(self, idx: list[int], batches: list[list[int]], shuffle: bool) -> torch.utils.data.DataLoader:
+    def _loader(self, idx: list[int], batches: list[list[int]], shuffle: bool, batches_done: int = 0):
         trainer = self.trainer
         rank = trainer.global_rank if trainer else 0
         world = trainer.world_size if trainer else 1
-        sampler = PackedBatchSampler(batches, shuffle=shuffle, seed=self.seed, rank=rank, world_size=world)
-        if trainer is not None:
-            sampler.set_epoch(trainer.current_epoch)
+        sampler = PackedBatchSampler(batches, shuffle=shuffle, seed=self.seed, rank=rank, world_size=world,
+                                     batches_done=batches_done)
         max_tokens = self.max_tokens
         return torch.utils.data.DataLoader(
             _Subset(self.dataset, idx),
@@ -58,15 +57,10 @@ class Eagle3DataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self):
-        loader = self._loader(self.train_idx, self.train_batches, shuffle=True)
         trainer = self.trainer
-        if trainer is not None and trainer.global_step > 0:
-            # resumed: skip the batches of this epoch that were already trained on
-            acc = max(1, trainer.accumulate_grad_batches)
-            per_epoch = len(loader.batch_sampler._epoch_order())
-            done = trainer.global_step * acc - trainer.current_epoch * per_epoch
-            loader.batch_sampler.start_batch = max(0, min(per_epoch, done))
-        return loader
+        # resumed runs continue the batch stream where the checkpoint left it
+        done = trainer.global_step * max(1, trainer.accumulate_grad_batches) if trainer is not None else 0
+        return self._loader(self.train_idx, self.train_batches, shuffle=True, batches_done=done)
 
     def val_dataloader(self):
         if not self.val_idx:

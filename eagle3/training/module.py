@@ -106,7 +106,7 @@ class Eagle3LitModule(L.LightningModule):
             params, lr=float(self.tc["lr"]), betas=tuple(oc["betas"]), eps=float(oc["eps"]),
             weight_decay=float(self.tc["weight_decay"]),
         )
-        total = int(self.trainer.estimated_stepping_batches) if self.trainer else int(self.tc["max_steps"])
+        total = int(self.tc.get("lr_decay_steps") or self.tc["max_steps"])
         sched = torch.optim.lr_scheduler.LambdaLR(
             opt,
             lambda s: warmup_cosine(

@@ -112,5 +112,7 @@ def run(cfg: Any) -> float:
         (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         print(f"summary: {output_dir / 'summary.json'}")
         print(str(export_dir))
-    metric = final.get(str(cfg.optimized_metric), float("nan"))
-    return metric
+    if logger:
+        logger.experiment.summary.update({f"initial/{k}": v for k, v in initial.items()})
+        logger.experiment.finish()  # one W&B run per job: close it before the next multirun job
+    return final.get(str(cfg.optimized_metric), float("nan"))

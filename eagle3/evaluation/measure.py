@@ -1,0 +1,83 @@
+"""Measure a head: the target with the head, then the target alone, on the same prompts.
+
+Both engines are built the same way (eager mode, batch limits, no prefix caching, seed,
+max_model_len) and get the same token ids, one generate() call per prompt source, greedy,
+same max_new_tokens. The engine with the head runs first and is gone (its process exited)
+before the one without starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from eagle3.evaluation.config import EngineOptions
+from eagle3.evaluation.engine import EngineRequest, PromptBatch
+from eagle3.evaluation.export_info import ExportInfo
+from eagle3.evaluation.figures import consistency_problems, figures_of, prompt_outcomes
+from eagle3.evaluation.prompts import SOURCES, PromptSet
+from eagle3.evaluation.report import AcceptanceReport
+from eagle3.evaluation.subprocess_engine import run_engine_process
+
+# draft tokens the verifier may append past the answer budget in its last step
+_SPEC_SLACK = 8
+
+
+def measure(
+    info: ExportInfo,
+    prompts: PromptSet,
+    *,
+    num_draft_tokens: int,
+    max_new_tokens: int,
+    engine: EngineOptions,
+    work_dir: Path,
+    baseline: bool = True,
+) -> AcceptanceReport:
+    if num_draft_tokens < 1:
+        raise ValueError(f"eval.num_draft_tokens must be >= 1, got {num_draft_tokens}")
+    if max_new_tokens < 1:
+        raise ValueError(f"eval.max_new_tokens must be >= 1, got {max_new_tokens}")
+    sources = [s for s in SOURCES if prompts.by_source(s)]
+    batches = [PromptBatch(s, [p.token_ids for p in prompts.by_source(s)]) for s in sources]
+    longest = max(len(p.token_ids) for p in prompts.prompts)
+    common: dict[str, Any] = dict(
+        model=info.verifier, num_draft_tokens=num_draft_tokens, max_new_tokens=max_new_tokens,
+        max_model_len=longest + max_new_tokens + num_draft_tokens + _SPEC_SLACK, batches=batches,
+        enforce_eager=engine.enforce_eager, tensor_parallel_size=int(engine.tensor_parallel_size),
+        gpu_memory_utilization=float(engine.gpu_memory_utilization), max_num_seqs=int(engine.max_num_seqs),
+        dtype=str(engine.dtype), seed=int(engine.seed),
+    )
+    run = dict(work_dir=work_dir, timeout_s=int(engine.timeout_s), cpu_kvcache_space_gb=int(engine.cpu_kvcache_space_gb))
+    with_head, wall_head = run_engine_process(EngineRequest(head=str(info.export_dir), **common), label="with-head", **run)
+    without_head = wall_base = None
+    if baseline:
+        without_head, wall_base = run_engine_process(EngineRequest(head=None, **common), label="without-head", **run)
+
+    def base_batch(name: str):
+        return next(b for b in without_head.batches if b.name == name) if without_head is not None else None
+
+    by_source = {}
+    per_prompt = []
+    problems: list[str] = []
+    for batch in with_head.batches:
+        base = base_batch(batch.name)
+        by_source[batch.name] = figures_of([batch], [base] if base is not None else None, num_draft_tokens)
+        source_prompts = prompts.by_source(batch.name)
+        per_prompt += prompt_outcomes(batch, base, [p.id for p in source_prompts], [len(p.token_ids) for p in source_prompts])
+        problems += consistency_problems(batch, num_draft_tokens)
+    overall = figures_of(with_head.batches, without_head.batches if without_head is not None else None, num_draft_tokens)
+    engine_facts: dict[str, Any] = {
+        "vllm_version": with_head.vllm_version, "platform": with_head.platform,
+        "enforce_eager": with_head.enforce_eager, "max_model_len": common["max_model_len"],
+        "max_num_seqs": common["max_num_seqs"], "tensor_parallel_size": common["tensor_parallel_size"],
+        "load_seconds_with_head": with_head.load_seconds, "process_seconds_with_head": wall_head,
+        "logs": str(work_dir),
+    }
+    if without_head is not None:
+        engine_facts.update(load_seconds_without_head=without_head.load_seconds, process_seconds_without_head=wall_base)
+    return AcceptanceReport(
+        export_dir=str(info.export_dir), verifier=info.verifier, num_draft_tokens=num_draft_tokens,
+        max_new_tokens=max_new_tokens, overall=overall, by_source=by_source, prompt_counts=prompts.counts(),
+        dataset_dir=None, prompt_notes=list(prompts.notes), skipped_too_long=dict(prompts.skipped_too_long),
+        per_prompt=per_prompt, engine=engine_facts, consistency_problems=problems,
+    )

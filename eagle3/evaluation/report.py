@@ -1,0 +1,132 @@
+"""The acceptance report: one JSON file (acceptance.json) and a table on stderr.
+
+Top-level keys are the figures over all held-out prompts; ``by_source`` has the same
+figures for the validation-split chat prompts (``val``) and HumanEval (``humaneval``).
+``measured_by`` says these are vLLM's serving counters, not the training-time
+simulation (``val/sim_accept_len``): the two differ, and users compare them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from eagle3.evaluation.figures import Figures, PromptOutcome
+
+MEASURED_BY = "vLLM spec-decode counters (real serving acceptance, greedy)"
+JSON_NAME = "acceptance.json"
+PNG_NAME = "acceptance.png"
+
+
+@dataclass
+class AcceptanceReport:
+    export_dir: str
+    verifier: str
+    num_draft_tokens: int
+    max_new_tokens: int
+    overall: Figures
+    by_source: dict[str, Figures]
+    prompt_counts: dict[str, int]
+    dataset_dir: Optional[str] = None
+    prompt_notes: list[str] = field(default_factory=list)
+    skipped_too_long: dict[str, int] = field(default_factory=dict)
+    per_prompt: list[PromptOutcome] = field(default_factory=list)
+    engine: dict[str, Any] = field(default_factory=dict)  # vLLM version, platform, eager, load times
+    consistency_problems: list[str] = field(default_factory=list)
+    measured_by: str = MEASURED_BY
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return self.overall.mean_acceptance_length
+
+    def to_dict(self) -> dict[str, Any]:
+        top = self.overall.to_dict()
+        top.pop("prompts")
+        return {
+            "measured_by": self.measured_by,
+            "export_dir": self.export_dir,
+            "verifier": self.verifier,
+            "dataset_dir": self.dataset_dir,
+            "max_new_tokens": self.max_new_tokens,
+            **top,
+            "prompts": dict(self.prompt_counts),
+            "prompt_notes": list(self.prompt_notes),
+            "skipped_too_long": dict(self.skipped_too_long),
+            "by_source": {name: fig.to_dict() for name, fig in self.by_source.items()},
+            "greedy_mismatches": [
+                {"source": p.source, "id": p.id, "first_difference": p.first_difference}
+                for p in self.per_prompt if p.greedy_match is False
+            ],
+            "engine": dict(self.engine),
+            "consistency_problems": list(self.consistency_problems),
+            "per_prompt": [asdict(p) for p in self.per_prompt],
+        }
+
+
+def _json_safe(x: Any) -> Any:
+    """NaN/inf are not JSON: they become null (e.g. a rate over zero drafts)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def write_json(report: AcceptanceReport, out_dir: str | Path) -> Path:
+    path = Path(out_dir) / JSON_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(_json_safe(report.to_dict()), indent=2, allow_nan=False))
+    tmp.replace(path)
+    return path
+
+
+def _fmt(x: Any, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def print_table(report: AcceptanceReport, console=None) -> None:
+    """Rows: all prompts, then each source. Columns: acceptance, per-position rates, speed."""
+    from rich.console import Console
+    from rich.table import Table
+
+    if console is None:
+        console = Console(stderr=True)
+        if not console.is_terminal:  # logs and pipes: wide enough for K=7 without squeezing
+            console = Console(stderr=True, width=140)
+    k = report.num_draft_tokens
+    table = Table(title=f"EAGLE-3 acceptance in vLLM (K={k}, greedy, max_new_tokens={report.max_new_tokens})",
+                  caption=f"{report.export_dir}\nmeasured by {report.measured_by}")
+    table.add_column("prompts", justify="left", no_wrap=True)
+    table.add_column("n", justify="right")
+    table.add_column("accept len", justify="right", style="bold")
+    for i in range(k):
+        table.add_column(f"pos {i}", justify="right")
+    table.add_column("tok/s with head", justify="right")
+    table.add_column("tok/s without", justify="right")
+    table.add_column("speedup", justify="right")
+    table.add_column("greedy match", justify="right")
+    rows = [("all", report.overall)] + [(name, fig) for name, fig in report.by_source.items()]
+    for name, fig in rows:
+        rates = list(fig.per_position_acceptance_rate) + [math.nan] * (k - len(fig.per_position_acceptance_rate))
+        table.add_row(
+            name, str(fig.prompts), _fmt(fig.mean_acceptance_length),
+            *[_fmt(r) for r in rates[:k]],
+            _fmt(fig.tokens_per_s_with_head, 1), _fmt(fig.tokens_per_s_without_head, 1), _fmt(fig.speedup, 2),
+            _fmt(fig.greedy_match_rate, 2),
+        )
+    console.print(table)
+    for note in report.prompt_notes:
+        console.print(f"[yellow]note[/]: {note}")
+    for problem in report.consistency_problems:
+        console.print(f"[red]counter check failed[/]: {problem}")

@@ -1,0 +1,58 @@
+"""Put the acceptance report on a W&B run: `eval/*` scalars (also in the run summary, so
+dashboards can sort runs by them), a table of per-position rates and the plot."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from eagle3.evaluation.report import AcceptanceReport
+
+_SCALARS = ("mean_acceptance_length", "acceptance_rate", "tokens_per_s_with_head",
+            "tokens_per_s_without_head", "speedup", "greedy_match_rate")
+
+
+def eval_scalars(report: AcceptanceReport) -> dict[str, float]:
+    """eval/<figure> over all prompts, eval/<source>/<figure> per source, eval/accept_rate_pos<i>."""
+    out: dict[str, float] = {}
+    sets = [("", report.overall)] + [(f"{name}/", fig) for name, fig in report.by_source.items() if fig.prompts]
+    for prefix, fig in sets:
+        for key in _SCALARS:
+            value = getattr(fig, key)
+            if value is not None and math.isfinite(float(value)):
+                out[f"eval/{prefix}{key}"] = float(value)
+        for i, rate in enumerate(fig.per_position_acceptance_rate):
+            if rate is not None and math.isfinite(rate):
+                out[f"eval/{prefix}accept_rate_pos{i}"] = float(rate)
+    out["eval/num_draft_tokens"] = float(report.num_draft_tokens)
+    return out
+
+
+def log_report(report: AcceptanceReport, png: Path | None, run: Any = None) -> bool:
+    """Log to `run` (e.g. Lightning's `WandbLogger.experiment`), else to `wandb.run`.
+    False when there is no run (nothing logged). Lightning's logger creates its run with
+    reinit="create_new", which leaves `wandb.run` unset: train.py must pass its run."""
+    if run is None:
+        try:
+            import wandb
+        except ImportError:
+            return False
+        run = wandb.run
+    if run is None:
+        return False
+    import wandb
+
+    scalars = eval_scalars(report)
+    table = wandb.Table(columns=["prompts", "position", "acceptance_rate", "accepted_tokens", "drafts"])
+    sets = [("all", report.overall)] + [(name, fig) for name, fig in report.by_source.items() if fig.prompts]
+    for name, fig in sets:
+        for i, (rate, acc) in enumerate(zip(fig.per_position_acceptance_rate, fig.accepted_per_position)):
+            table.add_data(name, i, None if rate is None or not math.isfinite(rate) else rate, acc, fig.drafts)
+    payload: dict[str, Any] = dict(scalars)
+    payload["eval/acceptance_per_position"] = table
+    if png is not None and Path(png).is_file():
+        payload["eval/acceptance_plot"] = wandb.Image(str(png))
+    run.log(payload)
+    run.summary.update(scalars)
+    return True

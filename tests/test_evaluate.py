@@ -1,0 +1,341 @@
+"""The vLLM acceptance evaluation: held-out prompts, counter arithmetic, report files, W&B,
+and (slow) a random-init head measured by a real vLLM engine, which must come out near 1.0
+so the harness cannot inflate the figure."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+from eagle3.evaluation.counters import CounterError, SpecDecodeCounters, counters_from_histograms
+from eagle3.evaluation.engine import BatchResult
+from eagle3.evaluation.export_info import ExportError, read_export
+from eagle3.evaluation.figures import consistency_problems, figures_of, prompt_outcomes
+from eagle3.evaluation.plot import save_acceptance_plot
+from eagle3.evaluation.prompts import HUMANEVAL_INSTRUCTION, PromptError, heldout_prompts, humaneval_tasks
+from eagle3.evaluation.report import AcceptanceReport, write_json
+from eagle3.evaluation.wandb_log import log_report
+from eagle3.store import Manifest
+
+ROOT = Path(__file__).resolve().parents[1]
+K = 3
+
+# opening turns of the validation conversations (c1, c3, c4 are in the split; c4's is too long)
+CONVERSATIONS = [
+    {"id": "c0", "messages": [{"role": "user", "content": "What is a hash map?"},
+                              {"role": "assistant", "content": "A key-value table."}]},
+    {"id": "c1", "messages": [{"role": "system", "content": "You answer briefly."},
+                              {"role": "user", "content": "Name three primary colors."},
+                              {"role": "assistant", "content": "Red, yellow and blue."},
+                              {"role": "user", "content": "And secondary ones?"},
+                              {"role": "assistant", "content": "Orange, green and purple."}]},
+    {"id": "c2", "messages": [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi."}]},
+    {"id": "c3", "messages": [{"role": "user", "content": "Write a haiku about autumn leaves."},
+                              {"role": "assistant", "content": "Leaves fall..."}]},
+    {"id": "c4", "messages": [{"role": "user", "content": "word " * 600},
+                              {"role": "assistant", "content": "ok"}]},
+    {"id": "c5", "messages": [{"role": "user", "content": "Explain what a Python list comprehension is."},
+                              {"role": "assistant", "content": "A compact loop."}]},
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_dir)
+
+
+def _dataset_with_val_split(directory: Path, val_ids: list[str]) -> Path:
+    """A dataset manifest over a JSONL chat file: the validation prompts come from the chat
+    source the manifest records, picked by its val_ids (the shards are never read)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    chats = directory / "chats.jsonl"
+    chats.write_text("".join(json.dumps(c) + "\n" for c in CONVERSATIONS))
+    data = {"name": "test", "source": "jsonl", "path": str(chats), "max_samples": None, "max_length": 2048}
+    Manifest(fingerprint="test", fingerprint_inputs={"data": data}, layer_ids=[2, 15, 27, 30], hidden_size=576,
+             dtype="bfloat16", sample_ids=[c["id"] for c in CONVERSATIONS], val_ids=val_ids).write(directory)
+    return directory
+
+
+def _served_prompt(tokenizer, messages) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+# ------------------------------------------------------------------ prompts
+
+
+def test_val_prompts_are_the_opening_turns_of_the_split_in_order(tmp_path, tokenizer):
+    ds = _dataset_with_val_split(tmp_path / "ds", ["c1", "c3", "c4", "c5"])
+    got = heldout_prompts(ds, max_prompts=3, humaneval_prompts=0, tokenizer=tokenizer, max_prompt_tokens=256)
+    assert [(p.source, p.id) for p in got.prompts] == [("val", "c1"), ("val", "c3"), ("val", "c5")]
+    # system + first user turn only; later turns and all answers are left out
+    assert got.prompts[0].messages == CONVERSATIONS[1]["messages"][:2]
+    assert got.prompts[1].messages == CONVERSATIONS[3]["messages"][:1]
+    for p in got.prompts:
+        assert p.token_ids == _served_prompt(tokenizer, p.messages)
+        assert tokenizer.decode(p.token_ids).endswith("<|im_start|>assistant\n")
+    assert got.skipped_too_long == {"val": 1}  # c4: 600 words > 256 tokens, skipped not cut
+    assert got.counts() == {"val": 3, "humaneval": 0}
+
+
+def test_short_split_and_missing_ids_are_reported(tmp_path, tokenizer):
+    ds = _dataset_with_val_split(tmp_path / "ds", ["c3"])
+    got = heldout_prompts(ds, max_prompts=4, humaneval_prompts=2, tokenizer=tokenizer)
+    assert got.counts() == {"val": 1, "humaneval": 2}  # the mix is not refilled with HumanEval
+    assert any("val: 1 of 2" in n for n in got.notes)
+    gone = _dataset_with_val_split(tmp_path / "gone", ["c3", "not-in-the-file"])
+    with pytest.raises(PromptError, match="not found in the chat source"):
+        heldout_prompts(gone, max_prompts=4, humaneval_prompts=0, tokenizer=tokenizer)
+
+
+def test_humaneval_prompts_come_from_the_package_file(tokenizer):
+    tasks = humaneval_tasks()
+    assert len(tasks) == 164 and tasks[0][0] == "HumanEval/0" and tasks[163][0] == "HumanEval/163"
+    got = heldout_prompts(None, max_prompts=2, humaneval_prompts=2, tokenizer=tokenizer)
+    assert [p.id for p in got.prompts] == ["HumanEval/0", "HumanEval/1"]
+    text = got.prompts[0].messages[0]["content"]
+    assert text.startswith(HUMANEVAL_INSTRUCTION) and "def has_close_elements(numbers: List[float]" in text
+    assert got.prompts[0].token_ids == _served_prompt(tokenizer, got.prompts[0].messages)
+    with pytest.raises(PromptError, match="no held-out prompts"):
+        heldout_prompts(None, max_prompts=2, humaneval_prompts=0, tokenizer=tokenizer)
+
+
+def test_export_finds_its_verifier_and_dataset_from_relative_paths(tmp_path, monkeypatch):
+    """train.py records paths relative to where it ran (<project>/.cache/..., <project>/data/...);
+    the evaluation finds them from the export's location, wherever it is started from."""
+    project = tmp_path / "project"
+    target = project / ".cache" / "targets" / "t"
+    target.mkdir(parents=True)
+    (target / "config.json").write_text("{}")
+    (project / "data" / "ds").mkdir(parents=True)
+    (project / "data" / "ds" / "manifest.json").write_text("{}")
+    export = project / "outputs" / "train" / "runs" / "r1" / "export"
+    export.mkdir(parents=True)
+    (export / "model.safetensors").write_bytes(b"")
+    config = {"speculators_model_type": "eagle3", "eagle_aux_hidden_state_layer_ids": [2, 15, 27], "draft_vocab_size": 8,
+              "speculators_config": {"verifier": {"name_or_path": ".cache/targets/t"}}}
+    (export / "config.json").write_text(json.dumps(config))
+    (export.parent / "summary.json").write_text(json.dumps({"dataset_dir": "data/ds"}))
+    monkeypatch.chdir(tmp_path)  # not the project root
+    info = read_export(export)
+    assert Path(info.verifier) == target.resolve() and info.dataset_dir == (project / "data" / "ds").resolve()
+    assert info.aux_layer_ids == [2, 15, 27]
+    config["speculators_config"]["verifier"]["name_or_path"] = ".cache/targets/gone"
+    (export / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ExportError, match="verifier.name_or_path='.cache/targets/gone'"):
+        read_export(export)
+    assert read_export(export, verifier=str(target)).verifier == str(target.resolve())
+    config["speculators_model_type"] = "eagle"
+    (export / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ExportError, match="expected 'eagle3'"):
+        read_export(export, verifier=str(target))
+
+
+# ------------------------------------------------------------------ counters and figures
+
+
+@dataclass
+class _Metric:  # the shape of vllm.v1.metrics.reader.Counter / Vector
+    name: str
+    labels: dict = field(default_factory=dict)
+    value: int = 0
+    values: list = field(default_factory=list)
+
+
+def _snapshot(drafts, draft_tokens, accepted, per_pos, engines=1):
+    out = [_Metric("vllm:num_requests_running", value=3)]
+    for e in range(engines):
+        lab = {"engine": str(e)}
+        out += [_Metric("vllm:spec_decode_num_drafts", lab, drafts), _Metric("vllm:spec_decode_num_draft_tokens", lab, draft_tokens),
+                _Metric("vllm:spec_decode_num_accepted_tokens", lab, accepted),
+                _Metric("vllm:spec_decode_num_accepted_tokens_per_pos", lab, values=per_pos)]
+    return out
+
+
+def test_counter_differences_give_acceptance_length_and_per_position_rates():
+    before = SpecDecodeCounters.from_metrics(_snapshot(10, 30, 12, [6, 4, 2]), K)
+    after = SpecDecodeCounters.from_metrics(_snapshot(110, 330, 112, [66, 34, 12]), K)
+    batch = after - before
+    assert (batch.drafts, batch.draft_tokens, batch.accepted_tokens) == (100, 300, 100)
+    assert batch.mean_acceptance_length == pytest.approx(2.0)  # 1 + 100/100
+    assert batch.per_position_acceptance_rate == pytest.approx([0.6, 0.3, 0.1])
+    assert batch.acceptance_rate == pytest.approx(100 / 300)
+    assert batch.inconsistencies(K) == []
+    # two engines' label sets add up; a short vector (positions registered lazily) is padded
+    both = SpecDecodeCounters.from_metrics(_snapshot(5, 15, 3, [3], engines=2), K)
+    assert (both.drafts, both.accepted_per_position) == (10, [6, 0, 0])
+    with pytest.raises(CounterError, match="went down"):
+        before - after
+    with pytest.raises(CounterError, match="num_speculative_tokens=3"):
+        SpecDecodeCounters.from_metrics(_snapshot(1, 4, 0, [0, 0, 0, 0]), K)
+    assert math.isnan(SpecDecodeCounters(accepted_per_position=[0] * K).mean_acceptance_length)
+
+
+def test_histograms_rebuild_the_counters_and_disagreement_is_flagged():
+    # per request h[j] = verify steps that accepted j drafts
+    hists = [[2, 1, 0, 1], [0, 0, 2, 0]]
+    rebuilt = counters_from_histograms(hists, K)
+    assert (rebuilt.drafts, rebuilt.accepted_tokens, rebuilt.accepted_per_position) == (6, 8, [4, 3, 1])
+    good = BatchResult("val", [[1, 2], [3]], 1.0, SpecDecodeCounters(6, 18, 8, [4, 3, 1]).to_dict(), hists)
+    assert consistency_problems(good, K) == []
+    bad = BatchResult("val", [[1, 2], [3]], 1.0, SpecDecodeCounters(6, 18, 7, [4, 2, 1]).to_dict(), hists)
+    assert any("accepted_tokens from per-request histograms 8 != from counters 7" in p for p in consistency_problems(bad, K))
+
+
+def _synthetic_report(tmp_path) -> AcceptanceReport:
+    """Engine results as the engine process returns them (two sources, both engines)."""
+    val_h = BatchResult("val", [[5, 6, 7, 8], [9, 9]], 2.0, SpecDecodeCounters(4, 12, 2, [2, 0, 0]).to_dict(), [[2, 2, 0, 0], [0, 0, 0, 0]])
+    val_b = BatchResult("val", [[5, 6, 7, 8], [9, 8]], 3.0)
+    he_h = BatchResult("humaneval", [[1, 2, 3]], 1.0, SpecDecodeCounters(2, 6, 3, [2, 1, 0]).to_dict(), [[0, 1, 1, 0]])
+    he_b = BatchResult("humaneval", [[1, 2, 3]], 1.5)
+    by_source = {"val": figures_of([val_h], [val_b], K), "humaneval": figures_of([he_h], [he_b], K)}
+    overall = figures_of([val_h, he_h], [val_b, he_b], K)
+    per_prompt = prompt_outcomes(val_h, val_b, ["a", "b"], [10, 11]) + prompt_outcomes(he_h, he_b, ["HumanEval/0"], [12])
+    return AcceptanceReport(str(tmp_path / "export"), "/target", K, 32, overall, by_source,
+                            {"val": 2, "humaneval": 1}, per_prompt=per_prompt)
+
+
+def test_figures_per_source_and_overall(tmp_path):
+    r = _synthetic_report(tmp_path)
+    assert r.by_source["val"].mean_acceptance_length == pytest.approx(1.5)
+    assert r.by_source["humaneval"].mean_acceptance_length == pytest.approx(2.5)
+    assert r.overall.mean_acceptance_length == pytest.approx(1 + 5 / 6)  # pooled counters, not a mean of means
+    assert r.overall.per_position_acceptance_rate == pytest.approx([4 / 6, 1 / 6, 0])
+    assert r.overall.tokens_per_s_with_head == pytest.approx(9 / 3.0)
+    assert r.overall.tokens_per_s_without_head == pytest.approx(9 / 4.5)
+    assert r.overall.speedup == pytest.approx(1.5)
+    assert (r.overall.greedy_matches, r.overall.greedy_match_rate) == (2, pytest.approx(2 / 3))
+    assert [p.first_difference for p in r.per_prompt] == [None, 1, None]
+
+
+def test_json_png_and_wandb_offline_run(tmp_path):
+    import wandb
+
+    r = _synthetic_report(tmp_path)
+    path = write_json(r, tmp_path / "out")
+    data = json.loads(path.read_text())
+    for key in ("num_draft_tokens", "mean_acceptance_length", "per_position_acceptance_rate", "drafts", "draft_tokens",
+                "accepted_tokens", "prompts", "tokens_per_s_with_head", "tokens_per_s_without_head", "speedup",
+                "greedy_match_rate", "by_source", "measured_by"):
+        assert key in data, key
+    assert data["prompts"] == {"val": 2, "humaneval": 1}
+    assert len(data["per_position_acceptance_rate"]) == K
+    assert data["by_source"]["humaneval"]["mean_acceptance_length"] == pytest.approx(2.5)
+    assert data["greedy_mismatches"] == [{"source": "val", "id": "b", "first_difference": 1}]
+    png = save_acceptance_plot(r, tmp_path / "out")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+    run = wandb.init(project="eagle3-test", mode="offline", dir=str(tmp_path), reinit="create_new")
+    assert log_report(r, png, run)
+    run.finish()
+    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
+    logged = _logged_history(run_dir)
+    assert float(logged["eval/mean_acceptance_length"]) == pytest.approx(1 + 5 / 6)
+    assert float(logged["eval/humaneval/mean_acceptance_length"]) == pytest.approx(2.5)
+    assert float(logged["eval/accept_rate_pos0"]) == pytest.approx(4 / 6)
+    assert json.loads(logged["eval/acceptance_per_position/_type"]) == "table-file"
+    assert json.loads(logged["eval/acceptance_plot/_type"]) == "image-file"
+    assert list((run_dir / "files" / "media" / "images").rglob("*.png"))
+
+
+def _logged_history(run_dir: Path) -> dict[str, str]:
+    """key -> JSON value of every history row in an offline run's .wandb file (a LevelDB-style
+    log of protobuf Records: 7-byte file header, 32 KiB blocks, records split FIRST/MIDDLE/LAST).
+    wandb 0.31 writes no files/wandb-summary.json offline, and ships no Python reader."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    (path,) = run_dir.glob("*.wandb")
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, block, pending, out = 7, 32768, b"", {}
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a record header is padding
+            pos += block - pos % block
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind == 0:
+            break
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):  # FULL or LAST: a whole record
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            if record.WhichOneof("record_type") == "history":
+                out.update({item.key or "/".join(item.nested_key): item.value_json for item in record.history.item})
+    return out
+
+
+# ------------------------------------------------------------------ real vLLM
+
+
+def _random_head_export(out_dir: Path, target_dir: Path) -> Path:
+    """A SmolLM2 EAGLE-3 head built as train.py builds one, with a random draft lm_head
+    (nothing copied from the target's), exported in our serving format."""
+    from eagle3.data.vocab import build_draft_vocab
+    from eagle3.model.config import DraftConfig
+    from eagle3.model.head import Eagle3DraftHead
+    from eagle3.targets import load_target_head_weights, read_hf_config
+    from eagle3.training.builder import DraftMeta
+    from eagle3.training.export import export_head
+
+    hf = read_hf_config(target_dir)
+    vocab = 4096
+    cfg = DraftConfig.from_target_config(hf, draft_vocab_size=vocab, num_aux_layers=3)
+    torch.manual_seed(0)
+    head = Eagle3DraftHead(cfg)
+    freq = torch.zeros(int(hf["vocab_size"]), dtype=torch.int64)
+    freq[: 2 * vocab] = torch.randint(0, 1000, (2 * vocab,))
+    d2t, t2d = build_draft_vocab(freq, vocab)
+    w = load_target_head_weights(target_dir)
+    head.load_target_weights(w["embed"].float(), w["norm"].float(), w["lm_head"].float(), d2t, t2d,
+                             init_lm_head_from_target=False)
+    meta = DraftMeta(cfg, [2, 15, 27], str(target_dir), list(hf["architectures"]), K)
+    return export_head(head, meta, out_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_random_head_measures_near_one_in_vllm(tmp_path, smollm2_dir):
+    pytest.importorskip("vllm")
+    export = _random_head_export(tmp_path / "export", smollm2_dir)
+    ds = _dataset_with_val_split(tmp_path / "ds", ["c1", "c3", "c5"])
+    cmd = [sys.executable, "-m", "eagle3.evaluate", f"export_dir={export}", f"dataset_dir={ds}",
+           f"eval.num_draft_tokens={K}", "eval.max_prompts=7", "eval.humaneval_prompts=4", "eval.max_new_tokens=32",
+           "engine.max_num_seqs=8", f"hydra.run.dir={tmp_path / 'run'}"]
+    t0 = time.time()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "WANDB_MODE": "offline"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    json_path = Path(proc.stdout.strip().splitlines()[-1])  # the contract: last stdout line
+    assert json_path == export / "acceptance.json"
+    data = json.loads(json_path.read_text())
+    print(f"random head: {data['mean_acceptance_length']:.3f} in {time.time() - t0:.0f} s")
+
+    assert data["prompts"] == {"val": 3, "humaneval": 4}
+    assert data["drafts"] > 50 and data["draft_tokens"] == K * data["drafts"]  # the head really drafted
+    assert 1.0 <= data["mean_acceptance_length"] < 1.15
+    assert len(data["per_position_acceptance_rate"]) == K and all(r < 0.15 for r in data["per_position_acceptance_rate"])
+    assert set(data["by_source"]) == {"val", "humaneval"}
+    for fig in data["by_source"].values():
+        assert len(fig["per_position_acceptance_rate"]) == K and fig["mean_acceptance_length"] < 1.2
+    assert data["consistency_problems"] == []
+    # the head must not change greedy outputs: same tokens, prompt for prompt
+    assert data["greedy_match_rate"] == 1.0, data["greedy_mismatches"]
+    assert data["tokens_per_s_with_head"] > 0 and data["tokens_per_s_without_head"] > 0
+    assert all(p["output_tokens"] > 0 for p in data["per_prompt"])
+    png = export / "acceptance.png"
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert (export / "acceptance-logs" / "engine-with-head.log").is_file()
