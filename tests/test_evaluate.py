@@ -249,33 +249,39 @@ def test_json_png_and_wandb_offline_run(tmp_path):
     assert list((run_dir / "files" / "media" / "images").rglob("*.png"))
 
 
-def _logged_history(run_dir: Path) -> dict[str, str]:
+def _logged_history(run_dir: Path, timeout_s: float = 30.0) -> dict[str, str]:
     """key -> JSON value of every history row in an offline run's .wandb file (a LevelDB-style
     log of protobuf Records: 7-byte file header, 32 KiB blocks, records split FIRST/MIDDLE/LAST).
-    wandb 0.31 writes no files/wandb-summary.json offline, and ships no Python reader."""
+    wandb 0.31 writes no files/wandb-summary.json offline and ships no Python reader; its core
+    process writes the file after finish() returns, so read until the run's exit record is in."""
     import struct
 
     from wandb.proto import wandb_internal_pb2
 
-    (path,) = run_dir.glob("*.wandb")
-    data = path.read_bytes()
-    assert data[:4] == b":W&B"
-    pos, block, pending, out = 7, 32768, b"", {}
-    while pos + 7 <= len(data):
-        if block - pos % block < 7:  # a block's tail too short for a record header is padding
-            pos += block - pos % block
-            continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
-        if kind == 0:
-            break
-        pending = chunk if kind in (1, 2) else pending + chunk
-        if kind in (1, 4):  # FULL or LAST: a whole record
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(pending)
-            if record.WhichOneof("record_type") == "history":
-                out.update({item.key or "/".join(item.nested_key): item.value_json for item in record.history.item})
-    return out
+    deadline = time.monotonic() + timeout_s
+    while True:
+        paths = list(run_dir.glob("*.wandb"))
+        data = paths[0].read_bytes() if paths else b""
+        pos, block, pending, out, exited = 7, 32768, b"", {}, False
+        while data[:4] == b":W&B" and pos + 7 <= len(data):
+            if block - pos % block < 7:  # a block's tail too short for a record header is padding
+                pos += block - pos % block
+                continue
+            _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+            chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+            if kind == 0:
+                break
+            pending = chunk if kind in (1, 2) else pending + chunk
+            if kind in (1, 4):  # FULL or LAST: a whole record
+                record = wandb_internal_pb2.Record()
+                record.ParseFromString(pending)
+                kind_name = record.WhichOneof("record_type")
+                exited |= kind_name == "exit"
+                if kind_name == "history":
+                    out.update({i.key or "/".join(i.nested_key): i.value_json for i in record.history.item})
+        if exited or time.monotonic() > deadline:
+            return out
+        time.sleep(0.2)
 
 
 # ------------------------------------------------------------------ real vLLM

@@ -53,6 +53,33 @@ def test_train_writes_summary_export_and_checkpoints(data_dir, tmp_path):
     assert all(v.dtype != torch.bfloat16 for v in ckpt["state_dict"].values())  # fp32 resume state
 
 
+def test_export_cli_reproduces_the_export(data_dir, tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    _train(data_dir, tmp_path)
+    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    out = subprocess.run([sys.executable, "-m", "eagle3.export", f"ckpt={ckpt}", f"out={tmp_path / 'cli_export'}"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == str(tmp_path / "cli_export")
+    from_cli = load_file(str(tmp_path / "cli_export" / "model.safetensors"))
+    # the run exported its best checkpoint; re-export that one for an exact comparison
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    from eagle3.export import export_checkpoint
+
+    best = export_checkpoint(summary["best_checkpoint"], tmp_path / "best_export")
+    ref = load_file(str(Path(summary["export_dir"]) / "model.safetensors"))
+    again = load_file(str(best / "model.safetensors"))
+    assert from_cli.keys() == ref.keys() == again.keys()
+    for k in ref:
+        assert torch.equal(again[k], ref[k]), k
+    cfg_cli = json.loads((tmp_path / "cli_export" / "config.json").read_text())
+    assert cfg_cli == json.loads((Path(summary["export_dir"]) / "config.json").read_text())
+
+
 def test_resume_equals_uninterrupted(data_dir, tmp_path):
     """6 steps in one go == 3 steps, then resume from last.ckpt for 3 more."""
     common = ["train.val_check_interval=3", "train.warmup_steps=2", "train.lr_decay_steps=6"]

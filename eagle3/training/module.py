@@ -25,9 +25,11 @@ def warmup_cosine(step: int, *, warmup: int, total: int, min_ratio: float) -> fl
 
 
 class Eagle3LitModule(L.LightningModule):
-    def __init__(self, head: Eagle3DraftHead, train_cfg: dict[str, Any]):
+    def __init__(self, head: Eagle3DraftHead, train_cfg: dict[str, Any], export_meta: dict[str, Any] | None = None):
         super().__init__()
         self.head = head
+        # what `python -m eagle3.export ckpt=...` needs besides weights (DraftMeta as a dict)
+        self.export_meta = export_meta or {}
         self.tc = train_cfg
         self.ttt_steps = int(train_cfg["ttt_steps"])
         # frozen target copies are rebuilt from the target, never stored in checkpoints
@@ -41,6 +43,7 @@ class Eagle3LitModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         frozen = self._frozen_keys()
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k not in frozen}
+        checkpoint["eagle3_meta"] = self.export_meta
 
     # ---- steps
     def _forward_loss(self, batch: dict[str, torch.Tensor]):

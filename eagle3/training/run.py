@@ -62,7 +62,7 @@ def run(cfg: Any) -> float:
     )
     head, draft_meta = build_head(cfg, model_dir, datamodule.dataset)
     train_cfg = OmegaConf.to_container(cfg.train, resolve=True, enum_to_str=True)
-    module = Eagle3LitModule(head, train_cfg)
+    module = Eagle3LitModule(head, train_cfg, export_meta=draft_meta.to_dict())
 
     ckpt_dir = output_dir / "checkpoints"
     checkpoint = ModelCheckpoint(

@@ -1,0 +1,56 @@
+"""Export a training checkpoint as a vLLM/speculators eagle3 directory.
+
+    python -m eagle3.export ckpt=outputs/train/runs/<time>/checkpoints/last.ckpt [out=<dir>] [num_draft_tokens=3]
+
+The checkpoint carries everything needed (draft config, aux layer ids, verifier path, the
+trained weights and d2t/t2d); the target is not loaded.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from eagle3.model.head import Eagle3DraftHead
+from eagle3.training.builder import DraftMeta
+from eagle3.training.export import export_head
+
+
+def export_checkpoint(ckpt: str | Path, out: str | Path | None = None, num_draft_tokens: int | None = None) -> Path:
+    ckpt = Path(ckpt)
+    if not ckpt.is_file():
+        raise FileNotFoundError(f"ckpt={ckpt}: no such checkpoint file")
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    if "eagle3_meta" not in state:
+        raise ValueError(f"{ckpt}: not an eagle3 training checkpoint (no 'eagle3_meta' entry)")
+    meta = DraftMeta.from_dict(state["eagle3_meta"])
+    if num_draft_tokens is not None:
+        meta = replace(meta, num_speculative_tokens=int(num_draft_tokens))
+    head = Eagle3DraftHead(meta.draft_config)
+    weights = {k.removeprefix("head."): v for k, v in state["state_dict"].items() if k.startswith("head.")}
+    missing, unexpected = head.load_state_dict(weights, strict=False)
+    trained_missing = [k for k in missing if not k.startswith(("embed_tokens", "target_"))]
+    if trained_missing or unexpected:
+        raise ValueError(f"{ckpt}: weights do not fit the draft config (missing {trained_missing}, unexpected {unexpected})")
+    out = Path(out) if out else ckpt.parent.parent / "export"
+    return export_head(head, meta, out)
+
+
+def main(argv: list[str]) -> None:
+    args = {}
+    for a in argv:
+        key, sep, value = a.partition("=")
+        if not sep or key not in ("ckpt", "out", "num_draft_tokens"):
+            raise SystemExit(f"usage: python -m eagle3.export ckpt=<file> [out=<dir>] [num_draft_tokens=K]; got {a!r}")
+        args[key] = value
+    if "ckpt" not in args:
+        raise SystemExit("usage: python -m eagle3.export ckpt=<file> [out=<dir>] [num_draft_tokens=K]")
+    k = int(args["num_draft_tokens"]) if "num_draft_tokens" in args else None
+    print(export_checkpoint(args["ckpt"], args.get("out"), k))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
