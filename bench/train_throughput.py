@@ -75,7 +75,7 @@ class RunResult:
     ttt: int
     status: str = "ok"  # ok | skipped: why | failed: error
     tokens_per_s: float = 0.0
-    step_ms: float = 0.0
+    step_ms: float = 0.0  # median of the timed steps
     step_ms_min: float = 0.0
     peak_mem_gib: float = 0.0  # allocator (CUDA) or RSS (CPU) peak above what was held before the build
     first_steps_s: float = 0.0  # warm-up incl. compilation
@@ -200,14 +200,19 @@ def build_flex_masks(segment_ids: torch.Tensor, num_steps: int) -> list:
     none = torch.zeros_like(eye)
     seg = segment_ids[0]
 
-    def mask_mod(b, h, q, kv):  # the TTT mask of mask.py, for any kv < num_steps * t
-        blk = kv // t
-        kvp = kv - blk * t
-        own = (kvp <= q) & (seg[kvp] == seg[q]) & (seg[q] >= 0)
-        return ((blk == 0) & (own | (kvp == q))) | ((blk > 0) & (kvp == q))
+    def step_mask_mod(limit: torch.Tensor):
+        def mask_mod(b, h, q, kv):  # the TTT mask of mask.py; limit = (step + 1) * t
+            blk = kv // t
+            kvp = kv - blk * t
+            own = (kvp <= q) & (seg[kvp] == seg[q]) & (seg[q] >= 0)
+            return ((blk == 0) & (own | (kvp == q))) | ((blk > 0) & (kvp == q) & (kv < limit))
+
+        return mask_mod
 
     masks = []
     for step in range(num_steps):
+        # the limit is a tensor, not an int, so the compiled kernel is not specialised per step
+        mask_mod = step_mask_mod(torch.tensor((step + 1) * t, device=segment_ids.device))
         diag = [eye if j <= step else none for j in range(1, num_steps)]
         partial = torch.cat([any0 & ~all0, *diag], dim=1)
         full = torch.cat([all0, *[none] * (num_steps - 1)], dim=1)
@@ -243,14 +248,15 @@ class FlexPatch:
     """Context manager: eagle3.model runs with the flex prototype inside it."""
 
     def __init__(self, compile_kernel: bool):
-        self.compile_kernel = compile_kernel
+        from torch.nn.attention.flex_attention import flex_attention
+
+        self.kernel = torch.compile(flex_attention, dynamic=False) if compile_kernel else flex_attention
 
     def __enter__(self):
         import eagle3.model.head as head_mod
         import eagle3.model.layers as layers_mod
-        from torch.nn.attention.flex_attention import flex_attention
 
-        _FLEX[0] = torch.compile(flex_attention, dynamic=False) if self.compile_kernel else flex_attention
+        _FLEX[0] = self.kernel
         self.saved = (head_mod.build_ttt_mask, head_mod.ttt_step_mask, layers_mod.TTTAttention.forward)
         head_mod.build_ttt_mask = build_flex_masks
         head_mod.ttt_step_mask = lambda masks, step: masks[step]
@@ -262,6 +268,20 @@ class FlexPatch:
         import eagle3.model.layers as layers_mod
 
         head_mod.build_ttt_mask, head_mod.ttt_step_mask, layers_mod.TTTAttention.forward = self.saved
+
+
+@torch.no_grad()
+def flex_equivalence(head, x: dict, ttt: int, patch: FlexPatch) -> str:
+    """Max |logits difference| between the prototype and the shipped dense mask (same head)."""
+    device_type = x["aux_hidden"].device.type
+    args = (x["aux_hidden"], x["input_ids"], x["position_ids"], x["segment_ids"], ttt)
+    with torch.autocast(device_type, dtype=torch.bfloat16):
+        with patch:
+            flex = head(*args)
+        dense = head(*args)
+    diff = max(float((a.float() - b.float()).abs().max()) for a, b in zip(flex, dense))
+    scale = max(float(b.float().abs().max()) for b in dense)
+    return f"flex vs dense logits: max abs diff {diff:.3g} (max |logit| {scale:.3g})"
 
 
 # ----------------------------------------------------------------------------- speculators
@@ -311,7 +331,7 @@ def import_speculators() -> list[str]:
     return sorted(missing)
 
 
-def build_spec(s: Shapes, x: dict, device: torch.device, ttt: int):
+def build_spec(s: Shapes, x: dict, device: torch.device, ttt: int, attn: str):
     from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
     from speculators.proposals.greedy import GreedyTokenProposalConfig
@@ -320,7 +340,7 @@ def build_spec(s: Shapes, x: dict, device: torch.device, ttt: int):
     tl = LlamaConfig(hidden_size=s.hidden, num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
                      head_dim=s.head_dim, intermediate_size=s.intermediate, vocab_size=s.vocab, num_hidden_layers=1,
                      rms_norm_eps=EPS, rope_theta=ROPE_THETA, max_position_embeddings=131072)
-    tl._attn_implementation = "simple_flex_attention"  # speculators' trainer default
+    tl._attn_implementation = attn  # its trainer's default is simple_flex_attention
     config = Eagle3SpeculatorConfig(
         transformer_layer_config=tl, draft_vocab_size=s.draft_vocab, norm_before_residual=False,
         speculators_config=SpeculatorsConfig(
@@ -389,11 +409,22 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def train_steps(model, forward_loss, x, device, warmup: int, steps: int, res: RunResult):
+@dataclass
+class Prepared:
+    """A built, warmed-up variant: call `step()` to run one timed optimisation step."""
+
+    res: RunResult
+    model: torch.nn.Module | None = None
+    step: object = None
+    times: list[float] = field(default_factory=list)
+    held_bytes: int = 0  # CUDA memory held before the build (other runs' leftovers)
+
+
+def make_step(model, forward_loss, x, device):
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.0)
 
-    def one_step() -> torch.Tensor:
+    def one_step() -> torch.Tensor:  # speculators' trainer order: forward, zero_grad, backward, clip, step
         with torch.autocast(device.type, dtype=torch.bfloat16):
             loss = forward_loss(x)
         opt.zero_grad(set_to_none=True)
@@ -402,89 +433,116 @@ def train_steps(model, forward_loss, x, device, warmup: int, steps: int, res: Ru
         opt.step()
         return loss.detach()
 
-    t0 = time.perf_counter()
-    for _ in range(warmup):
-        loss = one_step()
-    sync(device)
-    res.first_steps_s = time.perf_counter() - t0
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    times = []
-    for _ in range(steps):
-        t1 = time.perf_counter()
-        loss = one_step()
-        sync(device)
-        times.append(time.perf_counter() - t1)
-    res.loss = float(loss)
-    res.step_ms = 1000 * statistics.mean(times)
-    res.step_ms_min = 1000 * min(times)
-    return opt
+    return one_step
 
 
-def run_variant(variant: str, ttt: int, s: Shapes, x: dict, device: torch.device, args) -> RunResult:
-    res = RunResult(variant, ttt)
+def prepare(variant: str, ttt: int, s: Shapes, x: dict, device: torch.device, args) -> Prepared:
+    """Build the variant and run its warm-up steps (compilation happens there)."""
+    p = Prepared(RunResult(variant, ttt))
+    res = p.res
     if variant == "spec_fused" and device.type != "cuda":
         res.status = "skipped: the fused loss is a Triton kernel (GPU only)"
-        return res
+        return p
     gc.collect()
-    held = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    p.held_bytes = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     rss = RSSPeak() if device.type == "cpu" else None
-    patch = FlexPatch(compile_kernel=True) if variant in ("ours_flex", "ours_flex_compiled") else None
-    model = opt = fl = None
+    patch = FlexPatch(compile_kernel=device.type == "cuda") if "flex" in variant else None
     try:
-        if patch:
-            patch.__enter__()
         if variant.startswith("ours"):
-            model = build_ours(s, x, device, frozen_lm=variant == "ours_frozen_lm")
-            fl = ours_loss_fn(model, ttt)
+            p.model = build_ours(s, x, device, frozen_lm=variant == "ours_frozen_lm")
+            fl = ours_loss_fn(p.model, ttt)
+            if patch:
+                res.notes.append(flex_equivalence(p.model, x, ttt, patch))
+                if device.type == "cpu":
+                    res.status = "skipped: flex attention has no backward on CPU (forward checked)"
+                    return p
             if variant in ("ours_compiled", "ours_flex_compiled"):
                 fl = torch.compile(fl)
             train_lm = variant != "ours_frozen_lm"
         else:
-            model = build_spec(s, x, device, ttt)
+            attn = args.spec_attn if args.spec_attn != "auto" else (
+                "simple_flex_attention" if device.type == "cuda" else "sdpa")
+            if attn != "simple_flex_attention":
+                res.notes.append(f"attention {attn} (flex attention has no backward on CPU)")
+            p.model = build_spec(s, x, device, ttt, attn)
             eager = variant == "spec_eager"
-            fl = spec_loss_fn(model, ttt, "fused" if variant == "spec_fused" else "eager", eager)
+            fl = spec_loss_fn(p.model, ttt, "fused" if variant == "spec_fused" else "eager", eager)
             if device.type == "cpu" and not eager:  # its decorator compiles on CUDA only
                 fl = torch.compile(fl)
                 res.notes.append("compiled explicitly (speculators compiles only when CUDA is present)")
             train_lm = False  # speculators 0.9 freezes lm_head (load_verifier_weights)
-        opt = train_steps(model, fl, x, device, args.warmup, args.steps, res)
-        if device.type == "cuda":
-            res.peak_mem_gib = (torch.cuda.max_memory_allocated(device) - held) / 2**30
-        res.tokens_per_s = s.seq / (res.step_ms / 1000)
         res.model_tflop_per_step = step_flops(s, ttt, train_lm) / 1e12
-        res.achieved_tflops = res.model_tflop_per_step / (res.step_ms / 1000)
-        if args.profile and variant in ("ours", "spec", "ours_flex") and ttt == max(args.ttt) and device.type == "cuda":
-            res.notes.append("profile: " + json.dumps(profile_steps(model, fl, x, device, opt)))
+        one_step = make_step(p.model, fl, x, device)
+
+        def step() -> torch.Tensor:
+            with patch if patch else _nothing():
+                return one_step()
+
+        t0 = time.perf_counter()
+        for _ in range(args.warmup):
+            loss = step()
+        sync(device)
+        res.first_steps_s = time.perf_counter() - t0
+        res.loss = float(loss)
+        p.step = step
     except Exception as e:  # one variant failing must not lose the others
         res.status = f"failed: {type(e).__name__}: {str(e)[:400]}"
     finally:
         if rss is not None:
-            res.peak_mem_gib = rss.stop() / 2**30 if res.status == "ok" else 0.0
-        if patch:
-            patch.__exit__(None, None, None)
-        del model, opt, fl
-        gc.collect()
-        if variant in COMPILED:
-            torch._dynamo.reset()  # drop guards/graphs that reference the model
+            res.peak_mem_gib = rss.stop() / 2**30
+    return p
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+def measure(p: Prepared, steps: int, device: torch.device) -> None:
+    if p.step is None:
+        return
+    try:
+        for _ in range(steps):
+            t1 = time.perf_counter()
+            p.step()
+            sync(device)
+            p.times.append(time.perf_counter() - t1)
+    except Exception as e:
+        p.res.status = f"failed: {type(e).__name__}: {str(e)[:400]}"
+        p.step = None
+
+
+def finish(p: Prepared, s: Shapes, device: torch.device, args) -> RunResult:
+    res = p.res
+    if res.status == "ok" and p.times:
+        res.step_ms = 1000 * statistics.median(p.times)
+        res.step_ms_min = 1000 * min(p.times)
+        res.tokens_per_s = s.seq / (res.step_ms / 1000)
+        res.achieved_tflops = res.model_tflop_per_step / (res.step_ms / 1000)
         if device.type == "cuda":
-            torch.cuda.empty_cache()
+            res.peak_mem_gib = (torch.cuda.max_memory_allocated(device) - p.held_bytes) / 2**30
     return res
 
 
-def profile_steps(model, forward_loss, x, device, opt) -> dict:
-    """Device time by kernel family over 2 steps (torch.profiler), the 8 largest kernels."""
+def release(p: Prepared, device: torch.device) -> None:
+    p.model = p.step = None
+    gc.collect()
+    if p.res.variant in COMPILED:
+        torch._dynamo.reset()  # drop guards and graphs that reference the model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def profile_steps(step, device) -> dict:
+    """Device time by kernel family over 2 steps (torch.profiler), and the largest kernels."""
     from torch.profiler import ProfilerActivity, profile
 
-    params = [p for p in model.parameters() if p.requires_grad]
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(2):
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                loss = forward_loss(x)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
+            step()
         sync(device)
     kernels = [(e.key, e.self_device_time_total / 2e3) for e in prof.key_averages()
                if e.self_device_time_total > 0 and e.device_type == torch.autograd.DeviceType.CUDA]
@@ -496,9 +554,53 @@ def profile_steps(model, forward_loss, x, device, opt) -> dict:
         low = name.lower()
         fam = next((f for f, keys in families.items() if any(k in low for k in keys)), "other")
         out[fam] += ms
-    top = sorted(kernels, key=lambda kv: -kv[1])[:8]
+    top = sorted(kernels, key=lambda kv: -kv[1])[:10]
     return {"ms_per_step_by_family": {k: round(v, 2) for k, v in out.items()},
-            "top_kernels_ms_per_step": [[n[:90], round(ms, 2)] for n, ms in top]}
+            "top_kernels_ms_per_step": [[n[:100], round(ms, 2)] for n, ms in top]}
+
+
+def run_sequential(jobs, shapes, device, args, on_result, start) -> None:
+    """GPU: one variant at a time, so each has the device (and its memory peak) to itself."""
+    warmups: dict[str, float] = {}  # variant -> its last warm-up (compile) time
+    for variant, ttt in jobs:
+        elapsed = time.perf_counter() - start
+        # a compiled variant's first run costs about as much as the slowest compile seen so far
+        compiled_seen = [w for v, w in warmups.items() if v in COMPILED]
+        guess = warmups.get(variant, max(compiled_seen, default=60.0) if variant in COMPILED else 10.0)
+        if args.budget_s and elapsed + guess > args.budget_s:
+            on_result(RunResult(variant, ttt, status=f"skipped: time budget ({elapsed:.0f} s used, "
+                                                     f"~{guess:.0f} s needed)"))
+            continue
+        x = make_inputs(shapes, device)
+        p = prepare(variant, ttt, shapes, x, device, args)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        measure(p, args.steps, device)
+        res = finish(p, shapes, device, args)
+        if args.profile and p.step is not None and device.type == "cuda" and ttt == max(args.ttt) \
+                and variant in ("ours", "spec", "ours_flex"):
+            try:
+                res.notes.append("profile: " + json.dumps(profile_steps(p.step, device)))
+            except Exception as e:
+                res.notes.append(f"profile failed: {type(e).__name__}: {e}")
+        warmups[variant] = res.first_steps_s + 2.0
+        release(p, device)
+        del x
+        on_result(res)
+
+
+def run_interleaved(jobs, shapes, device, args, on_result, start) -> None:
+    """CPU (shared, noisy): all variants of one TTT built, then timed round-robin in
+    rounds, so load from other processes hits every variant alike."""
+    for ttt in args.ttt:
+        x = make_inputs(shapes, device)
+        preps = [prepare(v, t, shapes, x, device, args) for v, t in jobs if t == ttt]
+        for _ in range(args.rounds):
+            for p in preps:
+                measure(p, max(1, args.steps // args.rounds), device)
+        for p in preps:
+            on_result(finish(p, shapes, device, args))
+            release(p, device)
 
 
 # ----------------------------------------------------------------------------- report
@@ -507,13 +609,29 @@ def profile_steps(model, forward_loss, x, device, opt) -> dict:
 def markdown(results: list[RunResult], device_name: str) -> str:
     base = {r.ttt: r for r in results if r.variant == "spec" and r.status == "ok"}
     lines = [f"Device: {device_name}", "",
-             "| variant | TTT | tokens/s | step ms | peak GiB | model TFLOP/step | TFLOP/s | vs spec (compiled) | status |",
+             "| variant | TTT | tokens/s | step ms (median) | peak GiB | model TFLOP/step | TFLOP/s | "
+             "vs spec compiled | status |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
-        ratio = f"{r.tokens_per_s / base[r.ttt].tokens_per_s:.2f}x" if r.ttt in base and r.status == "ok" else "-"
+        ok = r.status == "ok" and r.tokens_per_s > 0
+        ratio = f"{r.tokens_per_s / base[r.ttt].tokens_per_s:.2f}x" if r.ttt in base and ok else "-"
         lines.append(f"| {r.variant} | {r.ttt} | {r.tokens_per_s:,.0f} | {r.step_ms:.1f} | {r.peak_mem_gib:.2f} | "
-                     f"{r.model_tflop_per_step:.2f} | {r.achieved_tflops:.1f} | {ratio} | {r.status} |")
+                     f"{r.model_tflop_per_step:.3f} | {r.achieved_tflops:.1f} | {ratio} | {r.status} |")
     return "\n".join(lines)
+
+
+def write_json(path, shapes, device_name, stood_in, results, args) -> None:
+    import transformers
+
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__, "python": sys.version.split()[0]}
+    if "speculators" in sys.modules:
+        versions["speculators"] = getattr(sys.modules["speculators"], "__version__", "?")
+    doc = {"benchmark": "train_throughput", "device": device_name, "shapes": asdict(shapes), "versions": versions,
+           "args": vars(args), "stand_in_modules_for_speculators_import": stood_in,
+           "results": [asdict(r) for r in results]}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
 
 
 def main() -> None:
@@ -524,8 +642,12 @@ def main() -> None:
     ap.add_argument("--ttt", type=int, nargs="+", default=[3])
     ap.add_argument("--variants", nargs="+", default=list(ALL_VARIANTS), choices=ALL_VARIANTS)
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    ap.add_argument("--spec-attn", default="auto", choices=("auto", "simple_flex_attention", "sdpa"),
+                    help="speculators' draft attention (auto: flex on CUDA, sdpa on CPU)")
     ap.add_argument("--warmup", type=int, default=3, help="steps before timing (compilation happens here)")
-    ap.add_argument("--steps", type=int, default=10, help="timed steps")
+    ap.add_argument("--steps", type=int, default=10, help="timed steps per variant")
+    ap.add_argument("--rounds", type=int, default=0,
+                    help="> 0: time variants round-robin in this many rounds (default: 5 on CPU, 0 on GPU)")
     ap.add_argument("--budget-s", type=float, default=0.0, help="skip runs that would start after this many s")
     ap.add_argument("--profile", action="store_true", help="torch.profiler breakdown (CUDA) at the largest TTT")
     ap.add_argument("--out", required=True, help="JSON results path")
@@ -535,43 +657,25 @@ def main() -> None:
                        for k, v in PRESETS[args.preset].items()})
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
+    if args.rounds == 0 and device.type == "cpu":
+        args.rounds = 5
     torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
     stood_in = import_speculators() if any(v.startswith("spec") for v in args.variants) else []
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else \
-        f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+        f"CPU {platform.machine()}, {torch.get_num_threads()} threads (shared with other jobs)"
     start = time.perf_counter()
     results: list[RunResult] = []
-    for variant in args.variants:
-        for ttt in args.ttt:
-            elapsed = time.perf_counter() - start
-            if args.budget_s and elapsed > args.budget_s:
-                results.append(RunResult(variant, ttt, status=f"skipped: time budget ({elapsed:.0f} s used)"))
-                continue
-            x = make_inputs(shapes, device)
-            r = run_variant(variant, ttt, shapes, x, device, args)
-            del x
-            results.append(r)
-            print(f"[{time.perf_counter() - start:6.1f}s] {variant} ttt={ttt}: {r.status} "
-                  f"{r.tokens_per_s:,.0f} tok/s, {r.peak_mem_gib:.2f} GiB, warm-up {r.first_steps_s:.1f}s "
-                  f"{'; '.join(r.notes)[:600]}", flush=True)
-            write_json(args.out, shapes, device_name, stood_in, results, args)
+
+    def on_result(r: RunResult) -> None:
+        results.append(r)
+        print(f"[{time.perf_counter() - start:6.1f}s] {r.variant} ttt={r.ttt}: {r.status} "
+              f"{r.tokens_per_s:,.0f} tok/s, {r.peak_mem_gib:.2f} GiB, warm-up {r.first_steps_s:.1f}s "
+              f"{'; '.join(r.notes)[:1500]}", flush=True)
+        write_json(args.out, shapes, device_name, stood_in, results, args)
+
+    jobs = [(v, t) for v in args.variants for t in args.ttt]
+    (run_interleaved if args.rounds > 0 else run_sequential)(jobs, shapes, device, args, on_result, start)
     print(markdown(results, device_name))
-
-
-def write_json(path, shapes, device_name, stood_in, results, args) -> None:
-    import transformers
-
-    versions = {"torch": torch.__version__, "transformers": transformers.__version__, "python": sys.version.split()[0]}
-    try:
-        versions["speculators"] = importlib.import_module("speculators").__version__
-    except Exception:
-        pass
-    doc = {"benchmark": "train_throughput", "device": device_name, "shapes": asdict(shapes), "versions": versions,
-           "warmup": args.warmup, "steps": args.steps, "stand_in_modules_for_speculators_import": stood_in,
-           "results": [asdict(r) for r in results]}
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(doc, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -109,7 +109,7 @@ def test_wandb_offline_run_records_metrics(data_dir, tmp_path):
     _train(data_dir, tmp_path, ["logger=wandb", "logger.mode=offline", "logger.log_every_n_steps=1"])
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1, runs
-    run = read_run(runs[0])
+    run = read_run(runs[0], wait_for="val/sim_accept_len")
     train_rows = [r for r in run["history"] if "train/loss_k0" in r]
     assert len(train_rows) == 6  # one row per optimizer step
     assert all("train/acc_k1" in r and "train/tokens_per_s" in r for r in train_rows)

@@ -55,7 +55,8 @@ CHATS = [
      {"role": "user", "content": "And what limits its rate?"},
      {"role": "assistant", "content": "Light intensity, carbon dioxide concentration and temperature. " * 3}],
     [{"role": "user", "content": "Write a haiku about the sea."},
-     {"role": "assistant", "content": "Grey waves fold and break,\nsalt wind carries gull voices,\nthe tide keeps its time."}],
+     {"role": "assistant",
+      "content": "Grey waves fold and break,\nsalt wind carries gull voices,\nthe tide keeps its time."}],
 ]
 
 

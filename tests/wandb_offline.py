@@ -43,8 +43,22 @@ def _key(item) -> str:
     return item.key or "/".join(item.nested_key)
 
 
-def read_run(run_dir: Path) -> dict:
-    """{'history': [ {key: value} per row ], 'summary': {...}, 'config': {...}, 'group', 'tags'}"""
+def read_run(run_dir: Path, wait_for: str | None = None, timeout: float = 30.0) -> dict:
+    """{'history': [ {key: value} per row ], 'summary': {...}, 'config': {...}, 'group', 'tags'}
+
+    wandb (0.31, offline) may still be writing the file when finish() returns: with
+    ``wait_for``, re-read until that summary key appears (or the timeout passes)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        out = _read_once(run_dir)
+        if wait_for is None or wait_for in out["summary"] or time.monotonic() > deadline:
+            return out
+        time.sleep(0.5)
+
+
+def _read_once(run_dir: Path) -> dict:
     (path,) = list(Path(run_dir).glob("run-*.wandb"))
     out = {"history": [], "summary": {}, "config": {}, "group": None, "tags": []}
     for rec in _records(path):

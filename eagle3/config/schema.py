@@ -131,6 +131,12 @@ class CaptureConfig:
     cpu_kvcache_space_gb: int = 4
     max_num_seqs: int = 16
     disk_margin: float = 1.1  # refuse to start unless free disk >= need * margin
+    # computed (eagle3/plan.py), never set by hand: shown by --cfg job --resolve
+    hidden_states: Any = "${eagle3.hidden_layout:${capture.dtype},${layers.capture_ids},${model.hidden_size}}"
+    disk_per_1m_tokens: Any = (
+        "${eagle3.disk_per_million_tokens:${layers.capture_ids},${model.hidden_size},${capture.dtype},"
+        "${capture.shard_max_tokens}}"
+    )
 
 
 @dataclass
@@ -220,6 +226,7 @@ class RunConfig:
     # extract.py: multi-node split of the samples (rank i of n), merged afterwards
     shard_index: int = 0
     num_shards: int = 1
+    merge: bool = False  # extract.py: merge the num_shards finished parts into the dataset
     tags: List[str] = field(default_factory=list)
     # the metric train.py's main() returns, for sweepers (Optuna maximises it)
     optimized_metric: str = "val/sim_accept_len"

@@ -20,6 +20,7 @@ from eagle3.data.vocab import build_draft_vocab, token_frequencies
 from eagle3.extraction.backends import make_backend
 from eagle3.identity import dataset_path, fingerprint_inputs
 from eagle3.store import Manifest, ShardWriter, check_free_disk, disk_needed_bytes, format_bytes
+from eagle3.store.merge import merge_parts, owner_shard, part_dir
 from eagle3.targets import resolve_target
 
 console = Console(stderr=True)
@@ -48,6 +49,12 @@ def run(cfg: Any) -> str:
     model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
     inputs = fingerprint_inputs(cfg, model_dir)
     ds_dir = dataset_path(cfg, model_dir)
+    num_shards, shard_index = int(cfg.num_shards), int(cfg.shard_index)
+    if cfg.merge:
+        return _merge(cfg, ds_dir, num_shards)
+    if num_shards > 1 and _already_complete(ds_dir) is None:
+        # this node's part of a multi-node extraction, merged afterwards (eagle3/store/merge.py)
+        ds_dir = part_dir(ds_dir, shard_index, num_shards)
     done = _already_complete(ds_dir)
     if done is not None:
         console.print(f"dataset already complete ({done.num_samples} samples, {done.num_tokens} tokens): nothing to do")
@@ -57,15 +64,21 @@ def run(cfg: Any) -> str:
     capture_ids = [int(i) for i in cfg.layers.capture_ids]
     dtype = torch_dtype(cfg.capture.dtype)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    regenerator = _regenerator(cfg, model_dir)
     data = prepare_samples(
         cfg.data.source, cfg.data.path, tokenizer,
         max_samples=cfg.data.max_samples, max_length=int(cfg.data.max_length),
         overflow=str(getattr(cfg.data.overflow, "value", cfg.data.overflow)),
         val_fraction=float(cfg.data.val_fraction), seed=int(cfg.data.seed),
         chat_template=cfg.model.chat_template,
+        regenerate=regenerator, regenerate_batch_size=int(cfg.data.regen_batch_size),
     )
-    samples = data.train + data.val
-    val_ids = sorted(s.id for s in data.val)
+    if regenerator is not None:
+        console.print(f"regenerated {regenerator.generated} conversations ({regenerator.cache_file})")
+        regenerator.close()
+    samples = [s for s in data.train + data.val if num_shards == 1 or owner_shard(s.id, num_shards) == shard_index]
+    kept = {s.id for s in samples}
+    val_ids = sorted(s.id for s in data.val if s.id in kept)
 
     writer = ShardWriter(
         ds_dir, layer_ids=capture_ids, hidden_size=int(cfg.model.hidden_size), dtype=dtype,
@@ -102,6 +115,31 @@ def run(cfg: Any) -> str:
     )
     print(ds_dir)
     return str(ds_dir)
+
+
+def _merge(cfg: Any, ds_dir: Path, num_shards: int) -> str:
+    """`extract.py <same overrides> num_shards=n merge=true`: the n parts -> one dataset."""
+    size = min(int(cfg.train.draft_vocab_size), int(cfg.model.vocab_size))
+    m = merge_parts(ds_dir, num_shards, draft_vocab_sizes=[size])
+    console.print(f"[green]merged {num_shards} parts: {m.num_samples} samples, {m.num_tokens} tokens in {len(m.shards)} shards")
+    print(ds_dir)
+    return str(ds_dir)
+
+
+def _regenerator(cfg: Any, model_dir: str):
+    """The target answers the user turns itself (data.regenerate=true), through vLLM."""
+    if not cfg.data.regenerate:
+        return None
+    from eagle3.data.regenerate import VLLMRegenerator
+
+    return VLLMRegenerator(
+        model_dir, cfg.paths.cache_dir, temperature=float(cfg.data.regen_temperature),
+        max_tokens=int(cfg.data.regen_max_tokens), seed=int(cfg.data.seed),
+        max_model_len=int(cfg.data.max_length), chat_template=cfg.model.chat_template,
+        cpu_kvcache_space_gb=int(cfg.capture.cpu_kvcache_space_gb),
+        gpu_memory_utilization=float(cfg.capture.gpu_memory_utilization),
+        tensor_parallel_size=int(cfg.topology.extract_tp),
+    )
 
 
 def _capture(backend, todo, writer: ShardWriter) -> None:

@@ -41,10 +41,13 @@ class Eagle3DataModule(L.LightningDataModule):
     def train_tokens(self) -> int:
         return sum(min(self.dataset.lengths[i], self.max_tokens) for i in self.train_idx)
 
-    def _loader(self, idx: list[int], batches: list[list[int]], shuffle: bool, batches_done: int = 0):
+    def _rank_world(self) -> tuple[int, int]:
         trainer = self.trainer
-        rank = trainer.global_rank if trainer else 0
-        world = trainer.world_size if trainer else 1
+        return (trainer.global_rank, trainer.world_size) if trainer else (0, 1)
+
+    def _loader(self, idx: list[int], batches: list[list[int]], shuffle: bool, batches_done: int = 0,
+                split_across_ranks: bool = True):
+        rank, world = self._rank_world() if split_across_ranks else (0, 1)
         sampler = PackedBatchSampler(batches, shuffle=shuffle, seed=self.seed, rank=rank, world_size=world,
                                      batches_done=batches_done)
         max_tokens = self.max_tokens
@@ -65,4 +68,10 @@ class Eagle3DataModule(L.LightningDataModule):
     def val_dataloader(self):
         if not self.val_idx:
             return []
-        return self._loader(self.val_idx, self.val_batches, shuffle=False)
+        # every validation batch counts exactly once over all ranks (the counts are summed), so
+        # ranks may get unequal numbers of them; the training stream instead trims to equal counts
+        rank, world = self._rank_world()
+        if len(self.val_batches) < world:
+            raise ValueError(f"{self.dataset_dir}: {len(self.val_batches)} validation batches cannot feed {world} "
+                             "ranks; lower train.max_tokens_per_batch or raise data.val_fraction")
+        return self._loader(self.val_idx, self.val_batches[rank::world], shuffle=False, split_across_ranks=False)

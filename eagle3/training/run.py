@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from omegaconf import OmegaConf
 
 from eagle3.config.validate import validate_run_config
 from eagle3.identity import dataset_path
+from eagle3.launch import check_external_launch
 from eagle3.targets import resolve_target
 from eagle3.training.builder import build_head
 from eagle3.training.callbacks import TokenThroughput
@@ -44,8 +46,39 @@ def _scalars(metrics: dict) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if "/" in k}
 
 
-def run(cfg: Any) -> float:
+def _evaluate(cfg: Any, export_dir: Path, ds_dir: Path, model_dir: str, logger) -> dict | None:
+    """Real acceptance from vLLM's counters (eval.enabled and vLLM installed). A failure
+    here is reported, not raised: the trained head and its export are already safe."""
+    from eagle3.evaluate import evaluate, vllm_available
+    from eagle3.evaluation.config import EngineOptions
+
+    if not cfg.eval.enabled:
+        return None
+    if not vllm_available():
+        print("eval: vLLM is not installed; skipping the acceptance measurement")
+        return None
+    try:
+        result = evaluate(
+            export_dir, eval_cfg=cfg.eval, dataset_dir=ds_dir, verifier=model_dir,
+            chat_template=cfg.model.chat_template,
+            engine=EngineOptions(
+                tensor_parallel_size=int(cfg.topology.extract_tp),
+                gpu_memory_utilization=float(cfg.capture.gpu_memory_utilization),
+                cpu_kvcache_space_gb=int(cfg.capture.cpu_kvcache_space_gb),
+            ),
+            wandb_run=logger.experiment if logger else None,
+        )
+    except Exception as e:  # noqa: BLE001 - reported in summary.json and on stderr
+        print(f"eval failed: {type(e).__name__}: {e}")
+        return {"error": f"{type(e).__name__}: {e}"}
+    return {"json": str(result.json_path), "mean_acceptance_length": result.mean_acceptance_length}
+
+
+def run(cfg: Any, extra_callbacks: Sequence[L.Callback] = ()) -> float:
+    """``extra_callbacks``: more Lightning callbacks (notebooks, probes), added after ours."""
     validate_run_config(cfg)
+    # ranks come from torchrun/srun, never from Lightning re-running the script (eagle3/launch.py)
+    check_external_launch(int(cfg.topology.devices), int(cfg.topology.num_nodes))
     L.seed_everything(int(cfg.train.seed), workers=True, verbose=False)
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -73,6 +106,7 @@ def run(cfg: Any) -> float:
     callbacks = [checkpoint, TokenThroughput(), RichProgressBar()]
     if logger:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
+    callbacks += list(extra_callbacks)
     topo = cfg.topology
     n_val = int(cfg.train.val_check_interval)
     trainer = L.Trainer(
@@ -109,10 +143,11 @@ def run(cfg: Any) -> float:
             module.load_state_dict(state, strict=False)
         export_dir = export_head(module.head, draft_meta, output_dir / "export")
         summary["export_dir"] = str(export_dir)
+        summary["acceptance"] = _evaluate(cfg, export_dir, ds_dir, model_dir, logger)
         (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         print(f"summary: {output_dir / 'summary.json'}")
         print(str(export_dir))
-    if logger:
+    if logger and trainer.is_global_zero:  # other ranks hold a dummy W&B experiment
         logger.experiment.summary.update({f"initial/{k}": v for k, v in initial.items()})
         logger.experiment.finish()  # one W&B run per job: close it before the next multirun job
     return final.get(str(cfg.optimized_metric), float("nan"))

@@ -1,0 +1,411 @@
+"""Hidden-state extraction throughput: eagle3's HF capture backend writing shards, against
+a plain transformers forward (the peer) and the compute limit of the machine.
+
+    python bench/extract_throughput.py --out extract.json                    # CPU: SmolLM2-135M
+    python bench/extract_throughput.py --backends hf vllm --out extract.json  # + vLLM (CPU)
+    python bench/extract_throughput.py --model llama3-8b-random --out extract.json  # GPU
+
+Runs (each over the same --batches x --batch-size x --seq random-token prompts, capturing
+4 layers: the default aux ids [2, N//2, N-3] and N):
+
+    plain        model(..., output_hidden_states=True), keep the 4 layers on the device
+    plain_d2h    the same, then copy the 4 layers to host memory
+    hf_nowrite   HFCaptureBackend.capture (forward + hooks + copy + typed adapter), no disk
+    hf           HFCaptureBackend -> ShardWriter on local disk (what extract.py does)
+    hf_async     PROTOTYPE (here only): the same, with ShardWriter.add on a background thread
+    vllm         VLLMCaptureBackend -> ShardWriter (CPU; only if eagle3/capture/vllm_backend.py
+                 exists and vLLM imports; engine start-up is reported, not timed)
+
+Compute limit = measured bf16 matmul peak / (2 x parameters): tokens/s if every parameter
+did one multiply-add per token at the machine's peak. `--model llama3-8b-random` builds a
+Llama-3.1-8B-shaped model with random bf16 weights directly on the device (no download),
+and hands it to HFCaptureBackend in place of a checkpoint (labelled in the results).
+The hf run is instrumented (timers wrapped around functions, behaviour unchanged) to split
+its time into forward, device->host copy, adapter checks, shard save+fsync and sha256.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import platform
+import queue
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                num_key_value_heads=8, vocab_size=128256, max_position_embeddings=131072, rope_theta=500000.0,
+                rms_norm_eps=1e-5, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+LLAMA_8B_PARAMS = 8.03e9  # the full Llama-3.1-8B (with lm_head): the brief's "2 x params" limit
+
+
+@dataclass
+class RunResult:
+    run: str
+    status: str = "ok"
+    tokens: int = 0
+    seconds: float = 0.0
+    tokens_per_s: float = 0.0
+    fraction_of_limit: float = 0.0
+    breakdown_s: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_peak_tflops(device: torch.device, dtype=torch.bfloat16) -> dict[str, float]:
+    """Best of a few large matmuls (the Llama-8B MLP shape and a square one), in TFLOP/s."""
+    gpu = device.type == "cuda"
+    shapes = [(16384, 4096, 14336), (8192, 8192, 8192)] if gpu else [(2048, 2048, 2048)]
+    out = {}
+    for m, k, n in shapes:
+        a = torch.randn(m, k, device=device, dtype=dtype)
+        b = torch.randn(k, n, device=device, dtype=dtype)
+        for _ in range(3):
+            a @ b
+        best = float("inf")
+        for _ in range(5):  # best of 5 timings (the CPU here is shared with other jobs)
+            reps = 10 if gpu else 2
+            sync(device)
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                a @ b
+            sync(device)
+            best = min(best, (time.perf_counter() - t0) / reps)
+        out[f"{m}x{k}x{n}"] = 2 * m * k * n / best / 1e12
+        del a, b
+    return out
+
+
+# ----------------------------------------------------------------------------- models and data
+
+
+def build_model(args, device: torch.device):
+    """(base model, its vLLM-style layer count, parameter count for the limit, model_dir or None)."""
+    from transformers import AutoModel, LlamaConfig
+
+    if args.model == "llama3-8b-random":
+        cfg = LlamaConfig(**LLAMA_8B)
+        cfg._attn_implementation = "sdpa"
+        with torch.device(device):
+            model = AutoModel.from_config(cfg, dtype=torch.bfloat16)
+        return model.eval(), cfg.num_hidden_layers, LLAMA_8B_PARAMS, None
+    from eagle3.targets import materialize_smollm2
+
+    model_dir = str(materialize_smollm2(args.cache_dir))
+    model = AutoModel.from_pretrained(model_dir, dtype=torch.bfloat16).to(device).eval()
+    params = sum(p.numel() for p in model.parameters())  # tied embeddings: the lm_head is these rows
+    return model, model.config.num_hidden_layers, float(params), model_dir
+
+
+def make_prompts(args, vocab: int) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    n = args.batches * args.batch_size
+    return [(f"s{i:05d}", torch.randint(0, vocab, (args.seq,), generator=g), torch.rand(args.seq, generator=g) < 0.7)
+            for i in range(n)]
+
+
+# ----------------------------------------------------------------------------- instrumentation
+
+
+class Timers:
+    """Accumulated seconds per name; `wrap` patches module.attr with a timed version."""
+
+    def __init__(self, device: torch.device):
+        self.seconds: dict[str, float] = {}
+        self.device = device
+        self._stack = contextlib.ExitStack()
+
+    def wrap(self, owner, attr: str, name: str, sync_device: bool = False) -> None:
+        original = getattr(owner, attr)
+        own_attr = attr in vars(owner)  # a module instance's forward is a class attribute
+
+        def timed(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return original(*a, **kw)
+            finally:
+                if sync_device:
+                    sync(self.device)
+                self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+        setattr(owner, attr, timed)
+        if own_attr:
+            self._stack.callback(setattr, owner, attr, original)
+        else:
+            self._stack.callback(delattr, owner, attr)
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+@torch.inference_mode()
+def run_plain(model, prompts, keep: list[int], args, device, to_host: bool) -> RunResult:
+    res = RunResult("plain_d2h" if to_host else "plain")
+    batches = [torch.stack([p[1] for p in prompts[i:i + args.batch_size]])
+               for i in range(0, len(prompts), args.batch_size)]
+    warm = batches[0].to(device)  # warm-up: the same call as timed
+    model(input_ids=warm, attention_mask=torch.ones_like(warm), output_hidden_states=True, use_cache=False)
+    sync(device)
+    t0 = time.perf_counter()
+    for ids in batches:
+        ids = ids.to(device)
+        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), output_hidden_states=True, use_cache=False)
+        kept = [out.hidden_states[i] for i in keep]
+        if to_host:
+            kept = [h.cpu() for h in kept]
+        del out, kept
+    sync(device)
+    res.seconds = time.perf_counter() - t0
+    res.tokens = sum(int(b.numel()) for b in batches)
+    return res
+
+
+def hf_backend(model, model_dir, capture_ids, device, args):
+    """HFCaptureBackend; for a random model, its loader returns the in-memory model instead of
+    reading a checkpoint (the only change; capture, hooks and checks are the backend's own)."""
+    import eagle3.capture.hf_backend as hb
+
+    original = hb._load_base_model
+    if model_dir is None:
+        hb._load_base_model = lambda _dir, _dtype: model
+    try:
+        return hb.HFCaptureBackend(model_dir or "<random llama3-8b in memory>", capture_ids, dtype=torch.bfloat16,
+                                   device=str(device), max_tokens_per_batch=args.batch_size * args.seq,
+                                   batch_size=args.batch_size)
+    finally:
+        hb._load_base_model = original
+
+
+def open_writer(root: str, capture_ids, hidden: int, name: str):
+    from eagle3.store import ShardWriter
+
+    directory = os.path.join(root, name)
+    shutil.rmtree(directory, ignore_errors=True)
+    return ShardWriter(directory, layer_ids=capture_ids, hidden_size=hidden, dtype=torch.bfloat16,
+                       fingerprint_inputs={"bench": "extract_throughput", "run": name}, shard_max_tokens=65536,
+                       verify="fast")
+
+
+def run_capture(backend, prompts, args, device, name: str, root: str | None, capture_ids, hidden,
+                overlap: bool = False, instrument: bool = False) -> RunResult:
+    """backend.capture -> ShardWriter.add (root None: records are dropped, nothing written)."""
+    import eagle3.capture.hf_backend as hb
+    import eagle3.store.shard_file as sf
+    import eagle3.store.writer as sw
+
+    res = RunResult(name)
+    warm = prompts[: args.batch_size]
+    for _ in backend.capture_with_ids(warm):  # warm-up batch, not timed
+        pass
+    writer = open_writer(root, capture_ids, hidden, name) if root else None
+    timers = Timers(device)
+    if instrument:
+        timers.wrap(backend, "_run", "run_batch (forward + copy + adapter)")
+        timers.wrap(backend.model, "forward", "forward", sync_device=True)
+        timers.wrap(hb, "to_captured_sample", "adapter (checks, stack)")
+        timers.wrap(sw, "write_shard", "write_shard (cat + save + fsync + sha256)")
+        timers.wrap(sf, "save_tensors_atomic", "save + fsync")
+        timers.wrap(sf, "file_sha256", "sha256 re-read")
+    q: queue.Queue = queue.Queue(maxsize=4 * args.batch_size)
+    errors: list[BaseException] = []
+
+    def drain() -> None:
+        while (item := q.get()) is not None:
+            try:
+                writer.add(*item)
+            except BaseException as e:  # reported after the run
+                errors.append(e)
+
+    consumer = threading.Thread(target=drain, daemon=True) if overlap else None
+    if consumer:
+        consumer.start()
+    sync(device)
+    t0 = time.perf_counter()
+    try:
+        for sample_id, record in backend.capture_with_ids(prompts):
+            res.tokens += record.num_tokens
+            if writer is None:
+                continue
+            if consumer:
+                q.put((sample_id, record))
+            else:
+                writer.add(sample_id, record)
+        if consumer:
+            q.put(None)
+            consumer.join()
+        if writer is not None:
+            writer.close()  # the last flush is part of the work
+        res.seconds = time.perf_counter() - t0
+    finally:
+        timers.close()
+        if writer is not None:
+            writer.close()
+    if errors:
+        raise errors[0]
+    if instrument:
+        b = dict(timers.seconds)
+        run = b.pop("run_batch (forward + copy + adapter)", 0.0)
+        b["device->host copy + batching (run_batch - forward - adapter)"] = \
+            run - b.get("forward", 0.0) - b.get("adapter (checks, stack)", 0.0)
+        res.breakdown_s = {k: round(v, 3) for k, v in b.items()}
+    if root:
+        res.notes.append(f"wrote {res.tokens * len(capture_ids) * hidden * 2 / 2**30:.2f} GiB of hidden states")
+        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    return res
+
+
+def run_vllm(model_dir, prompts, args, capture_ids, hidden, root) -> RunResult:
+    res = RunResult("vllm")
+    from eagle3.capture.vllm_backend import VLLMCaptureBackend
+
+    t0 = time.perf_counter()
+    backend = VLLMCaptureBackend(model_dir, capture_ids, dtype=torch.bfloat16, cpu_kvcache_space_gb=2,
+                                 max_num_seqs=args.batch_size, max_model_len=args.seq + 8,
+                                 gpu_memory_utilization=0.5)
+    res.notes.append(f"engine start-up {time.perf_counter() - t0:.1f} s (not timed)")
+    try:
+        r = run_capture(backend, prompts, args, torch.device("cpu"), "vllm", root, capture_ids, hidden)
+    finally:
+        backend.close()
+    r.notes = res.notes + r.notes
+    return r
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def markdown(results: list[RunResult], header: str) -> str:
+    plain = next((r for r in results if r.run == "plain" and r.status == "ok"), None)
+    lines = [header, "", "| run | tokens | seconds | tokens/s | % of compute limit | vs plain forward | status |",
+             "|---|---|---|---|---|---|---|"]
+    for r in results:
+        vs = f"{r.tokens_per_s / plain.tokens_per_s:.2f}x" if plain and r.status == "ok" else "-"
+        lines.append(f"| {r.run} | {r.tokens} | {r.seconds:.2f} | {r.tokens_per_s:,.0f} | "
+                     f"{100 * r.fraction_of_limit:.1f}% | {vs} | {r.status} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=("smollm2", "llama3-8b-random"), default=None,
+                    help="default: llama3-8b-random on CUDA, smollm2 on CPU")
+    ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    ap.add_argument("--backends", nargs="+", default=["hf"], choices=("hf", "vllm"))
+    ap.add_argument("--runs", nargs="+", default=["plain", "plain_d2h", "hf_nowrite", "hf", "hf_async"],
+                    choices=("plain", "plain_d2h", "hf_nowrite", "hf", "hf_async"))
+    ap.add_argument("--batches", type=int, default=None, help="default 8 (GPU), 4 (CPU)")
+    ap.add_argument("--batch-size", type=int, default=None, help="prompts per forward; default 8 (GPU), 4 (CPU)")
+    ap.add_argument("--seq", type=int, default=None, help="tokens per prompt; default 2048 (GPU), 512 (CPU)")
+    ap.add_argument("--shard-dir", default=None, help="where shards are written (default: a temp dir)")
+    ap.add_argument("--cache-dir", default="/work/main/.cache", help="materialised SmolLM2 lives here")
+    ap.add_argument("--out", required=True, help="JSON results path")
+    args = ap.parse_args()
+
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if args.device == "auto" else args.device))
+    gpu = device.type == "cuda"
+    args.model = args.model or ("llama3-8b-random" if gpu else "smollm2")
+    args.batches = args.batches or (8 if gpu else 4)
+    args.batch_size = args.batch_size or (8 if gpu else 4)
+    args.seq = args.seq or (2048 if gpu else 512)
+    root = args.shard_dir or tempfile.mkdtemp(prefix="eagle3-bench-shards-")
+    os.makedirs(root, exist_ok=True)
+    start = time.perf_counter()
+
+    peak = matmul_peak_tflops(device)
+    best = max(peak.values())
+    model, n_layers, params, model_dir = build_model(args, device)
+    hidden = int(model.config.hidden_size)
+    capture_ids = sorted({2, n_layers // 2, n_layers - 3, n_layers})
+    limit = best * 1e12 / (2 * params)
+    prompts = make_prompts(args, int(model.config.vocab_size))
+    print(f"[{time.perf_counter() - start:5.1f}s] model ready; bf16 matmul peak {best:.0f} TFLOP/s, "
+          f"limit {limit:,.0f} tok/s", flush=True)
+    results: list[RunResult] = []
+    want_hf = "hf" in args.backends
+    backend = hf_backend(model, model_dir, capture_ids, device, args) if want_hf else None
+    for run in args.runs if want_hf else []:
+        try:
+            if run.startswith("plain"):
+                r = run_plain(model, prompts, capture_ids, args, device, run == "plain_d2h")
+            else:
+                r = run_capture(backend, prompts, args, device, run, None if run == "hf_nowrite" else root,
+                                capture_ids, hidden, overlap=run == "hf_async", instrument=run == "hf")
+        except Exception as e:
+            r = RunResult(run, status=f"failed: {type(e).__name__}: {str(e)[:300]}")
+        results.append(r)
+        finish(r, limit)
+        print(f"[{time.perf_counter() - start:5.1f}s] {r.run}: {r.status} {r.tokens_per_s:,.0f} tok/s "
+              f"{r.breakdown_s or ''} {'; '.join(r.notes)}", flush=True)
+    if backend is not None:
+        backend.close()
+    del model, backend
+    gc.collect()
+    if "vllm" in args.backends:
+        results.append(vllm_or_skip(model_dir, prompts, args, capture_ids, hidden, root, gpu))
+        finish(results[-1], limit)
+    header = (f"Device: {device_name(device)}; model {args.model} ({params / 1e9:.2f}B params for the limit); "
+              f"{args.batches} x {args.batch_size} x {args.seq} tokens; capture ids {capture_ids}; "
+              f"bf16 matmul peak {best:.0f} TFLOP/s -> limit {limit:,.0f} tok/s")
+    print(markdown(results, header))
+    import transformers
+
+    doc = {"benchmark": "extract_throughput", "device": device_name(device), "model": args.model,
+           "params_for_limit": params, "matmul_peak_tflops": peak, "compute_limit_tokens_per_s": limit,
+           "capture_ids": capture_ids, "args": vars(args),
+           "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+           "results": [asdict(r) for r in results]}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+    if not args.shard_dir:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def finish(r: RunResult, limit: float) -> None:
+    if r.status == "ok" and r.seconds > 0:
+        r.tokens_per_s = r.tokens / r.seconds
+        r.fraction_of_limit = r.tokens_per_s / limit
+
+
+def vllm_or_skip(model_dir, prompts, args, capture_ids, hidden, root, gpu) -> RunResult:
+    here = os.path.dirname(os.path.abspath(__file__))
+    if not os.path.exists(os.path.join(here, "..", "eagle3", "capture", "vllm_backend.py")):
+        return RunResult("vllm", status="skipped: eagle3/capture/vllm_backend.py does not exist yet")
+    if model_dir is None:
+        return RunResult("vllm", status="skipped: vLLM needs a model directory (random in-memory model given)")
+    try:
+        import vllm  # noqa: F401
+    except Exception as e:
+        return RunResult("vllm", status=f"skipped: vllm does not import here ({type(e).__name__})")
+    try:
+        return run_vllm(model_dir, prompts, args, capture_ids, hidden, root)
+    except Exception as e:
+        return RunResult("vllm", status=f"failed: {type(e).__name__}: {str(e)[:300]}")
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU {platform.machine()}, {torch.get_num_threads()} threads (shared with other jobs)"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""What an extraction will store, computed from config alone, so `--cfg job --resolve`
+shows it before a GPU is booked:
+
+    python extract.py model=kimi_k2_5 topology=gpu8_tp8 capture=vllm --cfg job --resolve
+      capture.hidden_states:      bfloat16 [T, 4, 7168]    (aux ids [2, 30, 58] + final 61)
+      capture.disk_per_1m_tokens: 53.4 GiB
+
+The dtype is the capture dtype (the target's compute dtype), never its weight format: an
+INT4 checkpoint computes, and so stores, bf16 hidden states. The disk figure is the one
+extract.py checks against free space before it starts (eagle3.store.disk).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+HIDDEN_DTYPES = ("bfloat16", "float16", "float32")
+MILLION = 1_000_000
+
+
+def _check_dtype(dtype: str) -> str:
+    if str(dtype) not in HIDDEN_DTYPES:
+        raise ValueError(
+            f"capture.dtype: expected one of {list(HIDDEN_DTYPES)}, got {dtype!r} (the hidden-state dtype, "
+            "i.e. what the target computes in; a quantized weight format belongs in model.quantization)"
+        )
+    return str(dtype)
+
+
+def hidden_layout(dtype: str, capture_ids: Sequence[int], hidden_size: int) -> str:
+    """The stored hidden tensor per sample, e.g. ``bfloat16 [T, 4, 7168]``."""
+    return f"{_check_dtype(dtype)} [T, {len(capture_ids)}, {int(hidden_size)}]"
+
+
+def disk_bytes(num_tokens: int, capture_ids: Sequence[int], hidden_size: int, dtype: str,
+               shard_max_tokens: int = 65536) -> int:
+    import torch  # only when resolved: composing a config stays light
+
+    from eagle3.store.disk import disk_needed_bytes
+
+    return disk_needed_bytes(int(num_tokens), len(capture_ids), int(hidden_size), getattr(torch, _check_dtype(dtype)),
+                             0, int(shard_max_tokens))
+
+
+def disk_per_million_tokens(capture_ids: Sequence[int], hidden_size: int, dtype: str, shard_max_tokens: int = 65536) -> str:
+    from eagle3.store.disk import format_bytes
+
+    return format_bytes(disk_bytes(MILLION, capture_ids, hidden_size, dtype, shard_max_tokens))

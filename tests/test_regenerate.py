@@ -1,0 +1,58 @@
+"""data.regenerate=true: the real SmolLM2 answers the user turns through vLLM (CPU build)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import ROOT
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from eagle3.data.loaders import load_conversations
+    from eagle3.data.regenerate import VLLMRegenerator
+    from eagle3.targets import materialize_smollm2
+
+    if __name__ == "__main__":
+        model_dir, cache = materialize_smollm2(sys.argv[1]), sys.argv[2]
+        convs = load_conversations("sharegpt", None, limit=6).conversations
+        convs = [c for c in convs if len(c.messages) <= 4][:3]
+        convs.append(type(convs[0])(id="capital", messages=[
+            {"role": "user", "content": "What is the capital of France?"},
+            {"role": "assistant", "content": "IGNORED HUMAN ANSWER"}]))
+        regen = VLLMRegenerator(model_dir, cache, max_tokens=24, max_model_len=1024, cpu_kvcache_space_gb=1)
+        out = regen(convs)
+        first = regen.generated
+        regen.close()
+        again = VLLMRegenerator(model_dir, cache, max_tokens=24, max_model_len=1024)
+        out2 = again(convs)
+        print("RESULT " + json.dumps({"first": first, "second": again.generated,
+                          "orig": [c.messages for c in convs], "new": [c.messages for c in out],
+                          "same": [c.messages for c in out2] == [c.messages for c in out]}))
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_target_answers_replace_dataset_answers_and_are_cached(tmp_path):
+    import json
+
+    script = tmp_path / "regen.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), str(ROOT / ".cache"), str(tmp_path / "cache")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(lines[-1].removeprefix("RESULT "))
+    assert res["first"] == 4 and res["second"] == 0 and res["same"]  # second run: all from cache
+    for orig, new in zip(res["orig"], res["new"]):
+        assert [m["role"] for m in new] == [m["role"] for m in orig]
+        assert [m["content"] for m in new if m["role"] != "assistant"] == [m["content"] for m in orig if m["role"] != "assistant"]
+        assert [m["content"] for m in new if m["role"] == "assistant"] != [m["content"] for m in orig if m["role"] == "assistant"]
+    assert "Paris" in res["new"][-1][-1]["content"]
