@@ -12,7 +12,11 @@ Runs (each over the same --batches x --batch-size x --seq random-token prompts, 
     plain_d2h    the same, then copy the 4 layers to host memory
     hf_nowrite   HFCaptureBackend.capture (forward + hooks + copy + typed adapter), no disk
     hf           HFCaptureBackend -> ShardWriter on local disk (what extract.py does)
-    hf_async     PROTOTYPE (here only): the same, with ShardWriter.add on a background thread
+    hf_async     PROTOTYPE (here only): the same, records streamed per batch (not per sort
+                 window) and ShardWriter.add on a background thread, so writing overlaps
+                 the next forward passes
+    hf_async_hash  PROTOTYPE: hf_async, and the shard's sha256 taken from the serialised
+                 bytes instead of re-reading the file after writing it
     vllm         VLLMCaptureBackend -> ShardWriter (CPU; only if eagle3/capture/vllm_backend.py
                  exists and vLLM imports; engine start-up is reported, not timed)
 
@@ -193,18 +197,61 @@ def hf_backend(model, model_dir, capture_ids, device, args):
         hb._load_base_model = original
 
 
+# PROTOTYPES (here only, restored after the run):
+# - streaming: HFCaptureBackend._window returns its records only after the whole sort window
+#   (batch_size x 16 samples) is captured, so nothing downstream can overlap the forward
+#   passes; this yields each batch's records as soon as the batch is done.
+# - in-memory hash: write_shard hashes the shard by reading the file back after the fsync;
+#   this serialises once, hashes those bytes and writes them (one pass over the data).
+
+
+def _window_streaming(self, window):
+    for batch in self._batches(window):
+        for p, s in zip(batch, self._run(batch)):
+            yield p.sample_id, s
+
+
+_DIGESTS: dict[str, str] = {}
+
+
+def _save_hashing(final, tensors, metadata=None):
+    import hashlib
+
+    from safetensors.torch import save
+
+    from eagle3.store.layout import commit_temp, temp_path
+
+    data = save(tensors, metadata=metadata)
+    _DIGESTS[str(final)] = hashlib.sha256(data).hexdigest()
+    tmp = temp_path(final)
+    with open(tmp, "wb") as f:
+        f.write(data)
+    commit_temp(tmp, final)
+
+
+def _sha_from_save(original):
+    def sha(path, *a, **kw):
+        return _DIGESTS.pop(str(path), None) or original(path, *a, **kw)
+
+    return sha
+
+
 def open_writer(root: str, capture_ids, hidden: int, name: str):
+    shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    return open_writer_existing(root, capture_ids, hidden, name, verify="fast")
+
+
+def open_writer_existing(root: str, capture_ids, hidden: int, name: str, verify: str = "full"):
     from eagle3.store import ShardWriter
 
     directory = os.path.join(root, name)
-    shutil.rmtree(directory, ignore_errors=True)
     return ShardWriter(directory, layer_ids=capture_ids, hidden_size=hidden, dtype=torch.bfloat16,
                        fingerprint_inputs={"bench": "extract_throughput", "run": name}, shard_max_tokens=65536,
-                       verify="fast")
+                       verify=verify)
 
 
 def run_capture(backend, prompts, args, device, name: str, root: str | None, capture_ids, hidden,
-                overlap: bool = False, instrument: bool = False) -> RunResult:
+                overlap: bool = False, instrument: bool = False, fast_hash: bool = False) -> RunResult:
     """backend.capture -> ShardWriter.add (root None: records are dropped, nothing written)."""
     import eagle3.capture.hf_backend as hb
     import eagle3.store.shard_file as sf
@@ -216,6 +263,14 @@ def run_capture(backend, prompts, args, device, name: str, root: str | None, cap
         pass
     writer = open_writer(root, capture_ids, hidden, name) if root else None
     timers = Timers(device)
+    if overlap:  # prototype: stream records per batch (see _window_streaming)
+        timers._stack.callback(setattr, type(backend), "_window", type(backend)._window)
+        type(backend)._window = _window_streaming
+    if fast_hash:  # prototype: hash the serialised bytes instead of re-reading the file
+        timers._stack.callback(setattr, sf, "save_tensors_atomic", sf.save_tensors_atomic)
+        timers._stack.callback(setattr, sf, "file_sha256", sf.file_sha256)
+        sf.file_sha256 = _sha_from_save(sf.file_sha256)
+        sf.save_tensors_atomic = _save_hashing
     if instrument:
         timers.wrap(backend, "_run", "run_batch (forward + copy + adapter)")
         timers.wrap(backend.model, "forward", "forward", sync_device=True)
@@ -267,6 +322,11 @@ def run_capture(backend, prompts, args, device, name: str, root: str | None, cap
         res.breakdown_s = {k: round(v, 3) for k, v in b.items()}
     if root:
         res.notes.append(f"wrote {res.tokens * len(capture_ids) * hidden * 2 / 2**30:.2f} GiB of hidden states")
+        if fast_hash:  # the prototype's digests must match the files: reopen with full verification
+            check = open_writer_existing(root, capture_ids, hidden, name)
+            res.notes.append(f"reopened with verify=full: {len(check.manifest.shards)} shards, "
+                             f"{len(check.dropped)} dropped")
+            check.close()
         shutil.rmtree(os.path.join(root, name), ignore_errors=True)
     return res
 
@@ -308,8 +368,8 @@ def main() -> None:
                     help="default: llama3-8b-random on CUDA, smollm2 on CPU")
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
     ap.add_argument("--backends", nargs="+", default=["hf"], choices=("hf", "vllm"))
-    ap.add_argument("--runs", nargs="+", default=["plain", "plain_d2h", "hf_nowrite", "hf", "hf_async"],
-                    choices=("plain", "plain_d2h", "hf_nowrite", "hf", "hf_async"))
+    runs = ("plain", "plain_d2h", "hf_nowrite", "hf", "hf_async", "hf_async_hash")
+    ap.add_argument("--runs", nargs="+", default=list(runs), choices=runs)
     ap.add_argument("--batches", type=int, default=None, help="default 8 (GPU), 4 (CPU)")
     ap.add_argument("--batch-size", type=int, default=None, help="prompts per forward; default 8 (GPU), 4 (CPU)")
     ap.add_argument("--seq", type=int, default=None, help="tokens per prompt; default 2048 (GPU), 512 (CPU)")
@@ -336,9 +396,22 @@ def main() -> None:
     capture_ids = sorted({2, n_layers // 2, n_layers - 3, n_layers})
     limit = best * 1e12 / (2 * params)
     prompts = make_prompts(args, int(model.config.vocab_size))
-    print(f"[{time.perf_counter() - start:5.1f}s] model ready; bf16 matmul peak {best:.0f} TFLOP/s, "
+    print(f"[{time.perf_counter() - start:5.1f}s] model ready; bf16 matmul peak {best:.2f} TFLOP/s, "
           f"limit {limit:,.0f} tok/s", flush=True)
     results: list[RunResult] = []
+
+    def save() -> None:  # after every run, so a timeout keeps what was measured
+        import transformers
+
+        doc = {"benchmark": "extract_throughput", "device": device_name(device), "model": args.model,
+               "params_for_limit": params, "matmul_peak_tflops": peak, "compute_limit_tokens_per_s": limit,
+               "capture_ids": capture_ids, "args": vars(args),
+               "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+               "results": [asdict(r) for r in results]}
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=1)
+
     want_hf = "hf" in args.backends
     backend = hf_backend(model, model_dir, capture_ids, device, args) if want_hf else None
     for run in args.runs if want_hf else []:
@@ -347,13 +420,15 @@ def main() -> None:
                 r = run_plain(model, prompts, capture_ids, args, device, run == "plain_d2h")
             else:
                 r = run_capture(backend, prompts, args, device, run, None if run == "hf_nowrite" else root,
-                                capture_ids, hidden, overlap=run == "hf_async", instrument=run == "hf")
+                                capture_ids, hidden, overlap=run.startswith("hf_async"),
+                                instrument=run == "hf", fast_hash=run == "hf_async_hash")
         except Exception as e:
             r = RunResult(run, status=f"failed: {type(e).__name__}: {str(e)[:300]}")
         results.append(r)
         finish(r, limit)
         print(f"[{time.perf_counter() - start:5.1f}s] {r.run}: {r.status} {r.tokens_per_s:,.0f} tok/s "
               f"{r.breakdown_s or ''} {'; '.join(r.notes)}", flush=True)
+        save()
     if backend is not None:
         backend.close()
     del model, backend
@@ -363,18 +438,9 @@ def main() -> None:
         finish(results[-1], limit)
     header = (f"Device: {device_name(device)}; model {args.model} ({params / 1e9:.2f}B params for the limit); "
               f"{args.batches} x {args.batch_size} x {args.seq} tokens; capture ids {capture_ids}; "
-              f"bf16 matmul peak {best:.0f} TFLOP/s -> limit {limit:,.0f} tok/s")
+              f"bf16 matmul peak {best:.2f} TFLOP/s -> limit {limit:,.0f} tok/s")
     print(markdown(results, header))
-    import transformers
-
-    doc = {"benchmark": "extract_throughput", "device": device_name(device), "model": args.model,
-           "params_for_limit": params, "matmul_peak_tflops": peak, "compute_limit_tokens_per_s": limit,
-           "capture_ids": capture_ids, "args": vars(args),
-           "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-           "results": [asdict(r) for r in results]}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(doc, f, indent=1)
+    save()
     if not args.shard_dir:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -90,3 +90,19 @@ def check_external_launch(devices: int, num_nodes: int, env: Mapping[str, str] |
     if started != world:
         raise LaunchError(f"{layout}, but {started_by} started {started}; make them agree "
                           f"(e.g. topology.devices={started // max(1, int(num_nodes))})")
+
+
+def extraction_shard(num_shards: int, shard_index: int, env: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """(num_shards, shard_index) of this extract process: the config's, or, when srun started
+    several extract tasks and the config leaves num_shards=1, task SLURM_PROCID of
+    SLURM_NTASKS (so ``srun --ntasks-per-node=<dp> python extract.py`` splits by itself)."""
+    env = os.environ if env is None else env
+    if int(num_shards) == 1 and under_srun(env) and _int(env, "SLURM_NTASKS") > 1:
+        return _int(env, "SLURM_NTASKS"), _int(env, "SLURM_PROCID", 0)
+    return int(num_shards), int(shard_index)
+
+
+def tasks_per_node(task_name: str, devices: int, extract_dp: int) -> int:
+    """Processes SLURM starts per node: training runs one rank per device (Lightning);
+    extraction one per vLLM replica (extract_dp), each replica spawning its own TP workers."""
+    return int(extract_dp) if str(task_name) == "extract" else int(devices)

@@ -57,6 +57,7 @@ def register_resolvers() -> None:
     OmegaConf.register_new_resolver("eagle3.model_fact", _model_fact, replace=True)
     # the run dir's name: one value per process (cached), shared by all ranks of a launch
     OmegaConf.register_new_resolver("eagle3.run_id", lambda: launch.launch_run_id(), use_cache=True, replace=True)
+    OmegaConf.register_new_resolver("eagle3.tasks_per_node", launch.tasks_per_node, replace=True)
     # what the capture stores, shown by --cfg job --resolve (eagle3/plan.py)
     OmegaConf.register_new_resolver(
         "eagle3.hidden_layout", lambda dtype, ids, h: plan.hidden_layout(dtype, _plain(ids), h), replace=True

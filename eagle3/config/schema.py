@@ -166,6 +166,8 @@ class TrainConfig:
     # length of the cosine schedule; null = max_steps. Set it to stop early (or extend a
     # resumed run) without changing the schedule already followed.
     lr_decay_steps: Optional[int] = None
+    # wall-clock cap "DD:HH:MM:SS" (Lightning max_time): a budgeted run stops cleanly, exports
+    max_time: Optional[str] = None
     max_epochs: Optional[int] = None
     max_tokens_per_batch: int = 4096
     accumulate_grad_batches: int = 1

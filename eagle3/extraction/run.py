@@ -19,6 +19,7 @@ from eagle3.data.pipeline import prepare_samples
 from eagle3.data.vocab import build_draft_vocab, token_frequencies
 from eagle3.extraction.backends import make_backend
 from eagle3.identity import dataset_path, fingerprint_inputs
+from eagle3.launch import extraction_shard
 from eagle3.store import Manifest, ShardWriter, check_free_disk, disk_needed_bytes, format_bytes
 from eagle3.store.merge import merge_parts, owner_shard, part_dir
 from eagle3.targets import resolve_target
@@ -49,7 +50,8 @@ def run(cfg: Any) -> str:
     model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
     inputs = fingerprint_inputs(cfg, model_dir)
     ds_dir = dataset_path(cfg, model_dir)
-    num_shards, shard_index = int(cfg.num_shards), int(cfg.shard_index)
+    # shard_index/num_shards, or srun's task rank when it started several extract processes
+    num_shards, shard_index = extraction_shard(int(cfg.num_shards), int(cfg.shard_index))
     if cfg.merge:
         return _merge(cfg, ds_dir, num_shards)
     if num_shards > 1 and _already_complete(ds_dir) is None:

@@ -112,7 +112,7 @@ def run(cfg: Any, extra_callbacks: Sequence[L.Callback] = ()) -> float:
     trainer = L.Trainer(
         accelerator=str(topo.accelerator), devices=int(topo.devices), num_nodes=int(topo.num_nodes),
         strategy=str(getattr(topo.strategy, "value", topo.strategy)), precision=str(topo.precision),
-        max_steps=int(cfg.train.max_steps), max_epochs=cfg.train.max_epochs if cfg.train.max_epochs else -1,
+        max_steps=int(cfg.train.max_steps), max_time=cfg.train.max_time, max_epochs=cfg.train.max_epochs if cfg.train.max_epochs else -1,
         # validate every n optimizer steps, across epoch boundaries
         val_check_interval=n_val * int(cfg.train.accumulate_grad_batches), check_val_every_n_epoch=None,
         gradient_clip_val=float(cfg.train.grad_clip) or None,

@@ -1,0 +1,59 @@
+"""Build `.gpu/`: what a bare GPU machine (torch + lightning + transformers, no registry,
+64 MiB per call) needs to run extract.py and train.py on the embedded SmolLM2.
+
+    python scripts/gpu_bundle.py            # writes .gpu/ (git-ignored)
+
+- .gpu/site/            pure-Python packages the GPU image lacks (hydra, omegaconf, antlr4, gguf)
+- .gpu/parts/gguf.N     the SmolLM2 GGUF (98 MB) in 2 parts: each rides in its own call
+- .gpu/gguf.sha256      checked after reassembly there
+- .gpu/sharegpt.jsonl.xz  the usable ShareGPT conversations as JSONL (ids kept), xz'd
+
+On the GPU machine: `bash scripts/gpu_quality_run.sh` (see docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import lzma
+import shutil
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / ".gpu"
+PACKAGES = ("hydra", "omegaconf", "antlr4", "gguf")
+PART_BYTES = 50 * 2**20
+
+
+def _pkg_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def main() -> None:
+    from eagle3.data.loaders import load_conversations
+    from eagle3.targets import smollm2_gguf_path
+
+    shutil.rmtree(OUT, ignore_errors=True)
+    (OUT / "site").mkdir(parents=True)
+    for name in PACKAGES:
+        shutil.copytree(_pkg_dir(name), OUT / "site" / name, ignore=shutil.ignore_patterns("__pycache__"))
+    gguf = smollm2_gguf_path()
+    data = gguf.read_bytes()
+    (OUT / "gguf.sha256").write_text(hashlib.sha256(data).hexdigest() + f"  {gguf.name}\n")
+    (OUT / "parts").mkdir()
+    for i in range(0, len(data), PART_BYTES):
+        (OUT / "parts" / f"gguf.{i // PART_BYTES}").write_bytes(data[i : i + PART_BYTES])
+    convs = load_conversations("sharegpt", None).conversations
+    with lzma.open(OUT / "sharegpt.jsonl.xz", "wt", preset=6) as f:
+        for c in convs:
+            f.write(json.dumps({"id": c.id, "messages": c.messages}) + "\n")
+    for p in sorted(OUT.rglob("*")):
+        if p.is_file() and p.stat().st_size > 2**20:
+            print(f"{p.relative_to(ROOT)}  {p.stat().st_size / 2**20:.1f} MiB")
+    print(f"{len(convs)} conversations")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""`--cfg job --resolve` shows what a run will do before it books a GPU: the Kimi-K2.5
+8-GPU layout (TP=8, aux ids [2, 30, 58] + 61, bf16 [T, 4, 7168], disk per 1M tokens)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from omegaconf.errors import InterpolationResolutionError
+
+from conftest import ROOT, compose
+from eagle3.config.validate import ConfigError, validate_run_config
+from eagle3.plan import disk_bytes
+from eagle3.store.disk import disk_needed_bytes, format_bytes
+
+KIMI = ["model=kimi_k2_5", "topology=gpu8_tp8", "capture=vllm"]
+KIMI_BYTES_PER_TOKEN = 4 * 7168 * 2 + 8 + 1  # 4 layers x hidden x bf16 + token id + mask
+
+
+@pytest.fixture(scope="module", params=["extract.py", "train.py"])
+def kimi_resolved(request):
+    out = subprocess.run([sys.executable, request.param, *KIMI, "--cfg", "job", "--resolve"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return OmegaConf.create(out.stdout)
+
+
+def test_kimi_plan_shows_the_8_gpu_layout(kimi_resolved):
+    cfg = kimi_resolved
+    assert (cfg.topology.devices, cfg.topology.extract_tp, cfg.topology.extract_dp) == (8, 8, 1)
+    assert cfg.topology.strategy == "ddp" and cfg.topology.precision == "bf16-mixed"
+    assert list(cfg.layers.resolved_aux_ids) == [2, 30, 58]
+    assert list(cfg.layers.capture_ids) == [2, 30, 58, 61]
+    assert cfg.model.hidden_size == 7168 and cfg.model.num_layers == 61
+    assert cfg.capture.backend == "vllm" and cfg.capture.enable_prefix_caching is False
+    # the INT4 weight format stays in model.quantization; hidden states are bf16
+    assert cfg.model.quantization == "int4"
+    assert cfg.capture.dtype == "bfloat16"
+    assert cfg.capture.hidden_states == "bfloat16 [T, 4, 7168]"
+
+
+def test_kimi_disk_per_million_tokens_is_what_extract_checks(kimi_resolved):
+    need = disk_needed_bytes(1_000_000, 4, 7168, torch.bfloat16, 0, 65536)
+    assert need // 1_000_000 == KIMI_BYTES_PER_TOKEN  # the shard overhead is below a byte per token
+    assert kimi_resolved.capture.disk_per_1m_tokens == format_bytes(need) == "53.4 GiB"
+
+
+def test_smollm2_plan_follows_the_model():
+    cfg = compose("extract")
+    assert cfg.capture.hidden_states == "bfloat16 [T, 4, 576]"
+    assert disk_bytes(1_000_000, [2, 15, 27, 30], 576, "bfloat16") == disk_needed_bytes(
+        1_000_000, 4, 576, torch.bfloat16, 0, 65536)
+    # more layers, wider dtype: the plan follows the config, never a hard-coded figure
+    wide = compose("extract", ["layers.aux_ids=[1,5,9,15,27]", "capture.dtype=float32"])
+    assert wide.capture.hidden_states == "float32 [T, 6, 576]"
+    assert wide.capture.disk_per_1m_tokens == format_bytes(disk_needed_bytes(1_000_000, 6, 576, torch.float32, 0, 65536))
+
+
+def test_a_weight_format_as_hidden_dtype_fails_naming_the_fields():
+    """model.dtype is what the target computes in; setting it to the INT4 weight format
+    must not silently produce int4 'hidden states'."""
+    cfg = compose("extract", KIMI + ["model.dtype=int4"])
+    with pytest.raises(InterpolationResolutionError, match="capture.dtype.*model.quantization"):
+        OmegaConf.to_container(cfg.capture, resolve=True)
+    with pytest.raises(ConfigError, match="capture.dtype"):
+        validate_run_config(cfg)
