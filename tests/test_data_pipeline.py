@@ -95,3 +95,16 @@ def test_regenerate_replaces_assistant_turns_before_rendering(tokenizer, tmp_pat
     with pytest.raises(DataError, match="regenerate must return the same conversations in order"):
         prepare_samples("jsonl", str(path), tokenizer, max_samples=10, max_length=64, overflow="drop",
                         val_fraction=0.0, seed=0, progress=False, regenerate=shuffles, regenerate_batch_size=4)
+
+
+def test_regenerated_conversation_without_answer_is_skipped_and_counted(tokenizer, tmp_path):
+    """A prompt too long to answer comes back from regeneration with no assistant turn."""
+    path = _write_jsonl(tmp_path / "chats.jsonl", 6)
+
+    def regenerate(batch: list[Conversation]) -> list[Conversation]:
+        return [dataclasses.replace(c, messages=[]) if c.id == "c2" else c for c in batch]
+
+    data = prepare_samples("jsonl", str(path), tokenizer, max_samples=None, max_length=64, overflow="drop",
+                           val_fraction=0.0, seed=0, progress=False, regenerate=regenerate)
+    assert "c2" not in {s.id for s in data.train} and len(data.train) == 5
+    assert data.report.skipped["regenerated_no_answer"] == 1

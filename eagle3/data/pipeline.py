@@ -171,6 +171,10 @@ def prepare_samples(
             if regenerate is not None:
                 batch = _checked_regenerate(regenerate, batch)
             for conv in batch:
+                if not any(m["role"] == "assistant" for m in conv.messages):
+                    # regeneration could not answer any turn (the prompt alone filled max_length)
+                    report.skipped["regenerated_no_answer"] += 1
+                    continue
                 report.conversations_rendered += 1
                 result = renderer(conv.messages, max_length, overflow)
                 if result.sample is None:
