@@ -86,7 +86,7 @@ def swept_keys(jobs: list[JobResult]) -> list[str]:
     keys: list[str] = []
     for j in jobs:
         keys += [k for k in j.params if k not in keys]
-    return [k for k in keys if len({j.params.get(k) for j in jobs}) > 1] or ([] if len(jobs) != 1 else keys)
+    return [k for k in keys if len({j.params.get(k) for j in jobs}) > 1]
 
 
 def best_job(jobs: list[JobResult], metric: str, maximize: bool = True) -> JobResult | None:
@@ -117,6 +117,11 @@ def results_rows(jobs: list[JobResult], metric: str) -> tuple[list[str], list[di
 
 
 def _fmt(v: Any) -> str:
+    if isinstance(v, str) and any(c in v for c in ".eE"):  # a swept float as typed, e.g. Optuna's 17 digits
+        try:
+            v = float(v)
+        except ValueError:
+            pass
     if isinstance(v, float):
         return f"{v:.4g}" if math.isfinite(v) else str(v)
     return str(v).replace("|", "\\|")

@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / ".gpu"
 PACKAGES = ("hydra", "omegaconf", "antlr4", "gguf")
+DISTS = {"hydra": "hydra_core", "omegaconf": "omegaconf", "antlr4": "antlr4_python3_runtime", "gguf": "gguf"}
 PART_BYTES = 50 * 2**20
 
 
@@ -38,7 +39,11 @@ def main() -> None:
     shutil.rmtree(OUT, ignore_errors=True)
     (OUT / "site").mkdir(parents=True)
     for name in PACKAGES:
-        shutil.copytree(_pkg_dir(name), OUT / "site" / name, ignore=shutil.ignore_patterns("__pycache__"))
+        src = _pkg_dir(name)
+        shutil.copytree(src, OUT / "site" / name, ignore=shutil.ignore_patterns("__pycache__"))
+        # dist-info too: transformers checks gguf's version through importlib.metadata
+        for dist in src.parent.glob(f"{DISTS[name]}-*.dist-info"):
+            shutil.copytree(dist, OUT / "site" / dist.name)
     gguf = smollm2_gguf_path()
     data = gguf.read_bytes()
     (OUT / "gguf.sha256").write_text(hashlib.sha256(data).hexdigest() + f"  {gguf.name}\n")

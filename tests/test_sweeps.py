@@ -115,3 +115,23 @@ def test_submitit_local_jobs_run_in_their_own_processes_and_failures_are_tabled(
     assert rows["0"]["status"] == "COMPLETED" and float(rows["0"][METRIC]) >= 1.0
     assert rows["1"]["status"] == "FAILED" and "ttt_steps" in rows["1"]["error"]
     assert "job 1: ConfigError" in (sweep / RESULTS_MD).read_text()
+
+
+@pytest.mark.parametrize("entry,tasks", [("train", 8), ("extract", 1)])
+def test_slurm_preset_takes_the_layout_from_topology(entry, tasks):
+    """train: one srun task per GPU (DDP ranks); extract: one per vLLM replica (TP=8 inside)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from eagle3.config import register_configs
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = hydra_compose(entry, ["hydra/launcher=slurm", "topology=gpu8_tp8", "topology.num_nodes=2",
+                                    "hydra.launcher.partition=h200"], return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher")
+    assert (launcher.nodes, launcher.gpus_per_node, launcher.tasks_per_node) == (2, 8, tasks)
+    assert launcher.partition == "h200" and launcher.timeout_min == 240  # conf/local/slurm.yaml
