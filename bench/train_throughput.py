@@ -554,12 +554,16 @@ def profile_steps(step, device) -> dict:
 
 def run_sequential(jobs, shapes, device, args, on_result, start) -> None:
     """GPU: one variant at a time, so each has the device (and its memory peak) to itself."""
-    warmups: dict[str, float] = {}  # variant -> its last warm-up (compile) time
+    warmups: dict[str, tuple[float, int]] = {}  # variant -> (its last warm-up incl. compile, at TTT)
     for variant, ttt in jobs:
         elapsed = time.perf_counter() - start
-        # a compiled variant's first run costs about as much as the slowest compile seen so far
-        compiled_seen = [w for v, w in warmups.items() if v in COMPILED]
-        guess = warmups.get(variant, max(compiled_seen, default=60.0) if variant in COMPILED else 10.0)
+        # compile time grows about linearly with the unrolled TTT steps; a compiled variant not
+        # seen yet costs about as much as the slowest compile so far
+        compiled_seen = [w / t * ttt for v, (w, t) in warmups.items() if v in COMPILED]
+        if variant in warmups:
+            guess = warmups[variant][0] / warmups[variant][1] * ttt
+        else:
+            guess = max(compiled_seen, default=60.0) if variant in COMPILED else 10.0
         if args.budget_s and elapsed + guess > args.budget_s:
             on_result(RunResult(variant, ttt, status=f"skipped: time budget ({elapsed:.0f} s used, "
                                                      f"~{guess:.0f} s needed)"))
@@ -576,7 +580,7 @@ def run_sequential(jobs, shapes, device, args, on_result, start) -> None:
                 res.notes.append("profile: " + json.dumps(profile_steps(p.step, device)))
             except Exception as e:
                 res.notes.append(f"profile failed: {type(e).__name__}: {e}")
-        warmups[variant] = res.first_steps_s + 2.0
+        warmups[variant] = (res.first_steps_s + 2.0, ttt)
         release(p, device)
         del x
         on_result(res)
@@ -639,9 +643,11 @@ def main() -> None:
                     help="speculators' draft attention (auto: flex on CUDA, sdpa on CPU)")
     ap.add_argument("--warmup", type=int, default=3, help="steps before timing (compilation happens here)")
     ap.add_argument("--steps", type=int, default=10, help="timed steps per variant")
-    ap.add_argument("--rounds", type=int, default=0,
-                    help="> 0: time variants round-robin in this many rounds (default: 5 on CPU, 0 on GPU)")
-    ap.add_argument("--budget-s", type=float, default=0.0, help="skip runs that would start after this many s")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="> 0: time variants round-robin in this many rounds; 0: one after another "
+                         "(default: 5 on CPU, 0 on GPU)")
+    ap.add_argument("--budget-s", type=float, default=0.0,
+                    help="one after another: skip runs that would end after this many s (estimated)")
     ap.add_argument("--profile", action="store_true", help="torch.profiler breakdown (CUDA) at the largest TTT")
     ap.add_argument("--out", required=True, help="JSON results path")
     args = ap.parse_args()
@@ -650,8 +656,8 @@ def main() -> None:
                        for k, v in PRESETS[args.preset].items()})
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
-    if args.rounds == 0 and device.type == "cpu":
-        args.rounds = 5
+    if args.rounds is None:
+        args.rounds = 5 if device.type == "cpu" else 0
     torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
     stood_in = import_speculators() if any(v.startswith("spec") for v in args.variants) else []
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else \

@@ -9,18 +9,17 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, RichProgressBar
 from omegaconf import OmegaConf
 
 from eagle3.config.validate import validate_run_config
+from eagle3.export import export_checkpoint
 from eagle3.identity import dataset_path
 from eagle3.launch import check_external_launch
 from eagle3.targets import resolve_target
 from eagle3.training.builder import build_head
 from eagle3.training.callbacks import TokenThroughput
 from eagle3.training.datamodule import Eagle3DataModule
-from eagle3.training.export import export_head
 from eagle3.training.loggers import build_logger
 from eagle3.training.module import Eagle3LitModule
 
@@ -137,11 +136,9 @@ def run(cfg: Any, extra_callbacks: Sequence[L.Callback] = ()) -> float:
                                "best_val_sim_accept_len": float(checkpoint.best_model_score) if checkpoint.best_model_score is not None else None}
     export_dir = None
     if trainer.is_global_zero:
-        best = checkpoint.best_model_path
-        if best:
-            state = torch.load(best, map_location="cpu", weights_only=False)["state_dict"]
-            module.load_state_dict(state, strict=False)
-        export_dir = export_head(module.head, draft_meta, output_dir / "export")
+        # from the checkpoint file, not the live module: the same path as `python -m
+        # eagle3.export`, and correct under FSDP (whose live parameters are shards)
+        export_dir = export_checkpoint(checkpoint.best_model_path or ckpt_dir / "last.ckpt", output_dir / "export")
         summary["export_dir"] = str(export_dir)
         summary["acceptance"] = _evaluate(cfg, export_dir, ds_dir, model_dir, logger)
         (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
