@@ -11,12 +11,11 @@ Runs (each over the same --batches x --batch-size x --seq random-token prompts, 
     plain        model(..., output_hidden_states=True), keep the 4 layers on the device
     plain_d2h    the same, then copy the 4 layers to host memory
     hf_nowrite   HFCaptureBackend.capture (forward + hooks + copy + typed adapter), no disk
-    hf           HFCaptureBackend -> ShardWriter on local disk (what extract.py does)
-    hf_async     PROTOTYPE (here only): the same, records streamed per batch (not per sort
-                 window) and ShardWriter.add on a background thread, so writing overlaps
-                 the next forward passes
-    hf_async_hash  PROTOTYPE: hf_async, and the shard's sha256 taken from the serialised
-                 bytes instead of re-reading the file after writing it
+    hf           HFCaptureBackend.capture_with_ids (records per batch) -> ShardWriter(background=True)
+                 on local disk: shards written on the writer thread, sha256 taken while writing;
+                 reopened with verify="full" afterwards (untimed) to prove every digest
+    hf_sync      the same with ShardWriter(background=False): each full shard is written in
+                 the capture loop (no overlap)
     vllm         VLLMCaptureBackend -> ShardWriter (CPU; only if eagle3/capture/vllm_backend.py
                  exists and vLLM imports; engine start-up is reported, not timed)
 
@@ -36,11 +35,9 @@ import gc
 import json
 import os
 import platform
-import queue
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -197,132 +194,63 @@ def hf_backend(model, model_dir, capture_ids, device, args):
         hb._load_base_model = original
 
 
-# PROTOTYPES (here only, restored after the run):
-# - streaming: HFCaptureBackend._window returns its records only after the whole sort window
-#   (batch_size x 16 samples) is captured, so nothing downstream can overlap the forward
-#   passes; this yields each batch's records as soon as the batch is done.
-# - in-memory hash: write_shard hashes the shard by reading the file back after the fsync;
-#   this serialises once, hashes those bytes and writes them (one pass over the data).
-
-
-def _window_streaming(self, window):
-    for batch in self._batches(window):
-        for p, s in zip(batch, self._run(batch)):
-            yield p.sample_id, s
-
-
-_DIGESTS: dict[str, str] = {}
-
-
-def _save_hashing(final, tensors, metadata=None):
-    import hashlib
-
-    from safetensors.torch import save
-
-    from eagle3.store.layout import commit_temp, temp_path
-
-    data = save(tensors, metadata=metadata)
-    _DIGESTS[str(final)] = hashlib.sha256(data).hexdigest()
-    tmp = temp_path(final)
-    with open(tmp, "wb") as f:
-        f.write(data)
-    commit_temp(tmp, final)
-
-
-def _sha_from_save(original):
-    def sha(path, *a, **kw):
-        return _DIGESTS.pop(str(path), None) or original(path, *a, **kw)
-
-    return sha
-
-
-def open_writer(root: str, capture_ids, hidden: int, name: str):
+def open_writer(root: str, capture_ids, hidden: int, name: str, background: bool):
     shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-    return open_writer_existing(root, capture_ids, hidden, name, verify="fast")
+    return open_writer_existing(root, capture_ids, hidden, name, verify="fast", background=background)
 
 
-def open_writer_existing(root: str, capture_ids, hidden: int, name: str, verify: str = "full"):
+def open_writer_existing(root: str, capture_ids, hidden: int, name: str, verify: str = "full",
+                         background: bool = False):
     from eagle3.store import ShardWriter
 
     directory = os.path.join(root, name)
     return ShardWriter(directory, layer_ids=capture_ids, hidden_size=hidden, dtype=torch.bfloat16,
                        fingerprint_inputs={"bench": "extract_throughput", "run": name}, shard_max_tokens=65536,
-                       verify=verify)
+                       verify=verify, background=background)
 
 
 def run_capture(backend, prompts, args, device, name: str, root: str | None, capture_ids, hidden,
-                overlap: bool = False, instrument: bool = False, fast_hash: bool = False) -> RunResult:
+                background: bool = False, instrument: bool = False, verify_after: bool = False) -> RunResult:
     """backend.capture -> ShardWriter.add (root None: records are dropped, nothing written)."""
     import eagle3.capture.hf_backend as hb
-    import eagle3.store.shard_file as sf
     import eagle3.store.writer as sw
 
     res = RunResult(name)
     warm = prompts[: args.batch_size]
     for _ in backend.capture_with_ids(warm):  # warm-up batch, not timed
         pass
-    writer = open_writer(root, capture_ids, hidden, name) if root else None
+    writer = open_writer(root, capture_ids, hidden, name, background) if root else None
     timers = Timers(device)
-    if overlap:  # prototype: stream records per batch (see _window_streaming)
-        timers._stack.callback(setattr, type(backend), "_window", type(backend)._window)
-        type(backend)._window = _window_streaming
-    if fast_hash:  # prototype: hash the serialised bytes instead of re-reading the file
-        timers._stack.callback(setattr, sf, "save_tensors_atomic", sf.save_tensors_atomic)
-        timers._stack.callback(setattr, sf, "file_sha256", sf.file_sha256)
-        sf.file_sha256 = _sha_from_save(sf.file_sha256)
-        sf.save_tensors_atomic = _save_hashing
     if instrument:
-        timers.wrap(backend, "_run", "run_batch (forward + copy + adapter)")
+        timers.wrap(backend, "_run", "run_batch (forward + stack + adapter)")
         timers.wrap(backend.model, "forward", "forward", sync_device=True)
-        timers.wrap(hb, "to_captured_sample", "adapter (checks, stack)")
-        timers.wrap(sw, "write_shard", "write_shard (cat + save + fsync + sha256)")
-        timers.wrap(sf, "save_tensors_atomic", "save + fsync")
-        timers.wrap(sf, "file_sha256", "sha256 re-read")
-    q: queue.Queue = queue.Queue(maxsize=4 * args.batch_size)
-    errors: list[BaseException] = []
-
-    def drain() -> None:
-        while (item := q.get()) is not None:
-            try:
-                writer.add(*item)
-            except BaseException as e:  # reported after the run
-                errors.append(e)
-
-    consumer = threading.Thread(target=drain, daemon=True) if overlap else None
-    if consumer:
-        consumer.start()
+        timers.wrap(hb, "to_captured_sample", "adapter (checks on device + pinned copy)")
+        timers.wrap(sw, "write_shard", "write_shard (save + sha256 + fsync; writer thread if background)")
     sync(device)
     t0 = time.perf_counter()
     try:
         for sample_id, record in backend.capture_with_ids(prompts):
             res.tokens += record.num_tokens
-            if writer is None:
-                continue
-            if consumer:
-                q.put((sample_id, record))
-            else:
+            if writer is not None:
                 writer.add(sample_id, record)
-        if consumer:
-            q.put(None)
-            consumer.join()
         if writer is not None:
+            t_close = time.perf_counter()
             writer.close()  # the last flush is part of the work
+            res.breakdown_s["close (last shard, not overlapped)"] = round(time.perf_counter() - t_close, 3)
         res.seconds = time.perf_counter() - t0
     finally:
         timers.close()
         if writer is not None:
             writer.close()
-    if errors:
-        raise errors[0]
     if instrument:
         b = dict(timers.seconds)
-        run = b.pop("run_batch (forward + copy + adapter)", 0.0)
-        b["device->host copy + batching (run_batch - forward - adapter)"] = \
-            run - b.get("forward", 0.0) - b.get("adapter (checks, stack)", 0.0)
-        res.breakdown_s = {k: round(v, 3) for k, v in b.items()}
+        run = b.pop("run_batch (forward + stack + adapter)", 0.0)
+        b["stack + batching (run_batch - forward - adapter)"] = \
+            run - b.get("forward", 0.0) - b.get("adapter (checks on device + pinned copy)", 0.0)
+        res.breakdown_s.update({k: round(v, 3) for k, v in b.items()})
     if root:
         res.notes.append(f"wrote {res.tokens * len(capture_ids) * hidden * 2 / 2**30:.2f} GiB of hidden states")
-        if fast_hash:  # the prototype's digests must match the files: reopen with full verification
+        if verify_after:  # the digests taken while writing must match the files: full verification
             check = open_writer_existing(root, capture_ids, hidden, name)
             res.notes.append(f"reopened with verify=full: {len(check.manifest.shards)} shards, "
                              f"{len(check.dropped)} dropped")
@@ -368,7 +296,7 @@ def main() -> None:
                     help="default: llama3-8b-random on CUDA, smollm2 on CPU")
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
     ap.add_argument("--backends", nargs="+", default=["hf"], choices=("hf", "vllm"))
-    runs = ("plain", "plain_d2h", "hf_nowrite", "hf", "hf_async", "hf_async_hash")
+    runs = ("plain", "plain_d2h", "hf_nowrite", "hf", "hf_sync")
     ap.add_argument("--runs", nargs="+", default=list(runs), choices=runs)
     ap.add_argument("--batches", type=int, default=None, help="default 8 (GPU), 4 (CPU)")
     ap.add_argument("--batch-size", type=int, default=None, help="prompts per forward; default 8 (GPU), 4 (CPU)")
@@ -420,8 +348,8 @@ def main() -> None:
                 r = run_plain(model, prompts, capture_ids, args, device, run == "plain_d2h")
             else:
                 r = run_capture(backend, prompts, args, device, run, None if run == "hf_nowrite" else root,
-                                capture_ids, hidden, overlap=run.startswith("hf_async"),
-                                instrument=run == "hf", fast_hash=run == "hf_async_hash")
+                                capture_ids, hidden, background=run == "hf",
+                                instrument=run == "hf", verify_after=run == "hf")
         except Exception as e:
             r = RunResult(run, status=f"failed: {type(e).__name__}: {str(e)[:300]}")
         results.append(r)

@@ -73,13 +73,20 @@ def check_convention(backend: HFCaptureBackend, samples):
 
 
 def check_padded_batch(backend: HFCaptureBackend, samples):
-    """Padded, length-sorted batches give the records of one-by-one capture, in input order."""
+    """Padded, length-sorted batches give the records of one-by-one capture; capture_with_ids
+    hands them over in batching order (longest first) under their ids, capture in input order."""
     backend.batch_size, backend.max_tokens_per_batch = 4, 10_000
     batched = list(backend.capture_with_ids(samples))
     backend.batch_size = 1
-    alone = list(backend.capture_with_ids(samples))
-    assert [sid for sid, _ in batched] == [sid for sid, _ in alone] == [s[0] for s in samples]
-    for (sid, b), (_, a) in zip(batched, alone):
+    alone = dict(backend.capture_with_ids(samples))
+    by_length = sorted(samples, key=lambda s: -len(s[1]))
+    assert [sid for sid, _ in batched] == [s[0] for s in by_length]
+    assert sorted(alone) == sorted(s[0] for s in samples)
+    in_order = list(backend.capture(samples))
+    for (sid, ids, mask), s in zip(samples, in_order):
+        assert torch.equal(s.token_ids, ids) and torch.equal(s.hidden, alone[sid].hidden)
+    for sid, b in batched:
+        a = alone[sid]
         assert b.hidden.shape == a.hidden.shape  # no pad rows
         assert torch.equal(b.token_ids, a.token_ids) and torch.equal(b.loss_mask, a.loss_mask)
         for j, k in enumerate(backend.capture_ids):
@@ -87,8 +94,8 @@ def check_padded_batch(backend: HFCaptureBackend, samples):
     # a token budget below two samples' padded size splits batches; results still match
     backend.batch_size, backend.max_tokens_per_batch = 4, max(len(s[1]) for s in samples) + 1
     split = list(backend.capture(samples))
-    for s, (_, a) in zip(split, alone):
-        assert rel_err(s.hidden, a.hidden) < 1e-2
+    for s, (sid, _, _) in zip(split, samples):
+        assert rel_err(s.hidden, alone[sid].hidden) < 1e-2
 
 
 @pytest.fixture(scope="module")
@@ -142,3 +149,38 @@ def test_empty_prompt_is_refused(tiny_deepseek):
     empty = torch.zeros(0, dtype=torch.int64)
     with pytest.raises(CaptureError, match=r"sample 'e': input_ids: expected a non-empty 1-D tensor"):
         list(backend.capture([("e", empty, empty.bool())]))
+
+
+def test_records_are_handed_over_per_batch(tiny_deepseek):
+    """capture_with_ids yields a batch's records before the next batch's forward runs, so a
+    consumer (the shard writer) overlaps the capture; capture() keeps input order."""
+    backend, samples = tiny_deepseek
+    backend.batch_size, backend.max_tokens_per_batch = 2, 10_000
+    forwards = []
+    hook = backend.model.register_forward_hook(lambda *a: forwards.append(1))
+    try:
+        stream = backend.capture_with_ids(samples)
+        first = [next(stream), next(stream)]
+        assert len(forwards) == 1  # one batch of 2 captured, the second not started
+        longest = sorted(samples, key=lambda s: -len(s[1]))[:2]
+        assert [sid for sid, _ in first] == [s[0] for s in longest]
+        rest = list(stream)
+        assert len(forwards) == 2 and len(first) + len(rest) == len(samples)
+    finally:
+        hook.remove()
+    for (sid, ids, _), s in zip(samples, backend.capture(samples)):
+        assert torch.equal(s.token_ids, ids), sid
+
+
+def test_nan_in_the_model_is_refused_by_the_adapter(tiny_deepseek):
+    """The finite check runs on the stacked batch where it lives, before the host copy."""
+    backend, samples = tiny_deepseek
+    layer = backend.model.layers[2]
+    hook = layer.register_forward_pre_hook(
+        lambda m, args, kwargs: ((args[0] * float("nan"),) + args[1:], kwargs) if args else None,
+        with_kwargs=True)
+    try:
+        with pytest.raises(CaptureError, match=r"hidden: expected finite values, got \d+ NaN and 0 Inf"):
+            list(backend.capture(samples[:1]))
+    finally:
+        hook.remove()

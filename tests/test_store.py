@@ -257,3 +257,58 @@ def test_disk_estimate_and_refusal(tmp_path):
     assert check_free_disk(tmp_path / "not" / "yet", free // 4, margin=1.1) > free // 4 * 1.1
     with pytest.raises(DiskSpaceError, match=r"not enough disk: need .* \(.* x margin 1.1\), free "):
         check_free_disk(tmp_path / "new", free * 2, margin=1.1)
+
+
+def test_shard_is_what_safetensors_writes_and_its_sha256_is_of_the_written_bytes(tmp_path):
+    """Hashing while writing: the manifest's sha256 is the sha256 of the file on disk, and the
+    file is the one safetensors would write for the concatenated tensors."""
+    import hashlib
+    import struct
+
+    from safetensors.torch import load_file, save
+
+    w = writer(tmp_path)
+    for i in range(4):
+        w.add(f"s{i}", make_sample(i))
+    info = w.flush()
+    data = (tmp_path / info.file).read_bytes()
+    assert info.sha256 == hashlib.sha256(data).hexdigest() and info.size_bytes == len(data)
+    loaded = load_file(str(tmp_path / info.file))
+    samples = [make_sample(i) for i in range(4)]
+    assert torch.equal(loaded["hidden"], torch.cat([s.hidden for s in samples]))
+    assert torch.equal(loaded["offsets"], torch.tensor([0, *torch.cumsum(torch.tensor(
+        [s.num_tokens for s in samples]), 0).tolist()]))
+    head_len = struct.unpack("<Q", data[:8])[0]
+    meta = json.loads(data[8:8 + head_len])["__metadata__"]
+    ref = save({k: v.contiguous() for k, v in loaded.items()}, metadata=meta)
+    ref_len = struct.unpack("<Q", ref[:8])[0]
+    assert head_len == ref_len and json.loads(ref[8:8 + ref_len]) == json.loads(data[8:8 + head_len])
+    assert ref[8 + ref_len:] == data[8 + head_len:]  # the tensor bytes, in the same order
+    w.close()
+
+
+def test_background_writer_round_trip_with_full_verify(tmp_path):
+    w = writer(tmp_path, background=True)
+    for i in range(20):
+        w.add(f"s{i}", make_sample(i))
+    with pytest.raises(StoreError, match="'s3' is already in the dataset"):
+        w.add("s3", make_sample(3))  # in a shard on the writer thread, or pending: still refused
+    m = finish(w)
+    assert len(m.shards) > 2 and m.num_samples == 20
+    again = writer(tmp_path, verify="full")  # every shard's sha256 checked against the manifest
+    assert not again.dropped and again.done_ids() == {f"s{i}" for i in range(20)}
+    again.close()
+    assert_matches(HiddenStateDataset(tmp_path), list(range(20)))
+
+
+def test_background_write_failure_is_raised_by_the_next_call(tmp_path):
+    path = tmp_path / "ds"
+    w = writer(path, background=True)
+    w.add("s0", make_sample(0))
+    shutil.rmtree(path)  # the disk under the writer goes away: the thread's write fails
+    with pytest.raises(StoreError, match=r"writing a shard failed on the writer thread: FileNotFoundError"):
+        for i in range(1, 12):  # shards fill up and are handed over; a later add reports the failure
+            w.add(f"s{i}", make_sample(i))
+        w.flush()
+    w.close()  # already reported: unlocks without raising again
+    assert w.done_ids() == set()

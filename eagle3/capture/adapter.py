@@ -330,7 +330,9 @@ def _stack_hidden(hidden: Any, spec: CaptureSpec, sample_id: str | None) -> torc
         if len(dtypes) != 1:
             raise CaptureError("hidden", "one dtype across layers", sorted(map(str, dtypes)),
                                sample_id=sample_id)
-        return torch.stack([x.detach().cpu() for x in parts], dim=1)
+        if len({x.device for x in parts}) != 1:
+            parts = [x.cpu() for x in parts]
+        return torch.stack([x.detach() for x in parts], dim=1)  # on the layers' device
     hint = "decode it with decode_rpc_tensor first" if is_rpc_tensor(hidden) else None
     raise CaptureError("hidden", f"a tensor {want} or a list of {L} tensors [T, H]",
                        _describe(hidden), sample_id=sample_id, hint=hint)
@@ -349,6 +351,20 @@ def _check_finite(hidden: torch.Tensor, spec: CaptureSpec, sample_id: str | None
                        f"first at token {first_t}) in {spec.dtype}", sample_id=sample_id)
 
 
+def _to_host(h: torch.Tensor) -> torch.Tensor:
+    """A contiguous CPU copy. From CUDA: into pinned memory (torch's caching host allocator
+    recycles the blocks once records are written and freed), a DMA copy, then wait for it,
+    so the caller never sees bytes still in flight."""
+    if h.device.type == "cpu":
+        return h.contiguous()
+    if h.device.type != "cuda":
+        return h.to("cpu").contiguous()
+    out = torch.empty(h.shape, dtype=h.dtype, pin_memory=True)
+    out.copy_(h, non_blocking=True)
+    torch.cuda.current_stream(h.device).synchronize()
+    return out
+
+
 def to_captured_sample(
     hidden: Any,
     *,
@@ -361,7 +377,8 @@ def to_captured_sample(
     """One backend's raw capture for one request -> a checked ``CapturedSample``.
 
     ``hidden`` is a tensor [T, L, H] or a list of L tensors [T, H] (one per layer id, in
-    ``spec.layer_ids`` order). Anything else raises ``CaptureError``.
+    ``spec.layer_ids`` order), on any device: it is cast, stacked and checked for NaN/Inf
+    where it lives, and only then copied to the CPU. Anything else raises ``CaptureError``.
     """
     T = spec.num_tokens
     sent = _token_ids(sent_token_ids, field="sent_token_ids", sample_id=sample_id)
@@ -392,6 +409,9 @@ def to_captured_sample(
     if not h.dtype.is_floating_point:
         raise CaptureError("hidden dtype", f"a floating dtype (stored as {spec.dtype})", h.dtype,
                            sample_id=sample_id, hint="integer data is not hidden states")
-    h = h.detach().to(device="cpu", dtype=spec.dtype).contiguous()
+    # cast and check where the tensor lives (one reduction on the GPU for a GPU capture),
+    # then move: CPU and GPU captures pass the same checks in the same order
+    h = h.detach().to(dtype=spec.dtype)
     _check_finite(h, spec, sample_id)
+    h = _to_host(h)
     return CapturedSample(token_ids=sent.contiguous(), loss_mask=mask.contiguous(), hidden=h)

@@ -23,7 +23,7 @@ SORT_WINDOW_BATCHES = 16  # samples are sorted by length within this many batche
 
 @dataclass
 class _Pending:
-    index: int  # position in the window (output order)
+    index: int  # position in the input (capture()'s output order)
     sample_id: str
     input_ids: torch.Tensor
     loss_mask: torch.Tensor
@@ -140,38 +140,36 @@ class HFCaptureBackend:
         missing = [lid for lid in self.capture_ids if lid not in self._captured]
         if missing:
             raise CaptureError("captured layer ids", list(self.capture_ids), f"no output for {missing}")
-        per_layer = [self._captured[lid].to("cpu") for lid in self.capture_ids]
+        # [B, T, L, H] on the model's device: each row's prefix is then the stored [t, L, H]
+        # layout, checked on the device by the adapter and copied to the host in one piece
+        stacked = torch.stack([self._captured[lid] for lid in self.capture_ids], dim=2)
         self._captured = {}
         out = []
         for row, p in enumerate(batch):
             t = lengths[row]
             spec = CaptureSpec(self.capture_ids, self.hidden_size, self.dtype, p.input_ids.shape[0])
             out.append(to_captured_sample(
-                [h[row, :t] for h in per_layer],  # padding stripped here, never stored
+                stacked[row, :t],  # padding stripped here, never stored
                 spec=spec, sent_token_ids=p.input_ids, loss_mask=p.loss_mask,
                 returned_token_ids=ids[row, :t], sample_id=p.sample_id,
             ))
         return out
 
-    def _window(self, window: list[_Pending]) -> Iterator[tuple[str, CapturedSample]]:
-        results: dict[int, CapturedSample] = {}
+    def _window(self, window: list[_Pending]) -> Iterator[tuple[_Pending, CapturedSample]]:
         for batch in self._batches(window):
-            for p, s in zip(batch, self._run(batch)):
-                results[p.index] = s
-        for p in window:
-            yield p.sample_id, results.pop(p.index)
+            yield from zip(batch, self._run(batch))
 
-    def capture_with_ids(self, samples: Iterable[tuple[str, torch.Tensor, torch.Tensor]]
-                         ) -> Iterator[tuple[str, CapturedSample]]:
-        """Like ``capture`` but yields (sample_id, CapturedSample) pairs."""
+    def _stream(self, samples: Iterable[tuple[str, torch.Tensor, torch.Tensor]]
+                ) -> Iterator[tuple[_Pending, CapturedSample]]:
+        """Records batch by batch, as soon as each batch is captured (batching order)."""
         window: list[_Pending] = []
         size = self.batch_size * SORT_WINDOW_BATCHES
-        for sample_id, input_ids, loss_mask in samples:
+        for index, (sample_id, input_ids, loss_mask) in enumerate(samples):
             input_ids = torch.as_tensor(input_ids)
             if input_ids.dim() != 1 or input_ids.shape[0] == 0:
                 raise CaptureError("input_ids", "a non-empty 1-D tensor [T]", list(input_ids.shape),
                                    sample_id=str(sample_id))
-            window.append(_Pending(len(window), str(sample_id), input_ids.to(torch.int64),
+            window.append(_Pending(index, str(sample_id), input_ids.to(torch.int64),
                                    torch.as_tensor(loss_mask)))
             if len(window) >= size:
                 yield from self._window(window)
@@ -179,10 +177,24 @@ class HFCaptureBackend:
         if window:
             yield from self._window(window)
 
+    def capture_with_ids(self, samples: Iterable[tuple[str, torch.Tensor, torch.Tensor]]
+                         ) -> Iterator[tuple[str, CapturedSample]]:
+        """(sample_id, CapturedSample) pairs, handed over batch by batch as each forward
+        finishes, so writing them overlaps the next forward. The order is the batching
+        order (longest first within a sort window), not the input order: use the ids."""
+        for p, s in self._stream(samples):
+            yield p.sample_id, s
+
     def capture(self, samples: Iterable[tuple[str, torch.Tensor, torch.Tensor]]) -> Iterator[CapturedSample]:
-        """One checked ``CapturedSample`` per (sample_id, input_ids, loss_mask), in input order."""
-        for _, s in self.capture_with_ids(samples):
-            yield s
+        """One checked ``CapturedSample`` per (sample_id, input_ids, loss_mask), in input
+        order: a record waits until every earlier input's record is captured."""
+        done: dict[int, CapturedSample] = {}
+        next_index = 0
+        for p, s in self._stream(samples):
+            done[p.index] = s
+            while next_index in done:
+                yield done.pop(next_index)
+                next_index += 1
 
     def close(self) -> None:
         for h in self._hooks:

@@ -85,6 +85,7 @@ def run(cfg: Any) -> str:
     writer = ShardWriter(
         ds_dir, layer_ids=capture_ids, hidden_size=int(cfg.model.hidden_size), dtype=dtype,
         fingerprint_inputs=inputs, shard_max_tokens=int(cfg.capture.shard_max_tokens),
+        background=True,  # shards hash+write on a thread while the next batch runs
     )
     try:
         for file, why in writer.dropped:
@@ -149,7 +150,8 @@ def _capture(backend, todo, writer: ShardWriter) -> None:
     t0, tokens = time.perf_counter(), 0
     with _progress() as bar:
         task = bar.add_task("capture", total=len(todo), tok_s=0.0)
-        for sample, record in zip(todo, backend.capture(feed)):
-            writer.add(sample.id, record)
+        # records come back per batch (longest first), paired with the id they were sent with
+        for sample_id, record in backend.capture_with_ids(feed):
+            writer.add(sample_id, record)
             tokens += int(record.token_ids.numel())
             bar.update(task, advance=1, tok_s=tokens / max(1e-9, time.perf_counter() - t0))

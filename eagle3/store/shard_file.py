@@ -9,7 +9,11 @@ between the two) can be recognised and adopted instead of recomputed.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import struct
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,12 +24,23 @@ from eagle3.store.layout import (
     SCHEMA_VERSION,
     ShardInfo,
     StoreError,
+    commit_temp,
     dtype_name,
     file_sha256,
-    save_tensors_atomic,
+    temp_path,
 )
 
 TENSORS = ("input_ids", "loss_mask", "hidden", "offsets")
+WRITE_CHUNK = 32 << 20  # bytes per step: hashed here while the IO thread writes the same chunk
+
+# safetensors' dtype names, and the rank safetensors orders tensors by (higher first, then by
+# name): the same order as its own writer, so a shard is the file safetensors would write.
+_ST_DTYPE = {
+    torch.bool: ("BOOL", 0), torch.uint8: ("U8", 4), torch.int8: ("I8", 5),
+    torch.float8_e5m2: ("F8_E5M2", 6), torch.float8_e4m3fn: ("F8_E4M3", 7), torch.int16: ("I16", 9),
+    torch.float16: ("F16", 11), torch.bfloat16: ("BF16", 12), torch.int32: ("I32", 13),
+    torch.float32: ("F32", 15), torch.float64: ("F64", 17), torch.int64: ("I64", 18),
+}
 
 
 @dataclass(frozen=True)
@@ -48,28 +63,89 @@ class ShardIdentity:
         }
 
 
+def _byte_view(t: torch.Tensor) -> memoryview:
+    """The tensor's bytes in memory order (little-endian, as safetensors stores them), no copy."""
+    t = t.detach().cpu().contiguous()
+    if t.numel() == 0:
+        return memoryview(b"")
+    return memoryview(t.view(torch.uint8).reshape(-1).numpy())
+
+
+def save_concatenated_hashing(final: Path, parts: dict[str, list[torch.Tensor]],
+                              metadata: dict[str, str]) -> tuple[int, str]:
+    """Write a safetensors file whose tensor ``name`` is ``torch.cat(parts[name])``, without
+    building the concatenation, hashing exactly the bytes written in the same pass (temp +
+    fsync + rename). Returns (size in bytes, sha256 hex).
+
+    The file is the one ``safetensors.torch.save_file`` writes for the concatenated tensors
+    (same header fields, tensor order and padding; metadata keys sorted). The sha256 of each
+    chunk is computed while an IO thread writes that same chunk: never a re-read of the file.
+    """
+    if sys.byteorder != "little":  # safetensors is little-endian; we write memory as it is
+        raise StoreError(f"{final}: writing shards needs a little-endian machine, got {sys.byteorder}")
+    header: dict[str, object] = {"__metadata__": dict(sorted(metadata.items()))}
+    views: list[memoryview] = []
+    order = sorted(parts, key=lambda k: (-_ST_DTYPE[parts[k][0].dtype][1], k))
+    start = 0
+    for name in order:
+        pieces = parts[name]
+        dtypes = {p.dtype for p in pieces}
+        tails = {tuple(p.shape[1:]) for p in pieces}
+        if len(dtypes) != 1 or len(tails) != 1:
+            raise StoreError(f"{final}: tensor {name}: expected one dtype and trailing shape across samples, "
+                             f"got {sorted(map(str, dtypes))} / {sorted(tails)}")
+        shape = [sum(int(p.shape[0]) for p in pieces), *next(iter(tails))]
+        piece_views = [_byte_view(p) for p in pieces]
+        nbytes = sum(v.nbytes for v in piece_views)
+        header[name] = {"dtype": _ST_DTYPE[pieces[0].dtype][0], "shape": shape, "data_offsets": [start, start + nbytes]}
+        start += nbytes
+        views += piece_views
+    head = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    head += b" " * (-len(head) % 8)  # safetensors pads the header so the data starts 8-aligned
+    views = [memoryview(struct.pack("<Q", len(head))), memoryview(head), *views]
+
+    digest = hashlib.sha256()
+    size = 0
+    tmp = temp_path(final)
+    try:
+        with open(tmp, "wb") as f, ThreadPoolExecutor(1, thread_name_prefix="shard-io") as io:
+            for view in views:
+                for i in range(0, view.nbytes, WRITE_CHUNK):
+                    chunk = view[i:i + WRITE_CHUNK]
+                    written = io.submit(f.write, chunk)  # both release the GIL: they overlap
+                    digest.update(chunk)
+                    written.result()
+                    size += chunk.nbytes
+        commit_temp(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return size, digest.hexdigest()
+
+
 def write_shard(path: Path, ident: ShardIdentity, sample_ids: list[str], input_ids: list[torch.Tensor],
                 loss_masks: list[torch.Tensor], hiddens: list[torch.Tensor]) -> ShardInfo:
-    """Concatenate samples into ``path`` (temp + fsync + rename) and describe the result."""
+    """Concatenate samples into ``path`` (temp + fsync + rename) and describe the result; the
+    sha256 is taken from the bytes as they are written (see ``save_concatenated_hashing``)."""
     lengths = torch.tensor([t.shape[0] for t in input_ids], dtype=torch.int64)
     offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
     offsets[1:] = torch.cumsum(lengths, 0)
     mask = torch.cat(loss_masks)
-    tensors = {
-        "input_ids": torch.cat(input_ids),
-        "loss_mask": mask,
-        "hidden": torch.cat(hiddens),
-        "offsets": offsets,
+    parts = {
+        "input_ids": [torch.cat(input_ids)],
+        "loss_mask": [mask],
+        "hidden": list(hiddens),  # the big one: streamed sample by sample, never concatenated
+        "offsets": [offsets],
     }
     meta = ident.metadata() | {"sample_ids": json.dumps(sample_ids)}
-    save_tensors_atomic(path, tensors, meta)
+    size, sha = save_concatenated_hashing(path, parts, meta)
     return ShardInfo(
         file=path.name,
         num_samples=len(sample_ids),
         num_tokens=int(offsets[-1]),
         num_loss_tokens=int(mask.sum()),
-        size_bytes=path.stat().st_size,
-        sha256=file_sha256(path),
+        size_bytes=size,
+        sha256=sha,
     )
 
 

@@ -6,12 +6,19 @@ shards, maybe one renamed shard the manifest does not list yet (adopted on reope
 maybe temp files (removed on reopen). Reopening verifies every shard; a truncated or
 corrupt one is reported, deleted, and its samples are simply not in ``done_ids()`` any
 more, so the caller captures them again.
+
+``background=True`` writes full shards on one writer thread (same shard-then-manifest
+order), so capture continues while a shard goes to disk. At most one shard waits behind
+the one being written (memory stays bounded); a failed write is raised by the next
+``add``/``flush``/``finish``/``close``, and shards queued after it are not written.
 """
 
 from __future__ import annotations
 
 import fcntl
 import logging
+import queue
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,12 +49,14 @@ class ShardWriter:
     """Append captured samples to the dataset in ``directory``; resume what is there.
 
     ``verify``: how existing shards are checked on open: "full" (size, header and sha256
-    of every byte) or "fast" (size, header, identity and offsets).
+    of every byte) or "fast" (size, header, identity and offsets). ``background``: write
+    shards on a writer thread (see the module doc); ``flush()`` still waits until every
+    queued sample is durable.
     """
 
     def __init__(self, directory: str | Path, *, layer_ids: Sequence[int], hidden_size: int,
                  dtype: torch.dtype, fingerprint_inputs: Mapping[str, Any],
-                 shard_max_tokens: int = 65536, verify: str = "full"):
+                 shard_max_tokens: int = 65536, verify: str = "full", background: bool = False):
         if shard_max_tokens < 1:
             raise StoreError(f"shard_max_tokens: expected >= 1, got {shard_max_tokens}")
         self.directory = Path(directory)
@@ -60,6 +69,14 @@ class ShardWriter:
         self._pending: list[tuple[str, Any]] = []
         self._pending_ids: set[str] = set()
         self._pending_tokens = 0
+        self.background = bool(background)
+        self._state = threading.Lock()  # manifest, _done, _inflight_ids: shared with the writer thread
+        self._inflight_ids: set[str] = set()  # handed to the writer thread, not durable yet
+        self._jobs: queue.Queue | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None  # the writer thread's failure, raised on the next call
+        self._error_reported = False
+        self._last_info = None
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock = self._acquire_lock()
         try:
@@ -176,23 +193,33 @@ class ShardWriter:
 
     def done_ids(self) -> set[str]:
         """Sample ids already durable in valid shards (skip these when resuming)."""
-        return set(self._done)
+        with self._state:
+            return set(self._done)
 
     def add(self, sample_id: str, sample) -> None:
         """Queue one ``CapturedSample``; a shard is flushed once shard_max_tokens is reached."""
         if self._lock is None:
             raise StoreError(f"{self.directory}: writer is closed")
+        self._raise_writer_error()
         sid = str(sample_id)
-        if sid in self._done or sid in self._pending_ids:
+        with self._state:
+            known = sid in self._done or sid in self._inflight_ids
+        if known or sid in self._pending_ids:
             raise StoreError(f"{self.directory}: sample {sid!r} is already in the dataset (skip done_ids())")
         self._check_sample(sid, sample)
         T = int(sample.token_ids.shape[0])
         if self._pending and self._pending_tokens + T > self.shard_max_tokens:
-            self.flush()
+            self._shard_full()
         self._pending.append((sid, sample))
         self._pending_ids.add(sid)
         self._pending_tokens += T
         if self._pending_tokens >= self.shard_max_tokens:
+            self._shard_full()
+
+    def _shard_full(self) -> None:
+        if self.background:
+            self._submit()
+        else:
             self.flush()
 
     def _check_sample(self, sid: str, s) -> None:
@@ -213,24 +240,86 @@ class ShardWriter:
                 raise StoreError(f"{self.directory}: sample {sid!r} {field}: expected {want}, got {got}")
 
     def flush(self):
-        """Write the queued samples as one shard, then record it in the manifest."""
-        if not self._pending:
-            return None
-        ids = [sid for sid, _ in self._pending]
+        """Write the queued samples as one shard, then record it in the manifest; with
+        ``background``, also wait until every shard handed to the writer thread is durable.
+        Returns the last shard written (None if there was nothing to write)."""
+        if not self.background:
+            self._raise_writer_error()
+            if not self._pending:
+                return None
+            index, ids, samples = self._take_pending()
+            return self._write(index, ids, samples)
+        self._submit()
+        if self._jobs is not None:
+            self._jobs.join()
+        self._raise_writer_error()
+        return self._last_info
+
+    def _take_pending(self) -> tuple[int, list[str], list[Any]]:
+        index, ids = self._next_index, [sid for sid, _ in self._pending]
         samples = [s for _, s in self._pending]
-        path = self.directory / shard_name(self._next_index)
-        info = write_shard(path, self.ident, ids, [s.token_ids for s in samples],
-                           [s.loss_mask for s in samples], [s.hidden.cpu() for s in samples])
-        m = self.manifest
-        m.shards.append(info)
-        m.sample_ids += ids
-        m.complete = False
-        m.recount()
-        m.write(self.directory)
         self._next_index += 1
-        self._done.update(ids)
         self._pending, self._pending_ids, self._pending_tokens = [], set(), 0
+        return index, ids, samples
+
+    def _write(self, index: int, ids: list[str], samples: list[Any]):
+        """The shard, then the manifest that lists it (the durability order)."""
+        path = self.directory / shard_name(index)
+        info = write_shard(path, self.ident, ids, [s.token_ids for s in samples],
+                           [s.loss_mask for s in samples], [s.hidden for s in samples])
+        with self._state:
+            m = self.manifest
+            m.shards.append(info)
+            m.sample_ids += ids
+            m.complete = False
+            m.recount()
+            m.write(self.directory)
+            self._done.update(ids)
+            self._inflight_ids.difference_update(ids)
+            self._last_info = info
         return info
+
+    # ------------------------------------------------------------------ writer thread
+
+    def _submit(self) -> None:
+        """Hand the queued samples to the writer thread (blocks while one shard already waits)."""
+        self._raise_writer_error()
+        if not self._pending:
+            return
+        if self._thread is None:
+            self._jobs = queue.Queue(maxsize=1)
+            self._thread = threading.Thread(target=self._writer_loop, name=f"shard-writer {self.directory.name}",
+                                            daemon=True)
+            self._thread.start()
+        index, ids, samples = self._take_pending()
+        with self._state:
+            self._inflight_ids.update(ids)
+        self._jobs.put((index, ids, samples))
+
+    def _writer_loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                if job is None:
+                    return
+                if self._error is None:  # after a failure, later shards are not written
+                    self._write(*job)
+            except BaseException as e:  # re-raised in the caller's thread
+                self._error = e
+            finally:
+                self._jobs.task_done()
+
+    def _raise_writer_error(self) -> None:
+        if self._error is not None:
+            self._error_reported = True
+            raise StoreError(f"{self.directory}: writing a shard failed on the writer thread: "
+                             f"{type(self._error).__name__}: {self._error}") from self._error
+
+    def _stop_thread(self) -> None:
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join()
+            self._thread, self._jobs = None, None
 
     def finish(self, token_freq: torch.Tensor,
                vocabs: Mapping[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
@@ -240,6 +329,7 @@ class ShardWriter:
         if self._lock is None:
             raise StoreError(f"{self.directory}: writer is closed")
         self.flush()
+        self._stop_thread()
         m = self.manifest
         if m.num_samples == 0:
             raise StoreError(f"{self.directory}: no samples were written; refusing to mark an empty dataset complete")
@@ -263,8 +353,14 @@ class ShardWriter:
         if self._lock is None:
             return
         try:
-            self.flush()
+            if self._error is None:
+                self.flush()
+            elif not self._error_reported:
+                self._raise_writer_error()
         finally:
+            if self._jobs is not None:
+                self._jobs.join()
+            self._stop_thread()
             self._release_lock()
 
     def __enter__(self) -> "ShardWriter":
