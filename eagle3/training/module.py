@@ -35,6 +35,7 @@ class Eagle3LitModule(L.LightningModule):
         # frozen target copies are rebuilt from the target, never stored in checkpoints
         self.strict_loading = False
         self._val_counts = StepCounts.zeros(self.ttt_steps)
+        self._step = self._forward_loss
 
     # ---- frozen weights stay out of checkpoints (Kimi's embeddings alone are 4.7 GB fp32)
     def _frozen_keys(self) -> set[str]:
@@ -46,6 +47,13 @@ class Eagle3LitModule(L.LightningModule):
         checkpoint["eagle3_meta"] = self.export_meta
 
     # ---- steps
+    def setup(self, stage: str) -> None:
+        want = self.tc.get("compile")
+        if want is None:  # auto: on for GPUs (setup runs before the module moves to its device)
+            want = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+        # packed rows vary in length: dynamic shapes, not one graph per length
+        self._step = torch.compile(self._forward_loss, dynamic=True) if want else self._forward_loss
+
     def _forward_loss(self, batch: dict[str, torch.Tensor]):
         step_logits = self.head(
             batch["aux_hidden"], batch["input_ids"], batch["position_ids"], batch["segment_ids"], self.ttt_steps
@@ -72,7 +80,7 @@ class Eagle3LitModule(L.LightningModule):
         return {k: v.float() for k, v in out.items()}
 
     def training_step(self, batch, batch_idx):
-        loss, counts = self._forward_loss(batch)
+        loss, counts = self._step(batch)
         logs = self._metrics(counts, "train")
         logs["train/loss"] = loss.detach().float()
         self.log_dict(logs, on_step=True, batch_size=1)
@@ -83,7 +91,7 @@ class Eagle3LitModule(L.LightningModule):
         self._val_counts = StepCounts.zeros(self.ttt_steps, device=self.device)
 
     def validation_step(self, batch, batch_idx):
-        _, counts = self._forward_loss(batch)
+        _, counts = self._step(batch)
         self._val_counts = self._val_counts + StepCounts.from_stacked(counts.stacked())
 
     def on_validation_epoch_end(self) -> None:
