@@ -7,6 +7,7 @@
 - .gpu/parts/gguf.N     the SmolLM2 GGUF (98 MB) in 2 parts: each rides in its own call
 - .gpu/gguf.sha256      checked after reassembly there
 - .gpu/sharegpt.jsonl.xz  the usable ShareGPT conversations as JSONL (ids kept), xz'd
+- .gpu/tok/             SmolLM2's tokenizer files (for random-weight models)
 
 On the GPU machine: `bash scripts/gpu_quality_run.sh` (see docs/benchmarks.md).
 """
@@ -44,6 +45,14 @@ def main() -> None:
         # dist-info too: transformers checks gguf's version through importlib.metadata
         for dist in src.parent.glob(f"{DISTS[name]}-*.dist-info"):
             shutil.copytree(dist, OUT / "site" / dist.name)
+    # the tokenizer alone (random-weight models borrow it: scripts/gpu2_dp_run.sh)
+    from eagle3.targets import materialize_smollm2
+
+    smol = Path(materialize_smollm2(ROOT / ".cache"))
+    (OUT / "tok").mkdir()
+    for f in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (smol / f).is_file():
+            shutil.copy(smol / f, OUT / "tok" / f)
     gguf = smollm2_gguf_path()
     data = gguf.read_bytes()
     (OUT / "gguf.sha256").write_text(hashlib.sha256(data).hexdigest() + f"  {gguf.name}\n")
