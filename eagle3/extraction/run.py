@@ -35,14 +35,6 @@ def _progress() -> Progress:
     )
 
 
-def _already_complete(ds_dir: Path) -> Manifest | None:
-    try:
-        m = Manifest.read(ds_dir)
-    except Exception:
-        return None
-    return m if m.complete else None
-
-
 def run(cfg: Any) -> str:
     validate_run_config(cfg)
     from transformers import AutoTokenizer
@@ -54,10 +46,11 @@ def run(cfg: Any) -> str:
     num_shards, shard_index = extraction_shard(int(cfg.num_shards), int(cfg.shard_index))
     if cfg.merge:
         return _merge(cfg, ds_dir, num_shards)
-    if num_shards > 1 and _already_complete(ds_dir) is None:
+    done = Manifest.read_complete(ds_dir)
+    if num_shards > 1 and done is None:
         # this node's part of a multi-node extraction, merged afterwards (eagle3/store/merge.py)
         ds_dir = part_dir(ds_dir, shard_index, num_shards)
-    done = _already_complete(ds_dir)
+        done = Manifest.read_complete(ds_dir)
     if done is not None:
         console.print(f"dataset already complete ({done.num_samples} samples, {done.num_tokens} tokens): nothing to do")
         print(ds_dir)

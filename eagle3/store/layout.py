@@ -121,6 +121,16 @@ class Manifest:
         except TypeError as e:
             raise StoreError(f"{path}: unexpected manifest fields ({e})") from None
 
+    @classmethod
+    def read_complete(cls, directory: Path) -> "Manifest | None":
+        """The manifest of a finished dataset in ``directory``; None if absent, unreadable or
+        incomplete (a run that still has work to do)."""
+        try:
+            m = cls.read(directory)
+        except StoreError:
+            return None
+        return m if m.complete else None
+
     def write(self, directory: Path) -> None:
         atomic_write_bytes(Path(directory) / MANIFEST, self.to_json().encode())
 

@@ -56,18 +56,10 @@ def part_dir(dataset_dir: str | Path, shard_index: int, num_shards: int) -> Path
     return d.with_name(f"{d.name}.part-{int(shard_index)}-of-{int(num_shards)}")
 
 
-def _complete_manifest(directory: Path) -> Manifest | None:
-    try:
-        m = Manifest.read(directory)
-    except StoreError:
-        return None
-    return m if m.complete else None
-
-
 def _check_parts(final: Path, parts: list[Path]) -> list[Manifest]:
     manifests, missing = [], []
     for i, p in enumerate(parts):
-        m = _complete_manifest(p)
+        m = Manifest.read_complete(p)
         if m is None:
             missing.append(f"shard_index={i} ({p}: {'incomplete' if (p / MANIFEST).exists() else 'missing'})")
         manifests.append(m)
@@ -115,7 +107,7 @@ def merge_parts(dataset_dir: str | Path, num_shards: int, *, draft_vocab_sizes: 
     final.parent.mkdir(parents=True, exist_ok=True)
     with open(final.with_name(f"{final.name}.merge.lock"), "a+") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # one merge at a time; a second waits, then finds it done
-        done = _complete_manifest(final)
+        done = Manifest.read_complete(final)
         if done is None:
             if final.exists() and any(final.glob("shard-*.safetensors")):
                 raise StoreError(f"{final}: holds an unfinished single-run extraction; finish it (extract.py without "
@@ -123,7 +115,7 @@ def merge_parts(dataset_dir: str | Path, num_shards: int, *, draft_vocab_sizes: 
             done = _merge(final, parts, _check_parts(final, parts), draft_vocab_sizes, verify)
         if remove_parts:
             for p in parts:
-                m = _complete_manifest(p)
+                m = Manifest.read_complete(p)
                 if p.exists() and (m is None or m.fingerprint == done.fingerprint):
                     shutil.rmtree(p)
         # safe while held: anyone blocked on this lock finds the dataset complete when they get it

@@ -39,8 +39,7 @@ def draft_vocab(dataset: HiddenStateDataset, size: int):
     """The dataset's vocabulary of this size, built from its token counts on first use."""
     if size not in dataset.vocab_sizes:
         d2t, t2d = build_draft_vocab(dataset.token_freq(), size)
-        add_vocab(dataset.directory, size, d2t, t2d)
-        dataset.manifest.vocabs[str(size)] = f"vocab-{size}.safetensors"
+        dataset.manifest.vocabs[str(size)] = add_vocab(dataset.directory, size, d2t, t2d).name
     return dataset.load_vocab(size)
 
 

@@ -37,10 +37,6 @@ class Eagle3DataModule(L.LightningDataModule):
         self.val_batches = pack_by_length([lengths[i] for i in self.val_idx], self.max_tokens, seed=self.seed)
         self._resume_start = 0
 
-    @property
-    def train_tokens(self) -> int:
-        return sum(min(self.dataset.lengths[i], self.max_tokens) for i in self.train_idx)
-
     def _rank_world(self) -> tuple[int, int]:
         trainer = self.trainer
         return (trainer.global_rank, trainer.world_size) if trainer else (0, 1)
