@@ -3,24 +3,16 @@ extract.py (to name the directory it writes) and train.py (to find it from confi
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
+from eagle3.hashing import file_short_sha, short_sha
 from eagle3.store.fingerprint import dataset_dir, dataset_fingerprint
 
 SCHEMA_VERSION = 1
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "tokenizer.model")
-
-
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()[:16]
-
-
-def _file_sha(path: Path) -> str | None:
-    return _sha(path.read_bytes()) if path.is_file() else None
 
 
 def fingerprint_inputs(cfg: Any, model_dir: str) -> dict:
@@ -29,20 +21,24 @@ def fingerprint_inputs(cfg: Any, model_dir: str) -> dict:
     d = Path(model_dir)
     data = OmegaConf.to_container(cfg.data, resolve=True, enum_to_str=True)
     data.pop("regen_batch_size", None)
+    if data.get("regenerate"):  # which engine wrote the answers, not "auto"
+        from eagle3.data.regenerate import resolve_backend
+
+        data["regen_backend"] = resolve_backend(data["regen_backend"])
     return {
         "schema_version": SCHEMA_VERSION,
         "model": {
             "name": str(cfg.model.name),
             "dir": d.name,
-            "config_sha": _file_sha(d / "config.json"),
+            "config_sha": file_short_sha(d / "config.json"),
             "num_layers": int(cfg.model.num_layers),
             "hidden_size": int(cfg.model.hidden_size),
         },
         "capture_ids": [int(i) for i in cfg.layers.capture_ids],
         "capture_dtype": str(cfg.capture.dtype),
         "data": data,
-        "tokenizer": {f: _file_sha(d / f) for f in _TOKENIZER_FILES if (d / f).is_file()},
-        "chat_template_override": _sha(str(cfg.model.chat_template).encode()) if cfg.model.chat_template else None,
+        "tokenizer": {f: file_short_sha(d / f) for f in _TOKENIZER_FILES if (d / f).is_file()},
+        "chat_template_override": short_sha(str(cfg.model.chat_template).encode()) if cfg.model.chat_template else None,
     }
 
 

@@ -32,6 +32,12 @@ class DataSource(str, Enum):
     hf_disk = "hf_disk"
 
 
+class RegenBackend(str, Enum):
+    auto = "auto"  # vllm when it imports, else hf
+    vllm = "vllm"
+    hf = "hf"
+
+
 class CaptureBackend(str, Enum):
     hf = "hf"
     vllm = "vllm"
@@ -115,7 +121,9 @@ class DataConfig:
     regenerate: bool = False
     regen_temperature: float = 0.0
     regen_max_tokens: int = 512
-    regen_batch_size: int = 64
+    regen_batch_size: int = 64  # conversations per call; hf: also prompts per generate() batch
+    regen_backend: RegenBackend = RegenBackend.auto
+    regen_max_turns: Optional[int] = None  # answer only the first n user turns (null: all)
 
 
 @dataclass

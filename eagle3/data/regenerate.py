@@ -3,56 +3,81 @@
 A draft learns to predict the *target's* continuations, so answers written by the target
 (greedy, or at data.regen_temperature) beat the dataset's human/ChatGPT answers: each
 user turn is answered by the target given the conversation so far (its own earlier
-answers included), batched across conversations turn by turn through vLLM.
+answers included), batched across conversations turn by turn.
 
-Answers are cached on disk, keyed by the target (config + tokenizer files), the sampling
-settings and the chat template, one JSON line per conversation id, so a rerun (or a
-resumed extraction) regenerates nothing it already has.
+Two engines write the same cache: ``VLLMRegenerator`` (vLLM; the CPU build here, CUDA vLLM
+elsewhere) and ``HFRegenerator`` (transformers ``generate``, for machines without vLLM such
+as the GPU image). ``data.regen_backend=auto`` takes vLLM when it imports.
+
+Answers are cached on disk, keyed by the target (config + tokenizer files), the engine,
+the sampling settings, the turn limit and the chat template, one JSON line per
+conversation id, so a rerun (or a resumed extraction) regenerates nothing it already has.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
+import logging
 import os
+import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from eagle3.data.conversation import Conversation
+from eagle3.hashing import file_short_sha, short_sha
 
 _FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+BACKENDS = ("vllm", "hf")
+log = logging.getLogger(__name__)
 
 
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+def resolve_backend(backend: str) -> str:
+    """``auto`` -> vllm when it imports, else hf; anything else must be a known engine."""
+    backend = str(getattr(backend, "value", backend))
+    if backend == "auto":
+        try:
+            import vllm  # noqa: F401
+        except ImportError:
+            return "hf"
+        return "vllm"
+    if backend not in BACKENDS:
+        raise ValueError(f"data.regen_backend: expected auto, {' or '.join(BACKENDS)}, got {backend!r}")
+    return backend
 
 
-def cache_key(model_dir: str, temperature: float, max_tokens: int, seed: int, chat_template: str | None) -> str:
+def cache_key(model_dir: str, temperature: float, max_tokens: int, seed: int, chat_template: str | None,
+              backend: str = "vllm", max_turns: int | None = None) -> str:
     d = Path(model_dir)
-    parts = {f: _sha((d / f).read_text()) for f in _FILES if (d / f).is_file()}
+    parts = {f: file_short_sha(d / f) for f in _FILES if (d / f).is_file()}
     parts.update(temperature=float(temperature), max_tokens=int(max_tokens), seed=int(seed),
-                 chat_template=_sha(chat_template) if chat_template else None)
-    return _sha(json.dumps(parts, sort_keys=True))
+                 chat_template=short_sha(chat_template) if chat_template else None,
+                 backend=backend, max_turns=max_turns)
+    return short_sha(json.dumps(parts, sort_keys=True))
 
 
 def _user_turns_sha(messages: list[dict[str, str]]) -> str:
-    return _sha(json.dumps([m for m in messages if m["role"] != "assistant"], sort_keys=True))
+    return short_sha(json.dumps([m for m in messages if m["role"] != "assistant"], sort_keys=True))
 
 
-class VLLMRegenerator:
-    """``regenerate(conversations) -> conversations`` for ``eagle3.data.pipeline.prepare_samples``."""
+class Regenerator:
+    """``regenerate(conversations) -> conversations`` for ``eagle3.data.pipeline.prepare_samples``.
+
+    Subclasses supply ``_complete(prompts, rooms) -> texts``: one answer per token-id prompt,
+    at most ``rooms[i]`` new tokens each, sampled with this instance's settings.
+    """
+
+    backend = ""
 
     def __init__(self, model_dir: str, cache_dir: str | Path, *, temperature: float = 0.0, max_tokens: int = 512,
                  seed: int = 0, max_model_len: int = 4096, chat_template: str | None = None,
-                 cpu_kvcache_space_gb: int = 4, gpu_memory_utilization: float = 0.5,
-                 tensor_parallel_size: int = 1):
+                 max_turns: int | None = None):
         self.model_dir = str(model_dir)
         self.temperature, self.max_tokens, self.seed = float(temperature), int(max_tokens), int(seed)
         self.max_model_len, self.chat_template = int(max_model_len), chat_template
-        self.engine_args = dict(gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size)
-        self.kv_space = int(cpu_kvcache_space_gb)
-        key = cache_key(model_dir, temperature, max_tokens, seed, chat_template)
+        if max_turns is not None and int(max_turns) < 1:
+            raise ValueError(f"data.regen_max_turns: expected null or >= 1, got {max_turns}")
+        self.max_turns = None if max_turns is None else int(max_turns)
+        key = cache_key(model_dir, temperature, max_tokens, seed, chat_template, self.backend, self.max_turns)
         self.cache_file = Path(cache_dir) / "regenerated" / f"{key}.jsonl"
         self.cache: dict[str, dict] = {}
         if self.cache_file.is_file():
@@ -63,44 +88,31 @@ class VLLMRegenerator:
                     continue
                 self.cache[rec["id"]] = rec
         self.generated = 0  # conversations generated (not from cache) by this instance
-        self._llm = None
+        self.new_tokens = 0  # tokens generated by this instance
         self._tokenizer = None
 
-    # ---- engine (started only when something is not cached)
-    def _engine(self):
-        if self._llm is None:
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_space))
+    def tokenizer(self):
+        if self._tokenizer is None:
             from transformers import AutoTokenizer
-            from vllm import LLM
 
             self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-            import torch
-
-            # eager on CPU: vllm-cpu's compiled graph costs minutes to build here, and gave
-            # wrong greedy answers in a mixed-length batch (measured: SmolLM2, vllm-cpu 0.32)
-            self._llm = LLM(model=self.model_dir, dtype="bfloat16", max_model_len=self.max_model_len,
-                            seed=self.seed, enable_prefix_caching=True,
-                            enforce_eager=not torch.cuda.is_available(), **self.engine_args)
-        return self._llm
+        return self._tokenizer
 
     def close(self) -> None:
-        self._llm = None
         import gc
 
         gc.collect()
 
+    def _complete(self, prompts: list[list[int]], rooms: list[int]) -> list[str]:
+        raise NotImplementedError
+
     def _prompt_ids(self, history: list[dict[str, str]]) -> list[int]:
         kwargs = {"chat_template": self.chat_template} if self.chat_template else {}
-        ids = self._tokenizer.apply_chat_template(history, add_generation_prompt=True, tokenize=True, **kwargs)
+        ids = self.tokenizer().apply_chat_template(history, add_generation_prompt=True, tokenize=True, **kwargs)
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
     def _generate(self, convs: list[Conversation]) -> list[list[dict[str, str]]]:
-        from vllm import SamplingParams, TokensPrompt
-
-        llm = self._engine()
-        params = SamplingParams(temperature=self.temperature, max_tokens=self.max_tokens, seed=self.seed,
-                                skip_special_tokens=True)
-        users = [[i for i, m in enumerate(c.messages) if m["role"] == "user"] for c in convs]
+        users = [[i for i, m in enumerate(c.messages) if m["role"] == "user"][:self.max_turns] for c in convs]
         histories: list[list[dict[str, str]]] = [[m for m in c.messages if m["role"] == "system"] for c in convs]
         for turn in range(max(len(u) for u in users)):
             active, prompts = [], []
@@ -114,13 +126,12 @@ class VLLMRegenerator:
                     users[j] = users[j][:turn]
                     continue
                 active.append(j)
-                prompts.append(TokensPrompt(prompt_token_ids=ids))
+                prompts.append(ids)
             if not prompts:
                 break
-            room = [min(self.max_tokens, self.max_model_len - len(p["prompt_token_ids"]) - 1) for p in prompts]
-            outs = llm.generate(prompts, [replace_max(params, r) for r in room], use_tqdm=True)
-            for j, out in zip(active, outs):
-                histories[j].append({"role": "assistant", "content": out.outputs[0].text})
+            rooms = [max(1, min(self.max_tokens, self.max_model_len - len(p) - 1)) for p in prompts]
+            for j, text in zip(active, self._complete(prompts, rooms)):
+                histories[j].append({"role": "assistant", "content": text})
         return histories
 
     def __call__(self, batch: list[Conversation]) -> list[Conversation]:
@@ -141,7 +152,161 @@ class VLLMRegenerator:
         return [replace(c, messages=self.cache[c.id]["messages"]) for c in batch]
 
 
-def replace_max(params: Any, max_tokens: int) -> Any:
-    p = params.clone()
-    p.max_tokens = max(1, int(max_tokens))
-    return p
+class VLLMRegenerator(Regenerator):
+    backend = "vllm"
+
+    def __init__(self, model_dir: str, cache_dir: str | Path, *, cpu_kvcache_space_gb: int = 4,
+                 gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1, **kwargs):
+        super().__init__(model_dir, cache_dir, **kwargs)
+        self.engine_args = dict(gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size)
+        self.kv_space = int(cpu_kvcache_space_gb)
+        self._llm = None
+
+    def _engine(self):
+        if self._llm is None:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_space))
+            import torch
+            from vllm import LLM
+
+            # eager on CPU: vllm-cpu's compiled graph costs minutes to build here, and gave
+            # wrong greedy answers in a mixed-length batch (measured: SmolLM2, vllm-cpu 0.32)
+            self._llm = LLM(model=self.model_dir, dtype="bfloat16", max_model_len=self.max_model_len,
+                            seed=self.seed, enable_prefix_caching=True,
+                            enforce_eager=not torch.cuda.is_available(), **self.engine_args)
+        return self._llm
+
+    def close(self) -> None:
+        self._llm = None
+        super().close()
+
+    def _complete(self, prompts: list[list[int]], rooms: list[int]) -> list[str]:
+        from vllm import SamplingParams, TokensPrompt
+
+        llm = self._engine()
+        params = [SamplingParams(temperature=self.temperature, max_tokens=r, seed=self.seed, skip_special_tokens=True)
+                  for r in rooms]
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=True)
+        self.new_tokens += sum(len(o.outputs[0].token_ids) for o in outs)
+        return [o.outputs[0].text for o in outs]
+
+
+class HFRegenerator(Regenerator):
+    """transformers ``generate`` in length-sorted, left-padded batches of ``gen_batch_size``
+    prompts (bf16, on the GPU when there is one). Each answer is cut at its own room and its
+    first end-of-turn token, so batching never changes an answer's length limit."""
+
+    backend = "hf"
+
+    def __init__(self, model_dir: str, cache_dir: str | Path, *, gen_batch_size: int = 256,
+                 device: str | None = None, attn_implementation: str | None = None, **kwargs):
+        super().__init__(model_dir, cache_dir, **kwargs)
+        if int(gen_batch_size) < 1:
+            raise ValueError(f"gen_batch_size: expected >= 1, got {gen_batch_size}")
+        self.gen_batch_size = int(gen_batch_size)
+        self.device, self.attn_implementation = device, attn_implementation
+        self._model = None
+        self._checked = False  # the first batch is checked for padding leaks (greedy)
+
+    def _load(self):
+        if self._model is None:
+            import torch
+            from transformers import AutoModelForCausalLM
+
+            device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+            # CPU: SDPA in bf16 with left padding answered "What is the capital of France?"
+            # with garbage when batched beside a longer prompt (torch 2.13, measured); eager is right
+            attn = self.attn_implementation or ("sdpa" if str(device).startswith("cuda") else "eager")
+            self._model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.bfloat16,
+                                                               attn_implementation=attn).to(device).eval()
+        return self._model
+
+    def close(self) -> None:
+        self._model = None
+        super().close()
+
+    def _stop_ids(self) -> set[int]:
+        ids = self._load().generation_config.eos_token_id
+        ids = set(ids if isinstance(ids, (list, tuple)) else [ids] if ids is not None else [])
+        tok = self.tokenizer()
+        if tok.eos_token_id is not None:
+            ids.add(int(tok.eos_token_id))
+        if not ids:
+            raise ValueError(f"{self.model_dir}: no end-of-turn token (generation_config.eos_token_id, "
+                             "tokenizer.eos_token): cannot tell where an answer stops")
+        return ids
+
+    def _batch(self, prompts: list[list[int]], max_new: int):
+        """Greedy/sampled continuations of left-padded ``prompts``: [B, max_new] token ids."""
+        import torch
+
+        model, stop = self._load(), self._stop_ids()
+        tok = self.tokenizer()
+        pad = tok.pad_token_id if tok.pad_token_id is not None else min(stop)
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, p in enumerate(prompts):  # left padding: every prompt ends where generation starts
+            ids[row, width - len(p):] = torch.tensor(p)
+            mask[row, width - len(p):] = 1
+        sampling = {"do_sample": True, "temperature": self.temperature} if self.temperature > 0 else {
+            "do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
+                                 max_new_tokens=max_new, pad_token_id=pad, eos_token_id=sorted(stop), **sampling)
+        return out[:, width:].cpu()
+
+    def _padding_is_safe(self, prompts: list[list[int]], batched) -> bool:
+        """Greedy only: the most padded prompt of a batch, answered alone, must start the same
+        (first 8 tokens) as in the batch; otherwise padding is leaking into attention."""
+        if self.temperature > 0 or len(prompts) < 2:
+            return True
+        n = min(8, batched.shape[1])
+        alone = self._batch([prompts[-1]], n)[0, :n]
+        return bool((alone == batched[-1, :n]).all())
+
+    def _complete(self, prompts: list[list[int]], rooms: list[int]) -> list[str]:
+        import torch
+        from tqdm.auto import tqdm
+
+        tok, stop = self.tokenizer(), self._stop_ids()
+        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))  # longest first: OOM shows at once
+        texts: list[str] = [""] * len(prompts)
+        t0, made = time.perf_counter(), 0
+        bar = tqdm(total=len(prompts), desc="regenerate (hf)", unit="answer")
+        for start in range(0, len(order), self.gen_batch_size):
+            idx = order[start:start + self.gen_batch_size]
+            torch.manual_seed(self.seed + start)
+            new = self._batch([prompts[i] for i in idx], max(rooms[i] for i in idx))
+            if not self._checked:
+                self._checked = True
+                if not self._padding_is_safe([prompts[i] for i in idx], new):
+                    log.warning("regenerate (hf): a left-padded prompt answered differently in a batch than alone "
+                                "with %s attention; switching to eager attention", self._load().config._attn_implementation)
+                    self._load().set_attn_implementation("eager")
+                    new = self._batch([prompts[i] for i in idx], max(rooms[i] for i in idx))
+                    if not self._padding_is_safe([prompts[i] for i in idx], new):
+                        raise RuntimeError("regenerate (hf): batched answers differ from answers alone even with "
+                                           "eager attention; use data.regen_batch_size=1 or data.regen_backend=vllm")
+            for row, i in enumerate(idx):
+                seq = new[row, :rooms[i]].tolist()
+                cut = next((k for k, t in enumerate(seq) if t in stop), len(seq))
+                made += cut
+                texts[i] = tok.decode(seq[:cut], skip_special_tokens=True)
+            bar.update(len(idx))
+            bar.set_postfix(tok_s=f"{made / max(1e-9, time.perf_counter() - t0):.0f}")
+        bar.close()
+        self.new_tokens += made
+        return texts
+
+
+def make_regenerator(backend: str, model_dir: str, cache_dir: str | Path, **kwargs) -> Regenerator:
+    """The engine for ``data.regen_backend`` (``auto``: vLLM when installed). Keyword arguments
+    an engine does not take are dropped (the vLLM engine sizes, the HF batch)."""
+    engine = resolve_backend(backend)
+    vllm_only = ("cpu_kvcache_space_gb", "gpu_memory_utilization", "tensor_parallel_size")
+    if engine == "vllm":
+        kwargs.pop("gen_batch_size", None)
+        return VLLMRegenerator(model_dir, cache_dir, **kwargs)
+    for k in vllm_only:
+        kwargs.pop(k, None)
+    return HFRegenerator(model_dir, cache_dir, **kwargs)

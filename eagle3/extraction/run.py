@@ -69,7 +69,8 @@ def run(cfg: Any) -> str:
         regenerate=regenerator, regenerate_batch_size=int(cfg.data.regen_batch_size),
     )
     if regenerator is not None:
-        console.print(f"regenerated {regenerator.generated} conversations ({regenerator.cache_file})")
+        console.print(f"regenerated {regenerator.generated} conversations, {regenerator.new_tokens} new tokens "
+                      f"({regenerator.backend}; {regenerator.cache_file})")
         regenerator.close()
     samples = [s for s in data.train + data.val if num_shards == 1 or owner_shard(s.id, num_shards) == shard_index]
     kept = {s.id for s in samples}
@@ -123,15 +124,16 @@ def _merge(cfg: Any, ds_dir: Path, num_shards: int) -> str:
 
 
 def _regenerator(cfg: Any, model_dir: str):
-    """The target answers the user turns itself (data.regenerate=true), through vLLM."""
+    """The target answers the user turns itself (data.regenerate=true): vLLM or transformers."""
     if not cfg.data.regenerate:
         return None
-    from eagle3.data.regenerate import VLLMRegenerator
+    from eagle3.data.regenerate import make_regenerator
 
-    return VLLMRegenerator(
-        model_dir, cfg.paths.cache_dir, temperature=float(cfg.data.regen_temperature),
+    return make_regenerator(
+        cfg.data.regen_backend, model_dir, cfg.paths.cache_dir, temperature=float(cfg.data.regen_temperature),
         max_tokens=int(cfg.data.regen_max_tokens), seed=int(cfg.data.seed),
         max_model_len=int(cfg.data.max_length), chat_template=cfg.model.chat_template,
+        max_turns=cfg.data.regen_max_turns, gen_batch_size=int(cfg.data.regen_batch_size),
         cpu_kvcache_space_gb=int(cfg.capture.cpu_kvcache_space_gb),
         gpu_memory_utilization=float(cfg.capture.gpu_memory_utilization),
         tensor_parallel_size=int(cfg.topology.extract_tp),

@@ -1,0 +1,86 @@
+"""data.regen_backend=hf: the real SmolLM2 answers user turns through transformers' generate
+(the engine for machines without vLLM, like the GPU image), into the same cache format."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eagle3.data.conversation import Conversation
+from eagle3.data.regenerate import HFRegenerator, cache_key, make_regenerator, resolve_backend
+
+
+def _convs() -> list[Conversation]:
+    return [
+        Conversation(id="capital", messages=[
+            {"role": "user", "content": "What is the capital of France?"},
+            {"role": "assistant", "content": "IGNORED HUMAN ANSWER"},
+            {"role": "user", "content": "And of Italy?"},
+            {"role": "assistant", "content": "IGNORED SECOND ANSWER"}]),
+        Conversation(id="long", messages=[
+            {"role": "user", "content": "Write a long story about a robot who learns to paint. " * 17},
+            {"role": "assistant", "content": "IGNORED"}]),
+        Conversation(id="short", messages=[
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Say hi."},
+            {"role": "assistant", "content": "IGNORED"}]),
+    ]
+
+
+@pytest.mark.slow
+def test_hf_answers_replace_dataset_answers_batched_and_cached(smollm2_dir, tmp_path):
+    regen = HFRegenerator(smollm2_dir, tmp_path, max_tokens=24, max_model_len=256, gen_batch_size=2)
+    convs = _convs()
+    out = regen(convs)
+    assert regen.generated == 3 and 0 < regen.new_tokens <= 24 * 4  # 4 user turns, at most 24 tokens each
+    for orig, new in zip(convs, out):
+        assert [m["role"] for m in new.messages] == [m["role"] for m in orig.messages]
+        assert [m["content"] for m in new.messages if m["role"] != "assistant"] == \
+               [m["content"] for m in orig.messages if m["role"] != "assistant"]
+        assert all(m["content"] and "IGNORED" not in m["content"] for m in new.messages if m["role"] == "assistant")
+    assert "Paris" in out[0].messages[1]["content"]
+    assert "Rome" in out[0].messages[3]["content"]  # the second turn saw the target's own first answer
+    # the long prompt has less room than max_tokens under max_model_len: its answer is cut to that room
+    tok = regen.tokenizer()
+    prompt = tok.apply_chat_template(convs[1].messages[:1], add_generation_prompt=True, tokenize=True)
+    prompt = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
+    room = 256 - len(prompt) - 1
+    assert 0 < room < 24
+    assert len(tok(out[1].messages[1]["content"], add_special_tokens=False)["input_ids"]) <= room + 1
+    # a second engine on the same cache generates nothing and returns the same answers
+    again = HFRegenerator(smollm2_dir, tmp_path, max_tokens=24, max_model_len=256, gen_batch_size=2)
+    assert [c.messages for c in again(convs)] == [c.messages for c in out] and again.generated == 0
+    lines = [json.loads(line) for line in regen.cache_file.read_text().splitlines()]
+    assert [r["id"] for r in lines] == ["capital", "long", "short"]
+
+
+@pytest.mark.slow
+def test_hf_regen_max_turns_keeps_only_the_first_turns(smollm2_dir, tmp_path):
+    regen = HFRegenerator(smollm2_dir, tmp_path, max_tokens=8, max_model_len=256, max_turns=1)
+    out = regen(_convs()[:1])
+    assert [m["role"] for m in out[0].messages] == ["user", "assistant"]
+    # a different turn limit (or engine) is a different cache: answers never mix
+    assert cache_key(str(smollm2_dir), 0.0, 8, 0, None, "hf", 1) != cache_key(str(smollm2_dir), 0.0, 8, 0, None, "hf", None)
+    assert cache_key(str(smollm2_dir), 0.0, 8, 0, None, "hf", 1) != cache_key(str(smollm2_dir), 0.0, 8, 0, None, "vllm", 1)
+
+
+def test_backend_names_are_checked(tmp_path):
+    assert resolve_backend("hf") == "hf"
+    with pytest.raises(ValueError, match="data.regen_backend: expected auto, vllm or hf, got 'sglang'"):
+        resolve_backend("sglang")
+    with pytest.raises(ValueError, match="regen_max_turns: expected null or >= 1, got 0"):
+        make_regenerator("hf", str(tmp_path), tmp_path, max_turns=0)
+
+
+@pytest.mark.slow
+def test_padding_leak_is_caught_and_answered_with_eager_attention(smollm2_dir, tmp_path, caplog):
+    """bf16 SDPA on this CPU answers a left-padded prompt wrongly when it shares a batch with a
+    longer one (measured: "L'Étoile, la Marseillaise..." for the capital of France). The
+    regenerator's first-batch check must notice and redo the batch with eager attention."""
+    regen = HFRegenerator(smollm2_dir, tmp_path, max_tokens=12, max_model_len=256, gen_batch_size=2,
+                          attn_implementation="sdpa")
+    with caplog.at_level("WARNING"):
+        out = regen(_convs()[:2])
+    assert "switching to eager attention" in caplog.text
+    assert "Paris" in out[0].messages[1]["content"]
