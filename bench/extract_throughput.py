@@ -14,8 +14,11 @@ Runs (each over the same --batches x --batch-size x --seq random-token prompts, 
     hf           HFCaptureBackend.capture_with_ids (records per batch) -> ShardWriter(background=True)
                  on local disk: shards written on the writer thread, sha256 taken while writing;
                  reopened with verify="full" afterwards (untimed) to prove every digest
+    hf_1thread   the same with one writer thread (the previous default)
     hf_sync      the same with ShardWriter(background=False): each full shard is written in
                  the capture loop (no overlap)
+    disk         the disk alone: the same bytes in shard-sized files, written + fsynced by
+                 --writer-threads threads, no hashing: the tokens/s this disk allows
     vllm         VLLMCaptureBackend -> ShardWriter (CPU; only if eagle3/capture/vllm_backend.py
                  exists and vLLM imports; engine start-up is reported, not timed)
 
@@ -194,19 +197,55 @@ def hf_backend(model, model_dir, capture_ids, device, args):
         hb._load_base_model = original
 
 
-def open_writer(root: str, capture_ids, hidden: int, name: str, background: bool):
+def open_writer(root: str, capture_ids, hidden: int, name: str, background: bool, args):
     shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-    return open_writer_existing(root, capture_ids, hidden, name, verify="fast", background=background)
+    threads = 1 if name == "hf_1thread" else args.writer_threads
+    return open_writer_existing(root, capture_ids, hidden, name, args, verify="fast", background=background,
+                                writer_threads=threads)
 
 
-def open_writer_existing(root: str, capture_ids, hidden: int, name: str, verify: str = "full",
-                         background: bool = False):
+def open_writer_existing(root: str, capture_ids, hidden: int, name: str, args, verify: str = "full",
+                         background: bool = False, writer_threads: int = 1):
     from eagle3.store import ShardWriter
 
     directory = os.path.join(root, name)
     return ShardWriter(directory, layer_ids=capture_ids, hidden_size=hidden, dtype=torch.bfloat16,
-                       fingerprint_inputs={"bench": "extract_throughput", "run": name}, shard_max_tokens=65536,
-                       verify=verify, background=background)
+                       fingerprint_inputs={"bench": "extract_throughput", "run": name},
+                       shard_max_tokens=args.shard_tokens, verify=verify, background=background,
+                       writer_threads=writer_threads)
+
+
+def run_disk(args, root: str, bytes_per_token: int) -> RunResult:
+    """Write + fsync the bytes a capture of these prompts produces, in shard-sized files from
+    --writer-threads threads, without hashing or serialising: the disk's own ceiling."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    res = RunResult("disk")
+    tokens = args.batches * args.batch_size * args.seq
+    shard = args.shard_tokens * bytes_per_token
+    total = tokens * bytes_per_token
+    block = torch.randint(0, 255, (64 << 20,), dtype=torch.uint8).numpy().tobytes()  # 64 MiB, reused
+    directory = os.path.join(root, "disk")
+    os.makedirs(directory, exist_ok=True)
+
+    def one(k: int, size: int) -> None:
+        with open(os.path.join(directory, f"f{k}"), "wb") as f:
+            left = size
+            while left > 0:
+                left -= f.write(memoryview(block)[:min(left, len(block))])
+            f.flush()
+            os.fsync(f.fileno())
+
+    sizes = [min(shard, total - o) for o in range(0, total, shard)]
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(args.writer_threads) as pool:
+        list(pool.map(one, range(len(sizes)), sizes))
+    res.seconds = time.perf_counter() - t0
+    res.tokens = tokens
+    res.notes.append(f"{total / 2**30:.2f} GiB in {len(sizes)} files, {args.writer_threads} threads: "
+                     f"{total / res.seconds / 1e9:.2f} GB/s")
+    shutil.rmtree(directory, ignore_errors=True)
+    return res
 
 
 def run_capture(backend, prompts, args, device, name: str, root: str | None, capture_ids, hidden,
@@ -219,7 +258,7 @@ def run_capture(backend, prompts, args, device, name: str, root: str | None, cap
     warm = prompts[: args.batch_size]
     for _ in backend.capture_with_ids(warm):  # warm-up batch, not timed
         pass
-    writer = open_writer(root, capture_ids, hidden, name, background) if root else None
+    writer = open_writer(root, capture_ids, hidden, name, background, args) if root else None
     timers = Timers(device)
     if instrument:
         timers.wrap(backend, "_run", "run_batch (forward + stack + adapter)")
@@ -251,7 +290,7 @@ def run_capture(backend, prompts, args, device, name: str, root: str | None, cap
     if root:
         res.notes.append(f"wrote {res.tokens * len(capture_ids) * hidden * 2 / 2**30:.2f} GiB of hidden states")
         if verify_after:  # the digests taken while writing must match the files: full verification
-            check = open_writer_existing(root, capture_ids, hidden, name)
+            check = open_writer_existing(root, capture_ids, hidden, name, args)
             res.notes.append(f"reopened with verify=full: {len(check.manifest.shards)} shards, "
                              f"{len(check.dropped)} dropped")
             check.close()
@@ -296,9 +335,11 @@ def main() -> None:
                     help="default: llama3-8b-random on CUDA, smollm2 on CPU")
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
     ap.add_argument("--backends", nargs="+", default=["hf"], choices=("hf", "vllm"))
-    runs = ("plain", "plain_d2h", "hf_nowrite", "hf", "hf_sync")
-    ap.add_argument("--runs", nargs="+", default=list(runs), choices=runs)
-    ap.add_argument("--batches", type=int, default=None, help="default 8 (GPU), 4 (CPU)")
+    runs = ("disk", "plain", "plain_d2h", "hf_nowrite", "hf", "hf_1thread", "hf_sync")
+    ap.add_argument("--runs", nargs="+", default=["disk", "plain", "hf_nowrite", "hf", "hf_1thread"], choices=runs)
+    ap.add_argument("--batches", type=int, default=None, help="default 32 (GPU), 4 (CPU)")
+    ap.add_argument("--writer-threads", type=int, default=None, help="ShardWriter threads; default 4 (GPU), 2 (CPU)")
+    ap.add_argument("--shard-tokens", type=int, default=None, help="tokens per shard; default 16384 (GPU), 65536 (CPU)")
     ap.add_argument("--batch-size", type=int, default=None, help="prompts per forward; default 8 (GPU), 4 (CPU)")
     ap.add_argument("--seq", type=int, default=None, help="tokens per prompt; default 2048 (GPU), 512 (CPU)")
     ap.add_argument("--shard-dir", default=None, help="where shards are written (default: a temp dir)")
@@ -310,7 +351,9 @@ def main() -> None:
                           ("cpu" if args.device == "auto" else args.device))
     gpu = device.type == "cuda"
     args.model = args.model or ("llama3-8b-random" if gpu else "smollm2")
-    args.batches = args.batches or (8 if gpu else 4)
+    args.batches = args.batches or (32 if gpu else 4)
+    args.writer_threads = args.writer_threads or (4 if gpu else 2)
+    args.shard_tokens = args.shard_tokens or (16384 if gpu else 65536)
     args.batch_size = args.batch_size or (8 if gpu else 4)
     args.seq = args.seq or (2048 if gpu else 512)
     root = args.shard_dir or tempfile.mkdtemp(prefix="eagle3-bench-shards-")
@@ -344,11 +387,13 @@ def main() -> None:
     backend = hf_backend(model, model_dir, capture_ids, device, args) if want_hf else None
     for run in args.runs if want_hf else []:
         try:
-            if run.startswith("plain"):
+            if run == "disk":
+                r = run_disk(args, root, len(capture_ids) * hidden * 2)
+            elif run.startswith("plain"):
                 r = run_plain(model, prompts, capture_ids, args, device, run == "plain_d2h")
             else:
                 r = run_capture(backend, prompts, args, device, run, None if run == "hf_nowrite" else root,
-                                capture_ids, hidden, background=run == "hf",
+                                capture_ids, hidden, background=run in ("hf", "hf_1thread"),
                                 instrument=run == "hf", verify_after=run == "hf")
         except Exception as e:
             r = RunResult(run, status=f"failed: {type(e).__name__}: {str(e)[:300]}")

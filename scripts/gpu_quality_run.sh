@@ -25,7 +25,9 @@ COMMON=(experiment=smollm2_full data=jsonl data.path=/tmp/sharegpt.jsonl paths.d
         paths.cache_dir=/tmp/cache logger=none eval.enabled=false "$@")
 nvidia-smi --query-gpu=name,memory.used --format=csv 2>/dev/null || true
 if [ "$STAGE" = extract ] || [ "$STAGE" = run ]; then
-  time ${PYTHON:-python3} extract.py "${COMMON[@]}" 2>&1 | grep -v "Loading weights" | tail -40
+  # EXTRACT_TIMEOUT: stop cleanly inside the call's limit; regenerated answers are cached per
+  # batch, so the next call's extract resumes where this one stopped
+  time timeout ${EXTRACT_TIMEOUT:-0} ${PYTHON:-python3} extract.py "${COMMON[@]}" 2>&1 | grep -v "Loading weights" | tr '\r' '\n' | grep -v "it/s\]$" | tail -40 || true
   df -h /tmp | tail -1
   [ "$STAGE" = extract ] && exit 0
 fi

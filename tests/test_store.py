@@ -312,3 +312,37 @@ def test_background_write_failure_is_raised_by_the_next_call(tmp_path):
         w.flush()
     w.close()  # already reported: unlocks without raising again
     assert w.done_ids() == set()
+
+
+def test_parallel_writer_threads_give_the_sync_dataset_in_shard_order(tmp_path):
+    """Several writer threads finish shards out of order; the manifest still lists shards and
+    sample ids by shard index, byte for byte what a synchronous writer produces."""
+    import time as _time
+
+    from eagle3.store import shard_file
+
+    real = shard_file.save_concatenated_hashing
+
+    def slow_even_shards(final, parts, metadata):  # shard 0, 2, 4 finish after their successors
+        if int(final.name.split("-")[1].split(".")[0]) % 2 == 0:
+            _time.sleep(0.2)
+        return real(final, parts, metadata)
+
+    sync = writer(tmp_path / "sync")
+    for i in range(30):
+        sync.add(f"s{i}", make_sample(i))
+    ref = finish(sync)
+    shard_file.save_concatenated_hashing = slow_even_shards
+    try:
+        w = writer(tmp_path / "par", background=True, writer_threads=3)
+        for i in range(30):
+            w.add(f"s{i}", make_sample(i))
+        m = finish(w)
+    finally:
+        shard_file.save_concatenated_hashing = real
+    assert [s.file for s in m.shards] == [s.file for s in ref.shards] and len(m.shards) >= 4
+    assert m.sample_ids == ref.sample_ids == [f"s{i}" for i in range(30)]
+    assert [s.sha256 for s in m.shards] == [s.sha256 for s in ref.shards]
+    assert_matches(HiddenStateDataset(tmp_path / "par"), list(range(30)))
+    with pytest.raises(StoreError, match="writer_threads: expected >= 1, got 0"):
+        writer(tmp_path / "bad", writer_threads=0)

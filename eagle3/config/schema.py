@@ -133,6 +133,7 @@ class CaptureConfig:
     batch_size: int = 8  # hf: samples per forward
     max_tokens_per_batch: int = 16384  # hf: padded tokens per forward
     shard_max_tokens: int = 65536  # tokens per shard file
+    writer_threads: int = 2  # shards hashed + written at once (a shard queued per thread at most)
     # vllm only
     enable_prefix_caching: bool = False  # must stay off: cached prefixes skip the hooks
     gpu_memory_utilization: float = 0.5

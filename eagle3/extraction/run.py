@@ -79,7 +79,8 @@ def run(cfg: Any) -> str:
     writer = ShardWriter(
         ds_dir, layer_ids=capture_ids, hidden_size=int(cfg.model.hidden_size), dtype=dtype,
         fingerprint_inputs=inputs, shard_max_tokens=int(cfg.capture.shard_max_tokens),
-        background=True,  # shards hash+write on a thread while the next batch runs
+        background=True,  # shards hash+write on threads while the next batch runs
+        writer_threads=int(cfg.capture.writer_threads),
     )
     try:
         for file, why in writer.dropped:

@@ -7,10 +7,14 @@ maybe temp files (removed on reopen). Reopening verifies every shard; a truncate
 corrupt one is reported, deleted, and its samples are simply not in ``done_ids()`` any
 more, so the caller captures them again.
 
-``background=True`` writes full shards on one writer thread (same shard-then-manifest
-order), so capture continues while a shard goes to disk. At most one shard waits behind
-the one being written (memory stays bounded); a failed write is raised by the next
-``add``/``flush``/``finish``/``close``, and shards queued after it are not written.
+``background=True`` writes full shards on ``writer_threads`` writer threads (each shard
+still shard-then-manifest), so capture continues while shards go to disk and several
+shards are hashed and written at once (one thread's sha256 + write + fsync ran at
+0.73 GB/s on the H200 machine, below the 1.15 GB/s a Llama-8B capture produces). At most
+``writer_threads`` shards wait behind those being written (memory stays bounded); a failed
+write is raised by the next ``add``/``flush``/``finish``/``close``, and shards queued after
+it are not written. Shards may finish out of order; the manifest lists them (and their
+sample ids) by shard index, so the dataset's order does not depend on thread timing.
 """
 
 from __future__ import annotations
@@ -56,9 +60,12 @@ class ShardWriter:
 
     def __init__(self, directory: str | Path, *, layer_ids: Sequence[int], hidden_size: int,
                  dtype: torch.dtype, fingerprint_inputs: Mapping[str, Any],
-                 shard_max_tokens: int = 65536, verify: str = "full", background: bool = False):
+                 shard_max_tokens: int = 65536, verify: str = "full", background: bool = False,
+                 writer_threads: int = 1):
         if shard_max_tokens < 1:
             raise StoreError(f"shard_max_tokens: expected >= 1, got {shard_max_tokens}")
+        if writer_threads < 1:
+            raise StoreError(f"writer_threads: expected >= 1, got {writer_threads}")
         self.directory = Path(directory)
         self.shard_max_tokens = int(shard_max_tokens)
         self.fingerprint = dataset_fingerprint(fingerprint_inputs)
@@ -70,10 +77,12 @@ class ShardWriter:
         self._pending_ids: set[str] = set()
         self._pending_tokens = 0
         self.background = bool(background)
+        self.writer_threads = int(writer_threads)
+        self._ids_by_file: dict[str, list[str]] = {}  # each listed shard's sample ids, in shard order
         self._state = threading.Lock()  # manifest, _done, _inflight_ids: shared with the writer thread
         self._inflight_ids: set[str] = set()  # handed to the writer thread, not durable yet
         self._jobs: queue.Queue | None = None
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._error: BaseException | None = None  # the writer thread's failure, raised on the next call
         self._error_reported = False
         self._last_info = None
@@ -154,6 +163,7 @@ class ShardWriter:
             kept.append(info)
             ids += sample_ids
             seen |= set(sample_ids)
+            self._ids_by_file[info.file] = list(sample_ids)
         for p in sorted(self.directory.glob("shard-*.safetensors")):
             if p.name in listed or not SHARD_RE.match(p.name):
                 continue
@@ -167,6 +177,7 @@ class ShardWriter:
             kept.append(info)
             ids += sample_ids
             seen |= set(sample_ids)
+            self._ids_by_file[info.file] = list(sample_ids)
             self.adopted.append(p.name)
             log.warning("%s: adopted shard %s (written before a crash, not yet in the manifest)",
                         self.directory, p.name)
@@ -269,8 +280,9 @@ class ShardWriter:
                            [s.loss_mask for s in samples], [s.hidden for s in samples])
         with self._state:
             m = self.manifest
-            m.shards.append(info)
-            m.sample_ids += ids
+            self._ids_by_file[info.file] = list(ids)
+            m.shards = sorted([*m.shards, info], key=lambda s: int(SHARD_RE.match(s.file).group(1)))
+            m.sample_ids = [sid for s in m.shards for sid in self._ids_by_file[s.file]]
             m.complete = False
             m.recount()
             m.write(self.directory)
@@ -282,15 +294,17 @@ class ShardWriter:
     # ------------------------------------------------------------------ writer thread
 
     def _submit(self) -> None:
-        """Hand the queued samples to the writer thread (blocks while one shard already waits)."""
+        """Hand the queued samples to the writer threads (blocks while writer_threads shards wait)."""
         self._raise_writer_error()
         if not self._pending:
             return
-        if self._thread is None:
-            self._jobs = queue.Queue(maxsize=1)
-            self._thread = threading.Thread(target=self._writer_loop, name=f"shard-writer {self.directory.name}",
-                                            daemon=True)
-            self._thread.start()
+        if not self._threads:
+            self._jobs = queue.Queue(maxsize=self.writer_threads)
+            self._threads = [threading.Thread(target=self._writer_loop, daemon=True,
+                                              name=f"shard-writer-{k} {self.directory.name}")
+                             for k in range(self.writer_threads)]
+            for t in self._threads:
+                t.start()
         index, ids, samples = self._take_pending()
         with self._state:
             self._inflight_ids.update(ids)
@@ -305,7 +319,8 @@ class ShardWriter:
                 if self._error is None:  # after a failure, later shards are not written
                     self._write(*job)
             except BaseException as e:  # re-raised in the caller's thread
-                self._error = e
+                if self._error is None:  # the first failure is the one reported
+                    self._error = e
             finally:
                 self._jobs.task_done()
 
@@ -316,10 +331,12 @@ class ShardWriter:
                              f"{type(self._error).__name__}: {self._error}") from self._error
 
     def _stop_thread(self) -> None:
-        if self._thread is not None:
-            self._jobs.put(None)
-            self._thread.join()
-            self._thread, self._jobs = None, None
+        if self._threads:
+            for _ in self._threads:
+                self._jobs.put(None)
+            for t in self._threads:
+                t.join()
+            self._threads, self._jobs = [], None
 
     def finish(self, token_freq: torch.Tensor,
                vocabs: Mapping[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
