@@ -177,9 +177,11 @@ class TrainConfig:
     lr_decay_steps: Optional[int] = None
     # wall-clock cap "DD:HH:MM:SS" (Lightning max_time): a budgeted run stops cleanly, exports
     max_time: Optional[str] = None
-    # torch.compile the step (head + target logits + loss); null = on for GPUs, off on CPU.
-    # Measured on an H200 (docs/benchmarks.md): 1.4x our eager step, less peak memory.
-    compile: Optional[bool] = None
+    # torch.compile the step (head + target logits + loss). Off by default: one fixed shape
+    # compiled ran 1.4x our eager step on an H200 (bench), but inside the trainer (packed rows,
+    # dynamic shapes, TTT 7, regenerated SmolLM2 data) it ran 148 steps in 7 min = 13k tok/s,
+    # against 72k tok/s eager at TTT 5 (docs/benchmarks.md): recompiles. Opt in with true.
+    compile: Optional[bool] = False
     max_epochs: Optional[int] = None
     max_tokens_per_batch: int = 4096
     accumulate_grad_batches: int = 1

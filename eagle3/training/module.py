@@ -48,9 +48,7 @@ class Eagle3LitModule(L.LightningModule):
 
     # ---- steps
     def setup(self, stage: str) -> None:
-        want = self.tc.get("compile")
-        if want is None:  # auto: on for GPUs (setup runs before the module moves to its device)
-            want = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+        want = bool(self.tc.get("compile"))  # null = off (see train.compile in the schema)
         # packed rows vary in length: dynamic shapes, not one graph per length
         self._step = torch.compile(self._forward_loss, dynamic=True) if want else self._forward_loss
 
