@@ -15,6 +15,7 @@ from eagle3.evaluation.config import EngineOptions
 from eagle3.evaluation.engine import EngineRequest, PromptBatch
 from eagle3.evaluation.export_info import ExportInfo
 from eagle3.evaluation.figures import consistency_problems, figures_of, prompt_outcomes
+from eagle3.evaluation.mismatch import MAX_REFERENCE_BYTES, cases_from, explain, weights_bytes
 from eagle3.evaluation.prompts import SOURCES, PromptSet
 from eagle3.evaluation.report import AcceptanceReport
 from eagle3.evaluation.subprocess_engine import run_engine_process
@@ -75,9 +76,31 @@ def measure(
     }
     if without_head is not None:
         engine_facts.update(load_seconds_without_head=without_head.load_seconds, process_seconds_without_head=wall_base)
-    return AcceptanceReport(
+    verdicts, notes = _explain_mismatches(info, prompts, with_head, without_head)
+    problems += [f"greedy mismatch: {v['description']}" for v in verdicts if not v["near_tie"]]
+    report = AcceptanceReport(
         export_dir=str(info.export_dir), verifier=info.verifier, num_draft_tokens=num_draft_tokens,
         max_new_tokens=max_new_tokens, overall=overall, by_source=by_source, prompt_counts=prompts.counts(),
         dataset_dir=None, prompt_notes=list(prompts.notes), skipped_too_long=dict(prompts.skipped_too_long),
-        per_prompt=per_prompt, engine=engine_facts, consistency_problems=problems,
+        per_prompt=per_prompt, engine=engine_facts, consistency_problems=problems, mismatch_verdicts=verdicts,
     )
+    report.prompt_notes += notes
+    return report
+
+
+def _explain_mismatches(info: ExportInfo, prompts: PromptSet, with_head, without_head):
+    """fp32 verdicts on every greedy mismatch (a near tie, or a real problem), when the
+    verifier is small enough for a transformers fp32 forward on this machine."""
+    if without_head is None:
+        return [], []
+    cases = []
+    for wh, wo in zip(with_head.batches, without_head.batches):
+        source = prompts.by_source(wh.name)
+        cases += cases_from([p.token_ids for p in source], [p.id for p in source], wh.outputs, wo.outputs)
+    if not cases:
+        return [], []
+    size = weights_bytes(info.verifier)
+    if size > MAX_REFERENCE_BYTES:
+        return [], [f"{len(cases)} greedy mismatches not explained: the verifier ({size / 2**30:.1f} GiB) is "
+                    f"too large for the fp32 reference forward"]
+    return [dict(v.__dict__, description=v.describe()) for v in explain(info.verifier, cases)], []

@@ -37,6 +37,8 @@ class AcceptanceReport:
     per_prompt: list[PromptOutcome] = field(default_factory=list)
     engine: dict[str, Any] = field(default_factory=dict)  # vLLM version, platform, eager, load times
     consistency_problems: list[str] = field(default_factory=list)
+    # greedy mismatches explained by an fp32 reference forward (eagle3/evaluation/mismatch.py)
+    mismatch_verdicts: list[dict[str, Any]] = field(default_factory=list)
     measured_by: str = MEASURED_BY
 
     @property
@@ -58,7 +60,8 @@ class AcceptanceReport:
             "skipped_too_long": dict(self.skipped_too_long),
             "by_source": {name: fig.to_dict() for name, fig in self.by_source.items()},
             "greedy_mismatches": [
-                {"source": p.source, "id": p.id, "first_difference": p.first_difference}
+                {"source": p.source, "id": p.id, "first_difference": p.first_difference,
+                 **next((v for v in self.mismatch_verdicts if v["id"] == p.id), {})}
                 for p in self.per_prompt if p.greedy_match is False
             ],
             "engine": dict(self.engine),
@@ -128,5 +131,7 @@ def print_table(report: AcceptanceReport, console=None) -> None:
     console.print(table)
     for note in report.prompt_notes:
         console.print(f"[yellow]note[/]: {note}")
+    for v in report.mismatch_verdicts:
+        console.print(f"[{'yellow' if v['near_tie'] else 'red'}]greedy mismatch[/]: {v['description']}")
     for problem in report.consistency_problems:
         console.print(f"[red]counter check failed[/]: {problem}")
