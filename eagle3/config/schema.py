@@ -178,9 +178,10 @@ class TrainConfig:
     # wall-clock cap "DD:HH:MM:SS" (Lightning max_time): a budgeted run stops cleanly, exports
     max_time: Optional[str] = None
     # torch.compile the step (head + target logits + loss). Off by default: one fixed shape
-    # compiled ran 1.4x our eager step on an H200 (bench), but inside the trainer (packed rows,
-    # dynamic shapes, TTT 7, regenerated SmolLM2 data) it ran 148 steps in 7 min = 13k tok/s,
-    # against 72k tok/s eager at TTT 5 (docs/benchmarks.md): recompiles. Opt in with true.
+    # compiled ran 1.4x our eager step on an H200 (bench), but inside the trainer with dynamic
+    # shapes (packed rows of any length; TTT 7) it ran 148 steps in 7 min = 13k tok/s against
+    # 72k tok/s eager at TTT 5 (docs/benchmarks.md): recompiles. With true, rows are now padded
+    # to max_tokens_per_batch and compiled for that one shape (not yet measured on a GPU).
     compile: Optional[bool] = False
     max_epochs: Optional[int] = None
     max_tokens_per_batch: int = 4096

@@ -86,9 +86,13 @@ class PackedBatchSampler(torch.utils.data.Sampler[list[int]]):
             yield self.batches[b]
 
 
-def collate_packed(items: list[dict], max_tokens: int) -> dict[str, torch.Tensor]:
+def collate_packed(items: list[dict], max_tokens: int, pad_to: int | None = None) -> dict[str, torch.Tensor]:
     """Concatenate samples into one row [1, T]: positions restart and segment ids change
-    at each sample boundary. hidden [T, L, H] splits into aux [T, (L-1)H] and final [T, H]."""
+    at each sample boundary. hidden [T, L, H] splits into aux [T, (L-1)H] and final [T, H].
+
+    ``pad_to``: pad the row to exactly that many tokens (segment -1, no loss, zero states),
+    so every batch has one shape: a compiled step then never recompiles for a new length.
+    Padding changes no loss or count (the mask and the loss skip segment -1)."""
     ids, mask, hidden, pos, seg = [], [], [], [], []
     used = 0
     for s, item in enumerate(items):
@@ -101,6 +105,13 @@ def collate_packed(items: list[dict], max_tokens: int) -> dict[str, torch.Tensor
         pos.append(torch.arange(n))
         seg.append(torch.full((n,), s, dtype=torch.long))
         used += n
+    if pad_to is not None and pad_to > used:
+        n = pad_to - used
+        ids.append(torch.zeros(n, dtype=ids[0].dtype))
+        mask.append(torch.zeros(n, dtype=torch.bool))
+        hidden.append(hidden[0].new_zeros((n, *hidden[0].shape[1:])))
+        pos.append(torch.zeros(n, dtype=torch.long))
+        seg.append(torch.full((n,), -1, dtype=torch.long))
     h = torch.cat(hidden)  # [T, L, H]
     T, L, H = h.shape
     return {

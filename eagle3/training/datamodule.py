@@ -21,10 +21,12 @@ class _Subset(torch.utils.data.Dataset):
 
 
 class Eagle3DataModule(L.LightningDataModule):
-    def __init__(self, dataset_dir: str, *, max_tokens_per_batch: int, seed: int = 0, num_workers: int = 0):
+    def __init__(self, dataset_dir: str, *, max_tokens_per_batch: int, seed: int = 0, num_workers: int = 0,
+                 fixed_shape: bool = False):
         super().__init__()
         self.dataset_dir = dataset_dir
         self.max_tokens = int(max_tokens_per_batch)
+        self.fixed_shape = bool(fixed_shape)  # every row padded to max_tokens (train.compile)
         self.seed, self.num_workers = int(seed), int(num_workers)
         self.dataset = HiddenStateDataset(dataset_dir)
         val = set(self.dataset.val_indices())
@@ -47,10 +49,11 @@ class Eagle3DataModule(L.LightningDataModule):
         sampler = PackedBatchSampler(batches, shuffle=shuffle, seed=self.seed, rank=rank, world_size=world,
                                      batches_done=batches_done)
         max_tokens = self.max_tokens
+        pad_to = max_tokens if self.fixed_shape else None
         return torch.utils.data.DataLoader(
             _Subset(self.dataset, idx),
             batch_sampler=sampler,
-            collate_fn=lambda items: collate_packed(items, max_tokens),
+            collate_fn=lambda items: collate_packed(items, max_tokens, pad_to),
             num_workers=self.num_workers,
             persistent_workers=False,
         )

@@ -49,8 +49,9 @@ class Eagle3LitModule(L.LightningModule):
     # ---- steps
     def setup(self, stage: str) -> None:
         want = bool(self.tc.get("compile"))  # null = off (see train.compile in the schema)
-        # packed rows vary in length: dynamic shapes, not one graph per length
-        self._step = torch.compile(self._forward_loss, dynamic=True) if want else self._forward_loss
+        # the datamodule pads every row to max_tokens_per_batch when compiling: one static
+        # shape, one graph (dynamic shapes recompiled for new row lengths on the H200)
+        self._step = torch.compile(self._forward_loss, dynamic=False) if want else self._forward_loss
 
     def _forward_loss(self, batch: dict[str, torch.Tensor]):
         step_logits = self.head(

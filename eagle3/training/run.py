@@ -91,6 +91,7 @@ def run(cfg: Any, extra_callbacks: Sequence[L.Callback] = ()) -> float:
     datamodule = Eagle3DataModule(
         str(ds_dir), max_tokens_per_batch=int(cfg.train.max_tokens_per_batch), seed=int(cfg.train.seed),
         num_workers=int(cfg.train.num_workers),
+        fixed_shape=bool(cfg.train.compile),  # a compiled step sees one shape (no recompiles)
     )
     head, draft_meta = build_head(cfg, model_dir, datamodule.dataset)
     train_cfg = OmegaConf.to_container(cfg.train, resolve=True, enum_to_str=True)
