@@ -9,7 +9,7 @@ import torch
 
 
 class TokenThroughput(L.Callback):
-    """Logs train/tokens_per_s (tokens in packed batches, summed over ranks) per step."""
+    """Logs train/tokens_per_s (sample tokens in packed batches, no padding, summed over ranks) per step."""
 
     def __init__(self, window: int = 20):
         self.window = window
@@ -26,7 +26,8 @@ class TokenThroughput(L.Callback):
         if torch.cuda.is_available() and pl_module.device.type == "cuda":
             torch.cuda.synchronize()
         dt = time.perf_counter() - self._t0
-        tokens = int(batch["input_ids"].numel()) * trainer.world_size
+        # real tokens only: rows padded to a fixed shape (train.compile) must not inflate tok/s
+        tokens = int((batch["segment_ids"] >= 0).sum()) * trainer.world_size
         self.total_tokens += tokens
         self._times = (self._times + [(dt, tokens)])[-self.window :]
         secs = sum(t for t, _ in self._times)
