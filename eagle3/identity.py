@@ -21,6 +21,7 @@ def fingerprint_inputs(cfg: Any, model_dir: str) -> dict:
     d = Path(model_dir)
     data = OmegaConf.to_container(cfg.data, resolve=True, enum_to_str=True)
     data.pop("regen_batch_size", None)
+    data.pop("regen_static_cache", None)  # how the answers are computed, not what they are
     if data.get("regenerate"):  # which engine wrote the answers, not "auto"
         from eagle3.data.regenerate import resolve_backend
 

@@ -2,7 +2,10 @@
 a SmolLM2-shaped random Llama (random weights never stop early, so every answer runs the
 full --max-tokens) answers --n synthetic prompts in batches of --batch.
 
-    python scripts/gpu_regen_probe.py --tok .gpu/tok --n 2048 --batch 1024 --max-tokens 64
+    python scripts/gpu_regen_probe.py --tok .gpu/tok --n 2048 --batch 1024 --max-tokens 64 [--static]
+
+--static: also time the static-cache engine (data.regen_static_cache=true) on the same
+prompts and check its answers equal the dynamic cache's (random weights, greedy).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--static", action="store_true")
     args = ap.parse_args()
     tok = AutoTokenizer.from_pretrained(args.tok)
     cfg = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
@@ -39,19 +43,26 @@ def main() -> None:
     words = "the of and to a in is you that it for what how can write explain code python list".split()
     convs = [Conversation(id=f"p{i}", messages=[{"role": "user", "content": " ".join(
         rng.choice(words) for _ in range(rng.randint(5, 300)))}]) for i in range(args.n)]
-    regen = HFRegenerator(d, d, max_tokens=args.max_tokens, max_model_len=1024, gen_batch_size=args.batch)
-    t0 = time.perf_counter()
-    regen(convs[: args.batch])  # first batch: load, padding check, warm-up
-    t1 = time.perf_counter()
-    regen(convs[args.batch:])
-    t2 = time.perf_counter()
-    rest = args.n - args.batch
-    steps = -(-rest // args.batch) * args.max_tokens
-    print(f"first batch (load + check + warm-up) {t1 - t0:.1f} s; then {rest} answers x {args.max_tokens} tokens "
-          f"in {t2 - t1:.1f} s = {regen.new_tokens and (rest * args.max_tokens) / (t2 - t1):,.0f} tok/s, "
-          f"{1000 * (t2 - t1) / steps:.1f} ms per decode step at batch {args.batch}; "
-          f"attention {regen._load().config._attn_implementation}")
-
+    answers = {}
+    for static in ([False, True] if args.static else [False]):
+        regen = HFRegenerator(d, f"{d}/{'static' if static else 'dynamic'}", max_tokens=args.max_tokens,
+                              max_model_len=1024, gen_batch_size=args.batch, static_cache=static)
+        t0 = time.perf_counter()
+        first = regen(convs[: args.batch])  # first batch: load, padding check, warm-up (compile)
+        t1 = time.perf_counter()
+        rest = regen(convs[args.batch:])
+        t2 = time.perf_counter()
+        answers[static] = [c.messages for c in first + rest]
+        n = args.n - args.batch
+        steps = -(-n // args.batch) * args.max_tokens
+        print(f"{'static' if static else 'dynamic'} cache: first batch (load + check + warm-up) {t1 - t0:.1f} s; "
+              f"then {n} answers x {args.max_tokens} tokens in {t2 - t1:.1f} s = {n * args.max_tokens / (t2 - t1):,.0f} "
+              f"tok/s, {1000 * (t2 - t1) / steps:.1f} ms per decode step at batch {args.batch}; "
+              f"attention {regen._load().config._attn_implementation}", flush=True)
+        regen.close()
+    if args.static:
+        same = sum(a == b for a, b in zip(answers[False], answers[True]))
+        print(f"static == dynamic answers: {same} / {len(answers[False])}")
 
 if __name__ == "__main__":
     main()

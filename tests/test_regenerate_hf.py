@@ -84,3 +84,16 @@ def test_padding_leak_is_caught_and_answered_with_eager_attention(smollm2_dir, t
         out = regen(_convs()[:2])
     assert "switching to eager attention" in caplog.text
     assert "Paris" in out[0].messages[1]["content"]
+
+
+@pytest.mark.slow
+def test_static_cache_gives_the_dynamic_cache_answers(smollm2_dir, tmp_path):
+    """data.regen_static_cache (one cache shape, so CUDA compiles the decode step once): the
+    batch is topped up to gen_batch_size rows and the cache sized to max_model_len +
+    max_tokens; the answers must be those of the dynamic cache."""
+    convs = _convs()
+    dynamic = HFRegenerator(smollm2_dir, tmp_path / "d", max_tokens=16, max_model_len=256, gen_batch_size=4)
+    static = HFRegenerator(smollm2_dir, tmp_path / "s", max_tokens=16, max_model_len=256, gen_batch_size=4,
+                           static_cache=True)
+    assert [c.messages for c in static(convs)] == [c.messages for c in dynamic(convs)]
+    assert static.new_tokens == dynamic.new_tokens > 0

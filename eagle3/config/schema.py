@@ -124,6 +124,7 @@ class DataConfig:
     regen_batch_size: int = 64  # conversations per call; hf: also prompts per generate() batch
     regen_backend: RegenBackend = RegenBackend.auto
     regen_max_turns: Optional[int] = None  # answer only the first n user turns (null: all)
+    regen_static_cache: bool = False  # hf: one static KV-cache shape (CUDA compiles the decode once)
 
 
 @dataclass

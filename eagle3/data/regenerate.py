@@ -198,12 +198,16 @@ class HFRegenerator(Regenerator):
     backend = "hf"
 
     def __init__(self, model_dir: str, cache_dir: str | Path, *, gen_batch_size: int = 256,
-                 device: str | None = None, attn_implementation: str | None = None, **kwargs):
+                 device: str | None = None, attn_implementation: str | None = None, static_cache: bool = False,
+                 **kwargs):
         super().__init__(model_dir, cache_dir, **kwargs)
         if int(gen_batch_size) < 1:
             raise ValueError(f"gen_batch_size: expected >= 1, got {gen_batch_size}")
         self.gen_batch_size = int(gen_batch_size)
         self.device, self.attn_implementation = device, attn_implementation
+        # static KV cache of one shape (gen_batch_size rows x max_model_len + max_tokens): on
+        # CUDA, transformers then compiles the decode step once (CUDA graphs) for every batch
+        self.static_cache = bool(static_cache)
         self._model = None
         self._checked = False  # the first batch is checked for padding leaks (greedy)
 
@@ -250,10 +254,16 @@ class HFRegenerator(Regenerator):
             mask[row, width - len(p):] = 1
         sampling = {"do_sample": True, "temperature": self.temperature} if self.temperature > 0 else {
             "do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+        rows = len(prompts)
+        if self.static_cache and rows < self.gen_batch_size:  # one batch shape: repeat the last row
+            extra = self.gen_batch_size - rows
+            ids, mask = torch.cat([ids, ids[-1:].expand(extra, -1)]), torch.cat([mask, mask[-1:].expand(extra, -1)])
+        if self.static_cache:
+            sampling.update(cache_implementation="static", max_cache_len=self.max_model_len + self.max_tokens)
         with torch.inference_mode():
             out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
                                  max_new_tokens=max_new, pad_token_id=pad, eos_token_id=sorted(stop), **sampling)
-        return out[:, width:].cpu()
+        return out[:rows, width:].cpu()
 
     def _padding_is_safe(self, prompts: list[list[int]], batched) -> bool:
         """Greedy only: the most padded prompt of a batch, answered alone, must start the same
@@ -306,6 +316,7 @@ def make_regenerator(backend: str, model_dir: str, cache_dir: str | Path, **kwar
     vllm_only = ("cpu_kvcache_space_gb", "gpu_memory_utilization", "tensor_parallel_size")
     if engine == "vllm":
         kwargs.pop("gen_batch_size", None)
+        kwargs.pop("static_cache", None)
         return VLLMRegenerator(model_dir, cache_dir, **kwargs)
     for k in vllm_only:
         kwargs.pop(k, None)

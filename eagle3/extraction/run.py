@@ -135,6 +135,7 @@ def _regenerator(cfg: Any, model_dir: str):
         max_tokens=int(cfg.data.regen_max_tokens), seed=int(cfg.data.seed),
         max_model_len=int(cfg.data.max_length), chat_template=cfg.model.chat_template,
         max_turns=cfg.data.regen_max_turns, gen_batch_size=int(cfg.data.regen_batch_size),
+        static_cache=bool(cfg.data.regen_static_cache),
         cpu_kvcache_space_gb=int(cfg.capture.cpu_kvcache_space_gb),
         gpu_memory_utilization=float(cfg.capture.gpu_memory_utilization),
         tensor_parallel_size=int(cfg.topology.extract_tp),
