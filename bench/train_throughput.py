@@ -7,9 +7,9 @@ trainer does). Variants (run in the order given, each at every --ttt):
     ours             eagle3.model as shipped (dense bool SDPA mask), eager
     ours_compiled    the same step (head + target logits + loss) under torch.compile
     ours_frozen_lm   ours with lm_head frozen, as speculators 0.9 trains (like for like)
-    ours_flex        PROTOTYPE (monkeypatched here, not in eagle3/): block-sparse flex
-                     attention instead of the dense [B,1,T,T*K] mask
-    ours_flex_compiled  the prototype with the whole step compiled
+    ours_flex        eagle3's attention="flex" (eagle3/model/flex.py): block-sparse flex
+                     attention instead of the dense [B,1,T,T*K] mask, flex_attention compiled
+    ours_flex_compiled  the same with the whole step compiled (train.compile + train.attention=flex)
     spec             speculators Eagle3DraftModel + its eager loss, compiled as its trainer
                      runs it (its forward carries @conditional_torch_compile on CUDA)
     spec_eager       the same, uncompiled (torch.compiler.set_stance("force_eager"))
@@ -174,111 +174,31 @@ def ours_loss_fn(head, ttt: int):
 # variant runs, then restores them. Keys are zero-padded to K*T so one compiled kernel
 # serves every step; blocks past step k are absent from the block mask, never computed.
 
-FLEX_BLOCK = 128
+class _compiled_flex_kernel:
+    """Reusable context: eagle3.model.flex calls torch's flex_attention; inside, a compiled copy."""
 
+    def __init__(self):
+        import torch.nn.attention.flex_attention as fa
 
-def _dense_to_kv_blocks(block_map: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """bool [Qb, KVb] -> (num [1,1,Qb] int32, indices [1,1,Qb,KVb] int32), present blocks first, ascending."""
-    num = block_map.sum(-1).to(torch.int32)
-    order = torch.argsort((~block_map).to(torch.int8), dim=-1, stable=True).to(torch.int32)
-    return num[None, None], order[None, None]
-
-
-def build_flex_masks(segment_ids: torch.Tensor, num_steps: int) -> list:
-    from torch.nn.attention.flex_attention import BlockMask
-
-    from eagle3.model.mask import causal_segment_block
-
-    if segment_ids.shape[0] != 1:
-        raise ValueError("flex prototype: one packed row per batch (B=1)")
-    t = segment_ids.shape[1]
-    if t % FLEX_BLOCK:
-        raise ValueError(f"flex prototype: sequence length {t} must be a multiple of {FLEX_BLOCK}")
-    nb = t // FLEX_BLOCK
-    dense0 = causal_segment_block(segment_ids)[0].view(nb, FLEX_BLOCK, nb, FLEX_BLOCK)
-    any0, all0 = dense0.any(dim=(1, 3)), dense0.all(dim=(1, 3))
-    eye = torch.eye(nb, dtype=torch.bool, device=segment_ids.device)
-    none = torch.zeros_like(eye)
-    seg = segment_ids[0]
-
-    def step_mask_mod(limit: torch.Tensor):
-        def mask_mod(b, h, q, kv):  # the TTT mask of mask.py; limit = (step + 1) * t
-            blk = kv // t
-            kvp = kv - blk * t
-            own = (kvp <= q) & (seg[kvp] == seg[q]) & (seg[q] >= 0)
-            return ((blk == 0) & (own | (kvp == q))) | ((blk > 0) & (kvp == q) & (kv < limit))
-
-        return mask_mod
-
-    masks = []
-    for step in range(num_steps):
-        # the limit is a tensor, not an int, so the compiled kernel is not specialised per step
-        mask_mod = step_mask_mod(torch.tensor((step + 1) * t, device=segment_ids.device))
-        diag = [eye if j <= step else none for j in range(1, num_steps)]
-        partial = torch.cat([any0 & ~all0, *diag], dim=1)
-        full = torch.cat([all0, *[none] * (num_steps - 1)], dim=1)
-        kv_num, kv_idx = _dense_to_kv_blocks(partial)
-        full_num, full_idx = _dense_to_kv_blocks(full)
-        masks.append(BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=FLEX_BLOCK,
-                                              mask_mod=mask_mod, seq_lengths=(t, t * num_steps)))
-    return masks
-
-
-def _flex_attention_forward(self, x, cos, sin, past_keys, past_values, mask):
-    from eagle3.model.rope import apply_rotary
-
-    b, t, _ = x.shape
-    q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
-    k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-    v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-    q = apply_rotary(q, cos, sin)
-    k = apply_rotary(k, cos, sin)
-    past_keys.append(k)
-    past_values.append(v)
-    pad = mask.seq_lengths[1] - t * len(past_keys)
-    keys = F.pad(torch.cat(past_keys, dim=2), (0, 0, 0, pad))
-    values = F.pad(torch.cat(past_values, dim=2), (0, 0, 0, pad))
-    out = _FLEX[0](q, keys, values, block_mask=mask, enable_gqa=self.num_kv_heads != self.num_heads)
-    return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
-
-
-_FLEX: list = [None]
-
-
-class FlexPatch:
-    """Context manager: eagle3.model runs with the flex prototype inside it."""
-
-    def __init__(self, compile_kernel: bool):
-        from torch.nn.attention.flex_attention import flex_attention
-
-        self.kernel = torch.compile(flex_attention, dynamic=False) if compile_kernel else flex_attention
+        self.module, self.original = fa, fa.flex_attention
+        self.compiled = torch.compile(self.original, dynamic=False)
 
     def __enter__(self):
-        import eagle3.model.head as head_mod
-        import eagle3.model.layers as layers_mod
-
-        _FLEX[0] = self.kernel
-        self.saved = (head_mod.build_ttt_mask, head_mod.ttt_step_mask, layers_mod.TTTAttention.forward)
-        head_mod.build_ttt_mask = build_flex_masks
-        head_mod.ttt_step_mask = lambda masks, step: masks[step]
-        layers_mod.TTTAttention.forward = _flex_attention_forward
-        return self
+        self.module.flex_attention = self.compiled
 
     def __exit__(self, *exc):
-        import eagle3.model.head as head_mod
-        import eagle3.model.layers as layers_mod
-
-        head_mod.build_ttt_mask, head_mod.ttt_step_mask, layers_mod.TTTAttention.forward = self.saved
+        self.module.flex_attention = self.original
 
 
 @torch.no_grad()
-def flex_equivalence(head, x: dict, ttt: int, patch: FlexPatch) -> str:
-    """Max |logits difference| between the prototype and the shipped dense mask (same head)."""
+def flex_equivalence(head, x: dict, ttt: int) -> str:
+    """Max |logits difference| between attention="flex" and the dense mask (same head)."""
     device_type = x["aux_hidden"].device.type
     args = (x["aux_hidden"], x["input_ids"], x["position_ids"], x["segment_ids"], ttt)
     with torch.autocast(device_type, dtype=torch.bfloat16):
-        with patch:
-            flex = head(*args)
+        head.attention = "flex"
+        flex = head(*args)
+        head.attention = "sdpa"
         dense = head(*args)
     diff = max(float((a.float() - b.float()).abs().max()) for a, b in zip(flex, dense))
     scale = max(float(b.float().abs().max()) for b in dense)
@@ -447,16 +367,19 @@ def prepare(variant: str, ttt: int, s: Shapes, x: dict, device: torch.device, ar
     gc.collect()
     p.held_bytes = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     rss = RSSPeak() if device.type == "cpu" else None
-    patch = FlexPatch(compile_kernel=device.type == "cuda") if "flex" in variant else None
+    patch = None
     try:
         if variant.startswith("ours"):
             p.model = build_ours(s, x, device, frozen_lm=variant == "ours_frozen_lm")
             fl = ours_loss_fn(p.model, ttt)
-            if patch:
-                res.notes.append(flex_equivalence(p.model, x, ttt, patch))
+            if "flex" in variant:
+                res.notes.append(flex_equivalence(p.model, x, ttt))
                 if device.type == "cpu":
                     res.status = "skipped: flex attention has no backward on CPU (forward checked)"
                     return p
+                p.model.attention = "flex"
+                if variant == "ours_flex":  # only the kernel compiled, the rest of the step eager
+                    patch = _compiled_flex_kernel()
             if variant in ("ours_compiled", "ours_flex_compiled"):
                 fl = torch.compile(fl)
             train_lm = variant != "ours_frozen_lm"

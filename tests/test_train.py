@@ -118,3 +118,23 @@ def test_wandb_offline_run_records_metrics(data_dir, tmp_path):
     assert "initial/val/acc_k0" in run["summary"] and "val/sim_accept_len" in run["summary"]
     assert run["config"]["train"]["ttt_steps"] == 2 and run["config"]["model"]["name"] == "tiny_llama"
     assert "model:tiny_llama" in run["tags"] and "data:sharegpt" in run["tags"]
+
+
+def test_flex_attention_is_refused_where_it_cannot_train(data_dir, tmp_path):
+    """train.attention=flex needs CUDA (no FlexAttention backward on CPU) and 128-token tiles:
+    both are clear errors before any step, naming the field."""
+    with pytest.raises(ValueError, match="train.max_tokens_per_batch: expected a multiple of 128 with "
+                                         "train.attention=flex, got 500"):
+        _train(data_dir, tmp_path / "a", ["train.attention=flex", "train.max_tokens_per_batch=500"])
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="train.attention=flex: expected a CUDA device, got cpu"):
+            _train(data_dir, tmp_path / "b", ["train.attention=flex"])
+
+
+def test_compiled_step_on_fixed_shape_rows_trains(data_dir, tmp_path):
+    """train.compile=true: rows padded to max_tokens_per_batch, one static graph; the run
+    learns (val sim accept above the random start) and logs the same keys."""
+    _train(data_dir, tmp_path, ["train.compile=true", "train.max_steps=12", "train.val_check_interval=12"])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["global_step"] == 12
+    assert summary["final"]["val/loss"] < summary["initial"]["val/loss"]

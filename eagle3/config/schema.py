@@ -53,6 +53,11 @@ class LossKind(str, Enum):
     ce_argmax = "ce_argmax"
 
 
+class AttentionKind(str, Enum):
+    sdpa = "sdpa"  # dense bool TTT mask, any device
+    flex = "flex"  # block-sparse flex attention (CUDA; rows padded to max_tokens_per_batch)
+
+
 class Strategy(str, Enum):
     auto = "auto"
     ddp = "ddp"
@@ -161,6 +166,10 @@ class TrainConfig:
     ttt_steps: int = 3
     step_decay: float = 0.8
     loss: LossKind = LossKind.forward_kl
+    # flex: block-sparse TTT masks (eagle3/model/flex.py), 1.37x vs 1.27x dense over compiled
+    # speculators in the H200 bench (TTT 3, whole step compiled); needs CUDA, and
+    # max_tokens_per_batch a multiple of 128 (rows are padded to it)
+    attention: AttentionKind = AttentionKind.sdpa
     draft_vocab_size: int = 32000
     norm_before_fc: bool = False
     init_lm_head_from_target: bool = True

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from eagle3.model.config import DraftConfig
+from eagle3.model.flex import build_flex_masks
 from eagle3.model.layers import Eagle3DecoderLayer, RMSNorm
 from eagle3.model.mask import build_ttt_mask, ttt_step_mask
 from eagle3.model.rope import RotaryEmbedding
@@ -41,9 +42,10 @@ class TargetWeightsError(ValueError):
 
 
 class Eagle3DraftHead(nn.Module):
-    def __init__(self, cfg: DraftConfig):
+    def __init__(self, cfg: DraftConfig, attention: str = "sdpa"):
         super().__init__()
         self.cfg = cfg
+        self.attention = attention  # "sdpa" (dense bool mask, any device) | "flex" (block masks, CUDA)
         h, v, vt = cfg.hidden_size, cfg.draft_vocab_size, cfg.target_vocab_size
         aux = cfg.num_aux_layers * h
         # trainable
@@ -138,7 +140,13 @@ class Eagle3DraftHead(nn.Module):
     ) -> list[torch.Tensor]:
         """Draft logits per TTT step: a list of ttt_steps tensors [B, T, V] (see module doc)."""
         self._check_inputs(aux_hidden, input_ids, position_ids, segment_ids, ttt_steps)
-        mask = build_ttt_mask(segment_ids, ttt_steps)
+        if self.attention == "flex":
+            masks = build_flex_masks(segment_ids, ttt_steps)
+        elif self.attention == "sdpa":
+            dense = build_ttt_mask(segment_ids, ttt_steps)
+            masks = [ttt_step_mask(dense, k) for k in range(ttt_steps)]
+        else:
+            raise ValueError(f"Eagle3DraftHead.attention: expected 'sdpa' or 'flex', got {self.attention!r}")
         g = aux_hidden.to(self.fc.weight.dtype)
         if self.input_norm is not None:
             g = self.input_norm(g)
@@ -151,7 +159,7 @@ class Eagle3DraftHead(nn.Module):
             ids, _ = shift_left(input_ids, segment_ids, 1 + step, fill=PAD_INPUT_ID)
             embeds = self.embed_tokens(ids).to(hidden.dtype)
             cos, sin = self.rotary(position_ids + 1 + step, hidden.dtype)
-            hidden = layer(embeds, hidden, cos, sin, past_keys, past_values, ttt_step_mask(mask, step))
+            hidden = layer(embeds, hidden, cos, sin, past_keys, past_values, masks[step])
             step_logits.append(self.lm_head(self.norm(hidden)))
         return step_logits
 

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eagle3.model.config import DraftConfig
+from eagle3.model.flex import flex_attend
 from eagle3.model.rope import apply_rotary
 
 
@@ -51,7 +52,7 @@ class TTTAttention(nn.Module):
         sin: torch.Tensor,
         past_keys: list[torch.Tensor],  # per earlier TTT step: [B, kv_heads, T, hd]; appended to
         past_values: list[torch.Tensor],
-        mask: torch.Tensor,  # bool [B, 1, T, T * (len(past_keys) + 1)]
+        mask,  # bool [B, 1, T, T * (len(past_keys) + 1)], or a flex BlockMask (eagle3/model/flex.py)
     ) -> torch.Tensor:
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
@@ -61,6 +62,9 @@ class TTTAttention(nn.Module):
         k = apply_rotary(k, cos, sin)
         past_keys.append(k)
         past_values.append(v)
+        if not isinstance(mask, torch.Tensor):  # block-sparse flex attention (GQA in the kernel)
+            out = flex_attend(q, past_keys, past_values, mask, enable_gqa=self.num_kv_heads != self.num_heads)
+            return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
         keys = torch.cat(past_keys, dim=2) if len(past_keys) > 1 else k
         values = torch.cat(past_values, dim=2) if len(past_values) > 1 else v
         if self.num_kv_heads != self.num_heads:

@@ -61,7 +61,7 @@ def build_head(cfg: Any, model_dir: str, dataset: HiddenStateDataset) -> tuple[E
         hf, draft_vocab_size=size, num_aux_layers=len(aux_ids),
         norm_before_fc=bool(cfg.train.norm_before_fc), **overrides,
     )
-    head = Eagle3DraftHead(draft_cfg)
+    head = Eagle3DraftHead(draft_cfg, attention=str(getattr(cfg.train.attention, "value", cfg.train.attention)))
     d2t, t2d = draft_vocab(dataset, size)
     w = load_target_head_weights(model_dir)
     head.load_target_weights(

@@ -48,6 +48,10 @@ class Eagle3LitModule(L.LightningModule):
 
     # ---- steps
     def setup(self, stage: str) -> None:
+        device = self.trainer.strategy.root_device.type if self.trainer is not None else "cpu"
+        if getattr(self.head, "attention", "sdpa") == "flex" and device != "cuda":
+            raise ValueError(f"train.attention=flex: expected a CUDA device, got {device} "
+                             "(FlexAttention has no backward on CPU); use train.attention=sdpa")
         want = bool(self.tc.get("compile"))  # null = off (see train.compile in the schema)
         # the datamodule pads every row to max_tokens_per_batch when compiling: one static
         # shape, one graph (dynamic shapes recompiled for new row lengths on the H200)

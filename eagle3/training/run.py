@@ -16,6 +16,7 @@ from eagle3.config.validate import validate_run_config
 from eagle3.export import export_checkpoint
 from eagle3.identity import dataset_path
 from eagle3.launch import check_external_launch
+from eagle3.model.flex import FLEX_BLOCK
 from eagle3.targets import resolve_target
 from eagle3.training.builder import build_head
 from eagle3.training.callbacks import TokenThroughput
@@ -88,10 +89,14 @@ def run(cfg: Any, extra_callbacks: Sequence[L.Callback] = ()) -> float:
             f"no dataset for this config at {ds_dir}: run extract.py with the same model/layers/data "
             f"overrides first (python extract.py <same overrides>)"
         )
+    if _flex(cfg) and int(cfg.train.max_tokens_per_batch) % FLEX_BLOCK:
+        raise ValueError(f"train.max_tokens_per_batch: expected a multiple of {FLEX_BLOCK} with "
+                         f"train.attention=flex, got {cfg.train.max_tokens_per_batch}")
     datamodule = Eagle3DataModule(
         str(ds_dir), max_tokens_per_batch=int(cfg.train.max_tokens_per_batch), seed=int(cfg.train.seed),
         num_workers=int(cfg.train.num_workers),
-        fixed_shape=bool(cfg.train.compile),  # a compiled step sees one shape (no recompiles)
+        # a compiled step sees one shape (no recompiles); flex tiles rows in 128-token blocks
+        fixed_shape=bool(cfg.train.compile) or _flex(cfg),
     )
     head, draft_meta = build_head(cfg, model_dir, datamodule.dataset)
     train_cfg = OmegaConf.to_container(cfg.train, resolve=True, enum_to_str=True)
@@ -149,3 +154,7 @@ def run(cfg: Any, extra_callbacks: Sequence[L.Callback] = ()) -> float:
         logger.experiment.summary.update({f"initial/{k}": v for k, v in initial.items()})
         logger.experiment.finish()  # one W&B run per job: close it before the next multirun job
     return final.get(str(cfg.optimized_metric), float("nan"))
+
+
+def _flex(cfg: Any) -> bool:
+    return str(getattr(cfg.train.attention, "value", cfg.train.attention)) == "flex"
