@@ -4,6 +4,8 @@
 #   bash scripts/gpu_quality_run.sh part 1     # carry .gpu/parts/gguf.1 .gpu/sharegpt.jsonl.xz
 #   bash scripts/gpu_quality_run.sh extract [overrides...]  # regenerates answers + captures
 #   bash scripts/gpu_quality_run.sh train [overrides...]    # trains, brings the export back
+#   (a second train call continues the first: add ckpt_path=last and a larger train.max_time,
+#    since Lightning restores the elapsed time with the checkpoint)
 # (each stage within one call's 10-minute limit; "run" does both; calls carry <= 64 MiB, so
 # what a part call carries waits in /tmp for the later calls while the machine stays warm)
 set -euo pipefail
