@@ -187,7 +187,7 @@ class ShardWriter:
         m.recount()
         if (list(m.sample_ids), [s.file for s in m.shards], m.complete) != before:
             m.write(self.directory)
-        indices = [int(SHARD_RE.match(s.file).group(1)) for s in m.shards]
+        indices = [_index(s.file) for s in m.shards]
         self._next_index = max(indices, default=-1) + 1
         self._done = set(m.sample_ids)
 
@@ -281,8 +281,12 @@ class ShardWriter:
         with self._state:
             m = self.manifest
             self._ids_by_file[info.file] = list(ids)
-            m.shards = sorted([*m.shards, info], key=lambda s: int(SHARD_RE.match(s.file).group(1)))
-            m.sample_ids = [sid for s in m.shards for sid in self._ids_by_file[s.file]]
+            if m.shards and _index(info.file) < _index(m.shards[-1].file):  # finished out of order
+                m.shards = sorted([*m.shards, info], key=lambda s: _index(s.file))
+                m.sample_ids = [sid for s in m.shards for sid in self._ids_by_file[s.file]]
+            else:
+                m.shards.append(info)
+                m.sample_ids += ids
             m.complete = False
             m.recount()
             m.write(self.directory)
@@ -385,6 +389,10 @@ class ShardWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _index(shard_file: str) -> int:
+    return int(SHARD_RE.match(shard_file).group(1))
 
 
 def add_vocab(directory: str | Path, draft_vocab_size: int, d2t: torch.Tensor, t2d: torch.Tensor) -> Path:
