@@ -14,7 +14,8 @@ from eagle3.store.layout import (
     StoreError,
 )
 from eagle3.store.reader import HiddenStateDataset
-from eagle3.store.writer import ShardWriter, add_vocab
+from eagle3.store.vocab_files import add_vocab
+from eagle3.store.writer import ShardWriter
 
 __all__ = [
     "SCHEMA_VERSION",

@@ -25,6 +25,7 @@ import torch
 SCHEMA_VERSION = 1
 FORMAT = "eagle3-hidden-states"
 MANIFEST = "manifest.json"
+LOCK = ".writer.lock"  # held (flock) by whoever writes the dataset
 TOKEN_FREQ = "token_freq.safetensors"
 SHARD_RE = re.compile(r"^shard-(\d{5,})\.safetensors$")
 TMP_MARK = ".tmp-"  # every temp file's name contains this; removed on the next open

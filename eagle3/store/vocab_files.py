@@ -1,12 +1,14 @@
-"""token_freq.safetensors and vocab-<V>.safetensors: checked on write and on read."""
+"""token_freq.safetensors and vocab-<V>.safetensors: checked on write and on read; add_vocab
+adds a vocabulary of another size to a finished dataset."""
 
 from __future__ import annotations
 
+import fcntl
 from pathlib import Path
 
 import torch
 
-from eagle3.store.layout import StoreError, save_tensors_atomic
+from eagle3.store.layout import LOCK, Manifest, StoreError, save_tensors_atomic, vocab_name
 
 
 def check_token_freq(freq: torch.Tensor) -> torch.Tensor:
@@ -57,3 +59,21 @@ def load_tensors(path: Path, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
     if set(loaded) != set(names):
         raise StoreError(f"{path}: tensors: expected {sorted(names)}, got {sorted(loaded)}")
     return loaded
+
+
+def add_vocab(directory: str | Path, draft_vocab_size: int, d2t: torch.Tensor, t2d: torch.Tensor) -> Path:
+    """Add a draft vocabulary of another size to a complete dataset (e.g. a train-time V)."""
+    directory = Path(directory)
+    lock = open(directory / LOCK, "a+")
+    try:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        m = Manifest.read(directory)
+        if not m.complete:
+            raise StoreError(f"{directory}: incomplete dataset; finish extract.py before adding vocabularies")
+        path = directory / vocab_name(draft_vocab_size)
+        save_vocab(path, draft_vocab_size, d2t, t2d)
+        m.vocabs[str(int(draft_vocab_size))] = path.name
+        m.write(directory)
+        return path
+    finally:
+        lock.close()

@@ -31,6 +31,7 @@ import torch
 
 from eagle3.store.fingerprint import canonical, dataset_fingerprint
 from eagle3.store.layout import (
+    LOCK,
     MANIFEST,
     SHARD_RE,
     TMP_MARK,
@@ -46,7 +47,6 @@ from eagle3.store.shard_file import ShardIdentity, inspect_shard, write_shard
 from eagle3.store.vocab_files import save_token_freq, save_vocab
 
 log = logging.getLogger(__name__)
-LOCK = ".writer.lock"
 
 
 class ShardWriter:
@@ -393,21 +393,3 @@ class ShardWriter:
 
 def _index(shard_file: str) -> int:
     return int(SHARD_RE.match(shard_file).group(1))
-
-
-def add_vocab(directory: str | Path, draft_vocab_size: int, d2t: torch.Tensor, t2d: torch.Tensor) -> Path:
-    """Add a draft vocabulary of another size to a complete dataset (e.g. a train-time V)."""
-    directory = Path(directory)
-    lock = open(directory / LOCK, "a+")
-    try:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        m = Manifest.read(directory)
-        if not m.complete:
-            raise StoreError(f"{directory}: incomplete dataset; finish extract.py before adding vocabularies")
-        path = directory / vocab_name(draft_vocab_size)
-        save_vocab(path, draft_vocab_size, d2t, t2d)
-        m.vocabs[str(int(draft_vocab_size))] = path.name
-        m.write(directory)
-        return path
-    finally:
-        lock.close()
