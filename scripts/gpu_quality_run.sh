@@ -41,6 +41,10 @@ fi
 time ${PYTHON:-python3} train.py "${COMMON[@]}" hydra.run.dir=/tmp/run 2>&1 | grep -vE "Loading weights|it/s\]" | tail -60
 OUTD=${OUT:-/tmp/out}; mkdir -p "$OUTD"
 cp /tmp/run/summary.json /tmp/run/export/config.json "$OUTD/"
+# the dataset's manifest names the validation split: with it (in a folder here) and the same
+# chat file at the same path, `python -m eagle3.evaluate dataset_dir=...` adds the val prompts
+cp "$(python3 -c 'import json; print(json.load(open("/tmp/run/summary.json"))["dataset_dir"])')/manifest.json" \
+   "$OUTD/dataset_manifest.json"
 # results come back in files of at most 16 MiB
 split -b 15M -d /tmp/run/export/model.safetensors "$OUTD/model.safetensors.part"
 sha256sum /tmp/run/export/model.safetensors > "$OUTD/model.sha256"
