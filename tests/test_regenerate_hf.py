@@ -97,3 +97,18 @@ def test_static_cache_gives_the_dynamic_cache_answers(smollm2_dir, tmp_path):
                            static_cache=True)
     assert [c.messages for c in static(convs)] == [c.messages for c in dynamic(convs)]
     assert static.new_tokens == dynamic.new_tokens > 0
+
+
+def test_fingerprint_records_the_engine_only_when_regenerating(smollm2_dir):
+    """auto is resolved to the engine that wrote the answers; without regeneration the new
+    regen fields stay out, so datasets extracted before they existed keep their fingerprint."""
+    from conftest import compose
+    from eagle3.identity import fingerprint_inputs
+
+    plain = fingerprint_inputs(compose("extract", ["data.regenerate=false"]), str(smollm2_dir))["data"]
+    assert "regen_backend" not in plain and "regen_max_turns" not in plain and "regen_static_cache" not in plain
+    regen = fingerprint_inputs(compose("extract", ["data.regenerate=true", "data.regen_backend=hf",
+                                                   "data.regen_static_cache=true"]), str(smollm2_dir))["data"]
+    assert regen["regen_backend"] == "hf" and "regen_static_cache" not in regen
+    assert fingerprint_inputs(compose("extract", ["data.regenerate=true"]), str(smollm2_dir))["data"][
+        "regen_backend"] == resolve_backend("auto") == "vllm"  # vLLM is installed here
