@@ -16,6 +16,7 @@ conversation id, so a rerun (or a resumed extraction) regenerates nothing it alr
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -34,12 +35,8 @@ log = logging.getLogger(__name__)
 def resolve_backend(backend: str) -> str:
     """``auto`` -> vllm when it imports, else hf; anything else must be a known engine."""
     backend = str(getattr(backend, "value", backend))
-    if backend == "auto":
-        try:
-            import vllm  # noqa: F401
-        except ImportError:
-            return "hf"
-        return "vllm"
+    if backend == "auto":  # looked up, not imported: train.py fingerprints with this at start-up
+        return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
     if backend not in BACKENDS:
         raise ValueError(f"data.regen_backend: expected auto, {' or '.join(BACKENDS)}, got {backend!r}")
     return backend

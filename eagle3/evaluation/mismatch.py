@@ -14,7 +14,6 @@ ties, fp32 logit gaps 0.13, 0.04 and 0.32.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -89,7 +88,3 @@ def cases_from(prompts: list[list[int]], ids: list[str], with_head: list[list[in
         if k is not None:
             cases.append(MismatchCase(pid, list(prompt), list(a[:k]), int(a[k]), int(b[k])))
     return cases
-
-
-def verdicts_json(verdicts: list[MismatchVerdict]) -> str:
-    return json.dumps([v.__dict__ for v in verdicts])
