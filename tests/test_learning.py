@@ -30,3 +30,6 @@ def test_short_cpu_run_on_smollm2_learns(tmp_path):
     assert last["val/loss_k0"] < 0.8 * first["val/loss_k0"]
     assert last["val/acc_k0"] > first["val/acc_k0"] + 0.10
     assert last["val/sim_accept_len"] > first["val/sim_accept_len"]
+    # the round-structured replay (K = min(eval.num_draft_tokens, ttt_steps) = 2) moves with it
+    assert first["val/replay_accept_len"] < 1.05 < last["val/replay_accept_len"] <= 3.0
+    assert last["val/replay_rounds"] > 0 and "val/sim_accept_len_k2" in last

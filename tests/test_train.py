@@ -116,6 +116,7 @@ def test_wandb_offline_run_records_metrics(data_dir, tmp_path):
     val_rows = [r for r in run["history"] if "val/sim_accept_len" in r]
     assert len(val_rows) >= 2 and all(r["val/sim_accept_len"] >= 1.0 for r in val_rows)
     assert "initial/val/acc_k0" in run["summary"] and "val/sim_accept_len" in run["summary"]
+    assert all(1.0 <= r["val/replay_accept_len"] <= 3.0 and r["val/replay_rounds"] > 0 for r in val_rows)
     assert run["config"]["train"]["ttt_steps"] == 2 and run["config"]["model"]["name"] == "tiny_llama"
     assert "model:tiny_llama" in run["tags"] and "data:sharegpt" in run["tags"]
 
@@ -138,3 +139,28 @@ def test_compiled_step_on_fixed_shape_rows_trains(data_dir, tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["global_step"] == 12
     assert summary["final"]["val/loss"] < summary["initial"]["val/loss"]
+
+
+def test_replay_export_reads_the_export_back(data_dir, tmp_path):
+    """eagle3.evaluation.replay_export rebuilds the head from the export alone (bf16 weights,
+    frozen parts from the verifier) and measures what training measured for that checkpoint."""
+    from eagle3.evaluation.replay_export import load_exported_head, measure
+
+    _train(data_dir, tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    export = Path(summary["export_dir"])
+    verifier = json.loads((export / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"]
+    head, aux_ids = load_exported_head(export, verifier)
+    assert aux_ids == [1, 2, 3]
+    fig = measure(head, summary["dataset_dir"], num_draft_tokens=2, max_answer_tokens=None)
+    # the export is the best checkpoint (by val/sim_accept_len, TTT 2 = K 2), in bf16
+    assert fig["sim_accept_len_k2"] == pytest.approx(summary["best_val_sim_accept_len"], abs=0.02)
+    assert 1.0 <= fig["replay_accept_len"] <= 3.0 and fig["replay_rounds"] > 0
+    with pytest.raises(ValueError, match="does not fit the head"):
+        cfg = json.loads((export / "config.json").read_text())
+        cfg["transformer_layer_config"]["intermediate_size"] += 1
+        bad = tmp_path / "bad_export"
+        bad.mkdir()
+        (bad / "config.json").write_text(json.dumps(cfg))
+        (bad / "model.safetensors").write_bytes((export / "model.safetensors").read_bytes())
+        load_exported_head(bad, verifier)

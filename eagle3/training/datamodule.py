@@ -55,7 +55,7 @@ class Eagle3DataModule(L.LightningDataModule):
             batch_sampler=sampler,
             collate_fn=lambda items: collate_packed(items, max_tokens, pad_to),
             num_workers=self.num_workers,
-            persistent_workers=False,
+            persistent_workers=self.num_workers > 0,  # no worker respawn at every epoch
         )
 
     def train_dataloader(self):

@@ -15,6 +15,7 @@ import torch
 
 from eagle3.model.head import Eagle3DraftHead
 from eagle3.model.loss import StepCounts, eagle3_loss
+from eagle3.model.replay import replay_counts, replay_metrics
 
 
 def warmup_cosine(step: int, *, warmup: int, total: int, min_ratio: float) -> float:
@@ -25,7 +26,8 @@ def warmup_cosine(step: int, *, warmup: int, total: int, min_ratio: float) -> fl
 
 
 class Eagle3LitModule(L.LightningModule):
-    def __init__(self, head: Eagle3DraftHead, train_cfg: dict[str, Any], export_meta: dict[str, Any] | None = None):
+    def __init__(self, head: Eagle3DraftHead, train_cfg: dict[str, Any], export_meta: dict[str, Any] | None = None,
+                 replay_draft_tokens: int = 3, replay_max_answer_tokens: int | None = None):
         super().__init__()
         self.head = head
         # what `python -m eagle3.export ckpt=...` needs besides weights (DraftMeta as a dict)
@@ -35,6 +37,12 @@ class Eagle3LitModule(L.LightningModule):
         # frozen target copies are rebuilt from the target, never stored in checkpoints
         self.strict_loading = False
         self._val_counts = StepCounts.zeros(self.ttt_steps)
+        # validation also replays serving's drafting rounds (eagle3/model/replay.py) with the
+        # evaluation's K (eval.num_draft_tokens, at most the TTT steps trained; 0 = off) and
+        # answer length (eval.max_new_tokens): the train-side figure that vLLM's should match
+        self.replay_k = min(int(replay_draft_tokens), self.ttt_steps)
+        self.replay_max_answer_tokens = replay_max_answer_tokens
+        self._val_replay = torch.zeros(2 + max(self.replay_k, 0), dtype=torch.float64)
         self._step = self._forward_loss
 
     # ---- frozen weights stay out of checkpoints (Kimi's embeddings alone are 4.7 GB fp32)
@@ -57,12 +65,18 @@ class Eagle3LitModule(L.LightningModule):
         # shape, one graph (dynamic shapes recompiled for new row lengths on the H200)
         self._step = torch.compile(self._forward_loss, dynamic=False) if want else self._forward_loss
 
-    def _forward_loss(self, batch: dict[str, torch.Tensor]):
+    def _logits(self, batch: dict[str, torch.Tensor]):
         step_logits = self.head(
             batch["aux_hidden"], batch["input_ids"], batch["position_ids"], batch["segment_ids"], self.ttt_steps
         )
         with torch.no_grad():
             target_logits = self.head.target_logits(batch["final_hidden"])
+        return step_logits, target_logits
+
+    def _forward_loss(self, batch: dict[str, torch.Tensor]):
+        return self._loss(batch, *self._logits(batch))
+
+    def _loss(self, batch: dict[str, torch.Tensor], step_logits, target_logits):
         return eagle3_loss(
             step_logits,
             target_logits,
@@ -92,10 +106,18 @@ class Eagle3LitModule(L.LightningModule):
 
     def on_validation_epoch_start(self) -> None:
         self._val_counts = StepCounts.zeros(self.ttt_steps, device=self.device)
+        self._val_replay = torch.zeros_like(self._val_replay)
 
     def validation_step(self, batch, batch_idx):
-        _, counts = self._step(batch)
+        # eager even when training is compiled: validation rows vary in length, and the
+        # replay needs the per-step logits
+        step_logits, target_logits = self._logits(batch)
+        _, counts = self._loss(batch, step_logits, target_logits)
         self._val_counts = self._val_counts + StepCounts.from_stacked(counts.stacked())
+        if self.replay_k > 0:
+            self._val_replay += replay_counts(
+                step_logits, target_logits, loss_mask=batch["loss_mask"], segment_ids=batch["segment_ids"],
+                num_draft_tokens=self.replay_k, max_answer_tokens=self.replay_max_answer_tokens)
 
     def on_validation_epoch_end(self) -> None:
         stacked = self._val_counts.stacked()
@@ -106,6 +128,15 @@ class Eagle3LitModule(L.LightningModule):
         decay = float(self.tc["step_decay"])
         metrics["val/loss"] = sum(decay**k * metrics[f"val/loss_k{k}"] for k in range(self.ttt_steps))
         metrics["val/tokens"] = counts.loss_count[0].float()
+        if self.replay_k > 0:
+            replay = self._val_replay.to(self.device)
+            if self.trainer.world_size > 1:
+                replay = self.trainer.strategy.reduce(replay, reduce_op="sum")
+            acc = counts.acc_full()
+            # the uniform estimate at the replay's K, for a like-for-like comparison
+            metrics[f"val/sim_accept_len_k{self.replay_k}"] = 1 + acc[: self.replay_k].sum().float()
+            metrics.update({k: torch.tensor(v, dtype=torch.float32, device=self.device)
+                            for k, v in replay_metrics(replay.cpu()).items()})
         # already reduced across ranks: no sync_dist (it would average, not sum)
         self.log_dict(metrics, sync_dist=False)
         self.log("val_accept", metrics["val/sim_accept_len"], prog_bar=True, logger=False)

@@ -100,7 +100,9 @@ def run(cfg: Any, extra_callbacks: Sequence[L.Callback] = ()) -> float:
     )
     head, draft_meta = build_head(cfg, model_dir, datamodule.dataset)
     train_cfg = OmegaConf.to_container(cfg.train, resolve=True, enum_to_str=True)
-    module = Eagle3LitModule(head, train_cfg, export_meta=draft_meta.to_dict())
+    module = Eagle3LitModule(head, train_cfg, export_meta=draft_meta.to_dict(),
+                             replay_draft_tokens=int(cfg.eval.num_draft_tokens),
+                             replay_max_answer_tokens=int(cfg.eval.max_new_tokens))
 
     ckpt_dir = output_dir / "checkpoints"
     checkpoint = ModelCheckpoint(

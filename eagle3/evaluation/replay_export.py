@@ -1,0 +1,106 @@
+"""Train-side acceptance of an exported head on a hidden-state dataset, with no vLLM.
+
+    python -m eagle3.evaluation.replay_export --export-dir outputs/run/export \\
+        --dataset-dir data/<fingerprint> [--verifier <target dir>] [--split val|all] \\
+        [--num-draft-tokens 3] [--max-answer-tokens 128]
+
+Prints both train-side figures for the same positions: the uniform estimate (every answer
+position starts a chain: `sim_accept_len` at K) and the round-structured replay
+(eagle3/model/replay.py: rounds start where serving would start them). On a dataset of the
+target's own greedy answers the replay is the figure vLLM's counters should reproduce on
+the same prompts (DESIGN.md: within 0.02-0.06); a larger gap points at a train/serve mismatch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from eagle3.model.config import DraftConfig
+from eagle3.model.head import Eagle3DraftHead
+from eagle3.model.loss import StepCounts, eagle3_loss
+from eagle3.model.replay import replay_counts, replay_metrics
+from eagle3.targets import load_target_head_weights, read_hf_config
+from eagle3.training.datamodule import Eagle3DataModule
+
+
+def load_exported_head(export_dir: str | Path, verifier: str | Path) -> tuple[Eagle3DraftHead, list[int]]:
+    """The exported head as an Eagle3DraftHead (frozen parts from the verifier), and its aux ids."""
+    export_dir = Path(export_dir)
+    cfg = json.loads((export_dir / "config.json").read_text())
+    layer = cfg["transformer_layer_config"]
+    aux_ids = [int(i) for i in cfg["eagle_aux_hidden_state_layer_ids"]]
+    draft_cfg = DraftConfig.from_target_config(
+        read_hf_config(str(verifier)), draft_vocab_size=int(cfg["draft_vocab_size"]), num_aux_layers=len(aux_ids),
+        norm_before_fc=bool(cfg.get("norm_before_fc", False)),
+        num_attention_heads=int(layer["num_attention_heads"]), num_key_value_heads=int(layer["num_key_value_heads"]),
+        intermediate_size=int(layer["intermediate_size"]),
+    )
+    head = Eagle3DraftHead(draft_cfg)
+    weights = load_file(str(export_dir / "model.safetensors"))
+    w = load_target_head_weights(str(verifier))
+    head.load_target_weights(w["embed"].float(), w["norm"].float(), w["lm_head"].float(),
+                             weights["d2t"], weights["t2d"], init_lm_head_from_target=False)
+    where = f"{export_dir}/model.safetensors: does not fit the head built from config.json"
+    try:
+        missing, unexpected = head.load_state_dict({k: v.float() if v.is_floating_point() else v
+                                                    for k, v in weights.items()}, strict=False)
+    except RuntimeError as e:  # shape mismatches
+        raise ValueError(f"{where}: {str(e).splitlines()[-1].strip()}") from e
+    frozen = {n for n, p in head.named_parameters() if not p.requires_grad} | {n for n, _ in head.named_buffers()}
+    if unexpected or set(missing) - frozen:
+        raise ValueError(f"{where} (missing {sorted(set(missing) - frozen)[:5]}, unexpected {unexpected[:5]})")
+    return head.eval(), aux_ids
+
+
+@torch.no_grad()
+def measure(head: Eagle3DraftHead, dataset_dir: str, *, num_draft_tokens: int, max_answer_tokens: int | None,
+            split: str = "val", max_tokens_per_batch: int = 4096) -> dict[str, float]:
+    dm = Eagle3DataModule(dataset_dir, max_tokens_per_batch=max_tokens_per_batch)
+    loader = dm.val_dataloader() if split == "val" else dm._loader(
+        dm.train_idx + dm.val_idx, dm.train_batches + dm.val_batches, shuffle=False, split_across_ranks=False)
+    counts = StepCounts.zeros(num_draft_tokens)
+    replay = torch.zeros(2 + num_draft_tokens, dtype=torch.float64)
+    for batch in loader:
+        steps = head(batch["aux_hidden"], batch["input_ids"], batch["position_ids"], batch["segment_ids"],
+                     num_draft_tokens)
+        target = head.target_logits(batch["final_hidden"])
+        _, c = eagle3_loss(steps, target, loss_mask=batch["loss_mask"], segment_ids=batch["segment_ids"],
+                           step_decay=1.0)
+        counts = counts + c
+        replay += replay_counts(steps, target, loss_mask=batch["loss_mask"], segment_ids=batch["segment_ids"],
+                                num_draft_tokens=num_draft_tokens, max_answer_tokens=max_answer_tokens)
+    acc = counts.acc_full()
+    out = {f"sim_accept_len_k{num_draft_tokens}": 1.0 + float(acc.sum())}
+    out.update({f"acc_k{k}": float(a) for k, a in enumerate(acc)})
+    out.update(replay_metrics(replay, prefix=""))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--export-dir", required=True)
+    ap.add_argument("--dataset-dir", required=True)
+    ap.add_argument("--verifier", default=None, help="target model dir (default: the export's verifier path)")
+    ap.add_argument("--split", choices=("val", "all"), default="val")
+    ap.add_argument("--num-draft-tokens", type=int, default=3)
+    ap.add_argument("--max-answer-tokens", type=int, default=128, help="0: whole answers")
+    ap.add_argument("--out", default=None, help="write the figures as JSON here too")
+    args = ap.parse_args()
+    verifier = args.verifier or json.loads((Path(args.export_dir) / "config.json").read_text())[
+        "speculators_config"]["verifier"]["name_or_path"]
+    head, _ = load_exported_head(args.export_dir, verifier)
+    figures = measure(head, args.dataset_dir, num_draft_tokens=args.num_draft_tokens,
+                      max_answer_tokens=args.max_answer_tokens or None, split=args.split)
+    for k, v in figures.items():
+        print(f"{k:>24}: {v:.4f}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""Round-structured replay: the acceptance a head would get serving these very answers.
+
+`sim_accept_len` (loss.py) averages the draft chain over every answer position. Serving
+does not: a drafting round starts only where the previous one ended (after `a` accepted
+drafts and the target's bonus token, the next round is `a + 1` positions later), so rounds
+start right after rejections, where drafting is harder, and never inside a run the head got
+right. DESIGN.md measured that gap at 0.13-0.24 on its own; this module replays the rounds
+on the target's own greedy answers (a regenerated dataset), which is what vLLM then serves.
+
+Index convention (head.py): position t carries the target's features g_t and x_{t+1}; TTT
+step k at t drafts x_{t+2+k}. In serving, the prompt's prefill emits the first answer
+token x_f itself, so the first round of an answer is at t = f - 1 (it drafts x_{f+1}).
+
+    chain[t]  leading correct steps at t (<= num_draft_tokens); a step counts only where
+              its token is an answer token of t's sample (loss.step_positions)
+    rounds:   per answer span, t = f - 1, then t += chain[t] + 1 while t drafts an answer token
+    counts:   [rounds, accepted, rounds with >= 1 accepted, >= 2, ...] (summable across ranks)
+    replay acceptance length = 1 + accepted / rounds; rate at position k = counts[2+k] / rounds
+"""
+
+from __future__ import annotations
+
+import torch
+
+from eagle3.model.loss import step_positions
+
+
+@torch.no_grad()
+def chain_lengths(
+    step_logits: list[torch.Tensor],  # per TTT step: draft logits [B, T, V]
+    target_argmax: torch.Tensor,  # [B, T] argmax of the target's p_t (draft vocab)
+    positions: list[torch.Tensor],  # step_positions(...): [B, T] bool per step
+    num_draft_tokens: int,
+) -> torch.Tensor:
+    """[B, T] int64: how many of the first `num_draft_tokens` steps at t are all correct."""
+    steps = min(int(num_draft_tokens), len(step_logits))
+    t = target_argmax.shape[1]
+    alive = torch.ones_like(positions[0])
+    chain = torch.zeros(positions[0].shape, dtype=torch.int64, device=positions[0].device)
+    for k in range(steps):
+        offset = 1 + k
+        correct = torch.zeros_like(alive)
+        if t > offset:
+            correct[:, : t - offset] = step_logits[k][:, : t - offset].argmax(-1) == target_argmax[:, offset:]
+        alive = alive & positions[k] & correct
+        chain += alive
+    return chain
+
+
+def replay_rounds(
+    chain: torch.Tensor,  # [B, T] int
+    starts_ok: torch.Tensor,  # [B, T] bool: step 0 at t drafts an answer token (positions[0])
+    num_draft_tokens: int,
+    max_answer_tokens: int | None = None,
+) -> torch.Tensor:
+    """Walk the drafting rounds of every answer span; counts as float64 [2 + num_draft_tokens]."""
+    chain_rows = chain.to("cpu").tolist()
+    ok_rows = starts_ok.to("cpu").tolist()
+    counts = [0] * (2 + num_draft_tokens)
+    for chain_row, ok_row in zip(chain_rows, ok_rows):
+        n = len(ok_row)
+        t = 0
+        while t < n:
+            if not ok_row[t]:
+                t += 1
+                continue
+            # a span of positions whose step 0 drafts an answer token: x_{s+2} .. x_{e+2}.
+            # Its first token x_f (f = s + 2) comes from the prefill, so rounds begin at f - 1.
+            s = t
+            e = s
+            while e + 1 < n and ok_row[e + 1]:
+                e += 1
+            f = s + 2
+            t = s + 1
+            while t <= e and (max_answer_tokens is None or t + 2 - f < max_answer_tokens):
+                a = int(chain_row[t])
+                counts[0] += 1
+                counts[1] += a
+                for k in range(a):
+                    counts[2 + k] += 1
+                t += a + 1
+            t = e + 1
+    return torch.tensor(counts, dtype=torch.float64)
+
+
+def replay_counts(
+    step_logits: list[torch.Tensor],
+    target_logits: torch.Tensor,
+    *,
+    loss_mask: torch.Tensor,
+    segment_ids: torch.Tensor,
+    num_draft_tokens: int,
+    max_answer_tokens: int | None = None,
+) -> torch.Tensor:
+    """The replay counts of one batch (see the module doc); needs K <= len(step_logits)."""
+    if num_draft_tokens < 1 or num_draft_tokens > len(step_logits):
+        raise ValueError(f"replay: num_draft_tokens must be in 1..{len(step_logits)} (the TTT steps run), "
+                         f"got {num_draft_tokens}")
+    positions = step_positions(loss_mask, segment_ids, num_draft_tokens)
+    chain = chain_lengths(step_logits, target_logits.argmax(-1), positions, num_draft_tokens)
+    return replay_rounds(chain, positions[0], num_draft_tokens, max_answer_tokens)
+
+
+def replay_metrics(counts: torch.Tensor, prefix: str = "val/") -> dict[str, float]:
+    """replay_accept_len and the per-position acceptance rates, as vLLM's counters define them."""
+    rounds = max(float(counts[0]), 1.0)
+    out = {f"{prefix}replay_accept_len": 1.0 + float(counts[1]) / rounds}
+    for k in range(counts.shape[0] - 2):
+        out[f"{prefix}replay_acc_pos{k}"] = float(counts[2 + k]) / rounds
+    out[f"{prefix}replay_rounds"] = float(counts[0])
+    return out
