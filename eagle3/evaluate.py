@@ -90,7 +90,8 @@ def evaluate(
     from eagle3.evaluation.export_info import read_export
     from eagle3.evaluation.measure import measure
     from eagle3.evaluation.plot import save_acceptance_plot
-    from eagle3.evaluation.prompts import heldout_prompts
+    from eagle3.evaluation.prompts import VAL, heldout_prompts
+    from eagle3.evaluation.replay_export import replay_for_prompts
     from eagle3.evaluation.report import print_table, write_json
     from eagle3.evaluation.wandb_log import log_report
 
@@ -109,6 +110,11 @@ def evaluate(
         engine=options, work_dir=out_dir / "acceptance-logs", baseline=baseline,
     )
     report.dataset_dir = str(dataset) if dataset is not None else None
+    replay, note = replay_for_prompts(info.export_dir, info.verifier, dataset, [p.id for p in prompts.by_source(VAL)],
+                                      num_draft_tokens=int(settings.num_draft_tokens),
+                                      max_answer_tokens=int(settings.max_new_tokens))
+    report.train_side_replay = replay or {}
+    report.prompt_notes += [note] if note else []
     json_path = write_json(report, out_dir)
     png_path = save_acceptance_plot(report, out_dir)
     if show_table:

@@ -86,3 +86,17 @@ def test_chain_stops_at_the_first_wrong_step_and_at_the_answer_end():
     assert chain_lengths(bad_step1, tgt, pos, 3)[0].tolist()[:6] == [1, 1, 1, 1, 1, 1]
     with pytest.raises(ValueError, match="num_draft_tokens must be in 1..3"):
         replay_counts(good, target_logits, loss_mask=mask, segment_ids=seg, num_draft_tokens=4)
+
+
+def test_first_span_only_keeps_each_samples_opening_answer():
+    # two packed samples; sample 0 has two answer spans, sample 1 one
+    chain = torch.tensor([[1] * 14])
+    ok = torch.tensor([[True, True, True, False, False, True, True, True, False, False,
+                        True, True, True, False]])
+    seg = torch.tensor([[0] * 10 + [1] * 4])
+    every = replay_rounds(chain, ok, num_draft_tokens=1, segment_ids=seg)
+    first = replay_rounds(chain, ok, num_draft_tokens=1, segment_ids=seg, first_span_only=True)
+    # each span of 3 starts at its 2nd position and accepts 1: one round per span
+    assert every.tolist() == [3, 3, 3] and first.tolist() == [2, 2, 2]
+    with pytest.raises(ValueError, match="needs segment_ids"):
+        replay_rounds(chain, ok, num_draft_tokens=1, first_span_only=True)

@@ -164,3 +164,30 @@ def test_replay_export_reads_the_export_back(data_dir, tmp_path):
         (bad / "config.json").write_text(json.dumps(cfg))
         (bad / "model.safetensors").write_bytes((export / "model.safetensors").read_bytes())
         load_exported_head(bad, verifier)
+
+
+def test_evaluate_replays_the_val_prompts_it_served(data_dir, tmp_path):
+    """evaluate's train-side line: the same val samples, first answers only; a dataset
+    without shards here (a manifest copied from a GPU machine) is skipped with a note."""
+    from eagle3.evaluation.replay_export import replay_for_prompts
+    from eagle3.store import HiddenStateDataset
+
+    _train(data_dir, tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    export = Path(summary["export_dir"])
+    verifier = json.loads((export / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"]
+    ds = HiddenStateDataset(summary["dataset_dir"])
+    ids = [ds.sample_id(i) for i in ds.val_indices()[:3]]
+    fig, note = replay_for_prompts(export, verifier, summary["dataset_dir"], ids, num_draft_tokens=2,
+                                   max_answer_tokens=16)
+    assert note is None and fig["samples"] == 3 and 1.0 <= fig["replay_accept_len"] <= 3.0
+    # at most one round per 1 + accepted tokens of the first 16 answer tokens, per sample
+    assert 0 < fig["replay_rounds"] <= 3 * 16
+    manifest_only = tmp_path / "manifest_only"
+    manifest_only.mkdir()
+    (manifest_only / "manifest.json").write_text((Path(summary["dataset_dir"]) / "manifest.json").read_text())
+    fig, note = replay_for_prompts(export, verifier, manifest_only, ids, num_draft_tokens=2, max_answer_tokens=16)
+    assert fig is None and "no shards here" in note
+    with pytest.raises(ValueError, match="1 of 1 sample ids not in the dataset"):
+        replay_for_prompts(export, verifier, summary["dataset_dir"], ["no-such-id"], num_draft_tokens=2,
+                           max_answer_tokens=16)

@@ -59,26 +59,64 @@ def load_exported_head(export_dir: str | Path, verifier: str | Path) -> tuple[Ea
 
 @torch.no_grad()
 def measure(head: Eagle3DraftHead, dataset_dir: str, *, num_draft_tokens: int, max_answer_tokens: int | None,
-            split: str = "val", max_tokens_per_batch: int = 4096) -> dict[str, float]:
+            split: str = "val", sample_ids: list[str] | None = None, first_span_only: bool = False,
+            max_tokens_per_batch: int = 4096, device: str = "cpu") -> dict[str, float]:
+    """Uniform and replayed acceptance of `head` on a split ("val" | "all") of the dataset,
+    or on the samples named by `sample_ids`."""
+    from eagle3.training.batching import pack_by_length
+
     dm = Eagle3DataModule(dataset_dir, max_tokens_per_batch=max_tokens_per_batch)
-    loader = dm.val_dataloader() if split == "val" else dm._loader(
-        dm.train_idx + dm.val_idx, dm.train_batches + dm.val_batches, shuffle=False, split_across_ranks=False)
+    if sample_ids is not None:
+        wanted = set(sample_ids)
+        idx = [i for i, sid in enumerate(dm.dataset.sample_ids) if sid in wanted]
+        if len(idx) != len(wanted):
+            raise ValueError(f"{dataset_dir}: {len(wanted) - len(idx)} of {len(wanted)} sample ids not in the dataset")
+    else:
+        idx = dm.val_idx if split == "val" else list(range(len(dm.dataset)))
+    lengths = dm.dataset.lengths
+    loader = dm._loader(idx, pack_by_length([lengths[i] for i in idx], max_tokens_per_batch, seed=0),
+                        shuffle=False, split_across_ranks=False)
+    head = head.to(device)
     counts = StepCounts.zeros(num_draft_tokens)
     replay = torch.zeros(2 + num_draft_tokens, dtype=torch.float64)
     for batch in loader:
+        batch = {k: v.to(device) for k, v in batch.items()}
         steps = head(batch["aux_hidden"], batch["input_ids"], batch["position_ids"], batch["segment_ids"],
                      num_draft_tokens)
         target = head.target_logits(batch["final_hidden"])
         _, c = eagle3_loss(steps, target, loss_mask=batch["loss_mask"], segment_ids=batch["segment_ids"],
                            step_decay=1.0)
-        counts = counts + c
+        counts = counts + StepCounts.from_stacked(c.stacked().cpu())
         replay += replay_counts(steps, target, loss_mask=batch["loss_mask"], segment_ids=batch["segment_ids"],
-                                num_draft_tokens=num_draft_tokens, max_answer_tokens=max_answer_tokens)
+                                num_draft_tokens=num_draft_tokens, max_answer_tokens=max_answer_tokens,
+                                first_span_only=first_span_only)
     acc = counts.acc_full()
-    out = {f"sim_accept_len_k{num_draft_tokens}": 1.0 + float(acc.sum())}
+    out = {"samples": float(len(idx)), f"sim_accept_len_k{num_draft_tokens}": 1.0 + float(acc.sum())}
     out.update({f"acc_k{k}": float(a) for k, a in enumerate(acc)})
     out.update(replay_metrics(replay, prefix=""))
     return out
+
+
+def replay_for_prompts(export_dir: str | Path, verifier: str, dataset_dir: str | Path | None, sample_ids: list[str],
+                       *, num_draft_tokens: int, max_answer_tokens: int) -> tuple[dict | None, str | None]:
+    """evaluate's train-side figure for the val prompts vLLM just served: (figures, None), or
+    (None, why it was skipped). Each sample's first answer only (the prompt is its opening
+    turn); on a regenerated greedy dataset this is what vLLM's counters should reproduce."""
+    from eagle3.evaluation.mismatch import MAX_REFERENCE_BYTES, weights_bytes
+
+    if dataset_dir is None or not sample_ids:
+        return None, None
+    if not any(Path(dataset_dir).glob("shard-*.safetensors")):
+        return None, f"train-side replay skipped: {dataset_dir} has no shards here (manifest only)"
+    size = weights_bytes(verifier)
+    if size > MAX_REFERENCE_BYTES and not torch.cuda.is_available():
+        return None, (f"train-side replay skipped: the verifier ({size / 2**30:.1f} GiB) is too large for a CPU "
+                      "replay; run python -m eagle3.evaluation.replay_export on a GPU")
+    head, _ = load_exported_head(export_dir, verifier)
+    figures = measure(head, str(dataset_dir), num_draft_tokens=num_draft_tokens, max_answer_tokens=max_answer_tokens,
+                      sample_ids=sample_ids, first_span_only=True,
+                      device="cuda" if torch.cuda.is_available() else "cpu")
+    return figures, None
 
 
 def main() -> None:
@@ -89,13 +127,16 @@ def main() -> None:
     ap.add_argument("--split", choices=("val", "all"), default="val")
     ap.add_argument("--num-draft-tokens", type=int, default=3)
     ap.add_argument("--max-answer-tokens", type=int, default=128, help="0: whole answers")
+    ap.add_argument("--first-span-only", action="store_true", help="each sample's first answer only")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default=None, help="write the figures as JSON here too")
     args = ap.parse_args()
     verifier = args.verifier or json.loads((Path(args.export_dir) / "config.json").read_text())[
         "speculators_config"]["verifier"]["name_or_path"]
     head, _ = load_exported_head(args.export_dir, verifier)
     figures = measure(head, args.dataset_dir, num_draft_tokens=args.num_draft_tokens,
-                      max_answer_tokens=args.max_answer_tokens or None, split=args.split)
+                      max_answer_tokens=args.max_answer_tokens or None, split=args.split,
+                      first_span_only=args.first_span_only, device=args.device)
     for k, v in figures.items():
         print(f"{k:>24}: {v:.4f}")
     if args.out:

@@ -39,6 +39,8 @@ class AcceptanceReport:
     consistency_problems: list[str] = field(default_factory=list)
     # greedy mismatches explained by an fp32 reference forward (eagle3/evaluation/mismatch.py)
     mismatch_verdicts: list[dict[str, Any]] = field(default_factory=list)
+    # the same val prompts replayed by the head on the dataset's answers (eagle3/model/replay.py)
+    train_side_replay: dict[str, float] = field(default_factory=dict)
     measured_by: str = MEASURED_BY
 
     @property
@@ -66,6 +68,7 @@ class AcceptanceReport:
             ],
             "engine": dict(self.engine),
             "consistency_problems": list(self.consistency_problems),
+            "train_side_replay": dict(self.train_side_replay),
             "per_prompt": [asdict(p) for p in self.per_prompt],
         }
 
@@ -129,6 +132,12 @@ def print_table(report: AcceptanceReport, console=None) -> None:
             _fmt(fig.greedy_match_rate, 2),
         )
     console.print(table)
+    replay, val = report.train_side_replay, report.by_source.get("val")
+    if replay and val is not None:
+        rates = " / ".join(f"{replay.get(f'replay_acc_pos{i}', math.nan):.3f}" for i in range(k))
+        console.print(f"train-side replay of the same {int(replay['samples'])} val prompts (the dataset's answers, "
+                      f"serving's rounds): [bold]{replay['replay_accept_len']:.3f}[/] ({rates}) vs vLLM "
+                      f"{_fmt(val.mean_acceptance_length)}; uniform estimate {replay[f'sim_accept_len_k{k}']:.3f}")
     for note in report.prompt_notes:
         console.print(f"[yellow]note[/]: {note}")
     for v in report.mismatch_verdicts:

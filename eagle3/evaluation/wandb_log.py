@@ -26,6 +26,8 @@ def eval_scalars(report: AcceptanceReport) -> dict[str, float]:
             if rate is not None and math.isfinite(rate):
                 out[f"eval/{prefix}accept_rate_pos{i}"] = float(rate)
     out["eval/num_draft_tokens"] = float(report.num_draft_tokens)
+    if report.train_side_replay:  # the same val prompts replayed train-side: beside vLLM's figure
+        out["eval/val/train_side_replay_accept_len"] = float(report.train_side_replay["replay_accept_len"])
     return out
 
 

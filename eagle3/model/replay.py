@@ -52,13 +52,23 @@ def replay_rounds(
     starts_ok: torch.Tensor,  # [B, T] bool: step 0 at t drafts an answer token (positions[0])
     num_draft_tokens: int,
     max_answer_tokens: int | None = None,
+    segment_ids: torch.Tensor | None = None,  # [B, T]; needed for first_span_only
+    first_span_only: bool = False,
 ) -> torch.Tensor:
-    """Walk the drafting rounds of every answer span; counts as float64 [2 + num_draft_tokens]."""
+    """Walk the drafting rounds of every answer span; counts as float64 [2 + num_draft_tokens].
+
+    first_span_only: only each sample's first answer (what serving a sample's opening user
+    turn produces; later turns of a multi-turn sample are skipped).
+    """
+    if first_span_only and segment_ids is None:
+        raise ValueError("replay_rounds: first_span_only needs segment_ids")
     chain_rows = chain.to("cpu").tolist()
     ok_rows = starts_ok.to("cpu").tolist()
+    seg_rows = segment_ids.to("cpu").tolist() if segment_ids is not None else [None] * len(ok_rows)
     counts = [0] * (2 + num_draft_tokens)
-    for chain_row, ok_row in zip(chain_rows, ok_rows):
+    for chain_row, ok_row, seg_row in zip(chain_rows, ok_rows, seg_rows):
         n = len(ok_row)
+        seen: set[int] = set()
         t = 0
         while t < n:
             if not ok_row[t]:
@@ -72,6 +82,11 @@ def replay_rounds(
                 e += 1
             f = s + 2
             t = s + 1
+            if first_span_only:  # spans never cross samples: a sample's last 2 positions are never starts
+                if seg_row[s] in seen:
+                    t = e + 1
+                    continue
+                seen.add(seg_row[s])
             while t <= e and (max_answer_tokens is None or t + 2 - f < max_answer_tokens):
                 a = int(chain_row[t])
                 counts[0] += 1
@@ -91,6 +106,7 @@ def replay_counts(
     segment_ids: torch.Tensor,
     num_draft_tokens: int,
     max_answer_tokens: int | None = None,
+    first_span_only: bool = False,
 ) -> torch.Tensor:
     """The replay counts of one batch (see the module doc); needs K <= len(step_logits)."""
     if num_draft_tokens < 1 or num_draft_tokens > len(step_logits):
@@ -98,7 +114,7 @@ def replay_counts(
                          f"got {num_draft_tokens}")
     positions = step_positions(loss_mask, segment_ids, num_draft_tokens)
     chain = chain_lengths(step_logits, target_logits.argmax(-1), positions, num_draft_tokens)
-    return replay_rounds(chain, positions[0], num_draft_tokens, max_answer_tokens)
+    return replay_rounds(chain, positions[0], num_draft_tokens, max_answer_tokens, segment_ids, first_span_only)
 
 
 def replay_metrics(counts: torch.Tensor, prefix: str = "val/") -> dict[str, float]:
