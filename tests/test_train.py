@@ -191,3 +191,20 @@ def test_evaluate_replays_the_val_prompts_it_served(data_dir, tmp_path):
     with pytest.raises(ValueError, match="1 of 1 sample ids not in the dataset"):
         replay_for_prompts(export, verifier, summary["dataset_dir"], ["no-such-id"], num_draft_tokens=2,
                            max_answer_tokens=16)
+
+
+def test_rows_train_and_a_row_shorter_than_a_sample_is_refused(data_dir, tmp_path):
+    """train.row_tokens: batches of several packed rows train (same metrics keys, export);
+    a row that would cut samples is an error naming the field, before any step."""
+    _train(data_dir, tmp_path / "rows", ["train.row_tokens=128"])
+    summary = json.loads((tmp_path / "rows" / "summary.json").read_text())
+    assert summary["global_step"] == 6 and summary["final"]["val/tokens"] > 0
+    # before the first step the head is the same: rows change no validation loss or count
+    _train(data_dir, tmp_path / "one")
+    one = json.loads((tmp_path / "one" / "summary.json").read_text())["initial"]
+    assert summary["initial"]["val/tokens"] == one["val/tokens"]
+    assert summary["initial"]["val/loss_k0"] == pytest.approx(one["val/loss_k0"], rel=1e-4)
+    with pytest.raises(ValueError, match=r"train.row_tokens=32: shorter than the longest sample"):
+        _train(data_dir, tmp_path / "short", ["train.row_tokens=32"])
+    with pytest.raises(ValueError, match="train.row_tokens: expected null with train.attention=flex"):
+        _train(data_dir, tmp_path / "flex", ["train.row_tokens=128", "train.attention=flex"])

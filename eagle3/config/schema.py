@@ -195,6 +195,10 @@ class TrainConfig:
     compile: Optional[bool] = False
     max_epochs: Optional[int] = None
     max_tokens_per_batch: int = 4096
+    # tokens per packed row; a batch holds max_tokens_per_batch // row_tokens rows. null: one
+    # row of max_tokens_per_batch. TTT attention is dense within a row (O(row^2) per step),
+    # so many short samples are cheaper in several short rows (batching.pack_rows)
+    row_tokens: Optional[int] = None
     accumulate_grad_batches: int = 1
     grad_clip: float = 1.0
     val_check_interval: int = 100

@@ -86,6 +86,67 @@ class PackedBatchSampler(torch.utils.data.Sampler[list[int]]):
             yield self.batches[b]
 
 
+def pack_rows(lengths: Sequence[int], max_tokens: int, row_tokens: int | None, *, seed: int = 0) -> list[list[int]]:
+    """Batches of several packed rows: samples first-fit into rows of ``row_tokens``, then
+    ``max_tokens // row_tokens`` consecutive rows per batch (indices listed row after row).
+
+    Why rows: TTT attention is dense over a row (O(row^2) per step, and the diagonal blocks
+    of steps >= 1 multiply it), so one 16k-token row of 300-token samples spends most of
+    its step on masked-out pairs; 8 rows of 2k do 1/8 of that work for the same tokens.
+    ``row_tokens=None`` (or >= max_tokens): one row per batch, ``pack_by_length``.
+    """
+    if row_tokens is None or row_tokens >= max_tokens:
+        return pack_by_length(lengths, max_tokens, seed=seed)
+    if row_tokens < 1:
+        raise ValueError(f"train.row_tokens: expected >= 1 or null, got {row_tokens}")
+    rows = pack_by_length(lengths, row_tokens, seed=seed)
+    per_batch = max_tokens // row_tokens
+    return [[i for row in rows[b : b + per_batch] for i in row] for b in range(0, len(rows), per_batch)]
+
+
+def split_rows(items: list[dict], row_tokens: int) -> list[list[dict]]:
+    """Consecutive items, a new row whenever the next would overflow ``row_tokens``. For
+    ``pack_rows`` batches this gives back its rows (first-fit over ascending lengths fills
+    each row with a run of the order, closed by the first sample that does not fit), or
+    fewer where a bucket's last row takes the next bucket's first sample: never a row over
+    ``row_tokens``, never a sample dropped (a sample longer than a row is cut to one row)."""
+    rows: list[list[dict]] = []
+    used = row_tokens
+    for item in items:
+        n = min(int(item["input_ids"].shape[0]), row_tokens)
+        if used + n > row_tokens:
+            rows.append([])
+            used = 0
+        rows[-1].append(item)
+        used += n
+    return rows
+
+
+def collate_rows(items: list[dict], max_tokens: int, row_tokens: int | None,
+                 fixed_shape: bool = False) -> dict[str, torch.Tensor]:
+    """One batch as [B, T]: a single packed row (``row_tokens`` null), or one packed row per
+    line for ``pack_rows`` batches, shorter rows padded (segment -1, no loss). fixed_shape:
+    always [max_tokens // row_tokens, row_tokens] (one compiled shape), [1, max_tokens] for
+    a single row."""
+    if row_tokens is None or row_tokens >= max_tokens:
+        return collate_packed(items, max_tokens, max_tokens if fixed_shape else None)
+    rows = [collate_packed(row, row_tokens) for row in split_rows(items, row_tokens)]
+    width = row_tokens if fixed_shape else max(r["input_ids"].shape[1] for r in rows)
+    if fixed_shape:  # empty rows: all padding (each position attends to itself only)
+        rows += [None] * (max_tokens // row_tokens - len(rows))
+    out = {}
+    for key, like in rows[0].items():
+        parts = []
+        for r in rows:
+            x = r[key] if r is not None else like[:, :0]
+            n = width - x.shape[1]
+            if n > 0:
+                x = torch.cat([x, x.new_full((1, n, *x.shape[2:]), -1 if key == "segment_ids" else 0)], dim=1)
+            parts.append(x)
+        out[key] = torch.cat(parts, dim=0)
+    return out
+
+
 def collate_packed(items: list[dict], max_tokens: int, pad_to: int | None = None) -> dict[str, torch.Tensor]:
     """Concatenate samples into one row [1, T]: positions restart and segment ids change
     at each sample boundary. hidden [T, L, H] splits into aux [T, (L-1)H] and final [T, H].

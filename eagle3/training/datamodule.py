@@ -6,7 +6,7 @@ import lightning as L
 import torch
 
 from eagle3.store import HiddenStateDataset
-from eagle3.training.batching import PackedBatchSampler, collate_packed, pack_by_length
+from eagle3.training.batching import PackedBatchSampler, collate_rows, pack_rows
 
 
 class _Subset(torch.utils.data.Dataset):
@@ -22,11 +22,12 @@ class _Subset(torch.utils.data.Dataset):
 
 class Eagle3DataModule(L.LightningDataModule):
     def __init__(self, dataset_dir: str, *, max_tokens_per_batch: int, seed: int = 0, num_workers: int = 0,
-                 fixed_shape: bool = False):
+                 fixed_shape: bool = False, row_tokens: int | None = None):
         super().__init__()
         self.dataset_dir = dataset_dir
         self.max_tokens = int(max_tokens_per_batch)
-        self.fixed_shape = bool(fixed_shape)  # every row padded to max_tokens (train.compile)
+        self.fixed_shape = bool(fixed_shape)  # one batch shape (train.compile): rows padded
+        self.row_tokens = int(row_tokens) if row_tokens else None  # several packed rows per batch
         self.seed, self.num_workers = int(seed), int(num_workers)
         self.dataset = HiddenStateDataset(dataset_dir)
         val = set(self.dataset.val_indices())
@@ -35,8 +36,13 @@ class Eagle3DataModule(L.LightningDataModule):
         if not self.train_idx:
             raise ValueError(f"{dataset_dir}: no training samples (all {len(self.dataset)} are validation)")
         lengths = self.dataset.lengths
-        self.train_batches = pack_by_length([lengths[i] for i in self.train_idx], self.max_tokens, seed=self.seed)
-        self.val_batches = pack_by_length([lengths[i] for i in self.val_idx], self.max_tokens, seed=self.seed)
+        if self.row_tokens and max(lengths) > self.row_tokens:
+            raise ValueError(f"train.row_tokens={self.row_tokens}: shorter than the longest sample of {dataset_dir} "
+                             f"({max(lengths)} tokens), which would be cut; expected >= {max(lengths)} or null")
+        self.train_batches = pack_rows([lengths[i] for i in self.train_idx], self.max_tokens, self.row_tokens,
+                                       seed=self.seed)
+        self.val_batches = pack_rows([lengths[i] for i in self.val_idx], self.max_tokens, self.row_tokens,
+                                     seed=self.seed)
         self._resume_start = 0
 
     def _rank_world(self) -> tuple[int, int]:
@@ -48,12 +54,11 @@ class Eagle3DataModule(L.LightningDataModule):
         rank, world = self._rank_world() if split_across_ranks else (0, 1)
         sampler = PackedBatchSampler(batches, shuffle=shuffle, seed=self.seed, rank=rank, world_size=world,
                                      batches_done=batches_done)
-        max_tokens = self.max_tokens
-        pad_to = max_tokens if self.fixed_shape else None
+        max_tokens, row_tokens, fixed = self.max_tokens, self.row_tokens, self.fixed_shape
         return torch.utils.data.DataLoader(
             _Subset(self.dataset, idx),
             batch_sampler=sampler,
-            collate_fn=lambda items: collate_packed(items, max_tokens, pad_to),
+            collate_fn=lambda items: collate_rows(items, max_tokens, row_tokens, fixed),
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,  # no worker respawn at every epoch
         )

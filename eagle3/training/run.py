@@ -92,11 +92,15 @@ def run(cfg: Any, extra_callbacks: Sequence[L.Callback] = ()) -> float:
     if _flex(cfg) and int(cfg.train.max_tokens_per_batch) % FLEX_BLOCK:
         raise ValueError(f"train.max_tokens_per_batch: expected a multiple of {FLEX_BLOCK} with "
                          f"train.attention=flex, got {cfg.train.max_tokens_per_batch}")
+    if _flex(cfg) and cfg.train.row_tokens:
+        raise ValueError("train.row_tokens: expected null with train.attention=flex (flex already skips the "
+                         f"masked-out blocks of one long row), got {cfg.train.row_tokens}")
     datamodule = Eagle3DataModule(
         str(ds_dir), max_tokens_per_batch=int(cfg.train.max_tokens_per_batch), seed=int(cfg.train.seed),
         num_workers=int(cfg.train.num_workers),
         # a compiled step sees one shape (no recompiles); flex tiles rows in 128-token blocks
         fixed_shape=bool(cfg.train.compile) or _flex(cfg),
+        row_tokens=cfg.train.row_tokens,
     )
     head, draft_meta = build_head(cfg, model_dir, datamodule.dataset)
     train_cfg = OmegaConf.to_container(cfg.train, resolve=True, enum_to_str=True)
