@@ -110,7 +110,9 @@ def test_val_metrics_equal_one_process_validation(ddp_run, data_dir):
     single = trainer.validate(module, datamodule=dm, verbose=False)[0]
     ddp = summary["final"]
     assert ddp["val/tokens"] == single["val/tokens"] > 0  # both ranks' tokens, summed
-    for key in ("val/loss", "val/loss_k0", "val/loss_k1", "val/acc_k0", "val/sim_accept_len"):
+    # the replay's rounds are counts too: summed over ranks, they equal one process's
+    for key in ("val/loss", "val/loss_k0", "val/loss_k1", "val/acc_k0", "val/sim_accept_len",
+                "val/replay_accept_len", "val/replay_rounds", "val/replay_acc_pos0"):
         assert ddp[key] == pytest.approx(single[key], rel=1e-5, abs=1e-7), key
 
 
