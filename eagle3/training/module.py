@@ -140,6 +140,8 @@ class Eagle3LitModule(L.LightningModule):
         # already reduced across ranks: no sync_dist (it would average, not sum)
         self.log_dict(metrics, sync_dist=False)
         self.log("val_accept", metrics["val/sim_accept_len"], prog_bar=True, logger=False)
+        if "val/replay_accept_len" in metrics:  # the one vLLM reproduces (docs/benchmarks.md)
+            self.log("val_replay", metrics["val/replay_accept_len"], prog_bar=True, logger=False)
 
     # ---- optimisation
     def configure_optimizers(self):
