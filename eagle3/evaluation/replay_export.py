@@ -24,6 +24,7 @@ from eagle3.model.config import DraftConfig
 from eagle3.model.head import Eagle3DraftHead
 from eagle3.model.loss import StepCounts, eagle3_loss
 from eagle3.model.replay import replay_counts, replay_metrics
+from eagle3.store import shards_on_disk
 from eagle3.targets import load_target_head_weights, read_hf_config
 from eagle3.training.datamodule import Eagle3DataModule
 
@@ -63,8 +64,6 @@ def measure(head: Eagle3DraftHead, dataset_dir: str, *, num_draft_tokens: int, m
             max_tokens_per_batch: int = 4096, device: str = "cpu") -> dict[str, float]:
     """Uniform and replayed acceptance of `head` on a split ("val" | "all") of the dataset,
     or on the samples named by `sample_ids`."""
-    from eagle3.training.batching import pack_by_length
-
     dm = Eagle3DataModule(dataset_dir, max_tokens_per_batch=max_tokens_per_batch)
     if sample_ids is not None:
         wanted = set(sample_ids)
@@ -73,9 +72,7 @@ def measure(head: Eagle3DraftHead, dataset_dir: str, *, num_draft_tokens: int, m
             raise ValueError(f"{dataset_dir}: {len(wanted) - len(idx)} of {len(wanted)} sample ids not in the dataset")
     else:
         idx = dm.val_idx if split == "val" else list(range(len(dm.dataset)))
-    lengths = dm.dataset.lengths
-    loader = dm._loader(idx, pack_by_length([lengths[i] for i in idx], max_tokens_per_batch, seed=0),
-                        shuffle=False, split_across_ranks=False)
+    loader = dm.loader_for(idx)
     head = head.to(device)
     counts = StepCounts.zeros(num_draft_tokens)
     replay = torch.zeros(2 + num_draft_tokens, dtype=torch.float64)
@@ -106,7 +103,7 @@ def replay_for_prompts(export_dir: str | Path, verifier: str, dataset_dir: str |
 
     if dataset_dir is None or not sample_ids:
         return None, None
-    if not any(Path(dataset_dir).glob("shard-*.safetensors")):
+    if not shards_on_disk(dataset_dir):
         return None, f"train-side replay skipped: {dataset_dir} has no shards here (manifest only)"
     size = weights_bytes(verifier)
     if size > MAX_REFERENCE_BYTES and not torch.cuda.is_available():

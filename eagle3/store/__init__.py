@@ -13,7 +13,7 @@ from eagle3.store.layout import (
     ShardInfo,
     StoreError,
 )
-from eagle3.store.reader import HiddenStateDataset
+from eagle3.store.reader import HiddenStateDataset, shards_on_disk
 from eagle3.store.vocab_files import add_vocab
 from eagle3.store.writer import ShardWriter
 
@@ -28,6 +28,7 @@ __all__ = [
     "ShardWriter",
     "StoreError",
     "add_vocab",
+    "shards_on_disk",
     "check_free_disk",
     "dataset_dir",
     "dataset_fingerprint",

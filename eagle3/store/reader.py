@@ -140,3 +140,14 @@ class HiddenStateDataset:
             )
         t = load_tensors(self.directory / name, ("d2t", "t2d"))
         return check_vocab(draft_vocab_size, t["d2t"], t["t2d"])
+
+
+def shards_on_disk(directory: str | Path) -> bool:
+    """Whether a complete dataset's shard files are here (a manifest copied from another
+    machine has none); sizes and checksums are HiddenStateDataset's to check."""
+    directory = Path(directory)
+    try:
+        m = Manifest.read(directory)
+    except (OSError, StoreError):
+        return False
+    return bool(m.complete and m.shards) and all((directory / info.file).is_file() for info in m.shards)

@@ -63,6 +63,12 @@ class Eagle3DataModule(L.LightningDataModule):
             persistent_workers=self.num_workers > 0,  # no worker respawn at every epoch
         )
 
+    def loader_for(self, idx: list[int]):
+        """These samples in this module's batches, unshuffled, in this process (evaluation)."""
+        lengths = self.dataset.lengths
+        batches = pack_rows([lengths[i] for i in idx], self.max_tokens, self.row_tokens, seed=self.seed)
+        return self._loader(idx, batches, shuffle=False, split_across_ranks=False)
+
     def train_dataloader(self):
         trainer = self.trainer
         # resumed runs continue the batch stream where the checkpoint left it
