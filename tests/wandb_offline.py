@@ -25,6 +25,8 @@ def _records(path: Path):
             pos += left
             continue
         _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if pos + 7 + length > len(data):  # the writer is still appending this chunk
+            return
         chunk = data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind == 0 and length == 0:
@@ -50,9 +52,17 @@ def read_run(run_dir: Path, wait_for: str | None = None, timeout: float = 30.0) 
     ``wait_for``, re-read until that summary key appears (or the timeout passes)."""
     import time
 
+    from google.protobuf.message import DecodeError
+
     deadline = time.monotonic() + timeout
     while True:
-        out = _read_once(run_dir)
+        try:
+            out = _read_once(run_dir)
+        except DecodeError:  # read mid-write (a record not yet whole): read again
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+            continue
         if wait_for is None or wait_for in out["summary"] or time.monotonic() > deadline:
             return out
         time.sleep(0.5)
