@@ -14,6 +14,10 @@ Runs (each over the same --batches x --batch-size x --seq random-token prompts, 
     hf           HFCaptureBackend.capture_with_ids (records per batch) -> ShardWriter(background=True)
                  on local disk: shards written on the writer thread, sha256 taken while writing;
                  reopened with verify="full" afterwards (untimed) to prove every digest
+    hf_serial    hf with each batch's host copy waited for before the next forward is queued
+                 (on CUDA the default overlaps batch i's copy with forward i+1)
+    hf_breakdown hf instrumented (timers around forward with a device sync, launch, finish,
+                 shard writes): where the time goes; the sync removes the copy overlap
     hf_1thread   the same with one writer thread (the previous default)
     hf_sync      the same with ShardWriter(background=False): each full shard is written in
                  the capture loop (no overlap)
@@ -26,8 +30,6 @@ Compute limit = measured bf16 matmul peak / (2 x parameters): tokens/s if every 
 did one multiply-add per token at the machine's peak. `--model llama3-8b-random` builds a
 Llama-3.1-8B-shaped model with random bf16 weights directly on the device (no download),
 and hands it to HFCaptureBackend in place of a checkpoint (labelled in the results).
-The hf run is instrumented (timers wrapped around functions, behaviour unchanged) to split
-its time into forward, device->host copy, adapter checks, shard save+fsync and sha256.
 """
 
 from __future__ import annotations
@@ -261,9 +263,10 @@ def run_capture(backend, prompts, args, device, name: str, root: str | None, cap
     writer = open_writer(root, capture_ids, hidden, name, background, args) if root else None
     timers = Timers(device)
     if instrument:
-        timers.wrap(backend, "_run", "run_batch (forward + stack + adapter)")
+        # syncs after each forward: the overlap of the host copy is lost in this run
+        timers.wrap(backend, "_launch", "launch (forward + stack + checks + copy queued)")
         timers.wrap(backend.model, "forward", "forward", sync_device=True)
-        timers.wrap(hb, "to_captured_sample", "adapter (checks on device + pinned copy)")
+        timers.wrap(backend, "_finish", "finish (wait for the copy + adapter per row)")
         timers.wrap(sw, "write_shard", "write_shard (save + sha256 + fsync; writer thread if background)")
     sync(device)
     t0 = time.perf_counter()
@@ -283,9 +286,8 @@ def run_capture(backend, prompts, args, device, name: str, root: str | None, cap
             writer.close()
     if instrument:
         b = dict(timers.seconds)
-        run = b.pop("run_batch (forward + stack + adapter)", 0.0)
-        b["stack + batching (run_batch - forward - adapter)"] = \
-            run - b.get("forward", 0.0) - b.get("adapter (checks on device + pinned copy)", 0.0)
+        launch = b.pop("launch (forward + stack + checks + copy queued)", 0.0)
+        b["stack + checks + copy queued (launch - forward)"] = launch - b.get("forward", 0.0)
         res.breakdown_s.update({k: round(v, 3) for k, v in b.items()})
     if root:
         res.notes.append(f"wrote {res.tokens * len(capture_ids) * hidden * 2 / 2**30:.2f} GiB of hidden states")
@@ -335,7 +337,7 @@ def main() -> None:
                     help="default: llama3-8b-random on CUDA, smollm2 on CPU")
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
     ap.add_argument("--backends", nargs="+", default=["hf"], choices=("hf", "vllm"))
-    runs = ("disk", "plain", "plain_d2h", "hf_nowrite", "hf", "hf_1thread", "hf_sync")
+    runs = ("disk", "plain", "plain_d2h", "hf_nowrite", "hf", "hf_serial", "hf_breakdown", "hf_1thread", "hf_sync")
     ap.add_argument("--runs", nargs="+", default=["disk", "plain", "hf_nowrite", "hf", "hf_1thread"], choices=runs)
     ap.add_argument("--batches", type=int, default=None, help="default 32 (GPU), 4 (CPU)")
     ap.add_argument("--writer-threads", type=int, default=None, help="ShardWriter threads; default 4 (GPU), 2 (CPU)")
@@ -392,9 +394,11 @@ def main() -> None:
             elif run.startswith("plain"):
                 r = run_plain(model, prompts, capture_ids, args, device, run == "plain_d2h")
             else:
+                # hf_serial: each batch's host copy waited for before the next forward (no overlap)
+                backend.overlap_host_copy = run != "hf_serial"
                 r = run_capture(backend, prompts, args, device, run, None if run == "hf_nowrite" else root,
-                                capture_ids, hidden, background=run in ("hf", "hf_1thread"),
-                                instrument=run == "hf", verify_after=run == "hf")
+                                capture_ids, hidden, background=run in ("hf", "hf_serial", "hf_breakdown", "hf_1thread"),
+                                instrument=run == "hf_breakdown", verify_after=run == "hf")
         except Exception as e:
             r = RunResult(run, status=f"failed: {type(e).__name__}: {str(e)[:300]}")
         results.append(r)

@@ -172,6 +172,22 @@ def test_overflow_on_conversion_is_caught():
         capture(parts, spec=spec(dtype=torch.float16))
 
 
+def test_a_device_verdict_is_explained_from_the_host_copy_or_refused():
+    """finite_on_device (host_copy.BatchToHost's check): False is explained from the host copy;
+    False on finite bytes means the copy changed them; it only applies to the host copy in the
+    stored dtype (a cast after the check could still overflow)."""
+    h = torch.stack(layers(dtype=torch.bfloat16), dim=1)
+    assert torch.equal(capture(h, finite_on_device=True).hidden, h)
+    bad = h.clone()
+    bad[5, 1, 0] = float("nan")
+    with pytest.raises(CaptureError, match=r"1 NaN and 0 Inf \(layer 15: 1; first at token 5\)"):
+        capture(bad, finite_on_device=False)
+    with pytest.raises(CaptureError, match="NaN/Inf on the device but not in the host copy"):
+        capture(h, finite_on_device=False)
+    with pytest.raises(CaptureError, match=r"the host copy in torch.bfloat16 .* got a torch.float32 tensor on cpu"):
+        capture(h.float(), finite_on_device=True)
+
+
 def test_integer_hidden_is_not_converted():
     with pytest.raises(CaptureError, match="hidden dtype: expected a floating dtype"):
         capture(torch.ones(T, L, H, dtype=torch.int32))

@@ -184,3 +184,68 @@ def test_nan_in_the_model_is_refused_by_the_adapter(tiny_deepseek):
             list(backend.capture(samples[:1]))
     finally:
         hook.remove()
+
+
+# ---------------------------------------------------------------------------- CUDA: the host copy
+# overlaps the next forward (eagle3/capture/host_copy.py); run on a GPU machine with
+#   python -m pytest tests/test_hf_capture.py -k cuda
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(scope="module")
+def tiny_deepseek_cuda():
+    cfg = yaml.safe_load((CONF / "tiny_deepseek_v3.yaml").read_text())
+    cfg.pop("defaults")
+    model_dir = materialize_tiny(cfg, CACHE)
+    backend = HFCaptureBackend(str(model_dir), [1, 2, 3, 4], device="cuda")
+    yield backend, chat_samples(model_dir)
+    backend.close()
+
+
+@cuda
+def test_cuda_overlapped_copy_gives_the_serial_records(tiny_deepseek_cuda):
+    """Batch i's records arrive only after batch i+1's forward is queued, and are bitwise the
+    records of finishing every batch before the next forward."""
+    backend, samples = tiny_deepseek_cuda
+    backend.batch_size, backend.max_tokens_per_batch = 1, 10_000
+    forwards = []
+    hook = backend.model.register_forward_hook(lambda *a: forwards.append(1))
+    try:
+        backend.overlap_host_copy = True
+        stream = backend.capture_with_ids(samples)
+        first = next(stream)
+        assert len(forwards) == 2  # the second forward was queued before the first record left
+        overlapped = dict([first, *stream])
+        backend.overlap_host_copy = False
+        stream = backend.capture_with_ids(samples)
+        next(stream)
+        assert len(forwards) == 2 + len(samples) + 1
+        serial = dict(backend.capture_with_ids(samples))
+    finally:
+        hook.remove()
+        backend.overlap_host_copy = True
+    assert sorted(overlapped) == sorted(serial) == sorted(s[0] for s in samples)
+    for sid, rec in overlapped.items():
+        assert rec.hidden.device.type == "cpu" and rec.hidden.is_contiguous()
+        assert torch.equal(rec.hidden, serial[sid].hidden) and torch.equal(rec.token_ids, serial[sid].token_ids)
+
+
+@cuda
+def test_cuda_padded_batch_equals_one_by_one(tiny_deepseek_cuda):
+    check_padded_batch(*tiny_deepseek_cuda)
+
+
+@cuda
+def test_cuda_nan_is_refused_after_the_device_check(tiny_deepseek_cuda):
+    """The verdict comes from the device; the error names the layer and token from the host copy."""
+    backend, samples = tiny_deepseek_cuda
+    layer = backend.model.layers[2]
+    hook = layer.register_forward_pre_hook(
+        lambda m, args, kwargs: ((args[0] * float("nan"),) + args[1:], kwargs) if args else None,
+        with_kwargs=True)
+    try:
+        with pytest.raises(CaptureError, match=r"sample 'chat-0': hidden: expected finite values, got \d+ NaN"):
+            list(backend.capture(samples[:1]))
+    finally:
+        hook.remove()

@@ -373,12 +373,15 @@ def to_captured_sample(
     loss_mask: Any,
     returned_token_ids: Any = None,
     sample_id: str | None = None,
+    finite_on_device: bool | None = None,
 ) -> CapturedSample:
     """One backend's raw capture for one request -> a checked ``CapturedSample``.
 
     ``hidden`` is a tensor [T, L, H] or a list of L tensors [T, H] (one per layer id, in
     ``spec.layer_ids`` order), on any device: it is cast, stacked and checked for NaN/Inf
     where it lives, and only then copied to the CPU. Anything else raises ``CaptureError``.
+    ``finite_on_device``: the verdict of ``host_copy.BatchToHost``'s check on the device for
+    exactly these (host-copied) values; a False verdict is explained from the host copy.
     """
     T = spec.num_tokens
     sent = _token_ids(sent_token_ids, field="sent_token_ids", sample_id=sample_id)
@@ -411,7 +414,15 @@ def to_captured_sample(
                            sample_id=sample_id, hint="integer data is not hidden states")
     # cast and check where the tensor lives (one reduction on the GPU for a GPU capture),
     # then move: CPU and GPU captures pass the same checks in the same order
+    if finite_on_device is not None and (h.device.type != "cpu" or h.dtype != spec.dtype):
+        raise CaptureError("hidden", f"the host copy in {spec.dtype} that the device check judged",
+                           f"a {h.dtype} tensor on {h.device}", sample_id=sample_id)
     h = h.detach().to(dtype=spec.dtype)
-    _check_finite(h, spec, sample_id)
+    if finite_on_device is None:
+        _check_finite(h, spec, sample_id)
+    elif not finite_on_device:
+        _check_finite(h, spec, sample_id)  # raises, naming layers and the first bad token
+        raise CaptureError("hidden", "finite values", "NaN/Inf on the device but not in the host copy",
+                           sample_id=sample_id, hint="the device-to-host copy changed the data")
     h = _to_host(h)
     return CapturedSample(token_ids=sent.contiguous(), loss_mask=mask.contiguous(), hidden=h)

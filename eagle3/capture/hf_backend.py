@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from eagle3.capture.adapter import CapturedSample, CaptureError, CaptureSpec, to_captured_sample
+from eagle3.capture.host_copy import BatchToHost
 
 SORT_WINDOW_BATCHES = 16  # samples are sorted by length within this many batches' worth
 
@@ -27,6 +28,17 @@ class _Pending:
     sample_id: str
     input_ids: torch.Tensor
     loss_mask: torch.Tensor
+
+
+@dataclass
+class _InFlight:
+    """A batch whose forward is queued: its hidden states on the device (CPU) or on their way
+    to pinned host memory (CUDA)."""
+    batch: list[_Pending]
+    input_ids: torch.Tensor  # [B, T] as sent, on the host
+    lengths: list[int]
+    stacked: torch.Tensor | None  # [B, T, L, H], CPU path
+    to_host: BatchToHost | None  # CUDA path
 
 
 def _decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
@@ -86,6 +98,7 @@ class HFCaptureBackend:
         self.num_layers = n
         self.hidden_size = int(self.model.config.get_text_config().hidden_size)
         self._captured: dict[int, torch.Tensor] = {}
+        self.overlap_host_copy = True  # CUDA: batch i's host copy runs beside forward i+1
         self._hooks = []
         for lid in ids:
             if lid < n:  # the residual stream entering layer lid
@@ -127,7 +140,9 @@ class HFCaptureBackend:
             yield batch
 
     @torch.inference_mode()
-    def _run(self, batch: list[_Pending]) -> list[CapturedSample]:
+    def _launch(self, batch: list[_Pending]) -> _InFlight:
+        """The forward for ``batch``; on CUDA also the on-device checks and the host copy on a
+        side stream, all queued without waiting (``_finish`` waits)."""
         lengths = [p.input_ids.shape[0] for p in batch]
         T = max(lengths)
         ids = torch.zeros(len(batch), T, dtype=torch.int64)
@@ -140,28 +155,53 @@ class HFCaptureBackend:
         missing = [lid for lid in self.capture_ids if lid not in self._captured]
         if missing:
             raise CaptureError("captured layer ids", list(self.capture_ids), f"no output for {missing}")
-        # [B, T, L, H] on the model's device: each row's prefix is then the stored [t, L, H]
-        # layout, checked on the device by the adapter and copied to the host in one piece
+        # [B, T, L, H] on the model's device: each row's prefix is then the stored [t, L, H] layout
         stacked = torch.stack([self._captured[lid] for lid in self.capture_ids], dim=2)
         self._captured = {}
+        if stacked.device.type == "cuda":
+            return _InFlight(batch, ids, lengths, stacked=None, to_host=BatchToHost(stacked, lengths, self.dtype))
+        return _InFlight(batch, ids, lengths, stacked=stacked, to_host=None)
+
+    @torch.inference_mode()
+    def _finish(self, flight: _InFlight) -> list[CapturedSample]:
+        """Checked records of a launched batch, padding stripped (never stored)."""
+        rows = (flight.to_host.rows() if flight.to_host is not None
+                else [(flight.stacked[row, :t], None) for row, t in enumerate(flight.lengths)])
         out = []
-        for row, p in enumerate(batch):
-            t = lengths[row]
+        for row, (p, (hidden, finite)) in enumerate(zip(flight.batch, rows)):
+            t = flight.lengths[row]
             spec = CaptureSpec(self.capture_ids, self.hidden_size, self.dtype, p.input_ids.shape[0])
             out.append(to_captured_sample(
-                stacked[row, :t],  # padding stripped here, never stored
-                spec=spec, sent_token_ids=p.input_ids, loss_mask=p.loss_mask,
-                returned_token_ids=ids[row, :t], sample_id=p.sample_id,
+                hidden, spec=spec, sent_token_ids=p.input_ids, loss_mask=p.loss_mask,
+                returned_token_ids=flight.input_ids[row, :t], sample_id=p.sample_id, finite_on_device=finite,
             ))
         return out
 
-    def _window(self, window: list[_Pending]) -> Iterator[tuple[_Pending, CapturedSample]]:
-        for batch in self._batches(window):
-            yield from zip(batch, self._run(batch))
+    def _run(self, batch: list[_Pending]) -> list[CapturedSample]:
+        return self._finish(self._launch(batch))
+
+    def _pipeline(self, batches: Iterable[list[_Pending]]) -> Iterator[tuple[_Pending, CapturedSample]]:
+        """On CUDA, batch i's records are finished after batch i+1's forward is queued, so its
+        host copy overlaps that forward; elsewhere each batch is finished at once."""
+        in_flight: _InFlight | None = None
+        for batch in batches:
+            launched = self._launch(batch)
+            if in_flight is not None:
+                yield from zip(in_flight.batch, self._finish(in_flight))
+            in_flight = launched
+            if launched.to_host is None or not self.overlap_host_copy:
+                yield from zip(launched.batch, self._finish(launched))
+                in_flight = None
+        if in_flight is not None:
+            yield from zip(in_flight.batch, self._finish(in_flight))
 
     def _stream(self, samples: Iterable[tuple[str, torch.Tensor, torch.Tensor]]
                 ) -> Iterator[tuple[_Pending, CapturedSample]]:
         """Records batch by batch, as soon as each batch is captured (batching order)."""
+        return self._pipeline(self._windowed_batches(samples))
+
+    def _windowed_batches(self, samples: Iterable[tuple[str, torch.Tensor, torch.Tensor]]
+                          ) -> Iterator[list[_Pending]]:
         window: list[_Pending] = []
         size = self.batch_size * SORT_WINDOW_BATCHES
         for index, (sample_id, input_ids, loss_mask) in enumerate(samples):
@@ -172,10 +212,10 @@ class HFCaptureBackend:
             window.append(_Pending(index, str(sample_id), input_ids.to(torch.int64),
                                    torch.as_tensor(loss_mask)))
             if len(window) >= size:
-                yield from self._window(window)
+                yield from self._batches(window)
                 window = []
         if window:
-            yield from self._window(window)
+            yield from self._batches(window)
 
     def capture_with_ids(self, samples: Iterable[tuple[str, torch.Tensor, torch.Tensor]]
                          ) -> Iterator[tuple[str, CapturedSample]]:
