@@ -2,17 +2,20 @@
 a SmolLM2-shaped random Llama (random weights never stop early, so every answer runs the
 full --max-tokens) answers --n synthetic prompts in batches of --batch.
 
-    python scripts/gpu_regen_probe.py --tok .gpu/tok --n 2048 --batch 1024 --max-tokens 64 [--static]
+    python scripts/gpu_regen_probe.py --tok .gpu/tok --n 2048 --batch 1024 --max-tokens 64 \
+        [--engine fast generate] [--static]
 
---static: also time the static-cache engine (data.regen_static_cache=true) on the same
-prompts and check its answers equal the dynamic cache's (random weights, greedy).
+--engine: which HFRegenerator engines to time on the same prompts, in order: fast (the
+default: eagle3.data.fast_decode) and/or generate (transformers generate, dynamic cache);
+each engine's answers are compared with the first engine's. --static: also time the
+static-cache generate engine (data.regen_static_cache=true) the same way.
 
 Random weights never stop early and synthetic prompts are short, so they overstate what a
 real run gets (session 3: 17,382 tok/s probed vs ~5,200 on real ShareGPT first turns). With
 the real target and real prompts the probe answers the question a run needs:
 
     python scripts/gpu_regen_probe.py --tok .gpu/tok --model-dir /tmp/cache/targets/<smollm2 dir> \
-        --prompts /tmp/sharegpt.jsonl --n 4096 --batch 2048 --max-tokens 256 [--static]
+        --prompts /tmp/sharegpt.jsonl --n 4096 --batch 2048 --max-tokens 256 [--engine fast generate]
 """
 
 from __future__ import annotations
@@ -35,7 +38,10 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--static", action="store_true")
+    ap.add_argument("--static", action="store_true", help="also time the static-cache generate engine")
+    ap.add_argument("--engine", nargs="+", choices=("fast", "generate"), default=["fast"],
+                    help="engines to time, in order; answers are compared with the first's")
+    ap.add_argument("--dtype", default="bfloat16", help="float32: answers equal across engines, bf16 near ties flip")
     ap.add_argument("--model-dir", default=None, help="a real HF model dir (default: random SmolLM2-shaped)")
     ap.add_argument("--prompts", default=None, help="a chat JSONL: its first --n conversations' opening turns")
     args = ap.parse_args()
@@ -67,28 +73,29 @@ def main() -> None:
         convs = [Conversation(id=f"p{i}", messages=[{"role": "user", "content": " ".join(
             rng.choice(words) for _ in range(rng.randint(5, 300)))}]) for i in range(args.n)]
     cache_root = tempfile.mkdtemp(prefix="regen-probe-cache-")  # never inside a real model dir
+    engines = list(dict.fromkeys(args.engine + (["static"] if args.static else [])))
     answers = {}
-    for static in ([False, True] if args.static else [False]):
-        regen = HFRegenerator(d, f"{cache_root}/{'static' if static else 'dynamic'}", max_tokens=args.max_tokens,
-                              max_model_len=1024, gen_batch_size=args.batch, static_cache=static)
+    for engine in engines:
+        regen = HFRegenerator(d, f"{cache_root}/{engine}", max_tokens=args.max_tokens, max_model_len=1024,
+                              gen_batch_size=args.batch, static_cache=engine == "static",
+                              fast_decode=engine == "fast", dtype=args.dtype)
         t0 = time.perf_counter()
         first = regen(convs[: args.batch])  # first batch: load, padding check, warm-up (compile)
         t1 = time.perf_counter()
+        made = regen.new_tokens
         rest = regen(convs[args.batch:])
         t2 = time.perf_counter()
-        answers[static] = [c.messages for c in first + rest]
-        n = len(convs) - args.batch
-        steps = -(-n // args.batch) * args.max_tokens
-        new_tokens = sum(len(tok(c.messages[-1]["content"], add_special_tokens=False)["input_ids"])
-                         for c in rest if c.messages[-1]["role"] == "assistant")
-        print(f"{'static' if static else 'dynamic'} cache: first batch (load + check + warm-up) {t1 - t0:.1f} s; "
-              f"then {n} answers, {new_tokens:,} new tokens (re-tokenised) in {t2 - t1:.1f} s = "
-              f"{new_tokens / (t2 - t1):,.0f} tok/s, {1000 * (t2 - t1) / steps:.1f} ms per decode step at batch "
-              f"{args.batch}; attention {regen._load().config._attn_implementation}", flush=True)
+        answers[engine] = [c.messages for c in first + rest]
+        n, new_tokens = len(convs) - args.batch, regen.new_tokens - made
+        steps = max(1, -(-n // args.batch) * args.max_tokens)
+        same = sum(a == b for a, b in zip(answers[engine], answers[engines[0]]))
+        how = "fast decode" if regen._use_fast() else f"generate, attention {regen._load().config._attn_implementation}"
+        print(f"{engine} ({how}): first batch (load + check + warm-up) {t1 - t0:.1f} s; then {n} answers, "
+              f"{new_tokens:,} new tokens in {t2 - t1:.1f} s = {new_tokens / max(1e-9, t2 - t1):,.0f} tok/s, "
+              f"{1000 * (t2 - t1) / steps:.1f} ms per decode step at batch {args.batch} (if every answer ran "
+              f"--max-tokens); {same} / {len(answers[engine])} answers equal {engines[0]}'s", flush=True)
         regen.close()
-    if args.static:
-        same = sum(a == b for a, b in zip(answers[False], answers[True]))
-        print(f"static == dynamic answers: {same} / {len(answers[False])}")
+
 
 if __name__ == "__main__":
     main()
