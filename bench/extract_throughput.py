@@ -14,8 +14,9 @@ Runs (each over the same --batches x --batch-size x --seq random-token prompts, 
     hf           HFCaptureBackend.capture_with_ids (records per batch) -> ShardWriter(background=True)
                  on local disk: shards written on the writer thread, sha256 taken while writing;
                  reopened with verify="full" afterwards (untimed) to prove every digest
-    hf_serial    hf with each batch's host copy waited for before the next forward is queued
-                 (on CUDA the default overlaps batch i's copy with forward i+1)
+    hf_overlap   hf with HFCaptureBackend.overlap_host_copy: batch i finished (host copy waited
+                 for) only after forward i+1 is queued, so the copy runs beside it (CUDA; off by
+                 default until this run shows it faster)
     hf_breakdown hf instrumented (timers around forward with a device sync, launch, finish,
                  shard writes): where the time goes; the sync removes the copy overlap
     hf_1thread   the same with one writer thread (the previous default)
@@ -337,7 +338,7 @@ def main() -> None:
                     help="default: llama3-8b-random on CUDA, smollm2 on CPU")
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
     ap.add_argument("--backends", nargs="+", default=["hf"], choices=("hf", "vllm"))
-    runs = ("disk", "plain", "plain_d2h", "hf_nowrite", "hf", "hf_serial", "hf_breakdown", "hf_1thread", "hf_sync")
+    runs = ("disk", "plain", "plain_d2h", "hf_nowrite", "hf", "hf_overlap", "hf_breakdown", "hf_1thread", "hf_sync")
     ap.add_argument("--runs", nargs="+", default=["disk", "plain", "hf_nowrite", "hf", "hf_1thread"], choices=runs)
     ap.add_argument("--batches", type=int, default=None, help="default 32 (GPU), 4 (CPU)")
     ap.add_argument("--writer-threads", type=int, default=None, help="ShardWriter threads; default 4 (GPU), 2 (CPU)")
@@ -394,10 +395,9 @@ def main() -> None:
             elif run.startswith("plain"):
                 r = run_plain(model, prompts, capture_ids, args, device, run == "plain_d2h")
             else:
-                # hf_serial: each batch's host copy waited for before the next forward (no overlap)
-                backend.overlap_host_copy = run != "hf_serial"
+                backend.overlap_host_copy = run == "hf_overlap"
                 r = run_capture(backend, prompts, args, device, run, None if run == "hf_nowrite" else root,
-                                capture_ids, hidden, background=run in ("hf", "hf_serial", "hf_breakdown", "hf_1thread"),
+                                capture_ids, hidden, background=run in ("hf", "hf_overlap", "hf_breakdown", "hf_1thread"),
                                 instrument=run == "hf_breakdown", verify_after=run == "hf")
         except Exception as e:
             r = RunResult(run, status=f"failed: {type(e).__name__}: {str(e)[:300]}")

@@ -98,7 +98,10 @@ class HFCaptureBackend:
         self.num_layers = n
         self.hidden_size = int(self.model.config.get_text_config().hidden_size)
         self._captured: dict[int, torch.Tensor] = {}
-        self.overlap_host_copy = True  # CUDA: batch i's host copy runs beside forward i+1
+        # CUDA: finish batch i after queueing forward i+1, so its host copy runs beside that
+        # forward. Off until measured faster: an H200 run gave 0.92x of a plain forward with it
+        # (another job sharing the host) vs 0.96x without (bench/extract_throughput.py hf_overlap)
+        self.overlap_host_copy = False
         self._hooks = []
         for lid in ids:
             if lid < n:  # the residual stream entering layer lid
@@ -151,7 +154,11 @@ class HFCaptureBackend:
             ids[row, : lengths[row]] = p.input_ids
             attn[row, : lengths[row]] = 1
         self._captured = {}
-        self.model(input_ids=ids.to(self.device), attention_mask=attn.to(self.device), use_cache=False)
+        if self.device.type == "cuda":  # a pageable copy would block this thread until the GPU is idle
+            ids_dev, attn_dev = (t.pin_memory().to(self.device, non_blocking=True) for t in (ids, attn))
+        else:
+            ids_dev, attn_dev = ids, attn
+        self.model(input_ids=ids_dev, attention_mask=attn_dev, use_cache=False)
         missing = [lid for lid in self.capture_ids if lid not in self._captured]
         if missing:
             raise CaptureError("captured layer ids", list(self.capture_ids), f"no output for {missing}")
@@ -159,7 +166,8 @@ class HFCaptureBackend:
         stacked = torch.stack([self._captured[lid] for lid in self.capture_ids], dim=2)
         self._captured = {}
         if stacked.device.type == "cuda":
-            return _InFlight(batch, ids, lengths, stacked=None, to_host=BatchToHost(stacked, lengths, self.dtype))
+            to_host = BatchToHost(stacked, attn_dev.bool(), lengths, self.dtype)
+            return _InFlight(batch, ids, lengths, stacked=None, to_host=to_host)
         return _InFlight(batch, ids, lengths, stacked=stacked, to_host=None)
 
     @torch.inference_mode()

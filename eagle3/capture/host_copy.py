@@ -25,21 +25,23 @@ def _copy_stream(device: torch.device) -> torch.cuda.Stream:
 
 
 class BatchToHost:
-    """``hidden [B, T, L, H]`` on a CUDA device, rows valid up to ``lengths[b]``.
+    """``hidden [B, T, L, H]`` on a CUDA device; ``valid [B, T]`` (on the device) marks real
+    tokens, row b's being its first ``lengths[b]`` (right padding).
 
     ``rows()`` (after ``wait()``) gives per row the host view ``[t, L, H]`` and whether every
-    value of that row's real tokens was finite on the device (padding is not judged)."""
+    value of that row's real tokens was finite on the device (padding is not judged). Nothing
+    here waits for the device: no host value is read and no pageable memory is copied."""
 
-    def __init__(self, hidden: torch.Tensor, lengths: list[int], dtype: torch.dtype):
+    def __init__(self, hidden: torch.Tensor, valid: torch.Tensor, lengths: list[int], dtype: torch.dtype):
         if hidden.device.type != "cuda":
             raise ValueError(f"BatchToHost: expected a CUDA tensor, got one on {hidden.device}")
         B, T = hidden.shape[:2]
-        if len(lengths) != B or max(lengths) > T:
-            raise ValueError(f"BatchToHost: lengths {lengths} do not fit a batch of shape {list(hidden.shape)}")
+        if len(lengths) != B or max(lengths) > T or tuple(valid.shape) != (B, T):
+            raise ValueError(f"BatchToHost: lengths {lengths} / valid {list(valid.shape)} do not fit a batch "
+                             f"of shape {list(hidden.shape)}")
         self.lengths = [int(t) for t in lengths]
         h = hidden.detach().to(dtype=dtype).contiguous()
-        padding = torch.arange(T, device=h.device)[None, :] >= torch.tensor(self.lengths, device=h.device)[:, None]
-        finite_rows = (torch.isfinite(h).flatten(2).all(dim=2) | padding).all(dim=1)  # [B]
+        finite_rows = (torch.isfinite(h).flatten(2).all(dim=2) | ~valid).all(dim=1)  # [B]
         compute = torch.cuda.current_stream(h.device)
         stream = _copy_stream(h.device)
         stream.wait_stream(compute)  # the forward, the cast and the check are done before copying
@@ -50,7 +52,7 @@ class BatchToHost:
             self._finite_host.copy_(finite_rows, non_blocking=True)
             self._done = torch.cuda.Event()
             self._done.record(stream)
-        self._device_refs: tuple | None = (h, finite_rows)  # alive until the copy has finished
+        self._device_refs: tuple | None = (h, finite_rows, valid)  # alive until the copy has finished
 
     def wait(self) -> None:
         if self._device_refs is not None:
