@@ -29,7 +29,7 @@ import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from eagle3.data.conversation import Conversation
-from eagle3.data.regenerate import HFRegenerator
+from eagle3.data.regenerate_hf import HFRegenerator
 
 
 def main() -> None:

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from eagle3.data.conversation import Conversation
-from eagle3.data.regenerate import HFRegenerator, cache_key, make_regenerator, resolve_backend
+from eagle3.data.regenerate import cache_key, make_regenerator, resolve_backend
+from eagle3.data.regenerate_hf import HFRegenerator
 
 
 def _convs() -> list[Conversation]:
