@@ -346,3 +346,20 @@ def test_parallel_writer_threads_give_the_sync_dataset_in_shard_order(tmp_path):
     assert_matches(HiddenStateDataset(tmp_path / "par"), list(range(30)))
     with pytest.raises(StoreError, match="writer_threads: expected >= 1, got 0"):
         writer(tmp_path / "bad", writer_threads=0)
+
+
+def test_an_all_validation_dataset_is_refused_for_training_but_measurable(tmp_path):
+    """A held-out set split like the training run's (val by id) can be all validation:
+    training refuses it by name, measuring it (replay_export) does not."""
+    from eagle3.training.datamodule import Eagle3DataModule
+
+    w = writer(tmp_path / "ds")
+    for i in range(4):
+        w.add(f"s{i}", make_sample(i))
+    w.finish(torch.arange(TARGET_VOCAB), {5: vocab()}, val_ids=[f"s{i}" for i in range(4)])
+    with pytest.raises(ValueError, match=r"no training samples \(all 4 are validation\)"):
+        Eagle3DataModule(str(tmp_path / "ds"), max_tokens_per_batch=64)
+    dm = Eagle3DataModule(str(tmp_path / "ds"), max_tokens_per_batch=64, require_train=False)
+    assert dm.val_idx == [0, 1, 2, 3] and dm.train_idx == []
+    batches = list(dm.loader_for(dm.val_idx))
+    assert sum(int(b["loss_mask"].numel()) for b in batches) == sum(make_sample(i).num_tokens for i in range(4))

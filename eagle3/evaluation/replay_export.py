@@ -64,7 +64,7 @@ def measure(head: Eagle3DraftHead, dataset_dir: str, *, num_draft_tokens: int, m
             max_tokens_per_batch: int = 4096, device: str = "cpu") -> dict[str, float]:
     """Uniform and replayed acceptance of `head` on a split ("val" | "all") of the dataset,
     or on the samples named by `sample_ids`."""
-    dm = Eagle3DataModule(dataset_dir, max_tokens_per_batch=max_tokens_per_batch)
+    dm = Eagle3DataModule(dataset_dir, max_tokens_per_batch=max_tokens_per_batch, require_train=False)
     if sample_ids is not None:
         wanted = set(sample_ids)
         idx = [i for i, sid in enumerate(dm.dataset.sample_ids) if sid in wanted]

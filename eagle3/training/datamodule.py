@@ -22,7 +22,7 @@ class _Subset(torch.utils.data.Dataset):
 
 class Eagle3DataModule(L.LightningDataModule):
     def __init__(self, dataset_dir: str, *, max_tokens_per_batch: int, seed: int = 0, num_workers: int = 0,
-                 fixed_shape: bool = False, row_tokens: int | None = None):
+                 fixed_shape: bool = False, row_tokens: int | None = None, require_train: bool = True):
         super().__init__()
         self.dataset_dir = dataset_dir
         self.max_tokens = int(max_tokens_per_batch)
@@ -33,7 +33,7 @@ class Eagle3DataModule(L.LightningDataModule):
         val = set(self.dataset.val_indices())
         self.train_idx = [i for i in range(len(self.dataset)) if i not in val]
         self.val_idx = sorted(val)
-        if not self.train_idx:
+        if not self.train_idx and require_train:  # measuring (replay_export) needs no training split
             raise ValueError(f"{dataset_dir}: no training samples (all {len(self.dataset)} are validation)")
         lengths = self.dataset.lengths
         if self.row_tokens and max(lengths) > self.row_tokens:
