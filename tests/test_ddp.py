@@ -46,6 +46,8 @@ def ddp_run(data_dir, tmp_path_factory) -> Path:
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+    # val metrics are reduced as counts by us: Lightning's sync_dist advice is filtered, not printed
+    assert "It is recommended to use `self.log('val" not in out.stdout + out.stderr
     run_dirs = list((logs / "train" / "runs").iterdir())
     assert len(run_dirs) == 1, run_dirs  # both ranks wrote one run dir
     return run_dirs[0]

@@ -8,6 +8,7 @@ mean of per-rank means would not).
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import lightning as L
@@ -137,7 +138,9 @@ class Eagle3LitModule(L.LightningModule):
             metrics[f"val/sim_accept_len_k{self.replay_k}"] = 1 + acc[: self.replay_k].sum().float()
             metrics.update({k: torch.tensor(v, dtype=torch.float32, device=self.device)
                             for k, v in replay_metrics(replay.cpu()).items()})
-        # already reduced across ranks: no sync_dist (it would average, not sum)
+        # already reduced across ranks: no sync_dist (it would average, not sum), and Lightning's
+        # advice to add it (one warning per metric, ~30 lines per DDP validation) does not apply
+        warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\('val(/|_)")
         self.log_dict(metrics, sync_dist=False)
         self.log("val_accept", metrics["val/sim_accept_len"], prog_bar=True, logger=False)
         if "val/replay_accept_len" in metrics:  # the one vLLM reproduces (docs/benchmarks.md)
