@@ -1,0 +1,62 @@
+"""The typed records of a capture: what was asked (``CaptureSpec``), what comes back
+(``CapturedSample``), and the one error every mismatch raises (``CaptureError``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+class CaptureError(ValueError):
+    """A capture that does not match what was asked for: names field, expected and got."""
+
+    def __init__(self, field: str, expected: Any, got: Any, *, sample_id: str | None = None,
+                 hint: str | None = None):
+        self.field = field
+        self.expected = expected
+        self.got = got
+        self.sample_id = sample_id
+        self.hint = hint
+        where = f"sample {sample_id!r}: " if sample_id is not None else ""
+        msg = f"{where}{field}: expected {expected}, got {got}"
+        if hint:
+            msg += f" ({hint})"
+        super().__init__(msg)
+
+
+@dataclass(frozen=True)
+class CaptureSpec:
+    """What one request's capture must look like."""
+
+    layer_ids: tuple[int, ...]  # vLLM numbering: aux ids + N
+    hidden_size: int
+    dtype: torch.dtype  # stored dtype
+    num_tokens: int  # prompt length T that was sent
+
+    def __post_init__(self):
+        object.__setattr__(self, "layer_ids", tuple(int(i) for i in self.layer_ids))
+        if not self.layer_ids:
+            raise CaptureError("CaptureSpec.layer_ids", "at least one layer id", "()")
+        if not self.dtype.is_floating_point:
+            raise CaptureError("CaptureSpec.dtype", "a floating dtype", self.dtype)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_ids)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.num_tokens, self.num_layers, self.hidden_size)
+
+
+@dataclass
+class CapturedSample:
+    token_ids: torch.Tensor  # int64 [T]
+    loss_mask: torch.Tensor  # bool  [T]
+    hidden: torch.Tensor  # [T, L, H] in the spec dtype, contiguous, CPU
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_ids.shape[0])
