@@ -29,6 +29,9 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from eagle3.config.schema import DEFAULT_OPTIMIZED_METRIC
+
+DEFAULT_METRIC = DEFAULT_OPTIMIZED_METRIC
 RESULTS_CSV = "sweep_results.csv"
 RESULTS_MD = "sweep_results.md"
 JOB_STATUS = "job_status.json"
@@ -61,7 +64,7 @@ def _job_key(name: str) -> tuple[int, str]:
     return (int(name), "") if name.isdigit() else (1 << 62, name)
 
 
-def collect_jobs(sweep_dir: str | Path, metric: str = "val/sim_accept_len") -> list[JobResult]:
+def collect_jobs(sweep_dir: str | Path, metric: str = DEFAULT_METRIC) -> list[JobResult]:
     """Every job dir under ``sweep_dir`` (one holding Hydra's ``.hydra/overrides.yaml``)."""
     jobs = []
     for overrides_file in Path(sweep_dir).glob(f"*/{OVERRIDES}"):
@@ -105,12 +108,12 @@ def results_rows(jobs: list[JobResult], metric: str) -> tuple[list[str], list[di
     """The CSV: job, status, swept params, every final metric, steps, paths, error."""
     axes = swept_keys(jobs)
     columns = ["job", "status", *axes, *_metric_columns(jobs, metric), "global_step",
-               "best_val_sim_accept_len", "output_dir", "export_dir", "overrides", "error"]
+               "best_metric_value", "output_dir", "export_dir", "overrides", "error"]
     rows = []
     for j in jobs:
         row: dict[str, Any] = {"job": j.job, "status": j.status, **{k: j.params.get(k, "") for k in axes}}
         row.update(j.metrics)
-        row.update({k: j.summary.get(k, "") for k in ("global_step", "best_val_sim_accept_len", "export_dir")})
+        row.update({k: j.summary.get(k, "") for k in ("global_step", "best_metric_value", "export_dir")})
         row.update(output_dir=str(j.output_dir), overrides=" ".join(j.overrides), error=j.error or "")
         rows.append({c: row.get(c, "") for c in columns})
     return columns, rows
@@ -155,7 +158,7 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_results(sweep_dir: str | Path, metric: str = "val/sim_accept_len", maximize: bool = True) -> tuple[Path, Path]:
+def write_results(sweep_dir: str | Path, metric: str = DEFAULT_METRIC, maximize: bool = True) -> tuple[Path, Path]:
     """(Re)write ``sweep_results.csv`` and ``.md`` in ``sweep_dir`` from its job dirs."""
     sweep_dir = Path(sweep_dir)
     jobs = collect_jobs(sweep_dir, metric)
@@ -176,7 +179,7 @@ def _is_rank_zero() -> bool:
 
 
 def _objective(config: DictConfig) -> tuple[str, bool]:
-    metric = str(OmegaConf.select(config, "optimized_metric", default=None) or "val/sim_accept_len")
+    metric = str(OmegaConf.select(config, "optimized_metric", default=None) or DEFAULT_METRIC)
     direction = OmegaConf.select(config, "hydra.sweeper.direction", default="maximize")
     if OmegaConf.is_list(direction):  # multi-objective Optuna: the table ranks by the first
         direction = direction[0]

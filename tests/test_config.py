@@ -91,6 +91,15 @@ def test_topology_that_does_not_fit_fails():
         validate_run_config(cfg)
 
 
+def test_optimized_metric_must_be_a_validation_metric_the_run_logs():
+    validate_run_config(compose("train", []))  # the default: val/replay_accept_len at K=3
+    with pytest.raises(ConfigError, match=r"optimized_metric: expected a validation metric .* got 'train/loss'"):
+        validate_run_config(compose("train", ["optimized_metric=train/loss"]))
+    with pytest.raises(ConfigError, match=r"the replay needs eval.num_draft_tokens >= 1 \(its K\), got 0"):
+        validate_run_config(compose("train", ["eval.num_draft_tokens=0"]))
+    validate_run_config(compose("train", ["eval.num_draft_tokens=0", "optimized_metric=val/sim_accept_len"]))
+
+
 def test_model_hf_reads_facts_from_config_json():
     path = ROOT / "tests" / "assets" / "hf_model"
     cfg = compose("extract", ["model=hf", f"model.path={path}"])

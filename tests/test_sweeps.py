@@ -19,7 +19,7 @@ from eagle3.extraction.run import run as extract
 from eagle3.sweep import RESULTS_CSV, RESULTS_MD
 
 TINY = ["experiment=tiny_test", "train.max_steps=2", "train.val_check_interval=2"]
-METRIC = "val/sim_accept_len"
+METRIC = "val/replay_accept_len"  # the default optimized_metric
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def test_grid_sweep_runs_dirs_wandb_and_table(data_dir, tmp_path):
     assert md.count("| COMPLETED |") == 4 and "**best**" in md and f"`{METRIC}`" in md
 
 
-def test_optuna_maximises_sim_accept_len(data_dir, tmp_path):
+def test_optuna_maximises_the_replayed_acceptance(data_dir, tmp_path):
     sweep = tmp_path / "sweep-optuna"
     out = _train_multirun(data_dir, sweep, ["hparams_search=optuna", "hydra.sweeper.n_trials=3", "logger=none"],
                           multirun=False)  # the preset sets hydra.mode=MULTIRUN itself

@@ -33,7 +33,8 @@ def test_train_writes_summary_export_and_checkpoints(data_dir, tmp_path):
     metric = _train(data_dir, tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["global_step"] == 6
-    assert metric == pytest.approx(summary["final"]["val/sim_accept_len"])
+    assert metric == pytest.approx(summary["final"]["val/replay_accept_len"])  # the default optimized_metric
+    assert summary["best_metric"] == "val/replay_accept_len" and summary["best_metric_value"] >= 1.0
     for k in range(2):  # ttt_steps=2 in tiny_test
         assert f"val/acc_k{k}" in summary["final"] and f"train/loss_k{k}" in summary["final"]
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
@@ -152,9 +153,10 @@ def test_replay_export_reads_the_export_back(data_dir, tmp_path):
     verifier = json.loads((export / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"]
     head, aux_ids = load_exported_head(export, verifier)
     assert aux_ids == [1, 2, 3]
-    fig = measure(head, summary["dataset_dir"], num_draft_tokens=2, max_answer_tokens=None)
-    # the export is the best checkpoint (by val/sim_accept_len, TTT 2 = K 2), in bf16
-    assert fig["sim_accept_len_k2"] == pytest.approx(summary["best_val_sim_accept_len"], abs=0.02)
+    fig = measure(head, summary["dataset_dir"], num_draft_tokens=2, max_answer_tokens=128)
+    # the export is the best checkpoint by val/replay_accept_len (K = min(3 draft tokens, TTT 2),
+    # answers cut at eval.max_new_tokens=128 as in training), in bf16
+    assert fig["replay_accept_len"] == pytest.approx(summary["best_metric_value"], abs=0.02)
     assert 1.0 <= fig["replay_accept_len"] <= 3.0 and fig["replay_rounds"] > 0
     with pytest.raises(ValueError, match="does not fit the head"):
         cfg = json.loads((export / "config.json").read_text())

@@ -64,6 +64,9 @@ class Strategy(str, Enum):
     fsdp = "fsdp"
 
 
+DEFAULT_OPTIMIZED_METRIC = "val/replay_accept_len"  # RunConfig.optimized_metric; sweeps read it too
+
+
 @dataclass
 class ModelConfig:
     name: str = MISSING
@@ -259,5 +262,8 @@ class RunConfig:
     num_shards: int = 1
     merge: bool = False  # extract.py: merge the num_shards finished parts into the dataset
     tags: List[str] = field(default_factory=list)
-    # the metric train.py's main() returns, for sweepers (Optuna maximises it)
-    optimized_metric: str = "val/sim_accept_len"
+    # the metric train.py's main() returns (Optuna maximises it) and that picks the exported
+    # checkpoint. The replay at K = eval.num_draft_tokens is what vLLM measures (within 0.01-0.02,
+    # docs/benchmarks.md) and compares runs of different train.ttt_steps; val/sim_accept_len
+    # grows with ttt_steps whatever the head, so a sweep over it would favour the longest TTT
+    optimized_metric: str = DEFAULT_OPTIMIZED_METRIC

@@ -109,8 +109,9 @@ def run(cfg: Any, extra_callbacks: Sequence[L.Callback] = ()) -> float:
                              replay_max_answer_tokens=int(cfg.eval.max_new_tokens))
 
     ckpt_dir = output_dir / "checkpoints"
+    best_metric = str(cfg.optimized_metric)  # the exported checkpoint is the best by it
     checkpoint = ModelCheckpoint(
-        dirpath=ckpt_dir, filename="best-step{step}", monitor="val/sim_accept_len", mode="max",
+        dirpath=ckpt_dir, filename="best-step{step}", monitor=best_metric, mode="min" if "loss" in best_metric else "max",
         save_top_k=1, save_last=True, auto_insert_metric_name=False,
     )
     logger = build_logger(cfg, output_dir)
@@ -145,7 +146,8 @@ def run(cfg: Any, extra_callbacks: Sequence[L.Callback] = ()) -> float:
 
     summary: dict[str, Any] = {"dataset_dir": str(ds_dir), "global_step": trainer.global_step, "initial": initial,
                                "final": final, "best_checkpoint": checkpoint.best_model_path or None,
-                               "best_val_sim_accept_len": float(checkpoint.best_model_score) if checkpoint.best_model_score is not None else None}
+                               "best_metric": best_metric,
+                               "best_metric_value": float(checkpoint.best_model_score) if checkpoint.best_model_score is not None else None}
     export_dir = None
     if trainer.is_global_zero:
         # from the checkpoint file, not the live module: the same path as `python -m
