@@ -92,6 +92,7 @@ def evaluate(
     from eagle3.evaluation.plot import save_acceptance_plot
     from eagle3.evaluation.prompts import VAL, heldout_prompts
     from eagle3.evaluation.replay_export import replay_for_prompts
+    from eagle3.evaluation.served_replay import replay_served
     from eagle3.evaluation.report import print_table, write_json
     from eagle3.evaluation.wandb_log import log_report
 
@@ -114,6 +115,10 @@ def evaluate(
                                       num_draft_tokens=int(settings.num_draft_tokens),
                                       max_answer_tokens=int(settings.max_new_tokens))
     report.train_side_replay = replay or {}
+    report.prompt_notes += [note] if note else []
+    report.served_replay, note = replay_served(info.export_dir, info.verifier, report.served,
+                                               num_draft_tokens=int(settings.num_draft_tokens),
+                                               max_answer_tokens=int(settings.max_new_tokens))
     report.prompt_notes += [note] if note else []
     json_path = write_json(report, out_dir)
     png_path = save_acceptance_plot(report, out_dir)

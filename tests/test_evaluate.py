@@ -223,8 +223,11 @@ def test_json_png_and_wandb_offline_run(tmp_path):
     import wandb
 
     r = _synthetic_report(tmp_path)
+    r.served = {"val": [([1, 2], [3, 4])]}  # the token pairs stay out of the JSON
+    r.served_replay = {"val": {"replay_accept_len": 1.52, "samples": 2.0}, "all": {"replay_accept_len": 1.8, "samples": 3.0}}
     path = write_json(r, tmp_path / "out")
     data = json.loads(path.read_text())
+    assert data["served_replay"]["all"]["replay_accept_len"] == 1.8 and "served" not in data
     for key in ("num_draft_tokens", "mean_acceptance_length", "per_position_acceptance_rate", "drafts", "draft_tokens",
                 "accepted_tokens", "prompts", "tokens_per_s_with_head", "tokens_per_s_without_head", "speedup",
                 "greedy_match_rate", "by_source", "measured_by"):
@@ -244,6 +247,8 @@ def test_json_png_and_wandb_offline_run(tmp_path):
     assert logged["eval/mean_acceptance_length"] == pytest.approx(1 + 5 / 6)
     assert logged["eval/humaneval/mean_acceptance_length"] == pytest.approx(2.5)
     assert logged["eval/accept_rate_pos0"] == pytest.approx(4 / 6)
+    assert logged["eval/served_replay_accept_len"] == pytest.approx(1.8)  # beside eval/mean_acceptance_length
+    assert logged["eval/val/served_replay_accept_len"] == pytest.approx(1.52)
     assert logged["eval/acceptance_per_position/_type"] == "table-file"
     assert logged["eval/acceptance_plot/_type"] == "image-file"
     assert list((run_dir / "files" / "media" / "images").rglob("*.png"))
@@ -322,6 +327,14 @@ def test_random_head_measures_near_one_in_vllm(tmp_path, smollm2_dir):
     assert data["consistency_problems"] == []
     # this dataset is a manifest over a chat file: nothing to replay, and the report says so
     assert data["train_side_replay"] == {} and any("no shards here" in n for n in data["prompt_notes"])
+    # ... but vLLM's own outputs are replayed (same tokens, same rounds): its counters reproduced
+    served = data["served_replay"]
+    assert set(served) == {"val", "humaneval", "all"} and served["all"]["samples"] == 7
+    assert served["all"]["replay_accept_len"] == pytest.approx(data["mean_acceptance_length"], abs=0.05)
+    assert served["all"]["replay_rounds"] == pytest.approx(data["drafts"], rel=0.1)  # one round per draft
+    for source in ("val", "humaneval"):
+        assert served[source]["replay_accept_len"] == pytest.approx(
+            data["by_source"][source]["mean_acceptance_length"], abs=0.05)
     # the head must not change greedy outputs: same tokens, prompt for prompt
     assert data["greedy_match_rate"] == 1.0, data["greedy_mismatches"]
     assert data["tokens_per_s_with_head"] > 0 and data["tokens_per_s_without_head"] > 0

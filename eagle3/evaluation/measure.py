@@ -85,6 +85,8 @@ def measure(
         per_prompt=per_prompt, engine=engine_facts, consistency_problems=problems, mismatch_verdicts=verdicts,
     )
     report.prompt_notes += notes
+    report.served = {b.name: list(zip((p.token_ids for p in prompts.by_source(b.name)), b.outputs))
+                     for b in with_head.batches}
     return report
 
 

@@ -74,21 +74,31 @@ def measure(head: Eagle3DraftHead, dataset_dir: str, *, num_draft_tokens: int, m
         idx = dm.val_idx if split == "val" else list(range(len(dm.dataset)))
     loader = dm.loader_for(idx)
     head = head.to(device)
-    counts = StepCounts.zeros(num_draft_tokens)
-    replay = torch.zeros(2 + num_draft_tokens, dtype=torch.float64)
+    counts, replay = StepCounts.zeros(num_draft_tokens), torch.zeros(2 + num_draft_tokens, dtype=torch.float64)
     for batch in loader:
-        batch = {k: v.to(device) for k, v in batch.items()}
-        steps = head(batch["aux_hidden"], batch["input_ids"], batch["position_ids"], batch["segment_ids"],
-                     num_draft_tokens)
-        target = head.target_logits(batch["final_hidden"])
-        _, c = eagle3_loss(steps, target, loss_mask=batch["loss_mask"], segment_ids=batch["segment_ids"],
-                           step_decay=1.0)
-        counts = counts + StepCounts.from_stacked(c.stacked().cpu())
-        replay += replay_counts(steps, target, loss_mask=batch["loss_mask"], segment_ids=batch["segment_ids"],
-                                num_draft_tokens=num_draft_tokens, max_answer_tokens=max_answer_tokens,
-                                first_span_only=first_span_only)
+        counts, replay = add_batch(head, batch, counts, replay, num_draft_tokens=num_draft_tokens,
+                                   max_answer_tokens=max_answer_tokens, first_span_only=first_span_only, device=device)
+    return figures(counts, replay, num_draft_tokens, len(idx))
+
+
+def add_batch(head: Eagle3DraftHead, batch: dict[str, torch.Tensor], counts: StepCounts, replay: torch.Tensor, *,
+              num_draft_tokens: int, max_answer_tokens: int | None, first_span_only: bool, device: str):
+    """(counts, replay) with one collated batch added: uniform step counts and replayed rounds."""
+    batch = {k: v.to(device) for k, v in batch.items()}
+    steps = head(batch["aux_hidden"], batch["input_ids"], batch["position_ids"], batch["segment_ids"],
+                 num_draft_tokens)
+    target = head.target_logits(batch["final_hidden"])
+    _, c = eagle3_loss(steps, target, loss_mask=batch["loss_mask"], segment_ids=batch["segment_ids"], step_decay=1.0)
+    counts = counts + StepCounts.from_stacked(c.stacked().cpu())
+    replay = replay + replay_counts(steps, target, loss_mask=batch["loss_mask"], segment_ids=batch["segment_ids"],
+                                    num_draft_tokens=num_draft_tokens, max_answer_tokens=max_answer_tokens,
+                                    first_span_only=first_span_only)
+    return counts, replay
+
+
+def figures(counts: StepCounts, replay: torch.Tensor, num_draft_tokens: int, samples: int) -> dict[str, float]:
     acc = counts.acc_full()
-    out = {"samples": float(len(idx)), f"sim_accept_len_k{num_draft_tokens}": 1.0 + float(acc.sum())}
+    out = {"samples": float(samples), f"sim_accept_len_k{num_draft_tokens}": 1.0 + float(acc.sum())}
     out.update({f"acc_k{k}": float(a) for k, a in enumerate(acc)})
     out.update(replay_metrics(replay, prefix=""))
     return out

@@ -41,6 +41,10 @@ class AcceptanceReport:
     mismatch_verdicts: list[dict[str, Any]] = field(default_factory=list)
     # the same val prompts replayed by the head on the dataset's answers (eagle3/model/replay.py)
     train_side_replay: dict[str, float] = field(default_factory=dict)
+    # the head replayed on vLLM's own with-head outputs, per source and "all" (served_replay.py)
+    served_replay: dict[str, dict[str, float]] = field(default_factory=dict)
+    # (prompt ids, with-head output ids) per source: what served_replay reads; not in the JSON
+    served: dict[str, list] = field(default_factory=dict, repr=False)
     measured_by: str = MEASURED_BY
 
     @property
@@ -69,6 +73,7 @@ class AcceptanceReport:
             "engine": dict(self.engine),
             "consistency_problems": list(self.consistency_problems),
             "train_side_replay": dict(self.train_side_replay),
+            "served_replay": {k: dict(v) for k, v in self.served_replay.items()},
             "per_prompt": [asdict(p) for p in self.per_prompt],
         }
 
@@ -138,6 +143,11 @@ def print_table(report: AcceptanceReport, console=None) -> None:
         console.print(f"train-side replay of the same {int(replay['samples'])} val prompts (the dataset's answers, "
                       f"serving's rounds): [bold]{replay['replay_accept_len']:.3f}[/] ({rates}) vs vLLM "
                       f"{_fmt(val.mean_acceptance_length)}; uniform estimate {replay[f'sim_accept_len_k{k}']:.3f}")
+    for source, fig in report.served_replay.items():
+        vllm = report.overall if source == "all" else report.by_source.get(source)
+        if vllm is not None:
+            console.print(f"replay of vLLM's own with-head outputs ({source}, {int(fig['samples'])} prompts, same "
+                          f"tokens): [bold]{fig['replay_accept_len']:.3f}[/] vs vLLM {_fmt(vllm.mean_acceptance_length)}")
     for note in report.prompt_notes:
         console.print(f"[yellow]note[/]: {note}")
     for v in report.mismatch_verdicts:
