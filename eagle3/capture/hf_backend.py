@@ -185,9 +185,6 @@ class HFCaptureBackend:
             ))
         return out
 
-    def _run(self, batch: list[_Pending]) -> list[CapturedSample]:
-        return self._finish(self._launch(batch))
-
     def _pipeline(self, batches: Iterable[list[_Pending]]) -> Iterator[tuple[_Pending, CapturedSample]]:
         """On CUDA, batch i's records are finished after batch i+1's forward is queued, so its
         host copy overlaps that forward; elsewhere each batch is finished at once."""
