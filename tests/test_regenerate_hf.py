@@ -133,3 +133,28 @@ def test_fingerprint_records_the_engine_only_when_regenerating(smollm2_dir):
     assert regen["regen_backend"] == "hf" and "regen_static_cache" not in regen
     assert fingerprint_inputs(compose("extract", ["data.regenerate=true"]), str(smollm2_dir))["data"][
         "regen_backend"] == resolve_backend("auto") == "vllm"  # vLLM is installed here
+
+
+@pytest.mark.slow
+def test_a_higher_turn_limit_generates_only_the_new_turns(smollm2_dir, tmp_path):
+    """data.regen_max_turns 1 -> 2: the first answers come from the 1-turn run's cache (same
+    conversation only), so only the second turns are generated."""
+    one = HFRegenerator(smollm2_dir, tmp_path, max_tokens=8, max_model_len=256, max_turns=1)
+    first = one(_convs())
+    two = HFRegenerator(smollm2_dir, tmp_path, max_tokens=8, max_model_len=256, max_turns=2)
+    asked: list[int] = []
+    complete = two._complete
+    two._complete = lambda prompts, rooms: (asked.append(len(prompts)), complete(prompts, rooms))[1]
+    changed = _convs()
+    changed[2].messages[1]["content"] = "Say bye."  # "short": another conversation now, not seeded
+    second = two(changed)
+    assert asked == [1, 1]  # turn 0: "short" anew; turn 1: "capital"'s second turn
+    assert two.seeded_turns == 2 and two.generated == 3
+
+    def answers(conv):
+        return [m["content"] for m in conv.messages if m["role"] == "assistant"]
+
+    assert answers(second[0])[0] == answers(first[0])[0] and len(answers(second[0])) == 2
+    assert answers(second[1]) == answers(first[1])
+    assert answers(second[0])[1]  # the second turn was answered
+    assert answers(second[2])[0] and two.cache_file != one.cache_file
