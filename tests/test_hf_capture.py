@@ -172,18 +172,21 @@ def test_records_are_handed_over_per_batch(tiny_deepseek):
         assert torch.equal(s.token_ids, ids), sid
 
 
-def test_nan_in_the_model_is_refused_by_the_adapter(tiny_deepseek):
-    """The finite check runs on the stacked batch where it lives, before the host copy."""
-    backend, samples = tiny_deepseek
-    layer = backend.model.layers[2]
-    hook = layer.register_forward_pre_hook(
+def assert_nan_is_refused(backend, samples, match: str) -> None:
+    """NaN put into the residual stream entering layer 2 must stop the capture with `match`."""
+    hook = backend.model.layers[2].register_forward_pre_hook(
         lambda m, args, kwargs: ((args[0] * float("nan"),) + args[1:], kwargs) if args else None,
         with_kwargs=True)
     try:
-        with pytest.raises(CaptureError, match=r"hidden: expected finite values, got \d+ NaN and 0 Inf"):
+        with pytest.raises(CaptureError, match=match):
             list(backend.capture(samples[:1]))
     finally:
         hook.remove()
+
+
+def test_nan_in_the_model_is_refused_by_the_adapter(tiny_deepseek):
+    """The finite check runs on the stacked batch where it lives, before the host copy."""
+    assert_nan_is_refused(*tiny_deepseek, r"hidden: expected finite values, got \d+ NaN and 0 Inf")
 
 
 # ---------------------------------------------------------------------------- CUDA: the host copy
@@ -240,13 +243,4 @@ def test_cuda_padded_batch_equals_one_by_one(tiny_deepseek_cuda):
 @cuda
 def test_cuda_nan_is_refused_after_the_device_check(tiny_deepseek_cuda):
     """The verdict comes from the device; the error names the layer and token from the host copy."""
-    backend, samples = tiny_deepseek_cuda
-    layer = backend.model.layers[2]
-    hook = layer.register_forward_pre_hook(
-        lambda m, args, kwargs: ((args[0] * float("nan"),) + args[1:], kwargs) if args else None,
-        with_kwargs=True)
-    try:
-        with pytest.raises(CaptureError, match=r"sample 'chat-0': hidden: expected finite values, got \d+ NaN"):
-            list(backend.capture(samples[:1]))
-    finally:
-        hook.remove()
+    assert_nan_is_refused(*tiny_deepseek_cuda, r"sample 'chat-0': hidden: expected finite values, got \d+ NaN")

@@ -39,6 +39,7 @@ class HFRegenerator(Regenerator):
         self.static_cache = bool(static_cache)
         self.fast_decode, self.dtype = bool(fast_decode), str(dtype)
         self._fast: bool | None = None  # decided (and a refusal logged) at the first batch
+        self._top_k = 0  # generate's top-k under the model's generation_config (sampling only)
         self._model = None
         self._checked = False  # the first batch is checked for padding leaks (greedy)
 
@@ -80,8 +81,8 @@ class HFRegenerator(Regenerator):
                 reason = "static_cache=True"
             else:
                 model = self._load()
-                reason = (unsupported_reason(model, self.max_model_len + self.max_tokens)
-                          or generate_settings(model, self.temperature)[0])
+                settings_reason, self._top_k = generate_settings(model, self.temperature)
+                reason = unsupported_reason(model, self.max_model_len + self.max_tokens) or settings_reason
             self._fast = reason is None
             if self.fast_decode and reason:
                 log.info("regenerate (hf): transformers generate, not fast decode: %s", reason)
@@ -93,12 +94,12 @@ class HFRegenerator(Regenerator):
 
         model, stop = self._load(), self._stop_ids()
         if self._use_fast():
-            from eagle3.data.fast_decode import decode, generate_settings
+            from eagle3.data.fast_decode import decode
 
             # seeded like generate's global generator: _complete seeds each batch with manual_seed
             gen = torch.Generator(device=model.device).manual_seed(torch.initial_seed())
             return decode(model, prompts, rooms, stop, temperature=self.temperature, generator=gen,
-                          top_k=generate_settings(model, self.temperature)[1])
+                          top_k=self._top_k)
         tok = self.tokenizer()
         pad = tok.pad_token_id if tok.pad_token_id is not None else min(stop)
         width = max(len(p) for p in prompts)

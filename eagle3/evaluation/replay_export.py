@@ -104,26 +104,34 @@ def figures(counts: StepCounts, replay: torch.Tensor, num_draft_tokens: int, sam
     return out
 
 
+def replay_device(verifier: str, what: str) -> tuple[str | None, str | None]:
+    """(device, None) where a replay needing the verifier's forward/weights can run here, else
+    (None, why not): a verifier over the fp32 reference limit needs a GPU."""
+    from eagle3.evaluation.mismatch import MAX_REFERENCE_BYTES, weights_bytes
+
+    if torch.cuda.is_available():
+        return "cuda", None
+    size = weights_bytes(verifier)
+    if size > MAX_REFERENCE_BYTES:
+        return None, f"{what} skipped: the verifier ({size / 2**30:.1f} GiB) is too large for a CPU replay"
+    return "cpu", None
+
+
 def replay_for_prompts(export_dir: str | Path, verifier: str, dataset_dir: str | Path | None, sample_ids: list[str],
                        *, num_draft_tokens: int, max_answer_tokens: int) -> tuple[dict | None, str | None]:
     """evaluate's train-side figure for the val prompts vLLM just served: (figures, None), or
     (None, why it was skipped). Each sample's first answer only (the prompt is its opening
     turn); on a regenerated greedy dataset this is what vLLM's counters should reproduce."""
-    from eagle3.evaluation.mismatch import MAX_REFERENCE_BYTES, weights_bytes
-
     if dataset_dir is None or not sample_ids:
         return None, None
     if not shards_on_disk(dataset_dir):
         return None, f"train-side replay skipped: {dataset_dir} has no shards here (manifest only)"
-    size = weights_bytes(verifier)
-    if size > MAX_REFERENCE_BYTES and not torch.cuda.is_available():
-        return None, (f"train-side replay skipped: the verifier ({size / 2**30:.1f} GiB) is too large for a CPU "
-                      "replay; run python -m eagle3.evaluation.replay_export on a GPU")
+    device, note = replay_device(verifier, "train-side replay")
+    if device is None:
+        return None, f"{note}; run python -m eagle3.evaluation.replay_export on a GPU"
     head, _ = load_exported_head(export_dir, verifier)
-    figures = measure(head, str(dataset_dir), num_draft_tokens=num_draft_tokens, max_answer_tokens=max_answer_tokens,
-                      sample_ids=sample_ids, first_span_only=True,
-                      device="cuda" if torch.cuda.is_available() else "cpu")
-    return figures, None
+    return measure(head, str(dataset_dir), num_draft_tokens=num_draft_tokens, max_answer_tokens=max_answer_tokens,
+                   sample_ids=sample_ids, first_span_only=True, device=device), None
 
 
 def main() -> None:

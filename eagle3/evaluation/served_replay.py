@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from eagle3.capture.hf_backend import HFCaptureBackend
-from eagle3.evaluation.replay_export import add_batch, figures, load_exported_head
+from eagle3.evaluation.replay_export import add_batch, figures, load_exported_head, replay_device
 from eagle3.model.loss import StepCounts
 from eagle3.targets import read_hf_config
 from eagle3.training.batching import collate_packed
@@ -29,16 +29,12 @@ def replay_served(export_dir: str | Path, verifier: str, served: dict[str, list[
                   num_draft_tokens: int, max_answer_tokens: int) -> tuple[dict[str, dict[str, float]], str | None]:
     """({source: figures, "all": figures}, None), or ({}, why it was skipped). ``served`` maps a
     prompt source to its (prompt ids, with-head output ids) pairs."""
-    from eagle3.evaluation.mismatch import MAX_REFERENCE_BYTES, weights_bytes
-
     pairs = {s: [(p, o) for p, o in v if o] for s, v in served.items()}
     if not any(pairs.values()):
         return {}, None
-    size = weights_bytes(verifier)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if size > MAX_REFERENCE_BYTES and device == "cpu":
-        return {}, (f"replay of the served outputs skipped: the verifier ({size / 2**30:.1f} GiB) is too large "
-                    "for a CPU forward")
+    device, note = replay_device(verifier, "replay of the served outputs")
+    if device is None:
+        return {}, note
     head, aux_ids = load_exported_head(export_dir, verifier)
     head = head.to(device)
     num_layers = int(read_hf_config(verifier)["num_hidden_layers"])  # id N: the final state before the norm
