@@ -54,18 +54,21 @@ if [ "$STAGE" = extract ] || [ "$STAGE" = run ]; then
   df -h /tmp | tail -1
   [ "$STAGE" = extract ] && exit 0
 fi
-# TRAIN_LAUNCH="torchrun --standalone --nproc_per_node 2" (+ topology=gpu2_dp2): DDP ranks
+# TRAIN_LAUNCH="torchrun --standalone --nproc_per_node 2" (+ topology=gpu2_dp2): DDP ranks.
+# RUN_DIR (default /tmp/run): one per concurrent run, e.g. two configs, one per GPU
+# (CUDA_VISIBLE_DEVICES=0 / 1), each with its own OUT subfolder: scripts/gpu_ab_train.sh
+RUN_DIR=${RUN_DIR:-/tmp/run}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # NVLink multicast stays off (device notes)
-time ${TRAIN_LAUNCH:-${PYTHON:-python3}} train.py "${COMMON[@]}" hydra.run.dir=/tmp/run 2>&1 | grep -vE "Loading weights|it/s\]" | tail -60
+time ${TRAIN_LAUNCH:-${PYTHON:-python3}} train.py "${COMMON[@]}" hydra.run.dir=$RUN_DIR 2>&1 | grep -vE "Loading weights|it/s\]" | tail -60
 OUTD=${OUT:-/tmp/out}; mkdir -p "$OUTD"
-cp /tmp/run/summary.json /tmp/run/export/config.json "$OUTD/"
+cp $RUN_DIR/summary.json $RUN_DIR/export/config.json "$OUTD/"
 # the dataset's manifest names the validation split: with it (in a folder here) and the same
 # chat file at the same path, `python -m eagle3.evaluate dataset_dir=...` adds the val prompts
-cp "$(python3 -c 'import json; print(json.load(open("/tmp/run/summary.json"))["dataset_dir"])')/manifest.json" \
+cp "$(python3 -c 'import json; print(json.load(open("'$RUN_DIR'/summary.json"))["dataset_dir"])')/manifest.json" \
    "$OUTD/dataset_manifest.json"
 # the regenerated answers (text, a few MiB compressed): the next lease carries them back
 [ -d /tmp/cache/regenerated ] && tar -C /tmp/cache -cJf "$OUTD/regenerated.tar.xz" regenerated
 # results come back in files of at most 16 MiB
-split -b 15M -d /tmp/run/export/model.safetensors "$OUTD/model.safetensors.part"
-sha256sum /tmp/run/export/model.safetensors > "$OUTD/model.sha256"
+split -b 15M -d $RUN_DIR/export/model.safetensors "$OUTD/model.safetensors.part"
+sha256sum $RUN_DIR/export/model.safetensors > "$OUTD/model.sha256"
 ls -la "$OUTD"

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Two smollm2_full trainings side by side on a 2-GPU machine, one per GPU, on the same
+# dataset (extracted first by gpu_quality_run.sh extract): an A/B of two configs in one lease.
+#   bash scripts/gpu_ab_train.sh "<overrides of A>" "<overrides of B>" [overrides of both...]
+#   e.g. bash scripts/gpu_ab_train.sh "train.max_steps=4600" "train.intermediate_size=6144" data.regen_max_turns=2
+# A second call with ckpt_path=last (and a larger train.max_time) continues both.
+# Results: $OUT/A and $OUT/B (export parts, summary.json, manifest), logs $OUT/A.log, $OUT/B.log.
+set -uo pipefail
+A=$1; B=$2; shift 2
+OUTD=${OUT:-/tmp/out}; mkdir -p "$OUTD"
+# word splitting of $A / $B is wanted: each holds several overrides
+RUN_DIR=/tmp/runA OUT=$OUTD/A CUDA_VISIBLE_DEVICES=0 bash scripts/gpu_quality_run.sh train $A "$@" > "$OUTD/A.log" 2>&1 &
+RUN_DIR=/tmp/runB OUT=$OUTD/B CUDA_VISIBLE_DEVICES=1 bash scripts/gpu_quality_run.sh train $B "$@" > "$OUTD/B.log" 2>&1 &
+wait
+for r in A B; do echo "== $r"; grep -vE "^\s*$" "$OUTD/$r.log" | tail -22; done
