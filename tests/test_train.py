@@ -81,15 +81,19 @@ def test_export_cli_reproduces_the_export(data_dir, tmp_path):
     assert cfg_cli == json.loads((Path(summary["export_dir"]) / "config.json").read_text())
 
 
-def test_resume_equals_uninterrupted(data_dir, tmp_path):
-    """6 steps in one go == 3 steps, then resume from last.ckpt for 3 more."""
-    common = ["train.val_check_interval=3", "train.warmup_steps=2", "train.lr_decay_steps=6"]
-    _train(data_dir, tmp_path / "straight", common + ["train.max_steps=6"])
+@pytest.mark.parametrize("total", [6, 16])
+def test_resume_equals_uninterrupted(data_dir, tmp_path, total):
+    """`total` steps in one go == 3 steps, then resume from last.ckpt for the rest. 16 steps
+    cross several passes over the data after resuming mid-pass (session 5: every pass after a
+    resume was cut to the first pass's remainder, so the resumed run trained on other batches
+    and restarted its loader every few steps)."""
+    common = ["train.val_check_interval=3", "train.warmup_steps=2", f"train.lr_decay_steps={total}"]
+    _train(data_dir, tmp_path / "straight", common + [f"train.max_steps={total}"])
     _train(data_dir, tmp_path / "split", common + ["train.max_steps=3"])
-    _train(data_dir, tmp_path / "split", common + ["train.max_steps=6"])  # auto-resume in the same run dir
+    _train(data_dir, tmp_path / "split", common + [f"train.max_steps={total}"])  # auto-resume in the same run dir
     a = torch.load(tmp_path / "straight" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     b = torch.load(tmp_path / "split" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
-    assert a["global_step"] == b["global_step"] == 6
+    assert a["global_step"] == b["global_step"] == total
     for k, v in a["state_dict"].items():
         torch.testing.assert_close(b["state_dict"][k], v, rtol=1e-5, atol=1e-6, msg=k)
     sa, sb = a["optimizer_states"][0]["state"], b["optimizer_states"][0]["state"]

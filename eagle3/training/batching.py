@@ -77,7 +77,10 @@ class PackedBatchSampler(torch.utils.data.Sampler[list[int]]):
         return order[self.rank :: self.world_size][: self.per_pass]
 
     def __len__(self) -> int:
-        return self.per_pass - self.start
+        # one full pass, also right after a mid-pass resume: Lightning reads the length once
+        # and caps every later epoch at it (the pass in progress stops early by itself; its
+        # restored batch count already covers the part done before the resume)
+        return self.per_pass
 
     def __iter__(self) -> Iterator[list[int]]:
         order = self._pass_order(self.pass_index)[self.start :]
