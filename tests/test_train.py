@@ -123,6 +123,8 @@ def test_wandb_offline_run_records_metrics(data_dir, tmp_path):
     train_rows = [r for r in run["history"] if "train/loss_k0" in r]
     assert len(train_rows) == 6  # one row per optimizer step
     assert all("train/acc_k1" in r and "train/tokens_per_s" in r for r in train_rows)
+    # from the second step on (the first has no previous step to wait after), a fraction
+    assert all(0.0 <= r["train/data_wait_frac"] < 1.0 for r in train_rows[1:])
     val_rows = [r for r in run["history"] if "val/sim_accept_len" in r]
     assert len(val_rows) >= 2 and all(r["val/sim_accept_len"] >= 1.0 for r in val_rows)
     assert "initial/val/acc_k0" in run["summary"] and "val/sim_accept_len" in run["summary"]

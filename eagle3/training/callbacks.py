@@ -1,4 +1,5 @@
-"""Training callbacks: token throughput (what users compare across runs and peers)."""
+"""Training callbacks: token throughput (what users compare across runs and peers) and the
+share of wall time the step waited for its batch (a starved GPU shows here, not in tok/s)."""
 
 from __future__ import annotations
 
@@ -9,29 +10,45 @@ import torch
 
 
 class TokenThroughput(L.Callback):
-    """Logs train/tokens_per_s (sample tokens in packed batches, no padding, summed over ranks) per step."""
+    """Logs per step, over a window of steps:
+    train/tokens_per_s     sample tokens in packed batches (no padding), summed over ranks, per
+                           second of step compute (batch start to end)
+    train/data_wait_frac   time between one step's end and the next one's start (the loader's
+                           fetch, a new pass's prefetch) over that plus the step compute; the
+                           gap around a validation is not counted
+    """
 
     def __init__(self, window: int = 20):
         self.window = window
         self._t0: float | None = None
-        self._times: list[tuple[float, int]] = []
+        self._t_end: float | None = None  # end of the previous step; None after a validation
+        self._times: list[tuple[float, float, int]] = []  # (wait, compute, tokens)
         self.total_tokens = 0
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self._t0 = time.perf_counter()
+        self._wait = self._t0 - self._t_end if self._t_end is not None else None
+
+    def on_validation_end(self, trainer, pl_module):
+        self._t_end = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if self._t0 is None:
             return
         if torch.cuda.is_available() and pl_module.device.type == "cuda":
             torch.cuda.synchronize()
-        dt = time.perf_counter() - self._t0
+        self._t_end = time.perf_counter()
+        dt = self._t_end - self._t0
         # real tokens only: rows padded to a fixed shape (train.compile) must not inflate tok/s
         tokens = int((batch["segment_ids"] >= 0).sum()) * trainer.world_size
         self.total_tokens += tokens
-        self._times = (self._times + [(dt, tokens)])[-self.window :]
-        secs = sum(t for t, _ in self._times)
+        self._times = (self._times + [(self._wait, dt, tokens)])[-self.window :]
+        secs = sum(t for _, t, _ in self._times)
         if secs > 0:
-            tps = sum(n for _, n in self._times) / secs
+            tps = sum(n for _, _, n in self._times) / secs
             pl_module.log("train/tokens_per_s", tps, on_step=True, batch_size=1)
             pl_module.log("tok/s", tps, prog_bar=True, logger=False, batch_size=1)
+        timed = [(w, t) for w, t, _ in self._times if w is not None]
+        if timed:
+            waited = sum(w for w, _ in timed)
+            pl_module.log("train/data_wait_frac", waited / (waited + sum(t for _, t in timed)), on_step=True, batch_size=1)

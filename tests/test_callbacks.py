@@ -1,0 +1,54 @@
+"""TokenThroughput in a real Lightning loop: a loader slower than the step shows up as
+train/data_wait_frac, a step slower than the loader does not."""
+
+from __future__ import annotations
+
+import time
+
+import lightning as L
+import pytest
+import torch
+
+from eagle3.training.callbacks import TokenThroughput
+
+
+class _SlowBatches(torch.utils.data.Dataset):
+    def __init__(self, n: int, delay: float):
+        self.n, self.delay = n, delay
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.delay)
+        return {"x": torch.randn(4), "segment_ids": torch.zeros(8, dtype=torch.long)}  # 8 real tokens
+
+
+class _SlowStep(L.LightningModule):
+    def __init__(self, delay: float):
+        super().__init__()
+        self.lin, self.delay = torch.nn.Linear(4, 1), delay
+
+    def training_step(self, batch, batch_idx):
+        time.sleep(self.delay)
+        return self.lin(batch["x"]).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _run(loader_delay: float, step_delay: float) -> dict[str, float]:
+    # 10 batches per pass, 16 steps: the second pass's first fetch is counted as well
+    trainer = L.Trainer(max_steps=16, callbacks=[TokenThroughput(window=50)], logger=False, accelerator="cpu",
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(_SlowStep(step_delay), torch.utils.data.DataLoader(_SlowBatches(10, loader_delay), batch_size=None))
+    return {k: float(v) for k, v in trainer.callback_metrics.items()}
+
+
+def test_a_slow_loader_is_seen_as_data_wait():
+    starved = _run(loader_delay=0.06, step_delay=0.01)  # expected ~0.06 / 0.07 = 0.86
+    assert 0.6 < starved["train/data_wait_frac"] < 1.0
+    # tokens/s counts step compute only: 8 tokens per ~0.01 s, whatever the loader does
+    assert starved["train/tokens_per_s"] == pytest.approx(800, rel=0.5)
+    fed = _run(loader_delay=0.0, step_delay=0.06)
+    assert fed["train/data_wait_frac"] < 0.25
