@@ -51,4 +51,6 @@ class TokenThroughput(L.Callback):
         timed = [(w, t) for w, t, _ in self._times if w is not None]
         if timed:
             waited = sum(w for w, _ in timed)
-            pl_module.log("train/data_wait_frac", waited / (waited + sum(t for _, t in timed)), on_step=True, batch_size=1)
+            frac = waited / (waited + sum(t for _, t in timed))
+            pl_module.log("train/data_wait_frac", frac, on_step=True, batch_size=1)
+            pl_module.log("wait", frac, prog_bar=True, logger=False, batch_size=1)  # in logs without W&B
