@@ -124,3 +124,9 @@ def test_cli_typo_exits_nonzero_with_key():
     out = subprocess.run([sys.executable, "train.py", "train.lrr=1"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     assert "lrr" in out.stderr
+
+
+def test_draft_layers_below_one_fail_naming_the_key():
+    validate_run_config(compose("train", ["train.num_draft_layers=2"]))
+    with pytest.raises(ConfigError, match=r"train.num_draft_layers: expected >= 1, got 0"):
+        validate_run_config(compose("train", ["train.num_draft_layers=0"]))

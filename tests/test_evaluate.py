@@ -274,7 +274,7 @@ def _logged_history(run_dir: Path, key: str, timeout_s: float = 30.0) -> dict:
 # ------------------------------------------------------------------ real vLLM
 
 
-def _random_head_export(out_dir: Path, target_dir: Path) -> Path:
+def _random_head_export(out_dir: Path, target_dir: Path, layers: int = 1) -> Path:
     """A SmolLM2 EAGLE-3 head built as train.py builds one, with a random draft lm_head
     (nothing copied from the target's), exported in our serving format."""
     from eagle3.data.vocab import build_draft_vocab
@@ -286,7 +286,7 @@ def _random_head_export(out_dir: Path, target_dir: Path) -> Path:
 
     hf = read_hf_config(target_dir)
     vocab = 4096
-    cfg = DraftConfig.from_target_config(hf, draft_vocab_size=vocab, num_aux_layers=3)
+    cfg = DraftConfig.from_target_config(hf, draft_vocab_size=vocab, num_aux_layers=3, num_layers=layers)
     torch.manual_seed(0)
     head = Eagle3DraftHead(cfg)
     freq = torch.zeros(int(hf["vocab_size"]), dtype=torch.int64)
@@ -301,9 +301,11 @@ def _random_head_export(out_dir: Path, target_dir: Path) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_random_head_measures_near_one_in_vllm(tmp_path, smollm2_dir):
+@pytest.mark.parametrize("layers", [1, 2])  # 2: vLLM builds and loads a two-layer draft from our export
+def test_random_head_measures_near_one_in_vllm(tmp_path, smollm2_dir, layers):
     pytest.importorskip("vllm")
-    export = _random_head_export(tmp_path / "export", smollm2_dir)
+    export = _random_head_export(tmp_path / "export", smollm2_dir, layers)
+    assert json.loads((export / "config.json").read_text())["transformer_layer_config"]["num_hidden_layers"] == layers
     ds = _dataset_with_val_split(tmp_path / "ds", ["c1", "c3", "c5"])
     cmd = [sys.executable, "-m", "eagle3.evaluate", f"export_dir={export}", f"dataset_dir={ds}",
            f"eval.num_draft_tokens={K}", "eval.max_prompts=7", "eval.humaneval_prompts=4", "eval.max_new_tokens=32",

@@ -37,9 +37,10 @@ def _verifier_config() -> LlamaConfig:
                        tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 50000.0})
 
 
-def _head_from_verifier(verifier: LlamaForCausalLM, draft_vocab: int, seed: int) -> Eagle3DraftHead:
+def _head_from_verifier(verifier: LlamaForCausalLM, draft_vocab: int, seed: int, layers: int = 1) -> Eagle3DraftHead:
     torch.manual_seed(seed)
-    cfg = DraftConfig.from_target_config(verifier.config.to_dict(), draft_vocab_size=draft_vocab, num_aux_layers=3)
+    cfg = DraftConfig.from_target_config(verifier.config.to_dict(), draft_vocab_size=draft_vocab, num_aux_layers=3,
+                                         num_layers=layers)
     head = Eagle3DraftHead(cfg)
     t2d = torch.zeros(VT, dtype=torch.bool)
     t2d[torch.randperm(VT)[:draft_vocab]] = True
@@ -80,10 +81,10 @@ def _speculators_logits(ref: Eagle3DraftModel, g, ids, z=None, spec_mask=None, s
     return captured, out
 
 
-@pytest.mark.parametrize("steps", [1, 3])
-def test_our_export_loads_in_speculators_and_gives_the_same_logits(verifier, tmp_path, steps):
+@pytest.mark.parametrize("steps,layers", [(1, 1), (3, 1), (3, 2), (3, 3)])
+def test_our_export_loads_in_speculators_and_gives_the_same_logits(verifier, tmp_path, steps, layers):
     model, vpath = verifier
-    head = _head_from_verifier(model, draft_vocab=120, seed=1)
+    head = _head_from_verifier(model, draft_vocab=120, seed=1, layers=layers)
     # embed_tokens goes in the file: speculators 0.9 copies the verifier's embeddings only when
     # its own (uninitialised, not NaN-filled under transformers 5) tensor holds a NaN, which
     # is luck; vLLM shares the target's embeddings when the file has none
@@ -92,6 +93,7 @@ def test_our_export_loads_in_speculators_and_gives_the_same_logits(verifier, tmp
     (tmp_path / "config.json").write_text(json.dumps(config))
 
     ref = Eagle3DraftModel.from_pretrained(str(tmp_path)).float().eval()  # its default flex attention
+    assert len(ref.layers) == layers
     for ours, theirs in ((head.lm_head, ref.lm_head), (head.target_lm_head, ref.verifier_lm_head),
                          (head.embed_tokens, ref.embed_tokens), (head.target_norm, ref.verifier_norm)):
         assert torch.equal(ours.weight, theirs.weight)

@@ -55,6 +55,26 @@ def test_train_writes_summary_export_and_checkpoints(data_dir, tmp_path):
     assert all(v.dtype != torch.bfloat16 for v in ckpt["state_dict"].values())  # fp32 resume state
 
 
+def test_two_draft_layers_train_export_and_reload(data_dir, tmp_path):
+    """train.num_draft_layers=2: the export declares two layers and holds the second one's
+    weights (no hidden_norm: it sees the hidden stream only); the evaluation loader rebuilds
+    the same head from it (same logits as the exported weights give)."""
+    from eagle3.evaluation.replay_export import load_exported_head
+
+    _train(data_dir, tmp_path, ["train.num_draft_layers=2"])
+    export = Path(json.loads((tmp_path / "summary.json").read_text())["export_dir"])
+    cfg = json.loads((export / "config.json").read_text())
+    assert cfg["transformer_layer_config"]["num_hidden_layers"] == 2
+    weights = load_file(str(export / "model.safetensors"))
+    second = {k for k in weights if k.startswith("layers.1.")}
+    assert "layers.1.self_attn.q_proj.weight" in second and "layers.1.mlp.down_proj.weight" in second
+    assert not any("hidden_norm" in k for k in second)
+    assert weights["layers.1.self_attn.q_proj.weight"].shape[1] == 64  # H, not 2H (tiny_llama H=64)
+    head, aux_ids = load_exported_head(export, cfg["speculators_config"]["verifier"]["name_or_path"])
+    assert len(head.layers) == 2 and aux_ids == [1, 2, 3]
+    assert torch.equal(head.layers[1].mlp.down_proj.weight, weights["layers.1.mlp.down_proj.weight"].float())
+
+
 def test_export_cli_reproduces_the_export(data_dir, tmp_path):
     import subprocess
     import sys

@@ -179,6 +179,7 @@ class TrainConfig:
     num_attention_heads: Optional[int] = None  # null: the target's
     num_key_value_heads: Optional[int] = None
     intermediate_size: Optional[int] = None
+    num_draft_layers: int = 1  # decoder layers of the head (vLLM eagle3 and speculators load > 1)
     lr: float = 3e-4
     weight_decay: float = 0.0
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)

@@ -47,6 +47,8 @@ def validate_run_config(cfg: Any) -> None:
         raise ConfigError(f"data.max_length: expected >= 2, got {cfg.data.max_length}")
     if int(cfg.train.ttt_steps) < 1:
         raise ConfigError(f"train.ttt_steps: expected >= 1, got {cfg.train.ttt_steps}")
+    if int(cfg.train.num_draft_layers) < 1:
+        raise ConfigError(f"train.num_draft_layers: expected >= 1, got {cfg.train.num_draft_layers}")
     if int(cfg.train.draft_vocab_size) < 1:
         raise ConfigError(f"train.draft_vocab_size: expected >= 1, got {cfg.train.draft_vocab_size}")
     metric = str(cfg.optimized_metric)

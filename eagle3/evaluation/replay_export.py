@@ -39,7 +39,7 @@ def load_exported_head(export_dir: str | Path, verifier: str | Path) -> tuple[Ea
         read_hf_config(str(verifier)), draft_vocab_size=int(cfg["draft_vocab_size"]), num_aux_layers=len(aux_ids),
         norm_before_fc=bool(cfg.get("norm_before_fc", False)),
         num_attention_heads=int(layer["num_attention_heads"]), num_key_value_heads=int(layer["num_key_value_heads"]),
-        intermediate_size=int(layer["intermediate_size"]),
+        intermediate_size=int(layer["intermediate_size"]), num_layers=int(layer.get("num_hidden_layers", 1)),
     )
     head = Eagle3DraftHead(draft_cfg)
     weights = load_file(str(export_dir / "model.safetensors"))

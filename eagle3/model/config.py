@@ -43,8 +43,13 @@ class DraftConfig:
     # "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
     rope_scaling: dict[str, Any] | None = None
     initializer_range: float = 0.02
+    # decoder layers: the first takes concat(embeddings, hidden) (2H); each further one is a
+    # plain Llama layer over the hidden stream (speculators and vLLM llama_eagle3 build them so)
+    num_layers: int = 1
 
     def __post_init__(self) -> None:
+        if self.num_layers < 1:
+            raise DraftConfigError(f"DraftConfig: num_layers must be >= 1, got {self.num_layers}")
         if self.head_dim is None:
             if self.hidden_size % self.num_attention_heads:
                 raise DraftConfigError(

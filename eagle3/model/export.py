@@ -3,7 +3,9 @@
 Weights (vLLM llama_eagle3 `load_weights` + speculators Eagle3DraftModel):
     fc.weight, layers.0.self_attn.{q,k,v,o}_proj.weight, layers.0.mlp.{gate,up,down}_proj.weight,
     layers.0.{input_layernorm,hidden_norm,post_attention_layernorm}.weight, norm.weight,
-    lm_head.weight, d2t, t2d, [input_norm.weight if norm_before_fc], [embed_tokens.weight].
+    lm_head.weight, d2t, t2d, [input_norm.weight if norm_before_fc], [embed_tokens.weight];
+    with num_layers > 1 also layers.i.{self_attn.*, mlp.*, input_layernorm, post_attention_layernorm}
+    for i >= 1 (no hidden_norm: those layers see the hidden stream only).
 Our module uses the same names; the frozen target copies (target_norm, target_lm_head) are
 training-only and never exported (speculators drops its verifier_* copies the same way).
 
@@ -56,7 +58,7 @@ def transformer_layer_config_dict(cfg: DraftConfig) -> dict[str, Any]:
         "num_key_value_heads": cfg.num_key_value_heads,
         "head_dim": cfg.head_dim,
         "hidden_act": cfg.hidden_act,
-        "num_hidden_layers": 1,
+        "num_hidden_layers": cfg.num_layers,
         "vocab_size": cfg.target_vocab_size,
         "rms_norm_eps": cfg.rms_norm_eps,
         "max_position_embeddings": cfg.max_position_embeddings,

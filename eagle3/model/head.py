@@ -29,7 +29,7 @@ from torch import nn
 
 from eagle3.model.config import DraftConfig
 from eagle3.model.flex import build_flex_masks
-from eagle3.model.layers import Eagle3DecoderLayer, RMSNorm
+from eagle3.model.layers import DraftDecoderLayer, Eagle3DecoderLayer, RMSNorm
 from eagle3.model.mask import build_ttt_mask, ttt_step_mask
 from eagle3.model.rope import RotaryEmbedding
 from eagle3.model.shift import shift_left
@@ -51,7 +51,7 @@ class Eagle3DraftHead(nn.Module):
         # trainable
         self.input_norm = RMSNorm(aux, cfg.rms_norm_eps) if cfg.norm_before_fc else None
         self.fc = nn.Linear(aux, h, bias=False)
-        self.layers = nn.ModuleList([Eagle3DecoderLayer(cfg)])
+        self.layers = nn.ModuleList([Eagle3DecoderLayer(cfg)] + [DraftDecoderLayer(cfg) for _ in range(cfg.num_layers - 1)])
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(h, v, bias=False)
         self.rotary = RotaryEmbedding(cfg)
@@ -151,15 +151,17 @@ class Eagle3DraftHead(nn.Module):
         if self.input_norm is not None:
             g = self.input_norm(g)
         hidden = self.fc(g)
-        layer = self.layers[0]
-        past_keys: list[torch.Tensor] = []
-        past_values: list[torch.Tensor] = []
+        first, *rest = self.layers
+        # each layer keeps its own keys/values of the earlier TTT steps
+        past: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = [([], []) for _ in self.layers]
         step_logits: list[torch.Tensor] = []
         for step in range(ttt_steps):
             ids, _ = shift_left(input_ids, segment_ids, 1 + step, fill=PAD_INPUT_ID)
             embeds = self.embed_tokens(ids).to(hidden.dtype)
             cos, sin = self.rotary(position_ids + 1 + step, hidden.dtype)
-            hidden = layer(embeds, hidden, cos, sin, past_keys, past_values, masks[step])
+            hidden = first(embeds, hidden, cos, sin, *past[0], masks[step])
+            for layer, (keys, values) in zip(rest, past[1:]):
+                hidden = layer(hidden, cos, sin, keys, values, masks[step])
             step_logits.append(self.lm_head(self.norm(hidden)))
         return step_logits
 

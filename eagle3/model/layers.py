@@ -1,5 +1,6 @@
-"""Building blocks of the draft head: RMSNorm, attention over the TTT keys, MLP, and the
-EAGLE-3 decoder layer whose attention input is concat(embeddings, hidden) = 2H.
+"""Building blocks of the draft head: RMSNorm, attention over the TTT keys, MLP, the
+EAGLE-3 decoder layer whose attention input is concat(embeddings, hidden) = 2H, and the plain
+layers that may follow it.
 
 Parameter names follow speculators / vLLM llama_eagle3 (`self_attn.q_proj`, `mlp.gate_proj`,
 `input_layernorm`, `hidden_norm`, `post_attention_layernorm`) so export is a plain copy.
@@ -116,4 +117,31 @@ class Eagle3DecoderLayer(nn.Module):
         residual = normed_hidden if self.norm_before_residual else hidden
         x = torch.cat([self.input_layernorm(embeds), normed_hidden], dim=-1)
         h = residual + self.self_attn(x, cos, sin, past_keys, past_values, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DraftDecoderLayer(nn.Module):
+    """A layer after the first (num_layers > 1): pre-norm Llama over the hidden stream, input H.
+
+    vLLM's llama_eagle3 layers with layer_idx > 0 and speculators' decoder_layer_class do the
+    same: h + attn(input_layernorm(h)), then + mlp(post_attention_layernorm(.)).
+    """
+
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = TTTAttention(cfg, input_size=cfg.hidden_size)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        past_keys: list[torch.Tensor],
+        past_values: list[torch.Tensor],
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
+        h = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, past_keys, past_values, mask)
         return h + self.mlp(self.post_attention_layernorm(h))

@@ -59,7 +59,7 @@ def build_head(cfg: Any, model_dir: str, dataset: HiddenStateDataset) -> tuple[E
     }
     draft_cfg = DraftConfig.from_target_config(
         hf, draft_vocab_size=size, num_aux_layers=len(aux_ids),
-        norm_before_fc=bool(cfg.train.norm_before_fc), **overrides,
+        norm_before_fc=bool(cfg.train.norm_before_fc), num_layers=int(cfg.train.num_draft_layers), **overrides,
     )
     head = Eagle3DraftHead(draft_cfg, attention=str(getattr(cfg.train.attention, "value", cfg.train.attention)))
     d2t, t2d = draft_vocab(dataset, size)
