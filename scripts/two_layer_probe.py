@@ -1,0 +1,26 @@
+"""A trained one-layer export + a random second layer (o_proj, down_proj scaled up so it
+matters), exported again: `python -m eagle3.evaluate` on it compares vLLM's counters with our
+served replay of the same two-layer head, i.e. whether vLLM runs layer 2 as we do.
+    python scripts/two_layer_probe.py SRC_EXPORT VERIFIER_DIR OUT_EXPORT SCALE   (session 5: SCALE 10)
+"""
+import dataclasses, sys
+import torch
+from eagle3.evaluation.replay_export import load_exported_head
+from eagle3.model.head import Eagle3DraftHead
+from eagle3.targets import read_hf_config
+from eagle3.training.builder import DraftMeta
+from eagle3.training.export import export_head
+
+src, verifier, out, scale = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+one, aux = load_exported_head(src, verifier)
+cfg = dataclasses.replace(one.cfg, num_layers=2)
+torch.manual_seed(0)
+two = Eagle3DraftHead(cfg)
+missing, unexpected = two.load_state_dict(one.state_dict(), strict=False)
+assert not unexpected and all(m.startswith("layers.1.") for m in missing), (missing, unexpected)
+with torch.no_grad():
+    two.layers[1].self_attn.o_proj.weight.mul_(scale)
+    two.layers[1].mlp.down_proj.weight.mul_(scale)
+hf = read_hf_config(verifier)
+meta = DraftMeta(cfg, aux, verifier, list(hf["architectures"]), 3)
+print(export_head(two.eval(), meta, out))
