@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 
 import lightning as L
-import pytest
 import torch
 
 from eagle3.training.callbacks import TokenThroughput
@@ -48,7 +47,8 @@ def _run(loader_delay: float, step_delay: float) -> dict[str, float]:
 def test_a_slow_loader_is_seen_as_data_wait():
     starved = _run(loader_delay=0.06, step_delay=0.01)  # expected ~0.06 / 0.07 = 0.86
     assert 0.6 < starved["train/data_wait_frac"] < 1.0
-    # tokens/s counts step compute only: 8 tokens per ~0.01 s, whatever the loader does
-    assert starved["train/tokens_per_s"] == pytest.approx(800, rel=0.5)
+    # tokens/s counts step compute only: 8 tokens per >= 0.01 s (<= 800/s), well above the
+    # ~115/s it would read if the loader's 0.06 s were counted (loose: CI machines are busy)
+    assert 250 < starved["train/tokens_per_s"] <= 800
     fed = _run(loader_delay=0.0, step_delay=0.06)
     assert fed["train/data_wait_frac"] < 0.25
