@@ -87,7 +87,24 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class Eagle3DecoderLayer(nn.Module):
+class _DecoderBlock(nn.Module):
+    """What every draft layer has: input_layernorm, attention over the TTT keys (input
+    ``attention_input`` wide), post_attention_layernorm and the MLP; the layers differ only in
+    what they feed the attention and keep as its residual."""
+
+    def __init__(self, cfg: DraftConfig, attention_input: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = TTTAttention(cfg, input_size=attention_input)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def _attend_then_mlp(self, x, residual, cos, sin, past_keys, past_values, mask) -> torch.Tensor:
+        h = residual + self.self_attn(x, cos, sin, past_keys, past_values, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Eagle3DecoderLayer(_DecoderBlock):
     """attention(concat(input_layernorm(embeds), hidden_norm(hidden))) + residual, then MLP.
 
     The residual is the un-normalised hidden half (or its normalised form when
@@ -95,13 +112,9 @@ class Eagle3DecoderLayer(nn.Module):
     """
 
     def __init__(self, cfg: DraftConfig):
-        super().__init__()
+        super().__init__(cfg, attention_input=2 * cfg.hidden_size)
         self.norm_before_residual = cfg.norm_before_residual
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = TTTAttention(cfg, input_size=2 * cfg.hidden_size)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
 
     def forward(
         self,
@@ -116,11 +129,10 @@ class Eagle3DecoderLayer(nn.Module):
         normed_hidden = self.hidden_norm(hidden)
         residual = normed_hidden if self.norm_before_residual else hidden
         x = torch.cat([self.input_layernorm(embeds), normed_hidden], dim=-1)
-        h = residual + self.self_attn(x, cos, sin, past_keys, past_values, mask)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        return self._attend_then_mlp(x, residual, cos, sin, past_keys, past_values, mask)
 
 
-class DraftDecoderLayer(nn.Module):
+class DraftDecoderLayer(_DecoderBlock):
     """A layer after the first (num_layers > 1): pre-norm Llama over the hidden stream, input H.
 
     vLLM's llama_eagle3 layers with layer_idx > 0 and speculators' decoder_layer_class do the
@@ -128,11 +140,7 @@ class DraftDecoderLayer(nn.Module):
     """
 
     def __init__(self, cfg: DraftConfig):
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = TTTAttention(cfg, input_size=cfg.hidden_size)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        super().__init__(cfg, attention_input=cfg.hidden_size)
 
     def forward(
         self,
@@ -143,5 +151,4 @@ class DraftDecoderLayer(nn.Module):
         past_values: list[torch.Tensor],
         mask: torch.Tensor,
     ) -> torch.Tensor:
-        h = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, past_keys, past_values, mask)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        return self._attend_then_mlp(self.input_layernorm(hidden), hidden, cos, sin, past_keys, past_values, mask)

@@ -22,6 +22,7 @@ class TokenThroughput(L.Callback):
         self.window = window
         self._t0: float | None = None
         self._t_end: float | None = None  # end of the previous step; None after a validation
+        self._wait: float | None = None  # before this step: since _t_end (None: not timed)
         self._times: list[tuple[float, float, int]] = []  # (wait, compute, tokens)
         self.total_tokens = 0
 
