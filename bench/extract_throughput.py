@@ -46,6 +46,7 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -346,7 +347,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=None, help="prompts per forward; default 8 (GPU), 4 (CPU)")
     ap.add_argument("--seq", type=int, default=None, help="tokens per prompt; default 2048 (GPU), 512 (CPU)")
     ap.add_argument("--shard-dir", default=None, help="where shards are written (default: a temp dir)")
-    ap.add_argument("--cache-dir", default="/work/main/.cache", help="materialised SmolLM2 lives here")
+    ap.add_argument("--cache-dir", default=str(Path(__file__).resolve().parents[1] / ".cache"),
+                    help="materialised SmolLM2 lives here (default: the clone's .cache)")
     ap.add_argument("--out", required=True, help="JSON results path")
     args = ap.parse_args()
 

@@ -1,7 +1,6 @@
 """Eagle3DraftHead + eagle3_loss: packing, the shift convention, counts, frozen parts, export."""
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +18,6 @@ from eagle3.model.loss import step_positions
 from eagle3.model.rope import inverse_frequencies
 
 H, VT, V = 32, 97, 40
-SMOLLM2_CONFIG = Path("/work/main/.cache/targets/smollm2_135m-bf16-98362432/config.json")
 
 
 def _vocab(seed: int = 0):
@@ -255,12 +253,13 @@ def test_export_names_are_the_serving_names():
     assert "embed_tokens.weight" in export_state_dict(head, include_embed_tokens=True)
 
 
-def test_draft_config_from_the_real_smollm2_config():
-    cfg = DraftConfig.from_target_config(json.loads(SMOLLM2_CONFIG.read_text()), draft_vocab_size=32000, num_aux_layers=3)
+def test_draft_config_from_the_real_smollm2_config(smollm2_dir):
+    smollm2_config = json.loads((smollm2_dir / "config.json").read_text())
+    cfg = DraftConfig.from_target_config(smollm2_config, draft_vocab_size=32000, num_aux_layers=3)
     assert (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (576, 9, 3, 64)
     assert (cfg.intermediate_size, cfg.target_vocab_size, cfg.rope_theta) == (1536, 49152, 100000.0)
     assert cfg.rms_norm_eps == pytest.approx(1e-5) and cfg.rope_scaling is None
-    small = DraftConfig.from_target_config(json.loads(SMOLLM2_CONFIG.read_text()), 32000, 3, intermediate_size=512)
+    small = DraftConfig.from_target_config(smollm2_config, 32000, 3, intermediate_size=512)
     assert small.intermediate_size == 512
 
 

@@ -27,7 +27,6 @@ from speculators.proposals.greedy import GreedyTokenProposalConfig  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 H, VT, AUX_IDS = 64, 300, [1, 2, 3]
-SMOLLM2 = "/work/main/.cache/targets/smollm2_135m-bf16-98362432"
 LOGIT_TOL = dict(rtol=1e-5, atol=1e-5)  # measured: max |diff| <= 1.5e-7 in fp32; loss rel. diff ~2e-6
 
 
@@ -160,7 +159,8 @@ def test_loss_and_full_accuracy_match_speculators_eager_loss(verifier, steps):
     assert (counts.correct_full > 0).all()  # the comparison above is not 0 == 0
 
 
-def test_config_matches_what_speculators_itself_writes():
+def test_config_matches_what_speculators_itself_writes(smollm2_dir):
+    SMOLLM2 = str(smollm2_dir)
     from speculators.train.cli import create_transformer_layer_config
 
     target = json.loads(open(f"{SMOLLM2}/config.json").read())
@@ -188,7 +188,8 @@ def test_config_matches_what_speculators_itself_writes():
     assert parsed.transformer_layer_config.head_dim == 64 and parsed.draft_vocab_size == 32000
 
 
-def test_vllm_reads_our_config_as_eagle3_with_our_flags():
+def test_vllm_reads_our_config_as_eagle3_with_our_flags(smollm2_dir):
+    SMOLLM2 = str(smollm2_dir)
     base = pytest.importorskip("vllm.transformers_utils.configs.speculators.base")
     cfg = DraftConfig.from_target_config(json.loads(open(f"{SMOLLM2}/config.json").read()), 32000, 3)
     ours = speculators_config_dict(cfg, [2, 15, 27], SMOLLM2, 3)
