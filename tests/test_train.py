@@ -160,8 +160,28 @@ def test_flex_attention_is_refused_where_it_cannot_train(data_dir, tmp_path):
                                          "train.attention=flex, got 500"):
         _train(data_dir, tmp_path / "a", ["train.attention=flex", "train.max_tokens_per_batch=500"])
     if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="train.attention=flex: expected a CUDA device, got cpu"):
+        with pytest.raises(ValueError, match="train.attention=flex: expected a CUDA accelerator, got "
+                                             "topology.accelerator=cpu"):
             _train(data_dir, tmp_path / "b", ["train.attention=flex"])
+
+
+@pytest.mark.parametrize("topology,attention,compiled", [("cpu", "sdpa", False), ("gpu1", "flex", True)])
+def test_the_step_path_follows_the_accelerator(topology, attention, compiled):
+    """Without flags, a GPU topology trains the compiled flex-attention step (the fastest
+    measured) and the CPU the eager dense-mask step; explicit values are kept."""
+    from eagle3.training.run import resolve_step_path
+
+    cfg = compose("train", TINY + [f"topology={topology}"])
+    assert str(cfg.train.attention.value) == "auto" and cfg.train.compile is None
+    resolve_step_path(cfg)
+    assert (str(cfg.train.attention.value), cfg.train.compile) == (attention, compiled)
+    cfg = compose("train", TINY + [f"topology={topology}", "train.attention=sdpa", "train.compile=false"])
+    resolve_step_path(cfg)
+    assert (str(cfg.train.attention.value), cfg.train.compile) == ("sdpa", False)
+    # a batch flex cannot tile falls back to sdpa on auto, and is refused when flex is asked for
+    cfg = compose("train", TINY + [f"topology={topology}", "train.max_tokens_per_batch=500"])
+    resolve_step_path(cfg)
+    assert str(cfg.train.attention.value) == "sdpa"
 
 
 def test_compiled_step_on_fixed_shape_rows_trains(data_dir, tmp_path):
@@ -171,6 +191,7 @@ def test_compiled_step_on_fixed_shape_rows_trains(data_dir, tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["global_step"] == 12
     assert summary["final"]["val/loss"] < summary["initial"]["val/loss"]
+    assert summary["final"]["train/compiled_graphs"] == 1  # one static shape: no recompile after step 1
 
 
 def test_replay_export_reads_the_export_back(data_dir, tmp_path):
@@ -239,5 +260,3 @@ def test_rows_train_and_a_row_shorter_than_a_sample_is_refused(data_dir, tmp_pat
     assert summary["initial"]["val/loss_k0"] == pytest.approx(one["val/loss_k0"], rel=1e-4)
     with pytest.raises(ValueError, match=r"train.row_tokens=32: shorter than the longest sample"):
         _train(data_dir, tmp_path / "short", ["train.row_tokens=32"])
-    with pytest.raises(ValueError, match="train.row_tokens: expected null with train.attention=flex"):
-        _train(data_dir, tmp_path / "flex", ["train.row_tokens=128", "train.attention=flex"])

@@ -54,6 +54,7 @@ class LossKind(str, Enum):
 
 
 class AttentionKind(str, Enum):
+    auto = "auto"  # flex when training on CUDA, else sdpa (resolved by train.py)
     sdpa = "sdpa"  # dense bool TTT mask, any device
     flex = "flex"  # block-sparse flex attention (CUDA; rows padded to max_tokens_per_batch)
 
@@ -169,10 +170,10 @@ class TrainConfig:
     ttt_steps: int = 3
     step_decay: float = 0.8
     loss: LossKind = LossKind.forward_kl
-    # flex: block-sparse TTT masks (eagle3/model/flex.py), 1.37x vs 1.27x dense over compiled
-    # speculators in the H200 bench (TTT 3, whole step compiled); needs CUDA, and
-    # max_tokens_per_batch a multiple of 128 (rows are padded to it)
-    attention: AttentionKind = AttentionKind.sdpa
+    # flex: block-sparse TTT masks (eagle3/model/flex.py), needs CUDA and max_tokens_per_batch a
+    # multiple of 128 (rows are padded to it); sdpa: a dense bool mask, any device. auto: flex
+    # on CUDA (the faster step in bench/train_throughput.py), sdpa on CPU
+    attention: AttentionKind = AttentionKind.auto
     draft_vocab_size: int = 32000
     norm_before_fc: bool = False
     init_lm_head_from_target: bool = True
@@ -189,19 +190,19 @@ class TrainConfig:
     # length of the cosine schedule; null = max_steps. Set it to stop early (or extend a
     # resumed run) without changing the schedule already followed.
     lr_decay_steps: Optional[int] = None
-    # wall-clock cap "DD:HH:MM:SS" (Lightning max_time): a budgeted run stops cleanly, exports
+    # wall-clock cap "DD:HH:MM:SS" (Lightning max_time): a budgeted run stops cleanly and exports;
+    # the cosine is fitted into it (eagle3/training/schedule.py), ending at min_lr_ratio
     max_time: Optional[str] = None
-    # torch.compile the step (head + target logits + loss). Off by default: one fixed shape
-    # compiled ran 1.4x our eager step on an H200 (bench), but inside the trainer with dynamic
-    # shapes (packed rows of any length; TTT 7) it ran 148 steps in 7 min = 13k tok/s against
-    # 72k tok/s eager at TTT 5 (docs/benchmarks.md): recompiles. With true, rows are now padded
-    # to max_tokens_per_batch and compiled for that one shape (not yet measured on a GPU).
-    compile: Optional[bool] = False
+    # torch.compile the step (head + target logits + loss), rows padded to max_tokens_per_batch
+    # so one static shape compiles once. null: on when training on CUDA, off on CPU (compiling
+    # costs minutes there and a small CPU step gains little)
+    compile: Optional[bool] = None
     max_epochs: Optional[int] = None
     max_tokens_per_batch: int = 4096
     # tokens per packed row; a batch holds max_tokens_per_batch // row_tokens rows. null: one
-    # row of max_tokens_per_batch. TTT attention is dense within a row (O(row^2) per step),
-    # so many short samples are cheaper in several short rows (batching.pack_rows)
+    # row of max_tokens_per_batch. With sdpa, TTT attention is dense within a row (O(row^2) per
+    # step), so many short samples are cheaper in several short rows (batching.pack_rows); flex
+    # skips the masked-out blocks of one long row, so it packs one row and ignores this
     row_tokens: Optional[int] = None
     accumulate_grad_batches: int = 1
     grad_clip: float = 1.0

@@ -7,23 +7,23 @@ mean of per-rank means would not).
 
 from __future__ import annotations
 
-import math
 import warnings
 from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import Timer
 
 from eagle3.model.head import Eagle3DraftHead
 from eagle3.model.loss import StepCounts, eagle3_loss
 from eagle3.model.replay import replay_counts, replay_metrics
+from eagle3.training.schedule import BudgetedCosine
 
 
-def warmup_cosine(step: int, *, warmup: int, total: int, min_ratio: float) -> float:
-    if step < warmup:
-        return (step + 1) / max(1, warmup)
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+def _compiled_graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 class Eagle3LitModule(L.LightningModule):
@@ -45,6 +45,8 @@ class Eagle3LitModule(L.LightningModule):
         self.replay_max_answer_tokens = replay_max_answer_tokens
         self._val_replay = torch.zeros(2 + max(self.replay_k, 0), dtype=torch.float64)
         self._step = self._forward_loss
+        self.lr_schedule: BudgetedCosine | None = None
+        self._restored_schedule: dict | None = None  # from a checkpoint, applied when the schedule is built
 
     # ---- frozen weights stay out of checkpoints (Kimi's embeddings alone are 4.7 GB fp32)
     def _frozen_keys(self) -> set[str]:
@@ -54,6 +56,13 @@ class Eagle3LitModule(L.LightningModule):
         frozen = self._frozen_keys()
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k not in frozen}
         checkpoint["eagle3_meta"] = self.export_meta
+        if self.lr_schedule is not None:  # a time-budgeted schedule's progress (schedule.py)
+            checkpoint["eagle3_lr_schedule"] = self.lr_schedule.state_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._restored_schedule = checkpoint.get("eagle3_lr_schedule")
+        if self.lr_schedule is not None and self._restored_schedule is not None:
+            self.lr_schedule.load_state_dict(self._restored_schedule)
 
     # ---- steps
     def setup(self, stage: str) -> None:
@@ -65,6 +74,7 @@ class Eagle3LitModule(L.LightningModule):
         # the datamodule pads every row to max_tokens_per_batch when compiling: one static
         # shape, one graph (dynamic shapes recompiled for new row lengths on the H200)
         self._step = torch.compile(self._forward_loss, dynamic=False) if want else self._forward_loss
+        self._graphs_before = _compiled_graphs()  # the counter is per process (other compiles, tests)
 
     def _logits(self, batch: dict[str, torch.Tensor]):
         step_logits = self.head(
@@ -101,6 +111,10 @@ class Eagle3LitModule(L.LightningModule):
         loss, counts = self._step(batch)
         logs = self._metrics(counts, "train")
         logs["train/loss"] = loss.detach().float()
+        if self._step is not self._forward_loss:
+            # graphs dynamo compiled so far: one static shape means it stays at 1 after the
+            # first step; a rise is a recompile (a new shape or a guard that failed)
+            logs["train/compiled_graphs"] = torch.tensor(float(_compiled_graphs() - self._graphs_before))
         self.log_dict(logs, on_step=True, batch_size=1)
         self.log("loss", loss.detach(), prog_bar=True, logger=False, batch_size=1)
         return loss
@@ -157,10 +171,19 @@ class Eagle3LitModule(L.LightningModule):
             weight_decay=float(self.tc["weight_decay"]),
         )
         total = int(self.tc.get("lr_decay_steps") or self.tc["max_steps"])
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt,
-            lambda s: warmup_cosine(
-                s, warmup=int(self.tc["warmup_steps"]), total=total, min_ratio=float(self.tc["min_lr_ratio"])
-            ),
-        )
+        self.lr_schedule = BudgetedCosine(warmup=int(self.tc["warmup_steps"]), total_steps=total,
+                                          min_ratio=float(self.tc["min_lr_ratio"]), clock=self._budget_clock())
+        if self._restored_schedule is not None:
+            self.lr_schedule.load_state_dict(self._restored_schedule)
+        # a plain function, not the object: LambdaLR would pickle the object's clock with it
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: self.lr_schedule(s))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def _budget_clock(self):
+        """(elapsed, remaining) seconds of train.max_time from Lightning's Timer, or None when
+        the run has no time budget (the schedule is then the closed-form cosine)."""
+        trainer = self._trainer
+        timer = next((c for c in (trainer.callbacks if trainer else []) if isinstance(c, Timer)), None)
+        if timer is None or not self.tc.get("max_time"):
+            return None
+        return lambda: (timer.time_elapsed("train"), timer.time_remaining("train"))
