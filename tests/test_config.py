@@ -130,3 +130,14 @@ def test_draft_layers_below_one_fail_naming_the_key():
     validate_run_config(compose("train", ["train.num_draft_layers=2"]))
     with pytest.raises(ConfigError, match=r"train.num_draft_layers: expected >= 1, got 0"):
         validate_run_config(compose("train", ["train.num_draft_layers=0"]))
+
+
+def test_norm_options_and_losses_are_train_keys_and_exclusive_norms_fail_before_any_work():
+    cfg = compose("train", ["train.fc_norm=true", "train.norm_output=true", "train.norm_before_residual=true",
+                            "train.loss=jsd"])
+    validate_run_config(cfg)
+    assert cfg.train.fc_norm and cfg.train.norm_output and cfg.train.norm_before_residual and not cfg.train.norm_before_fc
+    for kind in ("reverse_kl", "tv"):
+        assert str(compose("train", [f"train.loss={kind}"]).train.loss.value) == kind
+    with pytest.raises(ConfigError, match="train: norm_before_fc and fc_norm are mutually exclusive"):
+        validate_run_config(compose("train", ["train.norm_before_fc=true", "train.fc_norm=true"]))

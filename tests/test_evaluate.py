@@ -274,9 +274,10 @@ def _logged_history(run_dir: Path, key: str, timeout_s: float = 30.0) -> dict:
 # ------------------------------------------------------------------ real vLLM
 
 
-def _random_head_export(out_dir: Path, target_dir: Path, layers: int = 1) -> Path:
+def _random_head_export(out_dir: Path, target_dir: Path, layers: int = 1, **norms: bool) -> Path:
     """A SmolLM2 EAGLE-3 head built as train.py builds one, with a random draft lm_head
-    (nothing copied from the target's), exported in our serving format."""
+    (nothing copied from the target's), exported in our serving format; `norms`: the
+    EAGLE-3.1 norm options (eagle3/model/config.py NORM_OPTIONS) it is built with."""
     from eagle3.data.vocab import build_draft_vocab
     from eagle3.model.config import DraftConfig
     from eagle3.model.head import Eagle3DraftHead
@@ -286,7 +287,7 @@ def _random_head_export(out_dir: Path, target_dir: Path, layers: int = 1) -> Pat
 
     hf = read_hf_config(target_dir)
     vocab = 4096
-    cfg = DraftConfig.from_target_config(hf, draft_vocab_size=vocab, num_aux_layers=3, num_layers=layers)
+    cfg = DraftConfig.from_target_config(hf, draft_vocab_size=vocab, num_aux_layers=3, num_layers=layers, **norms)
     torch.manual_seed(0)
     head = Eagle3DraftHead(cfg)
     freq = torch.zeros(int(hf["vocab_size"]), dtype=torch.int64)
@@ -344,3 +345,31 @@ def test_random_head_measures_near_one_in_vllm(tmp_path, smollm2_dir, layers):
     png = export / "acceptance.png"
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert (export / "acceptance-logs" / "engine-with-head.log").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_random_head_with_the_eagle31_norms_loads_in_vllm_and_measures_near_one(tmp_path, smollm2_dir):
+    """fc_norm, norm_output and norm_before_residual on (norm_before_fc, exclusive with fc_norm,
+    is served since EAGLE-3): vLLM 0.32 builds the head from our config.json and takes every
+    weight of the file (fc_norm.* would be refused as unknown names if it ignored the flag);
+    a random head accepts next to nothing. One engine: no baseline run."""
+    pytest.importorskip("vllm")
+    norms = {"fc_norm": True, "norm_output": True, "norm_before_residual": True}
+    export = _random_head_export(tmp_path / "export", smollm2_dir, **norms)
+    config = json.loads((export / "config.json").read_text())
+    assert {k: config[k] for k in (*norms, "norm_before_fc")} == {**norms, "norm_before_fc": False}
+    ds = _dataset_with_val_split(tmp_path / "ds", ["c1", "c3"])
+    cmd = [sys.executable, "-m", "eagle3.evaluate", f"export_dir={export}", f"dataset_dir={ds}", "baseline=false",
+           f"eval.num_draft_tokens={K}", "eval.max_prompts=2", "eval.humaneval_prompts=4", "eval.max_new_tokens=32",
+           "engine.max_num_seqs=8", f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "WANDB_MODE": "offline"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    data = json.loads(Path(proc.stdout.strip().splitlines()[-1]).read_text())
+    print(f"random head with {sorted(norms)}: {data['mean_acceptance_length']:.3f}")
+    assert not (export / "acceptance-logs" / "engine-without-head.log").exists()  # one engine started
+    assert data["drafts"] > 30 and data["draft_tokens"] == K * data["drafts"]  # the head really drafted
+    assert 1.0 <= data["mean_acceptance_length"] < 1.15 and data["consistency_problems"] == []
+    # our reader (load_exported_head, these options on) replays vLLM's outputs to vLLM's figure
+    assert data["served_replay"]["all"]["replay_accept_len"] == pytest.approx(data["mean_acceptance_length"], abs=0.05)

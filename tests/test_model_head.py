@@ -1,12 +1,14 @@
 """Eagle3DraftHead + eagle3_loss: packing, the shift convention, counts, frozen parts, export."""
 
 import json
+import math
 
 import pytest
 import torch
 
 from eagle3.model import (
     DraftConfig,
+    DraftConfigError,
     Eagle3DraftHead,
     StepCounts,
     TargetWeightsError,
@@ -14,7 +16,7 @@ from eagle3.model import (
     export_state_dict,
     sim_accept_len,
 )
-from eagle3.model.loss import step_positions
+from eagle3.model.loss import LOSS_KINDS, TargetStats, per_position_loss, step_positions
 from eagle3.model.rope import inverse_frequencies
 
 H, VT, V = 32, 97, 40
@@ -251,6 +253,42 @@ def test_export_names_are_the_serving_names():
     assert sd["fc.weight"].dtype == torch.bfloat16 and sd["d2t"].dtype == torch.int64 and sd["t2d"].dtype == torch.bool
     assert sd["layers.0.self_attn.q_proj.weight"].shape == (4 * 8, 2 * H)
     assert "embed_tokens.weight" in export_state_dict(head, include_embed_tokens=True)
+
+
+def test_fc_norm_exports_one_norm_per_aux_layer_and_excludes_norm_before_fc():
+    head = make_head(fc_norm=True, norm_output=True, norm_before_residual=True)
+    sd = export_state_dict(head)
+    assert {k for k in sd if "norm" in k and not k.startswith("layers.")} == {
+        "norm.weight", "fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight"}
+    assert all(sd[f"fc_norm.{i}.weight"].shape == (H,) for i in range(3))
+    with pytest.raises(DraftConfigError, match="norm_before_fc and fc_norm are mutually exclusive"):
+        make_head(norm_before_fc=True, fc_norm=True)
+
+
+def test_norm_output_changes_only_the_steps_after_the_first():
+    s = sample(12, 7)
+    seg = torch.zeros(1, 12, dtype=torch.long)
+    base = run(make_head(seed=3), s["aux"][None], s["ids"][None], seg, 3)
+    normed = run(make_head(seed=3, norm_output=True), s["aux"][None], s["ids"][None], seg, 3)
+    torch.testing.assert_close(normed[0], base[0], rtol=0, atol=0)
+    assert not torch.allclose(normed[1], base[1]) and not torch.allclose(normed[2], base[2])
+
+
+@pytest.mark.parametrize("kind", LOSS_KINDS)
+def test_every_loss_is_zero_for_a_perfect_draft_and_positive_otherwise(kind):
+    torch.manual_seed(8)
+    target = torch.randn(2, 6, V) * 2
+    stats = TargetStats.from_logits(target, kind)
+    if kind == "ce_argmax":  # cross-entropy against argmax p is zero only for a one-hot draft
+        perfect = torch.full_like(target, -1e4).scatter(-1, target.argmax(-1, keepdim=True), 1e4)
+    else:
+        perfect = target + 3.0  # the same distribution: softmax ignores a shift
+    torch.testing.assert_close(per_position_loss(perfect, stats, 0, kind), torch.zeros(2, 6), rtol=0, atol=1e-5)
+    other = per_position_loss(torch.randn(2, 6, V) * 2, stats, 0, kind)
+    assert (other > 1e-3).all()
+    bound = {"jsd": math.log(2.0), "tv": 1.0}.get(kind)
+    if bound is not None:
+        assert (other <= bound).all()
 
 
 def test_draft_config_from_the_real_smollm2_config(smollm2_dir):

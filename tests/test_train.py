@@ -75,6 +75,29 @@ def test_two_draft_layers_train_export_and_reload(data_dir, tmp_path):
     assert torch.equal(head.layers[1].mlp.down_proj.weight, weights["layers.1.mlp.down_proj.weight"].float())
 
 
+def test_norm_options_and_a_divergence_loss_train_export_and_reload(data_dir, tmp_path):
+    """train.fc_norm / norm_output / norm_before_residual reach the head, the export declares
+    them and holds the trained fc_norm weights, and the evaluation loader rebuilds that head;
+    train.loss=jsd trains (a bounded loss, below log 2 per position)."""
+    from eagle3.evaluation.replay_export import load_exported_head
+
+    norms = {"fc_norm": True, "norm_output": True, "norm_before_residual": True}
+    _train(data_dir, tmp_path, [f"train.{k}=true" for k in norms] + ["train.loss=jsd"])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert 0.0 < summary["final"]["val/loss_k0"] < 0.7 and summary["final"]["val/loss"] < summary["initial"]["val/loss"]
+    export = Path(summary["export_dir"])
+    cfg = json.loads((export / "config.json").read_text())
+    assert {k: cfg[k] for k in (*norms, "norm_before_fc")} == {**norms, "norm_before_fc": False}
+    weights = load_file(str(export / "model.safetensors"))
+    assert {f"fc_norm.{i}.weight" for i in range(3)} <= set(weights) and "input_norm.weight" not in weights
+    # trained (the fp32 checkpoint: 6 small steps move it less than bf16's spacing near 1)
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert not torch.equal(ckpt["state_dict"]["head.fc_norm.0.weight"], torch.ones(64))
+    head, _ = load_exported_head(export, cfg["speculators_config"]["verifier"]["name_or_path"])
+    assert head.cfg.norm_options == {**norms, "norm_before_fc": False}
+    assert torch.equal(head.fc_norm[2].weight, weights["fc_norm.2.weight"].float())
+
+
 def test_export_cli_reproduces_the_export(data_dir, tmp_path):
     import subprocess
     import sys

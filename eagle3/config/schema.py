@@ -51,6 +51,9 @@ class LayerNumbering(str, Enum):
 class LossKind(str, Enum):
     forward_kl = "forward_kl"
     ce_argmax = "ce_argmax"
+    reverse_kl = "reverse_kl"  # KL(q || p): mode-seeking (speculators "rkl")
+    jsd = "jsd"  # Jensen-Shannon divergence, bounded by log 2 (speculators "jsd")
+    tv = "tv"  # total variation 1 - sum min(p, q) = 1 - rejection-sampling acceptance (speculators "tv")
 
 
 class AttentionKind(str, Enum):
@@ -176,6 +179,10 @@ class TrainConfig:
     attention: AttentionKind = AttentionKind.auto
     draft_vocab_size: int = 32000
     norm_before_fc: bool = False
+    # EAGLE-3.1 norms, named as speculators 0.9 and vLLM 0.32 name them (eagle3/model/config.py)
+    fc_norm: bool = False  # an RMSNorm per aux layer before fc (exclusive with norm_before_fc)
+    norm_output: bool = False  # each TTT step reads the previous step's normed output
+    norm_before_residual: bool = False  # the first layer's residual is the normed hidden state
     init_lm_head_from_target: bool = True
     num_attention_heads: Optional[int] = None  # null: the target's
     num_key_value_heads: Optional[int] = None

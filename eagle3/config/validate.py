@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from eagle3.model.config import NORM_OPTIONS, DraftConfigError, check_norm_options
+
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -51,6 +53,10 @@ def validate_run_config(cfg: Any) -> None:
         raise ConfigError(f"train.num_draft_layers: expected >= 1, got {cfg.train.num_draft_layers}")
     if int(cfg.train.draft_vocab_size) < 1:
         raise ConfigError(f"train.draft_vocab_size: expected >= 1, got {cfg.train.draft_vocab_size}")
+    try:  # the head's own check, before any work rather than when the head is built
+        check_norm_options({name: bool(cfg.train[name]) for name in NORM_OPTIONS}, where="train")
+    except DraftConfigError as e:
+        raise ConfigError(str(e)) from None
     metric = str(cfg.optimized_metric)
     if not metric.startswith("val/"):
         raise ConfigError(f"optimized_metric: expected a validation metric (val/replay_accept_len, "

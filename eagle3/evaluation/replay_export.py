@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from eagle3.model.config import DraftConfig
+from eagle3.model.config import VLLM_NORM_DEFAULTS, DraftConfig
 from eagle3.model.head import Eagle3DraftHead
 from eagle3.model.loss import StepCounts, eagle3_loss
 from eagle3.model.replay import replay_counts, replay_metrics
@@ -35,9 +35,11 @@ def load_exported_head(export_dir: str | Path, verifier: str | Path) -> tuple[Ea
     cfg = json.loads((export_dir / "config.json").read_text())
     layer = cfg["transformer_layer_config"]
     aux_ids = [int(i) for i in cfg["eagle_aux_hidden_state_layer_ids"]]
+    # the norm flags as vLLM reads them, its defaults for a key the file lacks
+    norms = {name: bool(cfg.get(name, default)) for name, default in VLLM_NORM_DEFAULTS.items()}
     draft_cfg = DraftConfig.from_target_config(
         read_hf_config(str(verifier)), draft_vocab_size=int(cfg["draft_vocab_size"]), num_aux_layers=len(aux_ids),
-        norm_before_fc=bool(cfg.get("norm_before_fc", False)),
+        **norms,
         num_attention_heads=int(layer["num_attention_heads"]), num_key_value_heads=int(layer["num_key_value_heads"]),
         intermediate_size=int(layer["intermediate_size"]), num_layers=int(layer.get("num_hidden_layers", 1)),
     )

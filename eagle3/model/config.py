@@ -8,16 +8,37 @@ embeddings and lm_head rows can be shared without projection.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, Mapping
 
 # Targets whose own config describes a Llama-like attention block we can copy.
 _LLAMA_LIKE = {"llama", "qwen2", "qwen3", "mistral"}
 # Rope types our rotary implementation computes (see rope.py).
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+# The EAGLE-3(.1) norm options, spelled as speculators 0.9 and vLLM 0.32 spell them: each is a
+# DraftConfig field, a `train.<name>` key and a config.json key of the export. vLLM 0.32's
+# llama_eagle3 implements all four (the weight names are the module names in head.py).
+NORM_OPTIONS = ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")
+# what vLLM 0.32 assumes for a key config.json lacks (its configs/speculators/algos.py): our
+# export writes every key; a reader of someone else's export takes these, as serving would
+VLLM_NORM_DEFAULTS = {"norm_before_fc": False, "fc_norm": False, "norm_output": False, "norm_before_residual": True}
 
 
 class DraftConfigError(ValueError):
     pass
+
+
+def check_norm_options(options: Mapping[str, Any], where: str = "DraftConfig") -> None:
+    """Refuse a combination of norm options (NORM_OPTIONS -> bool) that a peer cannot load.
+
+    norm_before_fc (one RMSNorm over the concatenated aux states) and fc_norm (one per aux
+    state) are exclusive in speculators 0.9 (its config validator raises); vLLM 0.32 would
+    apply both one after the other, so such an export would load in vLLM but not in speculators.
+    """
+    if options.get("norm_before_fc") and options.get("fc_norm"):
+        raise DraftConfigError(
+            f"{where}: norm_before_fc and fc_norm are mutually exclusive (speculators 0.9 refuses the pair; "
+            "vLLM 0.32 would apply both norms): enable one of them"
+        )
 
 
 @dataclass
@@ -33,10 +54,18 @@ class DraftConfig:
     num_aux_layers: int = 3
     rms_norm_eps: float = 1e-6  # use the target's
     head_dim: int | None = None  # None: hidden_size // num_attention_heads
-    norm_before_fc: bool = False  # RMSNorm over the concatenated aux features before fc
-    # True: the residual of the first layer is hidden_norm(hidden) instead of hidden.
-    # speculators trains False; vLLM assumes True when the key is missing, so the export
-    # always writes it.
+    # The norm options (NORM_OPTIONS); weight names as speculators and vLLM load them.
+    # norm_before_fc: `input_norm`, one RMSNorm over the concatenated aux features before fc.
+    norm_before_fc: bool = False
+    # fc_norm: `fc_norm.{i}`, an RMSNorm per aux feature (H each) before fc; exclusive with
+    # norm_before_fc.
+    fc_norm: bool = False
+    # norm_output: TTT step k+1 (and vLLM's next draft position) reads norm(h_k), the very
+    # state the lm_head reads, instead of the pre-norm h_k (no weight of its own: `norm`).
+    norm_output: bool = False
+    # norm_before_residual: the residual of the first layer is hidden_norm(hidden) instead of
+    # hidden. speculators trains False; vLLM assumes True when the key is missing, so the
+    # export always writes it.
     norm_before_residual: bool = False
     hidden_act: str = "silu"
     # rope scaling beyond rope_theta, e.g. Llama 3.1's {"rope_type": "llama3", "factor": 8.0,
@@ -50,6 +79,7 @@ class DraftConfig:
     def __post_init__(self) -> None:
         if self.num_layers < 1:
             raise DraftConfigError(f"DraftConfig: num_layers must be >= 1, got {self.num_layers}")
+        check_norm_options(self.norm_options)
         if self.head_dim is None:
             if self.hidden_size % self.num_attention_heads:
                 raise DraftConfigError(
@@ -90,6 +120,10 @@ class DraftConfig:
             params.update({k: v for k, v in self.rope_scaling.items() if k != "type"})
             params["rope_type"] = self.rope_type
         return params
+
+    @property
+    def norm_options(self) -> dict[str, bool]:
+        return {name: bool(getattr(self, name)) for name in NORM_OPTIONS}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -3,15 +3,17 @@
 Weights (vLLM llama_eagle3 `load_weights` + speculators Eagle3DraftModel):
     fc.weight, layers.0.self_attn.{q,k,v,o}_proj.weight, layers.0.mlp.{gate,up,down}_proj.weight,
     layers.0.{input_layernorm,hidden_norm,post_attention_layernorm}.weight, norm.weight,
-    lm_head.weight, d2t, t2d, [input_norm.weight if norm_before_fc], [embed_tokens.weight];
+    lm_head.weight, d2t, t2d, [input_norm.weight if norm_before_fc],
+    [fc_norm.{i}.weight for each aux layer i if fc_norm], [embed_tokens.weight];
     with num_layers > 1 also layers.i.{self_attn.*, mlp.*, input_layernorm, post_attention_layernorm}
     for i >= 1 (no hidden_norm: those layers see the hidden stream only).
 Our module uses the same names; the frozen target copies (target_norm, target_lm_head) are
 training-only and never exported (speculators drops its verifier_* copies the same way).
 
 config.json: what speculators' Eagle3SpeculatorConfig serialises (checked in
-tests/test_model_parity.py), with the flags vLLM reads spelled out. vLLM assumes
-norm_before_residual=True when the key is missing, so it is always written.
+tests/test_model_parity.py), with the norm flags vLLM reads (config.NORM_OPTIONS) written
+from the head's config. vLLM assumes norm_before_residual=True when the key is missing, so
+every flag is always written.
 """
 
 from __future__ import annotations
@@ -99,10 +101,7 @@ def speculators_config_dict(
         "transformer_layer_config": transformer_layer_config_dict(draft_cfg),
         "draft_vocab_size": draft_cfg.draft_vocab_size,
         "eagle_aux_hidden_state_layer_ids": aux_layer_ids,
-        "norm_before_residual": draft_cfg.norm_before_residual,
-        "norm_before_fc": draft_cfg.norm_before_fc,
-        "fc_norm": False,
-        "norm_output": False,
+        **draft_cfg.norm_options,
         "embed_requires_grad": False,
         "target_hidden_size": None,
         "speculators_config": {

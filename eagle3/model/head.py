@@ -7,7 +7,7 @@ Index convention (all inputs aligned at the same positions t of a packed row):
 
 TTT step k (k = 0 .. ttt_steps-1) at position t
     consumes  embed(x_{t+1+k})  and  h_{k-1}(t)   (h_{-1}(t) = fc(g_t); h_{k-1} is the layer
-              output of step k-1 at t, before the final norm)
+              output of step k-1 at t, before the final norm, or after it with norm_output)
     rope position  position_ids[t] + 1 + k   (the position of the token it consumes, as
               speculators trains; vLLM serves with position_ids[t] + k: the same, since rope
               only sees differences and every key/query of the row moves together)
@@ -48,8 +48,11 @@ class Eagle3DraftHead(nn.Module):
         self.attention = attention  # "sdpa" (dense bool mask, any device) | "flex" (block masks, CUDA)
         h, v, vt = cfg.hidden_size, cfg.draft_vocab_size, cfg.target_vocab_size
         aux = cfg.num_aux_layers * h
-        # trainable
+        # trainable; the optional norms before fc (config.py NORM_OPTIONS) under the names
+        # speculators and vLLM load: input_norm.weight [num_aux*H], fc_norm.{i}.weight [H]
         self.input_norm = RMSNorm(aux, cfg.rms_norm_eps) if cfg.norm_before_fc else None
+        self.fc_norm = (nn.ModuleList([RMSNorm(h, cfg.rms_norm_eps) for _ in range(cfg.num_aux_layers)])
+                        if cfg.fc_norm else None)
         self.fc = nn.Linear(aux, h, bias=False)
         self.layers = nn.ModuleList([Eagle3DecoderLayer(cfg)] + [DraftDecoderLayer(cfg) for _ in range(cfg.num_layers - 1)])
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
@@ -147,10 +150,7 @@ class Eagle3DraftHead(nn.Module):
             masks = [ttt_step_mask(dense, k) for k in range(ttt_steps)]
         else:
             raise ValueError(f"Eagle3DraftHead.attention: expected 'sdpa' or 'flex', got {self.attention!r}")
-        g = aux_hidden.to(self.fc.weight.dtype)
-        if self.input_norm is not None:
-            g = self.input_norm(g)
-        hidden = self.fc(g)
+        hidden = self.fc(self._normed_aux(aux_hidden.to(self.fc.weight.dtype)))
         first, *rest = self.layers
         # each layer keeps its own keys/values of the earlier TTT steps
         past: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = [([], []) for _ in self.layers]
@@ -162,8 +162,21 @@ class Eagle3DraftHead(nn.Module):
             hidden = first(embeds, hidden, cos, sin, *past[0], masks[step])
             for layer, (keys, values) in zip(rest, past[1:]):
                 hidden = layer(hidden, cos, sin, keys, values, masks[step])
-            step_logits.append(self.lm_head(self.norm(hidden)))
+            normed = self.norm(hidden)
+            if self.cfg.norm_output:  # the next step reads the normed state, as vLLM's next position does
+                hidden = normed
+            step_logits.append(self.lm_head(normed))
         return step_logits
+
+    def _normed_aux(self, g: torch.Tensor) -> torch.Tensor:
+        """The aux features as fc reads them: input_norm over all of them (norm_before_fc) or
+        fc_norm[i] over the i-th one (fc_norm); speculators and vLLM apply them in this order."""
+        if self.input_norm is not None:
+            g = self.input_norm(g)
+        if self.fc_norm is not None:
+            chunks = g.chunk(len(self.fc_norm), dim=-1)
+            g = torch.cat([norm(chunk) for norm, chunk in zip(self.fc_norm, chunks)], dim=-1)
+        return g
 
     def _check_inputs(self, aux_hidden, input_ids, position_ids, segment_ids, ttt_steps) -> None:
         b, t = input_ids.shape

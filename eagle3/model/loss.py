@@ -14,12 +14,20 @@ x_{t+2+k} against p_{t+1+k}.
   start on a prompt token.
 
 loss = sum_k step_decay^k * (sum over counted t of loss_k(t)) / (number counted at k)
-kind "forward_kl": KL(p || q) over the draft vocab (p = target softmax on the draft rows);
-kind "ce_argmax":  cross-entropy of q against argmax p.
+with loss_k(t) a divergence over the draft vocab between p (the target softmax on the draft
+rows) and q (the draft's softmax), by kind (speculators 0.9's name in brackets; each equals
+its eager implementation, tests/test_model_parity.py):
+  "forward_kl"  KL(p || q) = sum p (log p - log q)                        [kl_div]
+  "reverse_kl"  KL(q || p) = sum q (log q - log p): mode-seeking          [rkl]
+  "jsd"         (KL(p || m) + KL(q || m)) / 2, m = (p + q) / 2; <= log 2  [jsd]
+  "tv"          1 - sum min(p, q): one minus the acceptance rate of
+                speculative sampling with draft q and target p            [tv]
+  "ce_argmax"   cross-entropy of q against argmax p                       [ce]
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 import torch
@@ -27,7 +35,7 @@ import torch.nn.functional as F
 
 from eagle3.model.shift import shift_left
 
-LOSS_KINDS = ("forward_kl", "ce_argmax")
+LOSS_KINDS = ("forward_kl", "ce_argmax", "reverse_kl", "jsd", "tv")
 
 
 @dataclass
@@ -107,39 +115,52 @@ def step_positions(
 
 @dataclass
 class TargetStats:
-    """What the loss needs from the target logits, computed once for all steps (no grad)."""
+    """What the loss needs from the target logits, computed once for all steps (no grad).
+    Each field is filled only for the kinds that read it ([0]-sized otherwise)."""
 
-    probs: torch.Tensor  # [B, T, V] fp32 (only for forward_kl; empty otherwise)
-    neg_entropy: torch.Tensor  # [B, T]: sum_v p log p
+    probs: torch.Tensor  # [B, T, V] fp32 p: forward_kl, jsd, tv
+    log_probs: torch.Tensor  # [B, T, V] fp32 log p: reverse_kl, jsd
+    neg_entropy: torch.Tensor  # [B, T]: sum_v p log p (forward_kl)
     argmax: torch.Tensor  # [B, T] int64
 
     @classmethod
     @torch.no_grad()
     def from_logits(cls, target_logits: torch.Tensor, kind: str) -> TargetStats:
         argmax = target_logits.argmax(-1)
-        if kind != "forward_kl":
-            empty = target_logits.new_zeros(0)
-            return cls(empty, empty, argmax)
+        empty = target_logits.new_zeros(0)
+        if kind == "ce_argmax":
+            return cls(empty, empty, empty, argmax)
         logp = F.log_softmax(target_logits.float(), dim=-1)
-        probs = logp.exp()
-        return cls(probs, (probs * logp).sum(-1), argmax)
+        probs = logp.exp() if kind in ("forward_kl", "jsd", "tv") else empty
+        neg_entropy = (probs * logp).sum(-1) if kind == "forward_kl" else empty
+        return cls(probs, logp if kind in ("reverse_kl", "jsd") else empty, neg_entropy, argmax)
 
 
 def per_position_loss(draft_logits: torch.Tensor, target: TargetStats, offset: int, kind: str) -> torch.Tensor:
     """Loss of draft_logits [B, n, V] against target rows offset .. offset+n-1, as [B, n] fp32.
 
-    Written as lse(q_logits) - p . q_logits + sum p log p, so no [B, n, V] log-softmax of the
-    draft is materialised per step (memory: T=4096 x V=32000 fp32 is 0.5 GB per tensor).
+    forward_kl is written as lse(q_logits) - p . q_logits + sum p log p, so no [B, n, V]
+    log-softmax of the draft is materialised per step (memory: T=4096 x V=32000 fp32 is
+    0.5 GB per tensor); the other divergences need log q (and q) of the draft, so each
+    holds a few such tensors per step (jsd the most: log q, q and log m).
     """
     n = draft_logits.shape[1]
     logits = draft_logits.float()
-    lse = torch.logsumexp(logits, dim=-1)
-    if kind == "forward_kl":
-        p = target.probs[:, offset : offset + n]
-        return lse - (p * logits).sum(-1) + target.neg_entropy[:, offset : offset + n]
+    rows = slice(offset, offset + n)
     if kind == "ce_argmax":
-        ids = target.argmax[:, offset : offset + n, None]
-        return lse - logits.gather(-1, ids).squeeze(-1)
+        return torch.logsumexp(logits, dim=-1) - logits.gather(-1, target.argmax[:, rows, None]).squeeze(-1)
+    if kind == "forward_kl":
+        p = target.probs[:, rows]
+        return torch.logsumexp(logits, dim=-1) - (p * logits).sum(-1) + target.neg_entropy[:, rows]
+    logq = F.log_softmax(logits, dim=-1)
+    if kind == "reverse_kl":
+        return (logq.exp() * (logq - target.log_probs[:, rows])).sum(-1)
+    if kind == "jsd":
+        logp, p, q = target.log_probs[:, rows], target.probs[:, rows], logq.exp()
+        log_m = torch.logaddexp(logq, logp) - math.log(2.0)
+        return 0.5 * ((p * (logp - log_m)).sum(-1) + (q * (logq - log_m)).sum(-1))
+    if kind == "tv":
+        return 1.0 - torch.minimum(logq.exp(), target.probs[:, rows]).sum(-1)
     raise ValueError(f"eagle3_loss: kind must be one of {LOSS_KINDS}, got {kind!r}")
 
 

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from eagle3.data.vocab import build_draft_vocab
-from eagle3.model.config import DraftConfig
+from eagle3.model.config import NORM_OPTIONS, DraftConfig
 from eagle3.model.head import Eagle3DraftHead
 from eagle3.store import HiddenStateDataset, add_vocab
 from eagle3.targets import load_target_head_weights, read_hf_config
@@ -57,9 +57,10 @@ def build_head(cfg: Any, model_dir: str, dataset: HiddenStateDataset) -> tuple[E
         for k in ("num_attention_heads", "num_key_value_heads", "intermediate_size")
         if cfg.train[k] is not None
     }
+    norms = {name: bool(cfg.train[name]) for name in NORM_OPTIONS}  # train.<name>, same names as DraftConfig
     draft_cfg = DraftConfig.from_target_config(
-        hf, draft_vocab_size=size, num_aux_layers=len(aux_ids),
-        norm_before_fc=bool(cfg.train.norm_before_fc), num_layers=int(cfg.train.num_draft_layers), **overrides,
+        hf, draft_vocab_size=size, num_aux_layers=len(aux_ids), num_layers=int(cfg.train.num_draft_layers),
+        **norms, **overrides,
     )
     head = Eagle3DraftHead(draft_cfg, attention=str(getattr(cfg.train.attention, "value", cfg.train.attention)))
     d2t, t2d = draft_vocab(dataset, size)
