@@ -83,4 +83,20 @@ def flex_attend(q: torch.Tensor, past_keys: list[torch.Tensor], past_values: lis
     pad = block_mask.seq_lengths[1] - t * len(past_keys)
     keys = F.pad(torch.cat(past_keys, dim=2), (0, 0, 0, pad))
     values = F.pad(torch.cat(past_values, dim=2), (0, 0, 0, pad))
+    if q.is_cuda and not torch.compiler.is_compiling():
+        # called eagerly (validation, an uncompiled step): torch's eager flex_attention is a
+        # dense reference that materialises [T, K x T] scores (11 GiB for one 16k-token row at
+        # 9 heads); the compiled kernel keeps the block sparsity
+        return _compiled_flex_attention()(q, keys, values, block_mask=block_mask, enable_gqa=enable_gqa)
     return flex_attention(q, keys, values, block_mask=block_mask, enable_gqa=enable_gqa)
+
+
+_COMPILED: list = []
+
+
+def _compiled_flex_attention():
+    if not _COMPILED:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _COMPILED.append(torch.compile(flex_attention, dynamic=False))
+    return _COMPILED[0]
