@@ -283,3 +283,21 @@ def test_rows_train_and_a_row_shorter_than_a_sample_is_refused(data_dir, tmp_pat
     assert summary["initial"]["val/loss_k0"] == pytest.approx(one["val/loss_k0"], rel=1e-4)
     with pytest.raises(ValueError, match=r"train.row_tokens=32: shorter than the longest sample"):
         _train(data_dir, tmp_path / "short", ["train.row_tokens=32"])
+
+
+def test_dataset_dir_trains_on_a_moved_dataset_and_refuses_one_of_other_layers(data_dir, tmp_path):
+    """dataset_dir= takes a dataset from anywhere (copied from another machine: not under
+    paths.data_dir, so the fingerprint lookup finds nothing); one captured with other layers
+    than this config trains on is refused before any step."""
+    import shutil
+
+    (source,) = [p.parent for p in data_dir.glob("*/manifest.json")]
+    moved = shutil.copytree(source, tmp_path / "elsewhere" / "my_dataset")
+    empty = tmp_path / "no_datasets_here"
+    with pytest.raises(DatasetNotFound, match="pass dataset_dir="):
+        train(compose("train", TINY + [f"paths.data_dir={empty}"], output_dir=str(tmp_path / "a")))
+    train(compose("train", TINY + [f"paths.data_dir={empty}", f"dataset_dir={moved}"], output_dir=str(tmp_path / "b")))
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert summary["dataset_dir"] == str(moved.resolve()) and summary["global_step"] == 6
+    with pytest.raises(ValueError, match=r"holds layers \[1, 2, 3, 4\] .* expects layers \[1, 2, 4\]"):
+        train(compose("train", TINY + [f"dataset_dir={moved}", "layers.aux_ids=[1,2]"], output_dir=str(tmp_path / "c")))

@@ -266,6 +266,9 @@ class RunConfig:
     seed: int = 0
     # train.py: null | last | a checkpoint path
     ckpt_path: Optional[str] = None
+    # train.py: the dataset to train on; null: the one extract.py wrote for this config (found by
+    # its fingerprint under paths.data_dir). A dataset moved from another machine goes here.
+    dataset_dir: Optional[str] = None
     # extract.py: multi-node split of the samples (rank i of n), merged afterwards
     shard_index: int = 0
     num_shards: int = 1

@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from eagle3.config.validate import validate_run_config
 from eagle3.export import export_checkpoint
 from eagle3.identity import dataset_path
+from eagle3.store import Manifest
 from eagle3.launch import check_external_launch
 from eagle3.model.flex import FLEX_BLOCK
 from eagle3.targets import resolve_target
@@ -84,12 +85,7 @@ def run(cfg: Any, extra_callbacks: Sequence[L.Callback] = ()) -> float:
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
-    ds_dir = dataset_path(cfg, model_dir)
-    if not (ds_dir / "manifest.json").is_file():
-        raise DatasetNotFound(
-            f"no dataset for this config at {ds_dir}: run extract.py with the same model/layers/data "
-            f"overrides first (python extract.py <same overrides>)"
-        )
+    ds_dir = find_dataset(cfg, model_dir)
     resolve_step_path(cfg)
     datamodule = Eagle3DataModule(
         str(ds_dir), max_tokens_per_batch=int(cfg.train.max_tokens_per_batch), seed=int(cfg.train.seed),
@@ -158,6 +154,29 @@ def run(cfg: Any, extra_callbacks: Sequence[L.Callback] = ()) -> float:
         logger.experiment.summary.update({f"initial/{k}": v for k, v in initial.items()})
         logger.experiment.finish()  # one W&B run per job: close it before the next multirun job
     return final.get(str(cfg.optimized_metric), float("nan"))
+
+
+def find_dataset(cfg: Any, model_dir: str) -> Path:
+    """dataset_dir= as given, checked against the config; else the fingerprinted directory."""
+    if not cfg.dataset_dir:
+        ds_dir = dataset_path(cfg, model_dir)
+        if not (ds_dir / "manifest.json").is_file():
+            raise DatasetNotFound(
+                f"no dataset for this config at {ds_dir}: run extract.py with the same model/layers/data "
+                f"overrides first (python extract.py <same overrides>), or pass dataset_dir=<dir>"
+            )
+        return ds_dir
+    ds_dir = Path(cfg.dataset_dir).expanduser().resolve()
+    if not (ds_dir / "manifest.json").is_file():
+        raise DatasetNotFound(f"dataset_dir={cfg.dataset_dir}: no manifest.json there (expected a directory "
+                              "extract.py wrote)")
+    manifest = Manifest.read(ds_dir)
+    want_ids, want_hidden = [int(i) for i in cfg.layers.capture_ids], int(cfg.model.hidden_size)
+    if list(manifest.layer_ids) != want_ids or int(manifest.hidden_size) != want_hidden:
+        raise ValueError(f"dataset_dir={cfg.dataset_dir}: holds layers {list(manifest.layer_ids)} of hidden size "
+                         f"{manifest.hidden_size}, but model={cfg.model.name} with these layers expects layers "
+                         f"{want_ids} of hidden size {want_hidden}")
+    return ds_dir
 
 
 def _flex(cfg: Any) -> bool:
