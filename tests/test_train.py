@@ -301,3 +301,26 @@ def test_dataset_dir_trains_on_a_moved_dataset_and_refuses_one_of_other_layers(d
     assert summary["dataset_dir"] == str(moved.resolve()) and summary["global_step"] == 6
     with pytest.raises(ValueError, match=r"holds layers \[1, 2, 3, 4\] .* expects layers \[1, 2, 4\]"):
         train(compose("train", TINY + [f"dataset_dir={moved}", "layers.aux_ids=[1,2]"], output_dir=str(tmp_path / "c")))
+
+
+def test_the_export_names_the_verifier_as_the_serving_machine_knows_it(data_dir, tmp_path, capsys):
+    """config.json names the verifier by export.verifier_name_or_path (or the preset's hub id),
+    not this machine's cache directory; evaluation here still finds the local copy the run
+    read (summary.json), and train.py prints the vllm serve command."""
+    from eagle3.evaluation.export_info import read_export
+    from eagle3.training.builder import verifier_name
+
+    _train(data_dir, tmp_path, ["export.verifier_name_or_path=my-org/tiny-llama"])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    export = Path(summary["export_dir"])
+    cfg = json.loads((export / "config.json").read_text())
+    assert cfg["speculators_config"]["verifier"]["name_or_path"] == "my-org/tiny-llama"
+    assert read_export(export).verifier == str(Path(summary["verifier_dir"]).resolve())
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1] == str(export)
+    assert any(line.startswith("serve it: vllm serve my-org/tiny-llama --speculative-config ") and
+               f'"model": "{export}"' in line for line in out)
+    # the embedded default is named by its hub id; a tiny random preset, which no hub has, by its directory
+    assert verifier_name(compose("train", []), "/cache/x") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert verifier_name(compose("train", TINY), "/cache/tiny") == "/cache/tiny"
+    assert verifier_name(compose("train", ["model=hf", "model.path=org/name"]), "/hub/cache/snap") == "org/name"

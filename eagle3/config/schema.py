@@ -96,6 +96,9 @@ class ModelConfig:
     extra_config: Any = field(default_factory=dict)
     seed: int = 0
     trust_remote_code: bool = False
+    # the name a serving machine knows this target by (a hub id), written into exports as the
+    # verifier; null: model.path as given (source=hf), else the local directory
+    hub_id: Optional[str] = None
 
 
 @dataclass
@@ -240,6 +243,13 @@ class PathsConfig:
 
 
 @dataclass
+class ExportConfig:
+    # the verifier named in the export's config.json (what `vllm serve` on the serving machine
+    # loads next to the head); null: model.hub_id, or model.path as the user gave it
+    verifier_name_or_path: Optional[str] = None
+
+
+@dataclass
 class EvalConfig:
     enabled: bool = True  # at the end of train.py, when vLLM is installed
     num_draft_tokens: int = 3
@@ -263,6 +273,7 @@ class RunConfig:
     logger: LoggerConfig = MISSING
     paths: PathsConfig = MISSING
     eval: EvalConfig = field(default_factory=EvalConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
     seed: int = 0
     # train.py: null | last | a checkpoint path
     ckpt_path: Optional[str] = None

@@ -61,20 +61,26 @@ def read_export(export_dir: str | Path, verifier: str | None = None) -> ExportIn
     cfg = json.loads(config_file.read_text())
     if cfg.get("speculators_model_type") != "eagle3":
         raise ExportError(f"{config_file}: speculators_model_type: expected 'eagle3', got {cfg.get('speculators_model_type')!r}")
+    summary_file = export_dir.parent / "summary.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
     if verifier is None:
         given = ((cfg.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
         if not given:
             raise ExportError(f"{config_file}: no speculators_config.verifier.name_or_path; pass verifier=<target dir>")
-        verifier = _resolve_verifier(str(given), export_dir, config_file)
+        local = Path(summary.get("verifier_dir") or "").expanduser()
+        if summary.get("verifier_dir") and local.is_dir() and not Path(given).expanduser().is_dir():
+            # the export names the target as the serving machine knows it (a hub id); the run
+            # that trained it recorded the local copy it read, the same weights, usable offline
+            verifier = str(local.resolve())
+        else:
+            verifier = _resolve_verifier(str(given), export_dir, config_file)
     elif Path(verifier).expanduser().is_dir():
         verifier = str(Path(verifier).expanduser().resolve())
     dataset_dir = None
-    summary = export_dir.parent / "summary.json"
-    if summary.is_file():
-        recorded = json.loads(summary.read_text()).get("dataset_dir")
-        if recorded:
-            path = Path(recorded).expanduser()
-            dataset_dir = path if path.is_absolute() and path.is_dir() else _find_relative(path, export_dir, "manifest.json")
+    recorded = summary.get("dataset_dir")
+    if recorded:
+        path = Path(recorded).expanduser()
+        dataset_dir = path if path.is_absolute() and path.is_dir() else _find_relative(path, export_dir, "manifest.json")
     return ExportInfo(
         export_dir=export_dir.resolve(), verifier=str(verifier),
         aux_layer_ids=[int(i) for i in cfg.get("eagle_aux_hidden_state_layer_ids") or []],

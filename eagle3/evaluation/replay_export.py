@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from eagle3.evaluation.export_info import read_export
 from eagle3.model.config import VLLM_NORM_DEFAULTS, DraftConfig
 from eagle3.model.head import Eagle3DraftHead
 from eagle3.model.loss import StepCounts, eagle3_loss
@@ -148,8 +149,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default=None, help="write the figures as JSON here too")
     args = ap.parse_args()
-    verifier = args.verifier or json.loads((Path(args.export_dir) / "config.json").read_text())[
-        "speculators_config"]["verifier"]["name_or_path"]
+    verifier = args.verifier or read_export(args.export_dir).verifier
     head, _ = load_exported_head(args.export_dir, verifier)
     figures = measure(head, args.dataset_dir, num_draft_tokens=args.num_draft_tokens,
                       max_answer_tokens=args.max_answer_tokens or None, split=args.split,

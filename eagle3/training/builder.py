@@ -43,6 +43,18 @@ def draft_vocab(dataset: HiddenStateDataset, size: int):
     return dataset.load_vocab(size)
 
 
+def verifier_name(cfg: Any, model_dir: str) -> str:
+    """The verifier as the export names it: a name the serving machine can resolve (the hub id,
+    or the path the user gave), not this machine's materialised cache directory."""
+    if cfg.export.verifier_name_or_path:
+        return str(cfg.export.verifier_name_or_path)
+    if cfg.model.hub_id:
+        return str(cfg.model.hub_id)
+    if str(getattr(cfg.model.source, "value", cfg.model.source)) == "hf" and cfg.model.path:
+        return str(cfg.model.path)
+    return str(model_dir)
+
+
 def build_head(cfg: Any, model_dir: str, dataset: HiddenStateDataset) -> tuple[Eagle3DraftHead, DraftMeta]:
     hf = read_hf_config(model_dir)
     target_vocab = int(hf["vocab_size"])
@@ -72,7 +84,7 @@ def build_head(cfg: Any, model_dir: str, dataset: HiddenStateDataset) -> tuple[E
     meta = DraftMeta(
         draft_config=draft_cfg,
         aux_layer_ids=aux_ids,
-        verifier_name_or_path=str(model_dir),
+        verifier_name_or_path=verifier_name(cfg, model_dir),
         verifier_architectures=list(hf.get("architectures") or [str(cfg.model.architecture)]),
         num_speculative_tokens=int(cfg.eval.num_draft_tokens),
     )

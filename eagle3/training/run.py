@@ -136,7 +136,7 @@ def run(cfg: Any, extra_callbacks: Sequence[L.Callback] = ()) -> float:
     final = _scalars(trainer.callback_metrics)
     trainer.save_checkpoint(ckpt_dir / "last.ckpt")
 
-    summary: dict[str, Any] = {"dataset_dir": str(ds_dir), "global_step": trainer.global_step, "initial": initial,
+    summary: dict[str, Any] = {"dataset_dir": str(ds_dir), "verifier_dir": str(model_dir), "global_step": trainer.global_step, "initial": initial,
                                "final": final, "best_checkpoint": checkpoint.best_model_path or None,
                                "best_metric": best_metric,
                                "best_metric_value": float(checkpoint.best_model_score) if checkpoint.best_model_score is not None else None}
@@ -149,11 +149,17 @@ def run(cfg: Any, extra_callbacks: Sequence[L.Callback] = ()) -> float:
         summary["acceptance"] = _evaluate(cfg, export_dir, ds_dir, model_dir, logger)
         (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         print(f"summary: {output_dir / 'summary.json'}")
+        print("serve it: " + serve_command(export_dir, draft_meta.verifier_name_or_path, draft_meta.num_speculative_tokens))
         print(str(export_dir))
     if logger and trainer.is_global_zero:  # other ranks hold a dummy W&B experiment
         logger.experiment.summary.update({f"initial/{k}": v for k, v in initial.items()})
         logger.experiment.finish()  # one W&B run per job: close it before the next multirun job
     return final.get(str(cfg.optimized_metric), float("nan"))
+
+
+def serve_command(export_dir: Path, verifier: str, num_draft_tokens: int) -> str:
+    spec = json.dumps({"model": str(export_dir), "method": "eagle3", "num_speculative_tokens": int(num_draft_tokens)})
+    return f"vllm serve {verifier} --speculative-config '{spec}'"
 
 
 def find_dataset(cfg: Any, model_dir: str) -> Path:
