@@ -192,7 +192,7 @@ def test_flex_attention_is_refused_where_it_cannot_train(data_dir, tmp_path):
 def test_the_step_path_follows_the_accelerator(topology, attention, compiled):
     """Without flags, a GPU topology trains the compiled flex-attention step (the fastest
     measured) and the CPU the eager dense-mask step; explicit values are kept."""
-    from eagle3.training.run import resolve_step_path
+    from eagle3.training.step_path import resolve_step_path
 
     cfg = compose("train", TINY + [f"topology={topology}"])
     assert str(cfg.train.attention.value) == "auto" and cfg.train.compile is None

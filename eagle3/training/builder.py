@@ -11,6 +11,7 @@ from eagle3.model.config import NORM_OPTIONS, DraftConfig
 from eagle3.model.head import Eagle3DraftHead
 from eagle3.store import HiddenStateDataset, add_vocab
 from eagle3.targets import load_target_head_weights, read_hf_config
+from eagle3.training.step_path import resolve_step_path
 
 
 @dataclass
@@ -56,6 +57,7 @@ def verifier_name(cfg: Any, model_dir: str) -> str:
 
 
 def build_head(cfg: Any, model_dir: str, dataset: HiddenStateDataset) -> tuple[Eagle3DraftHead, DraftMeta]:
+    resolve_step_path(cfg)  # train.attention=auto -> the kernel for this accelerator
     hf = read_hf_config(model_dir)
     target_vocab = int(hf["vocab_size"])
     size = min(int(cfg.train.draft_vocab_size), target_vocab)

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, RichProgressBar
 from omegaconf import OmegaConf
 
@@ -18,13 +17,13 @@ from eagle3.export import export_checkpoint
 from eagle3.identity import dataset_path
 from eagle3.store import Manifest
 from eagle3.launch import check_external_launch
-from eagle3.model.flex import FLEX_BLOCK
 from eagle3.targets import resolve_target
 from eagle3.training.builder import build_head
 from eagle3.training.callbacks import TokenThroughput
 from eagle3.training.datamodule import Eagle3DataModule
 from eagle3.training.loggers import build_logger
 from eagle3.training.module import Eagle3LitModule
+from eagle3.training.step_path import resolve_step_path, uses_flex
 
 
 class DatasetNotFound(FileNotFoundError):
@@ -91,8 +90,8 @@ def run(cfg: Any, extra_callbacks: Sequence[L.Callback] = ()) -> float:
         str(ds_dir), max_tokens_per_batch=int(cfg.train.max_tokens_per_batch), seed=int(cfg.train.seed),
         num_workers=int(cfg.train.num_workers),
         # a compiled step sees one shape (no recompiles); flex tiles rows in 128-token blocks
-        fixed_shape=bool(cfg.train.compile) or _flex(cfg),
-        row_tokens=None if _flex(cfg) else cfg.train.row_tokens,
+        fixed_shape=bool(cfg.train.compile) or uses_flex(cfg),
+        row_tokens=None if uses_flex(cfg) else cfg.train.row_tokens,
     )
     head, draft_meta = build_head(cfg, model_dir, datamodule.dataset)
     train_cfg = OmegaConf.to_container(cfg.train, resolve=True, enum_to_str=True)
@@ -183,36 +182,3 @@ def find_dataset(cfg: Any, model_dir: str) -> Path:
                          f"{manifest.hidden_size}, but model={cfg.model.name} with these layers expects layers "
                          f"{want_ids} of hidden size {want_hidden}")
     return ds_dir
-
-
-def _flex(cfg: Any) -> bool:
-    return str(getattr(cfg.train.attention, "value", cfg.train.attention)) == "flex"
-
-
-def trains_on_cuda(topology: Any) -> bool:
-    accelerator = str(topology.accelerator)
-    return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
-
-
-def resolve_step_path(cfg: Any) -> None:
-    """Settle train.attention=auto and train.compile=null in cfg (so the logged config says what
-    ran): on CUDA the compiled step with flex-attention TTT masks, the fastest path measured
-    (bench/train_throughput.py); on CPU the eager dense-mask step. Explicit values are kept
-    and checked."""
-    cuda = trains_on_cuda(cfg.topology)
-    tc = cfg.train
-    if str(getattr(tc.attention, "value", tc.attention)) == "auto":
-        fits = int(tc.max_tokens_per_batch) % FLEX_BLOCK == 0
-        tc.attention = "flex" if cuda and fits else "sdpa"
-        if cuda and not fits:
-            print(f"train.attention=auto: sdpa, since train.max_tokens_per_batch={tc.max_tokens_per_batch} "
-                  f"is not a multiple of {FLEX_BLOCK} (flex tiles rows in {FLEX_BLOCK}-token blocks)")
-    if tc.compile is None:
-        tc.compile = cuda
-    if _flex(cfg):
-        if int(tc.max_tokens_per_batch) % FLEX_BLOCK:
-            raise ValueError(f"train.max_tokens_per_batch: expected a multiple of {FLEX_BLOCK} with "
-                             f"train.attention=flex, got {tc.max_tokens_per_batch}")
-        if not cuda:
-            raise ValueError(f"train.attention=flex: expected a CUDA accelerator, got topology.accelerator="
-                             f"{cfg.topology.accelerator} (FlexAttention has no backward on CPU); use sdpa or auto")
