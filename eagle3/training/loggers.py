@@ -11,13 +11,35 @@ from omegaconf import OmegaConf
 _TAGGED_GROUPS = ("model", "layers", "data", "topology", "capture", "experiment")
 
 
-def wandb_mode(configured: str | None) -> str:
-    """Offline unless the user's environment says otherwise (no network is the norm here)."""
+WANDB_HOST = "api.wandb.ai"
+
+
+def wandb_mode_and_reason(configured: str | None) -> tuple[str, str]:
+    """Online when the user is logged in (WANDB_API_KEY, or the netrc entry `wandb login`
+    writes), offline otherwise or when asked; and why, in words."""
     if configured:
-        return str(configured)
+        return str(configured), f"logger.mode={configured}"
     if os.environ.get("WANDB_MODE"):
-        return os.environ["WANDB_MODE"]
-    return "online" if os.environ.get("WANDB_API_KEY") else "offline"
+        return os.environ["WANDB_MODE"], f"WANDB_MODE={os.environ['WANDB_MODE']}"
+    if os.environ.get("WANDB_API_KEY"):
+        return "online", "WANDB_API_KEY is set"
+    if _netrc_has_wandb():
+        return "online", f"logged in (netrc entry for {WANDB_HOST})"
+    return "offline", "no W&B credentials (wandb login or WANDB_API_KEY); `wandb sync` the run later"
+
+
+def wandb_mode(configured: str | None) -> str:
+    return wandb_mode_and_reason(configured)[0]
+
+
+def _netrc_has_wandb() -> bool:
+    import netrc
+
+    path = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+    try:
+        return netrc.netrc(path).authenticators(WANDB_HOST) is not None
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
 
 
 def hydra_context() -> tuple[dict[str, str], str | None, str | None]:
@@ -48,7 +70,8 @@ def build_logger(cfg: Any, output_dir: Path):
     tags = [f"{k}:{v}" for k, v in sorted(choices.items())] + list(cfg.logger.tags) + list(cfg.tags)
     group = cfg.logger.group or (Path(sweep_dir).name if sweep_dir else None)
     name = f"{cfg.model.name}-{Path(output_dir).name}" + (f"-job{job_num}" if job_num is not None else "")
-    mode = wandb_mode(cfg.logger.mode)
+    mode, reason = wandb_mode_and_reason(cfg.logger.mode)
+    print(f"W&B: {mode} ({reason})")
     return WandbLogger(
         project=cfg.logger.project,
         entity=cfg.logger.entity,

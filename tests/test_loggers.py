@@ -1,0 +1,37 @@
+"""W&B's mode: online for a user who ran `wandb login` (netrc) or set WANDB_API_KEY, offline
+when asked or when no credentials exist, with the reason in words."""
+
+import pytest
+
+from eagle3.training.loggers import wandb_mode_and_reason
+
+
+@pytest.fixture
+def clean_env(monkeypatch, tmp_path):
+    for key in ("WANDB_MODE", "WANDB_API_KEY", "NETRC"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    return tmp_path
+
+
+def test_no_credentials_is_offline(clean_env):
+    mode, reason = wandb_mode_and_reason(None)
+    assert mode == "offline" and "no W&B credentials" in reason
+
+
+def test_wandb_login_netrc_is_online(clean_env):
+    netrc = clean_env / ".netrc"
+    netrc.write_text("machine api.wandb.ai\n  login user\n  password " + "0" * 40 + "\n")
+    netrc.chmod(0o600)
+    assert wandb_mode_and_reason(None) == ("online", "logged in (netrc entry for api.wandb.ai)")
+    # another host's entry is no W&B login
+    netrc.write_text("machine github.com\n  login user\n  password x\n")
+    assert wandb_mode_and_reason(None)[0] == "offline"
+
+
+def test_asking_wins_over_credentials(clean_env, monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", "k")
+    assert wandb_mode_and_reason(None)[0] == "online"
+    assert wandb_mode_and_reason("offline") == ("offline", "logger.mode=offline")
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert wandb_mode_and_reason(None) == ("disabled", "WANDB_MODE=disabled")
