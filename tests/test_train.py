@@ -324,3 +324,19 @@ def test_the_export_names_the_verifier_as_the_serving_machine_knows_it(data_dir,
     assert verifier_name(compose("train", []), "/cache/x") == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert verifier_name(compose("train", TINY), "/cache/tiny") == "/cache/tiny"
     assert verifier_name(compose("train", ["model=hf", "model.path=org/name"]), "/hub/cache/snap") == "org/name"
+
+
+def test_trainer_arguments_reach_lightning_and_early_stopping_ends_the_run(data_dir, tmp_path):
+    """trainer.* goes to L.Trainer (limit_val_batches=1: one validation batch of the several);
+    trainer.early_stopping stops on optimized_metric and still exports the best checkpoint."""
+    _train(data_dir, tmp_path / "full", ["train.max_steps=3"])
+    _train(data_dir, tmp_path / "one", ["train.max_steps=3", "trainer.limit_val_batches=1"])
+    tokens = [json.loads((tmp_path / r / "summary.json").read_text())["final"]["val/tokens"] for r in ("full", "one")]
+    assert 0 < tokens[1] < tokens[0], tokens
+    # an improvement of 100 in the replay is impossible: stops after patience + 1 validations
+    _train(data_dir, tmp_path / "es", ["train.max_steps=30", "train.val_check_interval=3",
+                                       "trainer.early_stopping.patience=1", "trainer.early_stopping.min_delta=100"])
+    summary = json.loads((tmp_path / "es" / "summary.json").read_text())
+    assert summary["global_step"] == 6 and Path(summary["export_dir"], "model.safetensors").is_file()
+    with pytest.raises(Exception, match="gradient_clip_val"):  # its home is train.grad_clip
+        _train(data_dir, tmp_path / "bad", ["trainer.gradient_clip_val=1.0"])

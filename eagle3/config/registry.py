@@ -20,6 +20,7 @@ _GROUPS = {
     "train": schema.TrainConfig,
     "logger": schema.LoggerConfig,
     "paths": schema.PathsConfig,
+    "trainer": schema.TrainerConfig,
 }
 
 

@@ -243,6 +243,31 @@ class PathsConfig:
 
 
 @dataclass
+class EarlyStoppingConfig:
+    # validations in a row without optimized_metric improving by min_delta before the run stops
+    # (and exports its best checkpoint); null: off
+    patience: Optional[int] = None
+    min_delta: float = 0.0
+
+
+@dataclass
+class TrainerConfig:
+    """Lightning Trainer arguments passed through (null: Lightning's default). What the pipeline
+    owns lives elsewhere, once: the run's length, clipping and accumulation in train.*,
+    devices, strategy and precision in topology.*, the logger in logger.*."""
+
+    limit_train_batches: Any = None  # int: batches, float: fraction of a pass
+    limit_val_batches: Any = None
+    profiler: Optional[str] = None  # simple | advanced | pytorch
+    detect_anomaly: bool = False
+    deterministic: bool = False
+    benchmark: Optional[bool] = None
+    num_sanity_val_steps: int = 0
+    enable_progress_bar: bool = True
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+
+
+@dataclass
 class ExportConfig:
     # the verifier named in the export's config.json (what `vllm serve` on the serving machine
     # loads next to the head); null: model.hub_id, or model.path as the user gave it
@@ -274,6 +299,7 @@ class RunConfig:
     paths: PathsConfig = MISSING
     eval: EvalConfig = field(default_factory=EvalConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
     seed: int = 0
     # train.py: null | last | a checkpoint path
     ckpt_path: Optional[str] = None

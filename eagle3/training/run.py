@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, RichProgressBar
+from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, RichProgressBar
 from omegaconf import OmegaConf
 
 from eagle3.config.validate import validate_run_config
@@ -106,7 +106,13 @@ def run(cfg: Any, extra_callbacks: Sequence[L.Callback] = ()) -> float:
         save_top_k=1, save_last=True, auto_insert_metric_name=False,
     )
     logger = build_logger(cfg, output_dir)
-    callbacks = [checkpoint, TokenThroughput(), RichProgressBar()]
+    callbacks = [checkpoint, TokenThroughput()]
+    if cfg.trainer.enable_progress_bar:
+        callbacks.append(RichProgressBar())
+    if cfg.trainer.early_stopping.patience is not None:
+        callbacks.append(EarlyStopping(monitor=best_metric, mode=checkpoint.mode,
+                                       patience=int(cfg.trainer.early_stopping.patience),
+                                       min_delta=float(cfg.trainer.early_stopping.min_delta)))
     if logger:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     callbacks += list(extra_callbacks)
@@ -121,9 +127,9 @@ def run(cfg: Any, extra_callbacks: Sequence[L.Callback] = ()) -> float:
         gradient_clip_val=float(cfg.train.grad_clip) or None,
         accumulate_grad_batches=int(cfg.train.accumulate_grad_batches),
         logger=logger, callbacks=callbacks, default_root_dir=str(output_dir),
-        use_distributed_sampler=False, num_sanity_val_steps=0,
+        use_distributed_sampler=False,
         log_every_n_steps=int(cfg.logger.log_every_n_steps), enable_model_summary=False,
-        deterministic=False,
+        **trainer_arguments(cfg.trainer),
     )
     resume = _resolve_ckpt(cfg.ckpt_path, ckpt_dir)
     initial: dict[str, float] = {}
@@ -154,6 +160,13 @@ def run(cfg: Any, extra_callbacks: Sequence[L.Callback] = ()) -> float:
         logger.experiment.summary.update({f"initial/{k}": v for k, v in initial.items()})
         logger.experiment.finish()  # one W&B run per job: close it before the next multirun job
     return final.get(str(cfg.optimized_metric), float("nan"))
+
+
+def trainer_arguments(trainer_cfg: Any) -> dict[str, Any]:
+    """trainer.* as L.Trainer keyword arguments: the set ones, without the early-stopping block."""
+    args = {k: v for k, v in OmegaConf.to_container(trainer_cfg, resolve=True).items()
+            if k != "early_stopping" and v is not None}
+    return args
 
 
 def serve_command(export_dir: Path, verifier: str, num_draft_tokens: int) -> str:
