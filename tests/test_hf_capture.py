@@ -49,6 +49,13 @@ def reference_states(backend: HFCaptureBackend, input_ids: torch.Tensor):
         return backend.model(input_ids=input_ids[None], output_hidden_states=True).hidden_states
 
 
+# Batched against one-by-one in bf16 on CPU: other matmul blockings, so each layer rounds
+# differently (bf16 keeps 8 bits, ~4e-3 per rounding) and the difference grows with depth;
+# SmolLM2's final state (id 30) has measured 0.0101 on one venv. A padding or masking bug
+# moves states by 0.1 or more.
+BATCHED_REL_TOL = 2e-2
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
@@ -90,12 +97,12 @@ def check_padded_batch(backend: HFCaptureBackend, samples):
         assert b.hidden.shape == a.hidden.shape  # no pad rows
         assert torch.equal(b.token_ids, a.token_ids) and torch.equal(b.loss_mask, a.loss_mask)
         for j, k in enumerate(backend.capture_ids):
-            assert rel_err(b.hidden[:, j], a.hidden[:, j]) < 1e-2, f"{sid}: layer id {k}"
+            assert rel_err(b.hidden[:, j], a.hidden[:, j]) < BATCHED_REL_TOL, f"{sid}: layer id {k}"
     # a token budget below two samples' padded size splits batches; results still match
     backend.batch_size, backend.max_tokens_per_batch = 4, max(len(s[1]) for s in samples) + 1
     split = list(backend.capture(samples))
     for s, (sid, _, _) in zip(split, samples):
-        assert rel_err(s.hidden, alone[sid].hidden) < 1e-2
+        assert rel_err(s.hidden, alone[sid].hidden) < BATCHED_REL_TOL
 
 
 @pytest.fixture(scope="module")
