@@ -55,8 +55,9 @@ def test_target_answers_replace_dataset_answers_and_are_cached(tmp_path):
         assert [m["role"] for m in new] == [m["role"] for m in orig]
         assert [m["content"] for m in new if m["role"] != "assistant"] == [m["content"] for m in orig if m["role"] != "assistant"]
         assert [m["content"] for m in new if m["role"] == "assistant"] != [m["content"] for m in orig if m["role"] == "assistant"]
-    # the exact greedy text follows the CPU's bf16 kernels (AMX or AVX-512 paths round
-    # differently): "Paris" on one machine, a list of French phrases on another. What holds
+    # the exact greedy text follows the CPU's bf16 kernels: the capital question's first token
+    # is a near tie (fp32 logits "The" 25.36, "L" 25.26), so one machine's vLLM answers "The
+    # capital of France is Paris." and another's "L'Étoile, la Marseillaise, ...". What holds
     # everywhere: each prompt got an answer of its own, none empty
     answers = [new[-1]["content"] for new in res["new"]]
     assert all(a.strip() for a in answers) and len(set(answers)) == len(answers), answers

@@ -76,15 +76,21 @@ def test_backend_names_are_checked(tmp_path):
 
 @pytest.mark.slow
 def test_padding_leak_is_caught_and_answered_with_eager_attention(smollm2_dir, tmp_path, caplog):
-    """bf16 SDPA on this CPU answers a left-padded prompt wrongly when it shares a batch with a
-    longer one (measured: "L'Étoile, la Marseillaise..." for the capital of France). The
-    regenerator's first-batch check must notice and redo the batch with eager attention."""
-    regen = HFRegenerator(smollm2_dir, tmp_path, max_tokens=12, max_model_len=256, gen_batch_size=2,
+    """bf16 SDPA on some CPUs answers a left-padded prompt differently when it shares a batch
+    with a longer one (measured on one machine: "L'Étoile, la Marseillaise..." for the capital
+    of France, a near tie at the first token: fp32 logits "The" 25.36, "L" 25.26). The
+    regenerator's first-batch check must notice and redo the batch with eager attention; on a
+    CPU whose SDPA does not leak there is nothing to catch. Either way the batched answer is the
+    one the prompt gets alone with eager attention."""
+    regen = HFRegenerator(smollm2_dir, tmp_path / "b", max_tokens=12, max_model_len=256, gen_batch_size=2,
                           attn_implementation="sdpa", fast_decode=False)
     with caplog.at_level("WARNING"):
         out = regen(_convs()[:2])
-    assert "switching to eager attention" in caplog.text
-    assert "Paris" in out[0].messages[1]["content"]
+    alone = HFRegenerator(smollm2_dir, tmp_path / "a", max_tokens=12, max_model_len=256, gen_batch_size=1,
+                          attn_implementation="eager", fast_decode=False)(_convs()[:1])
+    assert out[0].messages[1]["content"] == alone[0].messages[1]["content"], caplog.text
+    if "switching to eager attention" not in caplog.text:
+        print("this CPU's bf16 SDPA did not leak padding: the check had nothing to catch")
 
 
 @pytest.mark.slow
