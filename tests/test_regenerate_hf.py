@@ -97,12 +97,14 @@ def test_padding_leak_is_caught_and_answered_with_eager_attention(smollm2_dir, t
 def test_static_cache_gives_the_dynamic_cache_answers(smollm2_dir, tmp_path):
     """data.regen_static_cache (one cache shape, so CUDA compiles the decode step once): the
     batch is topped up to gen_batch_size rows and the cache sized to max_model_len +
-    max_tokens; the answers must be those of the dynamic cache."""
+    max_tokens; the answers must be those of the dynamic cache. float32: in bf16 some CPUs flip
+    near ties between a batch and a prompt alone (the padding check then refuses the batch),
+    which is not what this compares."""
     convs = _convs()
     dynamic = HFRegenerator(smollm2_dir, tmp_path / "d", max_tokens=16, max_model_len=256, gen_batch_size=4,
-                            fast_decode=False)
+                            fast_decode=False, dtype="float32")
     static = HFRegenerator(smollm2_dir, tmp_path / "s", max_tokens=16, max_model_len=256, gen_batch_size=4,
-                           static_cache=True)
+                           static_cache=True, dtype="float32")
     assert [c.messages for c in static(convs)] == [c.messages for c in dynamic(convs)]
     assert static.new_tokens == dynamic.new_tokens > 0
 
