@@ -26,7 +26,7 @@ def fingerprint_inputs(cfg: Any, model_dir: str) -> dict:
         from eagle3.data.regenerate import resolve_backend
 
         data["regen_backend"] = resolve_backend(data["regen_backend"])
-    else:  # fields added in session 2 that cannot change unregenerated data: earlier
+    else:  # regeneration fields that cannot change unregenerated data: earlier
         # datasets keep their fingerprint (train.py still finds them)
         data.pop("regen_backend", None)
         data.pop("regen_max_turns", None)

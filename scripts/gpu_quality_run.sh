@@ -23,7 +23,7 @@ if [ "$STAGE" = part ]; then
   [ -d .gpu/site ] && rm -rf $PKG/site && cp -r .gpu/site $PKG/site
   [ -f .gpu/gguf.sha256 ] && cp .gpu/gguf.sha256 $PKG/
   # once per machine: a later part call (the .xz stays in the ignored .gpu/ there) must not
-  # put back records that HOLDOUT_LINES took out (session 4 lost its held-out set that way)
+  # put back records that HOLDOUT_LINES took out (the held-out set would be lost)
   if [ -f .gpu/sharegpt.jsonl.xz ] && [ ! -f /tmp/sharegpt.jsonl ]; then
     xz -dc .gpu/sharegpt.jsonl.xz > /tmp/sharegpt.jsonl.tmp
     # HOLDOUT_LINES=12001,12300: those records never reach training (evaluated here instead)
@@ -70,7 +70,7 @@ OUTD=${OUT:-/tmp/out}; mkdir -p "$OUTD"
 # manifest (it names the validation split: with it in a folder here and the same chat file at
 # the same path, `python -m eagle3.evaluate dataset_dir=...` adds the val prompts) and the
 # regenerated answers (text, a few MiB compressed: the next lease carries them back).
-# What comes back from one call is capped (session 5: 8 files, ~64 MiB in all), so the tar is
+# What comes back from one call is capped (8 files, ~64 MiB in all), so the tar is
 # cut in 15 MiB parts and this call returns the first RETURN_PARTS (default 4); `fetch` returns
 # the rest. Here: bash scripts/gpu_unpack.sh DIR SHA256 PARTS... (the sha256 is printed below).
 PACK=/tmp/pack-$(basename "$RUN_DIR"); rm -rf "$PACK" "$PACK".tar*; mkdir -p "$PACK/export"

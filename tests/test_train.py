@@ -128,7 +128,7 @@ def test_export_cli_reproduces_the_export(data_dir, tmp_path):
 @pytest.mark.parametrize("total", [6, 16])
 def test_resume_equals_uninterrupted(data_dir, tmp_path, total):
     """`total` steps in one go == 3 steps, then resume from last.ckpt for the rest. 16 steps
-    cross several passes over the data after resuming mid-pass (session 5: every pass after a
+    cross several passes over the data after resuming mid-pass (a bug this guards: every pass after a
     resume was cut to the first pass's remainder, so the resumed run trained on other batches
     and restarted its loader every few steps)."""
     common = ["train.val_check_interval=3", "train.warmup_steps=2", f"train.lr_decay_steps={total}"]

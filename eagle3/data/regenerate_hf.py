@@ -20,7 +20,7 @@ class HFRegenerator(Regenerator):
 
     ``fast_decode`` (default): ``eagle3.data.fast_decode.decode`` for Llama-family targets, a
     preallocated KV cache read once per step (H200: 1.95x ``generate`` on a random-weight probe;
-    all 17,295 ShareGPT first turns in ~2.5 min, ~4x session 3's ``generate``), the same greedy
+    all 17,295 ShareGPT first turns in ~2.5 min, ~4x ``generate``), the same greedy
     answers in fp32 (bf16 near ties may flip); ``generate`` for any other target, with
     ``static_cache``, or when the generation_config asks for processing decode lacks."""
 
