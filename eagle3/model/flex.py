@@ -14,6 +14,8 @@ anywhere; it is fast only under torch.compile on a GPU.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from eagle3.model.mask import causal_segment_block
@@ -91,12 +93,8 @@ def flex_attend(q: torch.Tensor, past_keys: list[torch.Tensor], past_values: lis
     return flex_attention(q, keys, values, block_mask=block_mask, enable_gqa=enable_gqa)
 
 
-_COMPILED: list = []
-
-
+@functools.cache
 def _compiled_flex_attention():
-    if not _COMPILED:
-        from torch.nn.attention.flex_attention import flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
 
-        _COMPILED.append(torch.compile(flex_attention, dynamic=False))
-    return _COMPILED[0]
+    return torch.compile(flex_attention, dynamic=False)

@@ -164,9 +164,8 @@ def run(cfg: Any, extra_callbacks: Sequence[L.Callback] = ()) -> float:
 
 def trainer_arguments(trainer_cfg: Any) -> dict[str, Any]:
     """trainer.* as L.Trainer keyword arguments: the set ones, without the early-stopping block."""
-    args = {k: v for k, v in OmegaConf.to_container(trainer_cfg, resolve=True).items()
+    return {k: v for k, v in OmegaConf.to_container(trainer_cfg, resolve=True).items()
             if k != "early_stopping" and v is not None}
-    return args
 
 
 def serve_command(export_dir: Path, verifier: str, num_draft_tokens: int) -> str:
