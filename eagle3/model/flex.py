@@ -21,6 +21,9 @@ import torch
 from eagle3.model.mask import causal_segment_block
 
 FLEX_BLOCK = 128
+# the compiled (Triton) flex kernel needs head_dim >= 16; smaller heads (tiny test models)
+# stay on the eager reference, whose dense scores are small at their row lengths
+MIN_COMPILED_HEAD_DIM = 16
 
 
 def _dense_to_kv_blocks(block_map: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,7 +88,7 @@ def flex_attend(q: torch.Tensor, past_keys: list[torch.Tensor], past_values: lis
     pad = block_mask.seq_lengths[1] - t * len(past_keys)
     keys = F.pad(torch.cat(past_keys, dim=2), (0, 0, 0, pad))
     values = F.pad(torch.cat(past_values, dim=2), (0, 0, 0, pad))
-    if q.is_cuda and not torch.compiler.is_compiling():
+    if q.is_cuda and not torch.compiler.is_compiling() and q.shape[-1] >= MIN_COMPILED_HEAD_DIM:
         # called eagerly (validation, an uncompiled step): torch's eager flex_attention is a
         # dense reference that materialises [T, K x T] scores (11 GiB for one 16k-token row at
         # 9 heads); the compiled kernel keeps the block sparsity
