@@ -61,10 +61,14 @@ def recipe_defaults() -> dict:
 
 def verifier_of(dataset: HiddenStateDataset, cache_dir: str) -> str:
     """The target the dataset was extracted from, materialised under <cache_dir>/targets."""
-    name = dataset.manifest.fingerprint_inputs["model"]["dir"]
+    m = dataset.manifest
+    # provenance.model_dir: where extraction read the target (first-scheme datasets: model.dir)
+    read = m.provenance.get("model_dir")
+    name = Path(read).name if read else m.fingerprint_inputs["model"]["dir"]
     path = Path(cache_dir).resolve() / "targets" / name
     if not (path / "config.json").is_file():
-        raise SystemExit(f"{path}: no target here (the dataset's model.dir); pass --verifier or --cache-dir")
+        raise SystemExit(f"{path}: no target here (the directory extraction read: {read or name}); "
+                         "pass --verifier or --cache-dir")
     return str(path)
 
 

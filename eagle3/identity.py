@@ -1,52 +1,246 @@
 """What identifies an extracted dataset: one fingerprint, computed the same way by
-extract.py (to name the directory it writes) and train.py (to find it from config alone)."""
+extract.py (to name the directory it writes) and train.py (to find it from config alone).
+
+It holds what changes the stored bytes and nothing else, so a dataset extracted on one
+machine is found on another, and moving the model or the chat file changes nothing:
+
+- the model by content: config.json, the tokenizer files and a sampled hash of each weight
+  file (``hashing.sampled_file_sha``: 4 MiB of each, not a full read of many GB), never its
+  directory;
+- the chat data by content: the sha256 of the file (or of every file of a directory), cached
+  by path + size + mtime under ``paths.cache_dir`` so it is hashed once, and the file's name
+  (rows without an id are named after it), never its path. A hub dataset (``data=hf`` with
+  ``data.hf_name``) by name, config, split and revision;
+- the data settings that shape samples, the layer ids, the capture dtype, a chat template
+  override.
+
+Which engine regenerated the answers is not in it (``data.regen_backend=auto`` resolves per
+machine): extraction records it in the manifest's ``provenance``, train.py prints it.
+Datasets named by the first scheme (model directory name, chat file path and resolved engine
+in the fingerprint) are still found where they were written, and named by the error otherwise.
+"""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
-from eagle3.hashing import file_short_sha, short_sha
-from eagle3.store.fingerprint import dataset_dir, dataset_fingerprint
+from eagle3.data.conversation import DataError
+from eagle3.data.hf_source import HF_FIELDS
+from eagle3.hashing import ContentShaCache, file_sha256, file_short_sha, sampled_file_sha, short_sha, tree_sha
+from eagle3.store import FingerprintMismatchError, Manifest, StoreError, dataset_dir, dataset_fingerprint
+from eagle3.store.layout import MANIFEST
 
-SCHEMA_VERSION = 1
+FINGERPRINT_VERSION = 2
+LEGACY_VERSION = 1
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "tokenizer.model")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+# how answers are generated, not what they are: the engine (recorded in the manifest instead),
+# the batch, the KV-cache shape
+_REGEN_HOW = ("regen_backend", "regen_batch_size", "regen_static_cache")
+_CHAT_LOCATION = ("content_sha", "file_name")  # what cannot be known without the chat data at hand
 
 
-def fingerprint_inputs(cfg: Any, model_dir: str) -> dict:
-    """Everything that changes the stored bytes, and nothing that does not (batch sizes,
-    backend and topology give the same hidden states within tolerance)."""
+class DatasetNotFound(FileNotFoundError):
+    pass
+
+
+def content_cache(cfg: Any) -> ContentShaCache:
+    return ContentShaCache(Path(cfg.paths.cache_dir) / "content_sha.json")
+
+
+def _content_sha(path: Path) -> str:
+    return file_sha256(path)[:16]
+
+
+def model_identity(model_dir: str | Path, cache: ContentShaCache, *, regenerate: bool) -> dict[str, Any]:
     d = Path(model_dir)
-    data = OmegaConf.to_container(cfg.data, resolve=True, enum_to_str=True)
-    data.pop("regen_batch_size", None)
-    data.pop("regen_static_cache", None)  # how the answers are computed, not what they are
-    if data.get("regenerate"):  # which engine wrote the answers, not "auto"
-        from eagle3.data.regenerate import resolve_backend
+    weights = sorted(p for p in d.iterdir() if p.is_file() and p.suffix in _WEIGHT_SUFFIXES) if d.is_dir() else []
+    ident: dict[str, Any] = {
+        "config_sha": file_short_sha(d / "config.json"),
+        "weights": {p.name: cache.sha(p, "sampled", sampled_file_sha) for p in weights},
+    }
+    if regenerate:  # generate's defaults (penalties, end tokens) come from this file
+        ident["generation_config_sha"] = file_short_sha(d / "generation_config.json")
+    return ident
 
-        data["regen_backend"] = resolve_backend(data["regen_backend"])
-    else:  # regeneration fields that cannot change unregenerated data: earlier
-        # datasets keep their fingerprint (train.py still finds them)
-        data.pop("regen_backend", None)
-        data.pop("regen_max_turns", None)
+
+def chat_identity(source: str, path: str | None, cache: ContentShaCache) -> dict[str, Any]:
+    """{"file_name", "content_sha"} of the chat data; both None for a hub dataset (named by
+    data.hf_* instead). Raises DataError when the file is not there."""
+    from eagle3.data.loaders import resolve_path
+
+    file = resolve_path(source, path)
+    if file is None:
+        return {"file_name": None, "content_sha": None}
+    sha = tree_sha(file, lambda p: cache.sha(p, "sha256", _content_sha)) if file.is_dir() else cache.sha(
+        file, "sha256", _content_sha)
+    return {"file_name": file.name, "content_sha": sha}
+
+
+def fingerprint_inputs(cfg: Any, model_dir: str, *, chat_content: bool = True) -> dict:
+    """Everything that changes the stored bytes, and nothing that does not (batch sizes,
+    engines and topology give the same hidden states within tolerance). ``chat_content=False``:
+    the chat file is not hashed (its two fields are None), for a lookup without it."""
+    cache = content_cache(cfg)
+    data = OmegaConf.to_container(cfg.data, resolve=True, enum_to_str=True)
+    source, path = data["source"], data.get("path")
+    for key in ("name", "path", *_REGEN_HOW):  # the name is in the directory's prefix, for people
+        data.pop(key, None)
+    regenerate = bool(data.get("regenerate"))
+    if not regenerate:
+        data = {k: v for k, v in data.items() if not k.startswith("regen_")}
+    if source != "hf":
+        data = {k: v for k, v in data.items() if k not in HF_FIELDS}
+    data.update(chat_identity(source, path, cache) if chat_content else dict.fromkeys(_CHAT_LOCATION))
     return {
-        "schema_version": SCHEMA_VERSION,
-        "model": {
-            "name": str(cfg.model.name),
-            "dir": d.name,
-            "config_sha": file_short_sha(d / "config.json"),
-            "num_layers": int(cfg.model.num_layers),
-            "hidden_size": int(cfg.model.hidden_size),
-        },
+        "schema_version": FINGERPRINT_VERSION,
+        "model": {"num_layers": int(cfg.model.num_layers), "hidden_size": int(cfg.model.hidden_size),
+                  **model_identity(model_dir, cache, regenerate=regenerate)},
+        "data": data,
+        **_capture_and_tokenizer(cfg, Path(model_dir)),
+    }
+
+
+def _capture_and_tokenizer(cfg: Any, d: Path) -> dict[str, Any]:
+    """The inputs both schemes share: layers, dtype, tokenizer files, a chat template override."""
+    return {
         "capture_ids": [int(i) for i in cfg.layers.capture_ids],
         "capture_dtype": str(cfg.capture.dtype),
-        "data": data,
         "tokenizer": {f: file_short_sha(d / f) for f in _TOKENIZER_FILES if (d / f).is_file()},
         "chat_template_override": short_sha(str(cfg.model.chat_template).encode()) if cfg.model.chat_template else None,
     }
 
 
+def dataset_prefix(cfg: Any) -> str:
+    return f"{cfg.model.name}-{cfg.data.name}"
+
+
 def dataset_path(cfg: Any, model_dir: str) -> Path:
     inputs = fingerprint_inputs(cfg, model_dir)
-    return dataset_dir(cfg.paths.data_dir, f"{cfg.model.name}-{cfg.data.name}", dataset_fingerprint(inputs))
+    return dataset_dir(cfg.paths.data_dir, dataset_prefix(cfg), dataset_fingerprint(inputs))
+
+
+def provenance(cfg: Any, model_dir: str, regen_engine: str | None) -> dict[str, Any]:
+    """What the manifest records beside the fingerprint: the engine that wrote the answers
+    (None: the chat data's own), and where the chat data and the model were read from."""
+    path = cfg.data.path
+    model = Path(model_dir)
+    return {"regen_engine": regen_engine, "model_dir": str(model.resolve()) if model.is_dir() else str(model_dir),
+            "data_path": str(Path(path).expanduser().resolve()) if path else None}
+
+
+def check_regen_engine(ds_dir: Path, engine: str | None) -> None:
+    """An unfinished dataset whose answers so far came from one engine is not resumed with
+    another's (the engine is no part of the fingerprint)."""
+    try:
+        had = Manifest.read(ds_dir).provenance.get("regen_engine")
+    except StoreError:  # nothing there yet (or unreadable: the writer says why)
+        return
+    if had and engine and had != engine:
+        raise FingerprintMismatchError(
+            f"{ds_dir / MANIFEST}: provenance.regen_engine: expected {engine} (what data.regen_backend resolves to "
+            f"here), got {had}: its samples so far hold {had}'s answers. Resume with data.regen_backend={had}, "
+            f"or delete {ds_dir} to extract it again with {engine}")
+
+
+def regen_note(manifest: Manifest) -> str:
+    engine = manifest.provenance.get("regen_engine")
+    return f"answers regenerated by {engine}" if engine else "answers as in the chat data"
+
+
+def legacy_fingerprint_inputs(cfg: Any, model_dir: str) -> dict:
+    """The first scheme's inputs (model directory name, chat path and resolved engine in them),
+    to find datasets it named."""
+    from eagle3.data.regenerate import resolve_backend
+
+    d = Path(model_dir)
+    data = OmegaConf.to_container(cfg.data, resolve=True, enum_to_str=True)
+    for key in ("regen_batch_size", "regen_static_cache", *HF_FIELDS):
+        data.pop(key, None)
+    if data.get("regenerate"):
+        data["regen_backend"] = resolve_backend(data["regen_backend"])
+    else:
+        data.pop("regen_backend", None)
+        data.pop("regen_max_turns", None)
+    return {
+        "schema_version": LEGACY_VERSION,
+        "model": {"name": str(cfg.model.name), "dir": d.name, "config_sha": file_short_sha(d / "config.json"),
+                  "num_layers": int(cfg.model.num_layers), "hidden_size": int(cfg.model.hidden_size)},
+        "data": data,
+        **_capture_and_tokenizer(cfg, d),
+    }
+
+
+def legacy_dataset_path(cfg: Any, model_dir: str) -> Path:
+    return dataset_dir(cfg.paths.data_dir, dataset_prefix(cfg), dataset_fingerprint(legacy_fingerprint_inputs(cfg, model_dir)))
+
+
+def _diff(theirs: Any, ours: Any, where: str = "") -> list[str]:
+    """Dotted keys whose values differ (two levels deep: "data.max_samples", "model.weights")."""
+    if isinstance(theirs, dict) and isinstance(ours, dict) and where.count(".") < 1:
+        out: list[str] = []
+        for k in sorted(set(theirs) | set(ours)):
+            out += _diff(theirs.get(k), ours.get(k), f"{where}.{k}" if where else k)
+        return out
+    return [] if theirs == ours else [where]
+
+
+def _neighbours(cfg: Any, model_dir: str, ours: dict) -> list[tuple[Path, list[str], bool]]:
+    """(directory, keys that differ from this config, made by the first scheme) of every
+    dataset of this model and data preset under paths.data_dir, closest first."""
+    root = Path(cfg.paths.data_dir)
+    named = dataset_dir(root, dataset_prefix(cfg), "0" * 16).name.removesuffix("-" + "0" * 16)
+    legacy: dict | None = None
+    found = []
+    for manifest in sorted(root.glob(f"{named}-*/{MANIFEST}")):
+        if not re.fullmatch(rf"{re.escape(named)}-[0-9a-f]{{16}}", manifest.parent.name):
+            continue
+        try:
+            theirs = json.loads(manifest.read_text()).get("fingerprint_inputs") or {}
+        except (OSError, json.JSONDecodeError):
+            continue
+        old = theirs.get("schema_version") == LEGACY_VERSION
+        if old and legacy is None:
+            legacy = legacy_fingerprint_inputs(cfg, model_dir)
+        found.append((manifest.parent, _diff(theirs, legacy if old else ours), old))
+    return sorted(found, key=lambda f: len(f[1]))
+
+
+def locate_dataset(cfg: Any, model_dir: str) -> tuple[Path, str | None]:
+    """The dataset of this config under paths.data_dir, and a note on how it was found (None:
+    by its fingerprint). Then by the first scheme's fingerprint; without the chat data at hand,
+    the one dataset that matches all else. Otherwise DatasetNotFound names the datasets of
+    this model and data that are there, what differs, and dataset_dir=."""
+    missing: DataError | None = None
+    try:
+        ours = fingerprint_inputs(cfg, model_dir)
+    except DataError as err:  # the chat data is not on this machine: it cannot be hashed
+        missing, ours = err, fingerprint_inputs(cfg, model_dir, chat_content=False)
+    where = dataset_dir(cfg.paths.data_dir, dataset_prefix(cfg), dataset_fingerprint(ours))
+    if missing is None and (where / MANIFEST).is_file():
+        return where, None
+    old = legacy_dataset_path(cfg, model_dir)  # needs no chat content: the first scheme named its path
+    if (old / MANIFEST).is_file():
+        return old, f"found by the first fingerprint scheme (model directory name and chat file path in it): {old}"
+    near = _neighbours(cfg, model_dir, ours)
+    if missing is not None:
+        alike = [d for d, diff, legacy in near if not legacy and all(k.split(".")[-1] in _CHAT_LOCATION for k in diff)]
+        if len(alike) == 1:
+            return alike[0], f"the chat data is not here to hash ({missing}); {alike[0]} matches the rest of this config"
+    lines = [f"no dataset for this config at {where}" if missing is None else
+             f"no dataset for this config under {cfg.paths.data_dir} (the chat data could not be hashed: {missing})"]
+    for d, diff, legacy in near[:5]:
+        if legacy:
+            lines.append(f"  {d}: named by the first fingerprint scheme (model directory name, chat file path and "
+                         f"engine in it; differs in {', '.join(diff) or 'nothing'}): if it holds this model and data, "
+                         f"use it with dataset_dir={d}")
+        else:
+            lines.append(f"  {d}: differs from this config in {', '.join(diff)}")
+    lines.append("run extract.py with the same model/layers/data overrides first (python extract.py <same overrides>), "
+                 "or pass dataset_dir=<dir>")
+    raise DatasetNotFound("\n".join(lines))

@@ -128,21 +128,6 @@ def test_fast_decode_gives_the_generate_answers(smollm2_dir, tmp_path, caplog):
     assert "Paris" in answers[0][1]["content"] and "Rome" in answers[0][3]["content"]
 
 
-def test_fingerprint_records_the_engine_only_when_regenerating(smollm2_dir):
-    """auto is resolved to the engine that wrote the answers; without regeneration the new
-    regen fields stay out, so datasets extracted before they existed keep their fingerprint."""
-    from conftest import compose
-    from eagle3.identity import fingerprint_inputs
-
-    plain = fingerprint_inputs(compose("extract", ["data.regenerate=false"]), str(smollm2_dir))["data"]
-    assert "regen_backend" not in plain and "regen_max_turns" not in plain and "regen_static_cache" not in plain
-    regen = fingerprint_inputs(compose("extract", ["data.regenerate=true", "data.regen_backend=hf",
-                                                   "data.regen_static_cache=true"]), str(smollm2_dir))["data"]
-    assert regen["regen_backend"] == "hf" and "regen_static_cache" not in regen
-    assert fingerprint_inputs(compose("extract", ["data.regenerate=true"]), str(smollm2_dir))["data"][
-        "regen_backend"] == resolve_backend("auto") == "vllm"  # vLLM is installed here
-
-
 @pytest.mark.slow
 def test_a_higher_turn_limit_generates_only_the_new_turns(smollm2_dir, tmp_path):
     """data.regen_max_turns 1 -> 2: the first answers come from the 1-turn run's cache (same

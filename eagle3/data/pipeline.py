@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from eagle3.data.conversation import Conversation, DataError
+from eagle3.data.hf_source import HFOptions
 from eagle3.data.loaders import LoadReport, iter_conversations, no_usable_data_error
 from eagle3.data.render import ChatRenderer
 from eagle3.data.split import check_val_fraction, is_validation
@@ -144,7 +145,9 @@ def prepare_samples(
     progress: bool = True,
     regenerate: Regenerate | None = None,
     regenerate_batch_size: int = 64,
+    hf: HFOptions | None = None,
 ) -> PreparedData:
+    """``hf``: name, split and columns of ``source="hf"`` (``HFOptions.from_data(cfg.data)``)."""
     if max_samples is not None and max_samples <= 0:
         raise DataError(f"max_samples must be positive or null, got {max_samples}")
     check_val_fraction(val_fraction)  # before any work
@@ -164,7 +167,7 @@ def prepare_samples(
         remaining = regenerate_batch_size if max_samples is None else max_samples - kept()
         return min(regenerate_batch_size, remaining)
 
-    stream = iter_conversations(source, path, load_report)
+    stream = iter_conversations(source, path, load_report, hf=hf)
     with _progress(progress) as bar:
         task = bar.add_task("render", total=max_samples)
         for batch in _batches(stream, batch_size):

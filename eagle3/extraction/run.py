@@ -15,10 +15,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from eagle3.config.validate import torch_dtype, validate_run_config
+from eagle3.data.hf_source import HFOptions
 from eagle3.data.pipeline import prepare_samples
 from eagle3.data.vocab import build_draft_vocab, token_frequencies
 from eagle3.extraction.backends import make_backend
-from eagle3.identity import dataset_path, fingerprint_inputs
+from eagle3.identity import check_regen_engine, dataset_path, fingerprint_inputs, legacy_dataset_path, provenance, regen_note
 from eagle3.launch import extraction_shard
 from eagle3.store import Manifest, ShardWriter, check_free_disk, disk_needed_bytes, format_bytes
 from eagle3.store.merge import merge_parts, owner_shard, part_dir
@@ -47,12 +48,15 @@ def run(cfg: Any) -> str:
     if cfg.merge:
         return _merge(cfg, ds_dir, num_shards)
     done = Manifest.read_complete(ds_dir)
+    if done is None and Manifest.read_complete(old := legacy_dataset_path(cfg, model_dir)) is not None:
+        ds_dir, done = old, Manifest.read_complete(old)  # this config's dataset, named by the first scheme
     if num_shards > 1 and done is None:
         # this node's part of a multi-node extraction, merged afterwards (eagle3/store/merge.py)
         ds_dir = part_dir(ds_dir, shard_index, num_shards)
         done = Manifest.read_complete(ds_dir)
     if done is not None:
-        console.print(f"dataset already complete ({done.num_samples} samples, {done.num_tokens} tokens): nothing to do")
+        console.print(f"dataset already complete ({done.num_samples} samples, {done.num_tokens} tokens, "
+                      f"{regen_note(done)}): nothing to do")
         print(ds_dir)
         return str(ds_dir)
 
@@ -60,6 +64,8 @@ def run(cfg: Any) -> str:
     dtype = torch_dtype(cfg.capture.dtype)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     regenerator = _regenerator(cfg, model_dir)
+    engine = regenerator.backend if regenerator is not None else None
+    check_regen_engine(ds_dir, engine)  # before any answer is generated
     data = prepare_samples(
         cfg.data.source, cfg.data.path, tokenizer,
         max_samples=cfg.data.max_samples, max_length=int(cfg.data.max_length),
@@ -67,6 +73,7 @@ def run(cfg: Any) -> str:
         val_fraction=float(cfg.data.val_fraction), seed=int(cfg.data.seed),
         chat_template=cfg.model.chat_template,
         regenerate=regenerator, regenerate_batch_size=int(cfg.data.regen_batch_size),
+        hf=HFOptions.from_data(cfg.data),
     )
     if regenerator is not None:
         console.print(f"regenerated {regenerator.generated} conversations, {regenerator.new_tokens} new tokens "
@@ -81,6 +88,7 @@ def run(cfg: Any) -> str:
         fingerprint_inputs=inputs, shard_max_tokens=int(cfg.capture.shard_max_tokens),
         background=True,  # shards hash+write on threads while the next batch runs
         writer_threads=int(cfg.capture.writer_threads),
+        provenance=provenance(cfg, model_dir, engine),
     )
     try:
         for file, why in writer.dropped:

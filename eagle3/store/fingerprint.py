@@ -1,13 +1,12 @@
 """The dataset's identity: a hash of everything that changes its contents.
 
-extract.py and train.py both compute it from config alone (model, layer ids, data config,
-tokenizer, chat template, capture dtype), so train.py finds the dataset without a path.
+extract.py and train.py both compute it from config alone (what goes in: eagle3/identity.py),
+so train.py finds the dataset without a path.
 """
 
 from __future__ import annotations
 
 import enum
-import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -16,6 +15,7 @@ from typing import Any
 
 import torch
 
+from eagle3.hashing import short_sha
 from eagle3.store.layout import StoreError
 
 
@@ -52,7 +52,7 @@ def canonical(value: Any, where: str = "inputs") -> Any:
 def dataset_fingerprint(inputs: Mapping[str, Any]) -> str:
     """First 16 hex digits of sha256 over the canonical JSON of ``inputs``."""
     text = json.dumps(canonical(inputs), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return short_sha(text)
 
 
 def dataset_dir(data_dir: str | Path, name_prefix: str, fingerprint: str) -> Path:

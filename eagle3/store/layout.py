@@ -12,7 +12,6 @@ Only ``eagle3.store`` reads or writes these names.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -21,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from eagle3.hashing import file_sha256  # noqa: F401 - shard checksums, spelled once
 
 SCHEMA_VERSION = 1
 FORMAT = "eagle3-hidden-states"
@@ -90,6 +91,9 @@ class Manifest:
     val_ids: list[str] = field(default_factory=list)  # the validation split (subset of sample_ids)
     token_freq: str | None = None
     vocabs: dict[str, str] = field(default_factory=dict)  # str(V) -> file name
+    # how it was made, not part of its identity (eagle3/identity.py): regen_engine (the engine
+    # that wrote the answers when data.regenerate), data_path and model_dir as extraction read them
+    provenance: dict[str, Any] = field(default_factory=dict)
 
     def recount(self) -> None:
         """Counts follow the shard list: one source of truth."""
@@ -174,11 +178,3 @@ def save_tensors_atomic(final: Path, tensors: dict[str, torch.Tensor], metadata:
     tmp = temp_path(final)
     save_file(tensors, str(tmp), metadata=metadata)
     commit_temp(tmp, final)
-
-
-def file_sha256(path: Path, chunk: int = 8 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()

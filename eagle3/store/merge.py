@@ -151,7 +151,8 @@ def _merge(final: Path, parts: list[Path], manifests: list[Manifest], draft_voca
     merged = Manifest(fingerprint=first.fingerprint, fingerprint_inputs=first.fingerprint_inputs,
                       layer_ids=list(first.layer_ids), hidden_size=first.hidden_size, dtype=first.dtype,
                       shards=shards, sample_ids=[s for m in manifests for s in m.sample_ids],
-                      val_ids=sorted(v for m in manifests for v in m.val_ids), token_freq=TOKEN_FREQ)
+                      val_ids=sorted(v for m in manifests for v in m.val_ids), token_freq=TOKEN_FREQ,
+                      provenance=dict(first.provenance))
     for V in sorted(sizes):
         d2t, t2d = build_draft_vocab(freq, V)
         save_vocab(tmp / vocab_name(int(d2t.shape[0])), int(d2t.shape[0]), d2t, t2d)

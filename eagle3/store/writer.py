@@ -61,7 +61,7 @@ class ShardWriter:
     def __init__(self, directory: str | Path, *, layer_ids: Sequence[int], hidden_size: int,
                  dtype: torch.dtype, fingerprint_inputs: Mapping[str, Any],
                  shard_max_tokens: int = 65536, verify: str = "full", background: bool = False,
-                 writer_threads: int = 1):
+                 writer_threads: int = 1, provenance: Mapping[str, Any] | None = None):
         if shard_max_tokens < 1:
             raise StoreError(f"shard_max_tokens: expected >= 1, got {shard_max_tokens}")
         if writer_threads < 1:
@@ -90,6 +90,11 @@ class ShardWriter:
         self._lock = self._acquire_lock()
         try:
             self.manifest = self._open_manifest(fingerprint_inputs)
+            # how this run makes the dataset (Manifest.provenance): recorded before any shard
+            recorded = dict(self.manifest.provenance)
+            self.manifest.provenance.update(canonical(dict(provenance or {}), "provenance"))
+            if self.manifest.provenance != recorded:
+                self.manifest.write(self.directory)
             self._recover(verify)
         except BaseException:
             self._release_lock()

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from eagle3.config.validate import validate_run_config
 from eagle3.export import export_checkpoint
-from eagle3.identity import dataset_path
+from eagle3.identity import DatasetNotFound, locate_dataset, regen_note
 from eagle3.store import Manifest
 from eagle3.launch import check_external_launch
 from eagle3.targets import resolve_target
@@ -24,10 +24,6 @@ from eagle3.training.datamodule import Eagle3DataModule
 from eagle3.training.loggers import build_logger
 from eagle3.training.module import Eagle3LitModule
 from eagle3.training.step_path import resolve_step_path, uses_flex
-
-
-class DatasetNotFound(FileNotFoundError):
-    pass
 
 
 def _resolve_ckpt(ckpt_path: str | None, ckpt_dir: Path) -> str | None:
@@ -142,6 +138,7 @@ def run(cfg: Any, extra_callbacks: Sequence[L.Callback] = ()) -> float:
     trainer.save_checkpoint(ckpt_dir / "last.ckpt")
 
     summary: dict[str, Any] = {"dataset_dir": str(ds_dir), "verifier_dir": str(model_dir), "global_step": trainer.global_step, "initial": initial,
+                               "regen_engine": datamodule.dataset.manifest.provenance.get("regen_engine"),
                                "final": final, "best_checkpoint": checkpoint.best_model_path or None,
                                "best_metric": best_metric,
                                "best_metric_value": float(checkpoint.best_model_score) if checkpoint.best_model_score is not None else None}
@@ -174,14 +171,11 @@ def serve_command(export_dir: Path, verifier: str, num_draft_tokens: int) -> str
 
 
 def find_dataset(cfg: Any, model_dir: str) -> Path:
-    """dataset_dir= as given, checked against the config; else the fingerprinted directory."""
+    """dataset_dir= as given, checked against the config; else the fingerprinted directory
+    (eagle3.identity.locate_dataset). Prints which engine wrote its answers."""
     if not cfg.dataset_dir:
-        ds_dir = dataset_path(cfg, model_dir)
-        if not (ds_dir / "manifest.json").is_file():
-            raise DatasetNotFound(
-                f"no dataset for this config at {ds_dir}: run extract.py with the same model/layers/data "
-                f"overrides first (python extract.py <same overrides>), or pass dataset_dir=<dir>"
-            )
+        ds_dir, note = locate_dataset(cfg, model_dir)
+        print(f"dataset {ds_dir}: {regen_note(Manifest.read(ds_dir))}" + (f" ({note})" if note else ""))
         return ds_dir
     ds_dir = Path(cfg.dataset_dir).expanduser().resolve()
     if not (ds_dir / "manifest.json").is_file():
@@ -193,4 +187,5 @@ def find_dataset(cfg: Any, model_dir: str) -> Path:
         raise ValueError(f"dataset_dir={cfg.dataset_dir}: holds layers {list(manifest.layer_ids)} of hidden size "
                          f"{manifest.hidden_size}, but model={cfg.model.name} with these layers expects layers "
                          f"{want_ids} of hidden size {want_hidden}")
+    print(f"dataset {ds_dir}: {regen_note(manifest)}")
     return ds_dir
