@@ -101,7 +101,7 @@ def evaluate(
     info = read_export(export_dir, verifier)
     out_dir = Path(out_dir) if out_dir is not None else info.export_dir
     dataset = Path(dataset_dir).expanduser().resolve() if dataset_dir is not None else info.dataset_dir
-    tokenizer = AutoTokenizer.from_pretrained(info.verifier)
+    tokenizer = AutoTokenizer.from_pretrained(info.verifier, trust_remote_code=bool(options.trust_remote_code))
     prompts = heldout_prompts(
         dataset, int(settings.max_prompts), int(settings.humaneval_prompts), tokenizer,
         chat_template=chat_template, max_prompt_tokens=int(options.max_prompt_tokens),

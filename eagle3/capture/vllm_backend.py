@@ -140,6 +140,7 @@ class VLLMCaptureBackend:
         enforce_eager: bool = False,
         spill_dir: str | None = None,
         prompts_per_call: int | None = None,
+        trust_remote_code: bool = False,
     ):
         """``spill_dir``: where per-request files land before being read back (default: the
         system temp dir; it must be visible to TP rank 0, i.e. local for one-node TP).
@@ -197,6 +198,7 @@ class VLLMCaptureBackend:
             max_model_len=self.max_model_len,
             enable_prefix_caching=False,
             enforce_eager=bool(enforce_eager),
+            trust_remote_code=bool(trust_remote_code),
             **vllm_internals.engine_capture_kwargs(self.capture_ids),
         )
         if max_num_batched_tokens is not None:

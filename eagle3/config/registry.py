@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import ListConfig, OmegaConf
 
 from eagle3 import launch, layers, plan
 from eagle3.config import schema
+from eagle3.hub import model_config_file
 
 _GROUPS = {
     "model": schema.ModelConfig,
@@ -28,13 +28,14 @@ def _plain(x):
     return OmegaConf.to_container(x, resolve=True) if OmegaConf.is_config(x) else x
 
 
-def _model_fact(path: str, key: str):
-    """Read an architecture fact from a local HF model's config.json (for `model=hf`)."""
-    cfg_file = Path(str(path)).expanduser() / "config.json"
+def _model_fact(path: str, key: str, revision: str | None = None):
+    """Read an architecture fact from the config.json of a `model=hf` target: a local directory,
+    or a hub id's config.json at `revision` (only that file is fetched at compose time)."""
+    cfg_file = model_config_file(path, revision)
     if not cfg_file.is_file():
         raise ValueError(
             f"model.path={path!r}: no config.json there to read {key!r} from; give a local HF "
-            f"model directory, or set the fact explicitly (e.g. model.num_layers=32)"
+            f"model directory or a hub id, or set the fact explicitly (e.g. model.num_layers=32)"
         )
     cfg = json.loads(cfg_file.read_text())
     cfg = cfg.get("text_config", cfg)  # multimodal wrappers keep the LM facts inside

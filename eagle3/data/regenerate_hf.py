@@ -52,8 +52,9 @@ class HFRegenerator(Regenerator):
             # CPU: SDPA in bf16 with left padding answered "What is the capital of France?"
             # with garbage when batched beside a longer prompt (torch 2.13, measured); eager is right
             attn = self.attn_implementation or ("sdpa" if str(device).startswith("cuda") else "eager")
-            self._model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=getattr(torch, self.dtype),
-                                                               attn_implementation=attn).to(device).eval()
+            self._model = AutoModelForCausalLM.from_pretrained(
+                self.model_dir, dtype=getattr(torch, self.dtype), attn_implementation=attn,
+                trust_remote_code=self.trust_remote_code).to(device).eval()
         return self._model
 
     def close(self) -> None:

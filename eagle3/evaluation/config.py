@@ -35,6 +35,9 @@ class EngineOptions:
     max_prompt_tokens: int = 1024
     dtype: str = "auto"
     seed: int = 0
+    # the verifier's own code from its repository (its tokenizer and vLLM load); train.py passes
+    # model.trust_remote_code
+    trust_remote_code: bool = False
     # each engine runs in its own subprocess; killed (and reported) after this long
     timeout_s: int = 3600
 

@@ -46,6 +46,7 @@ class EngineRequest:
     max_num_seqs: int = 16
     dtype: str = "auto"
     seed: int = 0
+    trust_remote_code: bool = False
 
     @classmethod
     def from_json(cls, text: str) -> "EngineRequest":
@@ -110,6 +111,7 @@ def run_engine(req: EngineRequest) -> EngineResult:
         model=req.model, tokenizer=req.model, dtype=req.dtype, seed=req.seed,
         tensor_parallel_size=req.tensor_parallel_size, gpu_memory_utilization=req.gpu_memory_utilization,
         max_model_len=req.max_model_len, max_num_seqs=req.max_num_seqs, enforce_eager=eager,
+        trust_remote_code=req.trust_remote_code,
         # timing must count every prompt token, and the two engines must do the same work
         enable_prefix_caching=False,
         disable_log_stats=False,  # the spec-decode counters live in the stats loggers

@@ -46,7 +46,7 @@ def measure(
         max_model_len=longest + max_new_tokens + num_draft_tokens + _SPEC_SLACK, batches=batches,
         enforce_eager=engine.enforce_eager, tensor_parallel_size=int(engine.tensor_parallel_size),
         gpu_memory_utilization=float(engine.gpu_memory_utilization), max_num_seqs=int(engine.max_num_seqs),
-        dtype=str(engine.dtype), seed=int(engine.seed),
+        dtype=str(engine.dtype), seed=int(engine.seed), trust_remote_code=bool(engine.trust_remote_code),
     )
     run = dict(work_dir=work_dir, timeout_s=int(engine.timeout_s), cpu_kvcache_space_gb=int(engine.cpu_kvcache_space_gb))
     with_head, wall_head = run_engine_process(EngineRequest(head=str(info.export_dir), **common), label="with-head", **run)
@@ -76,7 +76,7 @@ def measure(
     }
     if without_head is not None:
         engine_facts.update(load_seconds_without_head=without_head.load_seconds, process_seconds_without_head=wall_base)
-    verdicts, notes = _explain_mismatches(info, prompts, with_head, without_head)
+    verdicts, notes = _explain_mismatches(info, prompts, with_head, without_head, bool(engine.trust_remote_code))
     problems += [f"greedy mismatch: {v['description']}" for v in verdicts if not v["near_tie"]]
     report = AcceptanceReport(
         export_dir=str(info.export_dir), verifier=info.verifier, num_draft_tokens=num_draft_tokens,
@@ -90,7 +90,7 @@ def measure(
     return report
 
 
-def _explain_mismatches(info: ExportInfo, prompts: PromptSet, with_head, without_head):
+def _explain_mismatches(info: ExportInfo, prompts: PromptSet, with_head, without_head, trust_remote_code: bool):
     """fp32 verdicts on every greedy mismatch (a near tie, or a real problem), when the
     verifier is small enough for a transformers fp32 forward on this machine."""
     if without_head is None:
@@ -105,4 +105,5 @@ def _explain_mismatches(info: ExportInfo, prompts: PromptSet, with_head, without
     if size > MAX_REFERENCE_BYTES:
         return [], [f"{len(cases)} greedy mismatches not explained: the verifier ({size / 2**30:.1f} GiB) is "
                     f"too large for the fp32 reference forward"]
-    return [dict(v.__dict__, description=v.describe()) for v in explain(info.verifier, cases)], []
+    verdicts = explain(info.verifier, cases, trust_remote_code=trust_remote_code)
+    return [dict(v.__dict__, description=v.describe()) for v in verdicts], []

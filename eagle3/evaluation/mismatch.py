@@ -54,7 +54,8 @@ def weights_bytes(model_dir: str | Path) -> int:
     return sum(p.stat().st_size for p in d.glob("*.safetensors")) + sum(p.stat().st_size for p in d.glob("*.bin"))
 
 
-def explain(verifier: str | Path, cases: list[MismatchCase], device: Optional[str] = None) -> list[MismatchVerdict]:
+def explain(verifier: str | Path, cases: list[MismatchCase], device: Optional[str] = None,
+            trust_remote_code: bool = False) -> list[MismatchVerdict]:
     """One fp32 forward per case (prompt + shared prefix) through the verifier."""
     if not cases:
         return []
@@ -62,7 +63,8 @@ def explain(verifier: str | Path, cases: list[MismatchCase], device: Optional[st
     from transformers import AutoModelForCausalLM
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = AutoModelForCausalLM.from_pretrained(str(verifier), dtype=torch.float32).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(verifier), dtype=torch.float32,
+                                                 trust_remote_code=trust_remote_code).to(device).eval()
     out = []
     with torch.inference_mode():
         for c in cases:

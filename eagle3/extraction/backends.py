@@ -16,6 +16,7 @@ def make_backend(cfg: Any, model_dir: str, capture_ids: list[int], dtype: torch.
         return HFCaptureBackend(
             model_dir, capture_ids, dtype=dtype, device=device,
             max_tokens_per_batch=int(cfg.capture.max_tokens_per_batch), batch_size=int(cfg.capture.batch_size),
+            trust_remote_code=bool(cfg.model.trust_remote_code),
         )
     if backend == "vllm":
         from eagle3.capture.vllm_backend import VLLMCaptureBackend
@@ -27,5 +28,6 @@ def make_backend(cfg: Any, model_dir: str, capture_ids: list[int], dtype: torch.
             cpu_kvcache_space_gb=int(cfg.capture.cpu_kvcache_space_gb),
             max_num_seqs=int(cfg.capture.max_num_seqs), max_model_len=int(max_length) + 8,
             enable_prefix_caching=bool(cfg.capture.enable_prefix_caching),
+            trust_remote_code=bool(cfg.model.trust_remote_code),
         )
     raise ValueError(f"capture.backend: expected hf|vllm, got {backend!r}")

@@ -62,7 +62,7 @@ def run(cfg: Any) -> str:
 
     capture_ids = [int(i) for i in cfg.layers.capture_ids]
     dtype = torch_dtype(cfg.capture.dtype)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=bool(cfg.model.trust_remote_code))
     regenerator = _regenerator(cfg, model_dir)
     engine = regenerator.backend if regenerator is not None else None
     check_regen_engine(ds_dir, engine)  # before any answer is generated
@@ -160,3 +160,4 @@ def _capture(backend, todo, writer: ShardWriter) -> None:
             writer.add(sample_id, record)
             tokens += int(record.token_ids.numel())
             bar.update(task, advance=1, tok_s=tokens / max(1e-9, time.perf_counter() - t0))
+        trust_remote_code=bool(cfg.model.trust_remote_code),

@@ -66,6 +66,7 @@ def _evaluate(cfg: Any, export_dir: Path, ds_dir: Path, model_dir: str, logger) 
             wandb_run=logger.experiment if logger else None,
         )
     except Exception as e:  # noqa: BLE001 - reported in summary.json and on stderr
+                trust_remote_code=bool(cfg.model.trust_remote_code),
         print(f"eval failed: {type(e).__name__}: {e}")
         return {"error": f"{type(e).__name__}: {e}"}
     return {"json": str(result.json_path), "mean_acceptance_length": result.mean_acceptance_length}
