@@ -78,13 +78,13 @@ class ModelConfig:
     source: ModelSource = ModelSource.hf
     # local HF directory or hub id (source=hf); ignored for the embedded/tiny presets
     path: Optional[str] = None
+    # hub id only: the branch, tag or commit to load (null: main); every stage loads that snapshot
+    revision: Optional[str] = None
     architecture: str = MISSING  # transformers class name, e.g. LlamaForCausalLM
     num_layers: int = MISSING
     hidden_size: int = MISSING
     vocab_size: int = MISSING
     num_attention_heads: Optional[int] = None
-    # hub id only: the branch, tag or commit to load (null: main); every stage loads that snapshot
-    revision: Optional[str] = None
     num_key_value_heads: Optional[int] = None
     intermediate_size: Optional[int] = None
     # dtype the target computes in, and so the dtype of captured hidden states
@@ -98,12 +98,12 @@ class ModelConfig:
     # tiny presets: extra transformers config fields (experts, rope, ...)
     extra_config: Any = field(default_factory=dict)
     seed: int = 0
+    # the model's own code from its repository (transformers and vLLM loads); off: refuse it
     trust_remote_code: bool = False
     # the name a serving machine knows this target by (a hub id), written into exports as the
     # verifier; null: model.path as given (source=hf), else the local directory
     hub_id: Optional[str] = None
 
-    # the model's own code from its repository (transformers and vLLM loads); off: refuse it
 
 @dataclass
 class TopologyConfig:

@@ -82,8 +82,8 @@ class Regenerator:
         self.model_dir = str(model_dir)
         self.temperature, self.max_tokens, self.seed = float(temperature), int(max_tokens), int(seed)
         self.max_model_len, self.chat_template = int(max_model_len), chat_template
-        if max_turns is not None and int(max_turns) < 1:
         self.trust_remote_code = bool(trust_remote_code)  # model.trust_remote_code, for every load
+        if max_turns is not None and int(max_turns) < 1:
             raise ValueError(f"data.regen_max_turns: expected null or >= 1, got {max_turns}")
         self.max_turns = None if max_turns is None else int(max_turns)
         def cache_file(turns: int | None) -> Path:

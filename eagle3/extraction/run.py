@@ -147,6 +147,7 @@ def _regenerator(cfg: Any, model_dir: str):
         cpu_kvcache_space_gb=int(cfg.capture.cpu_kvcache_space_gb),
         gpu_memory_utilization=float(cfg.capture.gpu_memory_utilization),
         tensor_parallel_size=int(cfg.topology.extract_tp),
+        trust_remote_code=bool(cfg.model.trust_remote_code),
     )
 
 
@@ -160,4 +161,3 @@ def _capture(backend, todo, writer: ShardWriter) -> None:
             writer.add(sample_id, record)
             tokens += int(record.token_ids.numel())
             bar.update(task, advance=1, tok_s=tokens / max(1e-9, time.perf_counter() - t0))
-        trust_remote_code=bool(cfg.model.trust_remote_code),

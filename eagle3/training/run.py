@@ -62,11 +62,11 @@ def _evaluate(cfg: Any, export_dir: Path, ds_dir: Path, model_dir: str, logger) 
                 tensor_parallel_size=int(cfg.topology.extract_tp),
                 gpu_memory_utilization=float(cfg.capture.gpu_memory_utilization),
                 cpu_kvcache_space_gb=int(cfg.capture.cpu_kvcache_space_gb),
+                trust_remote_code=bool(cfg.model.trust_remote_code),
             ),
             wandb_run=logger.experiment if logger else None,
         )
     except Exception as e:  # noqa: BLE001 - reported in summary.json and on stderr
-                trust_remote_code=bool(cfg.model.trust_remote_code),
         print(f"eval failed: {type(e).__name__}: {e}")
         return {"error": f"{type(e).__name__}: {e}"}
     return {"json": str(result.json_path), "mean_acceptance_length": result.mean_acceptance_length}
