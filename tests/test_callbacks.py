@@ -1,14 +1,17 @@
 """TokenThroughput in a real Lightning loop: a loader slower than the step shows up as
-train/data_wait_frac, a step slower than the loader does not."""
+train/data_wait_frac, a step slower than the loader does not. TrainEta's time left comes
+from the steps it timed."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import lightning as L
+import pytest
 import torch
 
-from eagle3.training.callbacks import TokenThroughput
+from eagle3.training.callbacks import TokenThroughput, TrainEta
 
 
 class _SlowBatches(torch.utils.data.Dataset):
@@ -52,3 +55,17 @@ def test_a_slow_loader_is_seen_as_data_wait():
     assert 250 < starved["train/tokens_per_s"] <= 800
     fed = _run(loader_delay=0.0, step_delay=0.06)
     assert fed["train/data_wait_frac"] < 0.25
+
+
+def test_train_eta_logs_the_time_left_from_the_steps_it_timed(caplog):
+    eta = TrainEta(max_steps=40, skip=2, timed=5)
+    trainer = L.Trainer(max_steps=40, callbacks=[eta], logger=False, accelerator="cpu", enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    with caplog.at_level("INFO", logger="eagle3.cost"):
+        trainer.fit(_SlowStep(0.05), torch.utils.data.DataLoader(_SlowBatches(10, 0.0), batch_size=None))
+    got = re.fullmatch(r"train: steps (\d+)-(\d+) took ([\d.]+) s each here: ~(\d+) s left for (\d+) steps .*", eta.line)
+    assert got, eta.line
+    first, last, per, secs, left = (float(g) for g in got.groups())
+    assert last - first == 5 and left == 40 - last  # timed 5 steps, then the steps still to run
+    assert per >= 0.05 and secs == pytest.approx(left * per, abs=1)  # each step sleeps 50 ms
+    assert [r.getMessage() for r in caplog.records].count(eta.line) == 1  # logged once

@@ -13,7 +13,7 @@ from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, Valid
 from conftest import ROOT, compose
 from eagle3.config.validate import ConfigError, validate_run_config
 
-GROUPS = ["model", "topology", "layers", "data", "capture", "train", "logger", "experiment", "debug"]
+GROUPS = ["model", "topology", "budget", "layers", "data", "capture", "train", "logger", "experiment", "debug"]
 NEEDS_PATH = {("model", "hf"), ("data", "jsonl"), ("data", "hf_disk")}
 
 
@@ -45,6 +45,37 @@ def test_layer_defaults_smollm2_and_kimi():
     assert kimi.topology.extract_tp == 8 and kimi.model.hidden_size == 7168
     assert kimi.capture.dtype == "bfloat16"  # INT4 weights never become the hidden-state dtype
     validate_run_config(kimi)
+
+
+CPU_SIZES = {"data.max_samples": 200, "data.max_length": 384, "train.draft_vocab_size": 4096, "train.max_steps": 200,
+             "train.max_tokens_per_batch": 1024, "train.lr": 2e-3, "eval.max_new_tokens": 64}
+GPU_SIZES = {"data.max_samples": 2000, "data.max_length": 2048, "train.draft_vocab_size": 32000, "train.max_steps": 1000,
+             "train.max_tokens_per_batch": 4096, "train.lr": 3e-4, "eval.max_new_tokens": 128}
+
+
+def _sizes(cfg) -> dict:
+    return {k: OmegaConf.select(cfg, k) for k in CPU_SIZES}
+
+
+@pytest.mark.parametrize("entry", ["train", "extract"])
+def test_the_topology_picks_the_sizes_and_presets_and_keys_win(entry):
+    """budget: CPU sizes on the CPU topologies, GPU sizes on the GPU ones; budget=..., an
+    experiment preset, debug=fast and a key on the command line each win over it."""
+    assert compose(entry).budget == "cpu" and _sizes(compose(entry)) == CPU_SIZES
+    assert _sizes(compose(entry, ["topology=cpu_ddp2"])) == CPU_SIZES
+    for gpu in ("gpu1", "gpu2_dp2", "gpu8_tp8"):
+        cfg = compose(entry, [f"topology={gpu}"])
+        assert cfg.budget == "gpu" and _sizes(cfg) == GPU_SIZES, gpu
+    assert _sizes(compose(entry, ["topology=gpu1", "budget=cpu"])) == CPU_SIZES
+    assert _sizes(compose(entry, ["budget=gpu"])) == GPU_SIZES
+    assert compose(entry, ["topology=gpu1", "train.max_steps=7"]).train.max_steps == 7
+    full = compose(entry, ["experiment=smollm2_full"])  # a GPU preset: its own sizes over budget=gpu
+    assert full.budget == "gpu" and (full.train.max_steps, full.train.max_tokens_per_batch, full.data.max_length) == (
+        4400, 16384, 1024)
+    assert compose(entry, ["debug=fast"]).train.max_steps == 10
+    demo = compose(entry, ["experiment=demo_cpu"])  # the CPU default plus regenerated answers
+    assert _sizes(demo) == CPU_SIZES and demo.data.regenerate and demo.tags == ["demo_cpu"]
+    assert compose(entry, ["data=jsonl", "data.path=x.jsonl", "topology=gpu1"]).data.max_samples is None  # all of a file
 
 
 def test_typo_in_key_fails_naming_it():

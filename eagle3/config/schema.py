@@ -325,6 +325,9 @@ class RunConfig:
     num_shards: int = 1
     merge: bool = False  # extract.py: merge the num_shards finished parts into the dataset
     tags: List[str] = field(default_factory=list)
+    # the size profile applied, conf/budget/<name>.yaml (set by it; the topology picks it:
+    # cpu by default, gpu for the gpu* topologies; `budget=gpu` on the command line)
+    budget: Optional[str] = None
     # the metric train.py's main() returns (Optuna maximises it) and that picks the exported
     # checkpoint. The replay at K = eval.num_draft_tokens is what vLLM measures (within 0.01-0.02,
     # docs/benchmarks.md) and compares runs of different train.ttt_steps; val/sim_accept_len

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from eagle3.config.validate import torch_dtype, validate_run_config
+from eagle3.cost import capture_seconds, extract_lines, minutes, report
 from eagle3.data.hf_source import HFOptions
 from eagle3.data.pipeline import prepare_samples
 from eagle3.data.vocab import build_draft_vocab, token_frequencies
@@ -59,6 +60,7 @@ def run(cfg: Any) -> str:
                       f"{regen_note(done)}): nothing to do")
         print(ds_dir)
         return str(ds_dir)
+    report(extract_lines(cfg))  # what this run will cost, before any work
 
     capture_ids = [int(i) for i in cfg.layers.capture_ids]
     dtype = torch_dtype(cfg.capture.dtype)
@@ -104,6 +106,9 @@ def run(cfg: Any) -> str:
             f"capture x {len(capture_ids)} layers x {cfg.model.hidden_size} x {dtype}: needs {format_bytes(need)}, "
             f"free {format_bytes(free)}"
         )
+        secs = capture_seconds(cfg, todo_tokens)
+        if todo and secs is not None:
+            report([f"extract: {todo_tokens:,} tokens to capture (rendered): ~{minutes(secs)}"])
         if todo:
             backend = make_backend(cfg, model_dir, capture_ids, dtype, int(cfg.data.max_length))
             try:

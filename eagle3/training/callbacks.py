@@ -1,5 +1,6 @@
-"""Training callbacks: token throughput (what users compare across runs and peers) and the
-share of wall time the step waited for its batch (a starved GPU shows here, not in tok/s)."""
+"""Training callbacks: token throughput (what users compare across runs and peers), the
+share of wall time the step waited for its batch (a starved GPU shows here, not in tok/s),
+and the time left as this run's own steps measure it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import time
 
 import lightning as L
 import torch
+
+from eagle3.cost import minutes, report
 
 
 class TokenThroughput(L.Callback):
@@ -55,3 +58,37 @@ class TokenThroughput(L.Callback):
             frac = waited / (waited + sum(t for _, t in timed))
             pl_module.log("train/data_wait_frac", frac, on_step=True, batch_size=1)
             pl_module.log("wait", frac, prog_bar=True, logger=False, batch_size=1)  # in logs without W&B
+
+
+class TrainEta(L.Callback):
+    """Logs once, after ``timed`` optimizer steps of this process (past the first ``skip``,
+    which compile and fill the loader), the run's own seconds per step and the minutes left
+    to ``max_steps``: the start-of-run estimate (eagle3/cost.py) comes from a table of rates
+    measured on a machine alone, this one from the machine as it is now."""
+
+    def __init__(self, max_steps: int, skip: int = 3, timed: int = 10):
+        self.max_steps, self.skip, self.timed = int(max_steps), int(skip), int(timed)
+        self._start: tuple[int, float] | None = None  # (global step, time) when timing began
+        self._seen = 0  # optimizer steps of this process
+        self._last_step: int | None = None
+        self.line: str | None = None  # what was logged
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        step = trainer.global_step
+        if self.line is not None or step == self._last_step:
+            return  # logged already, or an accumulation micro-batch
+        self._last_step, self._seen = step, self._seen + 1
+        if self._seen == self.skip:
+            self._start = (step, time.perf_counter())
+        elif self._start is not None and step - self._start[0] >= self.timed:
+            per = (time.perf_counter() - self._start[1]) / (step - self._start[0])
+            left = max(0, self.max_steps - step)
+            self.line = (f"train: steps {self._start[0]}-{step} took {per:.2f} s each here: "
+                         f"~{minutes(left * per)} left for {left:,} steps (validation not included)")
+            if trainer.is_global_zero:
+                report([self.line])
+
+    def on_validation_end(self, trainer, pl_module):
+        if self._start is not None and self.line is None:
+            self._start = None  # a validation inside the window would count as step time: start again
+            self._seen = self.skip - 1

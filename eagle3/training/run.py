@@ -13,13 +13,14 @@ from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, Mode
 from omegaconf import OmegaConf
 
 from eagle3.config.validate import validate_run_config
+from eagle3.cost import report, train_lines
 from eagle3.export import export_checkpoint
 from eagle3.identity import DatasetNotFound, locate_dataset, regen_note
 from eagle3.store import Manifest
 from eagle3.launch import check_external_launch
 from eagle3.targets import resolve_target
 from eagle3.training.builder import build_head
-from eagle3.training.callbacks import TokenThroughput
+from eagle3.training.callbacks import TokenThroughput, TrainEta
 from eagle3.training.datamodule import Eagle3DataModule
 from eagle3.training.loggers import build_logger
 from eagle3.training.module import Eagle3LitModule
@@ -103,7 +104,7 @@ def run(cfg: Any, extra_callbacks: Sequence[L.Callback] = ()) -> float:
         save_top_k=1, save_last=True, auto_insert_metric_name=False,
     )
     logger = build_logger(cfg, output_dir)
-    callbacks = [checkpoint, TokenThroughput()]
+    callbacks = [checkpoint, TokenThroughput(), TrainEta(int(cfg.train.max_steps))]
     if cfg.trainer.enable_progress_bar:
         callbacks.append(RichProgressBar())
     if cfg.trainer.early_stopping.patience is not None:
@@ -128,6 +129,9 @@ def run(cfg: Any, extra_callbacks: Sequence[L.Callback] = ()) -> float:
         log_every_n_steps=int(cfg.logger.log_every_n_steps), enable_model_summary=False,
         **trainer_arguments(cfg.trainer),
     )
+    if trainer.is_global_zero:  # what this run will cost, before the first step
+        train_tokens = sum(datamodule.dataset.lengths[i] for i in datamodule.train_idx)
+        report(train_lines(cfg, train_tokens, len(datamodule.train_batches)))
     resume = _resolve_ckpt(cfg.ckpt_path, ckpt_dir)
     initial: dict[str, float] = {}
     if resume is None and datamodule.val_idx:

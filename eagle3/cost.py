@@ -1,0 +1,192 @@
+"""What a run will cost, said before it starts: extract.py and train.py log a few lines
+(printed, and written to the run's log, ``<run dir>/<task>.log``), e.g. for the CPU default:
+
+    extract: 200 samples x <= 384 tokens = <= 76,800 tokens; disk <= 338.2 MiB; capture <= ~1.4 min at ~906 tok/s
+    train: 200 steps x <= 1,024 tokens = <= 204,800 tokens (batches hold ~784 per rank: ~156,895
+           tokens, ~2.3 passes over 69,034 train tokens); ~3.7 min at ~704 tok/s
+
+Times divide those token counts by RATES: throughputs measured on real runs (each entry names
+the command and the machine), scaled to the run's shapes where they differ from the measured
+ones (capture by the target's parameters, training by the draft's FLOPs per token, both by the
+devices used). They are what the machine does alone: other jobs on its cores slow it down.
+Training logs an updated ETA from its own step times once a few steps have run
+(eagle3/training/callbacks.py, TrainEta).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from eagle3 import plan
+from eagle3.plan import MILLION
+
+log = logging.getLogger(__name__)
+
+
+def target_params(num_layers: int, hidden: int, intermediate: int | None, vocab: int,
+                  heads: int | None = None, kv_heads: int | None = None) -> float:
+    """Dense parameters of a Llama-shaped target (an MoE: about its active ones)."""
+    kv = hidden * (kv_heads or heads or 1) // (heads or 1)
+    per_layer = hidden * (2 * hidden + 2 * kv) + 3 * hidden * (intermediate or 4 * hidden)
+    return float(num_layers * per_layer + vocab * hidden)
+
+
+def head_flops(hidden: int, intermediate: int | None, target_vocab: int, draft_vocab: int, ttt_steps: int,
+               draft_layers: int = 1) -> float:
+    """Matmul FLOPs per token of one training step (forward + backward) of an EAGLE-3 head:
+    fc on the 3 aux layers once, then per TTT step its decoder layers (2H input) and lm_head,
+    plus the frozen target lm_head's rows (forward only). Attention's T^2 term is left out."""
+    inter = intermediate or 4 * hidden
+    layer = 2 * hidden * 3 * hidden + hidden * hidden + 3 * hidden * inter
+    per_ttt = draft_layers * layer + hidden * draft_vocab
+    return 2.0 * (3 * 3 * hidden * hidden + 3 * ttt_steps * per_ttt + hidden * target_vocab)
+
+
+@dataclass(frozen=True)
+class Rate:
+    """Throughputs of one measured run, per device, with the shapes they were measured at."""
+
+    accelerator: str  # cpu | gpu
+    model: str
+    params: float  # target_params() of the model measured
+    capture_tok_s: float  # extract.py's capture, shards written
+    train_tok_s: float  # train.py's tok/s
+    train_flops: float  # head_flops() of the run measured
+    regen_tok_s: float | None  # new tokens/s of data.regenerate (None: not measured)
+    measured: str  # the command, the machine and where the figure is recorded
+
+    def capture_rate(self, params: float, parallel: int) -> float:
+        return self.capture_tok_s * self.params / params * parallel
+
+    def train_rate(self, flops: float) -> float:
+        return self.train_tok_s * self.train_flops / flops
+
+
+_SMOLLM2 = target_params(30, 576, 1536, 49152, 9, 3)
+_LLAMA_8B = target_params(32, 4096, 14336, 128256, 32, 8)
+RATES = (
+    Rate("cpu", "SmolLM2-135M", _SMOLLM2, capture_tok_s=906, train_tok_s=704,
+         train_flops=head_flops(576, 1536, 49152, 4096, 3), regen_tok_s=None,
+         measured="make demo on this project's 2-core CPU with nothing else running (docs/benchmarks.md, "
+                  "'demo_cpu on a quiet machine'): capture 906 tok/s, training 704 tok/s"),
+    Rate("gpu", "SmolLM2-135M", _SMOLLM2, capture_tok_s=98_982, train_tok_s=79_400,
+         train_flops=head_flops(576, 1536, 49152, 32000, 5), regen_tok_s=22_000,
+         measured="experiment=smollm2_full on one H200 (docs/benchmarks.md section 3: capture 98,982 tok/s, "
+                  "training ~79,400 tok/s at ttt 5 and 8,192-token rows, fast-decode regeneration ~22k tok/s)"),
+    Rate("gpu", "Llama-3.1-8B", _LLAMA_8B, capture_tok_s=33_062, train_tok_s=52_515,
+         train_flops=head_flops(4096, 14336, 128256, 32000, 3), regen_tok_s=None,
+         measured="bench/extract_throughput.py and bench/train_throughput.py --preset llama3-8b on one H200 "
+                  "(docs/benchmarks.md sections 1-2: capture 33,062 tok/s, compiled step 52,515 tok/s at ttt 3)"),
+)
+
+
+def rate_for(accelerator: str, params: float) -> Rate | None:
+    """The measured run on this accelerator whose target is nearest in size."""
+    same = [r for r in RATES if r.accelerator == str(accelerator)]
+    return min(same, key=lambda r: abs(math.log(r.params / params)), default=None)
+
+
+def minutes(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+def _cfg_params(cfg: Any) -> float:
+    m = cfg.model
+    return target_params(int(m.num_layers), int(m.hidden_size), m.intermediate_size, int(m.vocab_size),
+                         m.num_attention_heads, m.num_key_value_heads)
+
+
+def _rate(cfg: Any) -> tuple[Rate | None, str]:
+    rate = rate_for(str(cfg.topology.accelerator), _cfg_params(cfg))
+    if rate is None:
+        return None, f"  (no rate measured on accelerator={cfg.topology.accelerator}: eagle3/cost.py RATES)"
+    scaled = "" if abs(math.log(rate.params / _cfg_params(cfg))) < 0.05 else ", scaled to this model"
+    return rate, f"  (rates of {rate.model} on {rate.accelerator} alone{scaled}: eagle3/cost.py)"
+
+
+def capture_tok_s(cfg: Any) -> float | None:
+    """Capture tokens/s of this config: data-parallel replicas and extraction shards (nodes)
+    add up; tensor parallelism gets no credit (it mostly makes a large target fit)."""
+    rate, _ = _rate(cfg)
+    if rate is None:
+        return None
+    return rate.capture_rate(_cfg_params(cfg), int(cfg.topology.extract_dp) * max(1, int(cfg.num_shards)))
+
+
+def capture_seconds(cfg: Any, tokens: int) -> float | None:
+    """Seconds to capture ``tokens`` (None: no rate for this accelerator)."""
+    tok_s = capture_tok_s(cfg)
+    return None if tok_s is None else tokens / tok_s
+
+
+def extract_lines(cfg: Any) -> list[str]:
+    """Before any work, from the config alone: samples, a token bound, disk, time."""
+    from eagle3.store.disk import format_bytes
+
+    data, ids = cfg.data, [int(i) for i in cfg.layers.capture_ids]
+    length = int(data.max_length)
+    rate, basis = _rate(cfg)
+    tok_s = capture_tok_s(cfg)
+    at = f" at ~{tok_s:,.0f} tok/s" if tok_s else ""
+    if data.max_samples is None:
+        per_m = plan.disk_per_million_tokens(ids, int(cfg.model.hidden_size), str(cfg.capture.dtype),
+                                             int(cfg.capture.shard_max_tokens))
+        line = f"extract: every sample of data={data.name} (counted once read), <= {length:,} tokens each; {per_m} per 1M tokens"
+        if tok_s:
+            line += f"; capture ~{minutes(MILLION / tok_s)} per 1M tokens{at}"
+        return [line, basis]
+    samples = int(data.max_samples)
+    tokens = samples * length
+    disk = plan.disk_bytes(tokens, ids, int(cfg.model.hidden_size), str(cfg.capture.dtype),
+                           int(cfg.capture.shard_max_tokens))
+    line = f"extract: {samples:,} samples x <= {length:,} tokens = <= {tokens:,} tokens; disk <= {format_bytes(disk)}"
+    if tok_s:
+        line += f"; capture <= ~{minutes(tokens / tok_s)}{at}"
+    lines = [line]
+    if data.regenerate:
+        per = int(data.regen_max_tokens)
+        turns = f"{int(data.regen_max_turns)} user turn(s)" if data.regen_max_turns else "user turn"
+        regen = f"  + answers by the target first: <= {per} new tokens per {turns} of {samples:,} conversations"
+        if data.regen_max_turns and rate is not None and rate.regen_tok_s:
+            new = samples * int(data.regen_max_turns) * per
+            regen += f", <= ~{minutes(new / (rate.regen_tok_s * int(cfg.topology.extract_dp)))}"
+        lines.append(regen)
+    return lines + [basis]
+
+
+def train_lines(cfg: Any, train_tokens: int | None = None, train_batches: int | None = None) -> list[str]:
+    """Steps x tokens per step, the passes over the data, and the time at the measured rate.
+    ``train_tokens``/``train_batches``: the training split and its packed batches, when known."""
+    t, topo = cfg.train, cfg.topology
+    world = int(topo.devices) * int(topo.num_nodes)
+    per_rank = int(t.max_tokens_per_batch) * int(t.accumulate_grad_batches)
+    steps = int(t.max_steps)
+    ranks = f" ({per_rank:,} x {world} ranks)" if world > 1 else ""
+    line = f"train: {steps:,} steps x <= {per_rank * world:,} tokens{ranks} = <= {steps * per_rank * world:,} tokens"
+    fill = per_rank  # tokens a rank trains on per step
+    if train_tokens and train_batches:
+        fill = min(per_rank, train_tokens / train_batches * int(t.accumulate_grad_batches))
+        total = steps * fill * world
+        line += (f" (batches hold ~{fill:,.0f} per rank: ~{total:,.0f} tokens, "
+                 f"~{total / train_tokens:.1f} passes over {train_tokens:,} train tokens)")
+    rate, basis = _rate(cfg)
+    if rate is not None:
+        m = cfg.model
+        flops = head_flops(int(m.hidden_size), t.intermediate_size or m.intermediate_size, int(m.vocab_size),
+                           min(int(t.draft_vocab_size), int(m.vocab_size)), int(t.ttt_steps), int(t.num_draft_layers))
+        tok_s = rate.train_rate(flops)
+        line += f"; ~{minutes(steps * fill / tok_s)} at ~{tok_s * world:,.0f} tok/s"
+    if t.max_time:
+        line += f", capped at train.max_time={t.max_time}"
+    return [line, basis]
+
+
+def report(lines: list[str]) -> None:
+    """Each line to the log: Hydra prints it and writes it to the run's log file."""
+    for line in lines:
+        log.info(line)

@@ -1,0 +1,86 @@
+"""What a run will cost, said before it starts: the figures follow from the config (samples x
+max_length, steps x tokens per step, ranks, disk from eagle3/plan.py, time from the measured
+rates), and both stages print them and write them to the run's log."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, compose
+from eagle3.cost import RATES, capture_seconds, extract_lines, head_flops, rate_for, target_params, train_lines
+from eagle3.plan import disk_bytes
+from eagle3.store.disk import format_bytes
+
+CPU_RATE = next(r for r in RATES if r.accelerator == "cpu")
+
+
+def _num(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def test_extract_estimate_follows_the_config():
+    cfg = compose("extract", ["data.max_samples=300", "data.max_length=512"])
+    line = extract_lines(cfg)[0]
+    tokens = 300 * 512
+    assert f"300 samples x <= 512 tokens = <= {tokens:,} tokens" in line
+    assert f"disk <= {format_bytes(disk_bytes(tokens, [2, 15, 27, 30], 576, 'bfloat16'))}" in line
+    # SmolLM2 on the CPU is the measured entry itself: tokens / its capture rate
+    secs = capture_seconds(cfg, tokens)
+    assert secs == pytest.approx(tokens / CPU_RATE.capture_tok_s)
+    assert f"capture <= ~{secs / 60:.1f} min at ~{CPU_RATE.capture_tok_s:,.0f} tok/s" in line
+    regen = extract_lines(compose("extract", ["experiment=demo_cpu"]))
+    assert "<= 256 new tokens per user turn of 200 conversations" in regen[1]
+
+
+def test_train_estimate_is_steps_times_tokens_per_step_over_ranks():
+    cfg = compose("train", ["train.max_steps=150", "train.max_tokens_per_batch=2048"])
+    line = train_lines(cfg)[0]
+    assert "train: 150 steps x <= 2,048 tokens = <= 307,200 tokens" in line
+    minutes, tok_s = re.search(r"~([\d.]+) min at ~([\d,]+) tok/s", line).groups()
+    assert _num(minutes) == pytest.approx(150 * 2048 / _num(tok_s) / 60, abs=0.06)
+    # 4x the draft vocabulary: more FLOPs per token, a lower rate than the one measured at 4096
+    wide = train_lines(compose("train", ["train.draft_vocab_size=16384"]))[0]
+    assert _num(re.search(r"at ~([\d,]+) tok/s", wide).group(1)) < CPU_RATE.train_tok_s
+    # the measured split: packed batches' mean fill decides the tokens trained on and the passes
+    known = train_lines(cfg, train_tokens=50_000, train_batches=40)[0]
+    assert "batches hold ~1,250 per rank: ~187,500 tokens, ~3.8 passes over 50,000 train tokens" in known
+    ddp = train_lines(compose("train", ["experiment=smollm2_full", "topology=gpu2_dp2"]))[0]
+    assert "4,400 steps x <= 32,768 tokens (16,384 x 2 ranks) = <= 144,179,200 tokens" in ddp
+
+
+def test_rates_scale_with_the_model_and_pick_the_accelerator():
+    smol = target_params(30, 576, 1536, 49152, 9, 3)
+    assert 1.2e8 < smol < 1.6e8  # SmolLM2-135M
+    assert rate_for("gpu", target_params(32, 4096, 14336, 128256, 32, 8)).model == "Llama-3.1-8B"
+    assert rate_for("cpu", smol) is CPU_RATE and rate_for("tpu", smol) is None
+    assert head_flops(576, 1536, 49152, 4096, 5) > head_flops(576, 1536, 49152, 4096, 3)
+    kimi = compose("extract", ["model=kimi_k2_5", "topology=gpu8_tp8", "capture=vllm"])
+    llama = compose("extract", ["model=llama3_1_8b", "topology=gpu1"])
+    assert capture_seconds(kimi, 10**6) > 3 * capture_seconds(llama, 10**6)  # a larger target captures slower
+    assert "scaled to this model" in extract_lines(kimi)[-1] and "no rate measured" in extract_lines(
+        compose("extract", ["topology.accelerator=tpu"]))[-1]
+
+
+def _run(entry: str, args: list[str], run_dir: Path) -> str:
+    out = subprocess.run([sys.executable, entry, "experiment=tiny_test", *args, f"hydra.run.dir={run_dir}"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_both_stages_print_the_estimate_and_write_it_to_the_run_log(tmp_path):
+    data = [f"paths.data_dir={tmp_path / 'data'}"]
+    stdout = _run("extract.py", data, tmp_path / "extract")
+    line = "extract: 40 samples x <= 128 tokens = <= 5,120 tokens"
+    assert line in stdout and line in (tmp_path / "extract" / "extract.log").read_text()
+    rendered = re.search(r"extract: ([\d,]+) tokens to capture \(rendered\)", stdout)
+    assert rendered and 0 < _num(rendered.group(1)) <= 5120
+
+    stdout = _run("train.py", data + ["train.max_steps=2", "train.val_check_interval=2"], tmp_path / "train")
+    line = "train: 2 steps x <= 512 tokens = <= 1,024 tokens"
+    assert line in stdout and line in (tmp_path / "train" / "train.log").read_text()
