@@ -201,6 +201,11 @@ class TrainConfig:
     norm_output: bool = False  # each TTT step reads the previous step's normed output
     norm_before_residual: bool = False  # the first layer's residual is the normed hidden state
     init_lm_head_from_target: bool = True
+    # warm start from an EAGLE-3 head in the speculators format (an export directory or a hub id):
+    # its weights and draft vocabulary replace the fresh ones (so init_lm_head_from_target is moot);
+    # sizes, norm flags and aux layers must match this run (eagle3/training/init_from.py)
+    init_from: Optional[str] = None
+    init_from_revision: Optional[str] = None  # hub id only: branch, tag or commit (null: main)
     num_attention_heads: Optional[int] = None  # null: the target's
     num_key_value_heads: Optional[int] = None
     intermediate_size: Optional[int] = None

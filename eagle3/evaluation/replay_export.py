@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 
 from eagle3.evaluation.export_info import read_export
 from eagle3.model.config import VLLM_NORM_DEFAULTS, DraftConfig
+from eagle3.model.export import load_export_state_dict
 from eagle3.model.head import Eagle3DraftHead
 from eagle3.model.loss import StepCounts, eagle3_loss
 from eagle3.model.replay import replay_counts, replay_metrics
@@ -49,15 +50,7 @@ def load_exported_head(export_dir: str | Path, verifier: str | Path) -> tuple[Ea
     w = load_target_head_weights(str(verifier))
     head.load_target_weights(w["embed"].float(), w["norm"].float(), w["lm_head"].float(),
                              weights["d2t"], weights["t2d"], init_lm_head_from_target=False)
-    where = f"{export_dir}/model.safetensors: does not fit the head built from config.json"
-    try:
-        missing, unexpected = head.load_state_dict({k: v.float() if v.is_floating_point() else v
-                                                    for k, v in weights.items()}, strict=False)
-    except RuntimeError as e:  # shape mismatches
-        raise ValueError(f"{where}: {str(e).splitlines()[-1].strip()}") from e
-    frozen = {n for n, p in head.named_parameters() if not p.requires_grad} | {n for n, _ in head.named_buffers()}
-    if unexpected or set(missing) - frozen:
-        raise ValueError(f"{where} (missing {sorted(set(missing) - frozen)[:5]}, unexpected {unexpected[:5]})")
+    load_export_state_dict(head, weights, f"{export_dir}/model.safetensors: does not fit the head built from config.json")
     return head.eval(), aux_ids
 
 

@@ -50,6 +50,20 @@ def export_state_dict(
     return out
 
 
+def load_export_state_dict(head: nn.Module, weights: dict[str, torch.Tensor], where: str) -> None:
+    """The reverse of export_state_dict: copy an export's tensors into `head` (float ones as
+    fp32). Refuses a tensor the head lacks, a trained one the export lacks, and a wrong shape,
+    naming `where` (the file) in the error; the frozen target copies may be absent."""
+    cast = {k: v.float() if v.is_floating_point() else v for k, v in weights.items()}
+    try:
+        missing, unexpected = head.load_state_dict(cast, strict=False)
+    except RuntimeError as e:  # shape mismatches
+        raise ValueError(f"{where}: {str(e).splitlines()[-1].strip()}") from e
+    frozen = {n for n, p in head.named_parameters() if not p.requires_grad} | {n for n, _ in head.named_buffers()}
+    if unexpected or set(missing) - frozen:
+        raise ValueError(f"{where} (missing {sorted(set(missing) - frozen)[:5]}, unexpected {unexpected[:5]})")
+
+
 def transformer_layer_config_dict(cfg: DraftConfig) -> dict[str, Any]:
     """The Llama decoder-layer config (transformers-5 keys) vLLM builds the draft layer from."""
     return {

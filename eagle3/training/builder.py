@@ -11,6 +11,7 @@ from eagle3.model.config import NORM_OPTIONS, DraftConfig
 from eagle3.model.head import Eagle3DraftHead
 from eagle3.store import HiddenStateDataset, add_vocab
 from eagle3.targets import load_target_head_weights, read_hf_config
+from eagle3.training.init_from import check_compatible, head_vocab, load_init_weights, read_init_head
 from eagle3.training.step_path import resolve_step_path
 
 
@@ -78,11 +79,17 @@ def build_head(cfg: Any, model_dir: str, dataset: HiddenStateDataset) -> tuple[E
     )
     head = Eagle3DraftHead(draft_cfg, attention=str(getattr(cfg.train.attention, "value", cfg.train.attention)))
     d2t, t2d = draft_vocab(dataset, size)
+    init = read_init_head(cfg.train.init_from, cfg.train.init_from_revision) if cfg.train.init_from else None
+    if init is not None:  # warm start: the head must fit, and keeps the vocabulary it was trained for
+        check_compatible(init, draft_cfg, aux_ids)
+        d2t, t2d = head_vocab(init, d2t, t2d, dataset.token_freq())
     w = load_target_head_weights(model_dir)
     head.load_target_weights(
         w["embed"].float(), w["norm"].float(), w["lm_head"].float(), d2t, t2d,
         init_lm_head_from_target=bool(cfg.train.init_lm_head_from_target),
     )
+    if init is not None:  # after the target's pieces: init_from wins over init_lm_head_from_target
+        load_init_weights(init, head)
     meta = DraftMeta(
         draft_config=draft_cfg,
         aux_layer_ids=aux_ids,
