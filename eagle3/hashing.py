@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from eagle3.atomic import write_text
 
 SAMPLE_WINDOWS = 64
 SAMPLE_WINDOW_BYTES = 64 << 10
@@ -102,9 +103,8 @@ class ContentShaCache:
             return
         try:
             self.cache_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.cache_file.with_name(f"{self.cache_file.name}.tmp-{os.getpid()}")
-            tmp.write_text(json.dumps(self._entries, indent=0, sort_keys=True))
-            os.replace(tmp, self.cache_file)  # concurrent runs: the last writer wins, others rehash
+            # concurrent runs: the last writer wins, others rehash
+            write_text(self.cache_file, json.dumps(self._entries, indent=0, sort_keys=True))
         except OSError:  # a read-only cache directory costs a rehash next time, nothing else
             pass
 

@@ -19,7 +19,6 @@ import io
 import json
 import math
 import os
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from eagle3.atomic import write_text
 from eagle3.config.schema import DEFAULT_OPTIMIZED_METRIC
 
 DEFAULT_METRIC = DEFAULT_OPTIMIZED_METRIC
@@ -153,9 +153,7 @@ def results_markdown(jobs: list[JobResult], metric: str, maximize: bool, title: 
 
 def _atomic_write(path: Path, text: str) -> None:
     # jobs of one sweep may end at the same time on different nodes: never a half-written table
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_text(path, text)
 
 
 def write_results(sweep_dir: str | Path, metric: str = DEFAULT_METRIC, maximize: bool = True) -> tuple[Path, Path]:

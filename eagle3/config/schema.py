@@ -44,6 +44,11 @@ class CaptureBackend(str, Enum):
     vllm = "vllm"
 
 
+class VerifyMode(str, Enum):
+    fast = "fast"  # size, header, identity and offsets of every shard
+    full = "full"  # also the sha256 of every byte against the manifest
+
+
 class LayerNumbering(str, Enum):
     vllm = "vllm"  # id k = hidden state entering decoder layer k (ours, everywhere)
     output_of_layer = "output_of_layer"  # SpecForge / original EAGLE: output of layer j = vLLM j+1
@@ -170,6 +175,9 @@ class CaptureConfig:
     cpu_kvcache_space_gb: int = 4
     max_num_seqs: int = 16
     disk_margin: float = 1.1  # refuse to start unless free disk >= need * margin
+    # how extract.py checks the shards already on disk (a resumed run, a complete dataset); a
+    # missing, short or (full) corrupted shard is captured again in place
+    verify: VerifyMode = VerifyMode.fast
     # computed (eagle3/plan.py), never set by hand: shown by --cfg job --resolve
     hidden_states: Any = "${eagle3.hidden_layout:${capture.dtype},${layers.capture_ids},${model.hidden_size}}"
     disk_per_1m_tokens: Any = (

@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from eagle3.data.conversation import Conversation
+from eagle3.faults import fault
 from eagle3.hashing import file_short_sha, short_sha
 
 _FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
@@ -170,6 +171,7 @@ class Regenerator:
                 f.flush()
                 os.fsync(f.fileno())
             self.generated += len(todo)
+            fault("regen")  # crash tests: killed with this batch's answers durable, the rest not
         # a conversation with no answered turn (prompt too long) renders with no loss
         # tokens and is dropped and counted by the pipeline
         return [replace(c, messages=self.cache[c.id]["messages"]) for c in batch]

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from eagle3.atomic import write_text
 from eagle3.evaluation.figures import Figures, PromptOutcome
 
 MEASURED_BY = "vLLM spec-decode counters (real serving acceptance, greedy)"
@@ -92,9 +92,7 @@ def _json_safe(x: Any) -> Any:
 def write_json(report: AcceptanceReport, out_dir: str | Path) -> Path:
     path = Path(out_dir) / JSON_NAME
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(_json_safe(report.to_dict()), indent=2, allow_nan=False))
-    tmp.replace(path)
+    write_text(path, json.dumps(_json_safe(report.to_dict()), indent=2, allow_nan=False))
     return path
 
 

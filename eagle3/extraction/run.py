@@ -1,7 +1,11 @@
 """extract.py's stage: render chat data, capture hidden states, write the dataset.
 
 Resumable: samples already in valid shards are skipped, so a killed run continues where
-it stopped; a finished dataset makes a re-run a no-op that says so.
+it stopped. A finished dataset is checked first (every shard's size and header; its sha256
+too with capture.verify=full): a missing, short or corrupt shard is captured again from the
+samples the manifest lists for it, in place, and only it; a whole one makes a re-run a no-op
+that says so. A disk that fills up mid-run stops it with the bytes still needed; the shards
+written so far are kept and the same command resumes.
 """
 
 from __future__ import annotations
@@ -21,9 +25,12 @@ from eagle3.data.pipeline import prepare_samples
 from eagle3.data.vocab import build_draft_vocab, token_frequencies
 from eagle3.extraction.backends import make_backend
 from eagle3.identity import check_regen_engine, dataset_path, fingerprint_inputs, legacy_dataset_path, provenance, regen_note
+from eagle3.faults import fault
 from eagle3.launch import extraction_shard
-from eagle3.store import Manifest, ShardWriter, check_free_disk, disk_needed_bytes, format_bytes
+from eagle3.store import DiskSpaceError, Manifest, ShardWriter, check_free_disk, disk_needed_bytes, format_bytes
+from eagle3.store.disk import free_bytes
 from eagle3.store.merge import merge_parts, owner_shard, part_dir
+from eagle3.store.reader import damaged_shards
 from eagle3.targets import resolve_target
 
 console = Console(stderr=True)
@@ -55,9 +62,14 @@ def run(cfg: Any) -> str:
         # this node's part of a multi-node extraction, merged afterwards (eagle3/store/merge.py)
         ds_dir = part_dir(ds_dir, shard_index, num_shards)
         done = Manifest.read_complete(ds_dir)
-    if done is not None:
+    verify = str(getattr(cfg.capture.verify, "value", cfg.capture.verify))
+    damaged = damaged_shards(ds_dir, done, verify) if done is not None else []
+    for file, why in damaged:
+        console.print(f"[yellow]repairing {file} (its samples are captured again): {why}")
+    if done is not None and not damaged:
+        checked = "size, header, sha256" if verify == "full" else "size, header"
         console.print(f"dataset already complete ({done.num_samples} samples, {done.num_tokens} tokens, "
-                      f"{regen_note(done)}): nothing to do")
+                      f"{regen_note(done)}; every shard checked: {checked}): nothing to do")
         print(ds_dir)
         return str(ds_dir)
     report(extract_lines(cfg))  # what this run will cost, before any work
@@ -91,6 +103,8 @@ def run(cfg: Any) -> str:
         background=True,  # shards hash+write on threads while the next batch runs
         writer_threads=int(cfg.capture.writer_threads),
         provenance=provenance(cfg, model_dir, engine),
+        # the shards found damaged above are redone; the others were just checked
+        verify="fast" if damaged else verify, redo=[file for file, _ in damaged],
     )
     try:
         for file, why in writer.dropped:
@@ -109,15 +123,18 @@ def run(cfg: Any) -> str:
         secs = capture_seconds(cfg, todo_tokens)
         if todo and secs is not None:
             report([f"extract: {todo_tokens:,} tokens to capture (rendered): ~{minutes(secs)}"])
-        if todo:
-            backend = make_backend(cfg, model_dir, capture_ids, dtype, int(cfg.data.max_length))
-            try:
-                _capture(backend, todo, writer)
-            finally:
-                backend.close()
-        freq = token_frequencies(samples, int(cfg.model.vocab_size))
-        size = min(int(cfg.train.draft_vocab_size), int(cfg.model.vocab_size))
-        manifest = writer.finish(freq, {size: build_draft_vocab(freq, size)}, val_ids=val_ids)
+        try:
+            if todo:
+                backend = make_backend(cfg, model_dir, capture_ids, dtype, int(cfg.data.max_length))
+                try:
+                    _capture(backend, todo, writer)
+                finally:
+                    backend.close()
+            freq = token_frequencies(samples, int(cfg.model.vocab_size))
+            size = min(int(cfg.train.draft_vocab_size), int(cfg.model.vocab_size))
+            manifest = writer.finish(freq, {size: build_draft_vocab(freq, size)}, val_ids=val_ids)
+        except DiskSpaceError as e:  # the disk filled up during the run (another job, a bad estimate)
+            raise DiskSpaceError(_disk_full_message(e, cfg, ds_dir, todo, writer, capture_ids, dtype)) from e
     finally:
         writer.close()
     console.print(
@@ -156,6 +173,18 @@ def _regenerator(cfg: Any, model_dir: str):
     )
 
 
+def _disk_full_message(e: DiskSpaceError, cfg: Any, ds_dir: Path, todo, writer: ShardWriter,
+                       capture_ids: list[int], dtype) -> str:
+    done = writer.done_ids()
+    left = [s for s in todo if s.id not in done]
+    tokens = sum(int(s.input_ids.numel()) for s in left)
+    need = disk_needed_bytes(tokens, len(capture_ids), int(cfg.model.hidden_size), dtype, len(left),
+                             int(cfg.capture.shard_max_tokens))
+    return (f"{e}\n  {ds_dir}: {len(left)} samples are still to be written: about {format_bytes(need)} ({need} bytes) "
+            f"more, {format_bytes(free_bytes(ds_dir))} free now. The {len(done)} samples already written are kept "
+            "(nothing half-written is listed): free space, then re-run the same command to resume")
+
+
 def _capture(backend, todo, writer: ShardWriter) -> None:
     feed = ((s.id, s.input_ids, s.loss_mask) for s in todo)
     t0, tokens = time.perf_counter(), 0
@@ -164,5 +193,6 @@ def _capture(backend, todo, writer: ShardWriter) -> None:
         # records come back per batch (longest first), paired with the id they were sent with
         for sample_id, record in backend.capture_with_ids(feed):
             writer.add(sample_id, record)
+            fault("capture")
             tokens += int(record.token_ids.numel())
             bar.update(task, advance=1, tok_s=tokens / max(1e-9, time.perf_counter() - t0))

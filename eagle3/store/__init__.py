@@ -13,12 +13,13 @@ from eagle3.store.layout import (
     ShardInfo,
     StoreError,
 )
-from eagle3.store.reader import HiddenStateDataset, shards_on_disk
+from eagle3.store.reader import DamagedDatasetError, HiddenStateDataset, shards_on_disk
 from eagle3.store.vocab_files import add_vocab
 from eagle3.store.writer import ShardWriter
 
 __all__ = [
     "SCHEMA_VERSION",
+    "DamagedDatasetError",
     "DiskSpaceError",
     "FingerprintMismatchError",
     "HiddenStateDataset",

@@ -1,12 +1,16 @@
 """What a dataset will cost on disk, and a refusal to start when it will not fit.
 
 Hidden states dominate: tokens x layers x hidden x bytes (SmolLM2: 4 x 576 x 2 B =
-4.6 KB per token). Running out of disk hours into an extraction is the failure to avoid.
+4.6 KB per token). Running out of disk hours into an extraction is the failure to avoid;
+when it happens anyway (another job filled the disk), the write that failed says so.
 """
 
 from __future__ import annotations
 
+import errno
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -63,3 +67,18 @@ def check_free_disk(path: str | Path, need_bytes: int, margin: float = 1.1) -> i
             "data.max_length, capture fewer layers, or point paths.data_dir at a larger disk."
         )
     return free
+
+
+@contextmanager
+def disk_full_as_error(path: str | Path, need_bytes: int) -> Iterator[None]:
+    """Turn a full disk or quota (ENOSPC, EDQUOT) while writing ``path`` into a
+    ``DiskSpaceError`` that names the file, the bytes it needed and what is free."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise DiskSpaceError(
+            f"{path}: disk full ({e.strerror}) writing it: needs {format_bytes(need_bytes)} ({int(need_bytes)} bytes), "
+            f"{format_bytes(free_bytes(path))} free"
+        ) from e

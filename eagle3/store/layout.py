@@ -1,6 +1,6 @@
 """The dataset directory's layout: file names, the manifest schema, atomic writes, checksums.
 
-    manifest.json                 written last, always by temp file + fsync + rename
+    manifest.json                 written last, always by temp file + fsync + rename (eagle3/atomic.py)
     shard-00000.safetensors       input_ids int64 [Ttot], loss_mask bool [Ttot],
                                   hidden [Ttot, L, H], offsets int64 [n+1];
                                   metadata: fingerprint, sample ids (JSON), layer ids, dtype
@@ -13,7 +13,6 @@ Only ``eagle3.store`` reads or writes these names.
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 
 import torch
 
+from eagle3.atomic import TMP_MARK, atomic_path, write_bytes  # noqa: F401 - TMP_MARK: the writer's temp names
 from eagle3.hashing import file_sha256  # noqa: F401 - shard checksums, spelled once
 
 SCHEMA_VERSION = 1
@@ -29,7 +29,6 @@ MANIFEST = "manifest.json"
 LOCK = ".writer.lock"  # held (flock) by whoever writes the dataset
 TOKEN_FREQ = "token_freq.safetensors"
 SHARD_RE = re.compile(r"^shard-(\d{5,})\.safetensors$")
-TMP_MARK = ".tmp-"  # every temp file's name contains this; removed on the next open
 
 
 class StoreError(RuntimeError):
@@ -137,44 +136,11 @@ class Manifest:
         return m if m.complete else None
 
     def write(self, directory: Path) -> None:
-        atomic_write_bytes(Path(directory) / MANIFEST, self.to_json().encode())
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make a rename durable: fsync the directory entry (no-op where unsupported)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def temp_path(final: Path) -> Path:
-    return final.with_name(f"{final.name}{TMP_MARK}{os.getpid()}")
-
-
-def commit_temp(tmp: Path, final: Path) -> None:
-    """fsync a finished temp file and rename it into place (atomic on POSIX)."""
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
-    fsync_dir(final.parent)
-
-
-def atomic_write_bytes(final: Path, data: bytes) -> None:
-    tmp = temp_path(final)
-    tmp.write_bytes(data)
-    commit_temp(tmp, final)
+        write_bytes(Path(directory) / MANIFEST, self.to_json().encode(), point="manifest_write")
 
 
 def save_tensors_atomic(final: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
     from safetensors.torch import save_file
 
-    tmp = temp_path(final)
-    save_file(tensors, str(tmp), metadata=metadata)
-    commit_temp(tmp, final)
+    with atomic_path(final) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)

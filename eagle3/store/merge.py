@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from eagle3.atomic import replace_dir
 from eagle3.data.vocab import build_draft_vocab
 from eagle3.store.layout import (
     MANIFEST,
@@ -32,7 +33,6 @@ from eagle3.store.layout import (
     ShardInfo,
     StoreError,
     dtype_from_name,
-    fsync_dir,
     shard_name,
     vocab_name,
 )
@@ -160,9 +160,6 @@ def _merge(final: Path, parts: list[Path], manifests: list[Manifest], draft_voca
     merged.recount()
     merged.complete = True
     merged.write(tmp)
-    fsync_dir(tmp)
-    if final.exists():  # only an empty shell (a writer's first manifest, no shards): replace it
-        shutil.rmtree(final)
-    os.rename(tmp, final)
-    fsync_dir(final.parent)
+    # an existing final is only an empty shell (a writer's first manifest, no shards): replaced
+    replace_dir(tmp, final, point="merge")
     return merged

@@ -23,6 +23,19 @@ from eagle3.store.shard_file import ShardIdentity, inspect_shard
 from eagle3.store.vocab_files import check_token_freq, check_vocab, load_tensors
 
 
+class DamagedDatasetError(StoreError):
+    """A complete dataset whose shard on disk is not the one its manifest lists. ``problem``
+    says which and how; ``needs_hash``: whether the repair should hash every shard
+    (``capture.verify=full``): the damage is not a wrong size or a missing file, which every
+    check finds. ``repair``: the exact command, where the caller knows it."""
+
+    def __init__(self, directory: Path, problem: str, needs_hash: bool, repair: str | None = None):
+        hint = (f"repair it with: {repair}" if repair else "re-run extract.py with the same overrides"
+                f"{' and capture.verify=full' if needs_hash else ''} to repair the dataset")
+        super().__init__(f"{problem}; {hint}")
+        self.directory, self.problem, self.needs_hash = Path(directory), problem, needs_hash
+
+
 class HiddenStateDataset:
     """A complete dataset directory written by ``ShardWriter``.
 
@@ -47,12 +60,19 @@ class HiddenStateDataset:
         for k, info in enumerate(m.shards):
             path = self.directory / info.file
             if verify is not None:
-                inspect_shard(path, ident, info, verify)
+                try:
+                    inspect_shard(path, ident, info, verify)
+                except StoreError as e:
+                    raise DamagedDatasetError(self.directory, str(e), needs_hash=verify == "full") from None
             elif not path.is_file() or path.stat().st_size != info.size_bytes:
-                got = path.stat().st_size if path.is_file() else "missing"
-                raise StoreError(f"{path}: size: expected {info.size_bytes} bytes, got {got}; "
-                                 "re-run extract.py to repair the dataset")
-            offsets = self._open(k).get_tensor("offsets")
+                got = f"{path.stat().st_size} bytes" if path.is_file() else "no such file"
+                raise DamagedDatasetError(self.directory, f"{path}: size: expected {info.size_bytes} bytes, got {got}",
+                                          needs_hash=False)
+            try:
+                offsets = self._open(k).get_tensor("offsets")
+            except Exception as e:  # safetensors' own error types: a header overwritten in place
+                raise DamagedDatasetError(self.directory, f"{path}: unreadable safetensors file "
+                                          f"({type(e).__name__}: {e})", needs_hash=True) from None
             if offsets.shape[0] != info.num_samples + 1:
                 raise StoreError(f"{path}: offsets: expected {info.num_samples + 1} entries, got {offsets.shape[0]}")
             shard_of += [k] * info.num_samples
@@ -140,6 +160,21 @@ class HiddenStateDataset:
             )
         t = load_tensors(self.directory / name, ("d2t", "t2d"))
         return check_vocab(draft_vocab_size, t["d2t"], t["t2d"])
+
+
+def damaged_shards(directory: str | Path, manifest: Manifest, verify: str = "fast") -> list[tuple[str, str]]:
+    """(file, what is wrong) for each listed shard that is missing, short, unreadable or
+    (``verify="full"``) whose bytes do not hash to the manifest's sha256; [] when all are whole."""
+    directory = Path(directory)
+    ident = ShardIdentity(manifest.fingerprint, tuple(manifest.layer_ids), manifest.hidden_size,
+                          dtype_from_name(manifest.dtype))
+    bad = []
+    for info in manifest.shards:
+        try:
+            inspect_shard(directory / info.file, ident, info, verify)
+        except StoreError as e:
+            bad.append((info.file, str(e)))
+    return bad
 
 
 def shards_on_disk(directory: str | Path) -> bool:

@@ -19,15 +19,14 @@ from pathlib import Path
 
 import torch
 
+from eagle3.atomic import atomic_path
 from eagle3.store.layout import (
     FORMAT,
     SCHEMA_VERSION,
     ShardInfo,
     StoreError,
-    commit_temp,
     dtype_name,
     file_sha256,
-    temp_path,
 )
 
 TENSORS = ("input_ids", "loss_mask", "hidden", "offsets")
@@ -106,8 +105,7 @@ def save_concatenated_hashing(final: Path, parts: dict[str, list[torch.Tensor]],
 
     digest = hashlib.sha256()
     size = 0
-    tmp = temp_path(final)
-    try:
+    with atomic_path(final, point="shard_write") as tmp:
         with open(tmp, "wb") as f, ThreadPoolExecutor(1, thread_name_prefix="shard-io") as io:
             for view in views:
                 for i in range(0, view.nbytes, WRITE_CHUNK):
@@ -116,10 +114,6 @@ def save_concatenated_hashing(final: Path, parts: dict[str, list[torch.Tensor]],
                     digest.update(chunk)
                     written.result()
                     size += chunk.nbytes
-        commit_temp(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return size, digest.hexdigest()
 
 

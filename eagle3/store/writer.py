@@ -3,9 +3,17 @@
 Order of durability: a shard is written to a temp name, fsynced and renamed; only then is
 the manifest (also temp + rename) updated. So at any kill point the directory holds valid
 shards, maybe one renamed shard the manifest does not list yet (adopted on reopen), and
-maybe temp files (removed on reopen). Reopening verifies every shard; a truncated or
-corrupt one is reported, deleted, and its samples are simply not in ``done_ids()`` any
-more, so the caller captures them again.
+maybe temp files (removed on reopen). Reopening verifies every shard (extract.py checks a
+complete dataset the same way first, and reopens it to repair it); a missing, truncated or
+corrupt one that the manifest lists is reported, deleted, and redone in place: its samples are not in
+``done_ids()`` any more, so the caller captures them again, and once all of them are back
+they are written, in their old order, to the same file name (the manifest keeps listing the
+shard meanwhile, with complete=false). Only that shard is rewritten.
+
+One writer per dataset: a lock file (``eagle3.locks``) names the holder's pid and host; a
+second writer is refused with that name. A full disk (ENOSPC/EDQUOT) while writing raises
+``DiskSpaceError`` naming the file and the bytes it needed; the temp is removed, so nothing
+half-written is ever listed, and a rerun resumes.
 
 ``background=True`` writes full shards on ``writer_threads`` writer threads (each shard
 still shard-then-manifest), so capture continues while shards go to disk and several
@@ -19,7 +27,6 @@ sample ids) by shard index, so the dataset's order does not depend on thread tim
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import queue
 import threading
@@ -29,6 +36,8 @@ from typing import Any
 
 import torch
 
+from eagle3.locks import DirLock, LockHeldError
+from eagle3.store.disk import DiskSpaceError, disk_full_as_error, disk_needed_bytes
 from eagle3.store.fingerprint import canonical, dataset_fingerprint
 from eagle3.store.layout import (
     LOCK,
@@ -53,7 +62,8 @@ class ShardWriter:
     """Append captured samples to the dataset in ``directory``; resume what is there.
 
     ``verify``: how existing shards are checked on open: "full" (size, header and sha256
-    of every byte) or "fast" (size, header, identity and offsets). ``background``: write
+    of every byte) or "fast" (size, header, identity and offsets). ``redo``: listed shards
+    the caller already found damaged (redone without being inspected again). ``background``: write
     shards on a writer thread (see the module doc); ``flush()`` still waits until every
     queued sample is durable.
     """
@@ -61,7 +71,8 @@ class ShardWriter:
     def __init__(self, directory: str | Path, *, layer_ids: Sequence[int], hidden_size: int,
                  dtype: torch.dtype, fingerprint_inputs: Mapping[str, Any],
                  shard_max_tokens: int = 65536, verify: str = "full", background: bool = False,
-                 writer_threads: int = 1, provenance: Mapping[str, Any] | None = None):
+                 writer_threads: int = 1, provenance: Mapping[str, Any] | None = None,
+                 redo: Sequence[str] = ()):
         if shard_max_tokens < 1:
             raise StoreError(f"shard_max_tokens: expected >= 1, got {shard_max_tokens}")
         if writer_threads < 1:
@@ -79,6 +90,9 @@ class ShardWriter:
         self.background = bool(background)
         self.writer_threads = int(writer_threads)
         self._ids_by_file: dict[str, list[str]] = {}  # each listed shard's sample ids, in shard order
+        self._redo: dict[str, list[str]] = {}  # listed shard found broken -> its sample ids, to redo in place
+        self._slot_of: dict[str, str] = {}  # sample id -> the broken shard it goes back to
+        self._redo_samples: dict[str, dict[str, Any]] = {}  # that shard's samples captured again so far
         self._state = threading.Lock()  # manifest, _done, _inflight_ids: shared with the writer thread
         self._inflight_ids: set[str] = set()  # handed to the writer thread, not durable yet
         self._jobs: queue.Queue | None = None
@@ -95,29 +109,23 @@ class ShardWriter:
             self.manifest.provenance.update(canonical(dict(provenance or {}), "provenance"))
             if self.manifest.provenance != recorded:
                 self.manifest.write(self.directory)
-            self._recover(verify)
+            self._recover(verify, set(redo))
         except BaseException:
             self._release_lock()
             raise
 
     # ------------------------------------------------------------------ opening
 
-    def _acquire_lock(self):
-        f = open(self.directory / LOCK, "a+")
+    def _acquire_lock(self) -> DirLock:
         try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.close()
-            raise StoreError(
-                f"{self.directory}: another extraction is writing this dataset (lock {LOCK} held); "
-                "wait for it or stop it"
-            ) from None
-        return f
+            what = f"{self.directory}: another extraction is writing this dataset"
+            return DirLock(self.directory / LOCK, what).acquire()
+        except LockHeldError as e:
+            raise StoreError(str(e)) from None
 
     def _release_lock(self) -> None:
         if self._lock is not None:
-            fcntl.flock(self._lock.fileno(), fcntl.LOCK_UN)
-            self._lock.close()
+            self._lock.release()
             self._lock = None
 
     def _open_manifest(self, fingerprint_inputs: Mapping[str, Any]) -> Manifest:
@@ -147,7 +155,7 @@ class ShardWriter:
                 )
         return m
 
-    def _recover(self, verify: str) -> None:
+    def _recover(self, verify: str, redo: set[str]) -> None:
         for p in sorted(self.directory.iterdir()):
             if TMP_MARK in p.name:  # a crash's half-written file; we hold the lock, so nobody owns it
                 p.unlink()
@@ -157,13 +165,24 @@ class ShardWriter:
         before = (list(m.sample_ids), [s.file for s in m.shards], m.complete)
         kept, ids, seen = [], [], set()
         listed = {s.file for s in m.shards}
+        listed_ids = _listed_ids(m)
         for info in m.shards:
             try:
+                if info.file in redo:  # the caller's own check found it damaged: not inspected twice
+                    raise StoreError(f"{info.file}: found damaged before opening")
                 info, sample_ids = inspect_shard(self.directory / info.file, self.ident, info, verify)
                 if seen & set(sample_ids):
                     raise StoreError(f"{info.file}: sample ids already in an earlier shard")
             except StoreError as e:
                 self._drop(info.file, str(e))
+                slot = listed_ids.get(info.file)
+                if slot and not seen & set(slot):  # its samples are known: redo it in place
+                    kept.append(info)
+                    ids += slot
+                    seen |= set(slot)
+                    self._ids_by_file[info.file] = list(slot)
+                    self._redo[info.file] = list(slot)
+                    self._slot_of.update((sid, info.file) for sid in slot)
                 continue
             kept.append(info)
             ids += sample_ids
@@ -194,7 +213,7 @@ class ShardWriter:
             m.write(self.directory)
         indices = [_index(s.file) for s in m.shards]
         self._next_index = max(indices, default=-1) + 1
-        self._done = set(m.sample_ids)
+        self._done = set(m.sample_ids) - set(self._slot_of)
 
     def _drop(self, file: str, why: str) -> None:
         log.warning("%s: dropping shard %s, its samples will be captured again: %s", self.directory, file, why)
@@ -220,9 +239,13 @@ class ShardWriter:
         sid = str(sample_id)
         with self._state:
             known = sid in self._done or sid in self._inflight_ids
-        if known or sid in self._pending_ids:
+        slot = self._slot_of.get(sid)
+        if known or sid in self._pending_ids or sid in self._redo_samples.get(slot, {}):
             raise StoreError(f"{self.directory}: sample {sid!r} is already in the dataset (skip done_ids())")
         self._check_sample(sid, sample)
+        if slot is not None:
+            self._refill(slot, sid, sample)
+            return
         T = int(sample.token_ids.shape[0])
         if self._pending and self._pending_tokens + T > self.shard_max_tokens:
             self._shard_full()
@@ -231,6 +254,22 @@ class ShardWriter:
         self._pending_tokens += T
         if self._pending_tokens >= self.shard_max_tokens:
             self._shard_full()
+
+    def _refill(self, file: str, sid: str, sample) -> None:
+        """A sample of a shard being redone: once all of them are back, rewrite that shard."""
+        got = self._redo_samples.setdefault(file, {})
+        got[sid] = sample
+        ids = self._redo[file]
+        if len(got) < len(ids):
+            return
+        del self._redo[file], self._redo_samples[file]
+        for i in ids:
+            del self._slot_of[i]
+        job = (_index(file), ids, [got[i] for i in ids])
+        if self.background:
+            self._enqueue(*job)
+        else:
+            self._write(*job)
 
     def _shard_full(self) -> None:
         if self.background:
@@ -281,12 +320,19 @@ class ShardWriter:
     def _write(self, index: int, ids: list[str], samples: list[Any]):
         """The shard, then the manifest that lists it (the durability order)."""
         path = self.directory / shard_name(index)
-        info = write_shard(path, self.ident, ids, [s.token_ids for s in samples],
-                           [s.loss_mask for s in samples], [s.hidden for s in samples])
-        with self._state:
+        tokens = sum(int(s.token_ids.shape[0]) for s in samples)
+        need = disk_needed_bytes(tokens, len(self.ident.layer_ids), self.ident.hidden_size, self.ident.dtype,
+                                 len(samples), max(tokens, 1))
+        with disk_full_as_error(path, need):
+            info = write_shard(path, self.ident, ids, [s.token_ids for s in samples],
+                               [s.loss_mask for s in samples], [s.hidden for s in samples])
+        with self._state, disk_full_as_error(self.directory / MANIFEST, len(self.manifest.to_json())):
             m = self.manifest
             self._ids_by_file[info.file] = list(ids)
-            if m.shards and _index(info.file) < _index(m.shards[-1].file):  # finished out of order
+            files = [s.file for s in m.shards]
+            if info.file in files:  # a redone shard takes its old place (same samples, same order)
+                m.shards[files.index(info.file)] = info
+            elif m.shards and _index(info.file) < _index(m.shards[-1].file):  # finished out of order
                 m.shards = sorted([*m.shards, info], key=lambda s: _index(s.file))
                 m.sample_ids = [sid for s in m.shards for sid in self._ids_by_file[s.file]]
             else:
@@ -307,6 +353,9 @@ class ShardWriter:
         self._raise_writer_error()
         if not self._pending:
             return
+        self._enqueue(*self._take_pending())
+
+    def _enqueue(self, index: int, ids: list[str], samples: list[Any]) -> None:
         if not self._threads:
             self._jobs = queue.Queue(maxsize=self.writer_threads)
             self._threads = [threading.Thread(target=self._writer_loop, daemon=True,
@@ -314,7 +363,6 @@ class ShardWriter:
                              for k in range(self.writer_threads)]
             for t in self._threads:
                 t.start()
-        index, ids, samples = self._take_pending()
         with self._state:
             self._inflight_ids.update(ids)
         self._jobs.put((index, ids, samples))
@@ -336,6 +384,8 @@ class ShardWriter:
     def _raise_writer_error(self) -> None:
         if self._error is not None:
             self._error_reported = True
+            if isinstance(self._error, DiskSpaceError):  # its own message says what to do
+                raise DiskSpaceError(str(self._error)) from self._error
             raise StoreError(f"{self.directory}: writing a shard failed on the writer thread: "
                              f"{type(self._error).__name__}: {self._error}") from self._error
 
@@ -357,6 +407,10 @@ class ShardWriter:
         self.flush()
         self._stop_thread()
         m = self.manifest
+        if self._redo:
+            missing = sorted(sid for ids in self._redo.values() for sid in ids if sid not in self._done)
+            raise StoreError(f"{self.directory}: shards {sorted(self._redo)} are being redone but samples "
+                             f"{missing[:5]} ({len(missing)} in all) were not captured again (add them first)")
         if m.num_samples == 0:
             raise StoreError(f"{self.directory}: no samples were written; refusing to mark an empty dataset complete")
         save_token_freq(self.directory / TOKEN_FREQ, token_freq)
@@ -398,3 +452,15 @@ class ShardWriter:
 
 def _index(shard_file: str) -> int:
     return int(SHARD_RE.match(shard_file).group(1))
+
+
+def _listed_ids(m: Manifest) -> dict[str, list[str]]:
+    """Each listed shard's sample ids, from the manifest alone (its sample_ids are the shards'
+    ids in shard order); {} when the counts disagree with that."""
+    if sum(s.num_samples for s in m.shards) != len(m.sample_ids):
+        return {}
+    out, start = {}, 0
+    for s in m.shards:
+        out[s.file] = list(m.sample_ids[start:start + s.num_samples])
+        start += s.num_samples
+    return out

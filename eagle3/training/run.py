@@ -15,22 +15,25 @@ from omegaconf import OmegaConf
 from eagle3.config.validate import validate_run_config
 from eagle3.cost import report, train_lines
 from eagle3.export import export_checkpoint
-from eagle3.identity import DatasetNotFound, locate_dataset, regen_note
-from eagle3.store import Manifest
+from eagle3.identity import DatasetNotFound, dataset_path, locate_dataset, regen_note
+from eagle3.store import DamagedDatasetError, Manifest
 from eagle3.launch import check_external_launch
 from eagle3.targets import resolve_target
 from eagle3.training.builder import build_head
 from eagle3.training.callbacks import TokenThroughput, TrainEta
 from eagle3.training.datamodule import Eagle3DataModule
 from eagle3.training.loggers import build_logger
+from eagle3.training.checkpoint_io import AtomicCheckpointIO, newest_whole_checkpoint
 from eagle3.training.module import Eagle3LitModule
+from eagle3.training.run_dir import repair_command, run_dir_lock
 from eagle3.training.step_path import resolve_step_path, uses_flex
 
 
 def _resolve_ckpt(ckpt_path: str | None, ckpt_dir: Path) -> str | None:
     last = ckpt_dir / "last.ckpt"
-    if ckpt_path in (None, "", "auto"):
-        return str(last) if last.is_file() else None  # auto-resume in the same run dir
+    if ckpt_path in (None, "", "auto"):  # auto-resume in the same run dir, from its newest whole checkpoint
+        found = newest_whole_checkpoint(ckpt_dir) if ckpt_dir.is_dir() else None
+        return str(found) if found else None
     if ckpt_path == "last":
         if not last.is_file():
             raise FileNotFoundError(f"ckpt_path=last: no {last}; pass the run dir (hydra.run.dir=...) or a path")
@@ -74,7 +77,19 @@ def _evaluate(cfg: Any, export_dir: Path, ds_dir: Path, model_dir: str, logger) 
 
 
 def run(cfg: Any, extra_callbacks: Sequence[L.Callback] = ()) -> float:
-    """``extra_callbacks``: more Lightning callbacks (notebooks, probes), added after ours."""
+    """``extra_callbacks``: more Lightning callbacks (notebooks, probes), added after ours.
+    One training per run dir (its lock, eagle3/training/run_dir.py); a damaged dataset is
+    refused with the extract.py command that repairs it."""
+    with run_dir_lock(Path(cfg.paths.output_dir)):
+        try:
+            return _run(cfg, extra_callbacks)
+        except DamagedDatasetError as e:
+            expected = dataset_path(cfg, resolve_target(cfg.model, cfg.paths.cache_dir)).name
+            raise DamagedDatasetError(e.directory, e.problem, e.needs_hash,
+                                      repair_command(cfg, e.directory, expected, e.needs_hash)) from None
+
+
+def _run(cfg: Any, extra_callbacks: Sequence[L.Callback]) -> float:
     validate_run_config(cfg)
     # ranks come from torchrun/srun, never from Lightning re-running the script (eagle3/launch.py)
     check_external_launch(int(cfg.topology.devices), int(cfg.topology.num_nodes))
@@ -126,6 +141,7 @@ def run(cfg: Any, extra_callbacks: Sequence[L.Callback] = ()) -> float:
         accumulate_grad_batches=int(cfg.train.accumulate_grad_batches),
         logger=logger, callbacks=callbacks, default_root_dir=str(output_dir),
         use_distributed_sampler=False,
+        plugins=[AtomicCheckpointIO()],  # a killed save leaves the previous checkpoint whole
         log_every_n_steps=int(cfg.logger.log_every_n_steps), enable_model_summary=False,
         **trainer_arguments(cfg.trainer),
     )
@@ -137,7 +153,8 @@ def run(cfg: Any, extra_callbacks: Sequence[L.Callback] = ()) -> float:
     if resume is None and datamodule.val_idx:
         initial = _scalars(trainer.validate(module, datamodule=datamodule, verbose=False)[0])
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
-    if trainer.global_step % n_val != 0 and datamodule.val_idx:
+    # a rerun resumed at its last step trained nothing: validate, so the summary is this head's
+    if datamodule.val_idx and (trainer.global_step % n_val != 0 or best_metric not in trainer.callback_metrics):
         trainer.validate(module, datamodule=datamodule, verbose=False)
     final = _scalars(trainer.callback_metrics)
     trainer.save_checkpoint(ckpt_dir / "last.ckpt")

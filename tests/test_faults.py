@@ -1,0 +1,179 @@
+"""SIGKILL at every stage, and a disk that fills up: the real entrypoints run in a subprocess
+with EAGLE3_FAULT=<point> (eagle3/faults.py), die there, and the rerun ends with what an
+uninterrupted run gives (tiny random Llama, real ShareGPT). docs/faults.md lists them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import CACHE, compose
+from eagle3 import faults
+from eagle3.extraction.run import run as extract
+from eagle3.store import DiskSpaceError, Manifest
+from eagle3.store.merge import merge_parts, part_dir
+from eagle3.store.reader import damaged_shards
+from eagle3.training.run import run as train
+from fault_helpers import ARGS, assert_killed, assert_same_dataset, cli, file_bytes, temps
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """The dataset of an uninterrupted run."""
+    root = tmp_path_factory.mktemp("reference")
+    return Path(extract(compose("extract", ARGS + [f"paths.data_dir={root}"])))
+
+
+def _listed_and_on_disk(ds: Path) -> tuple[set[str], set[str]]:
+    listed = {s.file for s in Manifest.read(ds).shards}
+    return listed, {p.name for p in ds.glob("shard-*.safetensors")}
+
+
+@pytest.mark.parametrize("point", ["capture@30", "shard_write@3", "manifest_write@5"])
+def test_extraction_killed_resumes_to_the_same_dataset(reference, tmp_path, point):
+    killed = cli(["extract.py", *ARGS, f"paths.data_dir={tmp_path}"], fault=point)
+    assert_killed(killed)
+    (ds,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    m = Manifest.read(ds)
+    assert not m.complete and 0 < m.num_samples < Manifest.read(reference).num_samples
+    assert damaged_shards(ds, m, "full") == []  # whatever the manifest lists is whole
+    listed, on_disk = _listed_and_on_disk(ds)
+    if point.startswith("shard_write"):  # killed between the shard's write and its rename
+        assert any(name.startswith("shard-") for name in temps(ds)) and on_disk == listed
+    if point.startswith("manifest_write"):  # a shard renamed into place, not yet listed: adopted on resume
+        assert any(name.startswith("manifest.json") for name in temps(ds)) and on_disk - listed
+
+    resumed = Path(extract(compose("extract", ARGS + [f"paths.data_dir={tmp_path}"])))
+    assert resumed == ds and not temps(ds)
+    assert_same_dataset(ds, reference)
+
+
+def test_full_disk_during_extraction_stops_cleanly_and_resumes(reference, tmp_path, monkeypatch):
+    monkeypatch.setenv(faults.ENV, "shard_write@3:enospc")  # the third shard's write finds the disk full
+    faults.reset()
+    with pytest.raises(DiskSpaceError) as e:
+        extract(compose("extract", ARGS + [f"paths.data_dir={tmp_path}"]))
+    monkeypatch.delenv(faults.ENV)
+    (ds,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    msg = str(e.value)
+    assert f"{ds}/shard-" in msg and "disk full" in msg  # the file it was writing
+    assert "needs" in msg and " bytes)" in msg and "samples are still to be written" in msg
+    assert "re-run the same command to resume" in msg
+    m = Manifest.read(ds)
+    assert not temps(ds) and not m.complete  # nothing half-written left, nothing claimed whole
+    listed, on_disk = _listed_and_on_disk(ds)
+    assert damaged_shards(ds, m, "full") == [] and listed == on_disk and m.num_samples > 0
+
+    extract(compose("extract", ARGS + [f"paths.data_dir={tmp_path}"]))  # space freed: the same command
+    assert_same_dataset(ds, reference)
+
+
+def test_regeneration_killed_resumes_to_the_same_dataset(tmp_path):
+    """data.regenerate: the target's answers are cached batch by batch; killed after the
+    second batch, the rerun generates only the rest and gives the uninterrupted dataset."""
+    regen = ["data.regenerate=true", "data.regen_backend=hf", "data.regen_max_tokens=6", "data.regen_max_turns=1",
+             "data.regen_batch_size=6", "data.max_samples=18"]
+
+    def args(name: str) -> list[str]:
+        cache = tmp_path / name / "cache"  # each run its own answer cache, the same target weights
+        if not cache.exists():
+            cache.mkdir(parents=True)
+            (cache / "targets").symlink_to(CACHE / "targets")
+        return ARGS + regen + [f"paths.cache_dir={cache}", f"paths.data_dir={tmp_path / name / 'data'}"]
+
+    straight = Path(extract(compose("extract", args("straight"))))
+    killed = cli(["extract.py", *args("killed")], fault="regen@2")
+    assert_killed(killed)
+    (answers,) = (tmp_path / "killed" / "cache" / "regenerated").glob("*.jsonl")
+    assert len(answers.read_text().splitlines()) == 12  # two batches of 6 durable
+    resumed = Path(extract(compose("extract", args("killed"))))
+    (want,) = (tmp_path / "straight" / "cache" / "regenerated").glob("*.jsonl")
+    got = [json.loads(line) for line in answers.read_text().splitlines()]
+    assert len({r["id"] for r in got}) == len(got)  # the rest generated once, nothing twice
+    assert sorted(got, key=lambda r: r["id"]) == sorted(
+        (json.loads(line) for line in want.read_text().splitlines()), key=lambda r: r["id"])
+    assert_same_dataset(resumed, straight)
+
+
+@pytest.fixture(scope="module")
+def straight_run(reference, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("straight-run")
+    train(compose("train", ARGS + [f"paths.data_dir={reference.parent}"], output_dir=str(out)))
+    return out
+
+
+def _train_cli(reference: Path, run_dir: Path, fault: str):
+    return cli(["train.py", *ARGS, f"paths.data_dir={reference.parent}", f"hydra.run.dir={run_dir}"], fault=fault)
+
+
+def _assert_same_run(got: Path, want: Path) -> None:
+    a = torch.load(want / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    b = torch.load(got / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert a["global_step"] == b["global_step"] == 6
+    for k, v in a["state_dict"].items():
+        torch.testing.assert_close(b["state_dict"][k], v, rtol=1e-5, atol=1e-6, msg=k)
+    sa, sb = (json.loads((d / "summary.json").read_text()) for d in (want, got))
+    val = sorted(k for k in sa["final"] if k.startswith("val/"))  # train/* hold timings too
+    assert val and val == sorted(k for k in sb["final"] if k.startswith("val/"))
+    for k in val:
+        assert sb["final"][k] == pytest.approx(sa["final"][k], rel=1e-4, abs=1e-5), k
+    ea, eb = (load_file(str(Path(s["export_dir"]) / "model.safetensors")) for s in (sa, sb))
+    assert ea.keys() == eb.keys()
+    for k in ea:  # bf16 weights of fp32 states equal to 1e-5: at most one bf16 step apart
+        torch.testing.assert_close(eb[k].float(), ea[k].float(), rtol=1e-2, atol=1e-3, msg=k)
+    assert (Path(sb["export_dir"]) / "config.json").read_text() == (Path(sa["export_dir"]) / "config.json").read_text()
+
+
+def test_training_killed_while_saving_a_checkpoint_resumes_from_the_last_whole_one(reference, straight_run, tmp_path):
+    run_dir = tmp_path / "run"
+    # saves at step 3: best, last; at step 6 the third save (best or last) is killed mid-way
+    assert_killed(_train_cli(reference, run_dir, "checkpoint_write@3"))
+    ckpts = run_dir / "checkpoints"
+    assert any(".ckpt.tmp-" in name for name in temps(ckpts))  # the killed save's temp, never renamed
+    last = torch.load(ckpts / "last.ckpt", map_location="cpu", weights_only=False)  # the previous one, whole
+    assert last["global_step"] == 3
+    train(compose("train", ARGS + [f"paths.data_dir={reference.parent}"], output_dir=str(run_dir)))
+    assert not temps(run_dir)
+    _assert_same_run(run_dir, straight_run)
+
+
+def test_export_killed_leaves_the_previous_one_and_the_rerun_exports(reference, straight_run, tmp_path):
+    run_dir = tmp_path / "run"
+    assert_killed(_train_cli(reference, run_dir, "export_write"))  # trained, killed while exporting
+    left = temps(run_dir)
+    assert not (run_dir / "export").exists() and left and all(n.startswith("export.tmp-") for n in left)
+    train(compose("train", ARGS + [f"paths.data_dir={reference.parent}"], output_dir=str(run_dir)))
+    _assert_same_run(run_dir, straight_run)  # resumed at its last step: nothing retrained, same metrics
+    assert not temps(run_dir)
+
+    before = file_bytes(run_dir / "export")
+    again = cli(["-m", "eagle3.export", f"ckpt={run_dir / 'checkpoints' / 'last.ckpt'}", f"out={run_dir / 'export'}",
+                 "num_draft_tokens=5"], fault="export_write")
+    assert_killed(again)
+    assert file_bytes(run_dir / "export") == before  # the previous export, whole and unchanged
+
+
+def test_merge_killed_is_redone_to_the_same_dataset(tmp_path):
+    parts_root = tmp_path / "parts"
+    for i in range(2):
+        extract(compose("extract", ARGS + [f"paths.data_dir={parts_root}", f"shard_index={i}", "num_shards=2"]))
+    (final_name,) = {p.name.split(".part-")[0] for p in parts_root.iterdir()}
+    roots = {}
+    for name in ("straight", "killed"):
+        roots[name] = tmp_path / name
+        for i in range(2):
+            shutil.copytree(part_dir(parts_root / final_name, i, 2), part_dir(roots[name] / final_name, i, 2))
+    merge_parts(roots["straight"] / final_name, 2, draft_vocab_sizes=[2048])
+
+    merge_args = ARGS + ["num_shards=2", "merge=true"]
+    assert_killed(cli(["extract.py", *merge_args, f"paths.data_dir={roots['killed']}"], fault="merge"))
+    final = roots["killed"] / final_name
+    assert not final.exists() and all(part_dir(final, i, 2).is_dir() for i in range(2))  # nothing half-merged
+    extract(compose("extract", merge_args + [f"paths.data_dir={roots['killed']}"]))
+    assert file_bytes(final) == file_bytes(roots["straight"] / final_name)
+    assert not any(part_dir(final, i, 2).exists() for i in range(2)) and not temps(roots["killed"])

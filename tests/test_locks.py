@@ -1,0 +1,110 @@
+"""Two runs at once, with real processes: a second extraction of the same dataset or a second
+training into the same run dir is refused naming the holder's pid and host; a lock whose
+holder died on this host is taken over, even while a forked child still holds it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from conftest import ROOT, compose
+from eagle3.identity import dataset_path
+from eagle3.locks import DirLock, LockHeldError
+from eagle3.store.layout import LOCK
+from eagle3.targets import resolve_target
+from eagle3.training.run_dir import LOCK as TRAIN_LOCK
+from fault_helpers import ARGS, cli
+
+ME = f"pid {os.getpid()} on host {socket.gethostname()}"
+
+
+def test_a_second_extraction_of_the_same_dataset_is_refused(tmp_path):
+    cfg = compose("extract", ARGS + [f"paths.data_dir={tmp_path}"])
+    ds = dataset_path(cfg, resolve_target(cfg.model, cfg.paths.cache_dir))
+    with DirLock(ds / LOCK, "an extraction writing this dataset"):  # this process is the first extraction
+        second = cli(["extract.py", *ARGS, f"paths.data_dir={tmp_path}"])
+    assert second.returncode != 0
+    assert "another extraction is writing this dataset" in second.stderr and ME in second.stderr, second.stderr[-3000:]
+    assert not list(ds.glob("shard-*")) and not (ds / "manifest.json").exists()  # it wrote nothing
+
+
+def test_a_second_training_into_the_same_run_dir_is_refused(tmp_path):
+    run_dir = tmp_path / "run"
+    with DirLock(run_dir / TRAIN_LOCK, "a training"):
+        second = cli(["train.py", *ARGS, f"paths.data_dir={tmp_path / 'data'}", f"hydra.run.dir={run_dir}"])
+    out = second.stdout + second.stderr
+    assert second.returncode != 0 and "another training is writing the run dir" in out and ME in out, out[-3000:]
+    assert not (run_dir / "checkpoints").exists() and not (tmp_path / "data").exists()  # refused before any work
+
+
+HOLDER = textwrap.dedent("""
+    import os, signal, sys, time
+    from eagle3.locks import DirLock
+    lock = DirLock(sys.argv[1], "a test holder").acquire()
+    mode = sys.argv[2]
+    if mode == "fork":  # a child inherits the locked descriptor and outlives us
+        child = os.fork()
+        if child == 0:
+            time.sleep(120)
+            os._exit(0)
+        print(child, flush=True)
+    if mode == "hold":
+        print(os.getpid(), flush=True)
+        time.sleep(float(sys.argv[3]))
+        sys.exit(0)
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def _holder(path, mode: str, seconds: float = 0) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", HOLDER, str(path), mode, str(seconds)], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True)
+
+
+def _recorded(path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_a_live_holder_is_named_and_waited_for(tmp_path):
+    path = tmp_path / ".lock"
+    proc = _holder(path, "hold", 3)
+    pid = int(proc.stdout.readline())
+    with pytest.raises(LockHeldError, match=f"a test: {path} is held by pid {pid} on host {socket.gethostname()}"):
+        DirLock(path, "a test").acquire()
+    t0 = time.monotonic()
+    with DirLock(path, "a test", wait_s=60):  # waits until the holder is done
+        assert time.monotonic() - t0 > 0.5 and _recorded(path)["pid"] == os.getpid()
+    assert proc.wait(30) == 0
+
+
+def test_the_lock_of_a_dead_holder_is_taken_over(tmp_path):
+    path = tmp_path / ".lock"
+    proc = _holder(path, "die")
+    assert proc.wait(30) == -signal.SIGKILL
+    dead = _recorded(path)["pid"]
+    assert dead == proc.pid  # its record outlives it
+    with DirLock(path, "a test"):
+        assert _recorded(path)["pid"] == os.getpid()
+
+
+def test_a_lock_kept_alive_by_an_orphaned_child_is_taken_over(tmp_path):
+    path = tmp_path / ".lock"
+    proc = _holder(path, "fork")
+    orphan = int(proc.stdout.readline())
+    assert proc.wait(30) == -signal.SIGKILL
+    try:
+        assert _recorded(path)["pid"] == proc.pid  # dead, but its flock lives on in the child
+        with DirLock(path, "a test"):
+            assert _recorded(path)["pid"] == os.getpid()
+            with pytest.raises(LockHeldError, match=f"held by pid {os.getpid()}"):
+                DirLock(path, "a second test").acquire()  # the new lock is a real one
+    finally:
+        os.kill(orphan, signal.SIGKILL)

@@ -1,0 +1,104 @@
+"""A complete dataset with one shard cut short, deleted, its header overwritten or a bit flipped:
+extract.py redoes that shard, and only it, from the samples the manifest lists for it, and the
+dataset is byte for byte the one before the damage (tiny random Llama, real ShareGPT).
+train.py refuses the damaged dataset naming the extract.py command that repairs it, and that
+command, run as printed, does."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import compose
+from eagle3.extraction.run import run as extract
+from eagle3.store import DamagedDatasetError, Manifest
+from eagle3.training.run import run as train
+from fault_helpers import ARGS, cli, file_bytes
+
+
+@pytest.fixture(scope="module")
+def original(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("original")
+    return Path(extract(compose("extract", ARGS + [f"paths.data_dir={root}"])))
+
+
+def _copy(original: Path, root: Path) -> Path:
+    ds = root / original.name
+    shutil.copytree(original, ds)
+    return ds
+
+
+def _damage(path: Path, how: str) -> None:
+    data = bytearray(path.read_bytes())
+    if how == "truncate":
+        path.write_bytes(bytes(data[: len(data) // 2]))
+    elif how == "delete":
+        path.unlink()
+    elif how == "bitflip":  # inside the hidden states: same size, valid header
+        data[-5] ^= 0x10
+        path.write_bytes(bytes(data))
+    elif how == "header":  # the JSON header overwritten in place: same size, unparsable
+        data[8:24] = b"\xff" * 16
+        path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["truncate", "delete", "header", "bitflip"])
+def test_a_damaged_shard_is_redone_in_place(original, tmp_path, how, capsys):
+    ds = _copy(original, tmp_path)
+    before = file_bytes(ds)
+    shards = [ds / s.file for s in Manifest.read(ds).shards]
+    assert len(shards) >= 3
+    victim = shards[1]
+    untouched = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in shards if p != victim}
+    _damage(victim, how)
+    args = ARGS + [f"paths.data_dir={tmp_path}"]
+
+    if how == "bitflip":  # the default check (size, header) cannot see it; train.py would not either
+        extract(compose("extract", args))
+        assert "nothing to do" in capsys.readouterr().err
+        assert file_bytes(ds)[victim.name] != before[victim.name]
+        args.append("capture.verify=full")
+    else:  # train.py refuses, and says how to repair it
+        with pytest.raises(DamagedDatasetError, match=rf"{victim.name}: .*; repair it with: python extract.py") as e:
+            train(compose("train", args, output_dir=str(tmp_path / "run")))
+        assert e.value.needs_hash == (how == "header")
+        assert ("capture.verify=full" in str(e.value)) == (how == "header")
+
+    extract(compose("extract", args))
+    err = capsys.readouterr().err
+    assert f"repairing {victim.name}" in err and err.count("repairing") == 1
+    assert file_bytes(ds) == before  # every shard, the manifest, token_freq and the vocabulary
+    for p in shards:  # only the damaged shard was written again
+        if p != victim:
+            assert (p.stat().st_ino, p.stat().st_mtime_ns) == untouched[p.name], p.name
+    extract(compose("extract", args))
+    assert "nothing to do" in capsys.readouterr().err
+
+
+def test_train_prints_the_command_that_repairs_it_and_that_command_does(original, tmp_path):
+    root = tmp_path / "data"
+    ds = _copy(original, root)
+    before = file_bytes(ds)
+    victim = ds / Manifest.read(ds).shards[0].file
+    size = victim.stat().st_size
+    _damage(victim, "truncate")
+
+    refused = cli(["train.py", *ARGS, f"paths.data_dir={root}", f"hydra.run.dir={tmp_path / 'run'}"])
+    out = refused.stdout + refused.stderr
+    assert refused.returncode != 0
+    assert f"{victim.name}: size: expected {size} bytes, got {size // 2} bytes" in out, out[-3000:]
+    command = re.search(r"repair it with: (python extract\.py[^\n]*)", out)
+    assert command, out[-3000:]
+    words = shlex.split(command.group(1))
+    assert words[2:] == [*ARGS, f"paths.data_dir={root}"]  # this run's overrides, nothing else
+
+    fixed = cli(words[1:])  # the printed command, with this interpreter as `python`
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    assert f"repairing {victim.name}" in fixed.stderr
+    assert file_bytes(ds) == before
+    assert sys.executable  # the command ran under the same venv as the suite
