@@ -92,10 +92,13 @@ def eagle3_lacks(cfg: dict, *, sliding: bool = True) -> list[str]:
 
 def replay(export_dir: str | Path, dataset_dir: str, *, verifier: str | None = None, impl: str = "auto",
            num_draft_tokens: int = 3, max_answer_tokens: int | None = 128, device: str | None = None) -> dict:
+    from eagle3.evaluation.export_info import read_export
     from eagle3.evaluation.replay_export import load_exported_head, measure
 
     cfg = json.loads((Path(export_dir) / "config.json").read_text())
-    verifier = verifier or cfg["speculators_config"]["verifier"]["name_or_path"]
+    # an export names its verifier as the serving machine knows it (a hub id); read_export finds
+    # the local copy the run recorded (summary.json), as evaluate does
+    verifier = verifier or read_export(export_dir).verifier
     if impl == "auto":
         impl = "speculators" if eagle3_lacks(cfg) else "eagle3"
     if impl == "eagle3":
