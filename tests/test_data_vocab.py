@@ -1,5 +1,5 @@
 """Token frequencies over loss-masked tokens and the draft vocabulary (d2t/t2d) as
-DESIGN.md defines them: top-V by frequency, ties by smaller id, sorted by id, padded with
+docs/architecture.md defines them: top-V by frequency, ties by smaller id, sorted by id, padded with
 the smallest unseen ids, d2t[i] = target_id[i] - i."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Capture with transformers: forward hooks on the base model, batched, padding stripped.
 
-Layer ids follow vLLM (DESIGN "Layer-id convention"): id k < N is the hidden state
+Layer ids follow vLLM (docs/architecture.md, "Layer ids"): id k < N is the hidden state
 *entering* decoder layer k (a forward pre-hook on layer k; equals HF
 ``output_hidden_states[k]``); id N is the *output* of the last decoder layer, before the
 final norm (a forward hook; HF's last ``output_hidden_states`` entry is after the norm and

@@ -1,4 +1,4 @@
-"""Everything that touches vLLM internals, in one place (see DESIGN.md, "The typed capture adapter").
+"""Everything that touches vLLM internals, in one place (docs/architecture.md, "The typed capture adapter").
 
 Route: vLLM's own `extract_hidden_states` speculative method makes the target model return
 the aux hidden states of the layers named in the draft hf_config

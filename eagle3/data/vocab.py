@@ -3,9 +3,9 @@
 Counting convention: ``token_frequencies`` counts ``input_ids[t]`` at every t where
 ``loss_mask[t]`` is 1, i.e. the tokens the target *generates* (assistant text and its
 end-of-turn token). These are exactly the tokens the draft head has to predict, which is
-what DESIGN.md means by "frequency over loss-masked (assistant) tokens".
+what "frequency over loss-masked (answer) tokens" means in docs/architecture.md.
 
-Draft vocabulary (DESIGN.md): the top-V target ids by frequency, ties broken by the
+Draft vocabulary: the top-V target ids by frequency, ties broken by the
 smaller id, then sorted by id; when fewer than V ids were seen, the unseen ids with the
 smallest values fill the rest (they have frequency 0, so the same ordering gives them).
 

@@ -8,7 +8,7 @@ Prints both train-side figures for the same positions: the uniform estimate (eve
 position starts a chain: `sim_accept_len` at K) and the round-structured replay
 (eagle3/model/replay.py: rounds start where serving would start them). On a dataset of the
 target's own greedy answers the replay is the figure vLLM's counters should reproduce on
-the same prompts (DESIGN.md: within 0.02-0.06); a larger gap points at a train/serve mismatch.
+the same prompts (within 0.02-0.06, docs/benchmarks.md); a larger gap points at a train/serve mismatch.
 """
 
 from __future__ import annotations

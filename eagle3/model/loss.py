@@ -97,7 +97,7 @@ class StepCounts:
 def sim_accept_len(counts: StepCounts) -> float:
     """Simulated acceptance length 1 + sum_k acc_k (acc_k "full": steps 0..k all correct).
 
-    A uniform per-position estimate: it overstates what vLLM measures (DESIGN.md).
+    A uniform per-position estimate: it overstates what vLLM measures (docs/architecture.md).
     """
     return float(1.0 + counts.acc_full().sum())
 

@@ -4,7 +4,7 @@
 does not: a drafting round starts only where the previous one ended (after `a` accepted
 drafts and the target's bonus token, the next round is `a + 1` positions later), so rounds
 start right after rejections, where drafting is harder, and never inside a run the head got
-right. DESIGN.md measured that gap at 0.13-0.24 on its own; this module replays the rounds
+right. That gap alone measured 0.13-0.24 in acceptance length; this module replays the rounds
 on the target's own greedy answers (a regenerated dataset), which is what vLLM then serves.
 
 Index convention (head.py): position t carries the target's features g_t and x_{t+1}; TTT
