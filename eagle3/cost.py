@@ -34,15 +34,15 @@ def target_params(num_layers: int, hidden: int, intermediate: int | None, vocab:
     return float(num_layers * per_layer + vocab * hidden)
 
 
-def head_flops(hidden: int, intermediate: int | None, target_vocab: int, draft_vocab: int, ttt_steps: int,
-               draft_layers: int = 1) -> float:
+def head_flops(hidden: int, intermediate: int | None, draft_vocab: int, ttt_steps: int, draft_layers: int = 1) -> float:
     """Matmul FLOPs per token of one training step (forward + backward) of an EAGLE-3 head:
     fc on the 3 aux layers once, then per TTT step its decoder layers (2H input) and lm_head,
-    plus the frozen target lm_head's rows (forward only). Attention's T^2 term is left out."""
+    plus the frozen target lm_head's draft-vocabulary rows (forward only). Attention's T^2
+    term is left out."""
     inter = intermediate or 4 * hidden
     layer = 2 * hidden * 3 * hidden + hidden * hidden + 3 * hidden * inter
     per_ttt = draft_layers * layer + hidden * draft_vocab
-    return 2.0 * (3 * 3 * hidden * hidden + 3 * ttt_steps * per_ttt + hidden * target_vocab)
+    return 2.0 * (3 * 3 * hidden * hidden + 3 * ttt_steps * per_ttt + hidden * draft_vocab)
 
 
 @dataclass(frozen=True)
@@ -69,15 +69,15 @@ _SMOLLM2 = target_params(30, 576, 1536, 49152, 9, 3)
 _LLAMA_8B = target_params(32, 4096, 14336, 128256, 32, 8)
 RATES = (
     Rate("cpu", "SmolLM2-135M", _SMOLLM2, capture_tok_s=906, train_tok_s=704,
-         train_flops=head_flops(576, 1536, 49152, 4096, 3), regen_tok_s=None,
+         train_flops=head_flops(576, 1536, 4096, 3), regen_tok_s=None,
          measured="make demo on this project's 2-core CPU with nothing else running (docs/benchmarks.md, "
                   "'demo_cpu on a quiet machine'): capture 906 tok/s, training 704 tok/s"),
     Rate("gpu", "SmolLM2-135M", _SMOLLM2, capture_tok_s=98_982, train_tok_s=79_400,
-         train_flops=head_flops(576, 1536, 49152, 32000, 5), regen_tok_s=22_000,
+         train_flops=head_flops(576, 1536, 32000, 5), regen_tok_s=22_000,
          measured="experiment=smollm2_full on one H200 (docs/benchmarks.md section 3: capture 98,982 tok/s, "
                   "training ~79,400 tok/s at ttt 5 and 8,192-token rows, fast-decode regeneration ~22k tok/s)"),
     Rate("gpu", "Llama-3.1-8B", _LLAMA_8B, capture_tok_s=33_062, train_tok_s=52_515,
-         train_flops=head_flops(4096, 14336, 128256, 32000, 3), regen_tok_s=None,
+         train_flops=head_flops(4096, 14336, 32000, 3), regen_tok_s=None,
          measured="bench/extract_throughput.py and bench/train_throughput.py --preset llama3-8b on one H200 "
                   "(docs/benchmarks.md sections 1-2: capture 33,062 tok/s, compiled step 52,515 tok/s at ttt 3)"),
 )
@@ -177,7 +177,7 @@ def train_lines(cfg: Any, train_tokens: int | None = None, train_batches: int | 
     rate, basis = _rate(cfg)
     if rate is not None:
         m = cfg.model
-        flops = head_flops(int(m.hidden_size), t.intermediate_size or m.intermediate_size, int(m.vocab_size),
+        flops = head_flops(int(m.hidden_size), t.intermediate_size or m.intermediate_size,
                            min(int(t.draft_vocab_size), int(m.vocab_size)), int(t.ttt_steps), int(t.num_draft_layers))
         tok_s = rate.train_rate(flops)
         line += f"; ~{minutes(steps * fill / tok_s)} at ~{tok_s * world:,.0f} tok/s"
