@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load, load_file
 
 from conftest import CACHE, compose
 from eagle3 import faults
+from eagle3.export import export_checkpoint
 from eagle3.extraction.run import run as extract
 from eagle3.store import DiskSpaceError, Manifest
 from eagle3.store.merge import merge_parts, part_dir
@@ -76,8 +77,8 @@ def test_full_disk_during_extraction_stops_cleanly_and_resumes(reference, tmp_pa
 def test_regeneration_killed_resumes_to_the_same_dataset(tmp_path):
     """data.regenerate: the target's answers are cached batch by batch; killed after the
     second batch, the rerun generates only the rest and gives the uninterrupted dataset."""
-    regen = ["data.regenerate=true", "data.regen_backend=hf", "data.regen_max_tokens=6", "data.regen_max_turns=1",
-             "data.regen_batch_size=6", "data.max_samples=18"]
+    regen = ["data.regenerate=true", "data.regen_backend=hf", "data.regen_max_tokens=4", "data.regen_max_turns=1",
+             "data.regen_batch_size=4", "data.max_samples=10"]
 
     def args(name: str) -> list[str]:
         cache = tmp_path / name / "cache"  # each run its own answer cache, the same target weights
@@ -90,7 +91,7 @@ def test_regeneration_killed_resumes_to_the_same_dataset(tmp_path):
     killed = cli(["extract.py", *args("killed")], fault="regen@2")
     assert_killed(killed)
     (answers,) = (tmp_path / "killed" / "cache" / "regenerated").glob("*.jsonl")
-    assert len(answers.read_text().splitlines()) == 12  # two batches of 6 durable
+    assert len(answers.read_text().splitlines()) == 8  # two batches of 4 durable
     resumed = Path(extract(compose("extract", args("killed"))))
     (want,) = (tmp_path / "straight" / "cache" / "regenerated").glob("*.jsonl")
     got = [json.loads(line) for line in answers.read_text().splitlines()]
@@ -156,6 +157,11 @@ def test_export_killed_leaves_the_previous_one_and_the_rerun_exports(reference, 
                  "num_draft_tokens=5"], fault="export_write")
     assert_killed(again)
     assert file_bytes(run_dir / "export") == before  # the previous export, whole and unchanged
+    export_checkpoint(run_dir / "checkpoints" / "last.ckpt", run_dir / "export", 5)  # unkilled: swapped in
+    config = json.loads((run_dir / "export" / "config.json").read_text())
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 5
+    assert load_file(str(run_dir / "export" / "model.safetensors")).keys() == load(before["model.safetensors"]).keys()
+    assert not temps(run_dir)
 
 
 def test_merge_killed_is_redone_to_the_same_dataset(tmp_path):

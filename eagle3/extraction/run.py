@@ -27,8 +27,10 @@ from eagle3.extraction.backends import make_backend
 from eagle3.identity import check_regen_engine, dataset_path, fingerprint_inputs, legacy_dataset_path, provenance, regen_note
 from eagle3.faults import fault
 from eagle3.launch import extraction_shard
+from eagle3.locks import DirLock
 from eagle3.store import DiskSpaceError, Manifest, ShardWriter, check_free_disk, disk_needed_bytes, format_bytes
 from eagle3.store.disk import free_bytes
+from eagle3.store.layout import LOCK
 from eagle3.store.merge import merge_parts, owner_shard, part_dir
 from eagle3.store.reader import damaged_shards
 from eagle3.targets import resolve_target
@@ -46,8 +48,6 @@ def _progress() -> Progress:
 
 def run(cfg: Any) -> str:
     validate_run_config(cfg)
-    from transformers import AutoTokenizer
-
     model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
     inputs = fingerprint_inputs(cfg, model_dir)
     ds_dir = dataset_path(cfg, model_dir)
@@ -72,6 +72,16 @@ def run(cfg: Any) -> str:
                       f"{regen_note(done)}; every shard checked: {checked}): nothing to do")
         print(ds_dir)
         return str(ds_dir)
+    # one extraction per dataset, from here on: a second is refused at once, naming this one
+    with DirLock(ds_dir / LOCK, f"{ds_dir}: another extraction is writing this dataset") as lock:
+        return _extract(cfg, model_dir, inputs, ds_dir, num_shards, shard_index, verify, damaged, lock)
+
+
+def _extract(cfg: Any, model_dir: str, inputs: dict, ds_dir: Path, num_shards: int, shard_index: int, verify: str,
+             damaged: list[tuple[str, str]], lock: DirLock) -> str:
+    """Regenerate, render, capture and write the dataset, holding its lock."""
+    from transformers import AutoTokenizer
+
     report(extract_lines(cfg))  # what this run will cost, before any work
 
     capture_ids = [int(i) for i in cfg.layers.capture_ids]
@@ -104,11 +114,12 @@ def run(cfg: Any) -> str:
         writer_threads=int(cfg.capture.writer_threads),
         provenance=provenance(cfg, model_dir, engine),
         # the shards found damaged above are redone; the others were just checked
-        verify="fast" if damaged else verify, redo=[file for file, _ in damaged],
+        verify="fast" if damaged else verify, redo=[file for file, _ in damaged], lock=lock,
     )
     try:
         for file, why in writer.dropped:
-            console.print(f"[yellow]{file}: {why}; its samples will be captured again")
+            if file not in dict(damaged):  # those were reported above
+                console.print(f"[yellow]{file}: {why}; its samples will be captured again")
         done_ids = writer.done_ids()
         todo = [s for s in samples if s.id not in done_ids]
         todo_tokens = sum(int(s.input_ids.numel()) for s in todo)

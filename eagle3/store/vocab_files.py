@@ -3,11 +3,11 @@ adds a vocabulary of another size to a finished dataset."""
 
 from __future__ import annotations
 
-import fcntl
 from pathlib import Path
 
 import torch
 
+from eagle3.locks import DirLock
 from eagle3.store.layout import LOCK, Manifest, StoreError, save_tensors_atomic, vocab_name
 
 
@@ -64,9 +64,8 @@ def load_tensors(path: Path, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
 def add_vocab(directory: str | Path, draft_vocab_size: int, d2t: torch.Tensor, t2d: torch.Tensor) -> Path:
     """Add a draft vocabulary of another size to a complete dataset (e.g. a train-time V)."""
     directory = Path(directory)
-    lock = open(directory / LOCK, "a+")
-    try:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+    # the dataset writer's lock: waits for a running extraction (or repair) to finish
+    with DirLock(directory / LOCK, f"{directory}: an extraction is writing this dataset", wait_s=float("inf")):
         m = Manifest.read(directory)
         if not m.complete:
             raise StoreError(f"{directory}: incomplete dataset; finish extract.py before adding vocabularies")
@@ -75,5 +74,3 @@ def add_vocab(directory: str | Path, draft_vocab_size: int, d2t: torch.Tensor, t
         m.vocabs[str(int(draft_vocab_size))] = path.name
         m.write(directory)
         return path
-    finally:
-        lock.close()

@@ -63,7 +63,8 @@ class ShardWriter:
 
     ``verify``: how existing shards are checked on open: "full" (size, header and sha256
     of every byte) or "fast" (size, header, identity and offsets). ``redo``: listed shards
-    the caller already found damaged (redone without being inspected again). ``background``: write
+    the caller already found damaged (redone without being inspected again). ``lock``: the
+    dataset's lock (``LOCK``) when the caller holds it already (released by the caller). ``background``: write
     shards on a writer thread (see the module doc); ``flush()`` still waits until every
     queued sample is durable.
     """
@@ -72,7 +73,7 @@ class ShardWriter:
                  dtype: torch.dtype, fingerprint_inputs: Mapping[str, Any],
                  shard_max_tokens: int = 65536, verify: str = "full", background: bool = False,
                  writer_threads: int = 1, provenance: Mapping[str, Any] | None = None,
-                 redo: Sequence[str] = ()):
+                 redo: Sequence[str] = (), lock: DirLock | None = None):
         if shard_max_tokens < 1:
             raise StoreError(f"shard_max_tokens: expected >= 1, got {shard_max_tokens}")
         if writer_threads < 1:
@@ -101,7 +102,11 @@ class ShardWriter:
         self._error_reported = False
         self._last_info = None
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._lock = self._acquire_lock()
+        if lock is not None and not (lock.held and lock.path == self.directory / LOCK):
+            raise StoreError(f"lock: expected the held lock {self.directory / LOCK}, got {lock.path} "
+                             f"({'held' if lock.held else 'not held'})")
+        self._owns_lock = lock is None
+        self._lock = self._acquire_lock() if lock is None else lock
         try:
             self.manifest = self._open_manifest(fingerprint_inputs)
             # how this run makes the dataset (Manifest.provenance): recorded before any shard
@@ -124,9 +129,9 @@ class ShardWriter:
             raise StoreError(str(e)) from None
 
     def _release_lock(self) -> None:
-        if self._lock is not None:
+        if self._lock is not None and self._owns_lock:
             self._lock.release()
-            self._lock = None
+        self._lock = None
 
     def _open_manifest(self, fingerprint_inputs: Mapping[str, Any]) -> Manifest:
         ident = self.ident
