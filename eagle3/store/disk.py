@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import errno
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -70,14 +70,17 @@ def check_free_disk(path: str | Path, need_bytes: int, margin: float = 1.1) -> i
 
 
 @contextmanager
-def disk_full_as_error(path: str | Path, need_bytes: int) -> Iterator[None]:
+def disk_full_as_error(path: str | Path, need_bytes: int | Callable[[], int]) -> Iterator[None]:
     """Turn a full disk or quota (ENOSPC, EDQUOT) while writing ``path`` into a
-    ``DiskSpaceError`` that names the file, the bytes it needed and what is free."""
+    ``DiskSpaceError`` that names the file, the bytes it needed (a callable: computed only
+    then) and what is free."""
     try:
         yield
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
+        if callable(need_bytes):
+            need_bytes = need_bytes()
         raise DiskSpaceError(
             f"{path}: disk full ({e.strerror}) writing it: needs {format_bytes(need_bytes)} ({int(need_bytes)} bytes), "
             f"{format_bytes(free_bytes(path))} free"

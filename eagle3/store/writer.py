@@ -331,7 +331,7 @@ class ShardWriter:
         with disk_full_as_error(path, need):
             info = write_shard(path, self.ident, ids, [s.token_ids for s in samples],
                                [s.loss_mask for s in samples], [s.hidden for s in samples])
-        with self._state, disk_full_as_error(self.directory / MANIFEST, len(self.manifest.to_json())):
+        with self._state, disk_full_as_error(self.directory / MANIFEST, lambda: len(self.manifest.to_json())):
             m = self.manifest
             self._ids_by_file[info.file] = list(ids)
             files = [s.file for s in m.shards]
@@ -418,18 +418,20 @@ class ShardWriter:
                              f"{missing[:5]} ({len(missing)} in all) were not captured again (add them first)")
         if m.num_samples == 0:
             raise StoreError(f"{self.directory}: no samples were written; refusing to mark an empty dataset complete")
-        save_token_freq(self.directory / TOKEN_FREQ, token_freq)
-        m.token_freq = TOKEN_FREQ
         if val_ids is not None:
             unknown = sorted(set(val_ids) - self._done)
             if unknown:
                 raise StoreError(f"{self.directory}: val_ids not in the dataset: {unknown[:5]} ({len(unknown)} in all)")
             m.val_ids = sorted(str(v) for v in val_ids)
-        for V, (d2t, t2d) in (vocabs or {}).items():
-            save_vocab(self.directory / vocab_name(V), V, d2t, t2d)
-            m.vocabs[str(int(V))] = vocab_name(V)
-        m.complete = True
-        m.write(self.directory)
+        small = 8 * int(token_freq.numel()) + sum(9 * int(t2d.numel()) for _, t2d in (vocabs or {}).values())
+        with disk_full_as_error(self.directory, small + len(m.to_json())):  # the last, small files
+            save_token_freq(self.directory / TOKEN_FREQ, token_freq)
+            m.token_freq = TOKEN_FREQ
+            for V, (d2t, t2d) in (vocabs or {}).items():
+                save_vocab(self.directory / vocab_name(V), V, d2t, t2d)
+                m.vocabs[str(int(V))] = vocab_name(V)
+            m.complete = True
+            m.write(self.directory)
         self._release_lock()
         return m
 
