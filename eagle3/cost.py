@@ -8,7 +8,8 @@
 Times divide those token counts by RATES: throughputs measured on real runs (each entry names
 the command and the machine), scaled to the run's shapes where they differ from the measured
 ones (capture by the target's parameters, training by the draft's FLOPs per token, both by the
-devices used). They are what the machine does alone: other jobs on its cores slow it down.
+devices used). Most were measured on a machine running nothing else: other jobs on its cores
+slow a run down.
 Training logs an updated ETA from its own step times once a few steps have run
 (eagle3/training/callbacks.py, TrainEta).
 """
@@ -69,9 +70,11 @@ _SMOLLM2 = target_params(30, 576, 1536, 49152, 9, 3)
 _LLAMA_8B = target_params(32, 4096, 14336, 128256, 32, 8)
 RATES = (
     Rate("cpu", "SmolLM2-135M", _SMOLLM2, capture_tok_s=906, train_tok_s=704,
-         train_flops=head_flops(576, 1536, 4096, 3), regen_tok_s=None,
+         train_flops=head_flops(576, 1536, 4096, 3), regen_tok_s=166,
          measured="make demo on this project's 2-core CPU with nothing else running (docs/benchmarks.md, "
-                  "'demo_cpu on a quiet machine'): capture 906 tok/s, training 704 tok/s"),
+                  "'demo_cpu on a quiet machine'): capture 906 tok/s, training 704 tok/s; regeneration (vLLM, "
+                  "engine start included) from `python extract.py experiment=demo_cpu` with an empty cache on the "
+                  "same CPU shared with other jobs (load 4-5): 45,556 new tokens in 4 min 35 s"),
     Rate("gpu", "SmolLM2-135M", _SMOLLM2, capture_tok_s=98_982, train_tok_s=79_400,
          train_flops=head_flops(576, 1536, 32000, 5), regen_tok_s=22_000,
          measured="experiment=smollm2_full on one H200 (docs/benchmarks.md section 3: capture 98,982 tok/s, "
@@ -106,7 +109,7 @@ def _rate(cfg: Any) -> tuple[Rate | None, str]:
     if rate is None:
         return None, f"  (no rate measured on accelerator={cfg.topology.accelerator}: eagle3/cost.py RATES)"
     scaled = "" if abs(math.log(rate.params / _cfg_params(cfg))) < 0.05 else ", scaled to this model"
-    return rate, f"  (rates of {rate.model} on {rate.accelerator} alone{scaled}: eagle3/cost.py)"
+    return rate, f"  (rates measured with {rate.model} on {rate.accelerator}{scaled}: eagle3/cost.py)"
 
 
 def capture_tok_s(cfg: Any) -> float | None:
@@ -149,11 +152,11 @@ def extract_lines(cfg: Any) -> list[str]:
         line += f"; capture <= ~{minutes(tokens / tok_s)}{at}"
     lines = [line]
     if data.regenerate:
-        per = int(data.regen_max_tokens)
-        turns = f"{int(data.regen_max_turns)} user turn(s)" if data.regen_max_turns else "user turn"
-        regen = f"  + answers by the target first: <= {per} new tokens per {turns} of {samples:,} conversations"
-        if data.regen_max_turns and rate is not None and rate.regen_tok_s:
-            new = samples * int(data.regen_max_turns) * per
+        turns = int(data.regen_max_turns or 1)
+        new = samples * turns * int(data.regen_max_tokens)
+        what = f"{turns} user turn(s)" if data.regen_max_turns else "the first user turns (later turns add more)"
+        regen = f"  + answers by the target first: <= {new:,} new tokens for {what}"
+        if rate is not None and rate.regen_tok_s:
             regen += f", <= ~{minutes(new / (rate.regen_tok_s * int(cfg.topology.extract_dp)))}"
         lines.append(regen)
     return lines + [basis]
