@@ -100,6 +100,17 @@ class Manifest:
         self.num_tokens = sum(s.num_tokens for s in self.shards)
         self.num_loss_tokens = sum(s.num_loss_tokens for s in self.shards)
 
+    def ids_by_shard(self) -> dict[str, list[str]]:
+        """Each listed shard's sample ids (sample_ids holds them shard after shard); {} when the
+        counts disagree with that."""
+        if sum(s.num_samples for s in self.shards) != len(self.sample_ids):
+            return {}
+        out, start = {}, 0
+        for s in self.shards:
+            out[s.file] = list(self.sample_ids[start:start + s.num_samples])
+            start += s.num_samples
+        return out
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
 

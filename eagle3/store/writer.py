@@ -3,17 +3,11 @@
 Order of durability: a shard is written to a temp name, fsynced and renamed; only then is
 the manifest (also temp + rename) updated. So at any kill point the directory holds valid
 shards, maybe one renamed shard the manifest does not list yet (adopted on reopen), and
-maybe temp files (removed on reopen). Reopening verifies every shard (extract.py checks a
-complete dataset the same way first, and reopens it to repair it); a missing, truncated or
-corrupt one that the manifest lists is reported, deleted, and redone in place: its samples are not in
-``done_ids()`` any more, so the caller captures them again, and once all of them are back
-they are written, in their old order, to the same file name (the manifest keeps listing the
-shard meanwhile, with complete=false). Only that shard is rewritten.
-
-One writer per dataset: a lock file (``eagle3.locks``) names the holder's pid and host; a
-second writer is refused with that name. A full disk (ENOSPC/EDQUOT) while writing raises
-``DiskSpaceError`` naming the file and the bytes it needed; the temp is removed, so nothing
-half-written is ever listed, and a rerun resumes.
+maybe temp files (removed on reopen). Reopening verifies every shard; a listed one found
+missing, short or corrupt is deleted and redone in place (``store/redo.py``: its samples
+leave ``done_ids()``, and once captured again they are that shard again). extract.py repairs
+a complete dataset this way. One writer per dataset (a lock naming its pid and host, from
+``eagle3.locks``); a full disk raises ``DiskSpaceError`` and leaves no temp behind.
 
 ``background=True`` writes full shards on ``writer_threads`` writer threads (each shard
 still shard-then-manifest), so capture continues while shards go to disk and several
@@ -37,7 +31,7 @@ from typing import Any
 import torch
 
 from eagle3.locks import DirLock, LockHeldError
-from eagle3.store.disk import DiskSpaceError, disk_full_as_error, disk_needed_bytes
+from eagle3.store.disk import disk_full_as_error, disk_needed_bytes
 from eagle3.store.fingerprint import canonical, dataset_fingerprint
 from eagle3.store.layout import (
     LOCK,
@@ -52,13 +46,15 @@ from eagle3.store.layout import (
     shard_name,
     vocab_name,
 )
+from eagle3.store.redo import RedoSlots
 from eagle3.store.shard_file import ShardIdentity, inspect_shard, write_shard
+from eagle3.store.writer_threads import BackgroundWrites
 from eagle3.store.vocab_files import save_token_freq, save_vocab
 
 log = logging.getLogger(__name__)
 
 
-class ShardWriter:
+class ShardWriter(BackgroundWrites):
     """Append captured samples to the dataset in ``directory``; resume what is there.
 
     ``verify``: how existing shards are checked on open: "full" (size, header and sha256
@@ -91,9 +87,7 @@ class ShardWriter:
         self.background = bool(background)
         self.writer_threads = int(writer_threads)
         self._ids_by_file: dict[str, list[str]] = {}  # each listed shard's sample ids, in shard order
-        self._redo: dict[str, list[str]] = {}  # listed shard found broken -> its sample ids, to redo in place
-        self._slot_of: dict[str, str] = {}  # sample id -> the broken shard it goes back to
-        self._redo_samples: dict[str, dict[str, Any]] = {}  # that shard's samples captured again so far
+        self._redo = RedoSlots()  # listed shards found broken, rewritten once their samples are back
         self._state = threading.Lock()  # manifest, _done, _inflight_ids: shared with the writer thread
         self._inflight_ids: set[str] = set()  # handed to the writer thread, not durable yet
         self._jobs: queue.Queue | None = None
@@ -170,7 +164,14 @@ class ShardWriter:
         before = (list(m.sample_ids), [s.file for s in m.shards], m.complete)
         kept, ids, seen = [], [], set()
         listed = {s.file for s in m.shards}
-        listed_ids = _listed_ids(m)
+        listed_ids = m.ids_by_shard()
+
+        def keep(info, sample_ids: list[str]) -> None:
+            kept.append(info)
+            ids.extend(sample_ids)
+            seen.update(sample_ids)
+            self._ids_by_file[info.file] = list(sample_ids)
+
         for info in m.shards:
             try:
                 if info.file in redo:  # the caller's own check found it damaged: not inspected twice
@@ -182,17 +183,10 @@ class ShardWriter:
                 self._drop(info.file, str(e))
                 slot = listed_ids.get(info.file)
                 if slot and not seen & set(slot):  # its samples are known: redo it in place
-                    kept.append(info)
-                    ids += slot
-                    seen |= set(slot)
-                    self._ids_by_file[info.file] = list(slot)
-                    self._redo[info.file] = list(slot)
-                    self._slot_of.update((sid, info.file) for sid in slot)
+                    keep(info, slot)
+                    self._redo.add(info.file, slot)
                 continue
-            kept.append(info)
-            ids += sample_ids
-            seen |= set(sample_ids)
-            self._ids_by_file[info.file] = list(sample_ids)
+            keep(info, sample_ids)
         for p in sorted(self.directory.glob("shard-*.safetensors")):
             if p.name in listed or not SHARD_RE.match(p.name):
                 continue
@@ -203,10 +197,7 @@ class ShardWriter:
             except StoreError as e:
                 self._drop(p.name, f"unlisted shard: {e}")
                 continue
-            kept.append(info)
-            ids += sample_ids
-            seen |= set(sample_ids)
-            self._ids_by_file[info.file] = list(sample_ids)
+            keep(info, sample_ids)
             self.adopted.append(p.name)
             log.warning("%s: adopted shard %s (written before a crash, not yet in the manifest)",
                         self.directory, p.name)
@@ -218,7 +209,7 @@ class ShardWriter:
             m.write(self.directory)
         indices = [_index(s.file) for s in m.shards]
         self._next_index = max(indices, default=-1) + 1
-        self._done = set(m.sample_ids) - set(self._slot_of)
+        self._done = set(m.sample_ids) - self._redo.waiting()
 
     def _drop(self, file: str, why: str) -> None:
         log.warning("%s: dropping shard %s, its samples will be captured again: %s", self.directory, file, why)
@@ -244,12 +235,14 @@ class ShardWriter:
         sid = str(sample_id)
         with self._state:
             known = sid in self._done or sid in self._inflight_ids
-        slot = self._slot_of.get(sid)
-        if known or sid in self._pending_ids or sid in self._redo_samples.get(slot, {}):
+        if known or sid in self._pending_ids or self._redo.has(sid):
             raise StoreError(f"{self.directory}: sample {sid!r} is already in the dataset (skip done_ids())")
         self._check_sample(sid, sample)
-        if slot is not None:
-            self._refill(slot, sid, sample)
+        if self._redo.owns(sid):  # a sample of a shard being redone: rewritten once all are back
+            job = self._redo.give(sid, sample)
+            if job is not None:
+                file, ids, samples = job
+                (self._enqueue if self.background else self._write)(_index(file), ids, samples)
             return
         T = int(sample.token_ids.shape[0])
         if self._pending and self._pending_tokens + T > self.shard_max_tokens:
@@ -259,22 +252,6 @@ class ShardWriter:
         self._pending_tokens += T
         if self._pending_tokens >= self.shard_max_tokens:
             self._shard_full()
-
-    def _refill(self, file: str, sid: str, sample) -> None:
-        """A sample of a shard being redone: once all of them are back, rewrite that shard."""
-        got = self._redo_samples.setdefault(file, {})
-        got[sid] = sample
-        ids = self._redo[file]
-        if len(got) < len(ids):
-            return
-        del self._redo[file], self._redo_samples[file]
-        for i in ids:
-            del self._slot_of[i]
-        job = (_index(file), ids, [got[i] for i in ids])
-        if self.background:
-            self._enqueue(*job)
-        else:
-            self._write(*job)
 
     def _shard_full(self) -> None:
         if self.background:
@@ -351,57 +328,6 @@ class ShardWriter:
             self._last_info = info
         return info
 
-    # ------------------------------------------------------------------ writer thread
-
-    def _submit(self) -> None:
-        """Hand the queued samples to the writer threads (blocks while writer_threads shards wait)."""
-        self._raise_writer_error()
-        if not self._pending:
-            return
-        self._enqueue(*self._take_pending())
-
-    def _enqueue(self, index: int, ids: list[str], samples: list[Any]) -> None:
-        if not self._threads:
-            self._jobs = queue.Queue(maxsize=self.writer_threads)
-            self._threads = [threading.Thread(target=self._writer_loop, daemon=True,
-                                              name=f"shard-writer-{k} {self.directory.name}")
-                             for k in range(self.writer_threads)]
-            for t in self._threads:
-                t.start()
-        with self._state:
-            self._inflight_ids.update(ids)
-        self._jobs.put((index, ids, samples))
-
-    def _writer_loop(self) -> None:
-        while True:
-            job = self._jobs.get()
-            try:
-                if job is None:
-                    return
-                if self._error is None:  # after a failure, later shards are not written
-                    self._write(*job)
-            except BaseException as e:  # re-raised in the caller's thread
-                if self._error is None:  # the first failure is the one reported
-                    self._error = e
-            finally:
-                self._jobs.task_done()
-
-    def _raise_writer_error(self) -> None:
-        if self._error is not None:
-            self._error_reported = True
-            if isinstance(self._error, DiskSpaceError):  # its own message says what to do
-                raise DiskSpaceError(str(self._error)) from self._error
-            raise StoreError(f"{self.directory}: writing a shard failed on the writer thread: "
-                             f"{type(self._error).__name__}: {self._error}") from self._error
-
-    def _stop_thread(self) -> None:
-        if self._threads:
-            for _ in self._threads:
-                self._jobs.put(None)
-            for t in self._threads:
-                t.join()
-            self._threads, self._jobs = [], None
-
     def finish(self, token_freq: torch.Tensor,
                vocabs: Mapping[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
                val_ids: Sequence[str] | None = None) -> Manifest:
@@ -412,9 +338,9 @@ class ShardWriter:
         self.flush()
         self._stop_thread()
         m = self.manifest
-        if self._redo:
-            missing = sorted(sid for ids in self._redo.values() for sid in ids if sid not in self._done)
-            raise StoreError(f"{self.directory}: shards {sorted(self._redo)} are being redone but samples "
+        if self._redo.ids:
+            missing = sorted(self._redo.waiting())
+            raise StoreError(f"{self.directory}: shards {sorted(self._redo.ids)} are being redone but samples "
                              f"{missing[:5]} ({len(missing)} in all) were not captured again (add them first)")
         if m.num_samples == 0:
             raise StoreError(f"{self.directory}: no samples were written; refusing to mark an empty dataset complete")
@@ -459,15 +385,3 @@ class ShardWriter:
 
 def _index(shard_file: str) -> int:
     return int(SHARD_RE.match(shard_file).group(1))
-
-
-def _listed_ids(m: Manifest) -> dict[str, list[str]]:
-    """Each listed shard's sample ids, from the manifest alone (its sample_ids are the shards'
-    ids in shard order); {} when the counts disagree with that."""
-    if sum(s.num_samples for s in m.shards) != len(m.sample_ids):
-        return {}
-    out, start = {}, 0
-    for s in m.shards:
-        out[s.file] = list(m.sample_ids[start:start + s.num_samples])
-        start += s.num_samples
-    return out
