@@ -48,9 +48,12 @@ def test_layer_defaults_smollm2_and_kimi():
 
 
 CPU_SIZES = {"data.max_samples": 200, "data.max_length": 384, "train.draft_vocab_size": 4096, "train.max_steps": 200,
-             "train.max_tokens_per_batch": 1024, "train.lr": 2e-3, "eval.max_new_tokens": 64}
+             "train.max_tokens_per_batch": 1024, "train.lr": 2e-3, "eval.max_new_tokens": 64,
+             # the EAGLE-3.1 norms win on the GPU at equal minutes, not on a 200-step CPU head
+             "train.norm_before_fc": False, "train.norm_before_residual": False, "train.norm_output": False}
 GPU_SIZES = {"data.max_samples": 2000, "data.max_length": 2048, "train.draft_vocab_size": 32000, "train.max_steps": 1000,
-             "train.max_tokens_per_batch": 4096, "train.lr": 3e-4, "eval.max_new_tokens": 128}
+             "train.max_tokens_per_batch": 8192, "train.lr": 1e-3, "eval.max_new_tokens": 128,
+             "train.norm_before_fc": True, "train.norm_before_residual": True, "train.norm_output": True}
 
 
 def _sizes(cfg) -> dict:
@@ -71,7 +74,8 @@ def test_the_topology_picks_the_sizes_and_presets_and_keys_win(entry):
     assert compose(entry, ["topology=gpu1", "train.max_steps=7"]).train.max_steps == 7
     full = compose(entry, ["experiment=smollm2_full"])  # a GPU preset: its own sizes over budget=gpu
     assert full.budget == "gpu" and (full.train.max_steps, full.train.max_tokens_per_batch, full.data.max_length) == (
-        4400, 16384, 1024)
+        8800, 8192, 1024)
+    assert full.train.norm_before_fc and full.train.norm_output and full.train.ttt_steps == 3
     assert compose(entry, ["debug=fast"]).train.max_steps == 10
     demo = compose(entry, ["experiment=demo_cpu"])  # the CPU default plus regenerated answers
     assert _sizes(demo) == CPU_SIZES and demo.data.regenerate and demo.tags == ["demo_cpu"]

@@ -51,7 +51,7 @@ def test_train_estimate_is_steps_times_tokens_per_step_over_ranks():
     known = train_lines(cfg, train_tokens=50_000, train_batches=40)[0]
     assert "batches hold ~1,250 per rank: ~187,500 tokens, ~3.8 passes over 50,000 train tokens" in known
     ddp = train_lines(compose("train", ["experiment=smollm2_full", "topology=gpu2_dp2"]))[0]
-    assert "4,400 steps x <= 32,768 tokens (16,384 x 2 ranks) = <= 144,179,200 tokens" in ddp
+    assert "8,800 steps x <= 16,384 tokens (8,192 x 2 ranks) = <= 144,179,200 tokens" in ddp
 
 
 def test_rates_scale_with_the_model_and_pick_the_accelerator():
