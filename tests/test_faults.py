@@ -44,8 +44,9 @@ def test_extraction_killed_resumes_to_the_same_dataset(reference, tmp_path, poin
     assert not m.complete and 0 < m.num_samples < Manifest.read(reference).num_samples
     assert damaged_shards(ds, m, "full") == []  # whatever the manifest lists is whole
     listed, on_disk = _listed_and_on_disk(ds)
+    assert listed <= on_disk
     if point.startswith("shard_write"):  # killed between the shard's write and its rename
-        assert any(name.startswith("shard-") for name in temps(ds)) and on_disk == listed
+        assert any(name.startswith("shard-") for name in temps(ds))
     if point.startswith("manifest_write"):  # a shard renamed into place, not yet listed: adopted on resume
         assert any(name.startswith("manifest.json") for name in temps(ds)) and on_disk - listed
 

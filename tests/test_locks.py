@@ -1,6 +1,7 @@
-"""Two runs at once, with real processes: a second extraction of the same dataset or a second
-training into the same run dir is refused naming the holder's pid and host; a lock whose
-holder died on this host is taken over, even while a forked child still holds it."""
+"""Two runs at once, with real processes (a holder started here, the entrypoint's run() in
+this one): a second extraction of the same dataset or a second training into the same run
+dir is refused naming the holder's pid and host; a lock whose holder died on this host is
+taken over, even while a forked child still holds it."""
 
 from __future__ import annotations
 
@@ -16,32 +17,42 @@ import time
 import pytest
 
 from conftest import ROOT, compose
+from eagle3.extraction.run import run as extract
 from eagle3.identity import dataset_path
 from eagle3.locks import DirLock, LockHeldError
 from eagle3.store.layout import LOCK
 from eagle3.targets import resolve_target
+from eagle3.training.run import run as train
 from eagle3.training.run_dir import LOCK as TRAIN_LOCK
-from fault_helpers import ARGS, cli
-
-ME = f"pid {os.getpid()} on host {socket.gethostname()}"
+from fault_helpers import ARGS
 
 
 def test_a_second_extraction_of_the_same_dataset_is_refused(tmp_path):
     cfg = compose("extract", ARGS + [f"paths.data_dir={tmp_path}"])
     ds = dataset_path(cfg, resolve_target(cfg.model, cfg.paths.cache_dir))
-    with DirLock(ds / LOCK, "an extraction writing this dataset"):  # this process is the first extraction
-        second = cli(["extract.py", *ARGS, f"paths.data_dir={tmp_path}"])
-    assert second.returncode != 0
-    assert "another extraction is writing this dataset" in second.stderr and ME in second.stderr, second.stderr[-3000:]
+    holder = _holder(ds / LOCK, "hold", 60)  # another process is the first extraction
+    try:
+        pid = int(holder.stdout.readline())
+        with pytest.raises(LockHeldError, match=f"another extraction is writing this dataset: .* held by pid {pid} "
+                                                 f"on host {socket.gethostname()}"):
+            extract(cfg)
+    finally:
+        holder.kill()
+        holder.wait(30)
     assert not list(ds.glob("shard-*")) and not (ds / "manifest.json").exists()  # it wrote nothing
 
 
 def test_a_second_training_into_the_same_run_dir_is_refused(tmp_path):
     run_dir = tmp_path / "run"
-    with DirLock(run_dir / TRAIN_LOCK, "a training"):
-        second = cli(["train.py", *ARGS, f"paths.data_dir={tmp_path / 'data'}", f"hydra.run.dir={run_dir}"])
-    out = second.stdout + second.stderr
-    assert second.returncode != 0 and "another training is writing the run dir" in out and ME in out, out[-3000:]
+    holder = _holder(run_dir / TRAIN_LOCK, "hold", 60)
+    try:
+        pid = int(holder.stdout.readline())
+        with pytest.raises(LockHeldError, match=f"another training is writing the run dir .* held by pid {pid} "
+                                                 f"on host {socket.gethostname()}"):
+            train(compose("train", ARGS + [f"paths.data_dir={tmp_path / 'data'}"], output_dir=str(run_dir)))
+    finally:
+        holder.kill()
+        holder.wait(30)
     assert not (run_dir / "checkpoints").exists() and not (tmp_path / "data").exists()  # refused before any work
 
 
