@@ -328,15 +328,25 @@ def test_the_export_names_the_verifier_as_the_serving_machine_knows_it(data_dir,
 
 def test_trainer_arguments_reach_lightning_and_early_stopping_ends_the_run(data_dir, tmp_path):
     """trainer.* goes to L.Trainer (limit_val_batches=1: one validation batch of the several);
-    trainer.early_stopping stops on optimized_metric and still exports the best checkpoint."""
+    callbacks.early_stopping stops on optimized_metric and still exports the best checkpoint;
+    callbacks.model_checkpoint keeps the top k; callbacks.extra adds a callback by class path."""
     _train(data_dir, tmp_path / "full", ["train.max_steps=3"])
     _train(data_dir, tmp_path / "one", ["train.max_steps=3", "trainer.limit_val_batches=1"])
     tokens = [json.loads((tmp_path / r / "summary.json").read_text())["final"]["val/tokens"] for r in ("full", "one")]
     assert 0 < tokens[1] < tokens[0], tokens
     # an improvement of 100 in the replay is impossible: stops after patience + 1 validations
     _train(data_dir, tmp_path / "es", ["train.max_steps=30", "train.val_check_interval=3",
-                                       "trainer.early_stopping.patience=1", "trainer.early_stopping.min_delta=100"])
+                                       "callbacks.early_stopping.patience=1", "callbacks.early_stopping.min_delta=100",
+                                       "callbacks.model_checkpoint.save_top_k=2",
+                                       "+callbacks.extra.timer._target_=lightning.pytorch.callbacks.Timer",
+                                       "+callbacks.extra.timer.interval=step"])
     summary = json.loads((tmp_path / "es" / "summary.json").read_text())
     assert summary["global_step"] == 6 and Path(summary["export_dir"], "model.safetensors").is_file()
+    assert len(list((tmp_path / "es" / "checkpoints").glob("best-step*.ckpt"))) == 2  # top 2 of the 3 validations
+    with pytest.raises(ValueError, match=r"callbacks.model_checkpoint.save_top_k: expected >= 1 \(the exported head "
+                                         r"is the best checkpoint by val/replay_accept_len\), got 0"):
+        _train(data_dir, tmp_path / "k0", ["callbacks.model_checkpoint.save_top_k=0"])
+    with pytest.raises(ValueError, match="callbacks.extra.bad: expected a Lightning Callback, got Counter"):
+        _train(data_dir, tmp_path / "x", ["+callbacks.extra.bad._target_=collections.Counter"])
     with pytest.raises(Exception, match="gradient_clip_val"):  # its home is train.grad_clip
         _train(data_dir, tmp_path / "bad", ["trainer.gradient_clip_val=1.0"])

@@ -278,6 +278,26 @@ class EarlyStoppingConfig:
 
 
 @dataclass
+class CheckpointCallbackConfig:
+    save_top_k: int = 1  # best checkpoints kept by optimized_metric (>= 1: the best is exported)
+    save_last: bool = True  # last.ckpt, what ckpt_path=last resumes
+    every_n_train_steps: Optional[int] = None  # null: at each validation (train.val_check_interval)
+
+
+@dataclass
+class CallbacksConfig:
+    """Lightning callbacks of train.py. The checkpoint and early stopping follow optimized_metric;
+    `extra` adds any callback by class path, instantiated by Hydra:
+    ``+callbacks.extra.swa._target_=lightning.pytorch.callbacks.StochasticWeightAveraging
+    +callbacks.extra.swa.swa_lrs=1e-4``."""
+
+    model_checkpoint: CheckpointCallbackConfig = field(default_factory=CheckpointCallbackConfig)
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+    lr_monitor: bool = True  # the learning rate per step, when a logger is on
+    extra: Any = field(default_factory=dict)
+
+
+@dataclass
 class TrainerConfig:
     """Lightning Trainer arguments passed through (null: Lightning's default). What the pipeline
     owns lives elsewhere, once: the run's length, clipping and accumulation in train.*,
@@ -291,7 +311,6 @@ class TrainerConfig:
     benchmark: Optional[bool] = None
     num_sanity_val_steps: int = 0
     enable_progress_bar: bool = True
-    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
 
 
 @dataclass
@@ -327,6 +346,7 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    callbacks: CallbacksConfig = field(default_factory=CallbacksConfig)
     seed: int = 0
     # train.py: null | last | a checkpoint path
     ckpt_path: Optional[str] = None
