@@ -119,7 +119,7 @@ def ours_tokens(run_dir: str | Path) -> dict:
     stream (every rank's), as its datamodule built them (settings from <run>/.hydra/config.yaml)."""
     from omegaconf import OmegaConf
 
-    from eagle3.training.batching import PackedBatchSampler
+    from eagle3.batches import PackedBatchSampler
     from eagle3.training.datamodule import Eagle3DataModule
     from eagle3.training.run import resolve_step_path
 

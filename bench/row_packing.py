@@ -20,7 +20,7 @@ import time
 import torch
 
 from eagle3.model import DraftConfig, Eagle3DraftHead, eagle3_loss
-from eagle3.training.batching import collate_rows, pack_rows
+from eagle3.batches import collate_rows, pack_rows
 
 SMOLLM2 = dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_attention_heads=9,
                num_key_value_heads=3, head_dim=64, vocab_size=49152, rms_norm_eps=1e-5,

@@ -12,7 +12,7 @@ without the head on the same prompts (two engines, one after the other) and whet
 greedy outputs agree. Writes acceptance.json and acceptance.png (into the export directory
 unless out_dir=...), prints a table on stderr and the JSON path as the last stdout line.
 
-train.py calls `evaluate(...)` at the end of training (see its docstring).
+train.py calls `evaluate_trained(...)` (`evaluate` with its config) at the end of training.
 """
 
 from __future__ import annotations
@@ -128,6 +128,33 @@ def evaluate(
     return EvaluationResult(report, json_path, png_path, logged)
 
 
+def evaluate_trained(cfg: Any, export_dir: Path, ds_dir: Path, model_dir: str, logger) -> dict | None:
+    """train.py's last step, from its config (``cfg``): real acceptance from vLLM's counters
+    (eval.enabled and vLLM installed), as summary.json's "acceptance". A failure here is
+    reported, not raised: the trained head and its export are already safe."""
+    if not cfg.eval.enabled:
+        return None
+    if not vllm_available():
+        print("eval: vLLM is not installed; skipping the acceptance measurement")
+        return None
+    try:
+        result = evaluate(
+            export_dir, eval_cfg=cfg.eval, dataset_dir=ds_dir, verifier=model_dir,
+            chat_template=cfg.model.chat_template,
+            engine=EngineOptions(
+                tensor_parallel_size=int(cfg.topology.extract_tp),
+                gpu_memory_utilization=float(cfg.capture.gpu_memory_utilization),
+                cpu_kvcache_space_gb=int(cfg.capture.cpu_kvcache_space_gb),
+                trust_remote_code=bool(cfg.model.trust_remote_code),
+            ),
+            wandb_run=logger.experiment if logger else None,
+        )
+    except Exception as e:  # noqa: BLE001 - reported in summary.json and on stderr
+        print(f"eval failed: {type(e).__name__}: {e}")
+        return {"error": f"{type(e).__name__}: {e}"}
+    return {"json": str(result.json_path), "mean_acceptance_length": result.mean_acceptance_length}
+
+
 # ---------------------------------------------------------------- the CLI
 
 register_evaluate_config()
@@ -137,7 +164,7 @@ def run(cfg: Any) -> float:
     """The CLI's stage: an optional W&B run of its own (job_type=evaluate), then `evaluate`."""
     from omegaconf import OmegaConf
 
-    from eagle3.training.loggers import wandb_mode
+    from eagle3.wandb_mode import wandb_mode
 
     out_dir = Path(cfg.out_dir) if cfg.out_dir else None
     run_ = None

@@ -1,56 +1,51 @@
-"""Export a training checkpoint as a vLLM/speculators eagle3 directory.
+"""Export a training checkpoint as a vLLM/speculators eagle3 directory (conf/export.yaml).
 
     python -m eagle3.export ckpt=outputs/train/runs/<time>/checkpoints/last.ckpt [out=<dir>] [num_draft_tokens=3]
 
-The checkpoint carries everything needed (draft config, aux layer ids, verifier path, the
-trained weights and d2t/t2d); the target is not loaded.
+out: null is the checkpoint's run dir's export/ (where train.py writes it). The checkpoint
+carries everything needed (eagle3/training/export.py); the target is not loaded. Prints the
+export directory as its last stdout line, for scripts.
 """
 
 from __future__ import annotations
 
-import sys
-from dataclasses import replace
-from pathlib import Path
+from dataclasses import dataclass
+from typing import Any, Optional
 
-import torch
+from omegaconf import MISSING
 
-from eagle3.model.head import Eagle3DraftHead
-from eagle3.training.builder import DraftMeta
-from eagle3.training.export import export_head
+from eagle3.training.export import export_checkpoint
 
-
-def export_checkpoint(ckpt: str | Path, out: str | Path | None = None, num_draft_tokens: int | None = None) -> Path:
-    ckpt = Path(ckpt)
-    if not ckpt.is_file():
-        raise FileNotFoundError(f"ckpt={ckpt}: no such checkpoint file")
-    state = torch.load(ckpt, map_location="cpu", weights_only=False)
-    if "eagle3_meta" not in state:
-        raise ValueError(f"{ckpt}: not an eagle3 training checkpoint (no 'eagle3_meta' entry)")
-    meta = DraftMeta.from_dict(state["eagle3_meta"])
-    if num_draft_tokens is not None:
-        meta = replace(meta, num_speculative_tokens=int(num_draft_tokens))
-    head = Eagle3DraftHead(meta.draft_config)
-    weights = {k.removeprefix("head."): v for k, v in state["state_dict"].items() if k.startswith("head.")}
-    missing, unexpected = head.load_state_dict(weights, strict=False)
-    trained_missing = [k for k in missing if not k.startswith(("embed_tokens", "target_"))]
-    if trained_missing or unexpected:
-        raise ValueError(f"{ckpt}: weights do not fit the draft config (missing {trained_missing}, unexpected {unexpected})")
-    out = Path(out) if out else ckpt.parent.parent / "export"
-    return export_head(head, meta, out)
+__all__ = ["ExportCliConfig", "export_checkpoint", "run"]
 
 
-def main(argv: list[str]) -> None:
-    args = {}
-    for a in argv:
-        key, sep, value = a.partition("=")
-        if not sep or key not in ("ckpt", "out", "num_draft_tokens"):
-            raise SystemExit(f"usage: python -m eagle3.export ckpt=<file> [out=<dir>] [num_draft_tokens=K]; got {a!r}")
-        args[key] = value
-    if "ckpt" not in args:
-        raise SystemExit("usage: python -m eagle3.export ckpt=<file> [out=<dir>] [num_draft_tokens=K]")
-    k = int(args["num_draft_tokens"]) if "num_draft_tokens" in args else None
-    print(export_checkpoint(args["ckpt"], args.get("out"), k))
+@dataclass
+class ExportCliConfig:
+    """Primary schema of `python -m eagle3.export` (``base_export`` in Hydra's ConfigStore)."""
+
+    ckpt: str = MISSING
+    out: Optional[str] = None
+    num_draft_tokens: Optional[int] = None
+
+
+def run(cfg: Any) -> str:
+    out = export_checkpoint(cfg.ckpt, cfg.out, cfg.num_draft_tokens)
+    print(out)
+    return str(out)
+
+
+def _main() -> None:
+    import hydra
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="base_export", node=ExportCliConfig)
+
+    @hydra.main(version_base="1.3", config_path="../conf", config_name="export")
+    def main(cfg) -> str:
+        return run(cfg)
+
+    main()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    _main()

@@ -8,8 +8,7 @@ import torch
 from eagle3.evaluation.replay_export import load_exported_head
 from eagle3.model.head import Eagle3DraftHead
 from eagle3.targets import read_hf_config
-from eagle3.training.builder import DraftMeta
-from eagle3.training.export import export_head
+from eagle3.model.serving_format import DraftMeta, save_head
 
 src, verifier, out, scale = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 one, aux = load_exported_head(src, verifier)
@@ -23,4 +22,4 @@ with torch.no_grad():
     two.layers[1].mlp.down_proj.weight.mul_(scale)
 hf = read_hf_config(verifier)
 meta = DraftMeta(cfg, aux, verifier, list(hf["architectures"]), 3)
-print(export_head(two.eval(), meta, out))
+print(save_head(two.eval(), meta, out))

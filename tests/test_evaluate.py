@@ -282,8 +282,7 @@ def _random_head_export(out_dir: Path, target_dir: Path, layers: int = 1, **norm
     from eagle3.model.config import DraftConfig
     from eagle3.model.head import Eagle3DraftHead
     from eagle3.targets import load_target_head_weights, read_hf_config
-    from eagle3.training.builder import DraftMeta
-    from eagle3.training.export import export_head
+    from eagle3.model.serving_format import DraftMeta, save_head
 
     hf = read_hf_config(target_dir)
     vocab = 4096
@@ -297,7 +296,7 @@ def _random_head_export(out_dir: Path, target_dir: Path, layers: int = 1, **norm
     head.load_target_weights(w["embed"].float(), w["norm"].float(), w["lm_head"].float(), d2t, t2d,
                              init_lm_head_from_target=False)
     meta = DraftMeta(cfg, [2, 15, 27], str(target_dir), list(hf["architectures"]), K)
-    return export_head(head, meta, out_dir)
+    return save_head(head, meta, out_dir)
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 
 from eagle3.model import DraftConfig, Eagle3DraftHead, eagle3_loss, export_state_dict, speculators_config_dict
 from eagle3.model.config import NORM_OPTIONS
-from eagle3.model.export import transformer_layer_config_dict
+from eagle3.model.serving_format import transformer_layer_config_dict
 from eagle3.model.loss import TargetStats, per_position_loss
 
 pytest.importorskip("speculators")

@@ -1,5 +1,6 @@
-"""What the evaluation needs to know about an export directory: that it is an EAGLE-3 head,
-which verifier (target) it was trained against, and which dataset its training read."""
+"""What the evaluation needs to know about an export directory: that it is an EAGLE-3 head
+(eagle3/model/serving_format.py reads its config.json), which verifier (target) it was trained
+against on this machine, and which dataset its training read (summary.json beside it)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from eagle3.model.serving_format import ExportError, read_config
 
-class ExportError(RuntimeError):
-    pass
+__all__ = ["ExportError", "ExportInfo", "read_export"]
 
 
 @dataclass
@@ -54,13 +55,7 @@ def _resolve_verifier(given: str, export_dir: Path, config_file: Path) -> str:
 def read_export(export_dir: str | Path, verifier: str | None = None) -> ExportInfo:
     export_dir = Path(export_dir).expanduser()
     config_file = export_dir / "config.json"
-    if not config_file.is_file():
-        raise ExportError(f"export_dir={export_dir}: no config.json (expected train.py's export directory)")
-    if not (export_dir / "model.safetensors").is_file():
-        raise ExportError(f"export_dir={export_dir}: no model.safetensors")
-    cfg = json.loads(config_file.read_text())
-    if cfg.get("speculators_model_type") != "eagle3":
-        raise ExportError(f"{config_file}: speculators_model_type: expected 'eagle3', got {cfg.get('speculators_model_type')!r}")
+    cfg = read_config(export_dir)
     summary_file = export_dir.parent / "summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
     if verifier is None:

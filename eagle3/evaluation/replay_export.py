@@ -18,40 +18,21 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
+from eagle3.batches import unshuffled_loader
 from eagle3.evaluation.export_info import read_export
-from eagle3.model.config import VLLM_NORM_DEFAULTS, DraftConfig
-from eagle3.model.export import load_export_state_dict
 from eagle3.model.head import Eagle3DraftHead
 from eagle3.model.loss import StepCounts, eagle3_loss
 from eagle3.model.replay import replay_counts, replay_metrics
-from eagle3.store import shards_on_disk
+from eagle3.model.serving_format import load_head
+from eagle3.store import HiddenStateDataset, shards_on_disk
 from eagle3.targets import load_target_head_weights, read_hf_config
-from eagle3.training.datamodule import Eagle3DataModule
 
 
 def load_exported_head(export_dir: str | Path, verifier: str | Path) -> tuple[Eagle3DraftHead, list[int]]:
     """The exported head as an Eagle3DraftHead (frozen parts from the verifier), and its aux ids."""
-    export_dir = Path(export_dir)
-    cfg = json.loads((export_dir / "config.json").read_text())
-    layer = cfg["transformer_layer_config"]
-    aux_ids = [int(i) for i in cfg["eagle_aux_hidden_state_layer_ids"]]
-    # the norm flags as vLLM reads them, its defaults for a key the file lacks
-    norms = {name: bool(cfg.get(name, default)) for name, default in VLLM_NORM_DEFAULTS.items()}
-    draft_cfg = DraftConfig.from_target_config(
-        read_hf_config(str(verifier)), draft_vocab_size=int(cfg["draft_vocab_size"]), num_aux_layers=len(aux_ids),
-        **norms,
-        num_attention_heads=int(layer["num_attention_heads"]), num_key_value_heads=int(layer["num_key_value_heads"]),
-        intermediate_size=int(layer["intermediate_size"]), num_layers=int(layer.get("num_hidden_layers", 1)),
-    )
-    head = Eagle3DraftHead(draft_cfg)
-    weights = load_file(str(export_dir / "model.safetensors"))
-    w = load_target_head_weights(str(verifier))
-    head.load_target_weights(w["embed"].float(), w["norm"].float(), w["lm_head"].float(),
-                             weights["d2t"], weights["t2d"], init_lm_head_from_target=False)
-    load_export_state_dict(head, weights, f"{export_dir}/model.safetensors: does not fit the head built from config.json")
-    return head.eval(), aux_ids
+    loaded = load_head(export_dir, read_hf_config(str(verifier)), load_target_head_weights(str(verifier)))
+    return loaded.head, loaded.aux_layer_ids
 
 
 @torch.no_grad()
@@ -60,15 +41,15 @@ def measure(head: Eagle3DraftHead, dataset_dir: str, *, num_draft_tokens: int, m
             max_tokens_per_batch: int = 4096, device: str = "cpu") -> dict[str, float]:
     """Uniform and replayed acceptance of `head` on a split ("val" | "all") of the dataset,
     or on the samples named by `sample_ids`."""
-    dm = Eagle3DataModule(dataset_dir, max_tokens_per_batch=max_tokens_per_batch, require_train=False)
+    dataset = HiddenStateDataset(dataset_dir)
     if sample_ids is not None:
         wanted = set(sample_ids)
-        idx = [i for i, sid in enumerate(dm.dataset.sample_ids) if sid in wanted]
+        idx = [i for i, sid in enumerate(dataset.sample_ids) if sid in wanted]
         if len(idx) != len(wanted):
             raise ValueError(f"{dataset_dir}: {len(wanted) - len(idx)} of {len(wanted)} sample ids not in the dataset")
     else:
-        idx = dm.val_idx if split == "val" else list(range(len(dm.dataset)))
-    loader = dm.loader_for(idx)
+        idx = sorted(set(dataset.val_indices())) if split == "val" else list(range(len(dataset)))
+    loader = unshuffled_loader(dataset, idx, max_tokens=max_tokens_per_batch)
     head = head.to(device)
     counts, replay = StepCounts.zeros(num_draft_tokens), torch.zeros(2 + num_draft_tokens, dtype=torch.float64)
     for batch in loader:

@@ -19,7 +19,7 @@ from eagle3.capture.hf_backend import HFCaptureBackend
 from eagle3.evaluation.replay_export import add_batch, figures, load_exported_head, replay_device
 from eagle3.model.loss import StepCounts
 from eagle3.targets import read_hf_config
-from eagle3.training.batching import collate_packed
+from eagle3.batches import collate_packed
 
 ALL = "all"
 

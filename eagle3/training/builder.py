@@ -3,38 +3,16 @@ layer ids and vocabulary from the dataset (one source of truth, never re-typed).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from eagle3.data.vocab import build_draft_vocab
 from eagle3.model.config import NORM_OPTIONS, DraftConfig
 from eagle3.model.head import Eagle3DraftHead
+from eagle3.model.serving_format import DraftMeta
 from eagle3.store import HiddenStateDataset, add_vocab
 from eagle3.targets import load_target_head_weights, read_hf_config
 from eagle3.training.init_from import check_compatible, head_vocab, load_init_weights, read_init_head
 from eagle3.training.step_path import resolve_step_path
-
-
-@dataclass
-class DraftMeta:
-    """What the export needs besides weights (also stored in every checkpoint)."""
-
-    draft_config: DraftConfig
-    aux_layer_ids: list[int]
-    verifier_name_or_path: str
-    verifier_architectures: list[str]
-    num_speculative_tokens: int
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["draft_config"] = self.draft_config.to_dict()
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "DraftMeta":
-        d = dict(d)
-        d["draft_config"] = DraftConfig.from_dict(d["draft_config"])
-        return cls(**d)
 
 
 def draft_vocab(dataset: HiddenStateDataset, size: int):

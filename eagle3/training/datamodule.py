@@ -5,21 +5,9 @@ from __future__ import annotations
 import warnings
 
 import lightning as L
-import torch
 
+from eagle3.batches import pack_rows, packed_loader, unshuffled_loader
 from eagle3.store import HiddenStateDataset
-from eagle3.training.batching import PackedBatchSampler, collate_rows, pack_rows
-
-
-class _Subset(torch.utils.data.Dataset):
-    def __init__(self, base: HiddenStateDataset, indices: list[int]):
-        self.base, self.indices = base, indices
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, i: int) -> dict:
-        return self.base[self.indices[i]]
 
 
 class Eagle3DataModule(L.LightningDataModule):
@@ -54,22 +42,14 @@ class Eagle3DataModule(L.LightningDataModule):
     def _loader(self, idx: list[int], batches: list[list[int]], shuffle: bool, batches_done: int = 0,
                 split_across_ranks: bool = True):
         rank, world = self._rank_world() if split_across_ranks else (0, 1)
-        sampler = PackedBatchSampler(batches, shuffle=shuffle, seed=self.seed, rank=rank, world_size=world,
-                                     batches_done=batches_done)
-        max_tokens, row_tokens, fixed = self.max_tokens, self.row_tokens, self.fixed_shape
-        return torch.utils.data.DataLoader(
-            _Subset(self.dataset, idx),
-            batch_sampler=sampler,
-            collate_fn=lambda items: collate_rows(items, max_tokens, row_tokens, fixed),
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,  # no worker respawn at every epoch
-        )
+        return packed_loader(self.dataset, idx, batches, max_tokens=self.max_tokens, row_tokens=self.row_tokens,
+                             fixed_shape=self.fixed_shape, shuffle=shuffle, seed=self.seed, rank=rank,
+                             world_size=world, batches_done=batches_done, num_workers=self.num_workers)
 
     def loader_for(self, idx: list[int]):
         """These samples in this module's batches, unshuffled, in this process (evaluation)."""
-        lengths = self.dataset.lengths
-        batches = pack_rows([lengths[i] for i in idx], self.max_tokens, self.row_tokens, seed=self.seed)
-        return self._loader(idx, batches, shuffle=False, split_across_ranks=False)
+        return unshuffled_loader(self.dataset, idx, max_tokens=self.max_tokens, row_tokens=self.row_tokens,
+                                 seed=self.seed, num_workers=self.num_workers)
 
     def train_dataloader(self):
         trainer = self.trainer

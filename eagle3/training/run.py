@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from eagle3.config.validate import validate_run_config
 from eagle3.cost import report, train_lines
-from eagle3.export import export_checkpoint
+from eagle3.training.export import export_checkpoint
 from eagle3.identity import DatasetNotFound, dataset_path, locate_dataset, regen_note
 from eagle3.store import DamagedDatasetError, Manifest
 from eagle3.launch import check_external_launch
@@ -45,35 +45,6 @@ def _resolve_ckpt(ckpt_path: str | None, ckpt_dir: Path) -> str | None:
 
 def _scalars(metrics: dict) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if "/" in k}
-
-
-def _evaluate(cfg: Any, export_dir: Path, ds_dir: Path, model_dir: str, logger) -> dict | None:
-    """Real acceptance from vLLM's counters (eval.enabled and vLLM installed). A failure
-    here is reported, not raised: the trained head and its export are already safe."""
-    from eagle3.evaluate import evaluate, vllm_available
-    from eagle3.evaluation.config import EngineOptions
-
-    if not cfg.eval.enabled:
-        return None
-    if not vllm_available():
-        print("eval: vLLM is not installed; skipping the acceptance measurement")
-        return None
-    try:
-        result = evaluate(
-            export_dir, eval_cfg=cfg.eval, dataset_dir=ds_dir, verifier=model_dir,
-            chat_template=cfg.model.chat_template,
-            engine=EngineOptions(
-                tensor_parallel_size=int(cfg.topology.extract_tp),
-                gpu_memory_utilization=float(cfg.capture.gpu_memory_utilization),
-                cpu_kvcache_space_gb=int(cfg.capture.cpu_kvcache_space_gb),
-                trust_remote_code=bool(cfg.model.trust_remote_code),
-            ),
-            wandb_run=logger.experiment if logger else None,
-        )
-    except Exception as e:  # noqa: BLE001 - reported in summary.json and on stderr
-        print(f"eval failed: {type(e).__name__}: {e}")
-        return {"error": f"{type(e).__name__}: {e}"}
-    return {"json": str(result.json_path), "mean_acceptance_length": result.mean_acceptance_length}
 
 
 def run(cfg: Any, extra_callbacks: Sequence[L.Callback] = ()) -> float:
@@ -170,7 +141,9 @@ def _run(cfg: Any, extra_callbacks: Sequence[L.Callback]) -> float:
         # eagle3.export`, and correct under FSDP (whose live parameters are shards)
         export_dir = export_checkpoint(checkpoint.best_model_path or ckpt_dir / "last.ckpt", output_dir / "export")
         summary["export_dir"] = str(export_dir)
-        summary["acceptance"] = _evaluate(cfg, export_dir, ds_dir, model_dir, logger)
+        from eagle3.evaluate import evaluate_trained  # the evaluate stage, loaded only here
+
+        summary["acceptance"] = evaluate_trained(cfg, export_dir, ds_dir, model_dir, logger)
         (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         print(f"summary: {output_dir / 'summary.json'}")
         print("serve it: " + serve_command(export_dir, draft_meta.verifier_name_or_path, draft_meta.num_speculative_tokens))

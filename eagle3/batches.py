@@ -5,6 +5,9 @@ model's segment ids keep packed samples from attending to each other). The packi
 computed once and is deterministic, so every pass has the same batches and a resumed run
 can skip exactly the batches it already trained on; only the batch *order* is shuffled
 per pass (seeded). In DDP each rank takes every world-th batch of that order.
+
+Below training and evaluation, which both batch a dataset this way (the Lightning data module
+and the replay of an export); plain torch.
 """
 
 from __future__ import annotations
@@ -186,3 +189,42 @@ def collate_packed(items: list[dict], max_tokens: int, pad_to: int | None = None
         "position_ids": torch.cat(pos).unsqueeze(0),
         "segment_ids": torch.cat(seg).unsqueeze(0),
     }
+
+
+class SampleSubset(torch.utils.data.Dataset):
+    """The samples of ``base`` at ``indices``, in that order."""
+
+    def __init__(self, base: torch.utils.data.Dataset, indices: list[int]):
+        self.base, self.indices = base, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> dict:
+        return self.base[self.indices[i]]
+
+
+def packed_loader(dataset: torch.utils.data.Dataset, idx: list[int], batches: list[list[int]], *, max_tokens: int,
+                  row_tokens: int | None = None, fixed_shape: bool = False, shuffle: bool = False, seed: int = 0,
+                  rank: int = 0, world_size: int = 1, batches_done: int = 0, num_workers: int = 0):
+    """A DataLoader of ``batches`` (indices into ``idx``) of these samples, collated by
+    ``collate_rows``: batches of [B, T] (aux_hidden [B, T, (L-1)H], final_hidden [B, T, H])."""
+    sampler = PackedBatchSampler(batches, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
+                                 batches_done=batches_done)
+    return torch.utils.data.DataLoader(
+        SampleSubset(dataset, idx),
+        batch_sampler=sampler,
+        collate_fn=lambda items: collate_rows(items, max_tokens, row_tokens, fixed_shape),
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0,  # no worker respawn at every epoch
+    )
+
+
+def unshuffled_loader(dataset, idx: list[int], *, max_tokens: int, row_tokens: int | None = None, seed: int = 0,
+                      num_workers: int = 0):
+    """These samples in packed batches, unshuffled, in this process (evaluation). ``dataset``
+    has ``lengths`` (tokens per sample), as eagle3.store's HiddenStateDataset."""
+    lengths = dataset.lengths
+    batches = pack_rows([lengths[i] for i in idx], max_tokens, row_tokens, seed=seed)
+    return packed_loader(dataset, idx, batches, max_tokens=max_tokens, row_tokens=row_tokens, seed=seed,
+                         num_workers=num_workers)
