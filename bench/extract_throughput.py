@@ -24,7 +24,7 @@ Runs (each over the same --batches x --batch-size x --seq random-token prompts, 
                  the capture loop (no overlap)
     disk         the disk alone: the same bytes in shard-sized files, written + fsynced by
                  --writer-threads threads, no hashing: the tokens/s this disk allows
-    vllm         VLLMCaptureBackend -> ShardWriter (CPU; only if eagle3/capture/vllm_backend.py
+    vllm         VLLMCaptureBackend -> ShardWriter (CPU; only if eagle3/target/capture_vllm.py
                  exists and vLLM imports; engine start-up is reported, not timed)
 
 Compute limit = measured bf16 matmul peak / (2 x parameters): tokens/s if every parameter
@@ -111,7 +111,7 @@ def build_model(args, device: torch.device):
         with torch.device(device):
             model = AutoModel.from_config(cfg, dtype=torch.bfloat16)
         return model.eval(), cfg.num_hidden_layers, LLAMA_8B_PARAMS, None
-    from eagle3.targets import materialize_smollm2
+    from eagle3.target.resolve import materialize_smollm2
 
     model_dir = str(materialize_smollm2(args.cache_dir))
     model = AutoModel.from_pretrained(model_dir, dtype=torch.bfloat16).to(device).eval()
@@ -188,7 +188,7 @@ def run_plain(model, prompts, keep: list[int], args, device, to_host: bool) -> R
 def hf_backend(model, model_dir, capture_ids, device, args):
     """HFCaptureBackend; for a random model, its loader returns the in-memory model instead of
     reading a checkpoint (the only change; capture, hooks and checks are the backend's own)."""
-    import eagle3.capture.hf_backend as hb
+    import eagle3.target.capture_hf as hb
 
     original = hb._load_base_model
     if model_dir is None:
@@ -255,7 +255,7 @@ def run_disk(args, root: str, bytes_per_token: int) -> RunResult:
 def run_capture(backend, prompts, args, device, name: str, root: str | None, capture_ids, hidden,
                 background: bool = False, instrument: bool = False, verify_after: bool = False) -> RunResult:
     """backend.capture -> ShardWriter.add (root None: records are dropped, nothing written)."""
-    import eagle3.capture.hf_backend as hb
+    import eagle3.target.capture_hf as hb
     import eagle3.store.writer as sw
 
     res = RunResult(name)
@@ -304,7 +304,7 @@ def run_capture(backend, prompts, args, device, name: str, root: str | None, cap
 
 def run_vllm(model_dir, prompts, args, capture_ids, hidden, root) -> RunResult:
     res = RunResult("vllm")
-    from eagle3.capture.vllm_backend import VLLMCaptureBackend
+    from eagle3.target.capture_vllm import VLLMCaptureBackend
 
     t0 = time.perf_counter()
     backend = VLLMCaptureBackend(model_dir, capture_ids, dtype=torch.bfloat16, cpu_kvcache_space_gb=2,
@@ -432,8 +432,8 @@ def finish(r: RunResult, limit: float) -> None:
 
 def vllm_or_skip(model_dir, prompts, args, capture_ids, hidden, root, gpu) -> RunResult:
     here = os.path.dirname(os.path.abspath(__file__))
-    if not os.path.exists(os.path.join(here, "..", "eagle3", "capture", "vllm_backend.py")):
-        return RunResult("vllm", status="skipped: eagle3/capture/vllm_backend.py does not exist yet")
+    if not os.path.exists(os.path.join(here, "..", "eagle3", "target", "capture_vllm.py")):
+        return RunResult("vllm", status="skipped: eagle3/target/capture_vllm.py does not exist yet")
     if model_dir is None:
         return RunResult("vllm", status="skipped: vLLM needs a model directory (random in-memory model given)")
     try:

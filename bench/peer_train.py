@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # speculators_peer, be
 from speculators_peer import import_speculators  # noqa: E402
 
 from eagle3.store import HiddenStateDataset  # noqa: E402
-from eagle3.targets import load_target_head_weights  # noqa: E402
+from eagle3.target.resolve import load_target_head_weights  # noqa: E402
 from eagle3.batches import PackedBatchSampler, collate_packed  # noqa: E402
 from eagle3.training.builder import draft_vocab  # noqa: E402
 from eagle3.training.datamodule import Eagle3DataModule  # noqa: E402

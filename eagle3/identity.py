@@ -156,7 +156,7 @@ def regen_note(manifest: Manifest) -> str:
 def legacy_fingerprint_inputs(cfg: Any, model_dir: str) -> dict:
     """The first scheme's inputs (model directory name, chat path and resolved engine in them),
     to find datasets it named."""
-    from eagle3.data.regenerate import resolve_backend
+    from eagle3.target.generate.common import resolve_backend
 
     d = Path(model_dir)
     data = OmegaConf.to_container(cfg.data, resolve=True, enum_to_str=True)

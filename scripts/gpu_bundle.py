@@ -35,7 +35,7 @@ def _pkg_dir(name: str) -> Path:
 
 def main() -> None:
     from eagle3.data.loaders import load_conversations
-    from eagle3.targets import smollm2_gguf_path
+    from eagle3.target.resolve import smollm2_gguf_path
 
     shutil.rmtree(OUT, ignore_errors=True)
     (OUT / "site").mkdir(parents=True)
@@ -46,7 +46,7 @@ def main() -> None:
         for dist in src.parent.glob(f"{DISTS[name]}-*.dist-info"):
             shutil.copytree(dist, OUT / "site" / dist.name)
     # the tokenizer alone (random-weight models borrow it: scripts/gpu2_dp_run.sh)
-    from eagle3.targets import materialize_smollm2
+    from eagle3.target.resolve import materialize_smollm2
 
     smol = Path(materialize_smollm2(ROOT / ".cache"))
     (OUT / "tok").mkdir()

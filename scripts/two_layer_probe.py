@@ -7,7 +7,7 @@ import dataclasses, sys
 import torch
 from eagle3.evaluation.replay_export import load_exported_head
 from eagle3.model.head import Eagle3DraftHead
-from eagle3.targets import read_hf_config
+from eagle3.target.resolve import read_hf_config
 from eagle3.model.serving_format import DraftMeta, save_head
 
 src, verifier, out, scale = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])

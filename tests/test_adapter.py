@@ -5,14 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle3.capture.adapter import (
+from eagle3.target.adapter import (
     CapturedSample,
     CaptureError,
     CaptureSpec,
-    decode_rpc_tensor,
     is_rpc_tensor,
     to_captured_sample,
-    unwrap_rpc_replies,
 )
 
 IDS = (2, 15, 27, 30)  # SmolLM2's aux ids + N
@@ -106,15 +104,16 @@ def test_771_slices_of_one_layer_are_refused():
 
 
 def test_list_of_replies_passed_as_hidden_is_refused():
-    with pytest.raises(CaptureError, match="unwrap_rpc_replies"):
+    with pytest.raises(CaptureError, match="a list of RPC replies"):
         capture([layers(), layers()])
 
 
 def test_undecoded_rpc_tensors_are_refused():
     buffers: list = []
-    with pytest.raises(CaptureError, match="decode_rpc_tensor"):
+    assert is_rpc_tensor(encode(layers()[0], buffers)) and not is_rpc_tensor(layers())
+    with pytest.raises(CaptureError, match="decode the RPC tensors"):
         capture([encode(x, buffers) for x in layers()])
-    with pytest.raises(CaptureError, match="decode_rpc_tensor"):
+    with pytest.raises(CaptureError, match="decode the RPC tensor"):
         capture(encode(torch.stack(layers(), 1), buffers))
 
 
@@ -196,94 +195,3 @@ def test_integer_hidden_is_not_converted():
 def test_spec_refuses_integer_dtype():
     with pytest.raises(CaptureError, match="CaptureSpec.dtype"):
         CaptureSpec(IDS, H, torch.int64, T)
-
-
-# ------------------------------------------------------------------ RPC contract
-
-
-def test_single_reply_where_a_list_of_replies_was_expected():
-    reply = layers()  # what collective_rpc(..., unique_reply_rank=0) returns: rank 0's list
-    with pytest.raises(CaptureError, match=r"expected a list of 8 replies.*got a single reply: a list of 4 "
-                                           r"items.*unique_reply_rank"):
-        unwrap_rpc_replies(reply, expected_replies=8, what="capture RPC")
-
-
-def test_list_of_replies_where_a_single_reply_was_expected():
-    replies = [layers() for _ in range(8)]
-    with pytest.raises(CaptureError, match="expected a single reply.*got a list of 8 replies"):
-        unwrap_rpc_replies(replies, expected_replies=1, what="capture RPC")
-
-
-def test_single_reply_and_list_of_one_both_unwrap_to_the_full_reply():
-    reply = layers()
-    for form in (reply, [reply]):
-        got = unwrap_rpc_replies(form, expected_replies=1, what="capture RPC")
-        assert len(got) == 1 and len(got[0]) == L  # all 4 layers, not layer 0's rows
-        s = capture(got[0])
-        assert s.hidden.shape == (T, L, H)
-
-
-def test_list_of_replies_unwraps_and_wrong_counts_are_refused():
-    replies = [layers() for _ in range(4)]
-    assert len(unwrap_rpc_replies(replies, expected_replies=4, what="rpc")) == 4
-    with pytest.raises(CaptureError, match="expected 8 replies, got 4 replies"):
-        unwrap_rpc_replies(replies, expected_replies=8, what="rpc")
-    with pytest.raises(CaptureError, match=r"None from workers \[1\]"):
-        unwrap_rpc_replies([replies[0], None], expected_replies=2, what="rpc")
-    with pytest.raises(CaptureError, match=r"rpc reply\[0\]: expected one worker's reply"):
-        unwrap_rpc_replies([[layers()], [layers()]], expected_replies=2, what="rpc")
-    with pytest.raises(CaptureError, match="empty list"):
-        unwrap_rpc_replies([], expected_replies=1, what="rpc")
-
-
-def test_encoded_single_reply_is_recognised_as_single():
-    buffers: list = []
-    reply = [encode(x, buffers) for x in layers()]
-    with pytest.raises(CaptureError, match="got a single reply"):
-        unwrap_rpc_replies(reply, expected_replies=2, what="rpc")
-    (got,) = unwrap_rpc_replies(reply, expected_replies=1, what="rpc")
-    s = capture([decode_rpc_tensor(x, buffers) for x in got])
-    assert torch.equal(s.hidden, torch.stack(layers(), 1).to(torch.bfloat16))
-
-
-def test_is_reply_resolves_nested_replies():
-    per_request = [layers(), layers()]  # one worker's reply: per request, per layer
-    got = unwrap_rpc_replies(per_request, expected_replies=1, what="rpc",
-                             is_reply=lambda r: isinstance(r[0], list))
-    assert got == [per_request]
-
-
-# ------------------------------------------------------------------ RPC tensors
-
-
-def test_decode_rpc_tensor_round_trips_dtypes_and_forms():
-    buffers: list = []
-    for t in (torch.randn(3, 5).to(torch.bfloat16), torch.arange(6, dtype=torch.int64).view(2, 3),
-              torch.randn(4)):
-        enc = encode(t, buffers)
-        assert is_rpc_tensor(enc)
-        assert torch.equal(decode_rpc_tensor(enc, buffers), t)
-        enc_torch_prefix = ["torch." + enc[0], enc[1], enc[2]]
-        assert torch.equal(decode_rpc_tensor(enc_torch_prefix, buffers), t)
-    inline = torch.randn(2, 2)
-    raw = inline.view(torch.uint8).numpy().tobytes()
-    assert torch.equal(decode_rpc_tensor(["float32", [2, 2], raw]), inline)
-    assert torch.equal(decode_rpc_tensor(["<f4", [2, 2], memoryview(raw)]), inline)  # numpy dtype str
-    assert decode_rpc_tensor(inline) is inline
-
-
-def test_decode_rpc_tensor_refuses_bad_input():
-    buffers: list = []
-    enc = encode(torch.randn(3, 5).to(torch.bfloat16), buffers)
-    with pytest.raises(CaptureError, match=r"expected 32 bytes \(shape \[4, 4\] x 2 B of torch.bfloat16\), got 30"):
-        decode_rpc_tensor(["bfloat16", [4, 4], 0], buffers)
-    with pytest.raises(CaptureError, match="no buffers"):
-        decode_rpc_tensor(enc)
-    with pytest.raises(CaptureError, match="buffer index: expected 0..0, got 3"):
-        decode_rpc_tensor(["bfloat16", [3, 5], 3], buffers)
-    with pytest.raises(CaptureError, match="dtype: expected a torch or numpy dtype name"):
-        decode_rpc_tensor(["bloat16", [3, 5], 0], buffers)
-    with pytest.raises(CaptureError, match="out-of-band"):
-        decode_rpc_tensor(["bfloat16", [3, 5], {"handle": 1}], buffers)
-    with pytest.raises(CaptureError, match=r"rpc tensor: expected a tensor or \[dtype, shape, buffer-index\]"):
-        decode_rpc_tensor([1, 2, 3])

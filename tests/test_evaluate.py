@@ -281,7 +281,7 @@ def _random_head_export(out_dir: Path, target_dir: Path, layers: int = 1, **norm
     from eagle3.data.vocab import build_draft_vocab
     from eagle3.model.config import DraftConfig
     from eagle3.model.head import Eagle3DraftHead
-    from eagle3.targets import load_target_head_weights, read_hf_config
+    from eagle3.target.resolve import load_target_head_weights, read_hf_config
     from eagle3.model.serving_format import DraftMeta, save_head
 
     hf = read_hf_config(target_dir)

@@ -11,9 +11,9 @@ import pytest
 import torch
 import yaml
 
-from eagle3.capture.adapter import CaptureError
-from eagle3.capture.hf_backend import HFCaptureBackend
-from eagle3.targets import materialize_smollm2, materialize_tiny
+from eagle3.target.adapter import CaptureError
+from eagle3.target.capture_hf import HFCaptureBackend
+from eagle3.target.resolve import materialize_smollm2, materialize_tiny
 
 CACHE = Path(__file__).resolve().parents[1] / ".cache"
 CONF = Path(__file__).resolve().parents[1] / "conf" / "model"
@@ -158,6 +158,19 @@ def test_empty_prompt_is_refused(tiny_deepseek):
         list(backend.capture([("e", empty, empty.bool())]))
 
 
+def test_both_backends_offer_what_extraction_calls():
+    """extraction calls CaptureBackend's methods alone: both backends take the same arguments."""
+    import inspect
+
+    from eagle3.target.backend import CaptureBackend
+    from eagle3.target.capture_vllm import VLLMCaptureBackend  # vLLM itself is imported at construction
+
+    for cls in (HFCaptureBackend, VLLMCaptureBackend):
+        for name in ("capture_with_ids", "capture", "close"):
+            want = list(inspect.signature(getattr(CaptureBackend, name)).parameters)
+            assert list(inspect.signature(getattr(cls, name)).parameters) == want, (cls.__name__, name)
+
+
 def test_records_are_handed_over_per_batch(tiny_deepseek):
     """capture_with_ids yields a batch's records before the next batch's forward runs, so a
     consumer (the shard writer) overlaps the capture; capture() keeps input order."""
@@ -197,7 +210,7 @@ def test_nan_in_the_model_is_refused_by_the_adapter(tiny_deepseek):
 
 
 # ---------------------------------------------------------------------------- CUDA: the host copy
-# overlaps the next forward (eagle3/capture/host_copy.py); run on a GPU machine with
+# overlaps the next forward (eagle3/target/host_copy.py); run on a GPU machine with
 #   python -m pytest tests/test_hf_capture.py -k cuda
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -16,8 +16,8 @@ import torch
 from omegaconf.errors import InterpolationResolutionError
 
 from conftest import CACHE, compose
-from eagle3.hub import HubError, resolve_model_dir
-from eagle3.targets import materialize_tiny, resolve_target
+from eagle3.target.hub import HubError, resolve_model_dir
+from eagle3.target.resolve import materialize_tiny, resolve_target
 
 MAIN, V2, REMOTE = "a" * 40, "b" * 40, "c" * 40
 REPO, REMOTE_REPO = "my-org/tiny-llama", "my-org/tiny-remote"
@@ -112,7 +112,7 @@ def test_hub_errors_name_the_id_revision_and_the_remedy(offline_hub, tmp_path):
 
 def test_trust_remote_code_reaches_transformers(offline_hub, tmp_path):
     """A hub model with its own code loads only with model.trust_remote_code=true."""
-    from eagle3.extraction.backends import make_backend
+    from eagle3.target.backend import make_backend
 
     cfg = compose("extract", ["model=hf", f"model.path={REMOTE_REPO}", "capture=hf"])
     model_dir = resolve_target(cfg.model, tmp_path)

@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import compose
-from eagle3.hub import HubError
+from eagle3.target.hub import HubError
 from eagle3.store import HiddenStateDataset
-from eagle3.targets import load_target_head_weights, resolve_target
+from eagle3.target.resolve import load_target_head_weights, resolve_target
 from eagle3.training.builder import build_head
 from eagle3.training.init_from import InitFromError
 from eagle3.training.run import find_dataset

@@ -38,10 +38,6 @@ GROUPS = {
     "eagle3.store": "store",
     "eagle3.data": "data",
     "eagle3.target": "target",
-    # the target layer's modules under their top-level names (eagle3/targets.py, hub.py, capture/)
-    "eagle3.targets": "target",
-    "eagle3.hub": "target",
-    "eagle3.capture": "target",
     "eagle3.batches": "batches",
     "eagle3.atomic": "util",
     "eagle3.faults": "util",

@@ -8,8 +8,9 @@ import json
 import pytest
 
 from eagle3.data.conversation import Conversation
-from eagle3.data.regenerate import cache_key, make_regenerator, resolve_backend
-from eagle3.data.regenerate_hf import HFRegenerator
+from eagle3.target.generate.common import cache_key, resolve_backend
+from eagle3.target.generate.dispatch import make_regenerator
+from eagle3.target.generate.hf_engine import HFRegenerator
 
 
 def _convs() -> list[Conversation]:

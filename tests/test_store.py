@@ -14,7 +14,7 @@ import textwrap
 import pytest
 import torch
 
-from eagle3.capture.adapter import CapturedSample
+from eagle3.target.adapter import CapturedSample
 from eagle3.store import (
     DiskSpaceError,
     FingerprintMismatchError,

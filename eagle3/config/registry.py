@@ -9,7 +9,7 @@ from omegaconf import ListConfig, OmegaConf
 
 from eagle3 import launch, layers, plan
 from eagle3.config import schema
-from eagle3.hub import model_config_file
+from eagle3.target.hub import model_config_file
 
 _GROUPS = {
     "model": schema.ModelConfig,

@@ -7,6 +7,9 @@
     split.py         hash-based train/val split (stable when max_samples grows)
     vocab.py         token frequencies over loss-masked tokens, draft vocab (d2t, t2d)
     pipeline.py      prepare_samples: load -> [regenerate] -> render -> split
+
+Nothing here runs a model: answers written by the target (eagle3.target.generate) come in
+as the ``regenerate`` callable of prepare_samples.
 """
 
 from eagle3.data.conversation import Conversation, DataError

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from eagle3.atomic import write_text
-from eagle3.capture.vllm_versions import check_vllm_version
+from eagle3.target.vllm_versions import check_vllm_version
 
 
 

@@ -26,7 +26,7 @@ from eagle3.model.loss import StepCounts, eagle3_loss
 from eagle3.model.replay import replay_counts, replay_metrics
 from eagle3.model.serving_format import load_head
 from eagle3.store import HiddenStateDataset, shards_on_disk
-from eagle3.targets import load_target_head_weights, read_hf_config
+from eagle3.target.resolve import load_target_head_weights, read_hf_config
 
 
 def load_exported_head(export_dir: str | Path, verifier: str | Path) -> tuple[Eagle3DraftHead, list[int]]:

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from eagle3.capture.hf_backend import HFCaptureBackend
+from eagle3.target.capture_hf import HFCaptureBackend
 from eagle3.evaluation.replay_export import add_batch, figures, load_exported_head, replay_device
 from eagle3.model.loss import StepCounts
-from eagle3.targets import read_hf_config
+from eagle3.target.resolve import read_hf_config
 from eagle3.batches import collate_packed
 
 ALL = "all"

@@ -23,7 +23,6 @@ from eagle3.cost import capture_seconds, extract_lines, minutes, report
 from eagle3.data.hf_source import HFOptions
 from eagle3.data.pipeline import prepare_samples
 from eagle3.data.vocab import build_draft_vocab, token_frequencies
-from eagle3.extraction.backends import make_backend
 from eagle3.identity import check_regen_engine, dataset_path, fingerprint_inputs, legacy_dataset_path, provenance, regen_note
 from eagle3.faults import fault
 from eagle3.launch import extraction_shard
@@ -33,7 +32,8 @@ from eagle3.store.disk import free_bytes
 from eagle3.store.layout import LOCK
 from eagle3.store.merge import merge_parts, owner_shard, part_dir
 from eagle3.store.reader import damaged_shards
-from eagle3.targets import resolve_target
+from eagle3.target.backend import CaptureBackend, make_backend
+from eagle3.target.resolve import resolve_target
 
 console = Console(stderr=True)
 
@@ -169,7 +169,7 @@ def _regenerator(cfg: Any, model_dir: str):
     """The target answers the user turns itself (data.regenerate=true): vLLM or transformers."""
     if not cfg.data.regenerate:
         return None
-    from eagle3.data.regenerate import make_regenerator
+    from eagle3.target.generate.dispatch import make_regenerator
 
     return make_regenerator(
         cfg.data.regen_backend, model_dir, cfg.paths.cache_dir, temperature=float(cfg.data.regen_temperature),
@@ -196,7 +196,7 @@ def _disk_full_message(e: DiskSpaceError, cfg: Any, ds_dir: Path, todo, writer: 
             "(nothing half-written is listed): free space, then re-run the same command to resume")
 
 
-def _capture(backend, todo, writer: ShardWriter) -> None:
+def _capture(backend: CaptureBackend, todo, writer: ShardWriter) -> None:
     feed = ((s.id, s.input_ids, s.loss_mask) for s in todo)
     t0, tokens = time.perf_counter(), 0
     with _progress() as bar:

@@ -10,7 +10,7 @@ from eagle3.model.config import NORM_OPTIONS, DraftConfig
 from eagle3.model.head import Eagle3DraftHead
 from eagle3.model.serving_format import DraftMeta
 from eagle3.store import HiddenStateDataset, add_vocab
-from eagle3.targets import load_target_head_weights, read_hf_config
+from eagle3.target.resolve import load_target_head_weights, read_hf_config
 from eagle3.training.init_from import check_compatible, head_vocab, load_init_weights, read_init_head
 from eagle3.training.step_path import resolve_step_path
 

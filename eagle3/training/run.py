@@ -18,7 +18,7 @@ from eagle3.training.export import export_checkpoint
 from eagle3.identity import DatasetNotFound, dataset_path, locate_dataset, regen_note
 from eagle3.store import DamagedDatasetError, Manifest
 from eagle3.launch import check_external_launch
-from eagle3.targets import resolve_target
+from eagle3.target.resolve import resolve_target
 from eagle3.training.builder import build_head
 from eagle3.training.callbacks import TokenThroughput, TrainEta
 from eagle3.training.datamodule import Eagle3DataModule

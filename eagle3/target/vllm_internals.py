@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from eagle3.capture.vllm_versions import check_vllm_version
+from eagle3.target.vllm_versions import check_vllm_version
 
 # SamplingParams.extra_args key carrying the file a request's hidden states go to
 PATH_KEY = "eagle3_hidden_states_path"

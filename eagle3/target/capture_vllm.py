@@ -1,7 +1,7 @@
 """Capture with vLLM: prompts go in as token ids, hidden states come back as files.
 
 Each prompt is one request generating a single token (we only need the prompt's states).
-vLLM's `extract_hidden_states` method plus our KV connector (eagle3/capture/vllm_internals.py,
+vLLM's `extract_hidden_states` method plus our KV connector (eagle3/target/vllm_internals.py,
 the one module that touches vLLM internals) make TP rank 0 write one safetensors file per
 request on the step its prompt completes; this module reads each file back and hands it to
 the typed adapter, which checks layers, hidden size, token count, token ids and finiteness.
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from eagle3.capture.adapter import CapturedSample, CaptureError, CaptureSpec, to_captured_sample
+from eagle3.target.adapter import CapturedSample, CaptureError, CaptureSpec, to_captured_sample
 
 FILE_WAIT_S = 60.0  # the writer is the rank whose output the engine returns, so this is a guard
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
@@ -99,7 +99,7 @@ def read_capture_file(
     """One connector file -> a checked record (the adapter refuses missing rows or wrong ids)."""
     from safetensors.torch import load_file
 
-    from eagle3.capture.vllm_internals import FIRST_POSITION_KEY, HIDDEN_KEY, TOKENS_KEY
+    from eagle3.target.vllm_internals import FIRST_POSITION_KEY, HIDDEN_KEY, TOKENS_KEY
 
     data = load_file(path)
     missing = [k for k in (HIDDEN_KEY, TOKENS_KEY, FIRST_POSITION_KEY) if k not in data]
@@ -174,7 +174,7 @@ class VLLMCaptureBackend:
         self.stats = CaptureStats()
         self._counter = 0
 
-        from eagle3.capture import vllm_internals  # checks the vLLM version first
+        from eagle3.target import vllm_internals  # checks the vLLM version first
 
         engine_env: dict[str, str] = {}
         if not torch.cuda.is_available():

@@ -1,5 +1,5 @@
 """data.regen_backend=hf: the target answers through transformers, for machines without vLLM
-(the GPU image). Llama-family targets decode with ``eagle3.data.fast_decode`` (a KV cache
+(the GPU image). Llama-family targets decode with ``eagle3.target.generate.fast_decode`` (a KV cache
 read once per step, finished rows dropped); any other target with ``generate``."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import logging
 import time
 from pathlib import Path
 
-from eagle3.data.regenerate import Regenerator
+from eagle3.target.generate.common import Regenerator
 
 log = logging.getLogger(__name__)
 
@@ -18,7 +18,7 @@ class HFRegenerator(Regenerator):
     on the GPU when there is one), each cut at its own room and its first end-of-turn token,
     so batching never changes an answer's length limit.
 
-    ``fast_decode`` (default): ``eagle3.data.fast_decode.decode`` for Llama-family targets, a
+    ``fast_decode`` (default): ``eagle3.target.generate.fast_decode.decode`` for Llama-family targets, a
     preallocated KV cache read once per step (H200: 1.95x ``generate`` on a random-weight probe;
     all 17,295 ShareGPT first turns in ~2.5 min, ~4x ``generate``), the same greedy
     answers in fp32 (bf16 near ties may flip); ``generate`` for any other target, with
@@ -74,7 +74,7 @@ class HFRegenerator(Regenerator):
 
     def _use_fast(self) -> bool:
         if self._fast is None:
-            from eagle3.data.fast_decode import generate_settings, unsupported_reason
+            from eagle3.target.generate.fast_decode import generate_settings, unsupported_reason
 
             if not self.fast_decode:
                 reason = "fast_decode=False"
@@ -95,7 +95,7 @@ class HFRegenerator(Regenerator):
 
         model, stop = self._load(), self._stop_ids()
         if self._use_fast():
-            from eagle3.data.fast_decode import decode
+            from eagle3.target.generate.fast_decode import decode
 
             # seeded like generate's global generator: _complete seeds each batch with manual_seed
             gen = torch.Generator(device=model.device).manual_seed(torch.initial_seed())

@@ -5,9 +5,11 @@ A draft learns to predict the *target's* continuations, so answers written by th
 user turn is answered by the target given the conversation so far (its own earlier
 answers included), batched across conversations turn by turn.
 
-Two engines write the same cache: ``VLLMRegenerator`` (vLLM; the CPU build here, CUDA vLLM
-elsewhere) and ``regenerate_hf.HFRegenerator`` (transformers, for machines without vLLM such
-as the GPU image). ``data.regen_backend=auto`` takes vLLM when it imports.
+Two engines write the same cache: ``vllm_engine.VLLMRegenerator`` (vLLM; the CPU build here,
+CUDA vLLM elsewhere) and ``hf_engine.HFRegenerator`` (transformers, for machines without vLLM
+such as the GPU image); ``dispatch.make_regenerator`` picks one. This module is what both
+share: the ``Regenerator`` base (turns, cache, seeds) and the engine name.
+``data.regen_backend=auto`` takes vLLM when it imports.
 
 Answers are cached on disk, keyed by the target (config + tokenizer files), the engine,
 the sampling settings, the turn limit and the chat template, one JSON line per
@@ -175,57 +177,3 @@ class Regenerator:
         # a conversation with no answered turn (prompt too long) renders with no loss
         # tokens and is dropped and counted by the pipeline
         return [replace(c, messages=self.cache[c.id]["messages"]) for c in batch]
-
-
-class VLLMRegenerator(Regenerator):
-    backend = "vllm"
-
-    def __init__(self, model_dir: str, cache_dir: str | Path, *, cpu_kvcache_space_gb: int = 4,
-                 gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1, **kwargs):
-        super().__init__(model_dir, cache_dir, **kwargs)
-        self.engine_args = dict(gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size)
-        self.kv_space = int(cpu_kvcache_space_gb)
-        self._llm = None
-
-    def _engine(self):
-        if self._llm is None:
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_space))
-            import torch
-            from vllm import LLM
-
-            # eager on CPU: vllm-cpu's compiled graph costs minutes to build here, and gave
-            # wrong greedy answers in a mixed-length batch (measured: SmolLM2, vllm-cpu 0.32)
-            self._llm = LLM(model=self.model_dir, dtype="bfloat16", max_model_len=self.max_model_len,
-                            seed=self.seed, enable_prefix_caching=True, trust_remote_code=self.trust_remote_code,
-                            enforce_eager=not torch.cuda.is_available(), **self.engine_args)
-        return self._llm
-
-    def close(self) -> None:
-        self._llm = None
-        super().close()
-
-    def _complete(self, prompts: list[list[int]], rooms: list[int]) -> list[str]:
-        from vllm import SamplingParams, TokensPrompt
-
-        llm = self._engine()
-        params = [SamplingParams(temperature=self.temperature, max_tokens=r, seed=self.seed, skip_special_tokens=True)
-                  for r in rooms]
-        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=True)
-        self.new_tokens += sum(len(o.outputs[0].token_ids) for o in outs)
-        return [o.outputs[0].text for o in outs]
-
-
-def make_regenerator(backend: str, model_dir: str, cache_dir: str | Path, **kwargs) -> Regenerator:
-    """The engine for ``data.regen_backend`` (``auto``: vLLM when installed). Keyword arguments
-    an engine does not take are dropped (the vLLM engine sizes, the HF batch)."""
-    engine = resolve_backend(backend)
-    vllm_only = ("cpu_kvcache_space_gb", "gpu_memory_utilization", "tensor_parallel_size")
-    if engine == "vllm":
-        kwargs.pop("gen_batch_size", None)
-        kwargs.pop("static_cache", None)
-        return VLLMRegenerator(model_dir, cache_dir, **kwargs)
-    for k in vllm_only:
-        kwargs.pop(k, None)
-    from eagle3.data.regenerate_hf import HFRegenerator
-
-    return HFRegenerator(model_dir, cache_dir, **kwargs)

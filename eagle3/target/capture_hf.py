@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from eagle3.capture.adapter import CapturedSample, CaptureError, CaptureSpec, to_captured_sample
-from eagle3.capture.host_copy import BatchToHost
+from eagle3.target.adapter import CapturedSample, CaptureError, CaptureSpec, to_captured_sample
+from eagle3.target.host_copy import BatchToHost
 
 SORT_WINDOW_BATCHES = 16  # samples are sorted by length within this many batches' worth
 

@@ -1,16 +1,39 @@
-"""Pick the capture backend named by config; both yield checked CapturedSamples."""
+"""The capture backend protocol extraction calls, and the backend named by config
+(``capture.backend=hf|vllm``); both yield checked CapturedSamples."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
 
 import torch
 
+from eagle3.target.records import CapturedSample
 
-def make_backend(cfg: Any, model_dir: str, capture_ids: list[int], dtype: torch.dtype, max_length: int):
+Feed = Iterable[tuple[str, torch.Tensor, torch.Tensor]]  # (sample_id, input_ids [T], loss_mask [T])
+
+
+class CaptureBackend(Protocol):
+    """What ``capture_hf.HFCaptureBackend`` and ``capture_vllm.VLLMCaptureBackend`` both offer."""
+
+    def capture_with_ids(self, samples: Feed) -> Iterator[tuple[str, CapturedSample]]:
+        """(sample_id, record) pairs in the backend's own order: pair them by id."""
+        ...
+
+    def capture(self, samples: Feed) -> Iterator[CapturedSample]:
+        """One record per input, in input order."""
+        ...
+
+    def close(self) -> None:
+        """Free the model (and the engine, spill files); the backend is unusable after."""
+        ...
+
+
+def make_backend(cfg: Any, model_dir: str, capture_ids: list[int], dtype: torch.dtype,
+                 max_length: int) -> CaptureBackend:
     backend = str(getattr(cfg.capture.backend, "value", cfg.capture.backend))
     if backend == "hf":
-        from eagle3.capture.hf_backend import HFCaptureBackend
+        from eagle3.target.capture_hf import HFCaptureBackend
 
         device = "cuda" if str(cfg.topology.accelerator) in ("gpu", "cuda") and torch.cuda.is_available() else "cpu"
         return HFCaptureBackend(
@@ -19,7 +42,7 @@ def make_backend(cfg: Any, model_dir: str, capture_ids: list[int], dtype: torch.
             trust_remote_code=bool(cfg.model.trust_remote_code),
         )
     if backend == "vllm":
-        from eagle3.capture.vllm_backend import VLLMCaptureBackend
+        from eagle3.target.capture_vllm import VLLMCaptureBackend
 
         return VLLMCaptureBackend(
             model_dir, capture_ids, dtype=dtype,

@@ -16,11 +16,41 @@ from typing import Any
 import numpy as np
 import torch
 
-from eagle3.capture.records import CapturedSample, CaptureError, CaptureSpec
-from eagle3.capture.rpc import _describe, decode_rpc_tensor, is_rpc_tensor, unwrap_rpc_replies
+from eagle3.target.records import CapturedSample, CaptureError, CaptureSpec
 
-__all__ = ["CaptureError", "CaptureSpec", "CapturedSample", "decode_rpc_tensor", "is_rpc_tensor",
-           "to_captured_sample", "unwrap_rpc_replies"]
+__all__ = ["CaptureError", "CaptureSpec", "CapturedSample", "is_rpc_tensor", "to_captured_sample"]
+
+
+def is_rpc_tensor(obj: Any) -> bool:
+    """True for vLLM's msgpack encoding of a tensor: [dtype str, shape, index | bytes]."""
+    return (
+        isinstance(obj, (list, tuple))
+        and len(obj) == 3
+        and isinstance(obj[0], str)
+        and isinstance(obj[1], (list, tuple))
+        and all(isinstance(d, int) and not isinstance(d, bool) for d in obj[1])
+        and not isinstance(obj[2], (list, tuple, str))
+    )
+
+
+def _describe(obj: Any, depth: int = 0) -> str:
+    """A short structural description for error messages (type, shape, length)."""
+    if isinstance(obj, torch.Tensor):
+        return f"tensor{list(obj.shape)} {obj.dtype}"
+    if isinstance(obj, np.ndarray):
+        return f"ndarray{list(obj.shape)} {obj.dtype}"
+    if is_rpc_tensor(obj):
+        return f"an undecoded RPC tensor [{obj[0]!r}, {list(obj[1])}, ...]"
+    if isinstance(obj, (list, tuple)):
+        kind = type(obj).__name__
+        if not obj:
+            return f"an empty {kind}"
+        if depth >= 2:
+            return f"a {kind} of {len(obj)}"
+        first = _describe(obj[0], depth + 1)
+        same = all(type(x) is type(obj[0]) for x in obj)
+        return f"a {kind} of {len(obj)} items (first: {first}{'' if same else ', mixed types'})"
+    return type(obj).__name__
 
 
 def _as_1d(values: Any, *, field: str, sample_id: str | None) -> torch.Tensor:
@@ -80,10 +110,10 @@ def _stack_hidden(hidden: Any, spec: CaptureSpec, sample_id: str | None) -> torc
         if len(hidden) and all(isinstance(x, (list, tuple)) and not is_rpc_tensor(x) for x in hidden):
             raise CaptureError("hidden", f"a list of {L} layer tensors [T, H]",
                                f"a list of lists: {_describe(hidden)}", sample_id=sample_id,
-                               hint="a list of RPC replies? unwrap it with unwrap_rpc_replies")
+                               hint="a list of RPC replies? pass one reply's layer tensors")
         bad = [i for i, x in enumerate(hidden) if not isinstance(x, (torch.Tensor, np.ndarray))]
         if bad:
-            hint = ("decode RPC tensors with decode_rpc_tensor first"
+            hint = ("decode the RPC tensors to tensors first"
                     if is_rpc_tensor(hidden[bad[0]]) else None)
             raise CaptureError(f"hidden[{bad[0]}]", "a tensor [T, H]", _describe(hidden[bad[0]]),
                                sample_id=sample_id, hint=hint)
@@ -108,7 +138,7 @@ def _stack_hidden(hidden: Any, spec: CaptureSpec, sample_id: str | None) -> torc
         if len({x.device for x in parts}) != 1:
             parts = [x.cpu() for x in parts]
         return torch.stack([x.detach() for x in parts], dim=1)  # on the layers' device
-    hint = "decode it with decode_rpc_tensor first" if is_rpc_tensor(hidden) else None
+    hint = "decode the RPC tensor to a tensor first" if is_rpc_tensor(hidden) else None
     raise CaptureError("hidden", f"a tensor {want} or a list of {L} tensors [T, H]",
                        _describe(hidden), sample_id=sample_id, hint=hint)
 
