@@ -21,6 +21,7 @@ _GROUPS = {
     "logger": schema.LoggerConfig,
     "paths": schema.PathsConfig,
     "trainer": schema.TrainerConfig,
+    "callbacks": schema.CallbacksConfig,
 }
 
 

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, RichProgressBar
 from omegaconf import OmegaConf
 
 from eagle3.config.validate import validate_run_config
@@ -20,7 +19,7 @@ from eagle3.store import DamagedDatasetError, Manifest
 from eagle3.launch import check_external_launch
 from eagle3.target.resolve import resolve_target
 from eagle3.training.builder import build_head
-from eagle3.training.callbacks import TokenThroughput, TrainEta
+from eagle3.training.callbacks import build_callbacks
 from eagle3.training.datamodule import Eagle3DataModule
 from eagle3.training.loggers import build_logger
 from eagle3.training.checkpoint_io import AtomicCheckpointIO, newest_whole_checkpoint
@@ -85,20 +84,9 @@ def _run(cfg: Any, extra_callbacks: Sequence[L.Callback]) -> float:
 
     ckpt_dir = output_dir / "checkpoints"
     best_metric = str(cfg.optimized_metric)  # the exported checkpoint is the best by it
-    checkpoint = ModelCheckpoint(
-        dirpath=ckpt_dir, filename="best-step{step}", monitor=best_metric, mode="min" if "loss" in best_metric else "max",
-        save_top_k=1, save_last=True, auto_insert_metric_name=False,
-    )
     logger = build_logger(cfg, output_dir)
-    callbacks = [checkpoint, TokenThroughput(), TrainEta(int(cfg.train.max_steps))]
-    if cfg.trainer.enable_progress_bar:
-        callbacks.append(RichProgressBar())
-    if cfg.trainer.early_stopping.patience is not None:
-        callbacks.append(EarlyStopping(monitor=best_metric, mode=checkpoint.mode,
-                                       patience=int(cfg.trainer.early_stopping.patience),
-                                       min_delta=float(cfg.trainer.early_stopping.min_delta)))
-    if logger:
-        callbacks.append(LearningRateMonitor(logging_interval="step"))
+    checkpoint, callbacks = build_callbacks(cfg.callbacks, best_metric, ckpt_dir, max_steps=int(cfg.train.max_steps),
+                                            with_logger=bool(logger), progress_bar=bool(cfg.trainer.enable_progress_bar))
     callbacks += list(extra_callbacks)
     topo = cfg.topology
     n_val = int(cfg.train.val_check_interval)
@@ -155,9 +143,8 @@ def _run(cfg: Any, extra_callbacks: Sequence[L.Callback]) -> float:
 
 
 def trainer_arguments(trainer_cfg: Any) -> dict[str, Any]:
-    """trainer.* as L.Trainer keyword arguments: the set ones, without the early-stopping block."""
-    return {k: v for k, v in OmegaConf.to_container(trainer_cfg, resolve=True).items()
-            if k != "early_stopping" and v is not None}
+    """trainer.* as L.Trainer keyword arguments: the set ones."""
+    return {k: v for k, v in OmegaConf.to_container(trainer_cfg, resolve=True).items() if v is not None}
 
 
 def serve_command(export_dir: Path, verifier: str, num_draft_tokens: int) -> str:
