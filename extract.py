@@ -1,7 +1,7 @@
 """Run the target over chat data and write the hidden-state dataset (+ draft vocab) to disk.
 
-    python extract.py --help            # config groups and overrides
-    python extract.py --cfg job --resolve
+python extract.py --help            # config groups and overrides
+python extract.py --cfg job --resolve
 """
 
 import hydra

@@ -1,7 +1,7 @@
 """Train an EAGLE-3 draft head on an extracted hidden-state dataset; export it for vLLM.
 
-    python train.py --help            # config groups and overrides
-    python train.py --cfg job --resolve
+python train.py --help            # config groups and overrides
+python train.py --cfg job --resolve
 """
 
 import hydra

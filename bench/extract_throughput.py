@@ -50,10 +50,24 @@ from pathlib import Path
 
 import torch
 
-LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                num_key_value_heads=8, vocab_size=128256, max_position_embeddings=131072, rope_theta=500000.0,
-                rms_norm_eps=1e-5, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+LLAMA_8B = dict(
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    vocab_size=128256,
+    max_position_embeddings=131072,
+    rope_theta=500000.0,
+    rms_norm_eps=1e-5,
+    rope_scaling={
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+)
 LLAMA_8B_PARAMS = 8.03e9  # the full Llama-3.1-8B (with lm_head): the brief's "2 x params" limit
 
 
@@ -122,8 +136,10 @@ def build_model(args, device: torch.device):
 def make_prompts(args, vocab: int) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(0)
     n = args.batches * args.batch_size
-    return [(f"s{i:05d}", torch.randint(0, vocab, (args.seq,), generator=g), torch.rand(args.seq, generator=g) < 0.7)
-            for i in range(n)]
+    return [
+        (f"s{i:05d}", torch.randint(0, vocab, (args.seq,), generator=g), torch.rand(args.seq, generator=g) < 0.7)
+        for i in range(n)
+    ]
 
 
 # ----------------------------------------------------------------------------- instrumentation
@@ -166,8 +182,9 @@ class Timers:
 @torch.inference_mode()
 def run_plain(model, prompts, keep: list[int], args, device, to_host: bool) -> RunResult:
     res = RunResult("plain_d2h" if to_host else "plain")
-    batches = [torch.stack([p[1] for p in prompts[i:i + args.batch_size]])
-               for i in range(0, len(prompts), args.batch_size)]
+    batches = [
+        torch.stack([p[1] for p in prompts[i : i + args.batch_size]]) for i in range(0, len(prompts), args.batch_size)
+    ]
     warm = batches[0].to(device)  # warm-up: the same call as timed
     model(input_ids=warm, attention_mask=torch.ones_like(warm), output_hidden_states=True, use_cache=False)
     sync(device)
@@ -194,9 +211,14 @@ def hf_backend(model, model_dir, capture_ids, device, args):
     if model_dir is None:
         hb._load_base_model = lambda _dir, _dtype: model
     try:
-        return hb.HFCaptureBackend(model_dir or "<random llama3-8b in memory>", capture_ids, dtype=torch.bfloat16,
-                                   device=str(device), max_tokens_per_batch=args.batch_size * args.seq,
-                                   batch_size=args.batch_size)
+        return hb.HFCaptureBackend(
+            model_dir or "<random llama3-8b in memory>",
+            capture_ids,
+            dtype=torch.bfloat16,
+            device=str(device),
+            max_tokens_per_batch=args.batch_size * args.seq,
+            batch_size=args.batch_size,
+        )
     finally:
         hb._load_base_model = original
 
@@ -204,19 +226,35 @@ def hf_backend(model, model_dir, capture_ids, device, args):
 def open_writer(root: str, capture_ids, hidden: int, name: str, background: bool, args):
     shutil.rmtree(os.path.join(root, name), ignore_errors=True)
     threads = 1 if name == "hf_1thread" else args.writer_threads
-    return open_writer_existing(root, capture_ids, hidden, name, args, verify="fast", background=background,
-                                writer_threads=threads)
+    return open_writer_existing(
+        root, capture_ids, hidden, name, args, verify="fast", background=background, writer_threads=threads
+    )
 
 
-def open_writer_existing(root: str, capture_ids, hidden: int, name: str, args, verify: str = "full",
-                         background: bool = False, writer_threads: int = 1):
+def open_writer_existing(
+    root: str,
+    capture_ids,
+    hidden: int,
+    name: str,
+    args,
+    verify: str = "full",
+    background: bool = False,
+    writer_threads: int = 1,
+):
     from eagle3.store import ShardWriter
 
     directory = os.path.join(root, name)
-    return ShardWriter(directory, layer_ids=capture_ids, hidden_size=hidden, dtype=torch.bfloat16,
-                       fingerprint_inputs={"bench": "extract_throughput", "run": name},
-                       shard_max_tokens=args.shard_tokens, verify=verify, background=background,
-                       writer_threads=writer_threads)
+    return ShardWriter(
+        directory,
+        layer_ids=capture_ids,
+        hidden_size=hidden,
+        dtype=torch.bfloat16,
+        fingerprint_inputs={"bench": "extract_throughput", "run": name},
+        shard_max_tokens=args.shard_tokens,
+        verify=verify,
+        background=background,
+        writer_threads=writer_threads,
+    )
 
 
 def run_disk(args, root: str, bytes_per_token: int) -> RunResult:
@@ -236,7 +274,7 @@ def run_disk(args, root: str, bytes_per_token: int) -> RunResult:
         with open(os.path.join(directory, f"f{k}"), "wb") as f:
             left = size
             while left > 0:
-                left -= f.write(memoryview(block)[:min(left, len(block))])
+                left -= f.write(memoryview(block)[: min(left, len(block))])
             f.flush()
             os.fsync(f.fileno())
 
@@ -246,16 +284,28 @@ def run_disk(args, root: str, bytes_per_token: int) -> RunResult:
         list(pool.map(one, range(len(sizes)), sizes))
     res.seconds = time.perf_counter() - t0
     res.tokens = tokens
-    res.notes.append(f"{total / 2**30:.2f} GiB in {len(sizes)} files, {args.writer_threads} threads: "
-                     f"{total / res.seconds / 1e9:.2f} GB/s")
+    res.notes.append(
+        f"{total / 2**30:.2f} GiB in {len(sizes)} files, {args.writer_threads} threads: "
+        f"{total / res.seconds / 1e9:.2f} GB/s"
+    )
     shutil.rmtree(directory, ignore_errors=True)
     return res
 
 
-def run_capture(backend, prompts, args, device, name: str, root: str | None, capture_ids, hidden,
-                background: bool = False, instrument: bool = False, verify_after: bool = False) -> RunResult:
+def run_capture(
+    backend,
+    prompts,
+    args,
+    device,
+    name: str,
+    root: str | None,
+    capture_ids,
+    hidden,
+    background: bool = False,
+    instrument: bool = False,
+    verify_after: bool = False,
+) -> RunResult:
     """backend.capture -> ShardWriter.add (root None: records are dropped, nothing written)."""
-    import eagle3.target.capture_hf as hb
     import eagle3.store.writer as sw
 
     res = RunResult(name)
@@ -295,8 +345,9 @@ def run_capture(backend, prompts, args, device, name: str, root: str | None, cap
         res.notes.append(f"wrote {res.tokens * len(capture_ids) * hidden * 2 / 2**30:.2f} GiB of hidden states")
         if verify_after:  # the digests taken while writing must match the files: full verification
             check = open_writer_existing(root, capture_ids, hidden, name, args)
-            res.notes.append(f"reopened with verify=full: {len(check.manifest.shards)} shards, "
-                             f"{len(check.dropped)} dropped")
+            res.notes.append(
+                f"reopened with verify=full: {len(check.manifest.shards)} shards, {len(check.dropped)} dropped"
+            )
             check.close()
         shutil.rmtree(os.path.join(root, name), ignore_errors=True)
     return res
@@ -307,9 +358,15 @@ def run_vllm(model_dir, prompts, args, capture_ids, hidden, root) -> RunResult:
     from eagle3.target.capture_vllm import VLLMCaptureBackend
 
     t0 = time.perf_counter()
-    backend = VLLMCaptureBackend(model_dir, capture_ids, dtype=torch.bfloat16, cpu_kvcache_space_gb=2,
-                                 max_num_seqs=args.batch_size, max_model_len=args.seq + 8,
-                                 gpu_memory_utilization=0.5)
+    backend = VLLMCaptureBackend(
+        model_dir,
+        capture_ids,
+        dtype=torch.bfloat16,
+        cpu_kvcache_space_gb=2,
+        max_num_seqs=args.batch_size,
+        max_model_len=args.seq + 8,
+        gpu_memory_utilization=0.5,
+    )
     res.notes.append(f"engine start-up {time.perf_counter() - t0:.1f} s (not timed)")
     try:
         r = run_capture(backend, prompts, args, torch.device("cpu"), "vllm", root, capture_ids, hidden)
@@ -324,19 +381,29 @@ def run_vllm(model_dir, prompts, args, capture_ids, hidden, root) -> RunResult:
 
 def markdown(results: list[RunResult], header: str) -> str:
     plain = next((r for r in results if r.run == "plain" and r.status == "ok"), None)
-    lines = [header, "", "| run | tokens | seconds | tokens/s | % of compute limit | vs plain forward | status |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        header,
+        "",
+        "| run | tokens | seconds | tokens/s | % of compute limit | vs plain forward | status |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         vs = f"{r.tokens_per_s / plain.tokens_per_s:.2f}x" if plain and r.status == "ok" else "-"
-        lines.append(f"| {r.run} | {r.tokens} | {r.seconds:.2f} | {r.tokens_per_s:,.0f} | "
-                     f"{100 * r.fraction_of_limit:.1f}% | {vs} | {r.status} |")
+        lines.append(
+            f"| {r.run} | {r.tokens} | {r.seconds:.2f} | {r.tokens_per_s:,.0f} | "
+            f"{100 * r.fraction_of_limit:.1f}% | {vs} | {r.status} |"
+        )
     return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=("smollm2", "llama3-8b-random"), default=None,
-                    help="default: llama3-8b-random on CUDA, smollm2 on CPU")
+    ap.add_argument(
+        "--model",
+        choices=("smollm2", "llama3-8b-random"),
+        default=None,
+        help="default: llama3-8b-random on CUDA, smollm2 on CPU",
+    )
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
     ap.add_argument("--backends", nargs="+", default=["hf"], choices=("hf", "vllm"))
     runs = ("disk", "plain", "plain_d2h", "hf_nowrite", "hf", "hf_overlap", "hf_breakdown", "hf_1thread", "hf_sync")
@@ -347,13 +414,19 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=None, help="prompts per forward; default 8 (GPU), 4 (CPU)")
     ap.add_argument("--seq", type=int, default=None, help="tokens per prompt; default 2048 (GPU), 512 (CPU)")
     ap.add_argument("--shard-dir", default=None, help="where shards are written (default: a temp dir)")
-    ap.add_argument("--cache-dir", default=str(Path(__file__).resolve().parents[1] / ".cache"),
-                    help="materialised SmolLM2 lives here (default: the clone's .cache)")
+    ap.add_argument(
+        "--cache-dir",
+        default=str(Path(__file__).resolve().parents[1] / ".cache"),
+        help="materialised SmolLM2 lives here (default: the clone's .cache)",
+    )
     ap.add_argument("--out", required=True, help="JSON results path")
     args = ap.parse_args()
 
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if args.device == "auto" else args.device)
+    )
     gpu = device.type == "cuda"
     args.model = args.model or ("llama3-8b-random" if gpu else "smollm2")
     args.batches = args.batches or (32 if gpu else 4)
@@ -372,18 +445,28 @@ def main() -> None:
     capture_ids = sorted({2, n_layers // 2, n_layers - 3, n_layers})
     limit = best * 1e12 / (2 * params)
     prompts = make_prompts(args, int(model.config.vocab_size))
-    print(f"[{time.perf_counter() - start:5.1f}s] model ready; bf16 matmul peak {best:.2f} TFLOP/s, "
-          f"limit {limit:,.0f} tok/s", flush=True)
+    print(
+        f"[{time.perf_counter() - start:5.1f}s] model ready; bf16 matmul peak {best:.2f} TFLOP/s, "
+        f"limit {limit:,.0f} tok/s",
+        flush=True,
+    )
     results: list[RunResult] = []
 
     def save() -> None:  # after every run, so a timeout keeps what was measured
         import transformers
 
-        doc = {"benchmark": "extract_throughput", "device": device_name(device), "model": args.model,
-               "params_for_limit": params, "matmul_peak_tflops": peak, "compute_limit_tokens_per_s": limit,
-               "capture_ids": capture_ids, "args": vars(args),
-               "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-               "results": [asdict(r) for r in results]}
+        doc = {
+            "benchmark": "extract_throughput",
+            "device": device_name(device),
+            "model": args.model,
+            "params_for_limit": params,
+            "matmul_peak_tflops": peak,
+            "compute_limit_tokens_per_s": limit,
+            "capture_ids": capture_ids,
+            "args": vars(args),
+            "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+            "results": [asdict(r) for r in results],
+        }
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)
@@ -398,15 +481,28 @@ def main() -> None:
                 r = run_plain(model, prompts, capture_ids, args, device, run == "plain_d2h")
             else:
                 backend.overlap_host_copy = run == "hf_overlap"
-                r = run_capture(backend, prompts, args, device, run, None if run == "hf_nowrite" else root,
-                                capture_ids, hidden, background=run in ("hf", "hf_overlap", "hf_breakdown", "hf_1thread"),
-                                instrument=run == "hf_breakdown", verify_after=run == "hf")
+                r = run_capture(
+                    backend,
+                    prompts,
+                    args,
+                    device,
+                    run,
+                    None if run == "hf_nowrite" else root,
+                    capture_ids,
+                    hidden,
+                    background=run in ("hf", "hf_overlap", "hf_breakdown", "hf_1thread"),
+                    instrument=run == "hf_breakdown",
+                    verify_after=run == "hf",
+                )
         except Exception as e:
             r = RunResult(run, status=f"failed: {type(e).__name__}: {str(e)[:300]}")
         results.append(r)
         finish(r, limit)
-        print(f"[{time.perf_counter() - start:5.1f}s] {r.run}: {r.status} {r.tokens_per_s:,.0f} tok/s "
-              f"{r.breakdown_s or ''} {'; '.join(r.notes)}", flush=True)
+        print(
+            f"[{time.perf_counter() - start:5.1f}s] {r.run}: {r.status} {r.tokens_per_s:,.0f} tok/s "
+            f"{r.breakdown_s or ''} {'; '.join(r.notes)}",
+            flush=True,
+        )
         save()
     if backend is not None:
         backend.close()
@@ -415,9 +511,11 @@ def main() -> None:
     if "vllm" in args.backends:
         results.append(vllm_or_skip(model_dir, prompts, args, capture_ids, hidden, root, gpu))
         finish(results[-1], limit)
-    header = (f"Device: {device_name(device)}; model {args.model} ({params / 1e9:.2f}B params for the limit); "
-              f"{args.batches} x {args.batch_size} x {args.seq} tokens; capture ids {capture_ids}; "
-              f"bf16 matmul peak {best:.2f} TFLOP/s -> limit {limit:,.0f} tok/s")
+    header = (
+        f"Device: {device_name(device)}; model {args.model} ({params / 1e9:.2f}B params for the limit); "
+        f"{args.batches} x {args.batch_size} x {args.seq} tokens; capture ids {capture_ids}; "
+        f"bf16 matmul peak {best:.2f} TFLOP/s -> limit {limit:,.0f} tok/s"
+    )
     print(markdown(results, header))
     save()
     if not args.shard_dir:

@@ -39,7 +39,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # peer_train, speculators_peer
 import peer_train  # noqa: E402
 
-
 # ----------------------------------------------------------------------------- replay
 
 
@@ -65,8 +64,13 @@ class SpeculatorsHead:
         hook = self.model.lm_head.register_forward_hook(lambda m, i, o: logits.append(o.float()))
         try:
             with torch.compiler.set_stance("force_eager"):  # its forward is compiled on CUDA
-                self.model(hidden_states=aux_hidden.to(self.model.fc.weight.dtype), input_ids=ids,
-                           document_ids=segment_ids, position_ids=position_ids + 1, ttt_steps=ttt_steps)
+                self.model(
+                    hidden_states=aux_hidden.to(self.model.fc.weight.dtype),
+                    input_ids=ids,
+                    document_ids=segment_ids,
+                    position_ids=position_ids + 1,
+                    ttt_steps=ttt_steps,
+                )
         finally:
             hook.remove()
         return logits
@@ -83,15 +87,24 @@ def eagle3_lacks(cfg: dict, *, sliding: bool = True) -> list[str]:
     import eagle3.model.config as draft_config
 
     known = set(getattr(draft_config, "NORM_OPTIONS", ("norm_before_fc",)))
-    lacks = [k for k in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")
-             if cfg.get(k) and k not in known]
+    lacks = [
+        k for k in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual") if cfg.get(k) and k not in known
+    ]
     if sliding and (cfg.get("transformer_layer_config") or {}).get("use_sliding_window"):
         lacks.append("sliding_window")
     return lacks
 
 
-def replay(export_dir: str | Path, dataset_dir: str, *, verifier: str | None = None, impl: str = "auto",
-           num_draft_tokens: int = 3, max_answer_tokens: int | None = 128, device: str | None = None) -> dict:
+def replay(
+    export_dir: str | Path,
+    dataset_dir: str,
+    *,
+    verifier: str | None = None,
+    impl: str = "auto",
+    num_draft_tokens: int = 3,
+    max_answer_tokens: int | None = 128,
+    device: str | None = None,
+) -> dict:
     from eagle3.evaluation.export_info import read_export
     from eagle3.evaluation.replay_export import load_exported_head, measure
 
@@ -106,8 +119,14 @@ def replay(export_dir: str | Path, dataset_dir: str, *, verifier: str | None = N
     else:
         peer_train.import_speculators()
         head = SpeculatorsHead(peer_train.load_peer_export(export_dir, verifier))
-    figures = measure(head, dataset_dir, num_draft_tokens=num_draft_tokens, max_answer_tokens=max_answer_tokens,
-                      split="val", device=device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    figures = measure(
+        head,
+        dataset_dir,
+        num_draft_tokens=num_draft_tokens,
+        max_answer_tokens=max_answer_tokens,
+        split="val",
+        device=device or ("cuda" if torch.cuda.is_available() else "cpu"),
+    )
     return {**figures, "impl": impl, "num_draft_tokens": num_draft_tokens, "max_answer_tokens": max_answer_tokens}
 
 
@@ -129,8 +148,12 @@ def ours_tokens(run_dir: str | Path) -> dict:
     resolve_step_path(cfg)  # attention=auto -> flex on CUDA: one row per batch, as run.py decides
     tc = cfg.train
     flex = str(tc.attention) == "flex"
-    dm = Eagle3DataModule(summary["dataset_dir"], max_tokens_per_batch=int(tc.max_tokens_per_batch),
-                          seed=int(tc.seed), row_tokens=None if flex else tc.row_tokens)
+    dm = Eagle3DataModule(
+        summary["dataset_dir"],
+        max_tokens_per_batch=int(tc.max_tokens_per_batch),
+        seed=int(tc.seed),
+        row_tokens=None if flex else tc.row_tokens,
+    )
     world = int(cfg.topology.devices) * int(cfg.topology.num_nodes)
     batches = int(summary["global_step"]) * int(tc.accumulate_grad_batches)
     lengths = dm.dataset.lengths
@@ -146,8 +169,13 @@ def ours_tokens(run_dir: str | Path) -> dict:
                     break
                 tokens += sum(min(int(lengths[dm.train_idx[i]]), int(tc.max_tokens_per_batch)) for i in b)
                 taken += 1
-    return {"tokens": tokens, "global_step": int(summary["global_step"]), "world_size": world,
-            "max_tokens_per_batch": int(tc.max_tokens_per_batch), "attention": str(tc.attention)}
+    return {
+        "tokens": tokens,
+        "global_step": int(summary["global_step"]),
+        "world_size": world,
+        "max_tokens_per_batch": int(tc.max_tokens_per_batch),
+        "attention": str(tc.attention),
+    }
 
 
 # ----------------------------------------------------------------------------- table
@@ -173,10 +201,19 @@ def acceptance(run: Path, args) -> dict:
     """vLLM's figures for the run's export: <run>/acceptance/acceptance.json, measured now if absent."""
     out = run / "acceptance"
     if args.rerun or not (out / "acceptance.json").is_file():
-        cmd = [sys.executable, "-m", "eagle3.evaluate", f"export_dir={run / 'export'}", f"out_dir={out}",
-               f"dataset_dir={args.dataset_dir}", f"eval.max_prompts={args.max_prompts}",
-               f"eval.humaneval_prompts={args.humaneval_prompts}", f"eval.max_new_tokens={args.max_new_tokens}",
-               f"eval.num_draft_tokens={args.num_draft_tokens}", f"baseline={str(args.baseline).lower()}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "eagle3.evaluate",
+            f"export_dir={run / 'export'}",
+            f"out_dir={out}",
+            f"dataset_dir={args.dataset_dir}",
+            f"eval.max_prompts={args.max_prompts}",
+            f"eval.humaneval_prompts={args.humaneval_prompts}",
+            f"eval.max_new_tokens={args.max_new_tokens}",
+            f"eval.num_draft_tokens={args.num_draft_tokens}",
+            f"baseline={str(args.baseline).lower()}",
+        ]
         cmd += [f"verifier={args.verifier}"] if args.verifier else []
         print("+ " + " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True)
@@ -189,8 +226,13 @@ def replay_of(run: Path, args) -> dict | None:
 
     found = _read(run / "replay.json")
     if found is None and shards_on_disk(args.dataset_dir):
-        found = replay(run / "export", args.dataset_dir, verifier=args.verifier,
-                       num_draft_tokens=args.num_draft_tokens, max_answer_tokens=args.max_new_tokens)
+        found = replay(
+            run / "export",
+            args.dataset_dir,
+            verifier=args.verifier,
+            num_draft_tokens=args.num_draft_tokens,
+            max_answer_tokens=args.max_new_tokens,
+        )
         (run / "replay.json").write_text(json.dumps(found, indent=1))
     return found
 
@@ -200,11 +242,18 @@ def row(name: str, run: Path, args) -> dict:
     rep = replay_of(run, args) or {}
     # evaluate's own replays (acceptance.json) run eagle3's head; prompts are shorter than a window
     lacks = eagle3_lacks(json.loads((run / "export" / "config.json").read_text()), sliding=False)
-    return {"run": name, "dir": str(run), **run_facts(name, run), "val_replay": rep.get("replay_accept_len"),
-            "replay_impl": rep.get("impl"), "vllm_mean_acceptance_length": acc["mean_acceptance_length"],
-            "vllm_per_position": acc["per_position_acceptance_rate"], "prompts": acc["prompts"],
-            "by_source": {s: f["mean_acceptance_length"] for s, f in acc["by_source"].items()},
-            "evaluate_replays_invalid": lacks}
+    return {
+        "run": name,
+        "dir": str(run),
+        **run_facts(name, run),
+        "val_replay": rep.get("replay_accept_len"),
+        "replay_impl": rep.get("impl"),
+        "vllm_mean_acceptance_length": acc["mean_acceptance_length"],
+        "vllm_per_position": acc["per_position_acceptance_rate"],
+        "prompts": acc["prompts"],
+        "by_source": {s: f["mean_acceptance_length"] for s, f in acc["by_source"].items()},
+        "evaluate_replays_invalid": lacks,
+    }
 
 
 def _fmt(x, digits: int = 3) -> str:
@@ -228,22 +277,38 @@ def ratio(a: dict, b: dict) -> dict:
 
 
 def markdown(rows: list[dict], ratios: dict | None, args) -> str:
-    lines = [f"K = {args.num_draft_tokens} draft tokens, greedy, answers <= {args.max_new_tokens} tokens; "
-             f"prompts: {rows[0]['prompts']} (the same for every run)", "",
-             "| run | tokens trained | optimizer steps | val replay | vLLM mean acceptance length | "
-             "per-position acceptance | by source |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"K = {args.num_draft_tokens} draft tokens, greedy, answers <= {args.max_new_tokens} tokens; "
+        f"prompts: {rows[0]['prompts']} (the same for every run)",
+        "",
+        "| run | tokens trained | optimizer steps | val replay | vLLM mean acceptance length | "
+        "per-position acceptance | by source |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         src = ", ".join(f"{s} {v:.3f}" for s, v in r["by_source"].items())
-        lines.append(f"| {r['run']} | {_fmt(r['tokens'])} | {_fmt(r['steps'])} | {_fmt(r['val_replay'])} | "
-                     f"{_fmt(r['vllm_mean_acceptance_length'])} | {_fmt(r['vllm_per_position'])} | {src} |")
+        lines.append(
+            f"| {r['run']} | {_fmt(r['tokens'])} | {_fmt(r['steps'])} | {_fmt(r['val_replay'])} | "
+            f"{_fmt(r['vllm_mean_acceptance_length'])} | {_fmt(r['vllm_per_position'])} | {src} |"
+        )
     if ratios:
         f2 = {k: _fmt(v, 2) for k, v in ratios.items()}
-        lines.append(f"| {ratios['run']} | {f2['tokens']} | {f2['steps']} | {f2['val_replay']} | "
-                     f"{f2['vllm_mean_acceptance_length']} | {f2['vllm_per_position']} | |")
-    lines += ["", "val replay: the validation split replayed as serving drafts (replay.json; "
-              + ", ".join(f"{r['run']}: {r['replay_impl'] or '-'}" for r in rows) + ")."]
-    lines += [f"{r['run']}: eagle3's head lacks {', '.join(r['evaluate_replays_invalid'])}, so the train-side and "
-              "served replays in its acceptance.json do not describe it" for r in rows if r["evaluate_replays_invalid"]]
+        lines.append(
+            f"| {ratios['run']} | {f2['tokens']} | {f2['steps']} | {f2['val_replay']} | "
+            f"{f2['vllm_mean_acceptance_length']} | {f2['vllm_per_position']} | |"
+        )
+    lines += [
+        "",
+        "val replay: the validation split replayed as serving drafts (replay.json; "
+        + ", ".join(f"{r['run']}: {r['replay_impl'] or '-'}" for r in rows)
+        + ").",
+    ]
+    lines += [
+        f"{r['run']}: eagle3's head lacks {', '.join(r['evaluate_replays_invalid'])}, so the train-side and "
+        "served replays in its acceptance.json do not describe it"
+        for r in rows
+        if r["evaluate_replays_invalid"]
+    ]
     return "\n".join(lines)
 
 
@@ -260,8 +325,21 @@ def table(args) -> dict:
     out = Path(args.out_dir or runs[0][1].parent)
     out.mkdir(parents=True, exist_ok=True)
     (out / "peer_quality.md").write_text(text + "\n")
-    doc = {"rows": rows, "ratio": ratios, "settings": {k: getattr(args, k) for k in (
-        "dataset_dir", "verifier", "num_draft_tokens", "max_prompts", "humaneval_prompts", "max_new_tokens")}}
+    doc = {
+        "rows": rows,
+        "ratio": ratios,
+        "settings": {
+            k: getattr(args, k)
+            for k in (
+                "dataset_dir",
+                "verifier",
+                "num_draft_tokens",
+                "max_prompts",
+                "humaneval_prompts",
+                "max_new_tokens",
+            )
+        },
+    }
     (out / "peer_quality.json").write_text(json.dumps(doc, indent=1))
     print(text)
     print(str(out / "peer_quality.md"))
@@ -300,8 +378,14 @@ def main(argv: list[str] | None = None) -> None:
     tb.add_argument("--out-dir", default=None, help="where the table goes (default: the first run's parent)")
     args = ap.parse_args(argv)
     if args.cmd == "replay":
-        doc = replay(args.export_dir, args.dataset_dir, verifier=args.verifier, impl=args.impl,
-                     num_draft_tokens=args.num_draft_tokens, max_answer_tokens=args.max_answer_tokens or None)
+        doc = replay(
+            args.export_dir,
+            args.dataset_dir,
+            verifier=args.verifier,
+            impl=args.impl,
+            num_draft_tokens=args.num_draft_tokens,
+            max_answer_tokens=args.max_answer_tokens or None,
+        )
     elif args.cmd == "tokens":
         doc = ours_tokens(args.run_dir)
     else:

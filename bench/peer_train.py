@@ -40,9 +40,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # speculators_peer, beside this file
 from speculators_peer import import_speculators  # noqa: E402
 
+from eagle3.batches import PackedBatchSampler, collate_packed  # noqa: E402
 from eagle3.store import HiddenStateDataset  # noqa: E402
 from eagle3.target.resolve import load_target_head_weights  # noqa: E402
-from eagle3.batches import PackedBatchSampler, collate_packed  # noqa: E402
 from eagle3.training.builder import draft_vocab  # noqa: E402
 from eagle3.training.datamodule import Eagle3DataModule  # noqa: E402
 from eagle3.training.schedule import BudgetedCosine  # noqa: E402
@@ -67,8 +67,9 @@ def verifier_of(dataset: HiddenStateDataset, cache_dir: str) -> str:
     name = Path(read).name if read else m.fingerprint_inputs["model"]["dir"]
     path = Path(cache_dir).resolve() / "targets" / name
     if not (path / "config.json").is_file():
-        raise SystemExit(f"{path}: no target here (the directory extraction read: {read or name}); "
-                         "pass --verifier or --cache-dir")
+        raise SystemExit(
+            f"{path}: no target here (the directory extraction read: {read or name}); pass --verifier or --cache-dir"
+        )
     return str(path)
 
 
@@ -96,20 +97,32 @@ def build_peer(dataset: HiddenStateDataset, verifier: str, r: dict, attn: str):
     from speculators.proposals.greedy import GreedyTokenProposalConfig
     from speculators.train.cli import create_transformer_layer_config
 
-    tl = create_transformer_layer_config(verifier, r["num_layers"], r["draft_arch"], r["draft_hidden_act"],
-                                         r["sliding_window"], r["full_attention_indices"],
-                                         r["draft_mrope_full_head_hack"])
+    tl = create_transformer_layer_config(
+        verifier,
+        r["num_layers"],
+        r["draft_arch"],
+        r["draft_hidden_act"],
+        r["sliding_window"],
+        r["full_attention_indices"],
+        r["draft_mrope_full_head_hack"],
+    )
     tl._attn_implementation = attn
     d2t, t2d = draft_vocab(dataset, min(int(r["draft_vocab_size"]), int(tl.vocab_size)))
     config = Eagle3SpeculatorConfig(
-        transformer_layer_config=tl, draft_vocab_size=int(d2t.shape[0]),
-        norm_before_residual=r["norm_before_residual"], norm_before_fc=r["norm_before_fc"], fc_norm=r["fc_norm"],
-        norm_output=r["norm_output"], embed_requires_grad=r["embed_requires_grad"],
+        transformer_layer_config=tl,
+        draft_vocab_size=int(d2t.shape[0]),
+        norm_before_residual=r["norm_before_residual"],
+        norm_before_fc=r["norm_before_fc"],
+        fc_norm=r["fc_norm"],
+        norm_output=r["norm_output"],
+        embed_requires_grad=r["embed_requires_grad"],
         eagle_aux_hidden_state_layer_ids=list(dataset.layer_ids[:-1]),  # the last id is the final state
         speculators_config=SpeculatorsConfig(
-            algorithm="eagle3", default_proposal_method="greedy",
+            algorithm="eagle3",
+            default_proposal_method="greedy",
             proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=int(r["ttt_steps"]))],
-            verifier=VerifierConfig.from_pretrained(verifier)),
+            verifier=VerifierConfig.from_pretrained(verifier),
+        ),
     )
     model = Eagle3DraftModel(config)
     model.load_vocab_mappings(t2d, d2t)
@@ -143,8 +156,11 @@ def shift_sample(item: dict) -> dict:
     x[1:], g[:-1], z[1:], and at i the mask of x_{i+2}, the token the step-0 draft at i predicts."""
     h, mask = item["hidden"], item["loss_mask"]
     aux = h.shape[1] - 1
-    return {"input_ids": item["input_ids"][1:], "loss_mask": torch.cat([mask[2:], mask.new_zeros(1)]),
-            "hidden": torch.cat([h[:-1, :aux], h[1:, aux:]], dim=1)}
+    return {
+        "input_ids": item["input_ids"][1:],
+        "loss_mask": torch.cat([mask[2:], mask.new_zeros(1)]),
+        "hidden": torch.cat([h[:-1, :aux], h[1:, aux:]], dim=1),
+    }
 
 
 def collate(items: list[dict], seq_len: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -152,9 +168,14 @@ def collate(items: list[dict], seq_len: int, dtype: torch.dtype) -> dict[str, to
     as Eagle3DraftModel.forward's keyword arguments."""
     b = collate_packed([shift_sample(i) for i in items], seq_len, pad_to=seq_len)
     seg = b["segment_ids"]
-    return {"hidden_states": b["aux_hidden"].to(dtype), "input_ids": b["input_ids"], "document_ids": seg,
-            "loss_mask": b["loss_mask"], "position_ids": torch.where(seg >= 0, b["position_ids"] + 1, 0),
-            "verifier_last_hidden_states": b["final_hidden"].to(dtype)}
+    return {
+        "hidden_states": b["aux_hidden"].to(dtype),
+        "input_ids": b["input_ids"],
+        "document_ids": seg,
+        "loss_mask": b["loss_mask"],
+        "position_ids": torch.where(seg >= 0, b["position_ids"] + 1, 0),
+        "verifier_last_hidden_states": b["final_hidden"].to(dtype),
+    }
 
 
 def pick_loss_impl(device: torch.device) -> tuple[str, str]:
@@ -227,8 +248,11 @@ def train(args) -> dict:
     loader = torch.utils.data.DataLoader(
         torch.utils.data.Subset(dm.dataset, dm.train_idx),
         batch_sampler=PackedBatchSampler(dm.train_batches, shuffle=True, seed=int(r["seed"])),
-        collate_fn=partial(collate, seq_len=args.seq_len, dtype=dtype), num_workers=args.num_workers,
-        persistent_workers=args.num_workers > 0, pin_memory=device.type == "cuda")
+        collate_fn=partial(collate, seq_len=args.seq_len, dtype=dtype),
+        num_workers=args.num_workers,
+        persistent_workers=args.num_workers > 0,
+        pin_memory=device.type == "cuda",
+    )
     optimizers = build_optimizers(model, argparse.Namespace(**r))
     budget = args.minutes * 60.0 if args.minutes else None
     start = time.monotonic()
@@ -237,11 +261,16 @@ def train(args) -> dict:
         elapsed = time.monotonic() - start
         return elapsed, (budget - elapsed if budget is not None else None)
 
-    schedule = FittedCosine(ratio=args.warmup_ratio, total_steps=args.max_steps or 0, min_ratio=args.min_lr_ratio,
-                            clock=clock if budget is not None else None)
+    schedule = FittedCosine(
+        ratio=args.warmup_ratio,
+        total_steps=args.max_steps or 0,
+        min_ratio=args.min_lr_ratio,
+        clock=clock if budget is not None else None,
+    )
     schedulers = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: schedule(s)) for o in optimizers]
-    call = dict(ttt_steps=int(r["ttt_steps"]), ttt_step_loss_decay=float(r["ttt_step_loss_decay"]),
-                loss_config=loss_config)
+    call = dict(
+        ttt_steps=int(r["ttt_steps"]), ttt_step_loss_decay=float(r["ttt_step_loss_decay"]), loss_config=loss_config
+    )
     losses, lrs, tokens, step = [], [], 0, 0
     model.train()
     for batch in endless(loader):  # speculators' trainer step: forward, zero_grad, backward, clip, step
@@ -263,27 +292,62 @@ def train(args) -> dict:
         losses.append(float(loss.detach()))  # a sync per step, as its trainer logs every step
         step += 1
         if step % args.log_every == 0 or step == 1:
-            print(f"[{clock()[0]:7.1f}s] step {step} loss {losses[-1]:.4f} lr {lrs[-1]:.3g} tokens {tokens:,}",
-                  flush=True)
+            print(
+                f"[{clock()[0]:7.1f}s] step {step} loss {losses[-1]:.4f} lr {lrs[-1]:.3g} tokens {tokens:,}", flush=True
+            )
     elapsed = clock()[0]
     out = Path(args.out)
     save_peer(model, out / "export", args.keep_embed)
     tail = max(1, min(10, len(losses) // 4))
-    doc = {"side": "peer (speculators Eagle3DraftModel)", "dataset_dir": str(Path(args.dataset_dir).resolve()),
-           "verifier": verifier, "export_dir": str((out / "export").resolve()), "device": str(device),
-           "attention": attn, "loss_impl": loss_impl, "loss_note": loss_note, "stand_in_modules": stood_in,
-           "minutes": args.minutes, "max_steps": args.max_steps, "elapsed_s": elapsed, "global_step": step,
-           "tokens": tokens, "seq_len": args.seq_len, "step_time_s": schedule.state.per_step,
-           "warmup_steps": schedule.warmup, "lr_peak": float(r["lr"]), "lr_floor_ratio": args.min_lr_ratio,
-           "lr_last": lrs[-1] if lrs else None,
-           "schedule_progress": schedule.state.progress if budget is not None else None,  # time budget only
-           "loss_first": sum(losses[:tail]) / tail if losses else None,
-           "loss_last": sum(losses[-tail:]) / tail if losses else None, "losses": losses, "lrs": lrs,
-           "recipe": {k: r[k] for k in ("ttt_steps", "lr", "weight_decay", "optimizer", "loss_fn",
-                                        "ttt_step_loss_decay", "norm_before_fc", "norm_before_residual",
-                                        "norm_output", "fc_norm", "sliding_window", "num_layers",
-                                        "draft_vocab_size", "total_seq_len", "hidden_states_dtype", "seed")},
-           "versions": {"torch": torch.__version__, "speculators": importlib.metadata.version("speculators")}}
+    doc = {
+        "side": "peer (speculators Eagle3DraftModel)",
+        "dataset_dir": str(Path(args.dataset_dir).resolve()),
+        "verifier": verifier,
+        "export_dir": str((out / "export").resolve()),
+        "device": str(device),
+        "attention": attn,
+        "loss_impl": loss_impl,
+        "loss_note": loss_note,
+        "stand_in_modules": stood_in,
+        "minutes": args.minutes,
+        "max_steps": args.max_steps,
+        "elapsed_s": elapsed,
+        "global_step": step,
+        "tokens": tokens,
+        "seq_len": args.seq_len,
+        "step_time_s": schedule.state.per_step,
+        "warmup_steps": schedule.warmup,
+        "lr_peak": float(r["lr"]),
+        "lr_floor_ratio": args.min_lr_ratio,
+        "lr_last": lrs[-1] if lrs else None,
+        "schedule_progress": schedule.state.progress if budget is not None else None,  # time budget only
+        "loss_first": sum(losses[:tail]) / tail if losses else None,
+        "loss_last": sum(losses[-tail:]) / tail if losses else None,
+        "losses": losses,
+        "lrs": lrs,
+        "recipe": {
+            k: r[k]
+            for k in (
+                "ttt_steps",
+                "lr",
+                "weight_decay",
+                "optimizer",
+                "loss_fn",
+                "ttt_step_loss_decay",
+                "norm_before_fc",
+                "norm_before_residual",
+                "norm_output",
+                "fc_norm",
+                "sliding_window",
+                "num_layers",
+                "draft_vocab_size",
+                "total_seq_len",
+                "hidden_states_dtype",
+                "seed",
+            )
+        },
+        "versions": {"torch": torch.__version__, "speculators": importlib.metadata.version("speculators")},
+    }
     (out / "peer_train.json").write_text(json.dumps(doc, indent=1))
     print(f"peer: {step} steps, {tokens:,} tokens in {elapsed:.0f} s, loss {doc['loss_first']} -> {doc['loss_last']}")
     print(str(out / "export"))
@@ -304,8 +368,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup-ratio", type=float, default=0.01, help="warm-up share of the steps that fit")
     ap.add_argument("--min-lr-ratio", type=float, default=0.0, help="cosine floor (transformers' cosine: 0)")
     for flag in ("norm_before_fc", "norm_before_residual", "norm_output"):
-        ap.add_argument(f"--{flag.replace('_', '-')}", action=argparse.BooleanOptionalAction, default=None,
-                        help="override speculators' default (on for eagle3)")
+        ap.add_argument(
+            f"--{flag.replace('_', '-')}",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="override speculators' default (on for eagle3)",
+        )
     ap.add_argument("--num-workers", type=int, default=4 if torch.cuda.is_available() else 0)
     ap.add_argument("--device", default=None, help="cuda | cpu (default: cuda when present)")
     ap.add_argument("--keep-embed", action="store_true", help="also save embed_tokens (the target's frozen copy)")

@@ -19,12 +19,21 @@ import time
 
 import torch
 
-from eagle3.model import DraftConfig, Eagle3DraftHead, eagle3_loss
 from eagle3.batches import collate_rows, pack_rows
+from eagle3.model import DraftConfig, Eagle3DraftHead, eagle3_loss
 
-SMOLLM2 = dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_attention_heads=9,
-               num_key_value_heads=3, head_dim=64, vocab_size=49152, rms_norm_eps=1e-5,
-               max_position_embeddings=8192, rope_theta=100000.0)
+SMOLLM2 = dict(
+    model_type="llama",
+    hidden_size=576,
+    intermediate_size=1536,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    vocab_size=49152,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=8192,
+    rope_theta=100000.0,
+)
 
 
 def _batches(lengths, max_tokens, row_tokens, hidden, n_batches, device):
@@ -32,9 +41,14 @@ def _batches(lengths, max_tokens, row_tokens, hidden, n_batches, device):
     g = torch.Generator().manual_seed(1)
     out = []
     for b in plan:
-        items = [{"input_ids": torch.randint(0, 49152, (lengths[i],), generator=g),
-                  "loss_mask": torch.arange(lengths[i]) >= lengths[i] // 3,
-                  "hidden": torch.randn(lengths[i], 4, hidden, generator=g).to(torch.bfloat16)} for i in b]
+        items = [
+            {
+                "input_ids": torch.randint(0, 49152, (lengths[i],), generator=g),
+                "loss_mask": torch.arange(lengths[i]) >= lengths[i] // 3,
+                "hidden": torch.randn(lengths[i], 4, hidden, generator=g).to(torch.bfloat16),
+            }
+            for i in b
+        ]
         out.append({k: v.to(device) for k, v in collate_rows(items, max_tokens, row_tokens).items()})
     return out
 
@@ -43,8 +57,9 @@ def _step(head, opt, batch, ttt, device):
     with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
         logits = head(batch["aux_hidden"], batch["input_ids"], batch["position_ids"], batch["segment_ids"], ttt)
         target = head.target_logits(batch["final_hidden"])
-        loss, _ = eagle3_loss(logits, target, loss_mask=batch["loss_mask"], segment_ids=batch["segment_ids"],
-                              step_decay=0.8)
+        loss, _ = eagle3_loss(
+            logits, target, loss_mask=batch["loss_mask"], segment_ids=batch["segment_ids"], step_decay=0.8
+        )
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
@@ -71,8 +86,14 @@ def main() -> None:
     d2t = torch.zeros(vocab, dtype=torch.int64)
     t2d = torch.zeros(49152, dtype=torch.bool)
     t2d[:vocab] = True
-    head.load_target_weights(torch.randn(49152, 576), torch.ones(576), torch.randn(49152, 576) * 0.02, d2t, t2d,
-                            init_lm_head_from_target=True)
+    head.load_target_weights(
+        torch.randn(49152, 576),
+        torch.ones(576),
+        torch.randn(49152, 576) * 0.02,
+        d2t,
+        t2d,
+        init_lm_head_from_target=True,
+    )
     head = head.to(device)
     opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=1e-4)
     g = torch.Generator().manual_seed(0)
@@ -96,16 +117,36 @@ def main() -> None:
                 tokens[name] += int((batch["segment_ids"] >= 0).sum())
     base = tokens["one row"] / seconds["one row"]
     results = []
-    print(f"device {device}, {max_tokens} tokens per batch, TTT {args.ttt}, V={vocab}, "
-          f"{args.batches} batches x {args.rounds} rounds", flush=True)
+    print(
+        f"device {device}, {max_tokens} tokens per batch, TTT {args.ttt}, V={vocab}, "
+        f"{args.batches} batches x {args.rounds} rounds",
+        flush=True,
+    )
     for name in variants:
         tps = tokens[name] / seconds[name]
-        results.append({"variant": name, "row_tokens": variants[name], "tokens": tokens[name],
-                        "seconds": seconds[name], "tokens_per_s": tps, "vs_one_row": tps / base})
+        results.append(
+            {
+                "variant": name,
+                "row_tokens": variants[name],
+                "tokens": tokens[name],
+                "seconds": seconds[name],
+                "tokens_per_s": tps,
+                "vs_one_row": tps / base,
+            }
+        )
         print(f"{name:>14}: {tps:>10,.0f} tok/s  {tps / base:.2f}x")
     with open(args.out, "w") as f:
-        json.dump({"device": str(torch.cuda.get_device_name() if gpu else "cpu"), "max_tokens": max_tokens,
-                   "ttt": args.ttt, "draft_vocab": vocab, "results": results}, f, indent=2)
+        json.dump(
+            {
+                "device": str(torch.cuda.get_device_name() if gpu else "cpu"),
+                "max_tokens": max_tokens,
+                "ttt": args.ttt,
+                "draft_vocab": vocab,
+                "results": results,
+            },
+            f,
+            indent=2,
+        )
 
 
 if __name__ == "__main__":

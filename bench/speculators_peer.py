@@ -63,16 +63,29 @@ def build_spec(s, x: dict, device: torch.device, ttt: int, attn: str, *, eps: fl
     from speculators.proposals.greedy import GreedyTokenProposalConfig
     from transformers import LlamaConfig
 
-    tl = LlamaConfig(hidden_size=s.hidden, num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
-                     head_dim=s.head_dim, intermediate_size=s.intermediate, vocab_size=s.vocab, num_hidden_layers=1,
-                     rms_norm_eps=eps, rope_theta=rope_theta, max_position_embeddings=131072)
+    tl = LlamaConfig(
+        hidden_size=s.hidden,
+        num_attention_heads=s.heads,
+        num_key_value_heads=s.kv_heads,
+        head_dim=s.head_dim,
+        intermediate_size=s.intermediate,
+        vocab_size=s.vocab,
+        num_hidden_layers=1,
+        rms_norm_eps=eps,
+        rope_theta=rope_theta,
+        max_position_embeddings=131072,
+    )
     tl._attn_implementation = attn  # its trainer's default is simple_flex_attention
     config = Eagle3SpeculatorConfig(
-        transformer_layer_config=tl, draft_vocab_size=s.draft_vocab, norm_before_residual=False,
+        transformer_layer_config=tl,
+        draft_vocab_size=s.draft_vocab,
+        norm_before_residual=False,
         speculators_config=SpeculatorsConfig(
-            algorithm="eagle3", default_proposal_method="greedy",
+            algorithm="eagle3",
+            default_proposal_method="greedy",
             proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=ttt)],
-            verifier=VerifierConfig(name_or_path=None, architectures=["LlamaForCausalLM"])),
+            verifier=VerifierConfig(name_or_path=None, architectures=["LlamaForCausalLM"]),
+        ),
     )
     with torch.device(device):
         model = Eagle3DraftModel(config)
@@ -91,10 +104,17 @@ def spec_loss_fn(model, ttt: int, loss_impl: str, eager: bool):
     loss_config = resolve_loss_config("kl_div", loss_impl)
 
     def forward_loss(x: dict) -> torch.Tensor:
-        kwargs = dict(hidden_states=x["aux_hidden"], input_ids=x["input_ids"], document_ids=x["segment_ids"],
-                      loss_mask=x["loss_mask"], position_ids=x["position_ids"] + 1,
-                      verifier_last_hidden_states=x["final_hidden"], ttt_steps=ttt, ttt_step_loss_decay=1.0,
-                      loss_config=loss_config)
+        kwargs = dict(
+            hidden_states=x["aux_hidden"],
+            input_ids=x["input_ids"],
+            document_ids=x["segment_ids"],
+            loss_mask=x["loss_mask"],
+            position_ids=x["position_ids"] + 1,
+            verifier_last_hidden_states=x["final_hidden"],
+            ttt_steps=ttt,
+            ttt_step_loss_decay=1.0,
+            loss_config=loss_config,
+        )
         if eager:
             with torch.compiler.set_stance("force_eager"):
                 return model(**kwargs)[1]

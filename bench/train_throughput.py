@@ -37,17 +37,22 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import torch
-import torch.nn.functional as F
-
 from speculators_peer import build_spec, import_speculators, spec_loss_fn
 
 PRESETS = {
     "cpu-small": dict(hidden=256, heads=4, kv_heads=2, intermediate=1024, vocab=8192, draft_vocab=2048, seq=512),
-    "llama3-8b": dict(hidden=4096, heads=32, kv_heads=8, intermediate=14336, vocab=128256, draft_vocab=32000,
-                      seq=2048),
+    "llama3-8b": dict(hidden=4096, heads=32, kv_heads=8, intermediate=14336, vocab=128256, draft_vocab=32000, seq=2048),
 }
-ALL_VARIANTS = ("ours", "spec", "spec_eager", "ours_frozen_lm", "ours_compiled", "ours_flex", "spec_fused",
-                "ours_flex_compiled")
+ALL_VARIANTS = (
+    "ours",
+    "spec",
+    "spec_eager",
+    "ours_frozen_lm",
+    "ours_compiled",
+    "ours_flex",
+    "spec_fused",
+    "ours_flex_compiled",
+)
 COMPILED = {"ours_compiled", "ours_flex", "ours_flex_compiled", "spec", "spec_fused"}
 ROPE_THETA = 500000.0
 EPS = 1e-5
@@ -137,15 +142,24 @@ def make_inputs(s: Shapes, device: torch.device, seed: int = 0) -> dict[str, tor
 def build_ours(s: Shapes, x: dict, device: torch.device, frozen_lm: bool):
     from eagle3.model import DraftConfig, Eagle3DraftHead
 
-    cfg = DraftConfig(hidden_size=s.hidden, num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
-                      intermediate_size=s.intermediate, target_vocab_size=s.vocab, draft_vocab_size=s.draft_vocab,
-                      rope_theta=ROPE_THETA, max_position_embeddings=131072, rms_norm_eps=EPS)
+    cfg = DraftConfig(
+        hidden_size=s.hidden,
+        num_attention_heads=s.heads,
+        num_key_value_heads=s.kv_heads,
+        intermediate_size=s.intermediate,
+        target_vocab_size=s.vocab,
+        draft_vocab_size=s.draft_vocab,
+        rope_theta=ROPE_THETA,
+        max_position_embeddings=131072,
+        rms_norm_eps=EPS,
+    )
     with torch.device(device):
         head = Eagle3DraftHead(cfg)
     full = torch.zeros(s.vocab, s.hidden, device=device)
     full[: s.draft_vocab] = x["lm_rows"]
-    head.load_target_weights(x["embed"], torch.ones(s.hidden, device=device), full, x["d2t"], x["t2d"],
-                             init_lm_head_from_target=True)
+    head.load_target_weights(
+        x["embed"], torch.ones(s.hidden, device=device), full, x["d2t"], x["t2d"], init_lm_head_from_target=True
+    )
     del full
     if frozen_lm:
         head.lm_head.weight.requires_grad_(False)
@@ -159,8 +173,9 @@ def ours_loss_fn(head, ttt: int):
         logits = head(x["aux_hidden"], x["input_ids"], x["position_ids"], x["segment_ids"], ttt)
         with torch.no_grad():
             target = head.target_logits(x["final_hidden"])
-        loss, _ = eagle3_loss(logits, target, loss_mask=x["loss_mask"], segment_ids=x["segment_ids"],
-                              step_decay=1.0, kind="forward_kl")
+        loss, _ = eagle3_loss(
+            logits, target, loss_mask=x["loss_mask"], segment_ids=x["segment_ids"], step_decay=1.0, kind="forward_kl"
+        )
         return loss
 
     return forward_loss
@@ -171,6 +186,7 @@ def ours_loss_fn(head, ttt: int):
 # build_ttt_mask / ttt_step_mask in eagle3.model.head and TTTAttention.forward while the
 # variant runs, then restores them. Keys are zero-padded to K*T so one compiled kernel
 # serves every step; blocks past step k are absent from the block mask, never computed.
+
 
 class _compiled_flex_kernel:
     """Reusable context: eagle3.model.flex calls torch's flex_attention; inside, a compiled copy."""
@@ -289,8 +305,11 @@ def prepare(variant: str, ttt: int, s: Shapes, x: dict, device: torch.device, ar
                 fl = torch.compile(fl)
             train_lm = variant != "ours_frozen_lm"
         else:
-            attn = args.spec_attn if args.spec_attn != "auto" else (
-                "simple_flex_attention" if device.type == "cuda" else "sdpa")
+            attn = (
+                args.spec_attn
+                if args.spec_attn != "auto"
+                else ("simple_flex_attention" if device.type == "cuda" else "sdpa")
+            )
             if attn != "simple_flex_attention":
                 res.notes.append(f"attention {attn} (flex attention has no backward on CPU)")
             p.model = build_spec(s, x, device, ttt, attn, eps=EPS, rope_theta=ROPE_THETA)
@@ -365,19 +384,26 @@ def profile_steps(step, device) -> dict:
         for _ in range(2):
             step()
         sync(device)
-    kernels = [(e.key, e.self_device_time_total / 2e3) for e in prof.key_averages()
-               if e.self_device_time_total > 0 and e.device_type == torch.autograd.DeviceType.CUDA]
-    families = {"gemm": ("gemm", "cutlass", "nvjet", "sm90_xmma", "cublas"),
-                "attention": ("fmha", "flash", "attention", "flex", "triton_tem"),
-                "softmax/loss": ("softmax", "logsumexp", "kl_div", "log_", "nll", "reduce")}
+    kernels = [
+        (e.key, e.self_device_time_total / 2e3)
+        for e in prof.key_averages()
+        if e.self_device_time_total > 0 and e.device_type == torch.autograd.DeviceType.CUDA
+    ]
+    families = {
+        "gemm": ("gemm", "cutlass", "nvjet", "sm90_xmma", "cublas"),
+        "attention": ("fmha", "flash", "attention", "flex", "triton_tem"),
+        "softmax/loss": ("softmax", "logsumexp", "kl_div", "log_", "nll", "reduce"),
+    }
     out = {k: 0.0 for k in families} | {"other": 0.0}
     for name, ms in kernels:
         low = name.lower()
         fam = next((f for f, keys in families.items() if any(k in low for k in keys)), "other")
         out[fam] += ms
     top = sorted(kernels, key=lambda kv: -kv[1])[:10]
-    return {"ms_per_step_by_family": {k: round(v, 2) for k, v in out.items()},
-            "top_kernels_ms_per_step": [[n[:100], round(ms, 2)] for n, ms in top]}
+    return {
+        "ms_per_step_by_family": {k: round(v, 2) for k, v in out.items()},
+        "top_kernels_ms_per_step": [[n[:100], round(ms, 2)] for n, ms in top],
+    }
 
 
 def run_sequential(jobs, shapes, device, args, on_result, start) -> None:
@@ -393,8 +419,9 @@ def run_sequential(jobs, shapes, device, args, on_result, start) -> None:
         else:
             guess = max(compiled_seen, default=60.0) if variant in COMPILED else 10.0
         if args.budget_s and elapsed + guess > args.budget_s:
-            on_result(RunResult(variant, ttt, status=f"skipped: time budget ({elapsed:.0f} s used, "
-                                                     f"~{guess:.0f} s needed)"))
+            on_result(
+                RunResult(variant, ttt, status=f"skipped: time budget ({elapsed:.0f} s used, ~{guess:.0f} s needed)")
+            )
             continue
         x = make_inputs(shapes, device)
         p = prepare(variant, ttt, shapes, x, device, args)
@@ -402,8 +429,13 @@ def run_sequential(jobs, shapes, device, args, on_result, start) -> None:
             torch.cuda.reset_peak_memory_stats(device)
         measure(p, args.steps, device)
         res = finish(p, shapes, device)
-        if args.profile and p.step is not None and device.type == "cuda" and ttt == max(args.ttt) \
-                and variant in ("ours", "spec", "ours_flex"):
+        if (
+            args.profile
+            and p.step is not None
+            and device.type == "cuda"
+            and ttt == max(args.ttt)
+            and variant in ("ours", "spec", "ours_flex")
+        ):
             try:
                 res.notes.append("profile: " + json.dumps(profile_steps(p.step, device)))
             except Exception as e:
@@ -433,15 +465,20 @@ def run_interleaved(jobs, shapes, device, args, on_result, start) -> None:
 
 def markdown(results: list[RunResult], device_name: str) -> str:
     base = {r.ttt: r for r in results if r.variant == "spec" and r.status == "ok"}
-    lines = [f"Device: {device_name}", "",
-             "| variant | TTT | tokens/s | step ms (median) | peak GiB | model TFLOP/step | TFLOP/s | "
-             "vs spec compiled | status |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Device: {device_name}",
+        "",
+        "| variant | TTT | tokens/s | step ms (median) | peak GiB | model TFLOP/step | TFLOP/s | "
+        "vs spec compiled | status |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         ok = r.status == "ok" and r.tokens_per_s > 0
         ratio = f"{r.tokens_per_s / base[r.ttt].tokens_per_s:.2f}x" if r.ttt in base and ok else "-"
-        lines.append(f"| {r.variant} | {r.ttt} | {r.tokens_per_s:,.0f} | {r.step_ms:.1f} | {r.peak_mem_gib:.2f} | "
-                     f"{r.model_tflop_per_step:.3f} | {r.achieved_tflops:.1f} | {ratio} | {r.status} |")
+        lines.append(
+            f"| {r.variant} | {r.ttt} | {r.tokens_per_s:,.0f} | {r.step_ms:.1f} | {r.peak_mem_gib:.2f} | "
+            f"{r.model_tflop_per_step:.3f} | {r.achieved_tflops:.1f} | {ratio} | {r.status} |"
+        )
     return "\n".join(lines)
 
 
@@ -451,9 +488,15 @@ def write_json(path, shapes, device_name, stood_in, results, args) -> None:
     versions = {"torch": torch.__version__, "transformers": transformers.__version__, "python": sys.version.split()[0]}
     if "speculators" in sys.modules:
         versions["speculators"] = getattr(sys.modules["speculators"], "__version__", "?")
-    doc = {"benchmark": "train_throughput", "device": device_name, "shapes": asdict(shapes), "versions": versions,
-           "args": vars(args), "stand_in_modules_for_speculators_import": stood_in,
-           "results": [asdict(r) for r in results]}
+    doc = {
+        "benchmark": "train_throughput",
+        "device": device_name,
+        "shapes": asdict(shapes),
+        "versions": versions,
+        "args": vars(args),
+        "stand_in_modules_for_speculators_import": stood_in,
+        "results": [asdict(r) for r in results],
+    }
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
@@ -467,37 +510,58 @@ def main() -> None:
     ap.add_argument("--ttt", type=int, nargs="+", default=[3])
     ap.add_argument("--variants", nargs="+", default=list(ALL_VARIANTS), choices=ALL_VARIANTS)
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    ap.add_argument("--spec-attn", default="auto", choices=("auto", "simple_flex_attention", "sdpa"),
-                    help="speculators' draft attention (auto: flex on CUDA, sdpa on CPU)")
+    ap.add_argument(
+        "--spec-attn",
+        default="auto",
+        choices=("auto", "simple_flex_attention", "sdpa"),
+        help="speculators' draft attention (auto: flex on CUDA, sdpa on CPU)",
+    )
     ap.add_argument("--warmup", type=int, default=3, help="steps before timing (compilation happens here)")
     ap.add_argument("--steps", type=int, default=10, help="timed steps per variant")
-    ap.add_argument("--rounds", type=int, default=None,
-                    help="> 0: time variants round-robin in this many rounds; 0: one after another "
-                         "(default: 5 on CPU, 0 on GPU)")
-    ap.add_argument("--budget-s", type=float, default=0.0,
-                    help="one after another: skip runs that would end after this many s (estimated)")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="> 0: time variants round-robin in this many rounds; 0: one after another (default: 5 on CPU, 0 on GPU)",
+    )
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=0.0,
+        help="one after another: skip runs that would end after this many s (estimated)",
+    )
     ap.add_argument("--profile", action="store_true", help="torch.profiler breakdown (CUDA) at the largest TTT")
     ap.add_argument("--out", required=True, help="JSON results path")
     args = ap.parse_args()
 
-    shapes = Shapes(**{k: getattr(args, k) if getattr(args, k) is not None else v
-                       for k, v in PRESETS[args.preset].items()})
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
+    shapes = Shapes(
+        **{k: getattr(args, k) if getattr(args, k) is not None else v for k, v in PRESETS[args.preset].items()}
+    )
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if args.device == "auto" else args.device)
+    )
     if args.rounds is None:
         args.rounds = 5 if device.type == "cpu" else 0
     torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
     stood_in = import_speculators() if any(v.startswith("spec") for v in args.variants) else []
-    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else \
-        f"CPU {platform.machine()}, {torch.get_num_threads()} threads (shared with other jobs)"
+    device_name = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"CPU {platform.machine()}, {torch.get_num_threads()} threads (shared with other jobs)"
+    )
     start = time.perf_counter()
     results: list[RunResult] = []
 
     def on_result(r: RunResult) -> None:
         results.append(r)
-        print(f"[{time.perf_counter() - start:6.1f}s] {r.variant} ttt={r.ttt}: {r.status} "
-              f"{r.tokens_per_s:,.0f} tok/s, {r.peak_mem_gib:.2f} GiB, warm-up {r.first_steps_s:.1f}s "
-              f"{'; '.join(r.notes)[:1500]}", flush=True)
+        print(
+            f"[{time.perf_counter() - start:6.1f}s] {r.variant} ttt={r.ttt}: {r.status} "
+            f"{r.tokens_per_s:,.0f} tok/s, {r.peak_mem_gib:.2f} GiB, warm-up {r.first_steps_s:.1f}s "
+            f"{'; '.join(r.notes)[:1500]}",
+            flush=True,
+        )
         write_json(args.out, shapes, device_name, stood_in, results, args)
 
     jobs = [(v, t) for v in args.variants for t in args.ttt]

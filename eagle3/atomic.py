@@ -140,8 +140,11 @@ def atomic_dir(final: str | Path, point: str | None = None) -> Iterator[Path]:
     final.parent.mkdir(parents=True, exist_ok=True)
     if not final.exists():  # killed between replace_dir's two renames: the previous one is whole
         for old in sorted(final.parent.iterdir()):
-            if old.name.startswith(final.name + TMP_MARK) and old.name.endswith("-old") and \
-                    not pid_alive(int(_PID_AFTER_MARK.search(old.name).group(1))):
+            if (
+                old.name.startswith(final.name + TMP_MARK)
+                and old.name.endswith("-old")
+                and not pid_alive(int(_PID_AFTER_MARK.search(old.name).group(1)))
+            ):
                 os.rename(old, final)
                 break
     remove_stale_temps(final.parent, final.name)

@@ -54,14 +54,24 @@ class PackedBatchSampler(torch.utils.data.Sampler[list[int]]):
     counter is not used (``set_epoch`` is a no-op): training length is ``max_steps``.
     """
 
-    def __init__(self, batches: list[list[int]], *, shuffle: bool, seed: int = 0, rank: int = 0,
-                 world_size: int = 1, batches_done: int = 0):
+    def __init__(
+        self,
+        batches: list[list[int]],
+        *,
+        shuffle: bool,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        batches_done: int = 0,
+    ):
         if world_size > 1 and len(batches) < world_size:
-            raise ValueError(f"{len(batches)} batches cannot feed {world_size} ranks; lower train.max_tokens_per_batch or add data")
+            raise ValueError(
+                f"{len(batches)} batches cannot feed {world_size} ranks; lower train.max_tokens_per_batch or add data"
+            )
         self.batches = batches
         self.shuffle, self.seed, self.rank, self.world_size = shuffle, seed, rank, world_size
         per_pass = self.per_pass
-        self.pass_index, self.start = (divmod(batches_done, per_pass) if per_pass else (0, 0))
+        self.pass_index, self.start = divmod(batches_done, per_pass) if per_pass else (0, 0)
 
     @property
     def per_pass(self) -> int:
@@ -128,8 +138,9 @@ def split_rows(items: list[dict], row_tokens: int) -> list[list[dict]]:
     return rows
 
 
-def collate_rows(items: list[dict], max_tokens: int, row_tokens: int | None,
-                 fixed_shape: bool = False) -> dict[str, torch.Tensor]:
+def collate_rows(
+    items: list[dict], max_tokens: int, row_tokens: int | None, fixed_shape: bool = False
+) -> dict[str, torch.Tensor]:
     """One batch as [B, T]: a single packed row (``row_tokens`` null), or one packed row per
     line for ``pack_rows`` batches, shorter rows padded (segment -1, no loss). fixed_shape:
     always [max_tokens // row_tokens, row_tokens] (one compiled shape), [1, max_tokens] for
@@ -204,13 +215,26 @@ class SampleSubset(torch.utils.data.Dataset):
         return self.base[self.indices[i]]
 
 
-def packed_loader(dataset: torch.utils.data.Dataset, idx: list[int], batches: list[list[int]], *, max_tokens: int,
-                  row_tokens: int | None = None, fixed_shape: bool = False, shuffle: bool = False, seed: int = 0,
-                  rank: int = 0, world_size: int = 1, batches_done: int = 0, num_workers: int = 0):
+def packed_loader(
+    dataset: torch.utils.data.Dataset,
+    idx: list[int],
+    batches: list[list[int]],
+    *,
+    max_tokens: int,
+    row_tokens: int | None = None,
+    fixed_shape: bool = False,
+    shuffle: bool = False,
+    seed: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
+    batches_done: int = 0,
+    num_workers: int = 0,
+):
     """A DataLoader of ``batches`` (indices into ``idx``) of these samples, collated by
     ``collate_rows``: batches of [B, T] (aux_hidden [B, T, (L-1)H], final_hidden [B, T, H])."""
-    sampler = PackedBatchSampler(batches, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
-                                 batches_done=batches_done)
+    sampler = PackedBatchSampler(
+        batches, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size, batches_done=batches_done
+    )
     return torch.utils.data.DataLoader(
         SampleSubset(dataset, idx),
         batch_sampler=sampler,
@@ -220,11 +244,13 @@ def packed_loader(dataset: torch.utils.data.Dataset, idx: list[int], batches: li
     )
 
 
-def unshuffled_loader(dataset, idx: list[int], *, max_tokens: int, row_tokens: int | None = None, seed: int = 0,
-                      num_workers: int = 0):
+def unshuffled_loader(
+    dataset, idx: list[int], *, max_tokens: int, row_tokens: int | None = None, seed: int = 0, num_workers: int = 0
+):
     """These samples in packed batches, unshuffled, in this process (evaluation). ``dataset``
     has ``lengths`` (tokens per sample), as eagle3.store's HiddenStateDataset."""
     lengths = dataset.lengths
     batches = pack_rows([lengths[i] for i in idx], max_tokens, row_tokens, seed=seed)
-    return packed_loader(dataset, idx, batches, max_tokens=max_tokens, row_tokens=row_tokens, seed=seed,
-                         num_workers=num_workers)
+    return packed_loader(
+        dataset, idx, batches, max_tokens=max_tokens, row_tokens=row_tokens, seed=seed, num_workers=num_workers
+    )

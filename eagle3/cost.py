@@ -27,8 +27,14 @@ from eagle3.plan import MILLION
 log = logging.getLogger(__name__)
 
 
-def target_params(num_layers: int, hidden: int, intermediate: int | None, vocab: int,
-                  heads: int | None = None, kv_heads: int | None = None) -> float:
+def target_params(
+    num_layers: int,
+    hidden: int,
+    intermediate: int | None,
+    vocab: int,
+    heads: int | None = None,
+    kv_heads: int | None = None,
+) -> float:
     """Dense parameters of a Llama-shaped target (an MoE: about its active ones)."""
     kv = hidden * (kv_heads or heads or 1) // (heads or 1)
     per_layer = hidden * (2 * hidden + 2 * kv) + 3 * hidden * (intermediate or 4 * hidden)
@@ -69,20 +75,41 @@ class Rate:
 _SMOLLM2 = target_params(30, 576, 1536, 49152, 9, 3)
 _LLAMA_8B = target_params(32, 4096, 14336, 128256, 32, 8)
 RATES = (
-    Rate("cpu", "SmolLM2-135M", _SMOLLM2, capture_tok_s=906, train_tok_s=704,
-         train_flops=head_flops(576, 1536, 4096, 3), regen_tok_s=166,
-         measured="make demo on this project's 2-core CPU with nothing else running (docs/benchmarks.md, "
-                  "'demo_cpu on a quiet machine'): capture 906 tok/s, training 704 tok/s; regeneration (vLLM, "
-                  "engine start included) from `python extract.py experiment=demo_cpu` with an empty cache on the "
-                  "same CPU shared with other jobs (load 4-5): 45,556 new tokens in 4 min 35 s"),
-    Rate("gpu", "SmolLM2-135M", _SMOLLM2, capture_tok_s=98_982, train_tok_s=79_400,
-         train_flops=head_flops(576, 1536, 32000, 5), regen_tok_s=22_000,
-         measured="experiment=smollm2_full on one H200 (docs/benchmarks.md section 3: capture 98,982 tok/s, "
-                  "training ~79,400 tok/s at ttt 5 and 8,192-token rows, fast-decode regeneration ~22k tok/s)"),
-    Rate("gpu", "Llama-3.1-8B", _LLAMA_8B, capture_tok_s=33_062, train_tok_s=52_515,
-         train_flops=head_flops(4096, 14336, 32000, 3), regen_tok_s=None,
-         measured="bench/extract_throughput.py and bench/train_throughput.py --preset llama3-8b on one H200 "
-                  "(docs/benchmarks.md sections 1-2: capture 33,062 tok/s, compiled step 52,515 tok/s at ttt 3)"),
+    Rate(
+        "cpu",
+        "SmolLM2-135M",
+        _SMOLLM2,
+        capture_tok_s=906,
+        train_tok_s=704,
+        train_flops=head_flops(576, 1536, 4096, 3),
+        regen_tok_s=166,
+        measured="make demo on this project's 2-core CPU with nothing else running (docs/benchmarks.md, "
+        "'demo_cpu on a quiet machine'): capture 906 tok/s, training 704 tok/s; regeneration (vLLM, "
+        "engine start included) from `python extract.py experiment=demo_cpu` with an empty cache on the "
+        "same CPU shared with other jobs (load 4-5): 45,556 new tokens in 4 min 35 s",
+    ),
+    Rate(
+        "gpu",
+        "SmolLM2-135M",
+        _SMOLLM2,
+        capture_tok_s=98_982,
+        train_tok_s=79_400,
+        train_flops=head_flops(576, 1536, 32000, 5),
+        regen_tok_s=22_000,
+        measured="experiment=smollm2_full on one H200 (docs/benchmarks.md section 3: capture 98,982 tok/s, "
+        "training ~79,400 tok/s at ttt 5 and 8,192-token rows, fast-decode regeneration ~22k tok/s)",
+    ),
+    Rate(
+        "gpu",
+        "Llama-3.1-8B",
+        _LLAMA_8B,
+        capture_tok_s=33_062,
+        train_tok_s=52_515,
+        train_flops=head_flops(4096, 14336, 32000, 3),
+        regen_tok_s=None,
+        measured="bench/extract_throughput.py and bench/train_throughput.py --preset llama3-8b on one H200 "
+        "(docs/benchmarks.md sections 1-2: capture 33,062 tok/s, compiled step 52,515 tok/s at ttt 3)",
+    ),
 )
 
 
@@ -100,8 +127,14 @@ def minutes(seconds: float) -> str:
 
 def _cfg_params(cfg: Any) -> float:
     m = cfg.model
-    return target_params(int(m.num_layers), int(m.hidden_size), m.intermediate_size, int(m.vocab_size),
-                         m.num_attention_heads, m.num_key_value_heads)
+    return target_params(
+        int(m.num_layers),
+        int(m.hidden_size),
+        m.intermediate_size,
+        int(m.vocab_size),
+        m.num_attention_heads,
+        m.num_key_value_heads,
+    )
 
 
 def _rate(cfg: Any) -> tuple[Rate | None, str]:
@@ -137,16 +170,18 @@ def extract_lines(cfg: Any) -> list[str]:
     tok_s = capture_tok_s(cfg)
     at = f" at ~{tok_s:,.0f} tok/s" if tok_s else ""
     if data.max_samples is None:
-        per_m = plan.disk_per_million_tokens(ids, int(cfg.model.hidden_size), str(cfg.capture.dtype),
-                                             int(cfg.capture.shard_max_tokens))
+        per_m = plan.disk_per_million_tokens(
+            ids, int(cfg.model.hidden_size), str(cfg.capture.dtype), int(cfg.capture.shard_max_tokens)
+        )
         line = f"extract: every sample of data={data.name} (counted once read), <= {length:,} tokens each; {per_m} per 1M tokens"
         if tok_s:
             line += f"; capture ~{minutes(MILLION / tok_s)} per 1M tokens{at}"
         return [line, basis]
     samples = int(data.max_samples)
     tokens = samples * length
-    disk = plan.disk_bytes(tokens, ids, int(cfg.model.hidden_size), str(cfg.capture.dtype),
-                           int(cfg.capture.shard_max_tokens))
+    disk = plan.disk_bytes(
+        tokens, ids, int(cfg.model.hidden_size), str(cfg.capture.dtype), int(cfg.capture.shard_max_tokens)
+    )
     line = f"extract: {samples:,} samples x <= {length:,} tokens = <= {tokens:,} tokens; disk <= {format_bytes(disk)}"
     if tok_s:
         line += f"; capture <= ~{minutes(tokens / tok_s)}{at}"
@@ -175,13 +210,20 @@ def train_lines(cfg: Any, train_tokens: int | None = None, train_batches: int | 
     if train_tokens and train_batches:
         fill = min(per_rank, train_tokens / train_batches * int(t.accumulate_grad_batches))
         total = steps * fill * world
-        line += (f" (batches hold ~{fill:,.0f} per rank: ~{total:,.0f} tokens, "
-                 f"~{total / train_tokens:.1f} passes over {train_tokens:,} train tokens)")
+        line += (
+            f" (batches hold ~{fill:,.0f} per rank: ~{total:,.0f} tokens, "
+            f"~{total / train_tokens:.1f} passes over {train_tokens:,} train tokens)"
+        )
     rate, basis = _rate(cfg)
     if rate is not None:
         m = cfg.model
-        flops = head_flops(int(m.hidden_size), t.intermediate_size or m.intermediate_size,
-                           min(int(t.draft_vocab_size), int(m.vocab_size)), int(t.ttt_steps), int(t.num_draft_layers))
+        flops = head_flops(
+            int(m.hidden_size),
+            t.intermediate_size or m.intermediate_size,
+            min(int(t.draft_vocab_size), int(m.vocab_size)),
+            int(t.ttt_steps),
+            int(t.num_draft_layers),
+        )
         tok_s = rate.train_rate(flops)
         line += f"; ~{minutes(steps * fill / tok_s)} at ~{tok_s * world:,.0f} tok/s"
     if t.max_time:

@@ -92,8 +92,8 @@ def evaluate(
     from eagle3.evaluation.plot import save_acceptance_plot
     from eagle3.evaluation.prompts import VAL, heldout_prompts
     from eagle3.evaluation.replay_export import replay_for_prompts
-    from eagle3.evaluation.served_replay import replay_served
     from eagle3.evaluation.report import print_table, write_json
+    from eagle3.evaluation.served_replay import replay_served
     from eagle3.evaluation.wandb_log import log_report
 
     settings = eval_cfg if eval_cfg is not None else EvalConfig()
@@ -103,22 +103,40 @@ def evaluate(
     dataset = Path(dataset_dir).expanduser().resolve() if dataset_dir is not None else info.dataset_dir
     tokenizer = AutoTokenizer.from_pretrained(info.verifier, trust_remote_code=bool(options.trust_remote_code))
     prompts = heldout_prompts(
-        dataset, int(settings.max_prompts), int(settings.humaneval_prompts), tokenizer,
-        chat_template=chat_template, max_prompt_tokens=int(options.max_prompt_tokens),
+        dataset,
+        int(settings.max_prompts),
+        int(settings.humaneval_prompts),
+        tokenizer,
+        chat_template=chat_template,
+        max_prompt_tokens=int(options.max_prompt_tokens),
     )
     report = measure(
-        info, prompts, num_draft_tokens=int(settings.num_draft_tokens), max_new_tokens=int(settings.max_new_tokens),
-        engine=options, work_dir=out_dir / "acceptance-logs", baseline=baseline,
+        info,
+        prompts,
+        num_draft_tokens=int(settings.num_draft_tokens),
+        max_new_tokens=int(settings.max_new_tokens),
+        engine=options,
+        work_dir=out_dir / "acceptance-logs",
+        baseline=baseline,
     )
     report.dataset_dir = str(dataset) if dataset is not None else None
-    replay, note = replay_for_prompts(info.export_dir, info.verifier, dataset, [p.id for p in prompts.by_source(VAL)],
-                                      num_draft_tokens=int(settings.num_draft_tokens),
-                                      max_answer_tokens=int(settings.max_new_tokens))
+    replay, note = replay_for_prompts(
+        info.export_dir,
+        info.verifier,
+        dataset,
+        [p.id for p in prompts.by_source(VAL)],
+        num_draft_tokens=int(settings.num_draft_tokens),
+        max_answer_tokens=int(settings.max_new_tokens),
+    )
     report.train_side_replay = replay or {}
     report.prompt_notes += [note] if note else []
-    report.served_replay, note = replay_served(info.export_dir, info.verifier, report.served,
-                                               num_draft_tokens=int(settings.num_draft_tokens),
-                                               max_answer_tokens=int(settings.max_new_tokens))
+    report.served_replay, note = replay_served(
+        info.export_dir,
+        info.verifier,
+        report.served,
+        num_draft_tokens=int(settings.num_draft_tokens),
+        max_answer_tokens=int(settings.max_new_tokens),
+    )
     report.prompt_notes += [note] if note else []
     json_path = write_json(report, out_dir)
     png_path = save_acceptance_plot(report, out_dir)
@@ -139,7 +157,10 @@ def evaluate_trained(cfg: Any, export_dir: Path, ds_dir: Path, model_dir: str, l
         return None
     try:
         result = evaluate(
-            export_dir, eval_cfg=cfg.eval, dataset_dir=ds_dir, verifier=model_dir,
+            export_dir,
+            eval_cfg=cfg.eval,
+            dataset_dir=ds_dir,
+            verifier=model_dir,
             chat_template=cfg.model.chat_template,
             engine=EngineOptions(
                 tensor_parallel_size=int(cfg.topology.extract_tp),
@@ -172,17 +193,28 @@ def run(cfg: Any) -> float:
         import wandb
 
         run_ = wandb.init(
-            project=cfg.logger.project, entity=cfg.logger.entity, group=cfg.logger.group,
-            tags=list(cfg.logger.tags), job_type="evaluate", mode=wandb_mode(cfg.logger.mode),
-            dir=str(out_dir or cfg.export_dir), config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+            project=cfg.logger.project,
+            entity=cfg.logger.entity,
+            group=cfg.logger.group,
+            tags=list(cfg.logger.tags),
+            job_type="evaluate",
+            mode=wandb_mode(cfg.logger.mode),
+            dir=str(out_dir or cfg.export_dir),
+            config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
             reinit="create_new",
         )
     elif cfg.logger.backend != "none":
         raise ValueError(f"logger.backend: expected wandb|none, got {cfg.logger.backend!r}")
     try:
         result = evaluate(
-            cfg.export_dir, eval_cfg=cfg.eval, dataset_dir=cfg.dataset_dir, verifier=cfg.verifier,
-            out_dir=out_dir, chat_template=cfg.chat_template, baseline=bool(cfg.baseline), engine=cfg.engine,
+            cfg.export_dir,
+            eval_cfg=cfg.eval,
+            dataset_dir=cfg.dataset_dir,
+            verifier=cfg.verifier,
+            out_dir=out_dir,
+            chat_template=cfg.chat_template,
+            baseline=bool(cfg.baseline),
+            engine=cfg.engine,
             wandb_run=run_,
         )
     finally:

@@ -25,8 +25,10 @@ def parse(spec: str) -> tuple[str, int, str]:
     point, _, nth = head.partition("@")
     action = action or "kill"
     if point not in POINTS or action not in ACTIONS or (nth and not nth.isdigit()) or nth == "0":
-        raise ValueError(f"{ENV}={spec!r}: expected <point>[@<n>][:<action>] with point one of {POINTS}, "
-                         f"n >= 1 and action one of {ACTIONS}")
+        raise ValueError(
+            f"{ENV}={spec!r}: expected <point>[@<n>][:<action>] with point one of {POINTS}, "
+            f"n >= 1 and action one of {ACTIONS}"
+        )
     return point, int(nth or 1), action
 
 

@@ -112,6 +112,9 @@ class ContentShaCache:
 def tree_sha(directory: Path, file_sha: Callable[[Path], str]) -> str:
     """``short_sha`` over a directory's files (relative path and ``file_sha`` of each, sorted;
     hidden files such as locks left out): equal for a copy of the directory anywhere."""
-    files = sorted(p for p in Path(directory).rglob("*")
-                   if p.is_file() and not any(part.startswith(".") for part in p.relative_to(directory).parts))
+    files = sorted(
+        p
+        for p in Path(directory).rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(directory).parts)
+    )
     return short_sha(json.dumps([[p.relative_to(directory).as_posix(), file_sha(p)] for p in files]))

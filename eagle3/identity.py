@@ -77,8 +77,11 @@ def chat_identity(source: str, path: str | None, cache: ContentShaCache) -> dict
     file = resolve_path(source, path)
     if file is None:
         return {"file_name": None, "content_sha": None}
-    sha = tree_sha(file, lambda p: cache.sha(p, "sha256", _content_sha)) if file.is_dir() else cache.sha(
-        file, "sha256", _content_sha)
+    sha = (
+        tree_sha(file, lambda p: cache.sha(p, "sha256", _content_sha))
+        if file.is_dir()
+        else cache.sha(file, "sha256", _content_sha)
+    )
     return {"file_name": file.name, "content_sha": sha}
 
 
@@ -99,8 +102,11 @@ def fingerprint_inputs(cfg: Any, model_dir: str, *, chat_content: bool = True) -
     data.update(chat_identity(source, path, cache) if chat_content else dict.fromkeys(_CHAT_LOCATION))
     return {
         "schema_version": FINGERPRINT_VERSION,
-        "model": {"num_layers": int(cfg.model.num_layers), "hidden_size": int(cfg.model.hidden_size),
-                  **model_identity(model_dir, cache, regenerate=regenerate)},
+        "model": {
+            "num_layers": int(cfg.model.num_layers),
+            "hidden_size": int(cfg.model.hidden_size),
+            **model_identity(model_dir, cache, regenerate=regenerate),
+        },
         "data": data,
         **_capture_and_tokenizer(cfg, Path(model_dir)),
     }
@@ -130,8 +136,11 @@ def provenance(cfg: Any, model_dir: str, regen_engine: str | None) -> dict[str, 
     (None: the chat data's own), and where the chat data and the model were read from."""
     path = cfg.data.path
     model = Path(model_dir)
-    return {"regen_engine": regen_engine, "model_dir": str(model.resolve()) if model.is_dir() else str(model_dir),
-            "data_path": str(Path(path).expanduser().resolve()) if path else None}
+    return {
+        "regen_engine": regen_engine,
+        "model_dir": str(model.resolve()) if model.is_dir() else str(model_dir),
+        "data_path": str(Path(path).expanduser().resolve()) if path else None,
+    }
 
 
 def check_regen_engine(ds_dir: Path, engine: str | None) -> None:
@@ -145,7 +154,8 @@ def check_regen_engine(ds_dir: Path, engine: str | None) -> None:
         raise FingerprintMismatchError(
             f"{ds_dir / MANIFEST}: provenance.regen_engine: expected {engine} (what data.regen_backend resolves to "
             f"here), got {had}: its samples so far hold {had}'s answers. Resume with data.regen_backend={had}, "
-            f"or delete {ds_dir} to extract it again with {engine}")
+            f"or delete {ds_dir} to extract it again with {engine}"
+        )
 
 
 def regen_note(manifest: Manifest) -> str:
@@ -169,15 +179,22 @@ def legacy_fingerprint_inputs(cfg: Any, model_dir: str) -> dict:
         data.pop("regen_max_turns", None)
     return {
         "schema_version": LEGACY_VERSION,
-        "model": {"name": str(cfg.model.name), "dir": d.name, "config_sha": file_short_sha(d / "config.json"),
-                  "num_layers": int(cfg.model.num_layers), "hidden_size": int(cfg.model.hidden_size)},
+        "model": {
+            "name": str(cfg.model.name),
+            "dir": d.name,
+            "config_sha": file_short_sha(d / "config.json"),
+            "num_layers": int(cfg.model.num_layers),
+            "hidden_size": int(cfg.model.hidden_size),
+        },
         "data": data,
         **_capture_and_tokenizer(cfg, d),
     }
 
 
 def legacy_dataset_path(cfg: Any, model_dir: str) -> Path:
-    return dataset_dir(cfg.paths.data_dir, dataset_prefix(cfg), dataset_fingerprint(legacy_fingerprint_inputs(cfg, model_dir)))
+    return dataset_dir(
+        cfg.paths.data_dir, dataset_prefix(cfg), dataset_fingerprint(legacy_fingerprint_inputs(cfg, model_dir))
+    )
 
 
 def _diff(theirs: Any, ours: Any, where: str = "") -> list[str]:
@@ -231,16 +248,25 @@ def locate_dataset(cfg: Any, model_dir: str) -> tuple[Path, str | None]:
     if missing is not None:
         alike = [d for d, diff, legacy in near if not legacy and all(k.split(".")[-1] in _CHAT_LOCATION for k in diff)]
         if len(alike) == 1:
-            return alike[0], f"the chat data is not here to hash ({missing}); {alike[0]} matches the rest of this config"
-    lines = [f"no dataset for this config at {where}" if missing is None else
-             f"no dataset for this config under {cfg.paths.data_dir} (the chat data could not be hashed: {missing})"]
+            return alike[
+                0
+            ], f"the chat data is not here to hash ({missing}); {alike[0]} matches the rest of this config"
+    lines = [
+        f"no dataset for this config at {where}"
+        if missing is None
+        else f"no dataset for this config under {cfg.paths.data_dir} (the chat data could not be hashed: {missing})"
+    ]
     for d, diff, legacy in near[:5]:
         if legacy:
-            lines.append(f"  {d}: named by the first fingerprint scheme (model directory name, chat file path and "
-                         f"engine in it; differs in {', '.join(diff) or 'nothing'}): if it holds this model and data, "
-                         f"use it with dataset_dir={d}")
+            lines.append(
+                f"  {d}: named by the first fingerprint scheme (model directory name, chat file path and "
+                f"engine in it; differs in {', '.join(diff) or 'nothing'}): if it holds this model and data, "
+                f"use it with dataset_dir={d}"
+            )
         else:
             lines.append(f"  {d}: differs from this config in {', '.join(diff)}")
-    lines.append("run extract.py with the same model/layers/data overrides first (python extract.py <same overrides>), "
-                 "or pass dataset_dir=<dir>")
+    lines.append(
+        "run extract.py with the same model/layers/data overrides first (python extract.py <same overrides>), "
+        "or pass dataset_dir=<dir>"
+    )
     raise DatasetNotFound("\n".join(lines))

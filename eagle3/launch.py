@@ -88,8 +88,10 @@ def check_external_launch(devices: int, num_nodes: int, env: Mapping[str, str] |
             "script per device is not supported: it fights Hydra's multirun. See docs/scaling.md."
         )
     if started != world:
-        raise LaunchError(f"{layout}, but {started_by} started {started}; make them agree "
-                          f"(e.g. topology.devices={started // max(1, int(num_nodes))})")
+        raise LaunchError(
+            f"{layout}, but {started_by} started {started}; make them agree "
+            f"(e.g. topology.devices={started // max(1, int(num_nodes))})"
+        )
 
 
 def extraction_shard(num_shards: int, shard_index: int, env: Mapping[str, str] | None = None) -> tuple[int, int]:

@@ -69,8 +69,9 @@ class DirLock:
                 if self._take_over(holder):
                     continue
                 if time.monotonic() >= deadline:
-                    raise LockHeldError(f"{self.what}: {self.path} is held by {describe(holder)}; "
-                                        "wait for it or stop it", holder) from None
+                    raise LockHeldError(
+                        f"{self.what}: {self.path} is held by {describe(holder)}; wait for it or stop it", holder
+                    ) from None
                 time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
                 continue
             if not self._names_this_file(f):  # replaced by a takeover between open and flock
@@ -78,9 +79,17 @@ class DirLock:
                 continue
             f.seek(0)
             f.truncate()
-            f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
-                                "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:500],
-                                "what": self.what}))
+            f.write(
+                json.dumps(
+                    {
+                        "pid": os.getpid(),
+                        "host": socket.gethostname(),
+                        "started": time.time(),
+                        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:500],
+                        "what": self.what,
+                    }
+                )
+            )
             f.flush()
             os.fsync(f.fileno())
             self._file = f

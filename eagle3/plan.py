@@ -32,17 +32,26 @@ def hidden_layout(dtype: str, capture_ids: Sequence[int], hidden_size: int) -> s
     return f"{_check_dtype(dtype)} [T, {len(capture_ids)}, {int(hidden_size)}]"
 
 
-def disk_bytes(num_tokens: int, capture_ids: Sequence[int], hidden_size: int, dtype: str,
-               shard_max_tokens: int = 65536) -> int:
+def disk_bytes(
+    num_tokens: int, capture_ids: Sequence[int], hidden_size: int, dtype: str, shard_max_tokens: int = 65536
+) -> int:
     import torch  # only when resolved: composing a config stays light
 
     from eagle3.store.disk import disk_needed_bytes
 
-    return disk_needed_bytes(int(num_tokens), len(capture_ids), int(hidden_size), getattr(torch, _check_dtype(dtype)),
-                             0, int(shard_max_tokens))
+    return disk_needed_bytes(
+        int(num_tokens),
+        len(capture_ids),
+        int(hidden_size),
+        getattr(torch, _check_dtype(dtype)),
+        0,
+        int(shard_max_tokens),
+    )
 
 
-def disk_per_million_tokens(capture_ids: Sequence[int], hidden_size: int, dtype: str, shard_max_tokens: int = 65536) -> str:
+def disk_per_million_tokens(
+    capture_ids: Sequence[int], hidden_size: int, dtype: str, shard_max_tokens: int = 65536
+) -> str:
     from eagle3.store.disk import format_bytes
 
     return format_bytes(disk_bytes(MILLION, capture_ids, hidden_size, dtype, shard_max_tokens))

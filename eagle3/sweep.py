@@ -107,8 +107,18 @@ def _metric_columns(jobs: list[JobResult], metric: str) -> list[str]:
 def results_rows(jobs: list[JobResult], metric: str) -> tuple[list[str], list[dict[str, Any]]]:
     """The CSV: job, status, swept params, every final metric, steps, paths, error."""
     axes = swept_keys(jobs)
-    columns = ["job", "status", *axes, *_metric_columns(jobs, metric), "global_step",
-               "best_metric_value", "output_dir", "export_dir", "overrides", "error"]
+    columns = [
+        "job",
+        "status",
+        *axes,
+        *_metric_columns(jobs, metric),
+        "global_step",
+        "best_metric_value",
+        "output_dir",
+        "export_dir",
+        "overrides",
+        "error",
+    ]
     rows = []
     for j in jobs:
         row: dict[str, Any] = {"job": j.job, "status": j.status, **{k: j.params.get(k, "") for k in axes}}
@@ -133,17 +143,29 @@ def _fmt(v: Any) -> str:
 def results_markdown(jobs: list[JobResult], metric: str, maximize: bool, title: str) -> str:
     axes = swept_keys(jobs)
     extra = [c for c in _MD_METRICS if any(c in j.metrics for j in jobs)]
-    acc = sorted({k for j in jobs for k in j.metrics if k.startswith("val/acc_k")}, key=lambda k: int(k.rsplit("k", 1)[1]))
+    acc = sorted(
+        {k for j in jobs for k in j.metrics if k.startswith("val/acc_k")}, key=lambda k: int(k.rsplit("k", 1)[1])
+    )
     columns = ["job", "status", *axes, metric, *acc, *extra, "global_step"]
     best = best_job(jobs, metric, maximize)
-    lines = [f"# {title}", "",
-             f"{len(jobs)} jobs, {sum(j.status == 'COMPLETED' for j in jobs)} completed; "
-             f"{'max' if maximize else 'min'}imising `{metric}`"
-             + (f"; best: job {best.job} ({_fmt(best.metrics[metric])})" if best else ""), "",
-             "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines = [
+        f"# {title}",
+        "",
+        f"{len(jobs)} jobs, {sum(j.status == 'COMPLETED' for j in jobs)} completed; "
+        f"{'max' if maximize else 'min'}imising `{metric}`"
+        + (f"; best: job {best.job} ({_fmt(best.metrics[metric])})" if best else ""),
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+    ]
     for j in jobs:
-        values = {"job": j.job + (" **best**" if best is j else ""), "status": j.status, **j.params,
-                  "global_step": j.summary.get("global_step", ""), **j.metrics}
+        values = {
+            "job": j.job + (" **best**" if best is j else ""),
+            "status": j.status,
+            **j.params,
+            "global_step": j.summary.get("global_step", ""),
+            **j.metrics,
+        }
         lines.append("| " + " | ".join(_fmt(values.get(c, "")) for c in columns) + " |")
     failed = [j for j in jobs if j.error]
     if failed:

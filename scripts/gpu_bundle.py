@@ -50,7 +50,13 @@ def main() -> None:
 
     smol = Path(materialize_smollm2(ROOT / ".cache"))
     (OUT / "tok").mkdir()
-    for f in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+    for f in (
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+    ):
         if (smol / f).is_file():
             shutil.copy(smol / f, OUT / "tok" / f)
     gguf = smollm2_gguf_path()

@@ -3,12 +3,16 @@ matters), exported again: `python -m eagle3.evaluate` on it compares vLLM's coun
 served replay of the same two-layer head, i.e. whether vLLM runs layer 2 as we do.
     python scripts/two_layer_probe.py SRC_EXPORT VERIFIER_DIR OUT_EXPORT SCALE   (docs/benchmarks.md: SCALE 10)
 """
-import dataclasses, sys
+
+import dataclasses
+import sys
+
 import torch
+
 from eagle3.evaluation.replay_export import load_exported_head
 from eagle3.model.head import Eagle3DraftHead
-from eagle3.target.resolve import read_hf_config
 from eagle3.model.serving_format import DraftMeta, save_head
+from eagle3.target.resolve import read_hf_config
 
 src, verifier, out, scale = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 one, aux = load_exported_head(src, verifier)

@@ -46,9 +46,12 @@ class RecordBatches(L.Callback):
             self.record["val"][-1].append(sample_fingerprints(batch["input_ids"].cpu(), batch["segment_ids"].cpu()))
 
     def on_fit_end(self, trainer, pl_module):
-        self.record.update(world_size=trainer.world_size, rank=trainer.global_rank,
-                           strategy=type(trainer.strategy).__name__,
-                           backend=torch.distributed.get_backend() if torch.distributed.is_initialized() else None)
+        self.record.update(
+            world_size=trainer.world_size,
+            rank=trainer.global_rank,
+            strategy=type(trainer.strategy).__name__,
+            backend=torch.distributed.get_backend() if torch.distributed.is_initialized() else None,
+        )
         (self.out_dir / f"probe-rank{trainer.global_rank}.json").write_text(json.dumps(self.record))
 
 

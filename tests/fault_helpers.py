@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import torch
-
 from conftest import ROOT
+
 from eagle3.faults import ENV
 from eagle3.store import HiddenStateDataset
 
@@ -25,13 +25,13 @@ def cli(argv: list[str], fault: str | None = None, timeout: int = 300) -> subpro
     env = {k: v for k, v in os.environ.items() if k != ENV}
     if fault:
         env[ENV] = fault
-    return subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def assert_killed(proc: subprocess.CompletedProcess) -> None:
     assert proc.returncode == -signal.SIGKILL, (
-        f"expected death by SIGKILL at the fault point, got exit {proc.returncode}:\n{proc.stderr[-3000:]}")
+        f"expected death by SIGKILL at the fault point, got exit {proc.returncode}:\n{proc.stderr[-3000:]}"
+    )
 
 
 def temps(directory: Path) -> list[str]:
@@ -41,8 +41,11 @@ def temps(directory: Path) -> list[str]:
 def file_bytes(directory: Path) -> dict[str, bytes]:
     """Every file under ``directory`` (lock files left out) by relative path."""
     directory = Path(directory)
-    return {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(directory.rglob("*"))
-            if p.is_file() and not p.name.startswith(".")}
+    return {
+        p.relative_to(directory).as_posix(): p.read_bytes()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and not p.name.startswith(".")
+    }
 
 
 def assert_same_dataset(got_dir: Path, want_dir: Path) -> None:

@@ -27,7 +27,7 @@ def tokens(n: int = T) -> torch.Tensor:
 
 def mask(n: int = T) -> torch.Tensor:
     m = torch.zeros(n, dtype=torch.bool)
-    m[n // 2:] = True
+    m[n // 2 :] = True
     return m
 
 
@@ -148,8 +148,11 @@ def test_token_id_mismatch_reports_first_position():
     back = tokens().clone()
     back[5] = 7
     back[9] = 8
-    with pytest.raises(CaptureError, match=r"returned_token_ids: expected the sent ids \(position 5: 105\), "
-                                           r"got 7 at position 5 \(2 positions differ\)"):
+    with pytest.raises(
+        CaptureError,
+        match=r"returned_token_ids: expected the sent ids \(position 5: 105\), "
+        r"got 7 at position 5 \(2 positions differ\)",
+    ):
         capture(layers(), returned_token_ids=back)
     with pytest.raises(CaptureError, match="returned_token_ids: expected 12 tokens"):
         capture(layers(), returned_token_ids=tokens(10))

@@ -4,22 +4,30 @@ loss or the metrics see."""
 from __future__ import annotations
 
 import torch
+from test_model_head import VT, H, make_head
 
-from eagle3.model import eagle3_loss
 from eagle3.batches import collate_packed
-from test_model_head import H, VT, make_head
+from eagle3.model import eagle3_loss
 
 
 def _item(t: int, seed: int) -> dict:
     g = torch.Generator().manual_seed(seed)
-    return {"input_ids": torch.randint(0, VT, (t,), generator=g), "loss_mask": torch.arange(t) >= 2,
-            "hidden": torch.randn(t, 4, H, generator=g)}
+    return {
+        "input_ids": torch.randint(0, VT, (t,), generator=g),
+        "loss_mask": torch.arange(t) >= 2,
+        "hidden": torch.randn(t, 4, H, generator=g),
+    }
 
 
 def _loss(head, batch):
     logits = head(batch["aux_hidden"], batch["input_ids"], batch["position_ids"], batch["segment_ids"], 3)
-    return eagle3_loss(logits, head.target_logits(batch["final_hidden"]), loss_mask=batch["loss_mask"],
-                       segment_ids=batch["segment_ids"], step_decay=0.8)
+    return eagle3_loss(
+        logits,
+        head.target_logits(batch["final_hidden"]),
+        loss_mask=batch["loss_mask"],
+        segment_ids=batch["segment_ids"],
+        step_decay=0.8,
+    )
 
 
 def test_padding_to_a_fixed_shape_changes_no_loss_or_count():

@@ -41,8 +41,15 @@ class _SlowStep(L.LightningModule):
 
 def _run(loader_delay: float, step_delay: float) -> dict[str, float]:
     # 10 batches per pass, 16 steps: the second pass's first fetch is counted as well
-    trainer = L.Trainer(max_steps=16, callbacks=[TokenThroughput(window=50)], logger=False, accelerator="cpu",
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        max_steps=16,
+        callbacks=[TokenThroughput(window=50)],
+        logger=False,
+        accelerator="cpu",
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(_SlowStep(step_delay), torch.utils.data.DataLoader(_SlowBatches(10, loader_delay), batch_size=None))
     return {k: float(v) for k, v in trainer.callback_metrics.items()}
 
@@ -59,11 +66,20 @@ def test_a_slow_loader_is_seen_as_data_wait():
 
 def test_train_eta_logs_the_time_left_from_the_steps_it_timed(caplog):
     eta = TrainEta(max_steps=40, skip=2, timed=5)
-    trainer = L.Trainer(max_steps=40, callbacks=[eta], logger=False, accelerator="cpu", enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        max_steps=40,
+        callbacks=[eta],
+        logger=False,
+        accelerator="cpu",
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     with caplog.at_level("INFO", logger="eagle3.cost"):
         trainer.fit(_SlowStep(0.05), torch.utils.data.DataLoader(_SlowBatches(10, 0.0), batch_size=None))
-    got = re.fullmatch(r"train: steps (\d+)-(\d+) took ([\d.]+) s each here: ~(\d+) s left for (\d+) steps .*", eta.line)
+    got = re.fullmatch(
+        r"train: steps (\d+)-(\d+) took ([\d.]+) s each here: ~(\d+) s left for (\d+) steps .*", eta.line
+    )
     assert got, eta.line
     first, last, per, secs, left = (float(g) for g in got.groups())
     assert last - first == 5 and left == 40 - last  # timed 5 steps, then the steps still to run

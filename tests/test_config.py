@@ -6,11 +6,11 @@ import subprocess
 import sys
 
 import pytest
+from conftest import ROOT, compose
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
-from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, ValidationError
+from omegaconf.errors import InterpolationResolutionError
 
-from conftest import ROOT, compose
 from eagle3.config.validate import ConfigError, validate_run_config
 
 GROUPS = ["model", "topology", "budget", "layers", "data", "capture", "train", "logger", "experiment", "debug"]
@@ -47,13 +47,31 @@ def test_layer_defaults_smollm2_and_kimi():
     validate_run_config(kimi)
 
 
-CPU_SIZES = {"data.max_samples": 200, "data.max_length": 384, "train.draft_vocab_size": 4096, "train.max_steps": 200,
-             "train.max_tokens_per_batch": 1024, "train.lr": 2e-3, "eval.max_new_tokens": 64,
-             # the EAGLE-3.1 norms win on the GPU at equal minutes, not on a 200-step CPU head
-             "train.norm_before_fc": False, "train.norm_before_residual": False, "train.norm_output": False}
-GPU_SIZES = {"data.max_samples": 2000, "data.max_length": 2048, "train.draft_vocab_size": 32000, "train.max_steps": 1000,
-             "train.max_tokens_per_batch": 8192, "train.lr": 1e-3, "eval.max_new_tokens": 128,
-             "train.norm_before_fc": True, "train.norm_before_residual": True, "train.norm_output": True}
+CPU_SIZES = {
+    "data.max_samples": 200,
+    "data.max_length": 384,
+    "train.draft_vocab_size": 4096,
+    "train.max_steps": 200,
+    "train.max_tokens_per_batch": 1024,
+    "train.lr": 2e-3,
+    "eval.max_new_tokens": 64,
+    # the EAGLE-3.1 norms win on the GPU at equal minutes, not on a 200-step CPU head
+    "train.norm_before_fc": False,
+    "train.norm_before_residual": False,
+    "train.norm_output": False,
+}
+GPU_SIZES = {
+    "data.max_samples": 2000,
+    "data.max_length": 2048,
+    "train.draft_vocab_size": 32000,
+    "train.max_steps": 1000,
+    "train.max_tokens_per_batch": 8192,
+    "train.lr": 1e-3,
+    "eval.max_new_tokens": 128,
+    "train.norm_before_fc": True,
+    "train.norm_before_residual": True,
+    "train.norm_output": True,
+}
 
 
 def _sizes(cfg) -> dict:
@@ -74,12 +92,17 @@ def test_the_topology_picks_the_sizes_and_presets_and_keys_win(entry):
     assert compose(entry, ["topology=gpu1", "train.max_steps=7"]).train.max_steps == 7
     full = compose(entry, ["experiment=smollm2_full"])  # a GPU preset: its own sizes over budget=gpu
     assert full.budget == "gpu" and (full.train.max_steps, full.train.max_tokens_per_batch, full.data.max_length) == (
-        8800, 8192, 1024)
+        8800,
+        8192,
+        1024,
+    )
     assert full.train.norm_before_fc and full.train.norm_output and full.train.ttt_steps == 3
     assert compose(entry, ["debug=fast"]).train.max_steps == 10
     demo = compose(entry, ["experiment=demo_cpu"])  # the CPU default plus regenerated answers
     assert _sizes(demo) == CPU_SIZES and demo.data.regenerate and demo.tags == ["demo_cpu"]
-    assert compose(entry, ["data=jsonl", "data.path=x.jsonl", "topology=gpu1"]).data.max_samples is None  # all of a file
+    assert (
+        compose(entry, ["data=jsonl", "data.path=x.jsonl", "topology=gpu1"]).data.max_samples is None
+    )  # all of a file
 
 
 def test_typo_in_key_fails_naming_it():
@@ -103,7 +126,13 @@ def test_wrong_enum_fails():
 
 @pytest.mark.parametrize(
     "ids,needle",
-    [("[3,15,31]", "out of range"), ("[15,3,27]", "ascending"), ("[3,3,27]", "unique"), ("[]", "at least 1"), ("[0,15]", "out of range")],
+    [
+        ("[3,15,31]", "out of range"),
+        ("[15,3,27]", "ascending"),
+        ("[3,3,27]", "unique"),
+        ("[]", "at least 1"),
+        ("[0,15]", "out of range"),
+    ],
 )
 def test_bad_layer_ids_fail_clearly(ids, needle):
     cfg = compose("extract", [f"layers.aux_ids={ids}"])
@@ -147,7 +176,10 @@ def test_model_hf_reads_facts_from_config_json():
 def test_cli_cfg_job_resolve(entry):
     out = subprocess.run(
         [sys.executable, entry, "model=kimi_k2_5", "topology=gpu8_tp8", "capture=vllm", "--cfg", "job", "--resolve"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     resolved = OmegaConf.create(out.stdout)
@@ -156,7 +188,9 @@ def test_cli_cfg_job_resolve(entry):
 
 
 def test_cli_typo_exits_nonzero_with_key():
-    out = subprocess.run([sys.executable, "train.py", "train.lrr=1"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "train.py", "train.lrr=1"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode != 0
     assert "lrr" in out.stderr
 
@@ -168,10 +202,13 @@ def test_draft_layers_below_one_fail_naming_the_key():
 
 
 def test_norm_options_and_losses_are_train_keys_and_exclusive_norms_fail_before_any_work():
-    cfg = compose("train", ["train.fc_norm=true", "train.norm_output=true", "train.norm_before_residual=true",
-                            "train.loss=jsd"])
+    cfg = compose(
+        "train", ["train.fc_norm=true", "train.norm_output=true", "train.norm_before_residual=true", "train.loss=jsd"]
+    )
     validate_run_config(cfg)
-    assert cfg.train.fc_norm and cfg.train.norm_output and cfg.train.norm_before_residual and not cfg.train.norm_before_fc
+    assert (
+        cfg.train.fc_norm and cfg.train.norm_output and cfg.train.norm_before_residual and not cfg.train.norm_before_fc
+    )
     for kind in ("reverse_kl", "tv"):
         assert str(compose("train", [f"train.loss={kind}"]).train.loss.value) == kind
     with pytest.raises(ConfigError, match="train: norm_before_fc and fc_norm are mutually exclusive"):

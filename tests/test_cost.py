@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, compose
+
 from eagle3.cost import RATES, capture_seconds, extract_lines, head_flops, rate_for, target_params, train_lines
 from eagle3.plan import disk_bytes
 from eagle3.store.disk import format_bytes
@@ -35,7 +35,10 @@ def test_extract_estimate_follows_the_config():
     assert f"capture <= ~{secs / 60:.1f} min at ~{CPU_RATE.capture_tok_s:,.0f} tok/s" in line
     regen = extract_lines(compose("extract", ["experiment=demo_cpu"]))
     # 200 first turns x regen_max_tokens 256, at the measured regeneration rate
-    assert f"<= 51,200 new tokens for the first user turns (later turns add more), <= ~{51_200 / CPU_RATE.regen_tok_s / 60:.1f} min" in regen[1]
+    assert (
+        f"<= 51,200 new tokens for the first user turns (later turns add more), <= ~{51_200 / CPU_RATE.regen_tok_s / 60:.1f} min"
+        in regen[1]
+    )
 
 
 def test_train_estimate_is_steps_times_tokens_per_step_over_ranks():
@@ -63,13 +66,20 @@ def test_rates_scale_with_the_model_and_pick_the_accelerator():
     kimi = compose("extract", ["model=kimi_k2_5", "topology=gpu8_tp8", "capture=vllm"])
     llama = compose("extract", ["model=llama3_1_8b", "topology=gpu1"])
     assert capture_seconds(kimi, 10**6) > 3 * capture_seconds(llama, 10**6)  # a larger target captures slower
-    assert "scaled to this model" in extract_lines(kimi)[-1] and "no rate measured" in extract_lines(
-        compose("extract", ["topology.accelerator=tpu"]))[-1]
+    assert (
+        "scaled to this model" in extract_lines(kimi)[-1]
+        and "no rate measured" in extract_lines(compose("extract", ["topology.accelerator=tpu"]))[-1]
+    )
 
 
 def _run(entry: str, args: list[str], run_dir: Path) -> str:
-    out = subprocess.run([sys.executable, entry, "experiment=tiny_test", *args, f"hydra.run.dir={run_dir}"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, entry, "experiment=tiny_test", *args, f"hydra.run.dir={run_dir}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 

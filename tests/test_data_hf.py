@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, compose
+
 from eagle3.data import DataError, load_conversations
 from eagle3.data.hf_source import HFOptions
 from eagle3.data.loaders import iter_conversations
@@ -50,35 +50,53 @@ def test_json_prompt_response_pairs_and_custom_turn_keys(tmp_path):
     assert [c.id for c in convs] == [f"pairs:{n}" for n in range(4)]
 
     turns = tmp_path / "turns.jsonl"
-    turns.write_text("".join(json.dumps({"dialog": [{"speaker": "human", "text": f"question {n}"},
-                                                    {"speaker": "gpt", "text": f"answer {n}"}]}) + "\n"
-                             for n in range(3)))
+    turns.write_text(
+        "".join(
+            json.dumps(
+                {"dialog": [{"speaker": "human", "text": f"question {n}"}, {"speaker": "gpt", "text": f"answer {n}"}]}
+            )
+            + "\n"
+            for n in range(3)
+        )
+    )
     hf = HFOptions(messages_column="dialog", role_key="speaker", content_key="text")
     assert [c.messages for c in iter_conversations("hf", str(turns), hf=hf)] == [_chat(n) for n in range(3)]
 
 
 def test_malformed_records_name_the_dataset_record_field_expected_and_got(tmp_path):
     pairs = tmp_path / "pairs.jsonl"
-    pairs.write_text(json.dumps({"q": "question", "a": "answer"}) + "\n" + json.dumps({"q": "question", "a": None}) + "\n")
+    pairs.write_text(
+        json.dumps({"q": "question", "a": "answer"}) + "\n" + json.dumps({"q": "question", "a": None}) + "\n"
+    )
     hf = HFOptions(prompt_column="q", response_column="a")
     with pytest.raises(DataError, match=rf"data.path={pairs}: record 1: a: expected a string, got NoneType None"):
         list(iter_conversations("hf", str(pairs), hf=hf))
 
-    turns = _parquet(tmp_path / "turns.parquet", [{"messages": _chat(0)},
-                                                  {"messages": [{"role": "user", "content": None}]}])
-    with pytest.raises(DataError, match=r"turns.parquet: record 1: messages\[0\].content: expected a string .*got NoneType"):
+    turns = _parquet(
+        tmp_path / "turns.parquet", [{"messages": _chat(0)}, {"messages": [{"role": "user", "content": None}]}]
+    )
+    with pytest.raises(
+        DataError, match=r"turns.parquet: record 1: messages\[0\].content: expected a string .*got NoneType"
+    ):
         list(iter_conversations("hf", str(turns)))
-    with pytest.raises(DataError, match=r"record 0: messages\[0\].speaker: expected a string \(a role name; keys "
-                                        r"there: \['content', 'role'\]\), got NoneType None"):
+    with pytest.raises(
+        DataError,
+        match=r"record 0: messages\[0\].speaker: expected a string \(a role name; keys "
+        r"there: \['content', 'role'\]\), got NoneType None",
+    ):
         list(iter_conversations("hf", str(turns), hf=HFOptions(role_key="speaker")))
     with pytest.raises(DataError, match=r"data.prompt_column: expected one of the columns \['messages'\], got 'q'"):
         list(iter_conversations("hf", str(turns), hf=hf))
     flat = _parquet(tmp_path / "flat.parquet", [{"text": "hello"}])
-    with pytest.raises(DataError, match=r"expected a conversation column \(messages or conversations.*got columns \['text'\]"):
+    with pytest.raises(
+        DataError, match=r"expected a conversation column \(messages or conversations.*got columns \['text'\]"
+    ):
         list(iter_conversations("hf", str(flat)))
     odd = tmp_path / "odd.txt"
     odd.write_text("hello")
-    with pytest.raises(DataError, match=r"data.path=.*odd.txt \(data.source=hf\): expected parquet, JSON, JSONL or CSV"):
+    with pytest.raises(
+        DataError, match=r"data.path=.*odd.txt \(data.source=hf\): expected parquet, JSON, JSONL or CSV"
+    ):
         list(iter_conversations("hf", str(odd)))
     with pytest.raises(DataError, match=r"expected exactly one of data.hf_name .* or data.path"):
         list(iter_conversations("hf", None))
@@ -92,15 +110,32 @@ def test_data_hf_preset_feeds_the_pipeline(tmp_path):
 
     rows = [{"id": f"c{n}", "prompt": f"question {n}", "answer": f"answer {n}"} for n in range(12)]
     file = _parquet(tmp_path / "qa.parquet", rows)
-    cfg = compose("extract", ["data=hf", f"data.path={file}", "data.prompt_column=prompt",
-                              "data.response_column=answer", "data.val_fraction=0.25"])
+    cfg = compose(
+        "extract",
+        [
+            "data=hf",
+            f"data.path={file}",
+            "data.prompt_column=prompt",
+            "data.response_column=answer",
+            "data.val_fraction=0.25",
+        ],
+    )
     assert cfg.data.source.value == "hf" and cfg.data.hf_split == "train"
     with pytest.raises(Exception, match="hf_splt"):
         compose("extract", ["data=hf", "data.hf_splt=test"])
     tokenizer = AutoTokenizer.from_pretrained(materialize_smollm2(ROOT / ".cache"))
-    data = prepare_samples(cfg.data.source, cfg.data.path, tokenizer, max_samples=None, max_length=64,
-                           overflow="truncate", val_fraction=0.25, seed=0, progress=False,
-                           hf=HFOptions.from_data(cfg.data))
+    data = prepare_samples(
+        cfg.data.source,
+        cfg.data.path,
+        tokenizer,
+        max_samples=None,
+        max_length=64,
+        overflow="truncate",
+        val_fraction=0.25,
+        seed=0,
+        progress=False,
+        hf=HFOptions.from_data(cfg.data),
+    )
     assert len(data.train) + len(data.val) == 12 and data.val
     assert {s.id for s in data.train + data.val} == {f"c{n}" for n in range(12)}
     assert data.report.load.path == str(file)
@@ -108,8 +143,10 @@ def test_data_hf_preset_feeds_the_pipeline(tmp_path):
 
 def test_hub_name_offline_fails_naming_the_dataset():
     """A hub dataset that is not cached, with no network: the error names data.hf_name."""
-    code = ("from eagle3.data.loaders import iter_conversations; from eagle3.data.hf_source import HFOptions\n"
-            "list(iter_conversations('hf', None, hf=HFOptions(name='no-such-org/no-such-chats')))")
+    code = (
+        "from eagle3.data.loaders import iter_conversations; from eagle3.data.hf_source import HFOptions\n"
+        "list(iter_conversations('hf', None, hf=HFOptions(name='no-such-org/no-such-chats')))"
+    )
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode != 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 
@@ -28,7 +27,9 @@ def _good(n: int, rid: str | None = None, shape: str = "sharegpt") -> dict:
     if shape == "sharegpt":
         rec = {"conversations": [{"from": "human", "value": f"question {n}"}, {"from": "gpt", "value": f"answer {n}"}]}
     else:
-        rec = {"messages": [{"role": "user", "content": f"question {n}"}, {"role": "assistant", "content": f"answer {n}"}]}
+        rec = {
+            "messages": [{"role": "user", "content": f"question {n}"}, {"role": "assistant", "content": f"answer {n}"}]
+        }
     if rid is not None:
         rec["id"] = rid
     return rec
@@ -80,7 +81,7 @@ def test_packaged_sharegpt_whole_file_stops_cleanly_at_the_cut():
 
 
 def test_stream_yields_exactly_the_whole_records_before_any_cut(tmp_path):
-    records = [_good(i, f"r{i}") for i in range(3)] + [{"id": "x", "n": [1, 2.5e3, True, None, "a\\u00e9\"b"]}]
+    records = [_good(i, f"r{i}") for i in range(3)] + [{"id": "x", "n": [1, 2.5e3, True, None, 'a\\u00e9"b']}]
     text = "[\n" + ",\n".join(json.dumps(r) for r in records) + "\n]\n"
     # end offset of each record in the text
     ends, cursor = [], 0
@@ -112,7 +113,9 @@ def test_stream_jsonl_and_cut_last_line(tmp_path):
 
 def test_stream_reports_broken_json_in_the_middle(tmp_path):
     path = tmp_path / "broken.json"
-    path.write_text('[{"id": "a", "conversations": []}, {"id": "b", "conversations": [}, ' + json.dumps(_good(1)) * 50 + "]")
+    path.write_text(
+        '[{"id": "a", "conversations": []}, {"id": "b", "conversations": [}, ' + json.dumps(_good(1)) * 50 + "]"
+    )
     stream = JsonRecordStream(path)
     assert [r["id"] for r in stream] == ["a"]
     assert stream.end.cut_off and stream.end.stop_reason.startswith("invalid JSON at byte")
@@ -137,7 +140,13 @@ BAD_RECORDS = {
         {"conversations": [{"from": "human", "value": ""}, {"from": "gpt", "value": "a"}]},
     ],
     "misplaced_system": [
-        {"conversations": [{"from": "human", "value": "q"}, {"from": "system", "value": "s"}, {"from": "gpt", "value": "a"}]}
+        {
+            "conversations": [
+                {"from": "human", "value": "q"},
+                {"from": "system", "value": "s"},
+                {"from": "gpt", "value": "a"},
+            ]
+        }
     ],
     "no_exchange": [
         {"conversations": [{"from": "human", "value": "q"}]},
@@ -145,10 +154,22 @@ BAD_RECORDS = {
         {"conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "q"}]},
     ],
     "consecutive_user": [
-        {"conversations": [{"from": "human", "value": "q"}, {"from": "human", "value": "q2"}, {"from": "gpt", "value": "a"}]}
+        {
+            "conversations": [
+                {"from": "human", "value": "q"},
+                {"from": "human", "value": "q2"},
+                {"from": "gpt", "value": "a"},
+            ]
+        }
     ],
     "consecutive_assistant": [
-        {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}, {"from": "gpt", "value": "b"}]}
+        {
+            "conversations": [
+                {"from": "human", "value": "q"},
+                {"from": "gpt", "value": "a"},
+                {"from": "gpt", "value": "b"},
+            ]
+        }
     ],
 }
 
@@ -183,7 +204,14 @@ def test_roles_are_normalised_and_ragged_ends_repaired(tmp_path):
         ],
     }
     path = tmp_path / "roles.jsonl"
-    path.write_text(json.dumps(rec) + "\n" + json.dumps(_good(5, "s", "sharegpt") | {"conversations": [{"from": "HUMAN", "value": "q"}, {"from": "Assistant", "value": "a"}]}))
+    path.write_text(
+        json.dumps(rec)
+        + "\n"
+        + json.dumps(
+            _good(5, "s", "sharegpt")
+            | {"conversations": [{"from": "HUMAN", "value": "q"}, {"from": "Assistant", "value": "a"}]}
+        )
+    )
     result = load_conversations("sharegpt", str(path))
     assert result.conversations[0].messages == [
         {"role": "system", "content": "sys"},
@@ -218,7 +246,13 @@ def test_bad_paths_and_sources_fail_clearly(tmp_path):
 
 
 def test_jsonl_ids_fall_back_to_stem_and_index_and_repeats_are_numbered(tmp_path):
-    recs = [_good(0, None, "openai"), _good(1, "dup", "openai"), {"messages": "oops"}, _good(3, "dup", "openai"), _good(4, None, "openai")]
+    recs = [
+        _good(0, None, "openai"),
+        _good(1, "dup", "openai"),
+        {"messages": "oops"},
+        _good(3, "dup", "openai"),
+        _good(4, None, "openai"),
+    ]
     path = tmp_path / "chats.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
     result = load_conversations("jsonl", str(path))
@@ -241,7 +275,9 @@ def test_hf_disk_dataset_and_dataset_dict(tmp_path):
 
     no_ids = tmp_path / "dict"
     rows = [{"messages": r["messages"]} for r in rows]
-    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows), "test": datasets.Dataset.from_list(rows[:1])}).save_to_disk(str(no_ids))
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(rows), "test": datasets.Dataset.from_list(rows[:1])}
+    ).save_to_disk(str(no_ids))
     assert [c.id for c in load_conversations("hf_disk", str(no_ids)).conversations] == ["dict:0", "dict:2"]
 
     wrong = tmp_path / "wrong"

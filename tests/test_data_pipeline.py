@@ -23,17 +23,46 @@ def _write_jsonl(path, n, long_answer_every=0):
     lines = []
     for i in range(n):
         answer = ("word " * 400) if long_answer_every and i % long_answer_every == 0 else f"answer {i}"
-        lines.append(json.dumps({"id": f"c{i}", "messages": [
-            {"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": answer}]}))
-    lines.append(json.dumps({"id": "bad", "messages": [{"role": "user", "content": "q"}, {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}))
+        lines.append(
+            json.dumps(
+                {
+                    "id": f"c{i}",
+                    "messages": [
+                        {"role": "user", "content": f"question {i}"},
+                        {"role": "assistant", "content": answer},
+                    ],
+                }
+            )
+        )
+    lines.append(
+        json.dumps(
+            {
+                "id": "bad",
+                "messages": [
+                    {"role": "user", "content": "q"},
+                    {"role": "user", "content": "q"},
+                    {"role": "assistant", "content": "a"},
+                ],
+            }
+        )
+    )
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
 def test_samples_report_and_drop(tokenizer, tmp_path):
     path = _write_jsonl(tmp_path / "chats.jsonl", 12, long_answer_every=4)  # c0, c4, c8 too long
-    data = prepare_samples("jsonl", str(path), tokenizer, max_samples=None, max_length=64,
-                           overflow="drop", val_fraction=0.25, seed=0, progress=False)
+    data = prepare_samples(
+        "jsonl",
+        str(path),
+        tokenizer,
+        max_samples=None,
+        max_length=64,
+        overflow="drop",
+        val_fraction=0.25,
+        seed=0,
+        progress=False,
+    )
     samples = data.train + data.val
     assert sorted(s.id for s in samples) == sorted(f"c{i}" for i in range(12) if i % 4)
     for s in samples:
@@ -53,8 +82,17 @@ def test_samples_report_and_drop(tokenizer, tmp_path):
 
 def test_max_samples_caps_kept_samples_and_stops_reading(tokenizer, tmp_path):
     path = _write_jsonl(tmp_path / "chats.jsonl", 50, long_answer_every=3)
-    data = prepare_samples("jsonl", str(path), tokenizer, max_samples=10, max_length=64,
-                           overflow="drop", val_fraction=0.0, seed=0, progress=False)
+    data = prepare_samples(
+        "jsonl",
+        str(path),
+        tokenizer,
+        max_samples=10,
+        max_length=64,
+        overflow="drop",
+        val_fraction=0.0,
+        seed=0,
+        progress=False,
+    )
     assert [s.id for s in data.train] == [f"c{i}" for i in range(50) if i % 3][:10] and not data.val
     assert data.report.load.stopped_at_limit and data.report.load.records_read == 15
 
@@ -62,12 +100,30 @@ def test_max_samples_caps_kept_samples_and_stops_reading(tokenizer, tmp_path):
 def test_everything_dropped_fails_with_the_reason(tokenizer, tmp_path):
     path = _write_jsonl(tmp_path / "chats.jsonl", 4)
     with pytest.raises(DataError, match=r"all dropped when rendering \(too_long: 4; max_length=8, overflow=drop\)"):
-        prepare_samples("jsonl", str(path), tokenizer, max_samples=None, max_length=8,
-                        overflow="drop", val_fraction=0.1, seed=0, progress=False)
+        prepare_samples(
+            "jsonl",
+            str(path),
+            tokenizer,
+            max_samples=None,
+            max_length=8,
+            overflow="drop",
+            val_fraction=0.1,
+            seed=0,
+            progress=False,
+        )
     path.write_text(json.dumps({"messages": []}) + "\n")
     with pytest.raises(DataError, match="empty_conversation: 1"):
-        prepare_samples("jsonl", str(path), tokenizer, max_samples=None, max_length=64,
-                        overflow="drop", val_fraction=0.1, seed=0, progress=False)
+        prepare_samples(
+            "jsonl",
+            str(path),
+            tokenizer,
+            max_samples=None,
+            max_length=64,
+            overflow="drop",
+            val_fraction=0.1,
+            seed=0,
+            progress=False,
+        )
 
 
 def test_regenerate_replaces_assistant_turns_before_rendering(tokenizer, tmp_path):
@@ -82,8 +138,19 @@ def test_regenerate_replaces_assistant_turns_before_rendering(tokenizer, tmp_pat
             out.append(dataclasses.replace(conv, messages=msgs))
         return out
 
-    data = prepare_samples("jsonl", str(path), tokenizer, max_samples=10, max_length=64, overflow="drop",
-                           val_fraction=0.0, seed=0, progress=False, regenerate=regenerate, regenerate_batch_size=4)
+    data = prepare_samples(
+        "jsonl",
+        str(path),
+        tokenizer,
+        max_samples=10,
+        max_length=64,
+        overflow="drop",
+        val_fraction=0.0,
+        seed=0,
+        progress=False,
+        regenerate=regenerate,
+        regenerate_batch_size=4,
+    )
     assert batches == [["c0", "c1", "c2", "c3"], ["c4", "c5", "c6", "c7"], ["c8", "c9"]]  # only what is needed
     for s in data.train:
         assert tokenizer.decode(s.input_ids[s.loss_mask]) == f"target says {s.id}<|im_end|>"
@@ -93,8 +160,19 @@ def test_regenerate_replaces_assistant_turns_before_rendering(tokenizer, tmp_pat
         return list(reversed(batch))
 
     with pytest.raises(DataError, match="regenerate must return the same conversations in order"):
-        prepare_samples("jsonl", str(path), tokenizer, max_samples=10, max_length=64, overflow="drop",
-                        val_fraction=0.0, seed=0, progress=False, regenerate=shuffles, regenerate_batch_size=4)
+        prepare_samples(
+            "jsonl",
+            str(path),
+            tokenizer,
+            max_samples=10,
+            max_length=64,
+            overflow="drop",
+            val_fraction=0.0,
+            seed=0,
+            progress=False,
+            regenerate=shuffles,
+            regenerate_batch_size=4,
+        )
 
 
 def test_regenerated_conversation_without_answer_is_skipped_and_counted(tokenizer, tmp_path):
@@ -104,7 +182,17 @@ def test_regenerated_conversation_without_answer_is_skipped_and_counted(tokenize
     def regenerate(batch: list[Conversation]) -> list[Conversation]:
         return [dataclasses.replace(c, messages=[]) if c.id == "c2" else c for c in batch]
 
-    data = prepare_samples("jsonl", str(path), tokenizer, max_samples=None, max_length=64, overflow="drop",
-                           val_fraction=0.0, seed=0, progress=False, regenerate=regenerate)
+    data = prepare_samples(
+        "jsonl",
+        str(path),
+        tokenizer,
+        max_samples=None,
+        max_length=64,
+        overflow="drop",
+        val_fraction=0.0,
+        seed=0,
+        progress=False,
+        regenerate=regenerate,
+    )
     assert "c2" not in {s.id for s in data.train} and len(data.train) == 5
     assert data.report.skipped["regenerated_no_answer"] == 1

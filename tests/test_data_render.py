@@ -78,7 +78,11 @@ def test_llama3_style_template_mask_token_by_token(llama3_tokenizer):
     tok = llama3_tokenizer
     renderer = ChatRenderer(tok, LLAMA3_STYLE)
     assert renderer.end_of_turn.marker == "<|eot_id|>" and renderer.end_of_turn.is_special_token
-    result = renderer(CONVERSATION[1:] + [{"role": "user", "content": " spaces trimmed "}, {"role": "assistant", "content": "  Ok \n"}], 1024)
+    result = renderer(
+        CONVERSATION[1:]
+        + [{"role": "user", "content": " spaces trimmed "}, {"role": "assistant", "content": "  Ok \n"}],
+        1024,
+    )
     assert _table(tok, result) == [
         ("<|begin_of_text|>", 0),
         ("<|start_header_id|>", 0), ("user", 0), ("<|end_header_id|>", 0), ("Ċ", 0), ("Ċ", 0), ("Hi", 0), ("Ġthere", 0), ("<|eot_id|>", 0),

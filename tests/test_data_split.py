@@ -31,8 +31,15 @@ def tokenizer(smollm2_dir):
 
 def _prepare(tokenizer, max_samples):
     return prepare_samples(
-        "sharegpt", None, tokenizer, max_samples=max_samples, max_length=128,
-        overflow="truncate", val_fraction=0.2, seed=3, progress=False,
+        "sharegpt",
+        None,
+        tokenizer,
+        max_samples=max_samples,
+        max_length=128,
+        overflow="truncate",
+        val_fraction=0.2,
+        seed=3,
+        progress=False,
     )
 
 

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, compose
+
 from eagle3.hashing import ContentShaCache, file_sha256, sampled_file_sha
 from eagle3.identity import (
     DatasetNotFound,
@@ -41,9 +41,20 @@ def model_dir() -> Path:
 
 def _chats(path: Path, n: int = 12, answer: str = "answer") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Say the number {i}."},
-                                                     {"role": "assistant", "content": f"{answer} {i}"}]}) + "\n"
-                            for i in range(n)))
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "messages": [
+                        {"role": "user", "content": f"Say the number {i}."},
+                        {"role": "assistant", "content": f"{answer} {i}"},
+                    ]
+                }
+            )
+            + "\n"
+            for i in range(n)
+        )
+    )
     return path
 
 
@@ -52,8 +63,9 @@ def _cfg(tmp_path: Path, chats: Path, *more: str):
 
 
 def _changed(a: dict, b: dict) -> list[str]:
-    return sorted(f"{k}.{kk}" for k in a if isinstance(a[k], dict) for kk in set(a[k]) | set(b[k])
-                  if a[k].get(kk) != b[k].get(kk)) + sorted(k for k in a if not isinstance(a[k], dict) and a[k] != b[k])
+    return sorted(
+        f"{k}.{kk}" for k in a if isinstance(a[k], dict) for kk in set(a[k]) | set(b[k]) if a[k].get(kk) != b[k].get(kk)
+    ) + sorted(k for k in a if not isinstance(a[k], dict) and a[k] != b[k])
 
 
 def test_copies_of_the_model_and_the_chat_file_elsewhere_keep_the_fingerprint(tmp_path, model_dir):
@@ -64,12 +76,16 @@ def test_copies_of_the_model_and_the_chat_file_elsewhere_keep_the_fingerprint(tm
     here = fingerprint_inputs(_cfg(tmp_path, chats), str(model_dir))
     there = fingerprint_inputs(_cfg(tmp_path, Path(copy)), str(moved_model))
     assert here == there
-    assert dataset_path(_cfg(tmp_path, chats), str(model_dir)) == dataset_path(_cfg(tmp_path, Path(copy)), str(moved_model))
+    assert dataset_path(_cfg(tmp_path, chats), str(model_dir)) == dataset_path(
+        _cfg(tmp_path, Path(copy)), str(moved_model)
+    )
     text = json.dumps(here)
     assert str(tmp_path) not in text and model_dir.name not in text  # no path, no directory name
     # the engine that would regenerate is not in it: every regen_backend gives one dataset
-    regen = [fingerprint_inputs(_cfg(tmp_path, chats, "data.regenerate=true", f"data.regen_backend={b}"), str(model_dir))
-             for b in ("auto", "hf", "vllm")]
+    regen = [
+        fingerprint_inputs(_cfg(tmp_path, chats, "data.regenerate=true", f"data.regen_backend={b}"), str(model_dir))
+        for b in ("auto", "hf", "vllm")
+    ]
     assert regen[0] == regen[1] == regen[2] and "regen_backend" not in regen[0]["data"]
     assert regen[0]["data"]["regen_max_tokens"] == 512 and "generation_config_sha" in regen[0]["model"]
     assert not [k for k in here["data"] if k.startswith("regen_")]  # no regeneration: its settings change nothing
@@ -106,7 +122,7 @@ def test_content_hashes_are_cached_by_path_size_and_mtime(tmp_path):
     cache_file = tmp_path / "content_sha.json"
     sha = ContentShaCache(cache_file).sha(file, "sha256", file_sha256)
     assert sha == file_sha256(file)
-    (key, entry), = json.loads(cache_file.read_text()).items()
+    ((key, entry),) = json.loads(cache_file.read_text()).items()
     assert key == f"sha256:{file.resolve()}" and entry["size"] == 6 << 20
     # a remembered value is used as it is (the file is not read again) ...
     cache_file.write_text(json.dumps({key: {**entry, "sha": "remembered"}}))
@@ -139,10 +155,20 @@ def test_regenerated_dataset_records_its_engine_and_travels(tmp_path, model_dir,
     from eagle3.training.run import find_dataset
 
     chats = _chats(tmp_path / "chats" / "chats.jsonl")
-    regen = ["data.regenerate=true", "data.regen_backend=hf", "data.regen_max_tokens=4", "data.max_samples=8",
-             "data.val_fraction=0.5"]
-    ds_dir = Path(extract(compose("extract", TINY + ["data=jsonl", f"data.path={chats}", *regen,
-                                                     f"paths.data_dir={tmp_path / 'data'}"])))
+    regen = [
+        "data.regenerate=true",
+        "data.regen_backend=hf",
+        "data.regen_max_tokens=4",
+        "data.max_samples=8",
+        "data.val_fraction=0.5",
+    ]
+    ds_dir = Path(
+        extract(
+            compose(
+                "extract", TINY + ["data=jsonl", f"data.path={chats}", *regen, f"paths.data_dir={tmp_path / 'data'}"]
+            )
+        )
+    )
     manifest = Manifest.read(ds_dir)
     assert manifest.complete and manifest.provenance["regen_engine"] == "hf"
     assert manifest.provenance["data_path"] == str(chats.resolve())
@@ -152,7 +178,9 @@ def test_regenerated_dataset_records_its_engine_and_travels(tmp_path, model_dir,
         check_regen_engine(ds_dir, "vllm")  # a resume by another engine would mix two engines' answers
 
     def train_cfg(*more: str, data_dir: Path = tmp_path / "data"):
-        return compose("train", TINY + ["data=jsonl", f"data.path={chats}", *regen, f"paths.data_dir={data_dir}", *more])
+        return compose(
+            "train", TINY + ["data=jsonl", f"data.path={chats}", *regen, f"paths.data_dir={data_dir}", *more]
+        )
 
     assert locate_dataset(train_cfg("data.regen_backend=vllm"), str(model_dir)) == (ds_dir, None)
     hidden = chats.rename(tmp_path / "not-here.jsonl")
@@ -167,14 +195,19 @@ def test_regenerated_dataset_records_its_engine_and_travels(tmp_path, model_dir,
     assert find_dataset(train_cfg(f"dataset_dir={moved}"), str(model_dir)) == moved.resolve()
     assert f"dataset {moved.resolve()}: answers regenerated by hf" in capsys.readouterr().out
 
-    cli = subprocess.run([sys.executable, "-m", "eagle3.evaluate", "export_dir=unused", f"dataset_dir={moved}",
-                          "--cfg", "job"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    cli = subprocess.run(
+        [sys.executable, "-m", "eagle3.evaluate", "export_dir=unused", f"dataset_dir={moved}", "--cfg", "job"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert cli.returncode == 0 and f"dataset_dir: {moved}" in cli.stdout, cli.stderr[-2000:]
     register_evaluate_config()
     evaluate_cfg = compose("evaluate", ["export_dir=unused", f"dataset_dir={moved}"])
     prompts = heldout_prompts(evaluate_cfg.dataset_dir, 4, 0, AutoTokenizer.from_pretrained(model_dir))
     val = prompts.by_source(VAL)
-    assert val and [p.id for p in val] == manifest.val_ids[:len(val)]
+    assert val and [p.id for p in val] == manifest.val_ids[: len(val)]
     assert all(p.messages == [{"role": "user", "content": f"Say the number {p.id.split(':')[1]}."}] for p in val)
 
 
@@ -187,8 +220,14 @@ def test_first_scheme_datasets_are_found_where_written_and_named_elsewhere(tmp_p
     inputs = legacy_fingerprint_inputs(cfg, str(model_dir))
     assert old_dir.name.endswith(dataset_fingerprint(inputs)) and inputs["model"]["dir"] == model_dir.name
     old_dir.mkdir(parents=True)
-    Manifest(fingerprint=dataset_fingerprint(inputs), fingerprint_inputs=canonical(inputs), layer_ids=[1, 2, 3, 4],
-             hidden_size=64, dtype="bfloat16", complete=True).write(old_dir)
+    Manifest(
+        fingerprint=dataset_fingerprint(inputs),
+        fingerprint_inputs=canonical(inputs),
+        layer_ids=[1, 2, 3, 4],
+        hidden_size=64,
+        dtype="bfloat16",
+        complete=True,
+    ).write(old_dir)
     found, note = locate_dataset(cfg, str(model_dir))
     assert found == old_dir and "first fingerprint scheme" in note
     assert extract(cfg) == str(old_dir)  # extract.py sees it complete too: nothing to capture again

@@ -16,9 +16,9 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from conftest import ROOT, compose
 from omegaconf import OmegaConf
 
-from conftest import ROOT, compose
 from eagle3.extraction.run import run as extract
 from eagle3.launch import LaunchError, check_external_launch, launch_run_id
 from eagle3.training.run import run as train
@@ -40,10 +40,25 @@ def ddp_run(data_dir, tmp_path_factory) -> Path:
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     logs = tmp_path_factory.mktemp("logs")
     out = subprocess.run(
-        [torchrun, "--standalone", "--nproc_per_node", "2", "tests/ddp_probe.py", *TINY, "topology=cpu_ddp2",
-         f"paths.data_dir={data_dir}", f"paths.log_dir={logs}", f"train.max_steps={STEPS}",
-         f"train.val_check_interval={STEPS}", "logger=wandb", "logger.mode=offline"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        [
+            torchrun,
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "tests/ddp_probe.py",
+            *TINY,
+            "topology=cpu_ddp2",
+            f"paths.data_dir={data_dir}",
+            f"paths.log_dir={logs}",
+            f"train.max_steps={STEPS}",
+            f"train.val_check_interval={STEPS}",
+            "logger=wandb",
+            "logger.mode=offline",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
     # val metrics are reduced as counts by us: Lightning's sync_dist advice is filtered, not printed
@@ -107,14 +122,23 @@ def test_val_metrics_equal_one_process_validation(ddp_run, data_dir):
     missing, unexpected = module.load_state_dict(state, strict=False)
     frozen = {k for k, p in module.named_parameters() if not p.requires_grad}
     assert not unexpected and set(missing) <= frozen  # every trained weight came from the DDP run
-    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False)
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False
+    )
     single = trainer.validate(module, datamodule=dm, verbose=False)[0]
     ddp = summary["final"]
     assert ddp["val/tokens"] == single["val/tokens"] > 0  # both ranks' tokens, summed
     # the replay's rounds are counts too: summed over ranks, they equal one process's
-    for key in ("val/loss", "val/loss_k0", "val/loss_k1", "val/acc_k0", "val/sim_accept_len",
-                "val/replay_accept_len", "val/replay_rounds", "val/replay_acc_pos0"):
+    for key in (
+        "val/loss",
+        "val/loss_k0",
+        "val/loss_k1",
+        "val/acc_k0",
+        "val/sim_accept_len",
+        "val/replay_accept_len",
+        "val/replay_rounds",
+        "val/replay_acc_pos0",
+    ):
         assert ddp[key] == pytest.approx(single[key], rel=1e-5, abs=1e-7), key
 
 
@@ -125,8 +149,14 @@ def test_multi_device_topology_needs_an_external_launcher(tmp_path):
 
 def test_launch_checks_and_run_ids():
     torchrun = {"TORCHELASTIC_RUN_ID": "abc", "WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}
-    srun = {"SLURM_NTASKS": "16", "SLURM_PROCID": "3", "SLURM_JOB_ID": "812", "SLURM_STEP_ID": "0",
-            "SLURM_JOB_NAME": "train", "SLURM_NTASKS_PER_NODE": "8"}
+    srun = {
+        "SLURM_NTASKS": "16",
+        "SLURM_PROCID": "3",
+        "SLURM_JOB_ID": "812",
+        "SLURM_STEP_ID": "0",
+        "SLURM_JOB_NAME": "train",
+        "SLURM_NTASKS_PER_NODE": "8",
+    }
     check_external_launch(2, 1, torchrun)
     check_external_launch(8, 2, srun)
     check_external_launch(1, 1, {})

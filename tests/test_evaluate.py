@@ -31,20 +31,39 @@ K = 3
 
 # opening turns of the validation conversations (c1, c3, c4 are in the split; c4's is too long)
 CONVERSATIONS = [
-    {"id": "c0", "messages": [{"role": "user", "content": "What is a hash map?"},
-                              {"role": "assistant", "content": "A key-value table."}]},
-    {"id": "c1", "messages": [{"role": "system", "content": "You answer briefly."},
-                              {"role": "user", "content": "Name three primary colors."},
-                              {"role": "assistant", "content": "Red, yellow and blue."},
-                              {"role": "user", "content": "And secondary ones?"},
-                              {"role": "assistant", "content": "Orange, green and purple."}]},
+    {
+        "id": "c0",
+        "messages": [
+            {"role": "user", "content": "What is a hash map?"},
+            {"role": "assistant", "content": "A key-value table."},
+        ],
+    },
+    {
+        "id": "c1",
+        "messages": [
+            {"role": "system", "content": "You answer briefly."},
+            {"role": "user", "content": "Name three primary colors."},
+            {"role": "assistant", "content": "Red, yellow and blue."},
+            {"role": "user", "content": "And secondary ones?"},
+            {"role": "assistant", "content": "Orange, green and purple."},
+        ],
+    },
     {"id": "c2", "messages": [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi."}]},
-    {"id": "c3", "messages": [{"role": "user", "content": "Write a haiku about autumn leaves."},
-                              {"role": "assistant", "content": "Leaves fall..."}]},
-    {"id": "c4", "messages": [{"role": "user", "content": "word " * 600},
-                              {"role": "assistant", "content": "ok"}]},
-    {"id": "c5", "messages": [{"role": "user", "content": "Explain what a Python list comprehension is."},
-                              {"role": "assistant", "content": "A compact loop."}]},
+    {
+        "id": "c3",
+        "messages": [
+            {"role": "user", "content": "Write a haiku about autumn leaves."},
+            {"role": "assistant", "content": "Leaves fall..."},
+        ],
+    },
+    {"id": "c4", "messages": [{"role": "user", "content": "word " * 600}, {"role": "assistant", "content": "ok"}]},
+    {
+        "id": "c5",
+        "messages": [
+            {"role": "user", "content": "Explain what a Python list comprehension is."},
+            {"role": "assistant", "content": "A compact loop."},
+        ],
+    },
 ]
 
 
@@ -62,8 +81,15 @@ def _dataset_with_val_split(directory: Path, val_ids: list[str]) -> Path:
     chats = directory / "chats.jsonl"
     chats.write_text("".join(json.dumps(c) + "\n" for c in CONVERSATIONS))
     data = {"name": "test", "source": "jsonl", "path": str(chats), "max_samples": None, "max_length": 2048}
-    Manifest(fingerprint="test", fingerprint_inputs={"data": data}, layer_ids=[2, 15, 27, 30], hidden_size=576,
-             dtype="bfloat16", sample_ids=[c["id"] for c in CONVERSATIONS], val_ids=val_ids).write(directory)
+    Manifest(
+        fingerprint="test",
+        fingerprint_inputs={"data": data},
+        layer_ids=[2, 15, 27, 30],
+        hidden_size=576,
+        dtype="bfloat16",
+        sample_ids=[c["id"] for c in CONVERSATIONS],
+        val_ids=val_ids,
+    ).write(directory)
     return directory
 
 
@@ -123,8 +149,12 @@ def test_export_finds_its_verifier_and_dataset_from_relative_paths(tmp_path, mon
     export = project / "outputs" / "train" / "runs" / "r1" / "export"
     export.mkdir(parents=True)
     (export / "model.safetensors").write_bytes(b"")
-    config = {"speculators_model_type": "eagle3", "eagle_aux_hidden_state_layer_ids": [2, 15, 27], "draft_vocab_size": 8,
-              "speculators_config": {"verifier": {"name_or_path": ".cache/targets/t"}}}
+    config = {
+        "speculators_model_type": "eagle3",
+        "eagle_aux_hidden_state_layer_ids": [2, 15, 27],
+        "draft_vocab_size": 8,
+        "speculators_config": {"verifier": {"name_or_path": ".cache/targets/t"}},
+    }
     (export / "config.json").write_text(json.dumps(config))
     (export.parent / "summary.json").write_text(json.dumps({"dataset_dir": "data/ds"}))
     monkeypatch.chdir(tmp_path)  # not the project root
@@ -157,9 +187,12 @@ def _snapshot(drafts, draft_tokens, accepted, per_pos, engines=1):
     out = [_Metric("vllm:num_requests_running", value=3)]
     for e in range(engines):
         lab = {"engine": str(e)}
-        out += [_Metric("vllm:spec_decode_num_drafts", lab, drafts), _Metric("vllm:spec_decode_num_draft_tokens", lab, draft_tokens),
-                _Metric("vllm:spec_decode_num_accepted_tokens", lab, accepted),
-                _Metric("vllm:spec_decode_num_accepted_tokens_per_pos", lab, values=per_pos)]
+        out += [
+            _Metric("vllm:spec_decode_num_drafts", lab, drafts),
+            _Metric("vllm:spec_decode_num_draft_tokens", lab, draft_tokens),
+            _Metric("vllm:spec_decode_num_accepted_tokens", lab, accepted),
+            _Metric("vllm:spec_decode_num_accepted_tokens_per_pos", lab, values=per_pos),
+        ]
     return out
 
 
@@ -190,20 +223,38 @@ def test_histograms_rebuild_the_counters_and_disagreement_is_flagged():
     good = BatchResult("val", [[1, 2], [3]], 1.0, SpecDecodeCounters(6, 18, 8, [4, 3, 1]).to_dict(), hists)
     assert consistency_problems(good, K) == []
     bad = BatchResult("val", [[1, 2], [3]], 1.0, SpecDecodeCounters(6, 18, 7, [4, 2, 1]).to_dict(), hists)
-    assert any("accepted_tokens from per-request histograms 8 != from counters 7" in p for p in consistency_problems(bad, K))
+    assert any(
+        "accepted_tokens from per-request histograms 8 != from counters 7" in p for p in consistency_problems(bad, K)
+    )
 
 
 def _synthetic_report(tmp_path) -> AcceptanceReport:
     """Engine results as the engine process returns them (two sources, both engines)."""
-    val_h = BatchResult("val", [[5, 6, 7, 8], [9, 9]], 2.0, SpecDecodeCounters(4, 12, 2, [2, 0, 0]).to_dict(), [[2, 2, 0, 0], [0, 0, 0, 0]])
+    val_h = BatchResult(
+        "val",
+        [[5, 6, 7, 8], [9, 9]],
+        2.0,
+        SpecDecodeCounters(4, 12, 2, [2, 0, 0]).to_dict(),
+        [[2, 2, 0, 0], [0, 0, 0, 0]],
+    )
     val_b = BatchResult("val", [[5, 6, 7, 8], [9, 8]], 3.0)
     he_h = BatchResult("humaneval", [[1, 2, 3]], 1.0, SpecDecodeCounters(2, 6, 3, [2, 1, 0]).to_dict(), [[0, 1, 1, 0]])
     he_b = BatchResult("humaneval", [[1, 2, 3]], 1.5)
     by_source = {"val": figures_of([val_h], [val_b], K), "humaneval": figures_of([he_h], [he_b], K)}
     overall = figures_of([val_h, he_h], [val_b, he_b], K)
-    per_prompt = prompt_outcomes(val_h, val_b, ["a", "b"], [10, 11]) + prompt_outcomes(he_h, he_b, ["HumanEval/0"], [12])
-    return AcceptanceReport(str(tmp_path / "export"), "/target", K, 32, overall, by_source,
-                            {"val": 2, "humaneval": 1}, per_prompt=per_prompt)
+    per_prompt = prompt_outcomes(val_h, val_b, ["a", "b"], [10, 11]) + prompt_outcomes(
+        he_h, he_b, ["HumanEval/0"], [12]
+    )
+    return AcceptanceReport(
+        str(tmp_path / "export"),
+        "/target",
+        K,
+        32,
+        overall,
+        by_source,
+        {"val": 2, "humaneval": 1},
+        per_prompt=per_prompt,
+    )
 
 
 def test_figures_per_source_and_overall(tmp_path):
@@ -224,13 +275,28 @@ def test_json_png_and_wandb_offline_run(tmp_path):
 
     r = _synthetic_report(tmp_path)
     r.served = {"val": [([1, 2], [3, 4])]}  # the token pairs stay out of the JSON
-    r.served_replay = {"val": {"replay_accept_len": 1.52, "samples": 2.0}, "all": {"replay_accept_len": 1.8, "samples": 3.0}}
+    r.served_replay = {
+        "val": {"replay_accept_len": 1.52, "samples": 2.0},
+        "all": {"replay_accept_len": 1.8, "samples": 3.0},
+    }
     path = write_json(r, tmp_path / "out")
     data = json.loads(path.read_text())
     assert data["served_replay"]["all"]["replay_accept_len"] == 1.8 and "served" not in data
-    for key in ("num_draft_tokens", "mean_acceptance_length", "per_position_acceptance_rate", "drafts", "draft_tokens",
-                "accepted_tokens", "prompts", "tokens_per_s_with_head", "tokens_per_s_without_head", "speedup",
-                "greedy_match_rate", "by_source", "measured_by"):
+    for key in (
+        "num_draft_tokens",
+        "mean_acceptance_length",
+        "per_position_acceptance_rate",
+        "drafts",
+        "draft_tokens",
+        "accepted_tokens",
+        "prompts",
+        "tokens_per_s_with_head",
+        "tokens_per_s_without_head",
+        "speedup",
+        "greedy_match_rate",
+        "by_source",
+        "measured_by",
+    ):
         assert key in data, key
     assert data["prompts"] == {"val": 2, "humaneval": 1}
     assert len(data["per_position_acceptance_rate"]) == K
@@ -281,8 +347,8 @@ def _random_head_export(out_dir: Path, target_dir: Path, layers: int = 1, **norm
     from eagle3.data.vocab import build_draft_vocab
     from eagle3.model.config import DraftConfig
     from eagle3.model.head import Eagle3DraftHead
-    from eagle3.target.resolve import load_target_head_weights, read_hf_config
     from eagle3.model.serving_format import DraftMeta, save_head
+    from eagle3.target.resolve import load_target_head_weights, read_hf_config
 
     hf = read_hf_config(target_dir)
     vocab = 4096
@@ -293,8 +359,9 @@ def _random_head_export(out_dir: Path, target_dir: Path, layers: int = 1, **norm
     freq[: 2 * vocab] = torch.randint(0, 1000, (2 * vocab,))
     d2t, t2d = build_draft_vocab(freq, vocab)
     w = load_target_head_weights(target_dir)
-    head.load_target_weights(w["embed"].float(), w["norm"].float(), w["lm_head"].float(), d2t, t2d,
-                             init_lm_head_from_target=False)
+    head.load_target_weights(
+        w["embed"].float(), w["norm"].float(), w["lm_head"].float(), d2t, t2d, init_lm_head_from_target=False
+    )
     meta = DraftMeta(cfg, [2, 15, 27], str(target_dir), list(hf["architectures"]), K)
     return save_head(head, meta, out_dir)
 
@@ -307,12 +374,23 @@ def test_random_head_measures_near_one_in_vllm(tmp_path, smollm2_dir, layers):
     export = _random_head_export(tmp_path / "export", smollm2_dir, layers)
     assert json.loads((export / "config.json").read_text())["transformer_layer_config"]["num_hidden_layers"] == layers
     ds = _dataset_with_val_split(tmp_path / "ds", ["c1", "c3", "c5"])
-    cmd = [sys.executable, "-m", "eagle3.evaluate", f"export_dir={export}", f"dataset_dir={ds}",
-           f"eval.num_draft_tokens={K}", "eval.max_prompts=7", "eval.humaneval_prompts=4", "eval.max_new_tokens=32",
-           "engine.max_num_seqs=8", f"hydra.run.dir={tmp_path / 'run'}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "eagle3.evaluate",
+        f"export_dir={export}",
+        f"dataset_dir={ds}",
+        f"eval.num_draft_tokens={K}",
+        "eval.max_prompts=7",
+        "eval.humaneval_prompts=4",
+        "eval.max_new_tokens=32",
+        "engine.max_num_seqs=8",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
     t0 = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "WANDB_MODE": "offline"})
+    proc = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env={**os.environ, "WANDB_MODE": "offline"}
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     json_path = Path(proc.stdout.strip().splitlines()[-1])  # the contract: last stdout line
     assert json_path == export / "acceptance.json"
@@ -322,7 +400,9 @@ def test_random_head_measures_near_one_in_vllm(tmp_path, smollm2_dir, layers):
     assert data["prompts"] == {"val": 3, "humaneval": 4}
     assert data["drafts"] > 50 and data["draft_tokens"] == K * data["drafts"]  # the head really drafted
     assert 1.0 <= data["mean_acceptance_length"] < 1.15
-    assert len(data["per_position_acceptance_rate"]) == K and all(r < 0.15 for r in data["per_position_acceptance_rate"])
+    assert len(data["per_position_acceptance_rate"]) == K and all(
+        r < 0.15 for r in data["per_position_acceptance_rate"]
+    )
     assert set(data["by_source"]) == {"val", "humaneval"}
     for fig in data["by_source"].values():
         assert len(fig["per_position_acceptance_rate"]) == K and fig["mean_acceptance_length"] < 1.2
@@ -336,7 +416,8 @@ def test_random_head_measures_near_one_in_vllm(tmp_path, smollm2_dir, layers):
     assert served["all"]["replay_rounds"] == pytest.approx(data["drafts"], rel=0.1)  # one round per draft
     for source in ("val", "humaneval"):
         assert served[source]["replay_accept_len"] == pytest.approx(
-            data["by_source"][source]["mean_acceptance_length"], abs=0.05)
+            data["by_source"][source]["mean_acceptance_length"], abs=0.05
+        )
     # the head must not change greedy outputs beyond bf16 numerics: where the two runs part, the
     # two tokens are a near tie of the target's fp32 logits (vLLM verifies K+1 tokens per step
     # with other kernels than one; which near ties flip varies with the machine and its packages)
@@ -363,11 +444,23 @@ def test_random_head_with_the_eagle31_norms_loads_in_vllm_and_measures_near_one(
     config = json.loads((export / "config.json").read_text())
     assert {k: config[k] for k in (*norms, "norm_before_fc")} == {**norms, "norm_before_fc": False}
     ds = _dataset_with_val_split(tmp_path / "ds", ["c1", "c3"])
-    cmd = [sys.executable, "-m", "eagle3.evaluate", f"export_dir={export}", f"dataset_dir={ds}", "baseline=false",
-           f"eval.num_draft_tokens={K}", "eval.max_prompts=2", "eval.humaneval_prompts=4", "eval.max_new_tokens=32",
-           "engine.max_num_seqs=8", f"hydra.run.dir={tmp_path / 'run'}"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "WANDB_MODE": "offline"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "eagle3.evaluate",
+        f"export_dir={export}",
+        f"dataset_dir={ds}",
+        "baseline=false",
+        f"eval.num_draft_tokens={K}",
+        "eval.max_prompts=2",
+        "eval.humaneval_prompts=4",
+        "eval.max_new_tokens=32",
+        "engine.max_num_seqs=8",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
+    proc = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env={**os.environ, "WANDB_MODE": "offline"}
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     data = json.loads(Path(proc.stdout.strip().splitlines()[-1]).read_text())
     print(f"random head with {sorted(norms)}: {data['mean_acceptance_length']:.3f}")

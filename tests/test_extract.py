@@ -12,16 +12,21 @@ import time
 from pathlib import Path
 
 import torch
-
 from conftest import ROOT
+
 from eagle3.store import HiddenStateDataset
 
 ARGS = ["experiment=tiny_test", "capture.shard_max_tokens=512", "capture.batch_size=2"]
 
 
 def _extract(data_dir: Path, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "extract.py", *ARGS, f"paths.data_dir={data_dir}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "extract.py", *ARGS, f"paths.data_dir={data_dir}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _by_id(ds: HiddenStateDataset) -> dict[str, dict]:
@@ -34,8 +39,13 @@ def test_killed_extraction_resumes_to_the_same_dataset(tmp_path):
     ref_dir = Path(straight.stdout.strip().splitlines()[-1])
 
     killed_root = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "extract.py", *ARGS, f"paths.data_dir={killed_root}"], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "extract.py", *ARGS, f"paths.data_dir={killed_root}"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
         if len(list(killed_root.glob("*/shard-*.safetensors"))) >= 2:
@@ -56,7 +66,10 @@ def test_killed_extraction_resumes_to_the_same_dataset(tmp_path):
 
     ref, got = HiddenStateDataset(ref_dir, verify="full"), HiddenStateDataset(got_dir, verify="full")
     assert (got.manifest.num_samples, got.manifest.num_tokens, got.manifest.num_loss_tokens) == (
-        ref.manifest.num_samples, ref.manifest.num_tokens, ref.manifest.num_loss_tokens)
+        ref.manifest.num_samples,
+        ref.manifest.num_tokens,
+        ref.manifest.num_loss_tokens,
+    )
     assert sorted(got.manifest.val_ids) == sorted(ref.manifest.val_ids)
     assert torch.equal(got.token_freq(), ref.token_freq())
     a, b = _by_id(ref), _by_id(got)

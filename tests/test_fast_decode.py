@@ -22,19 +22,35 @@ def tiny():
     torch.manual_seed(0)
     # no eos: generate then runs every answer to its room, and the test picks its own stop id;
     # a wide init gives sharp logits, so no greedy step is a near tie between two kernels
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=128, max_position_embeddings=256, initializer_range=0.2,
-                      bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    cfg = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=256,
+        initializer_range=0.2,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
     return LlamaForCausalLM(cfg).float().eval()
 
 
 def _alone(model, prompt: list[int], room: int, stop: set[int], **kwargs) -> list[int]:
     ids = torch.tensor([prompt])
     with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=room, do_sample=False,
-                             pad_token_id=0, **kwargs)
-    seq = out[0, len(prompt):].tolist()[:room]
-    return seq[:next((k for k, t in enumerate(seq) if t in stop), len(seq))]
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=room,
+            do_sample=False,
+            pad_token_id=0,
+            **kwargs,
+        )
+    seq = out[0, len(prompt) :].tolist()[:room]
+    return seq[: next((k for k, t in enumerate(seq) if t in stop), len(seq))]
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +59,7 @@ def reference(tiny):
     full = [_alone(tiny, p, r, set()) for p, r in zip(PROMPTS, ROOMS)]
     assert all(len(a) == r for a, r in zip(full, ROOMS))
     stop = full[2][5]  # inside the longest answer, so at least that one stops early
-    cut = [a[:a.index(stop)] if stop in a else a for a in full]
+    cut = [a[: a.index(stop)] if stop in a else a for a in full]
     assert len(cut[2]) <= 5 and any(len(a) == r for a, r in zip(cut, ROOMS))
     return {stop}, cut, full
 
@@ -62,9 +78,19 @@ def test_other_llama_family_members_equal_generate_alone(kind):
     cls = {"qwen2": "Qwen2", "mistral": "Mistral"}[kind]
     torch.manual_seed(1)
     cfg = getattr(transformers, f"{cls}Config")(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=128, max_position_embeddings=256, initializer_range=0.2, sliding_window=None,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None)
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=256,
+        initializer_range=0.2,
+        sliding_window=None,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
     model = getattr(transformers, f"{cls}ForCausalLM")(cfg).float().eval()
     if kind == "qwen2":  # biases start at zero: make them matter
         for layer in model.model.layers:
@@ -82,8 +108,15 @@ def test_rooms_of_zero_and_prompt_order_do_not_matter(tiny, reference):
     assert decode(tiny, PROMPTS, [0] * len(PROMPTS), stop) == [[]] * len(PROMPTS)
 
 
-@pytest.mark.parametrize("kwargs", [dict(compact_below=0.0), dict(compact_below=1.0), dict(prefill_tokens=25),
-                                    dict(prefill_tokens=1, compact_below=1.0)])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(compact_below=0.0),
+        dict(compact_below=1.0),
+        dict(prefill_tokens=25),
+        dict(prefill_tokens=1, compact_below=1.0),
+    ],
+)
 def test_compaction_and_prefill_chunks_change_nothing(tiny, reference, kwargs):
     stop, cut, _ = reference
     assert _chunks([len(p) for p in PROMPTS], 25) == [slice(0, 2), slice(2, 4), slice(4, 5)]
@@ -94,8 +127,9 @@ def test_sampling_is_reproducible_and_not_greedy(tiny, reference):
     stop, cut, _ = reference
 
     def sample(seed: int, **kwargs):
-        return decode(tiny, PROMPTS, ROOMS, stop, temperature=5.0, generator=torch.Generator().manual_seed(seed),
-                      **kwargs)
+        return decode(
+            tiny, PROMPTS, ROOMS, stop, temperature=5.0, generator=torch.Generator().manual_seed(seed), **kwargs
+        )
 
     first = sample(1)
     assert sample(1) == first
@@ -106,11 +140,25 @@ def test_sampling_is_reproducible_and_not_greedy(tiny, reference):
 
 
 def test_unsupported_reason():
-    from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig,
-                              MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
-    small = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                 num_key_value_heads=1, vocab_size=64)
+    small = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=64,
+    )
     assert unsupported_reason(LlamaForCausalLM(LlamaConfig(**small))) is None
     reason = unsupported_reason(Qwen3ForCausalLM(Qwen3Config(head_dim=16, **small)))
     assert reason is not None and "q_norm" in reason
@@ -119,8 +167,9 @@ def test_unsupported_reason():
     mistral = MistralForCausalLM(MistralConfig(sliding_window=64, **small))
     assert "sliding_window=64" in unsupported_reason(mistral)
     assert unsupported_reason(mistral, total_len=64) is None  # a window that cannot bite
-    lookalike = SimpleNamespace(config=SimpleNamespace(model_type="mixtral"), model=mistral.model,
-                                lm_head=mistral.lm_head)  # Llama-shaped modules, an unchecked architecture
+    lookalike = SimpleNamespace(
+        config=SimpleNamespace(model_type="mixtral"), model=mistral.model, lm_head=mistral.lm_head
+    )  # Llama-shaped modules, an unchecked architecture
     assert "model_type 'mixtral'" in unsupported_reason(lookalike)
     with pytest.raises(ValueError, match="sliding_window=64"):
         decode(mistral, [[1] * 60], [8], {0})
@@ -132,9 +181,11 @@ def test_smollm2_float32_equals_generate_alone(smollm2_dir):
 
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
-    chats = [[{"role": "user", "content": "What is the capital of France?"}],
-             [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hi."}],
-             [{"role": "user", "content": "Write a short poem about the sea, in three lines, and explain it. " * 3}]]
+    chats = [
+        [{"role": "user", "content": "What is the capital of France?"}],
+        [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hi."}],
+        [{"role": "user", "content": "Write a short poem about the sea, in three lines, and explain it. " * 3}],
+    ]
     prompts = []
     for chat in chats:
         ids = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)

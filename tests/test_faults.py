@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import CACHE, compose
+from fault_helpers import ARGS, assert_killed, assert_same_dataset, cli, file_bytes, temps
 from safetensors.torch import load, load_file
 
-from conftest import CACHE, compose
 from eagle3 import faults
 from eagle3.export import export_checkpoint
 from eagle3.extraction.run import run as extract
@@ -20,7 +21,6 @@ from eagle3.store import DiskSpaceError, Manifest
 from eagle3.store.merge import merge_parts, part_dir
 from eagle3.store.reader import damaged_shards
 from eagle3.training.run import run as train
-from fault_helpers import ARGS, assert_killed, assert_same_dataset, cli, file_bytes, temps
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +78,14 @@ def test_full_disk_during_extraction_stops_cleanly_and_resumes(reference, tmp_pa
 def test_regeneration_killed_resumes_to_the_same_dataset(tmp_path):
     """data.regenerate: the target's answers are cached batch by batch; killed after the
     second batch, the rerun generates only the rest and gives the uninterrupted dataset."""
-    regen = ["data.regenerate=true", "data.regen_backend=hf", "data.regen_max_tokens=4", "data.regen_max_turns=1",
-             "data.regen_batch_size=4", "data.max_samples=10"]
+    regen = [
+        "data.regenerate=true",
+        "data.regen_backend=hf",
+        "data.regen_max_tokens=4",
+        "data.regen_max_turns=1",
+        "data.regen_batch_size=4",
+        "data.max_samples=10",
+    ]
 
     def args(name: str) -> list[str]:
         cache = tmp_path / name / "cache"  # each run its own answer cache, the same target weights
@@ -98,7 +104,8 @@ def test_regeneration_killed_resumes_to_the_same_dataset(tmp_path):
     got = [json.loads(line) for line in answers.read_text().splitlines()]
     assert len({r["id"] for r in got}) == len(got)  # the rest generated once, nothing twice
     assert sorted(got, key=lambda r: r["id"]) == sorted(
-        (json.loads(line) for line in want.read_text().splitlines()), key=lambda r: r["id"])
+        (json.loads(line) for line in want.read_text().splitlines()), key=lambda r: r["id"]
+    )
     assert_same_dataset(resumed, straight)
 
 
@@ -154,8 +161,16 @@ def test_export_killed_leaves_the_previous_one_and_the_rerun_exports(reference, 
     assert not temps(run_dir)
 
     before = file_bytes(run_dir / "export")
-    again = cli(["-m", "eagle3.export", f"ckpt={run_dir / 'checkpoints' / 'last.ckpt'}", f"out={run_dir / 'export'}",
-                 "num_draft_tokens=5"], fault="export_write")
+    again = cli(
+        [
+            "-m",
+            "eagle3.export",
+            f"ckpt={run_dir / 'checkpoints' / 'last.ckpt'}",
+            f"out={run_dir / 'export'}",
+            "num_draft_tokens=5",
+        ],
+        fault="export_write",
+    )
     assert_killed(again)
     assert file_bytes(run_dir / "export") == before  # the previous export, whole and unchanged
     export_checkpoint(run_dir / "checkpoints" / "last.ckpt", run_dir / "export", 5)  # unkilled: swapped in

@@ -21,8 +21,11 @@ CONF = Path(__file__).resolve().parents[1] / "conf" / "model"
 CHATS = [
     [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4."}],
     [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue, like the sky."}],
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-     {"role": "assistant", "content": "Hello! How can I help you today with anything at all?"}],
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello! How can I help you today with anything at all?"},
+    ],
     [{"role": "user", "content": "Say yes."}, {"role": "assistant", "content": "Yes."}],
 ]
 
@@ -38,7 +41,7 @@ def chat_samples(model_dir) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
         ids = torch.tensor(ids if isinstance(ids[0], int) else ids[0], dtype=torch.int64)
         prompt = tok.apply_chat_template(chat[:-1], tokenize=True, add_generation_prompt=True, return_dict=False)
         mask = torch.zeros(len(ids), dtype=torch.bool)
-        mask[len(prompt):] = True
+        mask[len(prompt) :] = True
         out.append((f"chat-{i}", ids, mask))
     assert len({len(s[1]) for s in out}) == len(out)  # different lengths: batches really pad
     return out
@@ -90,7 +93,7 @@ def check_padded_batch(backend: HFCaptureBackend, samples):
     assert [sid for sid, _ in batched] == [s[0] for s in by_length]
     assert sorted(alone) == sorted(s[0] for s in samples)
     in_order = list(backend.capture(samples))
-    for (sid, ids, mask), s in zip(samples, in_order):
+    for (sid, ids, _mask), s in zip(samples, in_order):
         assert torch.equal(s.token_ids, ids) and torch.equal(s.hidden, alone[sid].hidden)
     for sid, b in batched:
         a = alone[sid]
@@ -195,8 +198,8 @@ def test_records_are_handed_over_per_batch(tiny_deepseek):
 def assert_nan_is_refused(backend, samples, match: str) -> None:
     """NaN put into the residual stream entering layer 2 must stop the capture with `match`."""
     hook = backend.model.layers[2].register_forward_pre_hook(
-        lambda m, args, kwargs: ((args[0] * float("nan"),) + args[1:], kwargs) if args else None,
-        with_kwargs=True)
+        lambda m, args, kwargs: ((args[0] * float("nan"),) + args[1:], kwargs) if args else None, with_kwargs=True
+    )
     try:
         with pytest.raises(CaptureError, match=match):
             list(backend.capture(samples[:1]))

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import CACHE, compose
 from omegaconf.errors import InterpolationResolutionError
 
-from conftest import CACHE, compose
 from eagle3.target.hub import HubError, resolve_model_dir
 from eagle3.target.resolve import materialize_tiny, resolve_target
 
@@ -40,14 +40,18 @@ def _remote_code_model(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     cfg = json.loads((dst / "config.json").read_text())
     cfg["model_type"] = "tiny_remote"
-    cfg["auto_map"] = {"AutoConfig": "configuration_tinyremote.TinyRemoteConfig",
-                       "AutoModel": "modeling_tinyremote.TinyRemoteModel"}
+    cfg["auto_map"] = {
+        "AutoConfig": "configuration_tinyremote.TinyRemoteConfig",
+        "AutoModel": "modeling_tinyremote.TinyRemoteModel",
+    }
     (dst / "config.json").write_text(json.dumps(cfg))
     (dst / "configuration_tinyremote.py").write_text(
-        "from transformers import LlamaConfig\n\n\nclass TinyRemoteConfig(LlamaConfig):\n    model_type = 'tiny_remote'\n")
+        "from transformers import LlamaConfig\n\n\nclass TinyRemoteConfig(LlamaConfig):\n    model_type = 'tiny_remote'\n"
+    )
     (dst / "modeling_tinyremote.py").write_text(
         "from transformers import LlamaModel\n\nfrom .configuration_tinyremote import TinyRemoteConfig\n\n\n"
-        "class TinyRemoteModel(LlamaModel):\n    config_class = TinyRemoteConfig\n")
+        "class TinyRemoteModel(LlamaModel):\n    config_class = TinyRemoteConfig\n"
+    )
     return dst
 
 
@@ -95,14 +99,21 @@ def test_revision_selects_another_snapshot(offline_hub, tmp_path, revision):
 
 def test_hub_errors_name_the_id_revision_and_the_remedy(offline_hub, tmp_path):
     cfg = compose("extract", ["model=hf", "model.path=my-org/absent"])
-    with pytest.raises(InterpolationResolutionError, match=r"my-org/absent.*revision main.*HF_HUB_OFFLINE=1.*"
-                                                           r"run once online.*hf download my-org/absent"):
+    with pytest.raises(
+        InterpolationResolutionError,
+        match=r"my-org/absent.*revision main.*HF_HUB_OFFLINE=1.*"
+        r"run once online.*hf download my-org/absent",
+    ):
         _ = cfg.model.num_layers
-    with pytest.raises(HubError, match=r"model.path='my-org/absent' \(revision main\) is not in the hub cache "
-                                       + str(offline_hub["hub"])):
+    with pytest.raises(
+        HubError,
+        match=r"model.path='my-org/absent' \(revision main\) is not in the hub cache " + str(offline_hub["hub"]),
+    ):
         resolve_model_dir("my-org/absent")
     bad_rev = compose("extract", ["model=hf", f"model.path={REPO}", "model.revision=v9"])
-    with pytest.raises(HubError, match=r"'my-org/tiny-llama' \(revision v9\).*hf download my-org/tiny-llama --revision v9"):
+    with pytest.raises(
+        HubError, match=r"'my-org/tiny-llama' \(revision v9\).*hf download my-org/tiny-llama --revision v9"
+    ):
         resolve_target(bad_rev.model, tmp_path)
     with pytest.raises(HubError, match=r"is a local directory, but model.revision='v2' pins a hub revision"):
         resolve_model_dir(str(offline_hub["main"]), "v2")

@@ -9,18 +9,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-
 from conftest import compose
-from eagle3.target.hub import HubError
+from safetensors.torch import load_file, save_file
+from test_hub_models import add_snapshot
+from test_train import TINY, data_dir  # noqa: F401 - the tiny extracted dataset fixture
+
 from eagle3.store import HiddenStateDataset
+from eagle3.target.hub import HubError
 from eagle3.target.resolve import load_target_head_weights, resolve_target
 from eagle3.training.builder import build_head
 from eagle3.training.init_from import InitFromError
 from eagle3.training.run import find_dataset
 from eagle3.training.run import run as train
-from test_hub_models import add_snapshot
-from test_train import TINY, data_dir  # noqa: F401 - the tiny extracted dataset fixture
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +71,13 @@ def test_train_py_warm_start_exports_the_same_head_after_zero_steps(data_dir, tr
     the loaded head: bit-equal to the export it started from, and its validation starts where
     the first run ended, below a fresh head's."""
     out = tmp_path / "warm"
-    train(compose("train", TINY + [f"paths.data_dir={data_dir}", f"train.init_from={trained['export']}",
-                                   "train.max_steps=0"], output_dir=str(out)))
+    train(
+        compose(
+            "train",
+            TINY + [f"paths.data_dir={data_dir}", f"train.init_from={trained['export']}", "train.max_steps=0"],
+            output_dir=str(out),
+        )
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["global_step"] == 0
     again = load_file(str(Path(summary["export_dir"]) / "model.safetensors"))
@@ -85,8 +90,11 @@ def test_train_py_warm_start_exports_the_same_head_after_zero_steps(data_dir, tr
 
 def test_a_head_that_does_not_fit_is_refused_by_field(data_dir, trained):
     export = trained["export"]
-    with pytest.raises(InitFromError, match=r"num_hidden_layers: expected 2 \(train.num_draft_layers\), got 1; "
-                                            r".*fc_norm: expected True \(train.fc_norm\), got False"):
+    with pytest.raises(
+        InitFromError,
+        match=r"num_hidden_layers: expected 2 \(train.num_draft_layers\), got 1; "
+        r".*fc_norm: expected True \(train.fc_norm\), got False",
+    ):
         _build(data_dir, [f"train.init_from={export}", "train.num_draft_layers=2", "train.fc_norm=true"])
     with pytest.raises(InitFromError, match=r"draft_vocab_size: expected 1024 \(train.draft_vocab_size\), got 2048"):
         _build(data_dir, [f"train.init_from={export}", "train.draft_vocab_size=1024"])
@@ -113,7 +121,9 @@ def test_a_head_with_another_draft_vocabulary_keeps_its_own(data_dir, trained, t
     assert torch.equal(head.t2d, t2d) and torch.equal(head.d2t, weights["d2t"])
     _assert_holds_export(head, other)
     assert torch.equal(head.target_lm_head.weight, _target_lm_head()[target_ids])
-    assert "keeps the head's draft vocabulary (1 of its 2048 tokens are not in the dataset's)" in capsys.readouterr().out
+    assert (
+        "keeps the head's draft vocabulary (1 of its 2048 tokens are not in the dataset's)" in capsys.readouterr().out
+    )
 
 
 def test_init_from_a_hub_id_at_a_revision(data_dir, trained, tmp_path, monkeypatch):

@@ -5,16 +5,24 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import compose
+
 from eagle3.extraction.run import run as extract
 from eagle3.training.run import run as train
 
 SMALL = [
-    "data.max_samples=64", "data.max_length=256", "data.val_fraction=0.15",
-    "train.draft_vocab_size=4096", "train.ttt_steps=2", "train.max_steps=40", "train.warmup_steps=5",
-    "train.lr=2e-3", "train.max_tokens_per_batch=1024", "train.val_check_interval=20",
-    "logger=none", "eval.enabled=false",
+    "data.max_samples=64",
+    "data.max_length=256",
+    "data.val_fraction=0.15",
+    "train.draft_vocab_size=4096",
+    "train.ttt_steps=2",
+    "train.max_steps=40",
+    "train.warmup_steps=5",
+    "train.lr=2e-3",
+    "train.max_tokens_per_batch=1024",
+    "train.val_check_interval=20",
+    "logger=none",
+    "eval.enabled=false",
 ]
 
 

@@ -15,8 +15,9 @@ import textwrap
 import time
 
 import pytest
-
 from conftest import ROOT, compose
+from fault_helpers import ARGS
+
 from eagle3.extraction.run import run as extract
 from eagle3.identity import dataset_path
 from eagle3.locks import DirLock, LockHeldError
@@ -24,7 +25,6 @@ from eagle3.store.layout import LOCK
 from eagle3.target.resolve import resolve_target
 from eagle3.training.run import run as train
 from eagle3.training.run_dir import LOCK as TRAIN_LOCK
-from fault_helpers import ARGS
 
 
 def test_a_second_extraction_of_the_same_dataset_is_refused(tmp_path):
@@ -33,8 +33,10 @@ def test_a_second_extraction_of_the_same_dataset_is_refused(tmp_path):
     holder = _holder(ds / LOCK, "hold", 60)  # another process is the first extraction
     try:
         pid = int(holder.stdout.readline())
-        with pytest.raises(LockHeldError, match=f"another extraction is writing this dataset: .* held by pid {pid} "
-                                                 f"on host {socket.gethostname()}"):
+        with pytest.raises(
+            LockHeldError,
+            match=f"another extraction is writing this dataset: .* held by pid {pid} on host {socket.gethostname()}",
+        ):
             extract(cfg)
     finally:
         holder.kill()
@@ -47,8 +49,10 @@ def test_a_second_training_into_the_same_run_dir_is_refused(tmp_path):
     holder = _holder(run_dir / TRAIN_LOCK, "hold", 60)
     try:
         pid = int(holder.stdout.readline())
-        with pytest.raises(LockHeldError, match=f"another training is writing the run dir .* held by pid {pid} "
-                                                 f"on host {socket.gethostname()}"):
+        with pytest.raises(
+            LockHeldError,
+            match=f"another training is writing the run dir .* held by pid {pid} on host {socket.gethostname()}",
+        ):
             train(compose("train", ARGS + [f"paths.data_dir={tmp_path / 'data'}"], output_dir=str(run_dir)))
     finally:
         holder.kill()
@@ -76,8 +80,9 @@ HOLDER = textwrap.dedent("""
 
 
 def _holder(path, mode: str, seconds: float = 0) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", HOLDER, str(path), mode, str(seconds)], cwd=ROOT,
-                            stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(path), mode, str(seconds)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
 
 
 def _recorded(path) -> dict:

@@ -15,20 +15,24 @@ def test_verdicts_name_the_preferred_token_and_the_gap(smollm2_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
-    prompt = tok.apply_chat_template([{"role": "user", "content": "Write a Python function that adds two numbers."}],
-                                     add_generation_prompt=True, tokenize=True)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "Write a Python function that adds two numbers."}],
+        add_generation_prompt=True,
+        tokenize=True,
+    )
     prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
     with torch.no_grad():
-        greedy = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, len(prompt):].tolist()
+        greedy = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, len(prompt) :].tolist()
         logits = model(torch.tensor([prompt + greedy[:5]])).logits[0, -1]
     order = logits.argsort(descending=True)
     best, second, far = int(order[0]), int(order[1]), int(order[-1])
     assert best == greedy[5]
     runner_up = greedy[:5] + [second]  # an engine that flipped to the runner-up at token 5
     nonsense = greedy[:5] + [far]  # an engine that picked the least likely token: a bug
-    cases = cases_from([prompt, prompt, prompt], ["flip", "bug", "same"],
-                       [runner_up, greedy, greedy], [greedy, nonsense, greedy])
+    cases = cases_from(
+        [prompt, prompt, prompt], ["flip", "bug", "same"], [runner_up, greedy, greedy], [greedy, nonsense, greedy]
+    )
     assert [c.id for c in cases] == ["flip", "bug"]  # identical outputs are not a case
     flip, bug = explain(smollm2_dir, cases, device="cpu")
     assert flip.position == 5 and flip.reference_token == best == flip.without_head_token

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_model_head import VT, H, make_head
 
 from eagle3.model import eagle3_loss
 from eagle3.model.flex import FLEX_BLOCK, build_flex_masks
-from test_model_head import H, VT, make_head
 
 
 def _row():
@@ -20,17 +20,24 @@ def _row():
     pos = torch.zeros(1, t, dtype=torch.long)
     start = 0
     for s, n in enumerate(lengths):
-        seg[0, start:start + n] = s
-        pos[0, start:start + n] = torch.arange(n)
+        seg[0, start : start + n] = s
+        pos[0, start : start + n] = torch.arange(n)
         start += n
-    return dict(aux=torch.randn(1, t, 3 * H, generator=g), ids=torch.randint(0, VT, (1, t), generator=g),
-                z=torch.randn(1, t, H, generator=g), mask=(seg >= 0) & (pos >= 2), seg=seg, pos=pos)
+    return dict(
+        aux=torch.randn(1, t, 3 * H, generator=g),
+        ids=torch.randint(0, VT, (1, t), generator=g),
+        z=torch.randn(1, t, H, generator=g),
+        mask=(seg >= 0) & (pos >= 2),
+        seg=seg,
+        pos=pos,
+    )
 
 
 def _run(head, x, steps):
     logits = head(x["aux"], x["ids"], x["pos"], x["seg"], steps)
-    loss, counts = eagle3_loss(logits, head.target_logits(x["z"]), loss_mask=x["mask"], segment_ids=x["seg"],
-                               step_decay=0.8)
+    loss, counts = eagle3_loss(
+        logits, head.target_logits(x["z"]), loss_mask=x["mask"], segment_ids=x["seg"], step_decay=0.8
+    )
     return logits, loss, counts
 
 

@@ -33,14 +33,22 @@ def _vocab(seed: int = 0):
 def make_head(seed: int = 0, **overrides) -> Eagle3DraftHead:
     torch.manual_seed(seed)
     cfg = DraftConfig(
-        hidden_size=H, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
-        target_vocab_size=VT, draft_vocab_size=V, rope_theta=10000.0, max_position_embeddings=256,
-        rms_norm_eps=1e-5, **overrides,
+        hidden_size=H,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        target_vocab_size=VT,
+        draft_vocab_size=V,
+        rope_theta=10000.0,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        **overrides,
     )
     head = Eagle3DraftHead(cfg)
     d2t, t2d = _vocab(seed)
-    head.load_target_weights(torch.randn(VT, H), 1 + 0.1 * torch.randn(H), torch.randn(VT, H) * 0.2,
-                             d2t, t2d, init_lm_head_from_target=True)
+    head.load_target_weights(
+        torch.randn(VT, H), 1 + 0.1 * torch.randn(H), torch.randn(VT, H) * 0.2, d2t, t2d, init_lm_head_from_target=True
+    )
     with torch.no_grad():  # norms away from 1 so a swapped norm would show
         for p in head.parameters():
             if p.requires_grad and p.dim() == 1:
@@ -68,7 +76,6 @@ def test_packed_row_equals_samples_run_separately():
     head = make_head()
     a, b = sample(5, 1), sample(7, 2)
     pad = 3
-    t = 5 + 7 + pad
     aux = torch.cat([a["aux"], b["aux"], torch.randn(pad, 3 * H)])[None]
     ids = torch.cat([a["ids"], b["ids"], torch.zeros(pad, dtype=torch.long)])[None]
     z = torch.cat([a["z"], b["z"], torch.randn(pad, H)])[None]
@@ -86,8 +93,13 @@ def test_packed_row_equals_samples_run_separately():
         for k in range(steps):
             valid = n - 1 - k  # positions whose consumed token x_{t+1+k} exists
             torch.testing.assert_close(packed[k][0, sl][:valid], sep[k][0, :valid], rtol=1e-5, atol=1e-5)
-        _, c = eagle3_loss(sep, head.target_logits(s["z"][None]), loss_mask=s["mask"][None],
-                           segment_ids=torch.zeros(1, n, dtype=torch.long), step_decay=0.8)
+        _, c = eagle3_loss(
+            sep,
+            head.target_logits(s["z"][None]),
+            loss_mask=s["mask"][None],
+            segment_ids=torch.zeros(1, n, dtype=torch.long),
+            step_decay=0.8,
+        )
         total = total + c
     for name in ("loss_count", "acc_count", "correct_full", "cond_count"):
         assert torch.equal(getattr(counts_p, name), getattr(total, name)), name
@@ -141,7 +153,7 @@ def test_gradient_of_step_k_at_t_reaches_no_later_aux_feature():
     for k in range(3):
         (grad,) = torch.autograd.grad(out[k][0, t].sum(), aux, retain_graph=True)
         per_pos = grad[0].abs().sum(-1)
-        assert (per_pos[t + 1:] == 0).all(), f"step {k} at t={t} depends on g_s for s>t"
+        assert (per_pos[t + 1 :] == 0).all(), f"step {k} at t={t} depends on g_s for s>t"
         assert (per_pos[: t + 1] > 0).all()
 
 
@@ -156,7 +168,7 @@ def test_loss_counts_and_perfect_draft():
     perfect = []
     for k in range(steps):
         shifted = torch.full_like(target, 0.0)
-        shifted[:, : t - 1 - k] = target[:, 1 + k:]
+        shifted[:, : t - 1 - k] = target[:, 1 + k :]
         perfect.append(shifted.clone().requires_grad_(True))
     loss, counts = eagle3_loss(perfect, target, loss_mask=mask, segment_ids=seg, step_decay=0.8)
     # row 0: samples of 4 and 5 tokens; row 1: 7 tokens. Step k counts t with x_{t+2+k} in sample and masked.
@@ -200,8 +212,14 @@ def test_target_logits_are_the_renormalised_target_distribution():
     head = make_head()
     z = torch.randn(2, 5, H)
     full_lm = torch.randn(VT, H)
-    head.load_target_weights(head.embed_tokens.weight.clone(), head.target_norm.weight.clone(), full_lm,
-                             head.d2t.clone(), head.t2d.clone(), init_lm_head_from_target=False)
+    head.load_target_weights(
+        head.embed_tokens.weight.clone(),
+        head.target_norm.weight.clone(),
+        full_lm,
+        head.d2t.clone(),
+        head.t2d.clone(),
+        init_lm_head_from_target=False,
+    )
     full_p = head.target_norm(z) @ full_lm.T
     full_p = full_p.softmax(-1)[..., head.t2d]
     torch.testing.assert_close(head.target_logits(z).softmax(-1), full_p / full_p.sum(-1, keepdim=True))
@@ -223,15 +241,25 @@ def test_only_the_draft_trains_and_frozen_parts_get_no_gradient():
     s = sample(8, 5)
     seg = torch.zeros(1, 8, dtype=torch.long)
     out = run(head, s["aux"][None], s["ids"][None], seg, 2)
-    loss, _ = eagle3_loss(out, head.target_logits(s["z"][None]), loss_mask=s["mask"][None], segment_ids=seg, step_decay=0.8)
+    loss, _ = eagle3_loss(
+        out, head.target_logits(s["z"][None]), loss_mask=s["mask"][None], segment_ids=seg, step_decay=0.8
+    )
     loss.backward()
     trainable = {n for n, p in head.named_parameters() if p.requires_grad}
     assert trainable == {
-        "fc.weight", "norm.weight", "lm_head.weight",
-        "layers.0.input_layernorm.weight", "layers.0.hidden_norm.weight", "layers.0.post_attention_layernorm.weight",
-        "layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight",
-        "layers.0.self_attn.v_proj.weight", "layers.0.self_attn.o_proj.weight",
-        "layers.0.mlp.gate_proj.weight", "layers.0.mlp.up_proj.weight", "layers.0.mlp.down_proj.weight",
+        "fc.weight",
+        "norm.weight",
+        "lm_head.weight",
+        "layers.0.input_layernorm.weight",
+        "layers.0.hidden_norm.weight",
+        "layers.0.post_attention_layernorm.weight",
+        "layers.0.self_attn.q_proj.weight",
+        "layers.0.self_attn.k_proj.weight",
+        "layers.0.self_attn.v_proj.weight",
+        "layers.0.self_attn.o_proj.weight",
+        "layers.0.mlp.gate_proj.weight",
+        "layers.0.mlp.up_proj.weight",
+        "layers.0.mlp.down_proj.weight",
     }
     for n, p in head.named_parameters():
         if p.requires_grad:
@@ -244,11 +272,22 @@ def test_export_names_are_the_serving_names():
     head = make_head(norm_before_fc=True)
     sd = export_state_dict(head)
     assert set(sd) == {
-        "fc.weight", "input_norm.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
-        "layers.0.input_layernorm.weight", "layers.0.hidden_norm.weight", "layers.0.post_attention_layernorm.weight",
-        "layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight",
-        "layers.0.self_attn.v_proj.weight", "layers.0.self_attn.o_proj.weight",
-        "layers.0.mlp.gate_proj.weight", "layers.0.mlp.up_proj.weight", "layers.0.mlp.down_proj.weight",
+        "fc.weight",
+        "input_norm.weight",
+        "norm.weight",
+        "lm_head.weight",
+        "d2t",
+        "t2d",
+        "layers.0.input_layernorm.weight",
+        "layers.0.hidden_norm.weight",
+        "layers.0.post_attention_layernorm.weight",
+        "layers.0.self_attn.q_proj.weight",
+        "layers.0.self_attn.k_proj.weight",
+        "layers.0.self_attn.v_proj.weight",
+        "layers.0.self_attn.o_proj.weight",
+        "layers.0.mlp.gate_proj.weight",
+        "layers.0.mlp.up_proj.weight",
+        "layers.0.mlp.down_proj.weight",
     }
     assert sd["fc.weight"].dtype == torch.bfloat16 and sd["d2t"].dtype == torch.int64 and sd["t2d"].dtype == torch.bool
     assert sd["layers.0.self_attn.q_proj.weight"].shape == (4 * 8, 2 * H)
@@ -259,7 +298,11 @@ def test_fc_norm_exports_one_norm_per_aux_layer_and_excludes_norm_before_fc():
     head = make_head(fc_norm=True, norm_output=True, norm_before_residual=True)
     sd = export_state_dict(head)
     assert {k for k in sd if "norm" in k and not k.startswith("layers.")} == {
-        "norm.weight", "fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight"}
+        "norm.weight",
+        "fc_norm.0.weight",
+        "fc_norm.1.weight",
+        "fc_norm.2.weight",
+    }
     assert all(sd[f"fc_norm.{i}.weight"].shape == (H,) for i in range(3))
     with pytest.raises(DraftConfigError, match="norm_before_fc and fc_norm are mutually exclusive"):
         make_head(norm_before_fc=True, fc_norm=True)
@@ -302,11 +345,22 @@ def test_draft_config_from_the_real_smollm2_config(smollm2_dir):
 
 
 def test_draft_config_for_a_deepseek_v3_target_uses_a_plain_llama_layer():
-    kimi_like = {"model_type": "kimi_k25", "text_config": {
-        "model_type": "deepseek_v3", "hidden_size": 7168, "num_attention_heads": 64, "num_key_value_heads": 64,
-        "intermediate_size": 18432, "vocab_size": 163840, "rms_norm_eps": 1e-6, "head_dim": 64,
-        "max_position_embeddings": 262144, "rope_theta": 50000.0,
-        "rope_scaling": {"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096}}}
+    kimi_like = {
+        "model_type": "kimi_k25",
+        "text_config": {
+            "model_type": "deepseek_v3",
+            "hidden_size": 7168,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 64,
+            "intermediate_size": 18432,
+            "vocab_size": 163840,
+            "rms_norm_eps": 1e-6,
+            "head_dim": 64,
+            "max_position_embeddings": 262144,
+            "rope_theta": 50000.0,
+            "rope_scaling": {"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096},
+        },
+    }
     cfg = DraftConfig.from_target_config(kimi_like, draft_vocab_size=32000, num_key_value_heads=8)
     # MLA's head_dim (the rope part, 64) and yarn describe the target's attention, not ours
     assert (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (7168, 64, 8, 112)
@@ -326,11 +380,22 @@ def test_llama3_rope_frequencies_match_transformers():
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 8192}
-    hf = LlamaConfig(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
-                     vocab_size=128256, max_position_embeddings=131072,
-                     rope_parameters={"rope_theta": 500000.0, **scaling})
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    hf = LlamaConfig(
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=14336,
+        vocab_size=128256,
+        max_position_embeddings=131072,
+        rope_parameters={"rope_theta": 500000.0, **scaling},
+    )
     cfg = DraftConfig.from_target_config(hf.to_dict(), draft_vocab_size=32000)
     assert cfg.rope_type == "llama3"
     ref, _ = ROPE_INIT_FUNCTIONS["llama3"](hf, "cpu")

@@ -16,12 +16,14 @@ def test_truth_table_two_segments_three_steps():
     # T=4: sample A = positions 0,1; sample B = positions 2,3
     mask = build_ttt_mask(torch.tensor([[0, 0, 1, 1]]), num_steps=3)
     assert mask.shape == (1, 1, 4, 12) and mask.dtype == torch.bool
-    block0 = _table([
-        [1, 0, 0, 0],
-        [1, 1, 0, 0],
-        [0, 0, 1, 0],  # B's first token does not see A
-        [0, 0, 1, 1],
-    ])
+    block0 = _table(
+        [
+            [1, 0, 0, 0],
+            [1, 1, 0, 0],
+            [0, 0, 1, 0],  # B's first token does not see A
+            [0, 0, 1, 1],
+        ]
+    )
     expected = torch.cat([block0, I, I], dim=1)  # steps 1, 2: only the diagonal
     assert torch.equal(mask[0, 0], expected)
     # step k sees the first k+1 blocks
@@ -32,12 +34,17 @@ def test_truth_table_two_segments_three_steps():
 
 def test_padding_rows_see_only_themselves_and_are_never_seen():
     mask = build_ttt_mask(torch.tensor([[0, 0, 1, -1], [0, 0, 0, 0]]), num_steps=2)
-    assert torch.equal(mask[0, 0, :, :4], _table([
-        [1, 0, 0, 0],
-        [1, 1, 0, 0],
-        [0, 0, 1, 0],
-        [0, 0, 0, 1],  # padding: self only, so softmax has one finite entry
-    ]))
+    assert torch.equal(
+        mask[0, 0, :, :4],
+        _table(
+            [
+                [1, 0, 0, 0],
+                [1, 1, 0, 0],
+                [0, 0, 1, 0],
+                [0, 0, 0, 1],  # padding: self only, so softmax has one finite entry
+            ]
+        ),
+    )
     assert torch.equal(mask[1, 0, :, :4], torch.tril(torch.ones(4, 4, dtype=torch.bool)))
     assert torch.equal(mask[1, 0, :, 4:], I)
 

@@ -17,8 +17,8 @@ from safetensors.torch import save_file
 
 from eagle3.model import DraftConfig, Eagle3DraftHead, eagle3_loss, export_state_dict, speculators_config_dict
 from eagle3.model.config import NORM_OPTIONS
-from eagle3.model.serving_format import transformer_layer_config_dict
 from eagle3.model.loss import TargetStats, per_position_loss
+from eagle3.model.serving_format import transformer_layer_config_dict
 
 pytest.importorskip("speculators")
 warnings.filterwarnings("ignore", module="speculators")
@@ -34,22 +34,39 @@ LOGIT_TOL = dict(rtol=1e-5, atol=1e-5)  # measured: max |diff| <= 1.5e-7 in fp32
 
 
 def _verifier_config() -> LlamaConfig:
-    return LlamaConfig(hidden_size=H, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-                       num_hidden_layers=4, vocab_size=VT, rms_norm_eps=1e-5, max_position_embeddings=512,
-                       tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 50000.0})
+    return LlamaConfig(
+        hidden_size=H,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=4,
+        vocab_size=VT,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
+    )
 
 
-def _head_from_verifier(verifier: LlamaForCausalLM, draft_vocab: int, seed: int, layers: int = 1,
-                        **norms: bool) -> Eagle3DraftHead:
+def _head_from_verifier(
+    verifier: LlamaForCausalLM, draft_vocab: int, seed: int, layers: int = 1, **norms: bool
+) -> Eagle3DraftHead:
     torch.manual_seed(seed)
-    cfg = DraftConfig.from_target_config(verifier.config.to_dict(), draft_vocab_size=draft_vocab, num_aux_layers=3,
-                                         num_layers=layers, **norms)
+    cfg = DraftConfig.from_target_config(
+        verifier.config.to_dict(), draft_vocab_size=draft_vocab, num_aux_layers=3, num_layers=layers, **norms
+    )
     head = Eagle3DraftHead(cfg)
     t2d = torch.zeros(VT, dtype=torch.bool)
     t2d[torch.randperm(VT)[:draft_vocab]] = True
     d2t = t2d.nonzero().squeeze(1) - torch.arange(draft_vocab)
-    head.load_target_weights(verifier.model.embed_tokens.weight, verifier.model.norm.weight, verifier.lm_head.weight,
-                             d2t, t2d, init_lm_head_from_target=True)
+    head.load_target_weights(
+        verifier.model.embed_tokens.weight,
+        verifier.model.norm.weight,
+        verifier.lm_head.weight,
+        d2t,
+        t2d,
+        init_lm_head_from_target=True,
+    )
     with torch.no_grad():  # move every norm off 1 so a swapped norm would show
         for p in head.parameters():
             if p.requires_grad and p.dim() == 1:
@@ -75,11 +92,21 @@ def _speculators_logits(ref: Eagle3DraftModel, g, ids, z=None, spec_mask=None, s
     t = ids.shape[1]
     kwargs = {}
     if z is not None:
-        kwargs = dict(verifier_last_hidden_states=z[:, 1:], loss_mask=spec_mask, ttt_step_loss_decay=decay,
-                      loss_config=resolve_loss_config(loss, "eager"))  # the fused losses are Triton-only
+        kwargs = dict(
+            verifier_last_hidden_states=z[:, 1:],
+            loss_mask=spec_mask,
+            ttt_step_loss_decay=decay,
+            loss_config=resolve_loss_config(loss, "eager"),
+        )  # the fused losses are Triton-only
     with torch.no_grad():
-        out = ref(hidden_states=g[:, :-1], input_ids=ids[:, 1:], document_ids=torch.zeros(1, t - 1, dtype=torch.long),
-                  position_ids=torch.arange(1, t)[None], ttt_steps=steps, **kwargs)
+        out = ref(
+            hidden_states=g[:, :-1],
+            input_ids=ids[:, 1:],
+            document_ids=torch.zeros(1, t - 1, dtype=torch.long),
+            position_ids=torch.arange(1, t)[None],
+            ttt_steps=steps,
+            **kwargs,
+        )
     hook.remove()
     return captured, out
 
@@ -93,8 +120,12 @@ def _export_and_load_in_speculators(head: Eagle3DraftHead, vpath, out_dir, steps
     (out_dir / "config.json").write_text(json.dumps(config))
     ref = Eagle3DraftModel.from_pretrained(str(out_dir)).float().eval()  # its default flex attention
     assert len(ref.layers) == head.cfg.num_layers
-    for ours, theirs in ((head.lm_head, ref.lm_head), (head.target_lm_head, ref.verifier_lm_head),
-                         (head.embed_tokens, ref.embed_tokens), (head.target_norm, ref.verifier_norm)):
+    for ours, theirs in (
+        (head.lm_head, ref.lm_head),
+        (head.target_lm_head, ref.verifier_lm_head),
+        (head.embed_tokens, ref.embed_tokens),
+        (head.target_norm, ref.verifier_norm),
+    ):
         assert torch.equal(ours.weight, theirs.weight)
     assert torch.equal(ref.d2t, head.d2t) and torch.equal(ref.t2d, head.t2d)
     return ref
@@ -129,13 +160,17 @@ def test_our_export_loads_in_speculators_and_gives_the_same_logits(verifier, tmp
     _assert_same_logits(_our_logits(head, ids, g, steps), theirs, steps)
 
 
-@pytest.mark.parametrize("norms,layers", [
-    ({"norm_before_fc": True}, 1),
-    ({"fc_norm": True}, 1),
-    ({"norm_output": True}, 1),
-    ({"norm_before_residual": True}, 1),
-    ({"fc_norm": True, "norm_output": True, "norm_before_residual": True}, 2),  # all that go together
-], ids=lambda v: "+".join(v) if isinstance(v, dict) else f"{v}layers")
+@pytest.mark.parametrize(
+    "norms,layers",
+    [
+        ({"norm_before_fc": True}, 1),
+        ({"fc_norm": True}, 1),
+        ({"norm_output": True}, 1),
+        ({"norm_before_residual": True}, 1),
+        ({"fc_norm": True, "norm_output": True, "norm_before_residual": True}, 2),  # all that go together
+    ],
+    ids=lambda v: "+".join(v) if isinstance(v, dict) else f"{v}layers",
+)
 def test_norm_options_give_the_same_logits_in_speculators_and_after_our_reload(verifier, tmp_path, norms, layers):
     """Each EAGLE-3.1 norm option, on, in our head and in speculators' Eagle3DraftModel built
     from our export: same per-step logits. The head's norms are off 1 (_head_from_verifier),
@@ -178,8 +213,10 @@ def test_per_position_losses_equal_speculators_eager_implementation(kind):
     torch.testing.assert_close(ours, theirs(draft, target), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("steps,kind", [(1, "forward_kl"), (3, "forward_kl")]
-                         + [(3, kind) for kind in ("reverse_kl", "jsd", "tv", "ce_argmax")])
+@pytest.mark.parametrize(
+    "steps,kind",
+    [(1, "forward_kl"), (3, "forward_kl")] + [(3, kind) for kind in ("reverse_kl", "jsd", "tv", "ce_argmax")],
+)
 def test_loss_and_full_accuracy_match_speculators_eager_loss(verifier, steps, kind):
     model, vpath = verifier
     draft_vocab = 2  # tiny draft vocab: random drafts agree with the target often enough that
@@ -189,11 +226,16 @@ def test_loss_and_full_accuracy_match_speculators_eager_loss(verifier, steps, ki
     tl.num_hidden_layers = 1
     tl._attn_implementation = "eager"  # a second attention path: eager softmax with a float mask
     spec_cfg = Eagle3SpeculatorConfig(
-        transformer_layer_config=tl, draft_vocab_size=draft_vocab, norm_before_residual=False,
+        transformer_layer_config=tl,
+        draft_vocab_size=draft_vocab,
+        norm_before_residual=False,
         eagle_aux_hidden_state_layer_ids=AUX_IDS,
         speculators_config=SpeculatorsConfig(
-            algorithm="eagle3", proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=steps)],
-            default_proposal_method="greedy", verifier=VerifierConfig(name_or_path=None, architectures=[])),
+            algorithm="eagle3",
+            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=steps)],
+            default_proposal_method="greedy",
+            verifier=VerifierConfig(name_or_path=None, architectures=[]),
+        ),
     )
     ref = Eagle3DraftModel(spec_cfg).float().eval()
     state = export_state_dict(head, include_embed_tokens=True, dtype=None)
@@ -211,18 +253,27 @@ def test_loss_and_full_accuracy_match_speculators_eager_loss(verifier, steps, ki
     spec_mask = torch.zeros(1, t - 1, dtype=torch.bool)
     spec_mask[0, : t - 2] = mask[0, 2:]
     decay = 0.8
-    theirs, (_, their_loss, metrics) = _speculators_logits(ref, g, ids, z, spec_mask, steps, decay,
-                                                           SPECULATORS_LOSS[kind])
+    theirs, (_, their_loss, metrics) = _speculators_logits(
+        ref, g, ids, z, spec_mask, steps, decay, SPECULATORS_LOSS[kind]
+    )
 
     ours = head(g, ids, torch.arange(t)[None], torch.zeros(1, t, dtype=torch.long), steps)
-    loss, counts = eagle3_loss(ours, head.target_logits(z), loss_mask=mask,
-                               segment_ids=torch.zeros(1, t, dtype=torch.long), step_decay=decay, kind=kind)
+    loss, counts = eagle3_loss(
+        ours,
+        head.target_logits(z),
+        loss_mask=mask,
+        segment_ids=torch.zeros(1, t, dtype=torch.long),
+        step_decay=decay,
+        kind=kind,
+    )
     for k in range(steps):
         torch.testing.assert_close(ours[k][0, : t - 1 - k], theirs[k][0, : t - 1 - k], **LOGIT_TOL)
     # their per-step denominator is mask.sum() + 1e-5: relative 1e-5 / 16 at most
     torch.testing.assert_close(loss, their_loss, rtol=1e-5, atol=1e-6)
     for k in range(steps):
-        torch.testing.assert_close(decay**k * counts.loss_mean()[k].float(), metrics[f"loss_{k}_sum"], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            decay**k * counts.loss_mean()[k].float(), metrics[f"loss_{k}_sum"], rtol=1e-5, atol=1e-6
+        )
         assert counts.correct_full[k] == metrics[f"full_acc_{k}_sum"]
         # speculators divides by every loss position (chains starting on a prompt token can
         # never count as correct there); we divide by acc_count, chains starting on a trained token
@@ -244,11 +295,16 @@ def test_config_matches_what_speculators_itself_writes(smollm2_dir):
 
     ours = speculators_config_dict(cfg, [2, 15, 27], SMOLLM2, 3, verifier_architectures=["LlamaForCausalLM"])
     theirs = Eagle3SpeculatorConfig(
-        transformer_layer_config=theirs_tl, draft_vocab_size=32000, norm_before_residual=False,
+        transformer_layer_config=theirs_tl,
+        draft_vocab_size=32000,
+        norm_before_residual=False,
         eagle_aux_hidden_state_layer_ids=[2, 15, 27],
         speculators_config=SpeculatorsConfig(
-            algorithm="eagle3", proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=3)],
-            default_proposal_method="greedy", verifier=VerifierConfig.from_pretrained(SMOLLM2)),
+            algorithm="eagle3",
+            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=3)],
+            default_proposal_method="greedy",
+            verifier=VerifierConfig.from_pretrained(SMOLLM2),
+        ),
     )
     theirs = json.loads(theirs.to_json_string())  # what save_pretrained puts in config.json
     skip = {"transformer_layer_config", "architectures", "transformers_version"}
@@ -259,8 +315,9 @@ def test_config_matches_what_speculators_itself_writes(smollm2_dir):
     assert parsed.transformer_layer_config.head_dim == 64 and parsed.draft_vocab_size == 32000
 
 
-@pytest.mark.parametrize("norms", [{}, {"norm_before_fc": True},
-                                   {"fc_norm": True, "norm_output": True, "norm_before_residual": True}])
+@pytest.mark.parametrize(
+    "norms", [{}, {"norm_before_fc": True}, {"fc_norm": True, "norm_output": True, "norm_before_residual": True}]
+)
 def test_vllm_reads_our_config_as_eagle3_with_our_flags(smollm2_dir, norms):
     SMOLLM2 = str(smollm2_dir)
     base = pytest.importorskip("vllm.transformers_utils.configs.speculators.base")
@@ -269,6 +326,13 @@ def test_vllm_reads_our_config_as_eagle3_with_our_flags(smollm2_dir, norms):
     pre = base.SpeculatorsConfig.extract_transformers_pre_trained_config(json.loads(json.dumps(ours)))
     assert pre["architectures"] == ["Eagle3LlamaForCausalLM"]
     # the flags llama_eagle3 reads, as set; vLLM's default for a missing norm_before_residual is True
-    assert {name: pre[name] for name in NORM_OPTIONS} == cfg.norm_options == {**dict.fromkeys(NORM_OPTIONS, False), **norms}
+    assert (
+        {name: pre[name] for name in NORM_OPTIONS}
+        == cfg.norm_options
+        == {**dict.fromkeys(NORM_OPTIONS, False), **norms}
+    )
     assert pre["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27] and pre["draft_vocab_size"] == 32000
-    assert base.SpeculatorsConfig.extract_vllm_speculative_config(ours) == {"method": "eagle3", "num_speculative_tokens": 3}
+    assert base.SpeculatorsConfig.extract_vllm_speculative_config(ours) == {
+        "method": "eagle3",
+        "num_speculative_tokens": 3,
+    }

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import ROOT, compose
+from safetensors.torch import load_file
 
 pytest.importorskip("speculators")
 sys.path.insert(0, str(ROOT / "bench"))
@@ -36,8 +35,9 @@ def dataset_dir(tmp_path_factory) -> Path:
 
 
 def _train(dataset_dir: Path, out: Path, *extra: str) -> dict:
-    return peer_train.main(["--dataset-dir", str(dataset_dir), "--out", str(out),
-                            "--cache-dir", str(ROOT / ".cache"), *SMOKE, *extra])
+    return peer_train.main(
+        ["--dataset-dir", str(dataset_dir), "--out", str(out), "--cache-dir", str(ROOT / ".cache"), *SMOKE, *extra]
+    )
 
 
 @pytest.mark.slow
@@ -96,8 +96,9 @@ def test_speculators_head_gives_eagle3_head_logits_and_the_same_replay(dataset_d
     args = (batch["aux_hidden"], batch["input_ids"], batch["position_ids"], batch["segment_ids"], 3)
     with torch.no_grad():
         a, b = ours(*args), theirs(*args)
-        torch.testing.assert_close(theirs.target_logits(batch["final_hidden"]),
-                                   ours.target_logits(batch["final_hidden"]), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            theirs.target_logits(batch["final_hidden"]), ours.target_logits(batch["final_hidden"]), rtol=1e-5, atol=1e-5
+        )
     assert batch["segment_ids"].max() > 0  # several samples packed in the row
     for k in range(3):
         _, valid = shift_left(batch["input_ids"], batch["segment_ids"], 1 + k)  # x_{t+1+k} in t's sample
@@ -124,8 +125,11 @@ def test_tokens_of_a_train_run_are_those_its_batches_held(dataset_dir, tmp_path)
             Count.tokens += int((batch["segment_ids"] >= 0).sum())
 
     # 8 batches a pass on this dataset: 12 steps run into the second pass
-    cfg = compose("train", TINY + [f"paths.data_dir={dataset_dir.parent}", "train.max_steps=12",
-                                   "train.val_check_interval=100"], output_dir=str(tmp_path))
+    cfg = compose(
+        "train",
+        TINY + [f"paths.data_dir={dataset_dir.parent}", "train.max_steps=12", "train.val_check_interval=100"],
+        output_dir=str(tmp_path),
+    )
     (tmp_path / ".hydra").mkdir()
     OmegaConf.save(cfg, tmp_path / ".hydra" / "config.yaml")  # what Hydra saves in a run dir
     train(cfg, extra_callbacks=[Count()])

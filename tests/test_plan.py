@@ -8,10 +8,10 @@ import sys
 
 import pytest
 import torch
+from conftest import ROOT, compose
 from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from conftest import ROOT, compose
 from eagle3.config.validate import ConfigError, validate_run_config
 from eagle3.plan import disk_bytes
 from eagle3.store.disk import disk_needed_bytes, format_bytes
@@ -22,8 +22,13 @@ KIMI_BYTES_PER_TOKEN = 4 * 7168 * 2 + 8 + 1  # 4 layers x hidden x bf16 + token 
 
 @pytest.fixture(scope="module", params=["extract.py", "train.py"])
 def kimi_resolved(request):
-    out = subprocess.run([sys.executable, request.param, *KIMI, "--cfg", "job", "--resolve"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, request.param, *KIMI, "--cfg", "job", "--resolve"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     return OmegaConf.create(out.stdout)
 
@@ -52,11 +57,14 @@ def test_smollm2_plan_follows_the_model():
     cfg = compose("extract")
     assert cfg.capture.hidden_states == "bfloat16 [T, 4, 576]"
     assert disk_bytes(1_000_000, [2, 15, 27, 30], 576, "bfloat16") == disk_needed_bytes(
-        1_000_000, 4, 576, torch.bfloat16, 0, 65536)
+        1_000_000, 4, 576, torch.bfloat16, 0, 65536
+    )
     # more layers, wider dtype: the plan follows the config, never a hard-coded figure
     wide = compose("extract", ["layers.aux_ids=[1,5,9,15,27]", "capture.dtype=float32"])
     assert wide.capture.hidden_states == "float32 [T, 6, 576]"
-    assert wide.capture.disk_per_1m_tokens == format_bytes(disk_needed_bytes(1_000_000, 6, 576, torch.float32, 0, 65536))
+    assert wide.capture.disk_per_1m_tokens == format_bytes(
+        disk_needed_bytes(1_000_000, 6, 576, torch.float32, 0, 65536)
+    )
 
 
 def test_a_weight_format_as_hidden_dtype_fails_naming_the_fields():

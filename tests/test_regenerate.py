@@ -7,7 +7,6 @@ import sys
 import textwrap
 
 import pytest
-
 from conftest import ROOT
 
 SCRIPT = textwrap.dedent(
@@ -44,8 +43,13 @@ def test_target_answers_replace_dataset_answers_and_are_cached(tmp_path):
 
     script = tmp_path / "regen.py"
     script.write_text(SCRIPT)
-    proc = subprocess.run([sys.executable, str(script), str(ROOT / ".cache"), str(tmp_path / "cache")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(ROOT / ".cache"), str(tmp_path / "cache")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert lines, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -53,8 +57,12 @@ def test_target_answers_replace_dataset_answers_and_are_cached(tmp_path):
     assert res["first"] == 4 and res["second"] == 0 and res["same"]  # second run: all from cache
     for orig, new in zip(res["orig"], res["new"]):
         assert [m["role"] for m in new] == [m["role"] for m in orig]
-        assert [m["content"] for m in new if m["role"] != "assistant"] == [m["content"] for m in orig if m["role"] != "assistant"]
-        assert [m["content"] for m in new if m["role"] == "assistant"] != [m["content"] for m in orig if m["role"] == "assistant"]
+        assert [m["content"] for m in new if m["role"] != "assistant"] == [
+            m["content"] for m in orig if m["role"] != "assistant"
+        ]
+        assert [m["content"] for m in new if m["role"] == "assistant"] != [
+            m["content"] for m in orig if m["role"] == "assistant"
+        ]
     # the exact greedy text follows the CPU's bf16 kernels: the capital question's first token
     # is a near tie (fp32 logits "The" 25.36, "L" 25.26), so one machine's vLLM answers "The
     # capital of France is Paris." and another's "L'Étoile, la Marseillaise, ...". What holds

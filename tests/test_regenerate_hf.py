@@ -15,18 +15,30 @@ from eagle3.target.generate.hf_engine import HFRegenerator
 
 def _convs() -> list[Conversation]:
     return [
-        Conversation(id="capital", messages=[
-            {"role": "user", "content": "What is the capital of France?"},
-            {"role": "assistant", "content": "IGNORED HUMAN ANSWER"},
-            {"role": "user", "content": "And of Italy?"},
-            {"role": "assistant", "content": "IGNORED SECOND ANSWER"}]),
-        Conversation(id="long", messages=[
-            {"role": "user", "content": "Write a long story about a robot who learns to paint. " * 17},
-            {"role": "assistant", "content": "IGNORED"}]),
-        Conversation(id="short", messages=[
-            {"role": "system", "content": "You are terse."},
-            {"role": "user", "content": "Say hi."},
-            {"role": "assistant", "content": "IGNORED"}]),
+        Conversation(
+            id="capital",
+            messages=[
+                {"role": "user", "content": "What is the capital of France?"},
+                {"role": "assistant", "content": "IGNORED HUMAN ANSWER"},
+                {"role": "user", "content": "And of Italy?"},
+                {"role": "assistant", "content": "IGNORED SECOND ANSWER"},
+            ],
+        ),
+        Conversation(
+            id="long",
+            messages=[
+                {"role": "user", "content": "Write a long story about a robot who learns to paint. " * 17},
+                {"role": "assistant", "content": "IGNORED"},
+            ],
+        ),
+        Conversation(
+            id="short",
+            messages=[
+                {"role": "system", "content": "You are terse."},
+                {"role": "user", "content": "Say hi."},
+                {"role": "assistant", "content": "IGNORED"},
+            ],
+        ),
     ]
 
 
@@ -38,8 +50,9 @@ def test_hf_answers_replace_dataset_answers_batched_and_cached(smollm2_dir, tmp_
     assert regen.generated == 3 and 0 < regen.new_tokens <= 24 * 4  # 4 user turns, at most 24 tokens each
     for orig, new in zip(convs, out):
         assert [m["role"] for m in new.messages] == [m["role"] for m in orig.messages]
-        assert [m["content"] for m in new.messages if m["role"] != "assistant"] == \
-               [m["content"] for m in orig.messages if m["role"] != "assistant"]
+        assert [m["content"] for m in new.messages if m["role"] != "assistant"] == [
+            m["content"] for m in orig.messages if m["role"] != "assistant"
+        ]
         assert all(m["content"] and "IGNORED" not in m["content"] for m in new.messages if m["role"] == "assistant")
     assert "Paris" in out[0].messages[1]["content"]
     assert "Rome" in out[0].messages[3]["content"]  # the second turn saw the target's own first answer
@@ -63,8 +76,12 @@ def test_hf_regen_max_turns_keeps_only_the_first_turns(smollm2_dir, tmp_path):
     out = regen(_convs()[:1])
     assert [m["role"] for m in out[0].messages] == ["user", "assistant"]
     # a different turn limit (or engine) is a different cache: answers never mix
-    assert cache_key(str(smollm2_dir), 0.0, 8, 0, None, "hf", 1) != cache_key(str(smollm2_dir), 0.0, 8, 0, None, "hf", None)
-    assert cache_key(str(smollm2_dir), 0.0, 8, 0, None, "hf", 1) != cache_key(str(smollm2_dir), 0.0, 8, 0, None, "vllm", 1)
+    assert cache_key(str(smollm2_dir), 0.0, 8, 0, None, "hf", 1) != cache_key(
+        str(smollm2_dir), 0.0, 8, 0, None, "hf", None
+    )
+    assert cache_key(str(smollm2_dir), 0.0, 8, 0, None, "hf", 1) != cache_key(
+        str(smollm2_dir), 0.0, 8, 0, None, "vllm", 1
+    )
 
 
 def test_backend_names_are_checked(tmp_path):
@@ -83,12 +100,26 @@ def test_padding_leak_is_caught_and_answered_with_eager_attention(smollm2_dir, t
     regenerator's first-batch check must notice and redo the batch with eager attention; on a
     CPU whose SDPA does not leak there is nothing to catch. Either way the batched answer is the
     one the prompt gets alone with eager attention."""
-    regen = HFRegenerator(smollm2_dir, tmp_path / "b", max_tokens=12, max_model_len=256, gen_batch_size=2,
-                          attn_implementation="sdpa", fast_decode=False)
+    regen = HFRegenerator(
+        smollm2_dir,
+        tmp_path / "b",
+        max_tokens=12,
+        max_model_len=256,
+        gen_batch_size=2,
+        attn_implementation="sdpa",
+        fast_decode=False,
+    )
     with caplog.at_level("WARNING"):
         out = regen(_convs()[:2])
-    alone = HFRegenerator(smollm2_dir, tmp_path / "a", max_tokens=12, max_model_len=256, gen_batch_size=1,
-                          attn_implementation="eager", fast_decode=False)(_convs()[:1])
+    alone = HFRegenerator(
+        smollm2_dir,
+        tmp_path / "a",
+        max_tokens=12,
+        max_model_len=256,
+        gen_batch_size=1,
+        attn_implementation="eager",
+        fast_decode=False,
+    )(_convs()[:1])
     assert out[0].messages[1]["content"] == alone[0].messages[1]["content"], caplog.text
     if "switching to eager attention" not in caplog.text:
         print("this CPU's bf16 SDPA did not leak padding: the check had nothing to catch")
@@ -102,10 +133,24 @@ def test_static_cache_gives_the_dynamic_cache_answers(smollm2_dir, tmp_path):
     near ties between a batch and a prompt alone (the padding check then refuses the batch),
     which is not what this compares."""
     convs = _convs()
-    dynamic = HFRegenerator(smollm2_dir, tmp_path / "d", max_tokens=16, max_model_len=256, gen_batch_size=4,
-                            fast_decode=False, dtype="float32")
-    static = HFRegenerator(smollm2_dir, tmp_path / "s", max_tokens=16, max_model_len=256, gen_batch_size=4,
-                           static_cache=True, dtype="float32")
+    dynamic = HFRegenerator(
+        smollm2_dir,
+        tmp_path / "d",
+        max_tokens=16,
+        max_model_len=256,
+        gen_batch_size=4,
+        fast_decode=False,
+        dtype="float32",
+    )
+    static = HFRegenerator(
+        smollm2_dir,
+        tmp_path / "s",
+        max_tokens=16,
+        max_model_len=256,
+        gen_batch_size=4,
+        static_cache=True,
+        dtype="float32",
+    )
     assert [c.messages for c in static(convs)] == [c.messages for c in dynamic(convs)]
     assert static.new_tokens == dynamic.new_tokens > 0
 

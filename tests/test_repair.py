@@ -13,12 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import compose
+from fault_helpers import ARGS, cli, file_bytes
+
 from eagle3.extraction.run import run as extract
 from eagle3.store import DamagedDatasetError, Manifest
 from eagle3.training.run import run as train
-from fault_helpers import ARGS, cli, file_bytes
 
 
 @pytest.fixture(scope="module")

@@ -62,8 +62,10 @@ def test_perfect_and_useless_heads_through_the_real_counts():
     # the answer is x_4..x_23; rounds start at t=3 and accept 3 each until the answer runs out
     assert m["val/replay_acc_pos0"] == pytest.approx(1.0)
     assert 3.0 < m["val/replay_accept_len"] <= 4.0
-    useless = [_logits_from((shifted_t + 1) % vocab, vocab) for shifted_t in
-               (torch.roll(tgt, shifts=-(1 + k), dims=1) for k in range(steps))]
+    useless = [
+        _logits_from((shifted_t + 1) % vocab, vocab)
+        for shifted_t in (torch.roll(tgt, shifts=-(1 + k), dims=1) for k in range(steps))
+    ]
     counts_u = replay_counts(useless, target_logits, loss_mask=mask, segment_ids=seg, num_draft_tokens=3)
     assert replay_metrics(counts_u)["val/replay_accept_len"] == pytest.approx(1.0)
     # the uniform estimate and the replay agree at both extremes (only the round structure differs)
@@ -79,6 +81,7 @@ def test_chain_stops_at_the_first_wrong_step_and_at_the_answer_end():
     good = [_logits_from(torch.roll(tgt, -(1 + k), 1), vocab) for k in range(3)]
     bad_step1 = [good[0], _logits_from((torch.roll(tgt, -2, 1) + 1) % vocab, vocab), good[2]]
     from eagle3.model.loss import step_positions
+
     pos = step_positions(mask, seg, 3)
     chain = chain_lengths(good, tgt, pos, 3)[0].tolist()
     # t drafts x_{t+2..t+4}; the sample ends at x_7: t=5 has 1 step left, t=4 two, t<=3 three
@@ -91,8 +94,7 @@ def test_chain_stops_at_the_first_wrong_step_and_at_the_answer_end():
 def test_first_span_only_keeps_each_samples_opening_answer():
     # two packed samples; sample 0 has two answer spans, sample 1 one
     chain = torch.tensor([[1] * 14])
-    ok = torch.tensor([[True, True, True, False, False, True, True, True, False, False,
-                        True, True, True, False]])
+    ok = torch.tensor([[True, True, True, False, False, True, True, True, False, False, True, True, True, False]])
     seg = torch.tensor([[0] * 10 + [1] * 4])
     every = replay_rounds(chain, ok, num_draft_tokens=1, segment_ids=seg)
     first = replay_rounds(chain, ok, num_draft_tokens=1, segment_ids=seg, first_span_only=True)

@@ -105,6 +105,7 @@ def test_a_time_capped_run_ends_at_the_floor_learning_rate(tmp_path):
     """A real train.py run on a real (tiny) dataset, capped by train.max_time with a step cap
     far away: its last optimizer step ran at lr * min_lr_ratio."""
     from conftest import compose
+
     from eagle3.extraction.run import run as extract
     from eagle3.training.run import run as train
 
@@ -112,9 +113,22 @@ def test_a_time_capped_run_ends_at_the_floor_learning_rate(tmp_path):
     extract(compose("extract", tiny))
     recorder = LrRecorder()
     lr, floor = 1e-3, 0.05
-    train(compose("train", tiny + ["train.max_steps=100000", "train.max_time=00:00:00:25", "train.warmup_steps=3",
-                                   f"train.lr={lr}", f"train.min_lr_ratio={floor}", "train.val_check_interval=20"],
-                  output_dir=str(tmp_path / "run")), extra_callbacks=[recorder])
+    train(
+        compose(
+            "train",
+            tiny
+            + [
+                "train.max_steps=100000",
+                "train.max_time=00:00:00:25",
+                "train.warmup_steps=3",
+                f"train.lr={lr}",
+                f"train.min_lr_ratio={floor}",
+                "train.val_check_interval=20",
+            ],
+            output_dir=str(tmp_path / "run"),
+        ),
+        extra_callbacks=[recorder],
+    )
     lrs = recorder.lrs
     assert len(lrs) > 20, f"too few steps in 25 s to test the schedule: {len(lrs)}"
     assert lrs[-1] == pytest.approx(lr * floor, rel=1e-6)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import compose
+
 from eagle3.extraction.run import run as extract
 from eagle3.launch import extraction_shard
 from eagle3.store import HiddenStateDataset, Manifest, StoreError
@@ -25,8 +25,12 @@ def extracted(tmp_path_factory):
     """(single-run dataset dir, {i: part dir}) of the same config."""
     single_root, parts_root = tmp_path_factory.mktemp("single"), tmp_path_factory.mktemp("parts")
     single = Path(extract(compose("extract", TINY + [f"paths.data_dir={single_root}"])))
-    parts = {i: Path(extract(compose("extract", TINY + [f"paths.data_dir={parts_root}", f"shard_index={i}",
-                                                         f"num_shards={N}"]))) for i in range(N)}
+    parts = {
+        i: Path(
+            extract(compose("extract", TINY + [f"paths.data_dir={parts_root}", f"shard_index={i}", f"num_shards={N}"]))
+        )
+        for i in range(N)
+    }
     return single, parts
 
 

@@ -14,7 +14,6 @@ import textwrap
 import pytest
 import torch
 
-from eagle3.target.adapter import CapturedSample
 from eagle3.store import (
     DiskSpaceError,
     FingerprintMismatchError,
@@ -28,6 +27,7 @@ from eagle3.store import (
     dataset_fingerprint,
     disk_needed_bytes,
 )
+from eagle3.target.adapter import CapturedSample
 
 LAYER_IDS = (1, 2, 4)
 H = 8
@@ -175,7 +175,7 @@ def test_truncated_shard_is_detected_and_redone(tmp_path):
         w.add(f"s{i}", make_sample(i))
     m = finish(w)
     victim = tmp_path / m.shards[1].file
-    lost = set(HiddenStateDataset(tmp_path).sample_ids[m.shards[0].num_samples:][: m.shards[1].num_samples])
+    lost = set(HiddenStateDataset(tmp_path).sample_ids[m.shards[0].num_samples :][: m.shards[1].num_samples])
     victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
 
     with pytest.raises(StoreError, match=r"size: expected \d+ bytes, got \d+"):
@@ -224,7 +224,9 @@ def test_second_writer_is_locked_out_and_duplicates_refused(tmp_path):
         w.add("s0", make_sample(0))
     bad = make_sample(1)
     bad.hidden = bad.hidden.float()
-    with pytest.raises(StoreError, match=r"sample 's1' hidden: expected torch.bfloat16 \[10, 3, 8\], got torch.float32"):
+    with pytest.raises(
+        StoreError, match=r"sample 's1' hidden: expected torch.bfloat16 \[10, 3, 8\], got torch.float32"
+    ):
         w.add("s1", bad)
     w.close()
 
@@ -276,14 +278,15 @@ def test_shard_is_what_safetensors_writes_and_its_sha256_is_of_the_written_bytes
     loaded = load_file(str(tmp_path / info.file))
     samples = [make_sample(i) for i in range(4)]
     assert torch.equal(loaded["hidden"], torch.cat([s.hidden for s in samples]))
-    assert torch.equal(loaded["offsets"], torch.tensor([0, *torch.cumsum(torch.tensor(
-        [s.num_tokens for s in samples]), 0).tolist()]))
+    assert torch.equal(
+        loaded["offsets"], torch.tensor([0, *torch.cumsum(torch.tensor([s.num_tokens for s in samples]), 0).tolist()])
+    )
     head_len = struct.unpack("<Q", data[:8])[0]
-    meta = json.loads(data[8:8 + head_len])["__metadata__"]
+    meta = json.loads(data[8 : 8 + head_len])["__metadata__"]
     ref = save({k: v.contiguous() for k, v in loaded.items()}, metadata=meta)
     ref_len = struct.unpack("<Q", ref[:8])[0]
-    assert head_len == ref_len and json.loads(ref[8:8 + ref_len]) == json.loads(data[8:8 + head_len])
-    assert ref[8 + ref_len:] == data[8 + head_len:]  # the tensor bytes, in the same order
+    assert head_len == ref_len and json.loads(ref[8 : 8 + ref_len]) == json.loads(data[8 : 8 + head_len])
+    assert ref[8 + ref_len :] == data[8 + head_len :]  # the tensor bytes, in the same order
     w.close()
 
 

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, compose
 from omegaconf import OmegaConf
 
-from conftest import ROOT, compose
 from eagle3.extraction.run import run as extract
 from eagle3.sweep import RESULTS_CSV, RESULTS_MD
 
@@ -30,8 +30,16 @@ def data_dir(tmp_path_factory) -> Path:
 
 
 def _train_multirun(data_dir: Path, sweep_dir: Path, args: list[str], multirun: bool = True):
-    cmd = [sys.executable, "train.py", *(["-m"] if multirun else []), *TINY, f"paths.data_dir={data_dir}",
-           f"paths.log_dir={sweep_dir.parent / 'logs'}", f"hydra.sweep.dir={sweep_dir}", *args]
+    cmd = [
+        sys.executable,
+        "train.py",
+        *(["-m"] if multirun else []),
+        *TINY,
+        f"paths.data_dir={data_dir}",
+        f"paths.log_dir={sweep_dir.parent / 'logs'}",
+        f"hydra.sweep.dir={sweep_dir}",
+        *args,
+    ]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
 
 
@@ -48,8 +56,9 @@ def test_grid_sweep_runs_dirs_wandb_and_table(data_dir, tmp_path):
     from wandb_offline import read_run
 
     sweep = tmp_path / "sweep-grid"
-    out = _train_multirun(data_dir, sweep, ["train.lr=1e-4,3e-4", "train.ttt_steps=2,3",
-                                            "logger=wandb", "logger.mode=offline"])
+    out = _train_multirun(
+        data_dir, sweep, ["train.lr=1e-4,3e-4", "train.ttt_steps=2,3", "logger=wandb", "logger.mode=offline"]
+    )
     assert out.returncode == 0, out.stderr[-5000:]
     jobs = sorted((p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
     assert [j.name for j in jobs] == ["0", "1", "2", "3"]
@@ -84,8 +93,9 @@ def test_grid_sweep_runs_dirs_wandb_and_table(data_dir, tmp_path):
 
 def test_optuna_maximises_the_replayed_acceptance(data_dir, tmp_path):
     sweep = tmp_path / "sweep-optuna"
-    out = _train_multirun(data_dir, sweep, ["hparams_search=optuna", "hydra.sweeper.n_trials=3", "logger=none"],
-                          multirun=False)  # the preset sets hydra.mode=MULTIRUN itself
+    out = _train_multirun(
+        data_dir, sweep, ["hparams_search=optuna", "hydra.sweeper.n_trials=3", "logger=none"], multirun=False
+    )  # the preset sets hydra.mode=MULTIRUN itself
     assert out.returncode == 0, out.stderr[-5000:]
     result = OmegaConf.load(sweep / "optimization_results.yaml")
     params = ["train.lr", "train.ttt_steps", "train.step_decay", "train.draft_vocab_size"]
@@ -129,8 +139,11 @@ def test_slurm_preset_takes_the_layout_from_topology(entry, tasks):
     register_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = hydra_compose(entry, ["hydra/launcher=slurm", "topology=gpu8_tp8", "topology.num_nodes=2",
-                                    "hydra.launcher.partition=h200"], return_hydra_config=True)
+        cfg = hydra_compose(
+            entry,
+            ["hydra/launcher=slurm", "topology=gpu8_tp8", "topology.num_nodes=2", "hydra.launcher.partition=h200"],
+            return_hydra_config=True,
+        )
     launcher = cfg.hydra.launcher
     assert launcher._target_.endswith("SlurmLauncher")
     assert (launcher.nodes, launcher.gpus_per_node, launcher.tasks_per_node) == (2, 8, tasks)

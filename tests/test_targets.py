@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 import torch
-
 from conftest import CACHE, ROOT, compose
+
 from eagle3.target.resolve import TargetError, check_facts, materialize_tiny, resolve_target
 
 
@@ -23,7 +23,7 @@ def test_smollm2_materialises_and_answers(smollm2_dir):
     msgs = [{"role": "user", "content": "What is the capital of France?"}]
     enc = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     out = model.generate(**enc, max_new_tokens=16, do_sample=False)
-    answer = tok.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    answer = tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "Paris" in answer, answer
 
 

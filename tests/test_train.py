@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import compose
 from safetensors.torch import load_file
 
-from conftest import compose
 from eagle3.extraction.run import run as extract
 from eagle3.training.run import DatasetNotFound
 from eagle3.training.run import run as train
@@ -106,8 +106,13 @@ def test_export_cli_reproduces_the_export(data_dir, tmp_path):
 
     _train(data_dir, tmp_path)
     ckpt = tmp_path / "checkpoints" / "last.ckpt"
-    out = subprocess.run([sys.executable, "-m", "eagle3.export", f"ckpt={ckpt}", f"out={tmp_path / 'cli_export'}"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "eagle3.export", f"ckpt={ckpt}", f"out={tmp_path / 'cli_export'}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == str(tmp_path / "cli_export")
     from_cli = load_file(str(tmp_path / "cli_export" / "model.safetensors"))
@@ -179,12 +184,14 @@ def test_wandb_offline_run_records_metrics(data_dir, tmp_path):
 def test_flex_attention_is_refused_where_it_cannot_train(data_dir, tmp_path):
     """train.attention=flex needs CUDA (no FlexAttention backward on CPU) and 128-token tiles:
     both are clear errors before any step, naming the field."""
-    with pytest.raises(ValueError, match="train.max_tokens_per_batch: expected a multiple of 128 with "
-                                         "train.attention=flex, got 500"):
+    with pytest.raises(
+        ValueError, match="train.max_tokens_per_batch: expected a multiple of 128 with train.attention=flex, got 500"
+    ):
         _train(data_dir, tmp_path / "a", ["train.attention=flex", "train.max_tokens_per_batch=500"])
     if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="train.attention=flex: expected a CUDA accelerator, got "
-                                             "topology.accelerator=cpu"):
+        with pytest.raises(
+            ValueError, match="train.attention=flex: expected a CUDA accelerator, got topology.accelerator=cpu"
+        ):
             _train(data_dir, tmp_path / "b", ["train.attention=flex"])
 
 
@@ -255,8 +262,9 @@ def test_evaluate_replays_the_val_prompts_it_served(data_dir, tmp_path):
     verifier = json.loads((export / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"]
     ds = HiddenStateDataset(summary["dataset_dir"])
     ids = [ds.sample_id(i) for i in ds.val_indices()[:3]]
-    fig, note = replay_for_prompts(export, verifier, summary["dataset_dir"], ids, num_draft_tokens=2,
-                                   max_answer_tokens=16)
+    fig, note = replay_for_prompts(
+        export, verifier, summary["dataset_dir"], ids, num_draft_tokens=2, max_answer_tokens=16
+    )
     assert note is None and fig["samples"] == 3 and 1.0 <= fig["replay_accept_len"] <= 3.0
     # at most one round per 1 + accepted tokens of the first 16 answer tokens, per sample
     assert 0 < fig["replay_rounds"] <= 3 * 16
@@ -266,8 +274,9 @@ def test_evaluate_replays_the_val_prompts_it_served(data_dir, tmp_path):
     fig, note = replay_for_prompts(export, verifier, manifest_only, ids, num_draft_tokens=2, max_answer_tokens=16)
     assert fig is None and "no shards here" in note
     with pytest.raises(ValueError, match="1 of 1 sample ids not in the dataset"):
-        replay_for_prompts(export, verifier, summary["dataset_dir"], ["no-such-id"], num_draft_tokens=2,
-                           max_answer_tokens=16)
+        replay_for_prompts(
+            export, verifier, summary["dataset_dir"], ["no-such-id"], num_draft_tokens=2, max_answer_tokens=16
+        )
 
 
 def test_rows_train_and_a_row_shorter_than_a_sample_is_refused(data_dir, tmp_path):
@@ -318,8 +327,11 @@ def test_the_export_names_the_verifier_as_the_serving_machine_knows_it(data_dir,
     assert read_export(export).verifier == str(Path(summary["verifier_dir"]).resolve())
     out = capsys.readouterr().out.strip().splitlines()
     assert out[-1] == str(export)
-    assert any(line.startswith("serve it: vllm serve my-org/tiny-llama --speculative-config ") and
-               f'"model": "{export}"' in line for line in out)
+    assert any(
+        line.startswith("serve it: vllm serve my-org/tiny-llama --speculative-config ")
+        and f'"model": "{export}"' in line
+        for line in out
+    )
     # the embedded default is named by its hub id; a tiny random preset, which no hub has, by its directory
     assert verifier_name(compose("train", []), "/cache/x") == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert verifier_name(compose("train", TINY), "/cache/tiny") == "/cache/tiny"
@@ -335,16 +347,27 @@ def test_trainer_arguments_reach_lightning_and_early_stopping_ends_the_run(data_
     tokens = [json.loads((tmp_path / r / "summary.json").read_text())["final"]["val/tokens"] for r in ("full", "one")]
     assert 0 < tokens[1] < tokens[0], tokens
     # an improvement of 100 in the replay is impossible: stops after patience + 1 validations
-    _train(data_dir, tmp_path / "es", ["train.max_steps=30", "train.val_check_interval=3",
-                                       "callbacks.early_stopping.patience=1", "callbacks.early_stopping.min_delta=100",
-                                       "callbacks.model_checkpoint.save_top_k=2",
-                                       "+callbacks.extra.timer._target_=lightning.pytorch.callbacks.Timer",
-                                       "+callbacks.extra.timer.interval=step"])
+    _train(
+        data_dir,
+        tmp_path / "es",
+        [
+            "train.max_steps=30",
+            "train.val_check_interval=3",
+            "callbacks.early_stopping.patience=1",
+            "callbacks.early_stopping.min_delta=100",
+            "callbacks.model_checkpoint.save_top_k=2",
+            "+callbacks.extra.timer._target_=lightning.pytorch.callbacks.Timer",
+            "+callbacks.extra.timer.interval=step",
+        ],
+    )
     summary = json.loads((tmp_path / "es" / "summary.json").read_text())
     assert summary["global_step"] == 6 and Path(summary["export_dir"], "model.safetensors").is_file()
     assert len(list((tmp_path / "es" / "checkpoints").glob("best-step*.ckpt"))) == 2  # top 2 of the 3 validations
-    with pytest.raises(ValueError, match=r"callbacks.model_checkpoint.save_top_k: expected >= 1 \(the exported head "
-                                         r"is the best checkpoint by val/replay_accept_len\), got 0"):
+    with pytest.raises(
+        ValueError,
+        match=r"callbacks.model_checkpoint.save_top_k: expected >= 1 \(the exported head "
+        r"is the best checkpoint by val/replay_accept_len\), got 0",
+    ):
         _train(data_dir, tmp_path / "k0", ["callbacks.model_checkpoint.save_top_k=0"])
     with pytest.raises(ValueError, match="callbacks.extra.bad: expected a Lightning Callback, got Counter"):
         _train(data_dir, tmp_path / "x", ["+callbacks.extra.bad._target_=collections.Counter"])

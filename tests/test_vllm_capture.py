@@ -47,16 +47,24 @@ _LONG_ANSWER = (
 )
 CHATS = [
     [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4."}],
-    [{"role": "system", "content": "You are a concise assistant."},
-     {"role": "user", "content": "Name three primary colours."},
-     {"role": "assistant", "content": "Red, yellow and blue."}],
-    [{"role": "user", "content": "Explain photosynthesis in detail."},
-     {"role": "assistant", "content": _LONG_ANSWER},
-     {"role": "user", "content": "And what limits its rate?"},
-     {"role": "assistant", "content": "Light intensity, carbon dioxide concentration and temperature. " * 3}],
-    [{"role": "user", "content": "Write a haiku about the sea."},
-     {"role": "assistant",
-      "content": "Grey waves fold and break,\nsalt wind carries gull voices,\nthe tide keeps its time."}],
+    [
+        {"role": "system", "content": "You are a concise assistant."},
+        {"role": "user", "content": "Name three primary colours."},
+        {"role": "assistant", "content": "Red, yellow and blue."},
+    ],
+    [
+        {"role": "user", "content": "Explain photosynthesis in detail."},
+        {"role": "assistant", "content": _LONG_ANSWER},
+        {"role": "user", "content": "And what limits its rate?"},
+        {"role": "assistant", "content": "Light intensity, carbon dioxide concentration and temperature. " * 3},
+    ],
+    [
+        {"role": "user", "content": "Write a haiku about the sea."},
+        {
+            "role": "assistant",
+            "content": "Grey waves fold and break,\nsalt wind carries gull voices,\nthe tide keeps its time.",
+        },
+    ],
 ]
 
 
@@ -71,7 +79,7 @@ def chat_samples(model_dir) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
         ids = ids if isinstance(ids[0], int) else ids[0]
         prompt = tok.apply_chat_template(chat[:-1], tokenize=True, add_generation_prompt=True, return_dict=False)
         mask = torch.zeros(len(ids), dtype=torch.bool)
-        mask[len(prompt):] = True
+        mask[len(prompt) :] = True
         out.append((f"chat-{i}", torch.tensor(ids, dtype=torch.int64), mask))
     return out
 
@@ -93,8 +101,15 @@ def vllm_backend(model_dir, samples):
 
     # enforce_eager skips vLLM's torch.compile warm-up (1-2 min on this shared CPU); the
     # states are the model's own outputs either way (parity measured identical compiled)
-    backend = VLLMCaptureBackend(model_dir, IDS, max_model_len=2048, max_num_seqs=8, cpu_kvcache_space_gb=2,
-                                 max_num_batched_tokens=STEP_TOKENS, enforce_eager=True)
+    backend = VLLMCaptureBackend(
+        model_dir,
+        IDS,
+        max_model_len=2048,
+        max_num_seqs=8,
+        cpu_kvcache_space_gb=2,
+        max_num_batched_tokens=STEP_TOKENS,
+        enforce_eager=True,
+    )
     yield backend
     backend.close()
 
@@ -121,15 +136,33 @@ def test_tensor_parallel_2_matches_hf(samples):
     from eagle3.target.capture_vllm import VLLMCaptureBackend
     from eagle3.target.resolve import materialize_tiny
 
-    tiny = dict(name="tiny_llama_h64", source="tiny", architecture="LlamaForCausalLM", num_layers=4, hidden_size=256,
-                vocab_size=49152, num_attention_heads=4, num_key_value_heads=2, intermediate_size=512,
-                dtype="bfloat16", tokenizer_from="smollm2_135m",
-                extra_config={"tie_word_embeddings": True, "max_position_embeddings": 4096})
+    tiny = dict(
+        name="tiny_llama_h64",
+        source="tiny",
+        architecture="LlamaForCausalLM",
+        num_layers=4,
+        hidden_size=256,
+        vocab_size=49152,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=512,
+        dtype="bfloat16",
+        tokenizer_from="smollm2_135m",
+        extra_config={"tie_word_embeddings": True, "max_position_embeddings": 4096},
+    )
     model_dir = str(materialize_tiny(tiny, CACHE))
     ids = (1, 2, 3, 4)
     short = samples[:2] + [(samples[2][0], samples[2][1][:150], samples[2][2][:150])]
-    with VLLMCaptureBackend(model_dir, ids, tensor_parallel_size=2, max_model_len=1024, max_num_seqs=4,
-                            cpu_kvcache_space_gb=1, max_num_batched_tokens=STEP_TOKENS, enforce_eager=True) as tp2:
+    with VLLMCaptureBackend(
+        model_dir,
+        ids,
+        tensor_parallel_size=2,
+        max_model_len=1024,
+        max_num_seqs=4,
+        cpu_kvcache_space_gb=1,
+        max_num_batched_tokens=STEP_TOKENS,
+        enforce_eager=True,
+    ) as tp2:
         got = list(tp2.capture(short))
         assert not os.listdir(tp2._spill)  # every file read back and removed, no temp leftovers
     hf = HFCaptureBackend(model_dir, ids, batch_size=1)
@@ -163,8 +196,10 @@ def test_vllm_records_match_hf_backend(vllm_backend, model_dir, samples):
     fp32.close()
 
     worst: dict[int, tuple[float, float, float]] = {k: (0.0, 0.0, 0.0) for k in IDS}
-    print(f"{'sample':8} {'T':>4} {'id':>3} {'max|d|':>8} {'max|ref|':>9} {'rel(vllm,hf)':>13} "
-          f"{'rel(vllm,fp32)':>15} {'rel(hf,fp32)':>13} {'rel(vllm,next layer)':>21}")
+    print(
+        f"{'sample':8} {'T':>4} {'id':>3} {'max|d|':>8} {'max|ref|':>9} {'rel(vllm,hf)':>13} "
+        f"{'rel(vllm,fp32)':>15} {'rel(hf,fp32)':>13} {'rel(vllm,next layer)':>21}"
+    )
     for (sid, v), h, x, (_, ids, mask) in zip(got, ref, exact, samples):
         assert torch.equal(v.token_ids, ids) and torch.equal(v.token_ids, h.token_ids)
         assert torch.equal(v.loss_mask, mask)
@@ -180,18 +215,23 @@ def test_vllm_records_match_hf_backend(vllm_backend, model_dir, samples):
             # id 30's neighbours: the state entering layer 29, and HF's after-norm last entry
             wrong = [hs[k - 1][0], hs[k + 1][0]] if k < 30 else [hs[29][0], hs[30][0]]
             r_wrong = min(rel_err(v.hidden[:, j], w) for w in wrong)
-            print(f"{sid:8} {len(ids):4d} {k:3d} {d:8.3g} {h.hidden[:, j].float().abs().max().item():9.4g} "
-                  f"{r_hf:13.4f} {r_v32:15.4f} {r_h32:13.4f} {r_wrong:21.4f}")
+            print(
+                f"{sid:8} {len(ids):4d} {k:3d} {d:8.3g} {h.hidden[:, j].float().abs().max().item():9.4g} "
+                f"{r_hf:13.4f} {r_v32:15.4f} {r_h32:13.4f} {r_wrong:21.4f}"
+            )
             worst[k] = tuple(max(a, b) for a, b in zip(worst[k], (d, r_hf, r_v32)))
             assert r_hf <= TOK_REL_TOL, f"{sid} layer id {k}: rel error vs HF {r_hf:.4f} > {TOK_REL_TOL}"
             scale = h.hidden[:, j].float().abs().max().item()
             assert d <= MAX_ABS_FRAC * scale, f"{sid} layer id {k}: max abs diff {d} > {MAX_ABS_FRAC} x {scale}"
             assert r_v32 <= r_h32 + FP32_MARGIN, (
-                f"{sid} layer id {k}: vLLM is {r_v32:.4f} from fp32, HF bf16 only {r_h32:.4f}")
+                f"{sid} layer id {k}: vLLM is {r_v32:.4f} from fp32, HF bf16 only {r_h32:.4f}"
+            )
             assert r_wrong >= WRONG_LAYER_MIN, f"{sid} layer id {k}: a wrong layer is only {r_wrong:.4f} away"
     hf.close()
-    print("worst per id (max abs diff, rel vs HF bf16, rel vs fp32):",
-          {k: tuple(round(x, 4) for x in w) for k, w in worst.items()})
+    print(
+        "worst per id (max abs diff, rel vs HF bf16, rel vs fp32):",
+        {k: tuple(round(x, 4) for x in w) for k, w in worst.items()},
+    )
 
 
 @pytest.mark.slow
@@ -216,7 +256,7 @@ def test_many_calls_keep_input_order(vllm_backend, samples):
     finally:
         vllm_backend.prompts_per_call = 32
     assert [sid for sid, _ in got] == [m[0] for m in many]
-    for (_, ids, mask), (_, rec) in zip(many, got):
+    for (_, ids, _mask), (_, rec) in zip(many, got):
         assert torch.equal(rec.token_ids, ids) and rec.hidden.shape[0] == len(ids)
 
 
@@ -234,18 +274,25 @@ def test_missing_tokens_and_wrong_layers_raise_the_adapter_error(vllm_backend, s
     T = len(ids)
     spec = CaptureSpec(IDS, 576, torch.bfloat16, T)
     path = str(tmp_path / "cut.safetensors")
-    save_file({vi.HIDDEN_KEY: rec.hidden[16:].contiguous(), vi.TOKENS_KEY: ids,
-               vi.FIRST_POSITION_KEY: torch.tensor([16])}, path)
-    with pytest.raises(CaptureError, match=rf"sample '{sid}': hidden: expected .*{T}.* got tensor\[{T - 16}, 4, 576\]"
-                                           r".*first 16 came from a cache"):
+    save_file(
+        {vi.HIDDEN_KEY: rec.hidden[16:].contiguous(), vi.TOKENS_KEY: ids, vi.FIRST_POSITION_KEY: torch.tensor([16])},
+        path,
+    )
+    with pytest.raises(
+        CaptureError,
+        match=rf"sample '{sid}': hidden: expected .*{T}.* got tensor\[{T - 16}, 4, 576\]"
+        r".*first 16 came from a cache",
+    ):
         read_capture_file(path, spec=spec, input_ids=ids, loss_mask=mask, sample_id=sid)
     # the full file reads back; a spec naming other layers does not
     save_file({vi.HIDDEN_KEY: rec.hidden, vi.TOKENS_KEY: ids, vi.FIRST_POSITION_KEY: torch.tensor([0])}, path)
-    assert torch.equal(read_capture_file(path, spec=spec, input_ids=ids, loss_mask=mask, sample_id=sid).hidden,
-                       rec.hidden)
+    assert torch.equal(
+        read_capture_file(path, spec=spec, input_ids=ids, loss_mask=mask, sample_id=sid).hidden, rec.hidden
+    )
     with pytest.raises(CaptureError, match=r"expected \[T, L, H\] = \[33, 3, 576\].*4 layers captured, 3 requested"):
-        read_capture_file(path, spec=CaptureSpec((2, 15, 30), 576, torch.bfloat16, T), input_ids=ids,
-                          loss_mask=mask, sample_id=sid)
+        read_capture_file(
+            path, spec=CaptureSpec((2, 15, 30), 576, torch.bfloat16, T), input_ids=ids, loss_mask=mask, sample_id=sid
+        )
     other = ids.clone()
     other[5] += 1
     with pytest.raises(CaptureError, match="returned_token_ids"):
@@ -273,8 +320,11 @@ def test_vllm_versions_below_the_supported_range_are_refused_newer_ones_warned(m
 
     monkeypatch.delenv(vv.ALLOW_OLD_ENV, raising=False)
     assert vv.check_vllm_version("0.32.0+cpu", "capture=vllm") == "0.32.0+cpu"
-    with pytest.raises(vv.VLLMVersionError, match=r"vLLM 0.31.2 is not supported: eagle3 runs with vLLM >= 0.32.0 "
-                                                    r"\(tested: 0.32.0\)"):
+    with pytest.raises(
+        vv.VLLMVersionError,
+        match=r"vLLM 0.31.2 is not supported: eagle3 runs with vLLM >= 0.32.0 "
+        r"\(tested: 0.32.0\)",
+    ):
         vv.check_vllm_version("0.31.2", "capture=vllm")
     with pytest.raises(vv.VLLMVersionError, match="0.10.1"):
         vv.check_vllm_version("0.10.1+cu128", "evaluate")  # 0.10 < 0.32 numerically, not as text

@@ -59,10 +59,14 @@ def validate_run_config(cfg: Any) -> None:
         raise ConfigError(str(e)) from None
     metric = str(cfg.optimized_metric)
     if not metric.startswith("val/"):
-        raise ConfigError(f"optimized_metric: expected a validation metric (val/replay_accept_len, "
-                          f"val/sim_accept_len, val/loss, ...), got {metric!r}")
+        raise ConfigError(
+            f"optimized_metric: expected a validation metric (val/replay_accept_len, "
+            f"val/sim_accept_len, val/loss, ...), got {metric!r}"
+        )
     if metric.startswith("val/replay") and int(cfg.eval.num_draft_tokens) < 1:
-        raise ConfigError(f"optimized_metric={metric}: the replay needs eval.num_draft_tokens >= 1 (its K), "
-                          f"got {cfg.eval.num_draft_tokens}")
+        raise ConfigError(
+            f"optimized_metric={metric}: the replay needs eval.num_draft_tokens >= 1 (its K), "
+            f"got {cfg.eval.num_draft_tokens}"
+        )
     if not 0 <= int(cfg.shard_index) < int(cfg.num_shards):
         raise ConfigError(f"shard_index: expected 0..num_shards-1={int(cfg.num_shards) - 1}, got {cfg.shard_index}")

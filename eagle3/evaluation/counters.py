@@ -71,8 +71,12 @@ class SpecDecodeCounters:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SpecDecodeCounters":
-        return cls(int(d["drafts"]), int(d["draft_tokens"]), int(d["accepted_tokens"]),
-                   [int(v) for v in d["accepted_per_position"]])
+        return cls(
+            int(d["drafts"]),
+            int(d["draft_tokens"]),
+            int(d["accepted_tokens"]),
+            [int(v) for v in d["accepted_per_position"]],
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,13 +91,16 @@ class SpecDecodeCounters:
             [a - b for a, b in zip(pad(list(self.accepted_per_position)), pad(list(before.accepted_per_position)))],
         )
         if min([diff.drafts, diff.draft_tokens, diff.accepted_tokens, *diff.accepted_per_position]) < 0:
-            raise CounterError(f"spec-decode counters went down between snapshots (before={before}, after={self}): "
-                               "the snapshots are not from one engine")
+            raise CounterError(
+                f"spec-decode counters went down between snapshots (before={before}, after={self}): "
+                "the snapshots are not from one engine"
+            )
         return diff
 
     def __add__(self, other: "SpecDecodeCounters") -> "SpecDecodeCounters":
         return SpecDecodeCounters(
-            self.drafts + other.drafts, self.draft_tokens + other.draft_tokens,
+            self.drafts + other.drafts,
+            self.draft_tokens + other.draft_tokens,
             self.accepted_tokens + other.accepted_tokens,
             _add_vectors(list(self.accepted_per_position), list(other.accepted_per_position)),
         )
@@ -117,7 +124,9 @@ class SpecDecodeCounters:
         """vLLM's own invariants; a violation means the counters were misread."""
         problems = []
         if sum(self.accepted_per_position) != self.accepted_tokens:
-            problems.append(f"sum of accepted_per_position {sum(self.accepted_per_position)} != accepted_tokens {self.accepted_tokens}")
+            problems.append(
+                f"sum of accepted_per_position {sum(self.accepted_per_position)} != accepted_tokens {self.accepted_tokens}"
+            )
         if self.accepted_tokens > self.draft_tokens:
             problems.append(f"accepted_tokens {self.accepted_tokens} > draft_tokens {self.draft_tokens}")
         if self.draft_tokens > self.drafts * num_draft_tokens:

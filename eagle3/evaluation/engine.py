@@ -26,7 +26,6 @@ from eagle3.atomic import write_text
 from eagle3.target.vllm_versions import check_vllm_version
 
 
-
 @dataclass
 class PromptBatch:
     name: str  # prompt source: "val" | "humaneval"
@@ -103,9 +102,15 @@ def run_engine(req: EngineRequest) -> EngineResult:
     on_cpu = bool(current_platform.is_cpu())
     eager = req.enforce_eager if req.enforce_eager is not None else on_cpu
     kwargs: dict[str, Any] = dict(
-        model=req.model, tokenizer=req.model, dtype=req.dtype, seed=req.seed,
-        tensor_parallel_size=req.tensor_parallel_size, gpu_memory_utilization=req.gpu_memory_utilization,
-        max_model_len=req.max_model_len, max_num_seqs=req.max_num_seqs, enforce_eager=eager,
+        model=req.model,
+        tokenizer=req.model,
+        dtype=req.dtype,
+        seed=req.seed,
+        tensor_parallel_size=req.tensor_parallel_size,
+        gpu_memory_utilization=req.gpu_memory_utilization,
+        max_model_len=req.max_model_len,
+        max_num_seqs=req.max_num_seqs,
+        enforce_eager=eager,
         trust_remote_code=req.trust_remote_code,
         # timing must count every prompt token, and the two engines must do the same work
         enable_prefix_caching=False,
@@ -113,7 +118,9 @@ def run_engine(req: EngineRequest) -> EngineResult:
     )
     if req.head is not None:
         kwargs["speculative_config"] = {
-            "model": req.head, "method": "eagle3", "num_speculative_tokens": req.num_draft_tokens,
+            "model": req.head,
+            "method": "eagle3",
+            "num_speculative_tokens": req.num_draft_tokens,
         }
         kwargs["per_request_spec_decode_metrics"] = "summary"
     t0 = time.perf_counter()
@@ -122,27 +129,31 @@ def run_engine(req: EngineRequest) -> EngineResult:
 
     greedy = SamplingParams(temperature=0.0, max_tokens=req.max_new_tokens)
 
-    def snapshot() -> SpecDecodeCounters | None:
+    def snapshot(engine) -> SpecDecodeCounters | None:
         if req.head is None:
             return None
-        return SpecDecodeCounters.from_metrics(llm.get_metrics(), req.num_draft_tokens)
+        return SpecDecodeCounters.from_metrics(engine.get_metrics(), req.num_draft_tokens)
 
     first = next((b.prompts[0] for b in req.batches if b.prompts), None)
     t0 = time.perf_counter()
     if first is not None:  # first-call costs (allocation, kernel selection) stay out of the timing
-        llm.generate([TokensPrompt(prompt_token_ids=first)], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
+        llm.generate(
+            [TokensPrompt(prompt_token_ids=first)], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False
+        )
     warmup_seconds = time.perf_counter() - t0
 
-    result = EngineResult(vllm.__version__, str(current_platform.device_type), bool(eager), load_seconds, warmup_seconds)
+    result = EngineResult(
+        vllm.__version__, str(current_platform.device_type), bool(eager), load_seconds, warmup_seconds
+    )
     for batch in req.batches:
         if not batch.prompts:
             result.batches.append(BatchResult(batch.name, [], 0.0))
             continue
-        before = snapshot()
+        before = snapshot(llm)
         t0 = time.perf_counter()
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch.prompts], greedy, use_tqdm=False)
         seconds = time.perf_counter() - t0
-        after = snapshot()
+        after = snapshot(llm)
         outputs = [list(o.outputs[0].token_ids) for o in outs]
         counters = histograms = None
         if req.head is not None:

@@ -38,8 +38,10 @@ def _resolve_verifier(given: str, export_dir: Path, config_file: Path) -> str:
     path = Path(given).expanduser()
     if path.is_absolute():
         if not path.is_dir():
-            raise ExportError(f"{config_file}: speculators_config.verifier.name_or_path={given!r} does not exist; "
-                              "pass verifier=<target dir>")
+            raise ExportError(
+                f"{config_file}: speculators_config.verifier.name_or_path={given!r} does not exist; "
+                "pass verifier=<target dir>"
+            )
         return str(path)
     found = _find_relative(path, export_dir, "config.json")
     if found is not None:
@@ -75,9 +77,13 @@ def read_export(export_dir: str | Path, verifier: str | None = None) -> ExportIn
     recorded = summary.get("dataset_dir")
     if recorded:
         path = Path(recorded).expanduser()
-        dataset_dir = path if path.is_absolute() and path.is_dir() else _find_relative(path, export_dir, "manifest.json")
+        dataset_dir = (
+            path if path.is_absolute() and path.is_dir() else _find_relative(path, export_dir, "manifest.json")
+        )
     return ExportInfo(
-        export_dir=export_dir.resolve(), verifier=str(verifier),
+        export_dir=export_dir.resolve(),
+        verifier=str(verifier),
         aux_layer_ids=[int(i) for i in cfg.get("eagle_aux_hidden_state_layer_ids") or []],
-        draft_vocab_size=int(cfg.get("draft_vocab_size") or 0), dataset_dir=dataset_dir,
+        draft_vocab_size=int(cfg.get("draft_vocab_size") or 0),
+        dataset_dir=dataset_dir,
     )

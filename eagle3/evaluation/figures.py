@@ -76,9 +76,13 @@ def figures_of(with_head: list[BatchResult], without_head: list[BatchResult] | N
         mean_acceptance_length=counters.mean_acceptance_length,
         acceptance_rate=counters.acceptance_rate,
         per_position_acceptance_rate=counters.per_position_acceptance_rate,
-        drafts=counters.drafts, draft_tokens=counters.draft_tokens, accepted_tokens=counters.accepted_tokens,
+        drafts=counters.drafts,
+        draft_tokens=counters.draft_tokens,
+        accepted_tokens=counters.accepted_tokens,
         accepted_per_position=list(counters.accepted_per_position),
-        generated_tokens_with_head=gen, seconds_with_head=secs, tokens_per_s_with_head=_rate(gen, secs),
+        generated_tokens_with_head=gen,
+        seconds_with_head=secs,
+        tokens_per_s_with_head=_rate(gen, secs),
     )
     if without_head is not None:
         base_gen = sum(b.generated_tokens for b in without_head)
@@ -86,7 +90,9 @@ def figures_of(with_head: list[BatchResult], without_head: list[BatchResult] | N
         fig.generated_tokens_without_head = base_gen
         fig.seconds_without_head = base_secs
         fig.tokens_per_s_without_head = _rate(base_gen, base_secs)
-        fig.speedup = fig.tokens_per_s_with_head / fig.tokens_per_s_without_head if fig.tokens_per_s_without_head else math.nan
+        fig.speedup = (
+            fig.tokens_per_s_with_head / fig.tokens_per_s_without_head if fig.tokens_per_s_without_head else math.nan
+        )
         pairs = [(x, y) for a, b in zip(with_head, without_head) for x, y in zip(a.outputs, b.outputs)]
         fig.greedy_matches = sum(x == y for x, y in pairs)
         fig.greedy_match_rate = fig.greedy_matches / len(pairs) if pairs else math.nan
@@ -117,9 +123,15 @@ def prompt_outcomes(
         hist = with_head.histograms[i] if with_head.histograms else []
         base = without_head.outputs[i] if without_head is not None else None
         diff = first_difference(output, base) if base is not None else None
-        out.append(PromptOutcome(
-            source=with_head.name, id=ids[i], prompt_tokens=prompt_lengths[i], output_tokens=len(output),
-            acceptance_length=acceptance_length_of_histogram(hist) if hist else math.nan,
-            greedy_match=(output == base) if base is not None else None, first_difference=diff,
-        ))
+        out.append(
+            PromptOutcome(
+                source=with_head.name,
+                id=ids[i],
+                prompt_tokens=prompt_lengths[i],
+                output_tokens=len(output),
+                acceptance_length=acceptance_length_of_histogram(hist) if hist else math.nan,
+                greedy_match=(output == base) if base is not None else None,
+                first_difference=diff,
+            )
+        )
     return out

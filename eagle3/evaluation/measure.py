@@ -42,14 +42,25 @@ def measure(
     batches = [PromptBatch(s, [p.token_ids for p in prompts.by_source(s)]) for s in sources]
     longest = max(len(p.token_ids) for p in prompts.prompts)
     common: dict[str, Any] = dict(
-        model=info.verifier, num_draft_tokens=num_draft_tokens, max_new_tokens=max_new_tokens,
-        max_model_len=longest + max_new_tokens + num_draft_tokens + _SPEC_SLACK, batches=batches,
-        enforce_eager=engine.enforce_eager, tensor_parallel_size=int(engine.tensor_parallel_size),
-        gpu_memory_utilization=float(engine.gpu_memory_utilization), max_num_seqs=int(engine.max_num_seqs),
-        dtype=str(engine.dtype), seed=int(engine.seed), trust_remote_code=bool(engine.trust_remote_code),
+        model=info.verifier,
+        num_draft_tokens=num_draft_tokens,
+        max_new_tokens=max_new_tokens,
+        max_model_len=longest + max_new_tokens + num_draft_tokens + _SPEC_SLACK,
+        batches=batches,
+        enforce_eager=engine.enforce_eager,
+        tensor_parallel_size=int(engine.tensor_parallel_size),
+        gpu_memory_utilization=float(engine.gpu_memory_utilization),
+        max_num_seqs=int(engine.max_num_seqs),
+        dtype=str(engine.dtype),
+        seed=int(engine.seed),
+        trust_remote_code=bool(engine.trust_remote_code),
     )
-    run = dict(work_dir=work_dir, timeout_s=int(engine.timeout_s), cpu_kvcache_space_gb=int(engine.cpu_kvcache_space_gb))
-    with_head, wall_head = run_engine_process(EngineRequest(head=str(info.export_dir), **common), label="with-head", **run)
+    run = dict(
+        work_dir=work_dir, timeout_s=int(engine.timeout_s), cpu_kvcache_space_gb=int(engine.cpu_kvcache_space_gb)
+    )
+    with_head, wall_head = run_engine_process(
+        EngineRequest(head=str(info.export_dir), **common), label="with-head", **run
+    )
     without_head = wall_base = None
     if baseline:
         without_head, wall_base = run_engine_process(EngineRequest(head=None, **common), label="without-head", **run)
@@ -64,14 +75,22 @@ def measure(
         base = base_batch(batch.name)
         by_source[batch.name] = figures_of([batch], [base] if base is not None else None, num_draft_tokens)
         source_prompts = prompts.by_source(batch.name)
-        per_prompt += prompt_outcomes(batch, base, [p.id for p in source_prompts], [len(p.token_ids) for p in source_prompts])
+        per_prompt += prompt_outcomes(
+            batch, base, [p.id for p in source_prompts], [len(p.token_ids) for p in source_prompts]
+        )
         problems += consistency_problems(batch, num_draft_tokens)
-    overall = figures_of(with_head.batches, without_head.batches if without_head is not None else None, num_draft_tokens)
+    overall = figures_of(
+        with_head.batches, without_head.batches if without_head is not None else None, num_draft_tokens
+    )
     engine_facts: dict[str, Any] = {
-        "vllm_version": with_head.vllm_version, "platform": with_head.platform,
-        "enforce_eager": with_head.enforce_eager, "max_model_len": common["max_model_len"],
-        "max_num_seqs": common["max_num_seqs"], "tensor_parallel_size": common["tensor_parallel_size"],
-        "load_seconds_with_head": with_head.load_seconds, "process_seconds_with_head": wall_head,
+        "vllm_version": with_head.vllm_version,
+        "platform": with_head.platform,
+        "enforce_eager": with_head.enforce_eager,
+        "max_model_len": common["max_model_len"],
+        "max_num_seqs": common["max_num_seqs"],
+        "tensor_parallel_size": common["tensor_parallel_size"],
+        "load_seconds_with_head": with_head.load_seconds,
+        "process_seconds_with_head": wall_head,
         "logs": str(work_dir),
     }
     if without_head is not None:
@@ -79,14 +98,25 @@ def measure(
     verdicts, notes = _explain_mismatches(info, prompts, with_head, without_head, bool(engine.trust_remote_code))
     problems += [f"greedy mismatch: {v['description']}" for v in verdicts if not v["near_tie"]]
     report = AcceptanceReport(
-        export_dir=str(info.export_dir), verifier=info.verifier, num_draft_tokens=num_draft_tokens,
-        max_new_tokens=max_new_tokens, overall=overall, by_source=by_source, prompt_counts=prompts.counts(),
-        dataset_dir=None, prompt_notes=list(prompts.notes), skipped_too_long=dict(prompts.skipped_too_long),
-        per_prompt=per_prompt, engine=engine_facts, consistency_problems=problems, mismatch_verdicts=verdicts,
+        export_dir=str(info.export_dir),
+        verifier=info.verifier,
+        num_draft_tokens=num_draft_tokens,
+        max_new_tokens=max_new_tokens,
+        overall=overall,
+        by_source=by_source,
+        prompt_counts=prompts.counts(),
+        dataset_dir=None,
+        prompt_notes=list(prompts.notes),
+        skipped_too_long=dict(prompts.skipped_too_long),
+        per_prompt=per_prompt,
+        engine=engine_facts,
+        consistency_problems=problems,
+        mismatch_verdicts=verdicts,
     )
     report.prompt_notes += notes
-    report.served = {b.name: list(zip((p.token_ids for p in prompts.by_source(b.name)), b.outputs))
-                     for b in with_head.batches}
+    report.served = {
+        b.name: list(zip((p.token_ids for p in prompts.by_source(b.name)), b.outputs)) for b in with_head.batches
+    }
     return report
 
 
@@ -103,7 +133,9 @@ def _explain_mismatches(info: ExportInfo, prompts: PromptSet, with_head, without
         return [], []
     size = weights_bytes(info.verifier)
     if size > MAX_REFERENCE_BYTES:
-        return [], [f"{len(cases)} greedy mismatches not explained: the verifier ({size / 2**30:.1f} GiB) is "
-                    f"too large for the fp32 reference forward"]
+        return [], [
+            f"{len(cases)} greedy mismatches not explained: the verifier ({size / 2**30:.1f} GiB) is "
+            f"too large for the fp32 reference forward"
+        ]
     verdicts = explain(info.verifier, cases, trust_remote_code=trust_remote_code)
     return [dict(v.__dict__, description=v.describe()) for v in verdicts], []

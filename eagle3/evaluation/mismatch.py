@@ -42,11 +42,18 @@ class MismatchVerdict:
     near_tie: bool
 
     def describe(self) -> str:
-        pick = ("with-head's" if self.reference_token == self.with_head_token else
-                "without-head's" if self.reference_token == self.without_head_token else "neither engine's")
+        pick = (
+            "with-head's"
+            if self.reference_token == self.with_head_token
+            else "without-head's"
+            if self.reference_token == self.without_head_token
+            else "neither engine's"
+        )
         kind = "near tie (numerics)" if self.near_tie else "NOT a near tie"
-        return (f"{self.id} at output token {self.position}: fp32 logits of the two tokens differ by "
-                f"{self.logit_gap_fp32:+.3f}, {kind}; fp32 argmax is {pick} token")
+        return (
+            f"{self.id} at output token {self.position}: fp32 logits of the two tokens differ by "
+            f"{self.logit_gap_fp32:+.3f}, {kind}; fp32 argmax is {pick} token"
+        )
 
 
 def weights_bytes(model_dir: str | Path) -> int:
@@ -54,8 +61,9 @@ def weights_bytes(model_dir: str | Path) -> int:
     return sum(p.stat().st_size for p in d.glob("*.safetensors")) + sum(p.stat().st_size for p in d.glob("*.bin"))
 
 
-def explain(verifier: str | Path, cases: list[MismatchCase], device: Optional[str] = None,
-            trust_remote_code: bool = False) -> list[MismatchVerdict]:
+def explain(
+    verifier: str | Path, cases: list[MismatchCase], device: Optional[str] = None, trust_remote_code: bool = False
+) -> list[MismatchVerdict]:
     """One fp32 forward per case (prompt + shared prefix) through the verifier."""
     if not cases:
         return []
@@ -63,25 +71,35 @@ def explain(verifier: str | Path, cases: list[MismatchCase], device: Optional[st
     from transformers import AutoModelForCausalLM
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = AutoModelForCausalLM.from_pretrained(str(verifier), dtype=torch.float32,
-                                                 trust_remote_code=trust_remote_code).to(device).eval()
+    model = (
+        AutoModelForCausalLM.from_pretrained(str(verifier), dtype=torch.float32, trust_remote_code=trust_remote_code)
+        .to(device)
+        .eval()
+    )
     out = []
     with torch.inference_mode():
         for c in cases:
             ids = torch.tensor([c.prompt_ids + c.prefix_ids], device=device)
             logits = model(input_ids=ids).logits[0, -1].float()
             gap = float(logits[c.with_head_token] - logits[c.without_head_token])
-            out.append(MismatchVerdict(
-                id=c.id, position=len(c.prefix_ids), with_head_token=c.with_head_token,
-                without_head_token=c.without_head_token, logit_gap_fp32=gap,
-                reference_token=int(logits.argmax()), near_tie=abs(gap) < NEAR_TIE_LOGITS,
-            ))
+            out.append(
+                MismatchVerdict(
+                    id=c.id,
+                    position=len(c.prefix_ids),
+                    with_head_token=c.with_head_token,
+                    without_head_token=c.without_head_token,
+                    logit_gap_fp32=gap,
+                    reference_token=int(logits.argmax()),
+                    near_tie=abs(gap) < NEAR_TIE_LOGITS,
+                )
+            )
     del model
     return out
 
 
-def cases_from(prompts: list[list[int]], ids: list[str], with_head: list[list[int]],
-               without_head: list[list[int]]) -> list[MismatchCase]:
+def cases_from(
+    prompts: list[list[int]], ids: list[str], with_head: list[list[int]], without_head: list[list[int]]
+) -> list[MismatchCase]:
     """The prompts whose outputs differ, cut at the first differing token (a length-only
     difference, one output a prefix of the other, has no token pair to compare)."""
     cases = []

@@ -23,7 +23,11 @@ def save_acceptance_plot(report: AcceptanceReport, out_dir: str | Path) -> Path:
         rates = [r if r is not None and math.isfinite(r) else 0.0 for r in figs.per_position_acceptance_rate]
         xs = [p + (i - (len(sets) - 1) / 2) * width for p in range(len(rates))]
         length = figs.mean_acceptance_length
-        label = f"{name} (n={figs.prompts}, accept len {length:.2f})" if math.isfinite(length) else f"{name} (n={figs.prompts})"
+        label = (
+            f"{name} (n={figs.prompts}, accept len {length:.2f})"
+            if math.isfinite(length)
+            else f"{name} (n={figs.prompts})"
+        )
         bars = ax.bar(xs, rates, width=width, label=label)
         ax.bar_label(bars, labels=[f"{r:.2f}" for r in rates], fontsize=7, padding=1)
     ax.set_xticks(range(k), [str(p) for p in range(k)])

@@ -87,7 +87,9 @@ def humaneval_tasks(limit: int | None = None) -> list[tuple[str, str]]:
                 continue
             row = json.loads(line)
             if not isinstance(row.get("prompt"), str) or not isinstance(row.get("task_id"), str):
-                raise PromptError(f"{path} line {line_no}: expected string 'task_id' and 'prompt', got keys {sorted(row)}")
+                raise PromptError(
+                    f"{path} line {line_no}: expected string 'task_id' and 'prompt', got keys {sorted(row)}"
+                )
             tasks.append((row["task_id"], row["prompt"]))
     return tasks
 
@@ -126,7 +128,9 @@ def val_first_turns(dataset_dir: str | Path) -> Iterator[tuple[str, list[dict[st
     manifest_file = dataset_dir / "manifest.json"
     data = (manifest.fingerprint_inputs or {}).get("data")
     if not isinstance(data, dict) or "source" not in data:
-        raise PromptError(f"{manifest_file}: fingerprint_inputs.data: expected the data config (with 'source'), got {data!r}")
+        raise PromptError(
+            f"{manifest_file}: fingerprint_inputs.data: expected the data config (with 'source'), got {data!r}"
+        )
     wanted = list(manifest.val_ids)
     if not wanted:
         return
@@ -184,7 +188,9 @@ def heldout_prompts(
     usable prompts than its share leaves its share short (the mix is never silently changed):
     `notes` says why."""
     if max_prompts < 1 or humaneval_prompts < 0:
-        raise PromptError(f"eval.max_prompts must be >= 1 and eval.humaneval_prompts >= 0, got {max_prompts}, {humaneval_prompts}")
+        raise PromptError(
+            f"eval.max_prompts must be >= 1 and eval.humaneval_prompts >= 0, got {max_prompts}, {humaneval_prompts}"
+        )
     n_humaneval = min(humaneval_prompts, max_prompts)
     n_val = max_prompts - n_humaneval
     out = PromptSet(prompts=[])
@@ -210,8 +216,10 @@ def heldout_prompts(
         finally:
             turns.close()
         if taken < n_val:
-            out.notes.append(f"val: {taken} of {n_val} prompts (validation split of {dataset_dir} exhausted; "
-                             f"{out.skipped_too_long[VAL]} over {max_prompt_tokens} tokens)")
+            out.notes.append(
+                f"val: {taken} of {n_val} prompts (validation split of {dataset_dir} exhausted; "
+                f"{out.skipped_too_long[VAL]} over {max_prompt_tokens} tokens)"
+            )
     if n_humaneval:
         taken = 0
         for task_id, prompt in humaneval_tasks():

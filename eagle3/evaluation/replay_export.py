@@ -36,9 +36,18 @@ def load_exported_head(export_dir: str | Path, verifier: str | Path) -> tuple[Ea
 
 
 @torch.no_grad()
-def measure(head: Eagle3DraftHead, dataset_dir: str, *, num_draft_tokens: int, max_answer_tokens: int | None,
-            split: str = "val", sample_ids: list[str] | None = None, first_span_only: bool = False,
-            max_tokens_per_batch: int = 4096, device: str = "cpu") -> dict[str, float]:
+def measure(
+    head: Eagle3DraftHead,
+    dataset_dir: str,
+    *,
+    num_draft_tokens: int,
+    max_answer_tokens: int | None,
+    split: str = "val",
+    sample_ids: list[str] | None = None,
+    first_span_only: bool = False,
+    max_tokens_per_batch: int = 4096,
+    device: str = "cpu",
+) -> dict[str, float]:
     """Uniform and replayed acceptance of `head` on a split ("val" | "all") of the dataset,
     or on the samples named by `sample_ids`."""
     dataset = HiddenStateDataset(dataset_dir)
@@ -53,23 +62,45 @@ def measure(head: Eagle3DraftHead, dataset_dir: str, *, num_draft_tokens: int, m
     head = head.to(device)
     counts, replay = StepCounts.zeros(num_draft_tokens), torch.zeros(2 + num_draft_tokens, dtype=torch.float64)
     for batch in loader:
-        counts, replay = add_batch(head, batch, counts, replay, num_draft_tokens=num_draft_tokens,
-                                   max_answer_tokens=max_answer_tokens, first_span_only=first_span_only, device=device)
+        counts, replay = add_batch(
+            head,
+            batch,
+            counts,
+            replay,
+            num_draft_tokens=num_draft_tokens,
+            max_answer_tokens=max_answer_tokens,
+            first_span_only=first_span_only,
+            device=device,
+        )
     return figures(counts, replay, num_draft_tokens, len(idx))
 
 
-def add_batch(head: Eagle3DraftHead, batch: dict[str, torch.Tensor], counts: StepCounts, replay: torch.Tensor, *,
-              num_draft_tokens: int, max_answer_tokens: int | None, first_span_only: bool, device: str):
+def add_batch(
+    head: Eagle3DraftHead,
+    batch: dict[str, torch.Tensor],
+    counts: StepCounts,
+    replay: torch.Tensor,
+    *,
+    num_draft_tokens: int,
+    max_answer_tokens: int | None,
+    first_span_only: bool,
+    device: str,
+):
     """(counts, replay) with one collated batch added: uniform step counts and replayed rounds."""
     batch = {k: v.to(device) for k, v in batch.items()}
-    steps = head(batch["aux_hidden"], batch["input_ids"], batch["position_ids"], batch["segment_ids"],
-                 num_draft_tokens)
+    steps = head(batch["aux_hidden"], batch["input_ids"], batch["position_ids"], batch["segment_ids"], num_draft_tokens)
     target = head.target_logits(batch["final_hidden"])
     _, c = eagle3_loss(steps, target, loss_mask=batch["loss_mask"], segment_ids=batch["segment_ids"], step_decay=1.0)
     counts = counts + StepCounts.from_stacked(c.stacked().cpu())
-    replay = replay + replay_counts(steps, target, loss_mask=batch["loss_mask"], segment_ids=batch["segment_ids"],
-                                    num_draft_tokens=num_draft_tokens, max_answer_tokens=max_answer_tokens,
-                                    first_span_only=first_span_only)
+    replay = replay + replay_counts(
+        steps,
+        target,
+        loss_mask=batch["loss_mask"],
+        segment_ids=batch["segment_ids"],
+        num_draft_tokens=num_draft_tokens,
+        max_answer_tokens=max_answer_tokens,
+        first_span_only=first_span_only,
+    )
     return counts, replay
 
 
@@ -94,8 +125,15 @@ def replay_device(verifier: str, what: str) -> tuple[str | None, str | None]:
     return "cpu", None
 
 
-def replay_for_prompts(export_dir: str | Path, verifier: str, dataset_dir: str | Path | None, sample_ids: list[str],
-                       *, num_draft_tokens: int, max_answer_tokens: int) -> tuple[dict | None, str | None]:
+def replay_for_prompts(
+    export_dir: str | Path,
+    verifier: str,
+    dataset_dir: str | Path | None,
+    sample_ids: list[str],
+    *,
+    num_draft_tokens: int,
+    max_answer_tokens: int,
+) -> tuple[dict | None, str | None]:
     """evaluate's train-side figure for the val prompts vLLM just served: (figures, None), or
     (None, why it was skipped). Each sample's first answer only (the prompt is its opening
     turn); on a regenerated greedy dataset this is what vLLM's counters should reproduce."""
@@ -107,8 +145,15 @@ def replay_for_prompts(export_dir: str | Path, verifier: str, dataset_dir: str |
     if device is None:
         return None, f"{note}; run python -m eagle3.evaluation.replay_export on a GPU"
     head, _ = load_exported_head(export_dir, verifier)
-    return measure(head, str(dataset_dir), num_draft_tokens=num_draft_tokens, max_answer_tokens=max_answer_tokens,
-                   sample_ids=sample_ids, first_span_only=True, device=device), None
+    return measure(
+        head,
+        str(dataset_dir),
+        num_draft_tokens=num_draft_tokens,
+        max_answer_tokens=max_answer_tokens,
+        sample_ids=sample_ids,
+        first_span_only=True,
+        device=device,
+    ), None
 
 
 def main() -> None:
@@ -125,9 +170,15 @@ def main() -> None:
     args = ap.parse_args()
     verifier = args.verifier or read_export(args.export_dir).verifier
     head, _ = load_exported_head(args.export_dir, verifier)
-    figures = measure(head, args.dataset_dir, num_draft_tokens=args.num_draft_tokens,
-                      max_answer_tokens=args.max_answer_tokens or None, split=args.split,
-                      first_span_only=args.first_span_only, device=args.device)
+    figures = measure(
+        head,
+        args.dataset_dir,
+        num_draft_tokens=args.num_draft_tokens,
+        max_answer_tokens=args.max_answer_tokens or None,
+        split=args.split,
+        first_span_only=args.first_span_only,
+        device=args.device,
+    )
     for k, v in figures.items():
         print(f"{k:>24}: {v:.4f}")
     if args.out:

@@ -66,9 +66,14 @@ class AcceptanceReport:
             "skipped_too_long": dict(self.skipped_too_long),
             "by_source": {name: fig.to_dict() for name, fig in self.by_source.items()},
             "greedy_mismatches": [
-                {"source": p.source, "id": p.id, "first_difference": p.first_difference,
-                 **next((v for v in self.mismatch_verdicts if v["id"] == p.id), {})}
-                for p in self.per_prompt if p.greedy_match is False
+                {
+                    "source": p.source,
+                    "id": p.id,
+                    "first_difference": p.first_difference,
+                    **next((v for v in self.mismatch_verdicts if v["id"] == p.id), {}),
+                }
+                for p in self.per_prompt
+                if p.greedy_match is False
             ],
             "engine": dict(self.engine),
             "consistency_problems": list(self.consistency_problems),
@@ -114,8 +119,10 @@ def print_table(report: AcceptanceReport, console=None) -> None:
         if not console.is_terminal:  # logs and pipes: wide enough for K=7 without squeezing
             console = Console(stderr=True, width=140)
     k = report.num_draft_tokens
-    table = Table(title=f"EAGLE-3 acceptance in vLLM (K={k}, greedy, max_new_tokens={report.max_new_tokens})",
-                  caption=f"{report.export_dir}\nmeasured by {report.measured_by}")
+    table = Table(
+        title=f"EAGLE-3 acceptance in vLLM (K={k}, greedy, max_new_tokens={report.max_new_tokens})",
+        caption=f"{report.export_dir}\nmeasured by {report.measured_by}",
+    )
     table.add_column("prompts", justify="left", no_wrap=True)
     table.add_column("n", justify="right")
     table.add_column("accept len", justify="right", style="bold")
@@ -129,23 +136,31 @@ def print_table(report: AcceptanceReport, console=None) -> None:
     for name, fig in rows:
         rates = list(fig.per_position_acceptance_rate) + [math.nan] * (k - len(fig.per_position_acceptance_rate))
         table.add_row(
-            name, str(fig.prompts), _fmt(fig.mean_acceptance_length),
+            name,
+            str(fig.prompts),
+            _fmt(fig.mean_acceptance_length),
             *[_fmt(r) for r in rates[:k]],
-            _fmt(fig.tokens_per_s_with_head, 1), _fmt(fig.tokens_per_s_without_head, 1), _fmt(fig.speedup, 2),
+            _fmt(fig.tokens_per_s_with_head, 1),
+            _fmt(fig.tokens_per_s_without_head, 1),
+            _fmt(fig.speedup, 2),
             _fmt(fig.greedy_match_rate, 2),
         )
     console.print(table)
     replay, val = report.train_side_replay, report.by_source.get("val")
     if replay and val is not None:
         rates = " / ".join(f"{replay.get(f'replay_acc_pos{i}', math.nan):.3f}" for i in range(k))
-        console.print(f"train-side replay of the same {int(replay['samples'])} val prompts (the dataset's answers, "
-                      f"serving's rounds): [bold]{replay['replay_accept_len']:.3f}[/] ({rates}) vs vLLM "
-                      f"{_fmt(val.mean_acceptance_length)}; uniform estimate {replay[f'sim_accept_len_k{k}']:.3f}")
+        console.print(
+            f"train-side replay of the same {int(replay['samples'])} val prompts (the dataset's answers, "
+            f"serving's rounds): [bold]{replay['replay_accept_len']:.3f}[/] ({rates}) vs vLLM "
+            f"{_fmt(val.mean_acceptance_length)}; uniform estimate {replay[f'sim_accept_len_k{k}']:.3f}"
+        )
     for source, fig in report.served_replay.items():
         vllm = report.overall if source == "all" else report.by_source.get(source)
         if vllm is not None:
-            console.print(f"replay of vLLM's own with-head outputs ({source}, {int(fig['samples'])} prompts, same "
-                          f"tokens): [bold]{fig['replay_accept_len']:.3f}[/] vs vLLM {_fmt(vllm.mean_acceptance_length)}")
+            console.print(
+                f"replay of vLLM's own with-head outputs ({source}, {int(fig['samples'])} prompts, same "
+                f"tokens): [bold]{fig['replay_accept_len']:.3f}[/] vs vLLM {_fmt(vllm.mean_acceptance_length)}"
+            )
     for note in report.prompt_notes:
         console.print(f"[yellow]note[/]: {note}")
     for v in report.mismatch_verdicts:

@@ -15,18 +15,24 @@ from pathlib import Path
 
 import torch
 
-from eagle3.target.capture_hf import HFCaptureBackend
+from eagle3.batches import collate_packed
 from eagle3.evaluation.replay_export import add_batch, figures, load_exported_head, replay_device
 from eagle3.model.loss import StepCounts
+from eagle3.target.capture_hf import HFCaptureBackend
 from eagle3.target.resolve import read_hf_config
-from eagle3.batches import collate_packed
 
 ALL = "all"
 
 
 @torch.no_grad()
-def replay_served(export_dir: str | Path, verifier: str, served: dict[str, list[tuple[list[int], list[int]]]], *,
-                  num_draft_tokens: int, max_answer_tokens: int) -> tuple[dict[str, dict[str, float]], str | None]:
+def replay_served(
+    export_dir: str | Path,
+    verifier: str,
+    served: dict[str, list[tuple[list[int], list[int]]]],
+    *,
+    num_draft_tokens: int,
+    max_answer_tokens: int,
+) -> tuple[dict[str, dict[str, float]], str | None]:
     """({source: figures, "all": figures}, None), or ({}, why it was skipped). ``served`` maps a
     prompt source to its (prompt ids, with-head output ids) pairs."""
     pairs = {s: [(p, o) for p, o in v if o] for s, v in served.items()}
@@ -47,14 +53,22 @@ def replay_served(export_dir: str | Path, verifier: str, served: dict[str, list[
             for i, (prompt, output) in enumerate(seqs):
                 ids = torch.tensor([*prompt, *output], dtype=torch.int64)
                 mask = torch.zeros(len(ids), dtype=torch.bool)
-                mask[len(prompt):] = True  # the served answer: what the head drafted for
+                mask[len(prompt) :] = True  # the served answer: what the head drafted for
                 samples.append((f"{source}-{i}", ids, mask))
             acc = empty
             for rec in backend.capture(samples):
-                batch = collate_packed([{"input_ids": rec.token_ids, "loss_mask": rec.loss_mask,
-                                         "hidden": rec.hidden}], rec.num_tokens)
-                acc = add_batch(head, batch, *acc, num_draft_tokens=num_draft_tokens,
-                                max_answer_tokens=max_answer_tokens, first_span_only=True, device=device)
+                batch = collate_packed(
+                    [{"input_ids": rec.token_ids, "loss_mask": rec.loss_mask, "hidden": rec.hidden}], rec.num_tokens
+                )
+                acc = add_batch(
+                    head,
+                    batch,
+                    *acc,
+                    num_draft_tokens=num_draft_tokens,
+                    max_answer_tokens=max_answer_tokens,
+                    first_span_only=True,
+                    device=device,
+                )
             out[source] = figures(*acc, num_draft_tokens, len(samples))
             total = (total[0] + acc[0], total[1] + acc[1])
     finally:

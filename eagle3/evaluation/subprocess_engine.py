@@ -18,9 +18,17 @@ from pathlib import Path
 
 from eagle3.evaluation.engine import EngineRequest, EngineResult
 
-
-_TORCH_DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
-                    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+_TORCH_DIST_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+)
 
 
 class EngineRunError(RuntimeError):
@@ -87,7 +95,10 @@ def run_engine_process(
     with open(log_file, "w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "eagle3.evaluation.engine", str(req_file), str(res_file)],
-            stdout=log, stderr=subprocess.STDOUT, env=engine_env(cpu_kvcache_space_gb), start_new_session=True,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=engine_env(cpu_kvcache_space_gb),
+            start_new_session=True,
         )
         try:
             rc = proc.wait(timeout=timeout_s)

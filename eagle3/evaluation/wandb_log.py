@@ -9,8 +9,14 @@ from typing import Any
 
 from eagle3.evaluation.report import AcceptanceReport
 
-_SCALARS = ("mean_acceptance_length", "acceptance_rate", "tokens_per_s_with_head",
-            "tokens_per_s_without_head", "speedup", "greedy_match_rate")
+_SCALARS = (
+    "mean_acceptance_length",
+    "acceptance_rate",
+    "tokens_per_s_with_head",
+    "tokens_per_s_without_head",
+    "speedup",
+    "greedy_match_rate",
+)
 
 
 def eval_scalars(report: AcceptanceReport) -> dict[str, float]:

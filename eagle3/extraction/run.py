@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -23,8 +22,15 @@ from eagle3.cost import capture_seconds, extract_lines, minutes, report
 from eagle3.data.hf_source import HFOptions
 from eagle3.data.pipeline import prepare_samples
 from eagle3.data.vocab import build_draft_vocab, token_frequencies
-from eagle3.identity import check_regen_engine, dataset_path, fingerprint_inputs, legacy_dataset_path, provenance, regen_note
 from eagle3.faults import fault
+from eagle3.identity import (
+    check_regen_engine,
+    dataset_path,
+    fingerprint_inputs,
+    legacy_dataset_path,
+    provenance,
+    regen_note,
+)
 from eagle3.launch import extraction_shard
 from eagle3.locks import DirLock
 from eagle3.store import DiskSpaceError, Manifest, ShardWriter, check_free_disk, disk_needed_bytes, format_bytes
@@ -40,9 +46,15 @@ console = Console(stderr=True)
 
 def _progress() -> Progress:
     return Progress(
-        TextColumn("[bold]capture"), BarColumn(), MofNCompleteColumn(), TextColumn("samples"),
-        TextColumn("{task.fields[tok_s]:>8.0f} tok/s"), TimeElapsedColumn(), TextColumn("ETA"),
-        TimeRemainingColumn(), console=console,
+        TextColumn("[bold]capture"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("samples"),
+        TextColumn("{task.fields[tok_s]:>8.0f} tok/s"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=console,
     )
 
 
@@ -68,8 +80,10 @@ def run(cfg: Any) -> str:
         console.print(f"[yellow]repairing {file} (its samples are captured again): {why}")
     if done is not None and not damaged:
         checked = "size, header, sha256" if verify == "full" else "size, header"
-        console.print(f"dataset already complete ({done.num_samples} samples, {done.num_tokens} tokens, "
-                      f"{regen_note(done)}; every shard checked: {checked}): nothing to do")
+        console.print(
+            f"dataset already complete ({done.num_samples} samples, {done.num_tokens} tokens, "
+            f"{regen_note(done)}; every shard checked: {checked}): nothing to do"
+        )
         print(ds_dir)
         return str(ds_dir)
     # one extraction per dataset, from here on: a second is refused at once, naming this one
@@ -77,8 +91,17 @@ def run(cfg: Any) -> str:
         return _extract(cfg, model_dir, inputs, ds_dir, num_shards, shard_index, verify, damaged, lock)
 
 
-def _extract(cfg: Any, model_dir: str, inputs: dict, ds_dir: Path, num_shards: int, shard_index: int, verify: str,
-             damaged: list[tuple[str, str]], lock: DirLock) -> str:
+def _extract(
+    cfg: Any,
+    model_dir: str,
+    inputs: dict,
+    ds_dir: Path,
+    num_shards: int,
+    shard_index: int,
+    verify: str,
+    damaged: list[tuple[str, str]],
+    lock: DirLock,
+) -> str:
     """Regenerate, render, capture and write the dataset, holding its lock."""
     from transformers import AutoTokenizer
 
@@ -91,30 +114,43 @@ def _extract(cfg: Any, model_dir: str, inputs: dict, ds_dir: Path, num_shards: i
     engine = regenerator.backend if regenerator is not None else None
     check_regen_engine(ds_dir, engine)  # before any answer is generated
     data = prepare_samples(
-        cfg.data.source, cfg.data.path, tokenizer,
-        max_samples=cfg.data.max_samples, max_length=int(cfg.data.max_length),
+        cfg.data.source,
+        cfg.data.path,
+        tokenizer,
+        max_samples=cfg.data.max_samples,
+        max_length=int(cfg.data.max_length),
         overflow=str(getattr(cfg.data.overflow, "value", cfg.data.overflow)),
-        val_fraction=float(cfg.data.val_fraction), seed=int(cfg.data.seed),
+        val_fraction=float(cfg.data.val_fraction),
+        seed=int(cfg.data.seed),
         chat_template=cfg.model.chat_template,
-        regenerate=regenerator, regenerate_batch_size=int(cfg.data.regen_batch_size),
+        regenerate=regenerator,
+        regenerate_batch_size=int(cfg.data.regen_batch_size),
         hf=HFOptions.from_data(cfg.data),
     )
     if regenerator is not None:
-        console.print(f"regenerated {regenerator.generated} conversations, {regenerator.new_tokens} new tokens "
-                      f"({regenerator.backend}; {regenerator.cache_file})")
+        console.print(
+            f"regenerated {regenerator.generated} conversations, {regenerator.new_tokens} new tokens "
+            f"({regenerator.backend}; {regenerator.cache_file})"
+        )
         regenerator.close()
     samples = [s for s in data.train + data.val if num_shards == 1 or owner_shard(s.id, num_shards) == shard_index]
     kept = {s.id for s in samples}
     val_ids = sorted(s.id for s in data.val if s.id in kept)
 
     writer = ShardWriter(
-        ds_dir, layer_ids=capture_ids, hidden_size=int(cfg.model.hidden_size), dtype=dtype,
-        fingerprint_inputs=inputs, shard_max_tokens=int(cfg.capture.shard_max_tokens),
+        ds_dir,
+        layer_ids=capture_ids,
+        hidden_size=int(cfg.model.hidden_size),
+        dtype=dtype,
+        fingerprint_inputs=inputs,
+        shard_max_tokens=int(cfg.capture.shard_max_tokens),
         background=True,  # shards hash+write on threads while the next batch runs
         writer_threads=int(cfg.capture.writer_threads),
         provenance=provenance(cfg, model_dir, engine),
         # the shards found damaged above are redone; the others were just checked
-        verify="fast" if damaged else verify, redo=[file for file, _ in damaged], lock=lock,
+        verify="fast" if damaged else verify,
+        redo=[file for file, _ in damaged],
+        lock=lock,
     )
     try:
         for file, why in writer.dropped:
@@ -123,8 +159,14 @@ def _extract(cfg: Any, model_dir: str, inputs: dict, ds_dir: Path, num_shards: i
         done_ids = writer.done_ids()
         todo = [s for s in samples if s.id not in done_ids]
         todo_tokens = sum(int(s.input_ids.numel()) for s in todo)
-        need = disk_needed_bytes(todo_tokens, len(capture_ids), int(cfg.model.hidden_size), dtype, len(todo),
-                                 int(cfg.capture.shard_max_tokens))
+        need = disk_needed_bytes(
+            todo_tokens,
+            len(capture_ids),
+            int(cfg.model.hidden_size),
+            dtype,
+            len(todo),
+            int(cfg.capture.shard_max_tokens),
+        )
         free = check_free_disk(ds_dir, need, float(cfg.capture.disk_margin))
         console.print(
             f"dataset {ds_dir}\n  {len(samples)} samples ({len(done_ids)} already done), {todo_tokens} tokens to "
@@ -160,7 +202,9 @@ def _merge(cfg: Any, ds_dir: Path, num_shards: int) -> str:
     """`extract.py <same overrides> num_shards=n merge=true`: the n parts -> one dataset."""
     size = min(int(cfg.train.draft_vocab_size), int(cfg.model.vocab_size))
     m = merge_parts(ds_dir, num_shards, draft_vocab_sizes=[size])
-    console.print(f"[green]merged {num_shards} parts: {m.num_samples} samples, {m.num_tokens} tokens in {len(m.shards)} shards")
+    console.print(
+        f"[green]merged {num_shards} parts: {m.num_samples} samples, {m.num_tokens} tokens in {len(m.shards)} shards"
+    )
     print(ds_dir)
     return str(ds_dir)
 
@@ -172,10 +216,16 @@ def _regenerator(cfg: Any, model_dir: str):
     from eagle3.target.generate.dispatch import make_regenerator
 
     return make_regenerator(
-        cfg.data.regen_backend, model_dir, cfg.paths.cache_dir, temperature=float(cfg.data.regen_temperature),
-        max_tokens=int(cfg.data.regen_max_tokens), seed=int(cfg.data.seed),
-        max_model_len=int(cfg.data.max_length), chat_template=cfg.model.chat_template,
-        max_turns=cfg.data.regen_max_turns, gen_batch_size=int(cfg.data.regen_batch_size),
+        cfg.data.regen_backend,
+        model_dir,
+        cfg.paths.cache_dir,
+        temperature=float(cfg.data.regen_temperature),
+        max_tokens=int(cfg.data.regen_max_tokens),
+        seed=int(cfg.data.seed),
+        max_model_len=int(cfg.data.max_length),
+        chat_template=cfg.model.chat_template,
+        max_turns=cfg.data.regen_max_turns,
+        gen_batch_size=int(cfg.data.regen_batch_size),
         static_cache=bool(cfg.data.regen_static_cache),
         cpu_kvcache_space_gb=int(cfg.capture.cpu_kvcache_space_gb),
         gpu_memory_utilization=float(cfg.capture.gpu_memory_utilization),
@@ -184,16 +234,20 @@ def _regenerator(cfg: Any, model_dir: str):
     )
 
 
-def _disk_full_message(e: DiskSpaceError, cfg: Any, ds_dir: Path, todo, writer: ShardWriter,
-                       capture_ids: list[int], dtype) -> str:
+def _disk_full_message(
+    e: DiskSpaceError, cfg: Any, ds_dir: Path, todo, writer: ShardWriter, capture_ids: list[int], dtype
+) -> str:
     done = writer.done_ids()
     left = [s for s in todo if s.id not in done]
     tokens = sum(int(s.input_ids.numel()) for s in left)
-    need = disk_needed_bytes(tokens, len(capture_ids), int(cfg.model.hidden_size), dtype, len(left),
-                             int(cfg.capture.shard_max_tokens))
-    return (f"{e}\n  {ds_dir}: {len(left)} samples are still to be written: about {format_bytes(need)} ({need} bytes) "
-            f"more, {format_bytes(free_bytes(ds_dir))} free now. The {len(done)} samples already written are kept "
-            "(nothing half-written is listed): free space, then re-run the same command to resume")
+    need = disk_needed_bytes(
+        tokens, len(capture_ids), int(cfg.model.hidden_size), dtype, len(left), int(cfg.capture.shard_max_tokens)
+    )
+    return (
+        f"{e}\n  {ds_dir}: {len(left)} samples are still to be written: about {format_bytes(need)} ({need} bytes) "
+        f"more, {format_bytes(free_bytes(ds_dir))} free now. The {len(done)} samples already written are kept "
+        "(nothing half-written is listed): free space, then re-run the same command to resume"
+    )
 
 
 def _capture(backend: CaptureBackend, todo, writer: ShardWriter) -> None:

@@ -133,7 +133,9 @@ class DraftConfig:
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - names)
         if unknown:
-            raise DraftConfigError(f"DraftConfig.from_dict: unknown fields {unknown}; expected a subset of {sorted(names)}")
+            raise DraftConfigError(
+                f"DraftConfig.from_dict: unknown fields {unknown}; expected a subset of {sorted(names)}"
+            )
         return cls(**d)
 
     @classmethod

@@ -38,8 +38,10 @@ def check_flex_shape(segment_ids: torch.Tensor) -> None:
     if b != 1:
         raise ValueError(f"attention=flex: expected one packed row per batch (B=1), got B={b}")
     if t % FLEX_BLOCK:
-        raise ValueError(f"attention=flex: row length {t} must be a multiple of {FLEX_BLOCK} "
-                         "(pad rows: train.compile=true pads them to max_tokens_per_batch)")
+        raise ValueError(
+            f"attention=flex: row length {t} must be a multiple of {FLEX_BLOCK} "
+            "(pad rows: train.compile=true pads them to max_tokens_per_batch)"
+        )
 
 
 def build_flex_masks(segment_ids: torch.Tensor, num_steps: int) -> list:
@@ -73,13 +75,23 @@ def build_flex_masks(segment_ids: torch.Tensor, num_steps: int) -> list:
         full = torch.cat([all0, *[none] * (num_steps - 1)], dim=1)
         kv_num, kv_idx = _dense_to_kv_blocks(partial)
         full_num, full_idx = _dense_to_kv_blocks(full)
-        masks.append(BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=FLEX_BLOCK,
-                                              mask_mod=mask_mod, seq_lengths=(t, t * num_steps)))
+        masks.append(
+            BlockMask.from_kv_blocks(
+                kv_num,
+                kv_idx,
+                full_num,
+                full_idx,
+                BLOCK_SIZE=FLEX_BLOCK,
+                mask_mod=mask_mod,
+                seq_lengths=(t, t * num_steps),
+            )
+        )
     return masks
 
 
-def flex_attend(q: torch.Tensor, past_keys: list[torch.Tensor], past_values: list[torch.Tensor], block_mask,
-                enable_gqa: bool) -> torch.Tensor:
+def flex_attend(
+    q: torch.Tensor, past_keys: list[torch.Tensor], past_values: list[torch.Tensor], block_mask, enable_gqa: bool
+) -> torch.Tensor:
     """q [B, heads, T, hd] against the keys of the steps so far, padded to the mask's length."""
     import torch.nn.functional as F
     from torch.nn.attention.flex_attention import flex_attention

@@ -51,10 +51,13 @@ class Eagle3DraftHead(nn.Module):
         # trainable; the optional norms before fc (config.py NORM_OPTIONS) under the names
         # speculators and vLLM load: input_norm.weight [num_aux*H], fc_norm.{i}.weight [H]
         self.input_norm = RMSNorm(aux, cfg.rms_norm_eps) if cfg.norm_before_fc else None
-        self.fc_norm = (nn.ModuleList([RMSNorm(h, cfg.rms_norm_eps) for _ in range(cfg.num_aux_layers)])
-                        if cfg.fc_norm else None)
+        self.fc_norm = (
+            nn.ModuleList([RMSNorm(h, cfg.rms_norm_eps) for _ in range(cfg.num_aux_layers)]) if cfg.fc_norm else None
+        )
         self.fc = nn.Linear(aux, h, bias=False)
-        self.layers = nn.ModuleList([Eagle3DecoderLayer(cfg)] + [DraftDecoderLayer(cfg) for _ in range(cfg.num_layers - 1)])
+        self.layers = nn.ModuleList(
+            [Eagle3DecoderLayer(cfg)] + [DraftDecoderLayer(cfg) for _ in range(cfg.num_layers - 1)]
+        )
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(h, v, bias=False)
         self.rotary = RotaryEmbedding(cfg)
@@ -188,8 +191,6 @@ class Eagle3DraftHead(nn.Module):
             )
         for name, tensor in (("position_ids", position_ids), ("segment_ids", segment_ids)):
             if tuple(tensor.shape) != (b, t):
-                raise ValueError(
-                    f"Eagle3DraftHead.forward: {name} has shape {tuple(tensor.shape)}, expected {(b, t)}"
-                )
+                raise ValueError(f"Eagle3DraftHead.forward: {name} has shape {tuple(tensor.shape)}, expected {(b, t)}")
         if ttt_steps < 1:
             raise ValueError(f"Eagle3DraftHead.forward: ttt_steps must be >= 1, got {ttt_steps}")

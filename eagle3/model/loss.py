@@ -102,9 +102,7 @@ def sim_accept_len(counts: StepCounts) -> float:
     return float(1.0 + counts.acc_full().sum())
 
 
-def step_positions(
-    loss_mask: torch.Tensor, segment_ids: torch.Tensor, num_steps: int
-) -> list[torch.Tensor]:
+def step_positions(loss_mask: torch.Tensor, segment_ids: torch.Tensor, num_steps: int) -> list[torch.Tensor]:
     """Per step k: bool [B, T], True where x_{t+2+k} exists in t's sample and is loss-masked."""
     out = []
     for step in range(num_steps):
@@ -190,8 +188,10 @@ def eagle3_loss(
     t = target_logits.shape[1]
     device = target_logits.device
     loss = torch.zeros((), dtype=torch.float32, device=device)
-    sums = {name: torch.zeros(num_steps, dtype=torch.float64, device=device) for name in
-            ("loss_sum", "loss_count", "acc_count", "correct_full", "cond_count")}
+    sums = {
+        name: torch.zeros(num_steps, dtype=torch.float64, device=device)
+        for name in ("loss_sum", "loss_count", "acc_count", "correct_full", "cond_count")
+    }
     all_correct_so_far = torch.ones_like(positions[0])
     for step, logits in enumerate(step_logits):
         # step k at t is scored against p_{t+1+k}: the target row 1+k later. Rows t >= T-1-k

@@ -110,8 +110,9 @@ def replay_counts(
 ) -> torch.Tensor:
     """The replay counts of one batch (see the module doc); needs K <= len(step_logits)."""
     if num_draft_tokens < 1 or num_draft_tokens > len(step_logits):
-        raise ValueError(f"replay: num_draft_tokens must be in 1..{len(step_logits)} (the TTT steps run), "
-                         f"got {num_draft_tokens}")
+        raise ValueError(
+            f"replay: num_draft_tokens must be in 1..{len(step_logits)} (the TTT steps run), got {num_draft_tokens}"
+        )
     positions = step_positions(loss_mask, segment_ids, num_draft_tokens)
     chain = chain_lengths(step_logits, target_logits.argmax(-1), positions, num_draft_tokens)
     return replay_rounds(chain, positions[0], num_draft_tokens, max_answer_tokens, segment_ids, first_span_only)

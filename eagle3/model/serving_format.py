@@ -183,7 +183,10 @@ def save_head(head: Eagle3DraftHead, meta: DraftMeta, out_dir: str | Path) -> Pa
     (``eagle3.atomic.atomic_dir``): a killed export leaves the previous one whole."""
     out_dir = Path(out_dir)
     config = speculators_config_dict(
-        meta.draft_config, meta.aux_layer_ids, meta.verifier_name_or_path, meta.num_speculative_tokens,
+        meta.draft_config,
+        meta.aux_layer_ids,
+        meta.verifier_name_or_path,
+        meta.num_speculative_tokens,
         verifier_architectures=meta.verifier_architectures,
     )
     with atomic_dir(out_dir, point="export_write") as tmp:
@@ -209,7 +212,9 @@ def read_config(export_dir: str | Path) -> dict[str, Any]:
         raise ExportError(f"export_dir={export_dir}: no model.safetensors")
     cfg = json.loads(config_file.read_text())
     if cfg.get("speculators_model_type") != "eagle3":
-        raise ExportError(f"{config_file}: speculators_model_type: expected 'eagle3', got {cfg.get('speculators_model_type')!r}")
+        raise ExportError(
+            f"{config_file}: speculators_model_type: expected 'eagle3', got {cfg.get('speculators_model_type')!r}"
+        )
     return cfg
 
 
@@ -219,8 +224,9 @@ class LoadedHead(NamedTuple):
     norms: dict[str, bool]  # the norm flags as vLLM reads them (config.NORM_OPTIONS)
 
 
-def load_head(export_dir: str | Path, target_config: Mapping[str, Any],
-              target_weights: Mapping[str, torch.Tensor]) -> LoadedHead:
+def load_head(
+    export_dir: str | Path, target_config: Mapping[str, Any], target_weights: Mapping[str, torch.Tensor]
+) -> LoadedHead:
     """The reverse of save_head: the export as an Eagle3DraftHead. Sizes the export does not
     record (hidden size, target vocabulary, rope) come from the verifier's HF config
     (``target_config``); its frozen pieces from ``target_weights`` (embed [Vt, H], norm [H],
@@ -232,15 +238,27 @@ def load_head(export_dir: str | Path, target_config: Mapping[str, Any],
     # the norm flags as vLLM reads them, its defaults for a key the file lacks
     norms = {name: bool(cfg.get(name, default)) for name, default in VLLM_NORM_DEFAULTS.items()}
     draft_cfg = DraftConfig.from_target_config(
-        dict(target_config), draft_vocab_size=int(cfg["draft_vocab_size"]), num_aux_layers=len(aux_ids),
+        dict(target_config),
+        draft_vocab_size=int(cfg["draft_vocab_size"]),
+        num_aux_layers=len(aux_ids),
         **norms,
-        num_attention_heads=int(layer["num_attention_heads"]), num_key_value_heads=int(layer["num_key_value_heads"]),
-        intermediate_size=int(layer["intermediate_size"]), num_layers=int(layer.get("num_hidden_layers", 1)),
+        num_attention_heads=int(layer["num_attention_heads"]),
+        num_key_value_heads=int(layer["num_key_value_heads"]),
+        intermediate_size=int(layer["intermediate_size"]),
+        num_layers=int(layer.get("num_hidden_layers", 1)),
     )
     head = Eagle3DraftHead(draft_cfg)
     weights = load_file(str(export_dir / "model.safetensors"))
     w = target_weights
-    head.load_target_weights(w["embed"].float(), w["norm"].float(), w["lm_head"].float(),
-                             weights["d2t"], weights["t2d"], init_lm_head_from_target=False)  # d2t [V], t2d [Vt]
-    load_export_state_dict(head, weights, f"{export_dir}/model.safetensors: does not fit the head built from config.json")
+    head.load_target_weights(
+        w["embed"].float(),
+        w["norm"].float(),
+        w["lm_head"].float(),
+        weights["d2t"],
+        weights["t2d"],
+        init_lm_head_from_target=False,
+    )  # d2t [V], t2d [Vt]
+    load_export_state_dict(
+        head, weights, f"{export_dir}/model.safetensors: does not fit the head built from config.json"
+    )
     return LoadedHead(head.eval(), aux_ids, norms)

@@ -32,8 +32,14 @@ def format_bytes(n: float) -> str:
     raise AssertionError  # unreachable
 
 
-def disk_needed_bytes(num_tokens: int, num_layers: int, hidden_size: int, dtype: torch.dtype,
-                      num_samples: int = 0, shard_max_tokens: int = 65536) -> int:
+def disk_needed_bytes(
+    num_tokens: int,
+    num_layers: int,
+    hidden_size: int,
+    dtype: torch.dtype,
+    num_samples: int = 0,
+    shard_max_tokens: int = 65536,
+) -> int:
     """Bytes for ``num_tokens`` tokens: hidden states + ids (8 B) + mask (1 B) + offsets."""
     itemsize = torch.empty(0, dtype=dtype).element_size()
     per_token = num_layers * hidden_size * itemsize + 8 + 1

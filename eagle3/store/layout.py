@@ -107,7 +107,7 @@ class Manifest:
             return {}
         out, start = {}, 0
         for s in self.shards:
-            out[s.file] = list(self.sample_ids[start:start + s.num_samples])
+            out[s.file] = list(self.sample_ids[start : start + s.num_samples])
             start += s.num_samples
         return out
 

@@ -75,12 +75,16 @@ def _check_parts(final: Path, parts: list[Path]) -> list[Manifest]:
     for i, (p, m) in enumerate(zip(parts, manifests)):
         for field in ("fingerprint", "layer_ids", "hidden_size", "dtype", "fingerprint_inputs"):
             if getattr(m, field) != getattr(first, field):
-                raise StoreError(f"{p / MANIFEST}: {field}: expected {getattr(first, field)} (as part 0), "
-                                 f"got {getattr(m, field)}; the parts come from different configs")
+                raise StoreError(
+                    f"{p / MANIFEST}: {field}: expected {getattr(first, field)} (as part 0), "
+                    f"got {getattr(m, field)}; the parts come from different configs"
+                )
         for sid in m.sample_ids:
             if sid in seen:
-                raise StoreError(f"{p}: sample {sid!r} is also in part {seen[sid]}; parts must be disjoint "
-                                 "(same num_shards on every node?)")
+                raise StoreError(
+                    f"{p}: sample {sid!r} is also in part {seen[sid]}; parts must be disjoint "
+                    "(same num_shards on every node?)"
+                )
             seen[sid] = i
     return manifests
 
@@ -94,8 +98,14 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
-def merge_parts(dataset_dir: str | Path, num_shards: int, *, draft_vocab_sizes: Iterable[int] = (),
-                remove_parts: bool = True, verify: str = "fast") -> Manifest:
+def merge_parts(
+    dataset_dir: str | Path,
+    num_shards: int,
+    *,
+    draft_vocab_sizes: Iterable[int] = (),
+    remove_parts: bool = True,
+    verify: str = "fast",
+) -> Manifest:
     """Build the complete dataset ``dataset_dir`` from its ``num_shards`` complete parts.
 
     ``draft_vocab_sizes``: vocabularies to build from the summed token counts (with any the
@@ -110,8 +120,10 @@ def merge_parts(dataset_dir: str | Path, num_shards: int, *, draft_vocab_sizes: 
         done = Manifest.read_complete(final)
         if done is None:
             if final.exists() and any(final.glob("shard-*.safetensors")):
-                raise StoreError(f"{final}: holds an unfinished single-run extraction; finish it (extract.py without "
-                                 "num_shards) or delete it before merging parts into it")
+                raise StoreError(
+                    f"{final}: holds an unfinished single-run extraction; finish it (extract.py without "
+                    "num_shards) or delete it before merging parts into it"
+                )
             done = _merge(final, parts, _check_parts(final, parts), draft_vocab_sizes, verify)
         if remove_parts:
             for p in parts:
@@ -123,8 +135,9 @@ def merge_parts(dataset_dir: str | Path, num_shards: int, *, draft_vocab_sizes: 
     return done
 
 
-def _merge(final: Path, parts: list[Path], manifests: list[Manifest], draft_vocab_sizes: Iterable[int],
-           verify: str) -> Manifest:
+def _merge(
+    final: Path, parts: list[Path], manifests: list[Manifest], draft_vocab_sizes: Iterable[int], verify: str
+) -> Manifest:
     first = manifests[0]
     ident = ShardIdentity(first.fingerprint, tuple(first.layer_ids), first.hidden_size, dtype_from_name(first.dtype))
     tmp = final.with_name(final.name + MERGING_SUFFIX)
@@ -148,11 +161,18 @@ def _merge(final: Path, parts: list[Path], manifests: list[Manifest], draft_voca
         freq = counts if freq is None else freq + counts
         sizes |= {int(v) for v in m.vocabs}
     save_token_freq(tmp / TOKEN_FREQ, freq)
-    merged = Manifest(fingerprint=first.fingerprint, fingerprint_inputs=first.fingerprint_inputs,
-                      layer_ids=list(first.layer_ids), hidden_size=first.hidden_size, dtype=first.dtype,
-                      shards=shards, sample_ids=[s for m in manifests for s in m.sample_ids],
-                      val_ids=sorted(v for m in manifests for v in m.val_ids), token_freq=TOKEN_FREQ,
-                      provenance=dict(first.provenance))
+    merged = Manifest(
+        fingerprint=first.fingerprint,
+        fingerprint_inputs=first.fingerprint_inputs,
+        layer_ids=list(first.layer_ids),
+        hidden_size=first.hidden_size,
+        dtype=first.dtype,
+        shards=shards,
+        sample_ids=[s for m in manifests for s in m.sample_ids],
+        val_ids=sorted(v for m in manifests for v in m.val_ids),
+        token_freq=TOKEN_FREQ,
+        provenance=dict(first.provenance),
+    )
     for V in sorted(sizes):
         d2t, t2d = build_draft_vocab(freq, V)
         save_vocab(tmp / vocab_name(int(d2t.shape[0])), int(d2t.shape[0]), d2t, t2d)

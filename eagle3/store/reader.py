@@ -30,8 +30,12 @@ class DamagedDatasetError(StoreError):
     check finds. ``repair``: the exact command, where the caller knows it."""
 
     def __init__(self, directory: Path, problem: str, needs_hash: bool, repair: str | None = None):
-        hint = (f"repair it with: {repair}" if repair else "re-run extract.py with the same overrides"
-                f"{' and capture.verify=full' if needs_hash else ''} to repair the dataset")
+        hint = (
+            f"repair it with: {repair}"
+            if repair
+            else "re-run extract.py with the same overrides"
+            f"{' and capture.verify=full' if needs_hash else ''} to repair the dataset"
+        )
         super().__init__(f"{problem}; {hint}")
         self.directory, self.problem, self.needs_hash = Path(directory), problem, needs_hash
 
@@ -66,21 +70,25 @@ class HiddenStateDataset:
                     raise DamagedDatasetError(self.directory, str(e), needs_hash=verify == "full") from None
             elif not path.is_file() or path.stat().st_size != info.size_bytes:
                 got = f"{path.stat().st_size} bytes" if path.is_file() else "no such file"
-                raise DamagedDatasetError(self.directory, f"{path}: size: expected {info.size_bytes} bytes, got {got}",
-                                          needs_hash=False)
+                raise DamagedDatasetError(
+                    self.directory, f"{path}: size: expected {info.size_bytes} bytes, got {got}", needs_hash=False
+                )
             try:
                 offsets = self._open(k).get_tensor("offsets")
             except Exception as e:  # safetensors' own error types: a header overwritten in place
-                raise DamagedDatasetError(self.directory, f"{path}: unreadable safetensors file "
-                                          f"({type(e).__name__}: {e})", needs_hash=True) from None
+                raise DamagedDatasetError(
+                    self.directory, f"{path}: unreadable safetensors file ({type(e).__name__}: {e})", needs_hash=True
+                ) from None
             if offsets.shape[0] != info.num_samples + 1:
                 raise StoreError(f"{path}: offsets: expected {info.num_samples + 1} entries, got {offsets.shape[0]}")
             shard_of += [k] * info.num_samples
             start_of += offsets[:-1].tolist()
             lengths += (offsets[1:] - offsets[:-1]).tolist()
         if len(lengths) != m.num_samples or len(m.sample_ids) != m.num_samples:
-            raise StoreError(f"{self.directory / 'manifest.json'}: num_samples {m.num_samples} disagrees "
-                             f"with shards ({len(lengths)}) / sample_ids ({len(m.sample_ids)})")
+            raise StoreError(
+                f"{self.directory / 'manifest.json'}: num_samples {m.num_samples} disagrees "
+                f"with shards ({len(lengths)}) / sample_ids ({len(m.sample_ids)})"
+            )
         self._shard_of = torch.tensor(shard_of, dtype=torch.int64)
         self._start = torch.tensor(start_of, dtype=torch.int64)
         self.lengths = torch.tensor(lengths, dtype=torch.int64)  # tokens per sample, for batching
@@ -166,8 +174,9 @@ def damaged_shards(directory: str | Path, manifest: Manifest, verify: str = "fas
     """(file, what is wrong) for each listed shard that is missing, short, unreadable or
     (``verify="full"``) whose bytes do not hash to the manifest's sha256; [] when all are whole."""
     directory = Path(directory)
-    ident = ShardIdentity(manifest.fingerprint, tuple(manifest.layer_ids), manifest.hidden_size,
-                          dtype_from_name(manifest.dtype))
+    ident = ShardIdentity(
+        manifest.fingerprint, tuple(manifest.layer_ids), manifest.hidden_size, dtype_from_name(manifest.dtype)
+    )
     bad = []
     for info in manifest.shards:
         try:

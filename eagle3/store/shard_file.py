@@ -35,10 +35,18 @@ WRITE_CHUNK = 32 << 20  # bytes per step: hashed here while the IO thread writes
 # safetensors' dtype names, and the rank safetensors orders tensors by (higher first, then by
 # name): the same order as its own writer, so a shard is the file safetensors would write.
 _ST_DTYPE = {
-    torch.bool: ("BOOL", 0), torch.uint8: ("U8", 4), torch.int8: ("I8", 5),
-    torch.float8_e5m2: ("F8_E5M2", 6), torch.float8_e4m3fn: ("F8_E4M3", 7), torch.int16: ("I16", 9),
-    torch.float16: ("F16", 11), torch.bfloat16: ("BF16", 12), torch.int32: ("I32", 13),
-    torch.float32: ("F32", 15), torch.float64: ("F64", 17), torch.int64: ("I64", 18),
+    torch.bool: ("BOOL", 0),
+    torch.uint8: ("U8", 4),
+    torch.int8: ("I8", 5),
+    torch.float8_e5m2: ("F8_E5M2", 6),
+    torch.float8_e4m3fn: ("F8_E4M3", 7),
+    torch.int16: ("I16", 9),
+    torch.float16: ("F16", 11),
+    torch.bfloat16: ("BF16", 12),
+    torch.int32: ("I32", 13),
+    torch.float32: ("F32", 15),
+    torch.float64: ("F64", 17),
+    torch.int64: ("I64", 18),
 }
 
 
@@ -70,8 +78,9 @@ def _byte_view(t: torch.Tensor) -> memoryview:
     return memoryview(t.view(torch.uint8).reshape(-1).numpy())
 
 
-def save_concatenated_hashing(final: Path, parts: dict[str, list[torch.Tensor]],
-                              metadata: dict[str, str]) -> tuple[int, str]:
+def save_concatenated_hashing(
+    final: Path, parts: dict[str, list[torch.Tensor]], metadata: dict[str, str]
+) -> tuple[int, str]:
     """Write a safetensors file whose tensor ``name`` is ``torch.cat(parts[name])``, without
     building the concatenation, hashing exactly the bytes written in the same pass (temp +
     fsync + rename). Returns (size in bytes, sha256 hex).
@@ -91,8 +100,10 @@ def save_concatenated_hashing(final: Path, parts: dict[str, list[torch.Tensor]],
         dtypes = {p.dtype for p in pieces}
         tails = {tuple(p.shape[1:]) for p in pieces}
         if len(dtypes) != 1 or len(tails) != 1:
-            raise StoreError(f"{final}: tensor {name}: expected one dtype and trailing shape across samples, "
-                             f"got {sorted(map(str, dtypes))} / {sorted(tails)}")
+            raise StoreError(
+                f"{final}: tensor {name}: expected one dtype and trailing shape across samples, "
+                f"got {sorted(map(str, dtypes))} / {sorted(tails)}"
+            )
         shape = [sum(int(p.shape[0]) for p in pieces), *next(iter(tails))]
         piece_views = [_byte_view(p) for p in pieces]
         nbytes = sum(v.nbytes for v in piece_views)
@@ -109,7 +120,7 @@ def save_concatenated_hashing(final: Path, parts: dict[str, list[torch.Tensor]],
         with open(tmp, "wb") as f, ThreadPoolExecutor(1, thread_name_prefix="shard-io") as io:
             for view in views:
                 for i in range(0, view.nbytes, WRITE_CHUNK):
-                    chunk = view[i:i + WRITE_CHUNK]
+                    chunk = view[i : i + WRITE_CHUNK]
                     written = io.submit(f.write, chunk)  # both release the GIL: they overlap
                     digest.update(chunk)
                     written.result()
@@ -117,8 +128,14 @@ def save_concatenated_hashing(final: Path, parts: dict[str, list[torch.Tensor]],
     return size, digest.hexdigest()
 
 
-def write_shard(path: Path, ident: ShardIdentity, sample_ids: list[str], input_ids: list[torch.Tensor],
-                loss_masks: list[torch.Tensor], hiddens: list[torch.Tensor]) -> ShardInfo:
+def write_shard(
+    path: Path,
+    ident: ShardIdentity,
+    sample_ids: list[str],
+    input_ids: list[torch.Tensor],
+    loss_masks: list[torch.Tensor],
+    hiddens: list[torch.Tensor],
+) -> ShardInfo:
     """Concatenate samples into ``path`` (temp + fsync + rename) and describe the result; the
     sha256 is taken from the bytes as they are written (see ``save_concatenated_hashing``)."""
     lengths = torch.tensor([t.shape[0] for t in input_ids], dtype=torch.int64)
@@ -143,8 +160,9 @@ def write_shard(path: Path, ident: ShardIdentity, sample_ids: list[str], input_i
     )
 
 
-def inspect_shard(path: Path, ident: ShardIdentity, expected: ShardInfo | None = None,
-                  verify: str = "full") -> tuple[ShardInfo, list[str]]:
+def inspect_shard(
+    path: Path, ident: ShardIdentity, expected: ShardInfo | None = None, verify: str = "full"
+) -> tuple[ShardInfo, list[str]]:
     """Check a shard on disk; return its description and sample ids, or raise StoreError.
 
     ``verify="full"`` also compares the sha256 with ``expected`` (when given); "fast"
@@ -206,6 +224,12 @@ def inspect_shard(path: Path, ident: ShardIdentity, expected: ShardInfo | None =
     # no manifest entry (adopting an orphan): describe it from its contents
     with safe_open(str(path), framework="pt") as f:
         num_loss = int(f.get_tensor("loss_mask").sum())
-    info = ShardInfo(file=path.name, num_samples=n, num_tokens=total, num_loss_tokens=num_loss,
-                     size_bytes=size, sha256=file_sha256(path))
+    info = ShardInfo(
+        file=path.name,
+        num_samples=n,
+        num_tokens=total,
+        num_loss_tokens=num_loss,
+        size_bytes=size,
+        sha256=file_sha256(path),
+    )
     return info, sample_ids

@@ -48,8 +48,8 @@ from eagle3.store.layout import (
 )
 from eagle3.store.redo import RedoSlots
 from eagle3.store.shard_file import ShardIdentity, inspect_shard, write_shard
-from eagle3.store.writer_threads import BackgroundWrites
 from eagle3.store.vocab_files import save_token_freq, save_vocab
+from eagle3.store.writer_threads import BackgroundWrites
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +65,22 @@ class ShardWriter(BackgroundWrites):
     queued sample is durable.
     """
 
-    def __init__(self, directory: str | Path, *, layer_ids: Sequence[int], hidden_size: int,
-                 dtype: torch.dtype, fingerprint_inputs: Mapping[str, Any],
-                 shard_max_tokens: int = 65536, verify: str = "full", background: bool = False,
-                 writer_threads: int = 1, provenance: Mapping[str, Any] | None = None,
-                 redo: Sequence[str] = (), lock: DirLock | None = None):
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        layer_ids: Sequence[int],
+        hidden_size: int,
+        dtype: torch.dtype,
+        fingerprint_inputs: Mapping[str, Any],
+        shard_max_tokens: int = 65536,
+        verify: str = "full",
+        background: bool = False,
+        writer_threads: int = 1,
+        provenance: Mapping[str, Any] | None = None,
+        redo: Sequence[str] = (),
+        lock: DirLock | None = None,
+    ):
         if shard_max_tokens < 1:
             raise StoreError(f"shard_max_tokens: expected >= 1, got {shard_max_tokens}")
         if writer_threads < 1:
@@ -97,8 +108,10 @@ class ShardWriter(BackgroundWrites):
         self._last_info = None
         self.directory.mkdir(parents=True, exist_ok=True)
         if lock is not None and not (lock.held and lock.path == self.directory / LOCK):
-            raise StoreError(f"lock: expected the held lock {self.directory / LOCK}, got {lock.path} "
-                             f"({'held' if lock.held else 'not held'})")
+            raise StoreError(
+                f"lock: expected the held lock {self.directory / LOCK}, got {lock.path} "
+                f"({'held' if lock.held else 'not held'})"
+            )
         self._owns_lock = lock is None
         self._lock = self._acquire_lock() if lock is None else lock
         try:
@@ -130,9 +143,13 @@ class ShardWriter(BackgroundWrites):
     def _open_manifest(self, fingerprint_inputs: Mapping[str, Any]) -> Manifest:
         ident = self.ident
         if not (self.directory / MANIFEST).exists():
-            m = Manifest(fingerprint=ident.fingerprint, fingerprint_inputs=canonical(fingerprint_inputs),
-                         layer_ids=list(ident.layer_ids), hidden_size=ident.hidden_size,
-                         dtype=dtype_name(ident.dtype))
+            m = Manifest(
+                fingerprint=ident.fingerprint,
+                fingerprint_inputs=canonical(fingerprint_inputs),
+                layer_ids=list(ident.layer_ids),
+                hidden_size=ident.hidden_size,
+                dtype=dtype_name(ident.dtype),
+            )
             m.write(self.directory)  # record identity first: a later run with other inputs refuses
             return m
         m = Manifest.read(self.directory)
@@ -144,9 +161,11 @@ class ShardWriter(BackgroundWrites):
                 f"{m.fingerprint} (the dataset there); inputs that differ: {diff}. Refusing to mix "
                 "two datasets: use another directory or delete this one."
             )
-        for field, want, got in (("layer_ids", list(ident.layer_ids), m.layer_ids),
-                                 ("hidden_size", ident.hidden_size, m.hidden_size),
-                                 ("dtype", dtype_name(ident.dtype), m.dtype)):
+        for field, want, got in (
+            ("layer_ids", list(ident.layer_ids), m.layer_ids),
+            ("hidden_size", ident.hidden_size, m.hidden_size),
+            ("dtype", dtype_name(ident.dtype), m.dtype),
+        ):
             if want != got:
                 raise FingerprintMismatchError(
                     f"{self.directory / MANIFEST}: {field}: expected {want}, got {got} (same fingerprint: "
@@ -199,8 +218,9 @@ class ShardWriter(BackgroundWrites):
                 continue
             keep(info, sample_ids)
             self.adopted.append(p.name)
-            log.warning("%s: adopted shard %s (written before a crash, not yet in the manifest)",
-                        self.directory, p.name)
+            log.warning(
+                "%s: adopted shard %s (written before a crash, not yet in the manifest)", self.directory, p.name
+            )
         m.shards, m.sample_ids = kept, ids
         if self.dropped or self.adopted:
             m.complete = False
@@ -263,13 +283,24 @@ class ShardWriter(BackgroundWrites):
         L, H = len(self.ident.layer_ids), self.ident.hidden_size
         T = s.token_ids.shape[0] if s.token_ids.dim() == 1 else -1
         problems = [
-            ("token_ids", "int64 [T]", s.token_ids.dtype == torch.int64 and s.token_ids.dim() == 1,
-             f"{s.token_ids.dtype} {list(s.token_ids.shape)}"),
-            ("loss_mask", f"bool [{T}]", s.loss_mask.dtype == torch.bool and list(s.loss_mask.shape) == [T],
-             f"{s.loss_mask.dtype} {list(s.loss_mask.shape)}"),
-            ("hidden", f"{self.ident.dtype} [{T}, {L}, {H}]",
-             s.hidden.dtype == self.ident.dtype and list(s.hidden.shape) == [T, L, H],
-             f"{s.hidden.dtype} {list(s.hidden.shape)}"),
+            (
+                "token_ids",
+                "int64 [T]",
+                s.token_ids.dtype == torch.int64 and s.token_ids.dim() == 1,
+                f"{s.token_ids.dtype} {list(s.token_ids.shape)}",
+            ),
+            (
+                "loss_mask",
+                f"bool [{T}]",
+                s.loss_mask.dtype == torch.bool and list(s.loss_mask.shape) == [T],
+                f"{s.loss_mask.dtype} {list(s.loss_mask.shape)}",
+            ),
+            (
+                "hidden",
+                f"{self.ident.dtype} [{T}, {L}, {H}]",
+                s.hidden.dtype == self.ident.dtype and list(s.hidden.shape) == [T, L, H],
+                f"{s.hidden.dtype} {list(s.hidden.shape)}",
+            ),
             ("token_ids", "at least one token", T > 0, "0 tokens"),
         ]
         for field, want, ok, got in problems:
@@ -303,11 +334,18 @@ class ShardWriter(BackgroundWrites):
         """The shard, then the manifest that lists it (the durability order)."""
         path = self.directory / shard_name(index)
         tokens = sum(int(s.token_ids.shape[0]) for s in samples)
-        need = disk_needed_bytes(tokens, len(self.ident.layer_ids), self.ident.hidden_size, self.ident.dtype,
-                                 len(samples), max(tokens, 1))
+        need = disk_needed_bytes(
+            tokens, len(self.ident.layer_ids), self.ident.hidden_size, self.ident.dtype, len(samples), max(tokens, 1)
+        )
         with disk_full_as_error(path, need):
-            info = write_shard(path, self.ident, ids, [s.token_ids for s in samples],
-                               [s.loss_mask for s in samples], [s.hidden for s in samples])
+            info = write_shard(
+                path,
+                self.ident,
+                ids,
+                [s.token_ids for s in samples],
+                [s.loss_mask for s in samples],
+                [s.hidden for s in samples],
+            )
         with self._state, disk_full_as_error(self.directory / MANIFEST, lambda: len(self.manifest.to_json())):
             m = self.manifest
             self._ids_by_file[info.file] = list(ids)
@@ -328,9 +366,12 @@ class ShardWriter(BackgroundWrites):
             self._last_info = info
         return info
 
-    def finish(self, token_freq: torch.Tensor,
-               vocabs: Mapping[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
-               val_ids: Sequence[str] | None = None) -> Manifest:
+    def finish(
+        self,
+        token_freq: torch.Tensor,
+        vocabs: Mapping[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
+        val_ids: Sequence[str] | None = None,
+    ) -> Manifest:
         """Flush, write token frequencies and draft vocabularies, record which samples are
         validation (``val_ids``, all in the dataset), mark complete, unlock."""
         if self._lock is None:
@@ -340,8 +381,10 @@ class ShardWriter(BackgroundWrites):
         m = self.manifest
         if self._redo.ids:
             missing = sorted(self._redo.waiting())
-            raise StoreError(f"{self.directory}: shards {sorted(self._redo.ids)} are being redone but samples "
-                             f"{missing[:5]} ({len(missing)} in all) were not captured again (add them first)")
+            raise StoreError(
+                f"{self.directory}: shards {sorted(self._redo.ids)} are being redone but samples "
+                f"{missing[:5]} ({len(missing)} in all) were not captured again (add them first)"
+            )
         if m.num_samples == 0:
             raise StoreError(f"{self.directory}: no samples were written; refusing to mark an empty dataset complete")
         if val_ids is not None:

@@ -28,9 +28,10 @@ class BackgroundWrites:
     def _enqueue(self, index: int, ids: list[str], samples: list[Any]) -> None:
         if not self._threads:
             self._jobs = queue.Queue(maxsize=self.writer_threads)
-            self._threads = [threading.Thread(target=self._writer_loop, daemon=True,
-                                              name=f"shard-writer-{k} {self.directory.name}")
-                             for k in range(self.writer_threads)]
+            self._threads = [
+                threading.Thread(target=self._writer_loop, daemon=True, name=f"shard-writer-{k} {self.directory.name}")
+                for k in range(self.writer_threads)
+            ]
             for t in self._threads:
                 t.start()
         with self._state:
@@ -56,8 +57,10 @@ class BackgroundWrites:
             self._error_reported = True
             if isinstance(self._error, DiskSpaceError):  # its own message says what to do
                 raise DiskSpaceError(str(self._error)) from self._error
-            raise StoreError(f"{self.directory}: writing a shard failed on the writer thread: "
-                             f"{type(self._error).__name__}: {self._error}") from self._error
+            raise StoreError(
+                f"{self.directory}: writing a shard failed on the writer thread: "
+                f"{type(self._error).__name__}: {self._error}"
+            ) from self._error
 
     def _stop_thread(self) -> None:
         if self._threads:

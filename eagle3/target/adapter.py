@@ -62,8 +62,7 @@ def _as_1d(values: Any, *, field: str, sample_id: str | None) -> torch.Tensor:
         try:
             t = torch.tensor(values)
         except (TypeError, ValueError):
-            raise CaptureError(field, "a 1-D sequence of integers", _describe(values),
-                               sample_id=sample_id) from None
+            raise CaptureError(field, "a 1-D sequence of integers", _describe(values), sample_id=sample_id) from None
     else:
         raise CaptureError(field, "a 1-D tensor or list", _describe(values), sample_id=sample_id)
     if t.dim() != 1:
@@ -98,8 +97,7 @@ def _stack_hidden(hidden: Any, spec: CaptureSpec, sample_id: str | None) -> torc
             if got == [L, T, H]:
                 hint = "looks like [L, T, H]: the backend must stack layers on dim 1"
             elif got[0] != T and got[1:] == [L, H]:
-                hint = (f"{got[0]} of the {T} prompt tokens were captured: prefix caching or "
-                        "chunked prefill lost tokens")
+                hint = f"{got[0]} of the {T} prompt tokens were captured: prefix caching or chunked prefill lost tokens"
             elif got[1] != L:
                 hint = f"{got[1]} layers captured, {L} requested"
             elif got[2] != H:
@@ -108,39 +106,53 @@ def _stack_hidden(hidden: Any, spec: CaptureSpec, sample_id: str | None) -> torc
         return hidden
     if isinstance(hidden, (list, tuple)) and not is_rpc_tensor(hidden):
         if len(hidden) and all(isinstance(x, (list, tuple)) and not is_rpc_tensor(x) for x in hidden):
-            raise CaptureError("hidden", f"a list of {L} layer tensors [T, H]",
-                               f"a list of lists: {_describe(hidden)}", sample_id=sample_id,
-                               hint="a list of RPC replies? pass one reply's layer tensors")
+            raise CaptureError(
+                "hidden",
+                f"a list of {L} layer tensors [T, H]",
+                f"a list of lists: {_describe(hidden)}",
+                sample_id=sample_id,
+                hint="a list of RPC replies? pass one reply's layer tensors",
+            )
         bad = [i for i, x in enumerate(hidden) if not isinstance(x, (torch.Tensor, np.ndarray))]
         if bad:
-            hint = ("decode the RPC tensors to tensors first"
-                    if is_rpc_tensor(hidden[bad[0]]) else None)
-            raise CaptureError(f"hidden[{bad[0]}]", "a tensor [T, H]", _describe(hidden[bad[0]]),
-                               sample_id=sample_id, hint=hint)
+            hint = "decode the RPC tensors to tensors first" if is_rpc_tensor(hidden[bad[0]]) else None
+            raise CaptureError(
+                f"hidden[{bad[0]}]", "a tensor [T, H]", _describe(hidden[bad[0]]), sample_id=sample_id, hint=hint
+            )
         if len(hidden) != L:
             hint = None
             if len(hidden) == T:
                 hint = "looks like one tensor per token, not one per layer"
-            raise CaptureError("hidden", f"a list of {L} layer tensors (layer ids {list(spec.layer_ids)})",
-                               _describe(hidden), sample_id=sample_id, hint=hint)
+            raise CaptureError(
+                "hidden",
+                f"a list of {L} layer tensors (layer ids {list(spec.layer_ids)})",
+                _describe(hidden),
+                sample_id=sample_id,
+                hint=hint,
+            )
         parts = [torch.from_numpy(x) if isinstance(x, np.ndarray) else x for x in hidden]
         for lid, x in zip(spec.layer_ids, parts):
             if list(x.shape) != [T, H]:
                 hint = None
                 if x.dim() == 2 and x.shape[1] == H and x.shape[0] != T:
                     hint = f"{x.shape[0]} of the {T} prompt tokens were captured"
-                raise CaptureError(f"hidden[layer {lid}]", f"[T, H] = {[T, H]}",
-                                   f"tensor{list(x.shape)}", sample_id=sample_id, hint=hint)
+                raise CaptureError(
+                    f"hidden[layer {lid}]",
+                    f"[T, H] = {[T, H]}",
+                    f"tensor{list(x.shape)}",
+                    sample_id=sample_id,
+                    hint=hint,
+                )
         dtypes = {x.dtype for x in parts}
         if len(dtypes) != 1:
-            raise CaptureError("hidden", "one dtype across layers", sorted(map(str, dtypes)),
-                               sample_id=sample_id)
+            raise CaptureError("hidden", "one dtype across layers", sorted(map(str, dtypes)), sample_id=sample_id)
         if len({x.device for x in parts}) != 1:
             parts = [x.cpu() for x in parts]
         return torch.stack([x.detach() for x in parts], dim=1)  # on the layers' device
     hint = "decode the RPC tensor to a tensor first" if is_rpc_tensor(hidden) else None
-    raise CaptureError("hidden", f"a tensor {want} or a list of {L} tensors [T, H]",
-                       _describe(hidden), sample_id=sample_id, hint=hint)
+    raise CaptureError(
+        "hidden", f"a tensor {want} or a list of {L} tensors [T, H]", _describe(hidden), sample_id=sample_id, hint=hint
+    )
 
 
 def _check_finite(hidden: torch.Tensor, spec: CaptureSpec, sample_id: str | None) -> None:
@@ -152,8 +164,12 @@ def _check_finite(hidden: torch.Tensor, spec: CaptureSpec, sample_id: str | None
     inf = int(torch.isinf(hidden).sum())
     layers = [f"layer {lid}: {int(n)}" for lid, n in zip(spec.layer_ids, bad_per_layer) if n]
     first_t = int((~finite).any(dim=(1, 2)).nonzero()[0])
-    raise CaptureError("hidden", "finite values", f"{nan} NaN and {inf} Inf ({', '.join(layers)}; "
-                       f"first at token {first_t}) in {spec.dtype}", sample_id=sample_id)
+    raise CaptureError(
+        "hidden",
+        "finite values",
+        f"{nan} NaN and {inf} Inf ({', '.join(layers)}; first at token {first_t}) in {spec.dtype}",
+        sample_id=sample_id,
+    )
 
 
 def _to_host(h: torch.Tensor) -> torch.Tensor:
@@ -191,43 +207,61 @@ def to_captured_sample(
     T = spec.num_tokens
     sent = _token_ids(sent_token_ids, field="sent_token_ids", sample_id=sample_id)
     if sent.shape[0] != T:
-        raise CaptureError("sent_token_ids", f"{T} tokens (spec.num_tokens)", f"{sent.shape[0]} tokens",
-                           sample_id=sample_id)
+        raise CaptureError(
+            "sent_token_ids", f"{T} tokens (spec.num_tokens)", f"{sent.shape[0]} tokens", sample_id=sample_id
+        )
     if returned_token_ids is not None:
         back = _token_ids(returned_token_ids, field="returned_token_ids", sample_id=sample_id)
         if back.shape[0] != T:
-            raise CaptureError("returned_token_ids", f"{T} tokens (as sent)", f"{back.shape[0]} tokens",
-                               sample_id=sample_id)
+            raise CaptureError(
+                "returned_token_ids", f"{T} tokens (as sent)", f"{back.shape[0]} tokens", sample_id=sample_id
+            )
         diff = (back != sent).nonzero()
         if diff.numel():
             i = int(diff[0])
-            raise CaptureError("returned_token_ids", f"the sent ids (position {i}: {int(sent[i])})",
-                               f"{int(back[i])} at position {i} ({diff.numel()} positions differ)",
-                               sample_id=sample_id)
+            raise CaptureError(
+                "returned_token_ids",
+                f"the sent ids (position {i}: {int(sent[i])})",
+                f"{int(back[i])} at position {i} ({diff.numel()} positions differ)",
+                sample_id=sample_id,
+            )
     mask = _as_1d(loss_mask, field="loss_mask", sample_id=sample_id)
     if mask.shape[0] != T:
         raise CaptureError("loss_mask", f"{T} entries", f"{mask.shape[0]}", sample_id=sample_id)
     if mask.dtype != torch.bool:
         if mask.dtype.is_floating_point or not bool(((mask == 0) | (mask == 1)).all()):
-            raise CaptureError("loss_mask", "bool (or integer 0/1) values", f"{mask.dtype} values",
-                               sample_id=sample_id)
+            raise CaptureError("loss_mask", "bool (or integer 0/1) values", f"{mask.dtype} values", sample_id=sample_id)
         mask = mask.to(torch.bool)
 
     h = _stack_hidden(hidden, spec, sample_id)
     if not h.dtype.is_floating_point:
-        raise CaptureError("hidden dtype", f"a floating dtype (stored as {spec.dtype})", h.dtype,
-                           sample_id=sample_id, hint="integer data is not hidden states")
+        raise CaptureError(
+            "hidden dtype",
+            f"a floating dtype (stored as {spec.dtype})",
+            h.dtype,
+            sample_id=sample_id,
+            hint="integer data is not hidden states",
+        )
     # cast and check where the tensor lives (one reduction on the GPU for a GPU capture),
     # then move: CPU and GPU captures pass the same checks in the same order
     if finite_on_device is not None and (h.device.type != "cpu" or h.dtype != spec.dtype):
-        raise CaptureError("hidden", f"the host copy in {spec.dtype} that the device check judged",
-                           f"a {h.dtype} tensor on {h.device}", sample_id=sample_id)
+        raise CaptureError(
+            "hidden",
+            f"the host copy in {spec.dtype} that the device check judged",
+            f"a {h.dtype} tensor on {h.device}",
+            sample_id=sample_id,
+        )
     h = h.detach().to(dtype=spec.dtype)
     if finite_on_device is None:
         _check_finite(h, spec, sample_id)
     elif not finite_on_device:
         _check_finite(h, spec, sample_id)  # raises, naming layers and the first bad token
-        raise CaptureError("hidden", "finite values", "NaN/Inf on the device but not in the host copy",
-                           sample_id=sample_id, hint="the device-to-host copy changed the data")
+        raise CaptureError(
+            "hidden",
+            "finite values",
+            "NaN/Inf on the device but not in the host copy",
+            sample_id=sample_id,
+            hint="the device-to-host copy changed the data",
+        )
     h = _to_host(h)
     return CapturedSample(token_ids=sent.contiguous(), loss_mask=mask.contiguous(), hidden=h)

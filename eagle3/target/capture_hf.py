@@ -34,6 +34,7 @@ class _Pending:
 class _InFlight:
     """A batch whose forward is queued: its hidden states on the device (CPU) or on their way
     to pinned host memory (CUDA)."""
+
     batch: list[_Pending]
     input_ids: torch.Tensor  # [B, T] as sent, on the host
     lengths: list[int]
@@ -49,8 +50,11 @@ def _decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
             obj = getattr(obj, part, None)
         if isinstance(obj, torch.nn.ModuleList) and len(obj):
             return obj
-    raise CaptureError(f"{type(model).__name__} decoder layers", "a ModuleList at .layers, "
-                       ".language_model.layers, .model.layers or .decoder.layers", "none found")
+    raise CaptureError(
+        f"{type(model).__name__} decoder layers",
+        "a ModuleList at .layers, .language_model.layers, .model.layers or .decoder.layers",
+        "none found",
+    )
 
 
 def _load_base_model(model_dir: str, dtype: torch.dtype, trust_remote_code: bool = False) -> torch.nn.Module:
@@ -63,27 +67,41 @@ def _load_base_model(model_dir: str, dtype: torch.dtype, trust_remote_code: bool
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        model, info = AutoModel.from_pretrained(model_dir, dtype=dtype, output_loading_info=True,
-                                                trust_remote_code=trust_remote_code)
+        model, info = AutoModel.from_pretrained(
+            model_dir, dtype=dtype, output_loading_info=True, trust_remote_code=trust_remote_code
+        )
     finally:
         hf_logging.set_verbosity(verbosity)
     missing = sorted(info.get("missing_keys") or [])
     mismatched = sorted(info.get("mismatched_keys") or [])
     if missing or mismatched:
-        raise CaptureError(f"{model_dir} weights", "every base-model weight present with its shape",
-                           f"missing {missing[:5]}, mismatched {mismatched[:5]}")
+        raise CaptureError(
+            f"{model_dir} weights",
+            "every base-model weight present with its shape",
+            f"missing {missing[:5]}, mismatched {mismatched[:5]}",
+        )
     return model
 
 
 class HFCaptureBackend:
     """Capture hidden states for ``capture_ids`` (vLLM numbering) with transformers."""
 
-    def __init__(self, model_dir: str, capture_ids: Sequence[int], dtype: torch.dtype = torch.bfloat16,
-                 device: str = "cpu", max_tokens_per_batch: int = 16384, batch_size: int = 8,
-                 trust_remote_code: bool = False):
+    def __init__(
+        self,
+        model_dir: str,
+        capture_ids: Sequence[int],
+        dtype: torch.dtype = torch.bfloat16,
+        device: str = "cpu",
+        max_tokens_per_batch: int = 16384,
+        batch_size: int = 8,
+        trust_remote_code: bool = False,
+    ):
         if batch_size < 1 or max_tokens_per_batch < 1:
-            raise CaptureError("capture batch limits", "batch_size >= 1 and max_tokens_per_batch >= 1",
-                               f"batch_size={batch_size}, max_tokens_per_batch={max_tokens_per_batch}")
+            raise CaptureError(
+                "capture batch limits",
+                "batch_size >= 1 and max_tokens_per_batch >= 1",
+                f"batch_size={batch_size}, max_tokens_per_batch={max_tokens_per_batch}",
+            )
         self.model_dir = str(model_dir)
         self.dtype = dtype
         self.device = torch.device(device)
@@ -94,8 +112,9 @@ class HFCaptureBackend:
         n = len(layers)
         ids = [int(i) for i in capture_ids]
         if not ids or ids != sorted(set(ids)) or ids[0] < 0 or ids[-1] > n:
-            raise CaptureError("capture_ids", f"unique ascending ids in 0..{n} (N={n} decoder layers "
-                               f"in {self.model_dir})", ids)
+            raise CaptureError(
+                "capture_ids", f"unique ascending ids in 0..{n} (N={n} decoder layers in {self.model_dir})", ids
+            )
         self.capture_ids = tuple(ids)
         self.num_layers = n
         self.hidden_size = int(self.model.config.get_text_config().hidden_size)
@@ -126,8 +145,9 @@ class HFCaptureBackend:
 
     def _store(self, lid: int, h) -> None:
         if not isinstance(h, torch.Tensor) or h.dim() != 3:
-            raise CaptureError(f"hook for layer id {lid}", "a hidden-state tensor [B, T, H]",
-                               getattr(h, "shape", type(h).__name__))
+            raise CaptureError(
+                f"hook for layer id {lid}", "a hidden-state tensor [B, T, H]", getattr(h, "shape", type(h).__name__)
+            )
         self._captured[lid] = h.detach()
 
     # ------------------------------------------------------------------ batching
@@ -175,16 +195,26 @@ class HFCaptureBackend:
     @torch.inference_mode()
     def _finish(self, flight: _InFlight) -> list[CapturedSample]:
         """Checked records of a launched batch, padding stripped (never stored)."""
-        rows = (flight.to_host.rows() if flight.to_host is not None
-                else [(flight.stacked[row, :t], None) for row, t in enumerate(flight.lengths)])
+        rows = (
+            flight.to_host.rows()
+            if flight.to_host is not None
+            else [(flight.stacked[row, :t], None) for row, t in enumerate(flight.lengths)]
+        )
         out = []
         for row, (p, (hidden, finite)) in enumerate(zip(flight.batch, rows)):
             t = flight.lengths[row]
             spec = CaptureSpec(self.capture_ids, self.hidden_size, self.dtype, p.input_ids.shape[0])
-            out.append(to_captured_sample(
-                hidden, spec=spec, sent_token_ids=p.input_ids, loss_mask=p.loss_mask,
-                returned_token_ids=flight.input_ids[row, :t], sample_id=p.sample_id, finite_on_device=finite,
-            ))
+            out.append(
+                to_captured_sample(
+                    hidden,
+                    spec=spec,
+                    sent_token_ids=p.input_ids,
+                    loss_mask=p.loss_mask,
+                    returned_token_ids=flight.input_ids[row, :t],
+                    sample_id=p.sample_id,
+                    finite_on_device=finite,
+                )
+            )
         return out
 
     def _pipeline(self, batches: Iterable[list[_Pending]]) -> Iterator[tuple[_Pending, CapturedSample]]:
@@ -202,30 +232,31 @@ class HFCaptureBackend:
         if in_flight is not None:
             yield from zip(in_flight.batch, self._finish(in_flight))
 
-    def _stream(self, samples: Iterable[tuple[str, torch.Tensor, torch.Tensor]]
-                ) -> Iterator[tuple[_Pending, CapturedSample]]:
+    def _stream(
+        self, samples: Iterable[tuple[str, torch.Tensor, torch.Tensor]]
+    ) -> Iterator[tuple[_Pending, CapturedSample]]:
         """Records batch by batch, as soon as each batch is captured (batching order)."""
         return self._pipeline(self._windowed_batches(samples))
 
-    def _windowed_batches(self, samples: Iterable[tuple[str, torch.Tensor, torch.Tensor]]
-                          ) -> Iterator[list[_Pending]]:
+    def _windowed_batches(self, samples: Iterable[tuple[str, torch.Tensor, torch.Tensor]]) -> Iterator[list[_Pending]]:
         window: list[_Pending] = []
         size = self.batch_size * SORT_WINDOW_BATCHES
         for index, (sample_id, input_ids, loss_mask) in enumerate(samples):
             input_ids = torch.as_tensor(input_ids)
             if input_ids.dim() != 1 or input_ids.shape[0] == 0:
-                raise CaptureError("input_ids", "a non-empty 1-D tensor [T]", list(input_ids.shape),
-                                   sample_id=str(sample_id))
-            window.append(_Pending(index, str(sample_id), input_ids.to(torch.int64),
-                                   torch.as_tensor(loss_mask)))
+                raise CaptureError(
+                    "input_ids", "a non-empty 1-D tensor [T]", list(input_ids.shape), sample_id=str(sample_id)
+                )
+            window.append(_Pending(index, str(sample_id), input_ids.to(torch.int64), torch.as_tensor(loss_mask)))
             if len(window) >= size:
                 yield from self._batches(window)
                 window = []
         if window:
             yield from self._batches(window)
 
-    def capture_with_ids(self, samples: Iterable[tuple[str, torch.Tensor, torch.Tensor]]
-                         ) -> Iterator[tuple[str, CapturedSample]]:
+    def capture_with_ids(
+        self, samples: Iterable[tuple[str, torch.Tensor, torch.Tensor]]
+    ) -> Iterator[tuple[str, CapturedSample]]:
         """(sample_id, CapturedSample) pairs, handed over batch by batch as each forward
         finishes, so writing them overlaps the next forward. The order is the batching
         order (longest first within a sort window), not the input order: use the ids."""

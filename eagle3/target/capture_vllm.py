@@ -89,7 +89,7 @@ def _split_cpus(ranks: int) -> str:
     if len(cpus) < ranks:
         raise CaptureError("tensor_parallel_size on CPU", f"<= {len(cpus)} (one CPU per rank at least)", ranks)
     size = len(cpus) // ranks
-    groups = [cpus[r * size:(r + 1) * size] for r in range(ranks)]
+    groups = [cpus[r * size : (r + 1) * size] for r in range(ranks)]
     return "|".join(",".join(str(c) for c in g) for g in groups)
 
 
@@ -104,16 +104,28 @@ def read_capture_file(
     data = load_file(path)
     missing = [k for k in (HIDDEN_KEY, TOKENS_KEY, FIRST_POSITION_KEY) if k not in data]
     if missing:
-        raise CaptureError(f"{path} tensors", [HIDDEN_KEY, TOKENS_KEY, FIRST_POSITION_KEY],
-                           f"{sorted(data)} (missing {missing})", sample_id=sample_id)
+        raise CaptureError(
+            f"{path} tensors",
+            [HIDDEN_KEY, TOKENS_KEY, FIRST_POSITION_KEY],
+            f"{sorted(data)} (missing {missing})",
+            sample_id=sample_id,
+        )
     first = int(data[FIRST_POSITION_KEY][0])
     hint = None
     if first != 0:
-        hint = (f"the engine ran positions {first}..{spec.num_tokens - 1} only: the first {first} came "
-                "from a cache (prefix caching?) and their states were never computed")
+        hint = (
+            f"the engine ran positions {first}..{spec.num_tokens - 1} only: the first {first} came "
+            "from a cache (prefix caching?) and their states were never computed"
+        )
     try:
-        return to_captured_sample(data[HIDDEN_KEY], spec=spec, sent_token_ids=input_ids, loss_mask=loss_mask,
-                                  returned_token_ids=data[TOKENS_KEY], sample_id=sample_id)
+        return to_captured_sample(
+            data[HIDDEN_KEY],
+            spec=spec,
+            sent_token_ids=input_ids,
+            loss_mask=loss_mask,
+            returned_token_ids=data[TOKENS_KEY],
+            sample_id=sample_id,
+        )
     except CaptureError as e:
         if hint:  # say where the rows went, beside the adapter's own hint
             both = f"{e.hint}; {hint}" if e.hint else hint
@@ -147,13 +159,17 @@ class VLLMCaptureBackend:
         ``prompts_per_call``: prompts handed to one ``LLM.generate`` (default 4 x max_num_seqs)."""
         if enable_prefix_caching:
             raise CaptureError(
-                "enable_prefix_caching", False, True,
+                "enable_prefix_caching",
+                False,
+                True,
                 hint="cached prefix tokens skip the model, so their hidden states would be missing; "
                 "the vLLM capture backend always runs with prefix caching off",
             )
         if data_parallel_size != 1:
             raise CaptureError(
-                "data_parallel_size", 1, data_parallel_size,
+                "data_parallel_size",
+                1,
+                data_parallel_size,
                 hint="vLLM 0.32's LLM refuses data_parallel_size > 1 in one process; run one extract "
                 "job per data shard (each on its own devices) instead",
             )
@@ -165,8 +181,12 @@ class VLLMCaptureBackend:
         # vLLM returns the states in layer order whatever order the ids are listed in:
         # anything but unique ascending ids would label layers wrongly, so refuse it
         if not ids or ids != sorted(set(ids)) or ids[0] < 0 or ids[-1] > self.num_layers:
-            raise CaptureError("capture_ids", f"unique ascending ids in 0..{self.num_layers} "
-                               f"(N={self.num_layers} decoder layers in {self.model_dir})", ids)
+            raise CaptureError(
+                "capture_ids",
+                f"unique ascending ids in 0..{self.num_layers} "
+                f"(N={self.num_layers} decoder layers in {self.model_dir})",
+                ids,
+            )
         self.capture_ids = tuple(ids)
         self.dtype = dtype
         self.max_model_len = int(max_model_len)
@@ -218,12 +238,17 @@ class VLLMCaptureBackend:
         sample_id = str(sample_id)
         ids = torch.as_tensor(input_ids)
         if ids.dim() != 1 or ids.shape[0] == 0 or ids.dtype.is_floating_point:
-            raise CaptureError("input_ids", "a non-empty 1-D integer tensor [T]",
-                               f"{ids.dtype} {list(ids.shape)}", sample_id=sample_id)
+            raise CaptureError(
+                "input_ids", "a non-empty 1-D integer tensor [T]", f"{ids.dtype} {list(ids.shape)}", sample_id=sample_id
+            )
         if ids.shape[0] + 1 > self.max_model_len:
-            raise CaptureError("input_ids length", f"<= {self.max_model_len - 1} (max_model_len - 1 sampled "
-                               "token)", ids.shape[0], sample_id=sample_id,
-                               hint="truncate with data.max_length or raise max_model_len")
+            raise CaptureError(
+                "input_ids length",
+                f"<= {self.max_model_len - 1} (max_model_len - 1 sampled token)",
+                ids.shape[0],
+                sample_id=sample_id,
+                hint="truncate with data.max_length or raise max_model_len",
+            )
         self._counter += 1
         path = os.path.join(self._spill, f"req-{self._counter:09d}.safetensors")
         return _Pending(sample_id, ids.to(torch.int64), torch.as_tensor(loss_mask), path)
@@ -232,9 +257,13 @@ class VLLMCaptureBackend:
         deadline = time.monotonic() + FILE_WAIT_S
         while not os.path.exists(path):
             if time.monotonic() > deadline:
-                raise CaptureError(f"hidden-state file {path}", "written by the engine's connector",
-                                   f"absent after {FILE_WAIT_S:.0f} s", sample_id=sample_id,
-                                   hint="the request finished without its prompt being captured")
+                raise CaptureError(
+                    f"hidden-state file {path}",
+                    "written by the engine's connector",
+                    f"absent after {FILE_WAIT_S:.0f} s",
+                    sample_id=sample_id,
+                    hint="the request finished without its prompt being captured",
+                )
             time.sleep(0.05)
 
     def _run(self, batch: list[_Pending]) -> Iterator[tuple[str, CapturedSample]]:
@@ -243,21 +272,31 @@ class VLLMCaptureBackend:
 
         start = time.perf_counter()
         prompts = [TokensPrompt(prompt_token_ids=p.input_ids.tolist()) for p in batch]
-        params = [SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
-                                 extra_args={self._internals.PATH_KEY: p.path}) for p in batch]
+        params = [
+            SamplingParams(
+                max_tokens=1, temperature=0.0, detokenize=False, extra_args={self._internals.PATH_KEY: p.path}
+            )
+            for p in batch
+        ]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         if len(outputs) != len(batch):
             raise CaptureError("vLLM outputs", f"{len(batch)} (one per prompt)", len(outputs))
         records = []
         for p, out in zip(batch, outputs):
             if list(out.prompt_token_ids or []) != p.input_ids.tolist():
-                raise CaptureError("vLLM output prompt_token_ids", f"the {p.input_ids.shape[0]} ids sent",
-                                   f"{len(out.prompt_token_ids or [])} ids (outputs out of order?)",
-                                   sample_id=p.sample_id)
+                raise CaptureError(
+                    "vLLM output prompt_token_ids",
+                    f"the {p.input_ids.shape[0]} ids sent",
+                    f"{len(out.prompt_token_ids or [])} ids (outputs out of order?)",
+                    sample_id=p.sample_id,
+                )
             self._wait_for(p.path, p.sample_id)
             spec = CaptureSpec(self.capture_ids, self.hidden_size, self.dtype, int(p.input_ids.shape[0]))
-            records.append(read_capture_file(p.path, spec=spec, input_ids=p.input_ids, loss_mask=p.loss_mask,
-                                             sample_id=p.sample_id))
+            records.append(
+                read_capture_file(
+                    p.path, spec=spec, input_ids=p.input_ids, loss_mask=p.loss_mask, sample_id=p.sample_id
+                )
+            )
             os.remove(p.path)
         self.stats.seconds += time.perf_counter() - start
         self.stats.samples += len(batch)
@@ -265,8 +304,9 @@ class VLLMCaptureBackend:
         for p, r in zip(batch, records):
             yield p.sample_id, r
 
-    def capture_with_ids(self, samples: Iterable[tuple[str, torch.Tensor, torch.Tensor]]
-                         ) -> Iterator[tuple[str, CapturedSample]]:
+    def capture_with_ids(
+        self, samples: Iterable[tuple[str, torch.Tensor, torch.Tensor]]
+    ) -> Iterator[tuple[str, CapturedSample]]:
         """Like ``capture`` but yields (sample_id, CapturedSample) pairs."""
         batch: list[_Pending] = []
         for sample_id, input_ids, loss_mask in samples:

@@ -37,8 +37,10 @@ class BatchToHost:
             raise ValueError(f"BatchToHost: expected a CUDA tensor, got one on {hidden.device}")
         B, T = hidden.shape[:2]
         if len(lengths) != B or max(lengths) > T or tuple(valid.shape) != (B, T):
-            raise ValueError(f"BatchToHost: lengths {lengths} / valid {list(valid.shape)} do not fit a batch "
-                             f"of shape {list(hidden.shape)}")
+            raise ValueError(
+                f"BatchToHost: lengths {lengths} / valid {list(valid.shape)} do not fit a batch "
+                f"of shape {list(hidden.shape)}"
+            )
         self.lengths = [int(t) for t in lengths]
         h = hidden.detach().to(dtype=dtype).contiguous()
         finite_rows = (torch.isfinite(h).flatten(2).all(dim=2) | ~valid).all(dim=1)  # [B]

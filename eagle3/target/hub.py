@@ -55,8 +55,10 @@ def _local_or_hub(name: Optional[str], revision: Optional[str], field: str, revi
     path = Path(str(name)).expanduser()
     if path.is_dir():
         if revision:
-            raise HubError(f"{field}={name!r} is a local directory, but {revision_field}={revision!r} pins a hub "
-                           f"revision: drop {revision_field}, or give the hub id instead of the directory")
+            raise HubError(
+                f"{field}={name!r} is a local directory, but {revision_field}={revision!r} pins a hub "
+                f"revision: drop {revision_field}, or give the hub id instead of the directory"
+            )
         return path
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
@@ -85,22 +87,33 @@ def _hub_failure(e: Exception, name: str, revision: Optional[str], field: str) -
         return HubError(f"{field}={where}: the repository has no config.json; is it a transformers model?")
     if isinstance(e, LocalEntryNotFoundError):
         if hub_offline():
-            return HubError(f"{field}={where} is not in {cache}, and HF_HUB_OFFLINE=1 forbids "
-                            f"downloading it: run once online (unset HF_HUB_OFFLINE), or download it with "
-                            f"{_download_hint(name, revision)}, or give a local directory")
+            return HubError(
+                f"{field}={where} is not in {cache}, and HF_HUB_OFFLINE=1 forbids "
+                f"downloading it: run once online (unset HF_HUB_OFFLINE), or download it with "
+                f"{_download_hint(name, revision)}, or give a local directory"
+            )
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return HubError(f"{field}={where}: not in {cache}, and the hub could not be reached ({reason}); "
-                        f"check the network, or download it with {_download_hint(name, revision)}")
+        return HubError(
+            f"{field}={where}: not in {cache}, and the hub could not be reached ({reason}); "
+            f"check the network, or download it with {_download_hint(name, revision)}"
+        )
     if isinstance(e, RevisionNotFoundError):
         return HubError(f"{field}={where}: the hub has no such revision (a branch, tag or commit of {name!r})")
     if isinstance(e, (RepositoryNotFoundError, GatedRepoError)):
-        return HubError(f"{field}={where}: the hub refused it (no such repository, or private/gated: log in "
-                        f"with `hf auth login` or set HF_TOKEN, and accept its licence on the hub)")
+        return HubError(
+            f"{field}={where}: the hub refused it (no such repository, or private/gated: log in "
+            f"with `hf auth login` or set HF_TOKEN, and accept its licence on the hub)"
+        )
     return HubError(f"{field}={where}: {type(e).__name__}: {e}")
 
 
-def resolve_model_dir(name: Optional[str], revision: Optional[str] = None, *, field: str = "model.path",
-                      revision_field: str = "model.revision") -> Path:
+def resolve_model_dir(
+    name: Optional[str],
+    revision: Optional[str] = None,
+    *,
+    field: str = "model.path",
+    revision_field: str = "model.revision",
+) -> Path:
     """The local directory holding `name`: itself when it is a directory, else the hub cache's
     snapshot of `revision` (downloaded when online and missing). `field`/`revision_field`
     name the config keys in errors."""
@@ -111,14 +124,20 @@ def resolve_model_dir(name: Optional[str], revision: Optional[str] = None, *, fi
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     try:
-        return Path(snapshot_download(str(name), revision=revision, cache_dir=hub_cache_dir(),
-                                      local_files_only=hub_offline()))
+        return Path(
+            snapshot_download(str(name), revision=revision, cache_dir=hub_cache_dir(), local_files_only=hub_offline())
+        )
     except (LocalEntryNotFoundError, HfHubHTTPError) as e:
         raise _hub_failure(e, str(name), revision, field) from e
 
 
-def model_config_file(name: Optional[str], revision: Optional[str] = None, *, field: str = "model.path",
-                      revision_field: str = "model.revision") -> Path:
+def model_config_file(
+    name: Optional[str],
+    revision: Optional[str] = None,
+    *,
+    field: str = "model.path",
+    revision_field: str = "model.revision",
+) -> Path:
     """`name`'s config.json without the weights (compose time): the local directory's file (which
     may not exist: the caller says so), or the hub's file of `revision`, cached."""
     local = _local_or_hub(name, revision, field, revision_field)
@@ -128,7 +147,10 @@ def model_config_file(name: Optional[str], revision: Optional[str] = None, *, fi
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     try:
-        return Path(hf_hub_download(str(name), "config.json", revision=revision, cache_dir=hub_cache_dir(),
-                                    local_files_only=hub_offline()))
+        return Path(
+            hf_hub_download(
+                str(name), "config.json", revision=revision, cache_dir=hub_cache_dir(), local_files_only=hub_offline()
+            )
+        )
     except (LocalEntryNotFoundError, HfHubHTTPError) as e:
         raise _hub_failure(e, str(name), revision, field) from e

@@ -12,8 +12,7 @@ import torch
 class CaptureError(ValueError):
     """A capture that does not match what was asked for: names field, expected and got."""
 
-    def __init__(self, field: str, expected: Any, got: Any, *, sample_id: str | None = None,
-                 hint: str | None = None):
+    def __init__(self, field: str, expected: Any, got: Any, *, sample_id: str | None = None, hint: str | None = None):
         self.field = field
         self.expected = expected
         self.got = got

@@ -89,9 +89,7 @@ def materialize_smollm2(cache_dir: str | Path) -> Path:
     def build(tmp: Path) -> None:
         # GGUF loading dequantises into plain float Linear weights, but the model stays
         # flagged as quantized (not serialisable): copy the weights into a clean model.
-        loaded = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-        )
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         config = loaded.config
         if hasattr(config, "quantization_config"):
             del config.quantization_config
@@ -111,8 +109,9 @@ def _tiny_config(model_cfg: Any):
     from transformers import AutoConfig
 
     arch = _get(model_cfg, "architecture")
-    model_type = {"LlamaForCausalLM": "llama", "DeepseekV3ForCausalLM": "deepseek_v3",
-                  "Qwen3ForCausalLM": "qwen3"}.get(arch)
+    model_type = {"LlamaForCausalLM": "llama", "DeepseekV3ForCausalLM": "deepseek_v3", "Qwen3ForCausalLM": "qwen3"}.get(
+        arch
+    )
     if model_type is None:
         raise TargetError(f"model.architecture={arch!r}: no tiny builder for it")
     extra = dict(_get(model_cfg, "extra_config") or {})

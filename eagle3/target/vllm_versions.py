@@ -26,7 +26,7 @@ class VLLMVersionError(ImportError):
 
 
 def release(version: str) -> str:
-    """"0.32.0+cpu" and "0.32.0" are the same release."""
+    """ "0.32.0+cpu" and "0.32.0" are the same release."""
     return version.split("+", 1)[0]
 
 

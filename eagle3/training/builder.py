@@ -52,8 +52,12 @@ def build_head(cfg: Any, model_dir: str, dataset: HiddenStateDataset) -> tuple[E
     }
     norms = {name: bool(cfg.train[name]) for name in NORM_OPTIONS}  # train.<name>, same names as DraftConfig
     draft_cfg = DraftConfig.from_target_config(
-        hf, draft_vocab_size=size, num_aux_layers=len(aux_ids), num_layers=int(cfg.train.num_draft_layers),
-        **norms, **overrides,
+        hf,
+        draft_vocab_size=size,
+        num_aux_layers=len(aux_ids),
+        num_layers=int(cfg.train.num_draft_layers),
+        **norms,
+        **overrides,
     )
     head = Eagle3DraftHead(draft_cfg, attention=str(getattr(cfg.train.attention, "value", cfg.train.attention)))
     d2t, t2d = draft_vocab(dataset, size)
@@ -63,7 +67,11 @@ def build_head(cfg: Any, model_dir: str, dataset: HiddenStateDataset) -> tuple[E
         d2t, t2d = head_vocab(init, d2t, t2d, dataset.token_freq())
     w = load_target_head_weights(model_dir)
     head.load_target_weights(
-        w["embed"].float(), w["norm"].float(), w["lm_head"].float(), d2t, t2d,
+        w["embed"].float(),
+        w["norm"].float(),
+        w["lm_head"].float(),
+        d2t,
+        t2d,
         init_lm_head_from_target=bool(cfg.train.init_lm_head_from_target),
     )
     if init is not None:  # after the target's pieces: init_from wins over init_lm_head_from_target

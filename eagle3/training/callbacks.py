@@ -83,8 +83,10 @@ class TrainEta(L.Callback):
         elif self._start is not None and step - self._start[0] >= self.timed:
             per = (time.perf_counter() - self._start[1]) / (step - self._start[0])
             left = max(0, self.max_steps - step)
-            self.line = (f"train: steps {self._start[0]}-{step} took {per:.2f} s each here: "
-                         f"~{minutes(left * per)} left for {left:,} steps (validation not included)")
+            self.line = (
+                f"train: steps {self._start[0]}-{step} took {per:.2f} s each here: "
+                f"~{minutes(left * per)} left for {left:,} steps (validation not included)"
+            )
             if trainer.is_global_zero:
                 report([self.line])
 
@@ -94,8 +96,9 @@ class TrainEta(L.Callback):
             self._seen = self.skip - 1
 
 
-def build_callbacks(callbacks_cfg, optimized_metric: str, ckpt_dir, *, max_steps: int, with_logger: bool,
-                    progress_bar: bool) -> tuple:
+def build_callbacks(
+    callbacks_cfg, optimized_metric: str, ckpt_dir, *, max_steps: int, with_logger: bool, progress_bar: bool
+) -> tuple:
     """The run's callbacks from callbacks.* (conf/callbacks/): the best-checkpoint saver (the
     exported head is its best), throughput and ETA, optional progress bar, early stopping and
     learning-rate monitor, then `extra` ones instantiated by class path. Returns (checkpoint, all)."""
@@ -104,12 +107,19 @@ def build_callbacks(callbacks_cfg, optimized_metric: str, ckpt_dir, *, max_steps
 
     ckpt = callbacks_cfg.model_checkpoint
     if int(ckpt.save_top_k) < 1:
-        raise ValueError(f"callbacks.model_checkpoint.save_top_k: expected >= 1 (the exported head is the best "
-                         f"checkpoint by {optimized_metric}), got {ckpt.save_top_k}")
+        raise ValueError(
+            f"callbacks.model_checkpoint.save_top_k: expected >= 1 (the exported head is the best "
+            f"checkpoint by {optimized_metric}), got {ckpt.save_top_k}"
+        )
     mode = "min" if "loss" in optimized_metric else "max"
     checkpoint = ModelCheckpoint(
-        dirpath=ckpt_dir, filename="best-step{step}", monitor=optimized_metric, mode=mode,
-        save_top_k=int(ckpt.save_top_k), save_last=bool(ckpt.save_last), auto_insert_metric_name=False,
+        dirpath=ckpt_dir,
+        filename="best-step{step}",
+        monitor=optimized_metric,
+        mode=mode,
+        save_top_k=int(ckpt.save_top_k),
+        save_last=bool(ckpt.save_last),
+        auto_insert_metric_name=False,
         every_n_train_steps=ckpt.every_n_train_steps,
     )
     callbacks: list[L.Callback] = [checkpoint, TokenThroughput(), TrainEta(int(max_steps))]
@@ -117,8 +127,14 @@ def build_callbacks(callbacks_cfg, optimized_metric: str, ckpt_dir, *, max_steps
         callbacks.append(RichProgressBar())
     stopping = callbacks_cfg.early_stopping
     if stopping.patience is not None:
-        callbacks.append(EarlyStopping(monitor=optimized_metric, mode=mode, patience=int(stopping.patience),
-                                       min_delta=float(stopping.min_delta)))
+        callbacks.append(
+            EarlyStopping(
+                monitor=optimized_metric,
+                mode=mode,
+                patience=int(stopping.patience),
+                min_delta=float(stopping.min_delta),
+            )
+        )
     if with_logger and callbacks_cfg.lr_monitor:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     for name, node in (callbacks_cfg.extra or {}).items():

@@ -41,6 +41,7 @@ def newest_whole_checkpoint(ckpt_dir: Path) -> Path | None:
     last = ckpt_dir / "last.ckpt"
     if last.is_file() and whole_checkpoint(last):
         return last
-    others = sorted((p for p in ckpt_dir.glob("*.ckpt") if p != last and p.is_file()),
-                    key=lambda p: p.stat().st_mtime, reverse=True)
+    others = sorted(
+        (p for p in ckpt_dir.glob("*.ckpt") if p != last and p.is_file()), key=lambda p: p.stat().st_mtime, reverse=True
+    )
     return next((p for p in others if whole_checkpoint(p)), None)

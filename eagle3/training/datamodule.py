@@ -11,8 +11,17 @@ from eagle3.store import HiddenStateDataset
 
 
 class Eagle3DataModule(L.LightningDataModule):
-    def __init__(self, dataset_dir: str, *, max_tokens_per_batch: int, seed: int = 0, num_workers: int = 0,
-                 fixed_shape: bool = False, row_tokens: int | None = None, require_train: bool = True):
+    def __init__(
+        self,
+        dataset_dir: str,
+        *,
+        max_tokens_per_batch: int,
+        seed: int = 0,
+        num_workers: int = 0,
+        fixed_shape: bool = False,
+        row_tokens: int | None = None,
+        require_train: bool = True,
+    ):
         super().__init__()
         self.dataset_dir = dataset_dir
         self.max_tokens = int(max_tokens_per_batch)
@@ -27,29 +36,56 @@ class Eagle3DataModule(L.LightningDataModule):
             raise ValueError(f"{dataset_dir}: no training samples (all {len(self.dataset)} are validation)")
         lengths = self.dataset.lengths
         if self.row_tokens and max(lengths) > self.row_tokens:
-            raise ValueError(f"train.row_tokens={self.row_tokens}: shorter than the longest sample of {dataset_dir} "
-                             f"({max(lengths)} tokens), which would be cut; expected >= {max(lengths)} or null")
-        self.train_batches = pack_rows([lengths[i] for i in self.train_idx], self.max_tokens, self.row_tokens,
-                                       seed=self.seed)
-        self.val_batches = pack_rows([lengths[i] for i in self.val_idx], self.max_tokens, self.row_tokens,
-                                     seed=self.seed)
+            raise ValueError(
+                f"train.row_tokens={self.row_tokens}: shorter than the longest sample of {dataset_dir} "
+                f"({max(lengths)} tokens), which would be cut; expected >= {max(lengths)} or null"
+            )
+        self.train_batches = pack_rows(
+            [lengths[i] for i in self.train_idx], self.max_tokens, self.row_tokens, seed=self.seed
+        )
+        self.val_batches = pack_rows(
+            [lengths[i] for i in self.val_idx], self.max_tokens, self.row_tokens, seed=self.seed
+        )
         self._resume_start = 0
 
     def _rank_world(self) -> tuple[int, int]:
         trainer = self.trainer
         return (trainer.global_rank, trainer.world_size) if trainer else (0, 1)
 
-    def _loader(self, idx: list[int], batches: list[list[int]], shuffle: bool, batches_done: int = 0,
-                split_across_ranks: bool = True):
+    def _loader(
+        self,
+        idx: list[int],
+        batches: list[list[int]],
+        shuffle: bool,
+        batches_done: int = 0,
+        split_across_ranks: bool = True,
+    ):
         rank, world = self._rank_world() if split_across_ranks else (0, 1)
-        return packed_loader(self.dataset, idx, batches, max_tokens=self.max_tokens, row_tokens=self.row_tokens,
-                             fixed_shape=self.fixed_shape, shuffle=shuffle, seed=self.seed, rank=rank,
-                             world_size=world, batches_done=batches_done, num_workers=self.num_workers)
+        return packed_loader(
+            self.dataset,
+            idx,
+            batches,
+            max_tokens=self.max_tokens,
+            row_tokens=self.row_tokens,
+            fixed_shape=self.fixed_shape,
+            shuffle=shuffle,
+            seed=self.seed,
+            rank=rank,
+            world_size=world,
+            batches_done=batches_done,
+            num_workers=self.num_workers,
+        )
 
     def loader_for(self, idx: list[int]):
         """These samples in this module's batches, unshuffled, in this process (evaluation)."""
-        return unshuffled_loader(self.dataset, idx, max_tokens=self.max_tokens, row_tokens=self.row_tokens,
-                                 seed=self.seed, num_workers=self.num_workers)
+        return unshuffled_loader(
+            self.dataset,
+            idx,
+            max_tokens=self.max_tokens,
+            row_tokens=self.row_tokens,
+            seed=self.seed,
+            num_workers=self.num_workers,
+        )
 
     def train_dataloader(self):
         trainer = self.trainer
@@ -58,7 +94,9 @@ class Eagle3DataModule(L.LightningDataModule):
         # Lightning warns that a mid-epoch resume with this loader "can cause unreliable
         # results": not so here, the sampler starts at the restored step (test_train's resume
         # test: 3 + 13 steps across passes == 16 in one go), so the advice would only mislead
-        warnings.filterwarnings("ignore", message=r"You're resuming from a checkpoint that ended before the epoch ended")
+        warnings.filterwarnings(
+            "ignore", message=r"You're resuming from a checkpoint that ended before the epoch ended"
+        )
         return self._loader(self.train_idx, self.train_batches, shuffle=True, batches_done=done)
 
     def val_dataloader(self):
@@ -68,6 +106,8 @@ class Eagle3DataModule(L.LightningDataModule):
         # ranks may get unequal numbers of them; the training stream instead trims to equal counts
         rank, world = self._rank_world()
         if len(self.val_batches) < world:
-            raise ValueError(f"{self.dataset_dir}: {len(self.val_batches)} validation batches cannot feed {world} "
-                             "ranks; lower train.max_tokens_per_batch or raise data.val_fraction")
+            raise ValueError(
+                f"{self.dataset_dir}: {len(self.val_batches)} validation batches cannot feed {world} "
+                "ranks; lower train.max_tokens_per_batch or raise data.val_fraction"
+            )
         return self._loader(self.val_idx, self.val_batches[rank::world], shuffle=False, split_across_ranks=False)

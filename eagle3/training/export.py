@@ -30,6 +30,8 @@ def export_checkpoint(ckpt: str | Path, out: str | Path | None = None, num_draft
     missing, unexpected = head.load_state_dict(weights, strict=False)
     trained_missing = [k for k in missing if not k.startswith(("embed_tokens", "target_"))]
     if trained_missing or unexpected:
-        raise ValueError(f"{ckpt}: weights do not fit the draft config (missing {trained_missing}, unexpected {unexpected})")
+        raise ValueError(
+            f"{ckpt}: weights do not fit the draft config (missing {trained_missing}, unexpected {unexpected})"
+        )
     out = Path(out) if out else ckpt.parent.parent / "export"
     return save_head(head, meta, out)

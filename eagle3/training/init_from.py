@@ -28,10 +28,10 @@ from typing import Any, Optional
 import torch
 from safetensors.torch import load_file
 
-from eagle3.target.hub import resolve_model_dir
 from eagle3.model.config import NORM_OPTIONS, VLLM_NORM_DEFAULTS, DraftConfig
-from eagle3.model.serving_format import load_export_state_dict
 from eagle3.model.head import Eagle3DraftHead
+from eagle3.model.serving_format import load_export_state_dict
+from eagle3.target.hub import resolve_model_dir
 
 
 class InitFromError(ValueError):
@@ -57,8 +57,10 @@ def read_init_head(name: str, revision: Optional[str] = None) -> InitHead:
     files = {f: directory / f for f in ("config.json", "model.safetensors")}
     absent = [f for f, p in files.items() if not p.is_file()]
     if absent:
-        raise InitFromError(f"train.init_from={name!r}: {directory} has no {' or '.join(absent)} (expected an "
-                            "EAGLE-3 head in the speculators format: train.py's export directory or its hub id)")
+        raise InitFromError(
+            f"train.init_from={name!r}: {directory} has no {' or '.join(absent)} (expected an "
+            "EAGLE-3 head in the speculators format: train.py's export directory or its hub id)"
+        )
     config = json.loads(files["config.json"].read_text())
     kind = config.get("speculators_model_type")
     if kind != "eagle3":
@@ -85,24 +87,43 @@ def check_compatible(init: InitHead, draft_cfg: DraftConfig, aux_ids: list[int])
         ("draft_vocab_size", draft_cfg.draft_vocab_size, "train.draft_vocab_size", cfg.get("draft_vocab_size")),
         ("d2t length", draft_cfg.draft_vocab_size, "train.draft_vocab_size", int(d2t.shape[0])),
         ("num_hidden_layers", draft_cfg.num_layers, "train.num_draft_layers", layer.get("num_hidden_layers", 1)),
-        ("num_attention_heads", draft_cfg.num_attention_heads, "train.num_attention_heads",
-         layer.get("num_attention_heads")),
-        ("num_key_value_heads", draft_cfg.num_key_value_heads, "train.num_key_value_heads",
-         layer.get("num_key_value_heads")),
+        (
+            "num_attention_heads",
+            draft_cfg.num_attention_heads,
+            "train.num_attention_heads",
+            layer.get("num_attention_heads"),
+        ),
+        (
+            "num_key_value_heads",
+            draft_cfg.num_key_value_heads,
+            "train.num_key_value_heads",
+            layer.get("num_key_value_heads"),
+        ),
         ("head_dim", draft_cfg.head_dim, "the target's head_dim", layer.get("head_dim")),
         ("intermediate_size", draft_cfg.intermediate_size, "train.intermediate_size", layer.get("intermediate_size")),
-        ("eagle_aux_hidden_state_layer_ids", [int(i) for i in aux_ids], "the dataset's aux layers (layers.aux_ids)",
-         cfg.get("eagle_aux_hidden_state_layer_ids")),
+        (
+            "eagle_aux_hidden_state_layer_ids",
+            [int(i) for i in aux_ids],
+            "the dataset's aux layers (layers.aux_ids)",
+            cfg.get("eagle_aux_hidden_state_layer_ids"),
+        ),
     ]
     # a flag the file lacks means what vLLM assumes for it, as serving would read the head
-    checks += [(name, bool(getattr(draft_cfg, name)), f"train.{name}", bool(cfg.get(name, VLLM_NORM_DEFAULTS[name])))
-               for name in NORM_OPTIONS]
-    wrong = [f"{field}: expected {ours} ({source}), got {theirs}"
-             for field, ours, source, theirs in checks
-             if theirs is not None and (list(theirs) if isinstance(theirs, list) else theirs) != ours]
+    checks += [
+        (name, bool(getattr(draft_cfg, name)), f"train.{name}", bool(cfg.get(name, VLLM_NORM_DEFAULTS[name])))
+        for name in NORM_OPTIONS
+    ]
+    wrong = [
+        f"{field}: expected {ours} ({source}), got {theirs}"
+        for field, ours, source, theirs in checks
+        if theirs is not None and (list(theirs) if isinstance(theirs, list) else theirs) != ours
+    ]
     if wrong:
-        raise InitFromError(f"{init.where} does not fit this run: " + "; ".join(wrong)
-                            + ". Set this run's values to the head's, or drop train.init_from to train a fresh head")
+        raise InitFromError(
+            f"{init.where} does not fit this run: "
+            + "; ".join(wrong)
+            + ". Set this run's values to the head's, or drop train.init_from to train a fresh head"
+        )
 
 
 def _coverage(t2d: torch.Tensor, token_freq: torch.Tensor) -> float:
@@ -110,16 +131,19 @@ def _coverage(t2d: torch.Tensor, token_freq: torch.Tensor) -> float:
     return float(token_freq[t2d.to(torch.bool)].sum()) / total if total else 0.0
 
 
-def head_vocab(init: InitHead, dataset_d2t: torch.Tensor, dataset_t2d: torch.Tensor,
-               token_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def head_vocab(
+    init: InitHead, dataset_d2t: torch.Tensor, dataset_t2d: torch.Tensor, token_freq: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The head's own (d2t, t2d), the vocabulary its lm_head rows were trained for (see the
     module docstring); a difference from the dataset's is reported with both coverages."""
     d2t, t2d = init.weights["d2t"].to(torch.int64), init.weights["t2d"].to(torch.bool)
     if not torch.equal(t2d, dataset_t2d.to(torch.bool)):
         differ = int((t2d & ~dataset_t2d.to(torch.bool)).sum())
-        print(f"{init.where}: keeps the head's draft vocabulary ({differ} of its {d2t.numel()} tokens are not in "
-              f"the dataset's); it covers {_coverage(t2d, token_freq):.1%} of this dataset's answer tokens, "
-              f"the dataset's own vocabulary {_coverage(dataset_t2d, token_freq):.1%}")
+        print(
+            f"{init.where}: keeps the head's draft vocabulary ({differ} of its {d2t.numel()} tokens are not in "
+            f"the dataset's); it covers {_coverage(t2d, token_freq):.1%} of this dataset's answer tokens, "
+            f"the dataset's own vocabulary {_coverage(dataset_t2d, token_freq):.1%}"
+        )
     return d2t, t2d
 
 

@@ -27,8 +27,14 @@ def _compiled_graphs() -> int:
 
 
 class Eagle3LitModule(L.LightningModule):
-    def __init__(self, head: Eagle3DraftHead, train_cfg: dict[str, Any], export_meta: dict[str, Any] | None = None,
-                 replay_draft_tokens: int = 3, replay_max_answer_tokens: int | None = None):
+    def __init__(
+        self,
+        head: Eagle3DraftHead,
+        train_cfg: dict[str, Any],
+        export_meta: dict[str, Any] | None = None,
+        replay_draft_tokens: int = 3,
+        replay_max_answer_tokens: int | None = None,
+    ):
         super().__init__()
         self.head = head
         # what `python -m eagle3.export ckpt=...` needs besides weights (DraftMeta as a dict)
@@ -68,8 +74,10 @@ class Eagle3LitModule(L.LightningModule):
     def setup(self, stage: str) -> None:
         device = self.trainer.strategy.root_device.type if self.trainer is not None else "cpu"
         if getattr(self.head, "attention", "sdpa") == "flex" and device != "cuda":
-            raise ValueError(f"train.attention=flex: expected a CUDA device, got {device} "
-                             "(FlexAttention has no backward on CPU); use train.attention=sdpa")
+            raise ValueError(
+                f"train.attention=flex: expected a CUDA device, got {device} "
+                "(FlexAttention has no backward on CPU); use train.attention=sdpa"
+            )
         want = bool(self.tc.get("compile"))  # null = off (see train.compile in the schema)
         # the datamodule pads every row to max_tokens_per_batch when compiling: one static
         # shape, one graph (dynamic shapes recompiled for new row lengths on the H200)
@@ -131,8 +139,13 @@ class Eagle3LitModule(L.LightningModule):
         self._val_counts = self._val_counts + StepCounts.from_stacked(counts.stacked())
         if self.replay_k > 0:
             self._val_replay += replay_counts(
-                step_logits, target_logits, loss_mask=batch["loss_mask"], segment_ids=batch["segment_ids"],
-                num_draft_tokens=self.replay_k, max_answer_tokens=self.replay_max_answer_tokens)
+                step_logits,
+                target_logits,
+                loss_mask=batch["loss_mask"],
+                segment_ids=batch["segment_ids"],
+                num_draft_tokens=self.replay_k,
+                max_answer_tokens=self.replay_max_answer_tokens,
+            )
 
     def on_validation_epoch_end(self) -> None:
         stacked = self._val_counts.stacked()
@@ -150,8 +163,12 @@ class Eagle3LitModule(L.LightningModule):
             acc = counts.acc_full()
             # the uniform estimate at the replay's K, for a like-for-like comparison
             metrics[f"val/sim_accept_len_k{self.replay_k}"] = 1 + acc[: self.replay_k].sum().float()
-            metrics.update({k: torch.tensor(v, dtype=torch.float32, device=self.device)
-                            for k, v in replay_metrics(replay.cpu()).items()})
+            metrics.update(
+                {
+                    k: torch.tensor(v, dtype=torch.float32, device=self.device)
+                    for k, v in replay_metrics(replay.cpu()).items()
+                }
+            )
         # already reduced across ranks: no sync_dist (it would average, not sum), and Lightning's
         # advice to add it (one warning per metric, ~30 lines per DDP validation) does not apply
         warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\('val(/|_)")
@@ -167,12 +184,19 @@ class Eagle3LitModule(L.LightningModule):
         if str(oc["name"]).lower() != "adamw":
             raise ValueError(f"train.optimizer.name: expected adamw, got {oc['name']!r}")
         opt = torch.optim.AdamW(
-            params, lr=float(self.tc["lr"]), betas=tuple(oc["betas"]), eps=float(oc["eps"]),
+            params,
+            lr=float(self.tc["lr"]),
+            betas=tuple(oc["betas"]),
+            eps=float(oc["eps"]),
             weight_decay=float(self.tc["weight_decay"]),
         )
         total = int(self.tc.get("lr_decay_steps") or self.tc["max_steps"])
-        self.lr_schedule = BudgetedCosine(warmup=int(self.tc["warmup_steps"]), total_steps=total,
-                                          min_ratio=float(self.tc["min_lr_ratio"]), clock=self._budget_clock())
+        self.lr_schedule = BudgetedCosine(
+            warmup=int(self.tc["warmup_steps"]),
+            total_steps=total,
+            min_ratio=float(self.tc["min_lr_ratio"]),
+            clock=self._budget_clock(),
+        )
         if self._restored_schedule is not None:
             self.lr_schedule.load_state_dict(self._restored_schedule)
         # a plain function, not the object: LambdaLR would pickle the object's clock with it

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -13,16 +12,16 @@ from omegaconf import OmegaConf
 
 from eagle3.config.validate import validate_run_config
 from eagle3.cost import report, train_lines
-from eagle3.training.export import export_checkpoint
 from eagle3.identity import DatasetNotFound, dataset_path, locate_dataset, regen_note
-from eagle3.store import DamagedDatasetError, Manifest
 from eagle3.launch import check_external_launch
+from eagle3.store import DamagedDatasetError, Manifest
 from eagle3.target.resolve import resolve_target
 from eagle3.training.builder import build_head
 from eagle3.training.callbacks import build_callbacks
-from eagle3.training.datamodule import Eagle3DataModule
-from eagle3.training.loggers import build_logger
 from eagle3.training.checkpoint_io import AtomicCheckpointIO, newest_whole_checkpoint
+from eagle3.training.datamodule import Eagle3DataModule
+from eagle3.training.export import export_checkpoint
+from eagle3.training.loggers import build_logger
 from eagle3.training.module import Eagle3LitModule
 from eagle3.training.run_dir import repair_command, run_dir_lock
 from eagle3.training.step_path import resolve_step_path, uses_flex
@@ -55,8 +54,9 @@ def run(cfg: Any, extra_callbacks: Sequence[L.Callback] = ()) -> float:
             return _run(cfg, extra_callbacks)
         except DamagedDatasetError as e:
             expected = dataset_path(cfg, resolve_target(cfg.model, cfg.paths.cache_dir)).name
-            raise DamagedDatasetError(e.directory, e.problem, e.needs_hash,
-                                      repair_command(cfg, e.directory, expected, e.needs_hash)) from None
+            raise DamagedDatasetError(
+                e.directory, e.problem, e.needs_hash, repair_command(cfg, e.directory, expected, e.needs_hash)
+            ) from None
 
 
 def _run(cfg: Any, extra_callbacks: Sequence[L.Callback]) -> float:
@@ -70,7 +70,9 @@ def _run(cfg: Any, extra_callbacks: Sequence[L.Callback]) -> float:
     ds_dir = find_dataset(cfg, model_dir)
     resolve_step_path(cfg)
     datamodule = Eagle3DataModule(
-        str(ds_dir), max_tokens_per_batch=int(cfg.train.max_tokens_per_batch), seed=int(cfg.train.seed),
+        str(ds_dir),
+        max_tokens_per_batch=int(cfg.train.max_tokens_per_batch),
+        seed=int(cfg.train.seed),
         num_workers=int(cfg.train.num_workers),
         # a compiled step sees one shape (no recompiles); flex tiles rows in 128-token blocks
         fixed_shape=bool(cfg.train.compile) or uses_flex(cfg),
@@ -78,30 +80,49 @@ def _run(cfg: Any, extra_callbacks: Sequence[L.Callback]) -> float:
     )
     head, draft_meta = build_head(cfg, model_dir, datamodule.dataset)
     train_cfg = OmegaConf.to_container(cfg.train, resolve=True, enum_to_str=True)
-    module = Eagle3LitModule(head, train_cfg, export_meta=draft_meta.to_dict(),
-                             replay_draft_tokens=int(cfg.eval.num_draft_tokens),
-                             replay_max_answer_tokens=int(cfg.eval.max_new_tokens))
+    module = Eagle3LitModule(
+        head,
+        train_cfg,
+        export_meta=draft_meta.to_dict(),
+        replay_draft_tokens=int(cfg.eval.num_draft_tokens),
+        replay_max_answer_tokens=int(cfg.eval.max_new_tokens),
+    )
 
     ckpt_dir = output_dir / "checkpoints"
     best_metric = str(cfg.optimized_metric)  # the exported checkpoint is the best by it
     logger = build_logger(cfg, output_dir)
-    checkpoint, callbacks = build_callbacks(cfg.callbacks, best_metric, ckpt_dir, max_steps=int(cfg.train.max_steps),
-                                            with_logger=bool(logger), progress_bar=bool(cfg.trainer.enable_progress_bar))
+    checkpoint, callbacks = build_callbacks(
+        cfg.callbacks,
+        best_metric,
+        ckpt_dir,
+        max_steps=int(cfg.train.max_steps),
+        with_logger=bool(logger),
+        progress_bar=bool(cfg.trainer.enable_progress_bar),
+    )
     callbacks += list(extra_callbacks)
     topo = cfg.topology
     n_val = int(cfg.train.val_check_interval)
     trainer = L.Trainer(
-        accelerator=str(topo.accelerator), devices=int(topo.devices), num_nodes=int(topo.num_nodes),
-        strategy=str(getattr(topo.strategy, "value", topo.strategy)), precision=str(topo.precision),
-        max_steps=int(cfg.train.max_steps), max_time=cfg.train.max_time, max_epochs=cfg.train.max_epochs if cfg.train.max_epochs else -1,
+        accelerator=str(topo.accelerator),
+        devices=int(topo.devices),
+        num_nodes=int(topo.num_nodes),
+        strategy=str(getattr(topo.strategy, "value", topo.strategy)),
+        precision=str(topo.precision),
+        max_steps=int(cfg.train.max_steps),
+        max_time=cfg.train.max_time,
+        max_epochs=cfg.train.max_epochs if cfg.train.max_epochs else -1,
         # validate every n optimizer steps, across epoch boundaries
-        val_check_interval=n_val * int(cfg.train.accumulate_grad_batches), check_val_every_n_epoch=None,
+        val_check_interval=n_val * int(cfg.train.accumulate_grad_batches),
+        check_val_every_n_epoch=None,
         gradient_clip_val=float(cfg.train.grad_clip) or None,
         accumulate_grad_batches=int(cfg.train.accumulate_grad_batches),
-        logger=logger, callbacks=callbacks, default_root_dir=str(output_dir),
+        logger=logger,
+        callbacks=callbacks,
+        default_root_dir=str(output_dir),
         use_distributed_sampler=False,
         plugins=[AtomicCheckpointIO()],  # a killed save leaves the previous checkpoint whole
-        log_every_n_steps=int(cfg.logger.log_every_n_steps), enable_model_summary=False,
+        log_every_n_steps=int(cfg.logger.log_every_n_steps),
+        enable_model_summary=False,
         **trainer_arguments(cfg.trainer),
     )
     if trainer.is_global_zero:  # what this run will cost, before the first step
@@ -118,11 +139,17 @@ def _run(cfg: Any, extra_callbacks: Sequence[L.Callback]) -> float:
     final = _scalars(trainer.callback_metrics)
     trainer.save_checkpoint(ckpt_dir / "last.ckpt")
 
-    summary: dict[str, Any] = {"dataset_dir": str(ds_dir), "verifier_dir": str(model_dir), "global_step": trainer.global_step, "initial": initial,
-                               "regen_engine": datamodule.dataset.manifest.provenance.get("regen_engine"),
-                               "final": final, "best_checkpoint": checkpoint.best_model_path or None,
-                               "best_metric": best_metric,
-                               "best_metric_value": float(checkpoint.best_model_score) if checkpoint.best_model_score is not None else None}
+    summary: dict[str, Any] = {
+        "dataset_dir": str(ds_dir),
+        "verifier_dir": str(model_dir),
+        "global_step": trainer.global_step,
+        "initial": initial,
+        "regen_engine": datamodule.dataset.manifest.provenance.get("regen_engine"),
+        "final": final,
+        "best_checkpoint": checkpoint.best_model_path or None,
+        "best_metric": best_metric,
+        "best_metric_value": float(checkpoint.best_model_score) if checkpoint.best_model_score is not None else None,
+    }
     export_dir = None
     if trainer.is_global_zero:
         # from the checkpoint file, not the live module: the same path as `python -m
@@ -134,7 +161,10 @@ def _run(cfg: Any, extra_callbacks: Sequence[L.Callback]) -> float:
         summary["acceptance"] = evaluate_trained(cfg, export_dir, ds_dir, model_dir, logger)
         (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         print(f"summary: {output_dir / 'summary.json'}")
-        print("serve it: " + serve_command(export_dir, draft_meta.verifier_name_or_path, draft_meta.num_speculative_tokens))
+        print(
+            "serve it: "
+            + serve_command(export_dir, draft_meta.verifier_name_or_path, draft_meta.num_speculative_tokens)
+        )
         print(str(export_dir))
     if logger and trainer.is_global_zero:  # other ranks hold a dummy W&B experiment
         logger.experiment.summary.update({f"initial/{k}": v for k, v in initial.items()})
@@ -161,13 +191,16 @@ def find_dataset(cfg: Any, model_dir: str) -> Path:
         return ds_dir
     ds_dir = Path(cfg.dataset_dir).expanduser().resolve()
     if not (ds_dir / "manifest.json").is_file():
-        raise DatasetNotFound(f"dataset_dir={cfg.dataset_dir}: no manifest.json there (expected a directory "
-                              "extract.py wrote)")
+        raise DatasetNotFound(
+            f"dataset_dir={cfg.dataset_dir}: no manifest.json there (expected a directory extract.py wrote)"
+        )
     manifest = Manifest.read(ds_dir)
     want_ids, want_hidden = [int(i) for i in cfg.layers.capture_ids], int(cfg.model.hidden_size)
     if list(manifest.layer_ids) != want_ids or int(manifest.hidden_size) != want_hidden:
-        raise ValueError(f"dataset_dir={cfg.dataset_dir}: holds layers {list(manifest.layer_ids)} of hidden size "
-                         f"{manifest.hidden_size}, but model={cfg.model.name} with these layers expects layers "
-                         f"{want_ids} of hidden size {want_hidden}")
+        raise ValueError(
+            f"dataset_dir={cfg.dataset_dir}: holds layers {list(manifest.layer_ids)} of hidden size "
+            f"{manifest.hidden_size}, but model={cfg.model.name} with these layers expects layers "
+            f"{want_ids} of hidden size {want_hidden}"
+        )
     print(f"dataset {ds_dir}: {regen_note(manifest)}")
     return ds_dir

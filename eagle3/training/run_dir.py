@@ -62,8 +62,10 @@ def repair_command(cfg: Any, directory: Path, expected_name: str, needs_hash: bo
     directory = Path(directory)
     if cfg.dataset_dir:
         if directory.name != expected_name:
-            return (f"python extract.py <the overrides that made {directory.name}> (this config's dataset would be "
-                    f"{expected_name}: repair it where it was extracted)")
+            return (
+                f"python extract.py <the overrides that made {directory.name}> (this config's dataset would be "
+                f"{expected_name}: repair it where it was extracted)"
+            )
         words = [w for w in words if not w.startswith("paths.data_dir=")]
         words.append(shlex.quote(f"paths.data_dir={directory.parent}"))
     if needs_hash and not any(w.startswith("capture.verify=") for w in words):

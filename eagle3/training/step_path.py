@@ -30,14 +30,20 @@ def resolve_step_path(cfg: Any) -> None:
         fits = int(tc.max_tokens_per_batch) % FLEX_BLOCK == 0
         tc.attention = "flex" if cuda and fits else "sdpa"
         if cuda and not fits:
-            print(f"train.attention=auto: sdpa, since train.max_tokens_per_batch={tc.max_tokens_per_batch} "
-                  f"is not a multiple of {FLEX_BLOCK} (flex tiles rows in {FLEX_BLOCK}-token blocks)")
+            print(
+                f"train.attention=auto: sdpa, since train.max_tokens_per_batch={tc.max_tokens_per_batch} "
+                f"is not a multiple of {FLEX_BLOCK} (flex tiles rows in {FLEX_BLOCK}-token blocks)"
+            )
     if tc.compile is None:
         tc.compile = cuda
     if uses_flex(cfg):
         if int(tc.max_tokens_per_batch) % FLEX_BLOCK:
-            raise ValueError(f"train.max_tokens_per_batch: expected a multiple of {FLEX_BLOCK} with "
-                             f"train.attention=flex, got {tc.max_tokens_per_batch}")
+            raise ValueError(
+                f"train.max_tokens_per_batch: expected a multiple of {FLEX_BLOCK} with "
+                f"train.attention=flex, got {tc.max_tokens_per_batch}"
+            )
         if not cuda:
-            raise ValueError(f"train.attention=flex: expected a CUDA accelerator, got topology.accelerator="
-                             f"{cfg.topology.accelerator} (FlexAttention has no backward on CPU); use sdpa or auto")
+            raise ValueError(
+                f"train.attention=flex: expected a CUDA accelerator, got topology.accelerator="
+                f"{cfg.topology.accelerator} (FlexAttention has no backward on CPU); use sdpa or auto"
+            )

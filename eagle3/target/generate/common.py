@@ -43,13 +43,25 @@ def resolve_backend(backend: str) -> str:
     return backend
 
 
-def cache_key(model_dir: str, temperature: float, max_tokens: int, seed: int, chat_template: str | None,
-              backend: str = "vllm", max_turns: int | None = None) -> str:
+def cache_key(
+    model_dir: str,
+    temperature: float,
+    max_tokens: int,
+    seed: int,
+    chat_template: str | None,
+    backend: str = "vllm",
+    max_turns: int | None = None,
+) -> str:
     d = Path(model_dir)
     parts = {f: file_short_sha(d / f) for f in _FILES if (d / f).is_file()}
-    parts.update(temperature=float(temperature), max_tokens=int(max_tokens), seed=int(seed),
-                 chat_template=short_sha(chat_template) if chat_template else None,
-                 backend=backend, max_turns=max_turns)
+    parts.update(
+        temperature=float(temperature),
+        max_tokens=int(max_tokens),
+        seed=int(seed),
+        chat_template=short_sha(chat_template) if chat_template else None,
+        backend=backend,
+        max_turns=max_turns,
+    )
     return short_sha(json.dumps(parts, sort_keys=True))
 
 
@@ -79,9 +91,19 @@ class Regenerator:
 
     backend = ""
 
-    def __init__(self, model_dir: str, cache_dir: str | Path, *, temperature: float = 0.0, max_tokens: int = 512,
-                 seed: int = 0, max_model_len: int = 4096, chat_template: str | None = None,
-                 max_turns: int | None = None, trust_remote_code: bool = False):
+    def __init__(
+        self,
+        model_dir: str,
+        cache_dir: str | Path,
+        *,
+        temperature: float = 0.0,
+        max_tokens: int = 512,
+        seed: int = 0,
+        max_model_len: int = 4096,
+        chat_template: str | None = None,
+        max_turns: int | None = None,
+        trust_remote_code: bool = False,
+    ):
         self.model_dir = str(model_dir)
         self.temperature, self.max_tokens, self.seed = float(temperature), int(max_tokens), int(seed)
         self.max_model_len, self.chat_template = int(max_model_len), chat_template
@@ -89,6 +111,7 @@ class Regenerator:
         if max_turns is not None and int(max_turns) < 1:
             raise ValueError(f"data.regen_max_turns: expected null or >= 1, got {max_turns}")
         self.max_turns = None if max_turns is None else int(max_turns)
+
         def cache_file(turns: int | None) -> Path:
             key = cache_key(model_dir, temperature, max_tokens, seed, chat_template, self.backend, turns)
             return Path(cache_dir) / "regenerated" / f"{key}.jsonl"
@@ -133,7 +156,7 @@ class Regenerator:
         return [m["content"] for m in rec["messages"] if m["role"] == "assistant"]
 
     def _generate(self, convs: list[Conversation]) -> list[list[dict[str, str]]]:
-        users = [[i for i, m in enumerate(c.messages) if m["role"] == "user"][:self.max_turns] for c in convs]
+        users = [[i for i, m in enumerate(c.messages) if m["role"] == "user"][: self.max_turns] for c in convs]
         histories: list[list[dict[str, str]]] = [[m for m in c.messages if m["role"] == "system"] for c in convs]
         seeded = [self._seeded_answers(c) for c in convs]
         for turn in range(max(len(u) for u in users)):

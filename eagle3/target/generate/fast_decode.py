@@ -42,7 +42,8 @@ def _window_reason(config, total_len: int | None) -> str | None:
     if total_len is not None and int(window) >= total_len:
         return None
     return f"sliding_window={window} is in use" + (
-        f" and narrower than the {total_len} tokens needed" if total_len is not None else "")
+        f" and narrower than the {total_len} tokens needed" if total_len is not None else ""
+    )
 
 
 def unsupported_reason(model, total_len: int | None = None) -> str | None:
@@ -59,8 +60,11 @@ def unsupported_reason(model, total_len: int | None = None) -> str | None:
     for i, layer in enumerate(inner.layers):
         need = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
         gone = [n for n in need if not hasattr(layer, n)]
-        gone += [f"self_attn.{n}" for n in ("q_proj", "k_proj", "v_proj", "o_proj")
-                 if not hasattr(getattr(layer, "self_attn", None), n)]
+        gone += [
+            f"self_attn.{n}"
+            for n in ("q_proj", "k_proj", "v_proj", "o_proj")
+            if not hasattr(getattr(layer, "self_attn", None), n)
+        ]
         if gone:
             return f"layer {i} has no {', '.join(gone)}"
         extra = [n for n in ("q_norm", "k_norm") if getattr(layer.self_attn, n, None) is not None]
@@ -84,7 +88,7 @@ class _Shape:
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads)
         self.group = self.heads // self.kv_heads
         attn = model.model.layers[0].self_attn
-        self.scaling = float(getattr(attn, "scaling", None) or self.head_dim ** -0.5)
+        self.scaling = float(getattr(attn, "scaling", None) or self.head_dim**-0.5)
 
 
 def _prefill(model, shape: _Shape, prompts: list[list[int]], width: int, caches, rows: slice) -> torch.Tensor:
@@ -98,7 +102,7 @@ def _prefill(model, shape: _Shape, prompts: list[list[int]], width: int, caches,
     b, w = len(prompts), max(len(p) for p in prompts)
     ids = torch.zeros((b, w), dtype=torch.long)
     for row, p in enumerate(prompts):
-        ids[row, :len(p)] = torch.tensor(p, dtype=torch.long)
+        ids[row, : len(p)] = torch.tensor(p, dtype=torch.long)
     ids, lens = ids.to(device), torch.tensor([len(p) for p in prompts], device=device)
     # cache column c of a row holds its token c - start (columns before start: never attended)
     src = (torch.arange(width, device=device)[None, :] - (width - lens)[:, None]).clamp(min=0)
@@ -137,8 +141,9 @@ def _chunks(lengths: list[int], budget: int) -> list[slice]:
     return out
 
 
-def _step(model, shape: _Shape, tok: torch.Tensor, pos: torch.Tensor, col: int, key_ok: torch.Tensor,
-          caches) -> torch.Tensor:
+def _step(
+    model, shape: _Shape, tok: torch.Tensor, pos: torch.Tensor, col: int, key_ok: torch.Tensor, caches
+) -> torch.Tensor:
     """One token per row: ``tok`` [B] at position ``pos`` [B] goes into cache column ``col``;
     ``key_ok`` [B, col + 1] says which columns each row may attend to. Float32 logits [B, V]."""
     b = tok.shape[0]
@@ -153,15 +158,15 @@ def _step(model, shape: _Shape, tok: torch.Tensor, pos: torch.Tensor, col: int, 
         k = attn.k_proj(x).view(b, 1, shape.kv_heads, shape.head_dim).transpose(1, 2)
         v = attn.v_proj(x).view(b, 1, shape.kv_heads, shape.head_dim).transpose(1, 2)
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-        kc[:, :, col:col + 1] = k
-        vc[:, :, col:col + 1] = v
+        kc[:, :, col : col + 1] = k
+        vc[:, :, col : col + 1] = v
         # query head j uses kv head j // group (HF's repeat_kv order), so [B, Hkv, G, D]
         # against the cache [B, Hkv, cur, D] reads each cached key once, with no copy
         q = q.reshape(b, shape.kv_heads, shape.group, shape.head_dim)
-        scores = torch.matmul(q, kc[:, :, :col + 1].transpose(-1, -2)).mul_(shape.scaling)
+        scores = torch.matmul(q, kc[:, :, : col + 1].transpose(-1, -2)).mul_(shape.scaling)
         scores = scores.masked_fill_(blocked, float("-inf"))
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(vc.dtype)
-        out = torch.matmul(probs, vc[:, :, :col + 1])  # [B, Hkv, G, D]
+        out = torch.matmul(probs, vc[:, :, : col + 1])  # [B, Hkv, G, D]
         h = h + attn.o_proj(out.reshape(b, 1, shape.heads * shape.head_dim))
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     return model.lm_head(model.model.norm(h))[:, 0].float()
@@ -177,9 +182,18 @@ def _pick(logits: torch.Tensor, temperature: float, top_k: int, generator: torch
     return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)[:, 0]
 
 
-def decode(model, prompts: list[list[int]], rooms: list[int], stop_ids, *, temperature: float = 0.0,
-           generator: torch.Generator | None = None, compact_below: float = 0.5, prefill_tokens: int = 262144,
-           top_k: int = 0) -> list[list[int]]:
+def decode(
+    model,
+    prompts: list[list[int]],
+    rooms: list[int],
+    stop_ids,
+    *,
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
+    compact_below: float = 0.5,
+    prefill_tokens: int = 262144,
+    top_k: int = 0,
+) -> list[list[int]]:
     """Each prompt's new tokens: at most ``rooms[i]``, ending at (and excluding) its first stop id.
 
     Greedy when ``temperature`` is 0, else sampled from softmax(logits / temperature) (top
@@ -199,28 +213,48 @@ def decode(model, prompts: list[list[int]], rooms: list[int], stop_ids, *, tempe
     if reason:
         raise ValueError(f"decode: {reason}")
     with torch.inference_mode():
-        out = _run(model, [prompts[i] for i in todo], [rooms[i] for i in todo], stop_ids, width, most,
-                   temperature, generator, compact_below, prefill_tokens, top_k)
+        out = _run(
+            model,
+            [prompts[i] for i in todo],
+            [rooms[i] for i in todo],
+            stop_ids,
+            width,
+            most,
+            temperature,
+            generator,
+            compact_below,
+            prefill_tokens,
+            top_k,
+        )
     stop = set(int(s) for s in stop_ids)
     for i, seq in zip(todo, out.tolist()):
-        seq = seq[:rooms[i]]
-        answers[i] = seq[:next((k for k, t in enumerate(seq) if t in stop), len(seq))]
+        seq = seq[: rooms[i]]
+        answers[i] = seq[: next((k for k, t in enumerate(seq) if t in stop), len(seq))]
     return answers
 
 
-def _run(model, prompts, rooms, stop_ids, width, most, temperature, generator, compact_below, prefill_tokens,
-         top_k) -> torch.Tensor:
+def _run(
+    model, prompts, rooms, stop_ids, width, most, temperature, generator, compact_below, prefill_tokens, top_k
+) -> torch.Tensor:
     """[len(prompts), most] generated ids (-1 where a row was dropped before that step)."""
     embed = model.model.embed_tokens.weight
     device, dtype = embed.device, embed.dtype
     shape = _Shape(model)
     n = len(prompts)
     start = torch.tensor([width - len(p) for p in prompts], device=device)
-    caches = [(torch.empty(n, shape.kv_heads, width + most, shape.head_dim, device=device, dtype=dtype),
-               torch.empty(n, shape.kv_heads, width + most, shape.head_dim, device=device, dtype=dtype))
-              for _ in model.model.layers]
-    logits = torch.cat([_prefill(model, shape, prompts[rows], width, caches, rows)
-                        for rows in _chunks([len(p) for p in prompts], int(prefill_tokens))])
+    caches = [
+        (
+            torch.empty(n, shape.kv_heads, width + most, shape.head_dim, device=device, dtype=dtype),
+            torch.empty(n, shape.kv_heads, width + most, shape.head_dim, device=device, dtype=dtype),
+        )
+        for _ in model.model.layers
+    ]
+    logits = torch.cat(
+        [
+            _prefill(model, shape, prompts[rows], width, caches, rows)
+            for rows in _chunks([len(p) for p in prompts], int(prefill_tokens))
+        ]
+    )
     out = torch.full((n, most), -1, dtype=torch.long, device=device)
     row_ids = torch.arange(n, device=device)  # the original row of each live batch row
     room = torch.tensor(rooms, device=device)
@@ -246,7 +280,7 @@ def _run(model, prompts, rooms, stop_ids, width, most, temperature, generator, c
                     del kc, vc
                 tok, start, room, row_ids, done = (t.index_select(0, keep) for t in (tok, start, room, row_ids, done))
         col = width + step
-        key_ok = (cols[None, :col + 1] >= start[:, None])
+        key_ok = cols[None, : col + 1] >= start[:, None]
         logits = _step(model, shape, tok, col - start, col, key_ok, caches)
     return out.cpu()
 
@@ -254,10 +288,22 @@ def _run(model, prompts, rooms, stop_ids, width, most, temperature, generator, c
 # generate's logits processors that decode does not reproduce, each with the value that makes
 # it a no-op (unset, zero and empty are no-ops too); generate reads them from the model's
 # generation_config, unset ones from transformers' defaults
-_NEUTRAL = dict(repetition_penalty=1.0, encoder_repetition_penalty=1.0, guidance_scale=1.0, no_repeat_ngram_size=0,
-                bad_words_ids=None, min_length=0, min_new_tokens=0, forced_bos_token_id=None,
-                forced_eos_token_id=None, suppress_tokens=None, begin_suppress_tokens=None, sequence_bias=None,
-                exponential_decay_length_penalty=None, watermarking_config=None)
+_NEUTRAL = dict(
+    repetition_penalty=1.0,
+    encoder_repetition_penalty=1.0,
+    guidance_scale=1.0,
+    no_repeat_ngram_size=0,
+    bad_words_ids=None,
+    min_length=0,
+    min_new_tokens=0,
+    forced_bos_token_id=None,
+    forced_eos_token_id=None,
+    suppress_tokens=None,
+    begin_suppress_tokens=None,
+    sequence_bias=None,
+    exponential_decay_length_penalty=None,
+    watermarking_config=None,
+)
 _NEUTRAL_SAMPLING = dict(top_p=1.0, typical_p=1.0, min_p=0, epsilon_cutoff=0, eta_cutoff=0)
 
 

