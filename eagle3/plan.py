@@ -14,17 +14,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-HIDDEN_DTYPES = ("bfloat16", "float16", "float32")
+from eagle3 import hidden_dtypes
+
 MILLION = 1_000_000
 
 
 def _check_dtype(dtype: str) -> str:
-    if str(dtype) not in HIDDEN_DTYPES:
-        raise ValueError(
-            f"capture.dtype: expected one of {list(HIDDEN_DTYPES)}, got {dtype!r} (the hidden-state dtype, "
-            "i.e. what the target computes in; a quantized weight format belongs in model.quantization)"
-        )
-    return str(dtype)
+    return hidden_dtypes.check_name(
+        dtype,
+        hint="the hidden-state dtype, i.e. what the target computes in; "
+        "a quantized weight format belongs in model.quantization",
+    )
 
 
 def hidden_layout(dtype: str, capture_ids: Sequence[int], hidden_size: int) -> str:
@@ -35,15 +35,13 @@ def hidden_layout(dtype: str, capture_ids: Sequence[int], hidden_size: int) -> s
 def disk_bytes(
     num_tokens: int, capture_ids: Sequence[int], hidden_size: int, dtype: str, shard_max_tokens: int = 65536
 ) -> int:
-    import torch  # only when resolved: composing a config stays light
-
-    from eagle3.store.disk import disk_needed_bytes
+    from eagle3.store.disk import disk_needed_bytes  # only when resolved: composing a config stays light
 
     return disk_needed_bytes(
         int(num_tokens),
         len(capture_ids),
         int(hidden_size),
-        getattr(torch, _check_dtype(dtype)),
+        hidden_dtypes.torch_dtype(_check_dtype(dtype)),
         0,
         int(shard_max_tokens),
     )

@@ -5,7 +5,7 @@ including those inside functions) and each eagle3 import is checked against ALLO
       -> training, evaluation, extraction
         -> planning (cost, plan, identity)
           -> model, store, data, target, batches (the lower layer)
-            -> util (atomic, faults, hashing, locks, launch, layers, wandb_mode)
+            -> util (atomic, faults, hashing, hidden_dtypes, locks, launch, layers, wandb_mode)
 
 training and evaluation never import each other: what both need (batching, the serving
 format, W&B's mode) lives below both. model/ is plain torch: no lightning, no hydra.
@@ -42,6 +42,7 @@ GROUPS = {
     "eagle3.atomic": "util",
     "eagle3.faults": "util",
     "eagle3.hashing": "util",
+    "eagle3.hidden_dtypes": "util",
     "eagle3.locks": "util",
     "eagle3.launch": "util",
     "eagle3.layers": "util",

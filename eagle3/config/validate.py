@@ -6,9 +6,8 @@ from typing import Any
 
 import torch
 
+from eagle3 import hidden_dtypes
 from eagle3.model.config import NORM_OPTIONS, DraftConfigError, check_norm_options
-
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 class ConfigError(ValueError):
@@ -16,10 +15,11 @@ class ConfigError(ValueError):
 
 
 def torch_dtype(name: str, key: str = "capture.dtype") -> torch.dtype:
+    """eagle3.hidden_dtypes.torch_dtype, failing as a ConfigError."""
     try:
-        return _DTYPES[str(name)]
-    except KeyError:
-        raise ConfigError(f"{key}: expected one of {sorted(_DTYPES)}, got {name!r}") from None
+        return hidden_dtypes.torch_dtype(name, key)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def validate_topology(topology: Any) -> None:

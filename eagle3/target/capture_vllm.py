@@ -30,10 +30,10 @@ from pathlib import Path
 
 import torch
 
+from eagle3.hidden_dtypes import names_by_torch_dtype
 from eagle3.target.adapter import CapturedSample, CaptureError, CaptureSpec, to_captured_sample
 
 FILE_WAIT_S = 60.0  # the writer is the rank whose output the engine returns, so this is a guard
-_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
 @dataclass
@@ -173,8 +173,9 @@ class VLLMCaptureBackend:
                 hint="vLLM 0.32's LLM refuses data_parallel_size > 1 in one process; run one extract "
                 "job per data shard (each on its own devices) instead",
             )
-        if dtype not in _DTYPE_NAMES:
-            raise CaptureError("dtype", f"one of {list(_DTYPE_NAMES)}", dtype)
+        dtype_names = names_by_torch_dtype()
+        if dtype not in dtype_names:
+            raise CaptureError("dtype", f"one of {list(dtype_names)}", dtype)
         self.model_dir = str(model_dir)
         self.num_layers, self.hidden_size = _model_facts(self.model_dir)
         ids = [int(i) for i in capture_ids]
@@ -211,7 +212,7 @@ class VLLMCaptureBackend:
         kwargs = dict(
             model=self.model_dir,
             tokenizer=self.model_dir,
-            dtype=_DTYPE_NAMES[dtype],
+            dtype=dtype_names[dtype],
             tensor_parallel_size=int(tensor_parallel_size),
             gpu_memory_utilization=float(gpu_memory_utilization),
             max_num_seqs=int(max_num_seqs),
