@@ -229,16 +229,19 @@ def packed_loader(
     world_size: int = 1,
     batches_done: int = 0,
     num_workers: int = 0,
+    collate=None,
 ):
     """A DataLoader of ``batches`` (indices into ``idx``) of these samples, collated by
-    ``collate_rows``: batches of [B, T] (aux_hidden [B, T, (L-1)H], final_hidden [B, T, H])."""
+    ``collate_rows``: batches of [B, T] (aux_hidden [B, T, (L-1)H], final_hidden [B, T, H]).
+    ``collate``: another collate function (online training: the samples as a list, collated
+    after the target has run on them)."""
     sampler = PackedBatchSampler(
         batches, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size, batches_done=batches_done
     )
     return torch.utils.data.DataLoader(
         SampleSubset(dataset, idx),
         batch_sampler=sampler,
-        collate_fn=lambda items: collate_rows(items, max_tokens, row_tokens, fixed_shape),
+        collate_fn=collate or (lambda items: collate_rows(items, max_tokens, row_tokens, fixed_shape)),
         num_workers=num_workers,
         persistent_workers=num_workers > 0,  # no worker respawn at every epoch
     )

@@ -131,6 +131,18 @@ def dataset_path(cfg: Any, model_dir: str) -> Path:
     return dataset_dir(cfg.paths.data_dir, dataset_prefix(cfg), dataset_fingerprint(inputs))
 
 
+def token_fingerprint_inputs(cfg: Any, model_dir: str) -> dict:
+    """An online dataset's identity: the stored dataset's inputs (the same samples, layers and
+    dtype the trainer will capture), marked as holding token ids only."""
+    return {**fingerprint_inputs(cfg, model_dir), "hidden_states": "online"}
+
+
+def token_dataset_path(cfg: Any, model_dir: str) -> Path:
+    """Where the online dataset of this config lives: beside the stored ones, "-tokens" in its name."""
+    inputs = token_fingerprint_inputs(cfg, model_dir)
+    return dataset_dir(cfg.paths.data_dir, f"{dataset_prefix(cfg)}-tokens", dataset_fingerprint(inputs))
+
+
 def provenance(cfg: Any, model_dir: str, regen_engine: str | None) -> dict[str, Any]:
     """What the manifest records beside the fingerprint: the engine that wrote the answers
     (None: the chat data's own), and where the chat data and the model were read from."""

@@ -68,6 +68,11 @@ class AttentionKind(str, Enum):
     flex = "flex"  # block-sparse flex attention (CUDA; rows padded to max_tokens_per_batch)
 
 
+class HiddenStates(str, Enum):
+    offline = "offline"  # read from the dataset extract.py wrote
+    online = "online"  # the target runs inside training; the dataset holds token ids only
+
+
 class Strategy(str, Enum):
     auto = "auto"
     ddp = "ddp"
@@ -195,6 +200,10 @@ class OptimizerConfig:
 
 @dataclass
 class TrainConfig:
+    # where the hidden states come from: the stored dataset (offline), or the frozen target run by
+    # the trainer on each batch (online: no dataset of hidden states on disk, the target's forward
+    # in every step; eagle3/training/online.py)
+    hidden_states: HiddenStates = HiddenStates.offline
     ttt_steps: int = 3
     step_decay: float = 0.8
     loss: LossKind = LossKind.forward_kl
@@ -327,6 +336,10 @@ class EvalConfig:
     max_prompts: int = 32
     humaneval_prompts: int = 16
     max_new_tokens: int = 128
+    # also explain each greedy mismatch (the verifier rerun in fp32 per mismatch) and replay the
+    # head train-side on the served prompts: costly; for investigating train/serve mismatches.
+    # Off: vLLM's measured acceptance and a count of greedy mismatches only.
+    diagnostics: bool = False
 
 
 @dataclass

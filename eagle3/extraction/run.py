@@ -19,9 +19,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from eagle3.config.validate import torch_dtype, validate_run_config
 from eagle3.cost import capture_seconds, extract_lines, minutes, report
-from eagle3.data.hf_source import HFOptions
-from eagle3.data.pipeline import prepare_samples
 from eagle3.data.vocab import build_draft_vocab, token_frequencies
+from eagle3.extraction.samples import prepare, regenerator_for
 from eagle3.faults import fault
 from eagle3.identity import (
     check_regen_engine,
@@ -61,6 +60,13 @@ def _progress() -> Progress:
 def run(cfg: Any) -> str:
     validate_run_config(cfg)
     model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
+    if str(getattr(cfg.train.hidden_states, "value", cfg.train.hidden_states)) == "online":
+        # the pre-pass of online training: samples and vocabulary, no hidden states
+        from eagle3.extraction.tokens import prepare_token_dataset
+
+        ds_dir = prepare_token_dataset(cfg, model_dir)
+        print(ds_dir)
+        return str(ds_dir)
     inputs = fingerprint_inputs(cfg, model_dir)
     ds_dir = dataset_path(cfg, model_dir)
     # shard_index/num_shards, or srun's task rank when it started several extract processes
@@ -110,29 +116,10 @@ def _extract(
     capture_ids = [int(i) for i in cfg.layers.capture_ids]
     dtype = torch_dtype(cfg.capture.dtype)
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=bool(cfg.model.trust_remote_code))
-    regenerator = _regenerator(cfg, model_dir)
+    regenerator = regenerator_for(cfg, model_dir)
     engine = regenerator.backend if regenerator is not None else None
     check_regen_engine(ds_dir, engine)  # before any answer is generated
-    data = prepare_samples(
-        cfg.data.source,
-        cfg.data.path,
-        tokenizer,
-        max_samples=cfg.data.max_samples,
-        max_length=int(cfg.data.max_length),
-        overflow=str(getattr(cfg.data.overflow, "value", cfg.data.overflow)),
-        val_fraction=float(cfg.data.val_fraction),
-        seed=int(cfg.data.seed),
-        chat_template=cfg.model.chat_template,
-        regenerate=regenerator,
-        regenerate_batch_size=int(cfg.data.regen_batch_size),
-        hf=HFOptions.from_data(cfg.data),
-    )
-    if regenerator is not None:
-        console.print(
-            f"regenerated {regenerator.generated} conversations, {regenerator.new_tokens} new tokens "
-            f"({regenerator.backend}; {regenerator.cache_file})"
-        )
-        regenerator.close()
+    data = prepare(cfg, tokenizer, regenerator)
     samples = [s for s in data.train + data.val if num_shards == 1 or owner_shard(s.id, num_shards) == shard_index]
     kept = {s.id for s in samples}
     val_ids = sorted(s.id for s in data.val if s.id in kept)
@@ -207,31 +194,6 @@ def _merge(cfg: Any, ds_dir: Path, num_shards: int) -> str:
     )
     print(ds_dir)
     return str(ds_dir)
-
-
-def _regenerator(cfg: Any, model_dir: str):
-    """The target answers the user turns itself (data.regenerate=true): vLLM or transformers."""
-    if not cfg.data.regenerate:
-        return None
-    from eagle3.target.generate.dispatch import make_regenerator
-
-    return make_regenerator(
-        cfg.data.regen_backend,
-        model_dir,
-        cfg.paths.cache_dir,
-        temperature=float(cfg.data.regen_temperature),
-        max_tokens=int(cfg.data.regen_max_tokens),
-        seed=int(cfg.data.seed),
-        max_model_len=int(cfg.data.max_length),
-        chat_template=cfg.model.chat_template,
-        max_turns=cfg.data.regen_max_turns,
-        gen_batch_size=int(cfg.data.regen_batch_size),
-        static_cache=bool(cfg.data.regen_static_cache),
-        cpu_kvcache_space_gb=int(cfg.capture.cpu_kvcache_space_gb),
-        gpu_memory_utilization=float(cfg.capture.gpu_memory_utilization),
-        tensor_parallel_size=int(cfg.topology.extract_tp),
-        trust_remote_code=bool(cfg.model.trust_remote_code),
-    )
 
 
 def _disk_full_message(

@@ -7,6 +7,10 @@
     token_freq.safetensors        counts int64 [target vocab] over loss-masked tokens
     vocab-<V>.safetensors         d2t int64 [V], t2d bool [target vocab]
 
+A dataset for online training (``hidden_states: "online"``) holds the same files except the
+shards: one ``tokens.safetensors`` with input_ids, loss_mask and offsets; the trainer runs the
+target for the hidden states (eagle3/store/token_samples.py).
+
 Only ``eagle3.store`` reads or writes these names.
 """
 
@@ -28,6 +32,8 @@ FORMAT = "eagle3-hidden-states"
 MANIFEST = "manifest.json"
 LOCK = ".writer.lock"  # held (flock) by whoever writes the dataset
 TOKEN_FREQ = "token_freq.safetensors"
+TOKENS = "tokens.safetensors"  # an online dataset's one sample file
+STORED, ONLINE = "stored", "online"  # Manifest.hidden_states: in the shards, or computed by the trainer
 SHARD_RE = re.compile(r"^shard-(\d{5,})\.safetensors$")
 
 
@@ -93,6 +99,9 @@ class Manifest:
     # how it was made, not part of its identity (eagle3/identity.py): regen_engine (the engine
     # that wrote the answers when data.regenerate), data_path and model_dir as extraction read them
     provenance: dict[str, Any] = field(default_factory=dict)
+    # "stored": the shards hold hidden states; "online": token ids only, the trainer runs the
+    # target (layer_ids, hidden_size and dtype then say what it will capture)
+    hidden_states: str = STORED
 
     def recount(self) -> None:
         """Counts follow the shard list: one source of truth."""

@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 
 from eagle3.store.layout import (
+    ONLINE,
+    STORED,
     IncompleteDatasetError,
     Manifest,
     StoreError,
@@ -40,11 +42,12 @@ class DamagedDatasetError(StoreError):
         self.directory, self.problem, self.needs_hash = Path(directory), problem, needs_hash
 
 
-class HiddenStateDataset:
-    """A complete dataset directory written by ``ShardWriter``.
+class SampleFiles:
+    """Samples concatenated in the files a complete manifest lists, read lazily: the index
+    (file, start, length per sample) comes from each file's offsets; the manifest's views
+    (split, vocabularies, token counts) are shared by both kinds of dataset."""
 
-    ``ds[i]`` -> dict(input_ids int64 [T], loss_mask bool [T], hidden [T, L, H]).
-    """
+    kind = ""  # Manifest.hidden_states this class reads
 
     def __init__(self, directory: str | Path, verify: str | None = None):
         self.directory = Path(directory)
@@ -55,32 +58,31 @@ class HiddenStateDataset:
                 f"{self.directory}: incomplete dataset ({m.num_samples} samples in {len(m.shards)} shards "
                 "so far, complete=false): re-run extract.py with the same config to finish it"
             )
+        if m.hidden_states != self.kind:
+            raise StoreError(
+                f"{self.directory / 'manifest.json'}: hidden_states: expected {self.kind!r}, got "
+                f"{m.hidden_states!r}: {_HOW_TO_TRAIN.get(m.hidden_states, 'not an eagle3 dataset')}"
+            )
         self.layer_ids: tuple[int, ...] = tuple(m.layer_ids)
         self.hidden_size: int = m.hidden_size
         self.dtype: torch.dtype = dtype_from_name(m.dtype)
         self.fingerprint: str = m.fingerprint
-        ident = ShardIdentity(m.fingerprint, self.layer_ids, self.hidden_size, self.dtype)
         shard_of, start_of, lengths = [], [], []
         for k, info in enumerate(m.shards):
-            path = self.directory / info.file
-            if verify is not None:
-                try:
-                    inspect_shard(path, ident, info, verify)
-                except StoreError as e:
-                    raise DamagedDatasetError(self.directory, str(e), needs_hash=verify == "full") from None
-            elif not path.is_file() or path.stat().st_size != info.size_bytes:
-                got = f"{path.stat().st_size} bytes" if path.is_file() else "no such file"
-                raise DamagedDatasetError(
-                    self.directory, f"{path}: size: expected {info.size_bytes} bytes, got {got}", needs_hash=False
-                )
+            self._check_file(self.directory / info.file, info, verify)
             try:
                 offsets = self._open(k).get_tensor("offsets")
             except Exception as e:  # safetensors' own error types: a header overwritten in place
                 raise DamagedDatasetError(
-                    self.directory, f"{path}: unreadable safetensors file ({type(e).__name__}: {e})", needs_hash=True
+                    self.directory,
+                    f"{self.directory / info.file}: unreadable safetensors file ({type(e).__name__}: {e})",
+                    needs_hash=True,
                 ) from None
             if offsets.shape[0] != info.num_samples + 1:
-                raise StoreError(f"{path}: offsets: expected {info.num_samples + 1} entries, got {offsets.shape[0]}")
+                raise StoreError(
+                    f"{self.directory / info.file}: offsets: expected {info.num_samples + 1} entries, "
+                    f"got {offsets.shape[0]}"
+                )
             shard_of += [k] * info.num_samples
             start_of += offsets[:-1].tolist()
             lengths += (offsets[1:] - offsets[:-1]).tolist()
@@ -92,6 +94,14 @@ class HiddenStateDataset:
         self._shard_of = torch.tensor(shard_of, dtype=torch.int64)
         self._start = torch.tensor(start_of, dtype=torch.int64)
         self.lengths = torch.tensor(lengths, dtype=torch.int64)  # tokens per sample, for batching
+
+    def _check_file(self, path: Path, info, verify: str | None) -> None:
+        """The cheap check every open makes: the file is there at its listed size."""
+        if not path.is_file() or path.stat().st_size != info.size_bytes:
+            got = f"{path.stat().st_size} bytes" if path.is_file() else "no such file"
+            raise DamagedDatasetError(
+                self.directory, f"{path}: size: expected {info.size_bytes} bytes, got {got}", needs_hash=False
+            )
 
     # handles are not picklable and not fork-safe: keep them per process
     _handles: dict | None = None
@@ -117,7 +127,7 @@ class HiddenStateDataset:
     def __len__(self) -> int:
         return int(self.lengths.shape[0])
 
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+    def _rows(self, i: int, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
         n = len(self)
         if not -n <= i < n:
             raise IndexError(f"{self.directory}: sample index {i} out of range 0..{n - 1}")
@@ -125,11 +135,7 @@ class HiddenStateDataset:
         h = self._open(int(self._shard_of[i]))
         a = int(self._start[i])
         b = a + int(self.lengths[i])
-        return {
-            "input_ids": h.get_slice("input_ids")[a:b],
-            "loss_mask": h.get_slice("loss_mask")[a:b],
-            "hidden": h.get_slice("hidden")[a:b],
-        }
+        return {name: h.get_slice(name)[a:b] for name in names}
 
     def sample_id(self, i: int) -> str:
         return self.manifest.sample_ids[i]
@@ -168,6 +174,34 @@ class HiddenStateDataset:
             )
         t = load_tensors(self.directory / name, ("d2t", "t2d"))
         return check_vocab(draft_vocab_size, t["d2t"], t["t2d"])
+
+
+_HOW_TO_TRAIN = {
+    STORED: "a dataset of stored hidden states: train it with train.hidden_states=offline",
+    ONLINE: "token ids only, the target computes the hidden states: train it with train.hidden_states=online",
+}
+
+
+class HiddenStateDataset(SampleFiles):
+    """A complete dataset directory written by ``ShardWriter``.
+
+    ``ds[i]`` -> dict(input_ids int64 [T], loss_mask bool [T], hidden [T, L, H]).
+    """
+
+    kind = STORED
+
+    def _check_file(self, path: Path, info, verify: str | None) -> None:
+        if verify is None:
+            return super()._check_file(path, info, verify)
+        m = self.manifest
+        ident = ShardIdentity(m.fingerprint, tuple(m.layer_ids), m.hidden_size, dtype_from_name(m.dtype))
+        try:
+            inspect_shard(path, ident, info, verify)
+        except StoreError as e:
+            raise DamagedDatasetError(self.directory, str(e), needs_hash=verify == "full") from None
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return self._rows(i, ("input_ids", "loss_mask", "hidden"))
 
 
 def damaged_shards(directory: str | Path, manifest: Manifest, verify: str = "fast") -> list[tuple[str, str]]:

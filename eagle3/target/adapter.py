@@ -195,6 +195,7 @@ def to_captured_sample(
     returned_token_ids: Any = None,
     sample_id: str | None = None,
     finite_on_device: bool | None = None,
+    keep_device: bool = False,
 ) -> CapturedSample:
     """One backend's raw capture for one request -> a checked ``CapturedSample``.
 
@@ -203,6 +204,8 @@ def to_captured_sample(
     where it lives, and only then copied to the CPU. Anything else raises ``CaptureError``.
     ``finite_on_device``: the verdict of ``host_copy.BatchToHost``'s check on the device for
     exactly these (host-copied) values; a False verdict is explained from the host copy.
+    ``keep_device``: the checked hidden states stay where they are (online training feeds them
+    to the head on the same device); token ids and mask are on the CPU either way.
     """
     T = spec.num_tokens
     sent = _token_ids(sent_token_ids, field="sent_token_ids", sample_id=sample_id)
@@ -263,5 +266,6 @@ def to_captured_sample(
             sample_id=sample_id,
             hint="the device-to-host copy changed the data",
         )
-    h = _to_host(h)
+    if not keep_device:
+        h = _to_host(h)
     return CapturedSample(token_ids=sent.contiguous(), loss_mask=mask.contiguous(), hidden=h)

@@ -95,7 +95,12 @@ class HFCaptureBackend:
         max_tokens_per_batch: int = 16384,
         batch_size: int = 8,
         trust_remote_code: bool = False,
+        keep_on_device: bool = False,
+        model: torch.nn.Module | None = None,
     ):
+        """``keep_on_device``: records keep their hidden states on ``device`` (online training
+        feeds them straight to the head) instead of copying them to host memory. ``model``: an
+        already-built base model to run instead of loading ``model_dir`` (benchmarks)."""
         if batch_size < 1 or max_tokens_per_batch < 1:
             raise CaptureError(
                 "capture batch limits",
@@ -107,7 +112,10 @@ class HFCaptureBackend:
         self.device = torch.device(device)
         self.batch_size = int(batch_size)
         self.max_tokens_per_batch = int(max_tokens_per_batch)
-        self.model = _load_base_model(self.model_dir, dtype, trust_remote_code).to(self.device).eval()
+        self.keep_on_device = bool(keep_on_device)
+        if model is None:
+            model = _load_base_model(self.model_dir, dtype, trust_remote_code)
+        self.model = model.to(self.device).eval()
         layers = _decoder_layers(self.model)
         n = len(layers)
         ids = [int(i) for i in capture_ids]
@@ -187,7 +195,7 @@ class HFCaptureBackend:
         # [B, T, L, H] on the model's device: each row's prefix is then the stored [t, L, H] layout
         stacked = torch.stack([self._captured[lid] for lid in self.capture_ids], dim=2)
         self._captured = {}
-        if stacked.device.type == "cuda":
+        if stacked.device.type == "cuda" and not self.keep_on_device:
             to_host = BatchToHost(stacked, attn_dev.bool(), lengths, self.dtype)
             return _InFlight(batch, ids, lengths, stacked=None, to_host=to_host)
         return _InFlight(batch, ids, lengths, stacked=stacked, to_host=None)
@@ -213,6 +221,7 @@ class HFCaptureBackend:
                     returned_token_ids=flight.input_ids[row, :t],
                     sample_id=p.sample_id,
                     finite_on_device=finite,
+                    keep_device=self.keep_on_device,
                 )
             )
         return out

@@ -54,7 +54,7 @@ class CaptureSpec:
 class CapturedSample:
     token_ids: torch.Tensor  # int64 [T]
     loss_mask: torch.Tensor  # bool  [T]
-    hidden: torch.Tensor  # [T, L, H] in the spec dtype, contiguous, CPU
+    hidden: torch.Tensor  # [T, L, H] in the spec dtype, contiguous; CPU unless kept on the device
 
     @property
     def num_tokens(self) -> int:

@@ -1,4 +1,14 @@
-"""LightningDataModule over an extracted dataset: lazy shard reads, packed batches, DDP split."""
+"""LightningDataModule over a dataset: lazy reads, packed batches, DDP split.
+
+Offline, the dataset holds the hidden states. Online (``online`` given), it holds token ids
+only and the target computes the states of each batch on the training device, in
+``on_before_batch_transfer`` (eagle3/training/online.py).
+
+Batches are made over the samples in sample-id order, not the order they sit on disk (which
+depends on how the capture batched them): the same samples give the same batches whichever
+backend, engine or mode wrote the dataset, so an online run reads exactly what an offline
+run of the same samples reads.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +17,8 @@ import warnings
 import lightning as L
 
 from eagle3.batches import pack_rows, packed_loader, unshuffled_loader
-from eagle3.store import HiddenStateDataset
+from eagle3.store import HiddenStateDataset, TokenDataset, open_dataset
+from eagle3.training.online import OnlineHiddenStates
 
 
 class Eagle3DataModule(L.LightningDataModule):
@@ -21,6 +32,7 @@ class Eagle3DataModule(L.LightningDataModule):
         fixed_shape: bool = False,
         row_tokens: int | None = None,
         require_train: bool = True,
+        online: OnlineHiddenStates | None = None,
     ):
         super().__init__()
         self.dataset_dir = dataset_dir
@@ -28,10 +40,16 @@ class Eagle3DataModule(L.LightningDataModule):
         self.fixed_shape = bool(fixed_shape)  # one batch shape (train.compile): rows padded
         self.row_tokens = int(row_tokens) if row_tokens else None  # several packed rows per batch
         self.seed, self.num_workers = int(seed), int(num_workers)
-        self.dataset = HiddenStateDataset(dataset_dir)
+        self.dataset = open_dataset(dataset_dir)
+        self.online = online
+        if isinstance(self.dataset, TokenDataset) and online is None:
+            raise ValueError(f"{dataset_dir}: holds token ids only; train it with train.hidden_states=online")
+        if isinstance(self.dataset, HiddenStateDataset) and online is not None:
+            raise ValueError(f"{dataset_dir}: holds hidden states; online training reads a token dataset")
         val = set(self.dataset.val_indices())
-        self.train_idx = [i for i in range(len(self.dataset)) if i not in val]
-        self.val_idx = sorted(val)
+        by_id = sorted(range(len(self.dataset)), key=self.dataset.sample_id)
+        self.train_idx = [i for i in by_id if i not in val]
+        self.val_idx = [i for i in by_id if i in val]
         if not self.train_idx and require_train:  # measuring (replay_export) needs no training split
             raise ValueError(f"{dataset_dir}: no training samples (all {len(self.dataset)} are validation)")
         lengths = self.dataset.lengths
@@ -74,7 +92,16 @@ class Eagle3DataModule(L.LightningDataModule):
             world_size=world,
             batches_done=batches_done,
             num_workers=self.num_workers,
+            collate=list if self.online is not None else None,
         )
+
+    def setup(self, stage: str) -> None:
+        if self.online is not None:  # the target onto this process's training device
+            self.online.setup(self.trainer.strategy.root_device if self.trainer else "cpu")
+
+    def on_before_batch_transfer(self, batch, dataloader_idx: int):
+        # online: token samples -> the batch with hidden states, computed on the training device
+        return self.online(batch) if self.online is not None else batch
 
     def loader_for(self, idx: list[int]):
         """These samples in this module's batches, unshuffled, in this process (evaluation)."""

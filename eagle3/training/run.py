@@ -10,7 +10,7 @@ from typing import Any
 import lightning as L
 from omegaconf import OmegaConf
 
-from eagle3.config.validate import validate_run_config
+from eagle3.config.validate import torch_dtype, validate_run_config
 from eagle3.cost import report, train_lines
 from eagle3.identity import DatasetNotFound, dataset_path, locate_dataset, regen_note
 from eagle3.launch import check_external_launch
@@ -23,6 +23,7 @@ from eagle3.training.datamodule import Eagle3DataModule
 from eagle3.training.export import export_checkpoint
 from eagle3.training.loggers import build_logger
 from eagle3.training.module import Eagle3LitModule
+from eagle3.training.online import OnlineHiddenStates
 from eagle3.training.run_dir import repair_command, run_dir_lock
 from eagle3.training.step_path import resolve_step_path, uses_flex
 
@@ -67,17 +68,23 @@ def _run(cfg: Any, extra_callbacks: Sequence[L.Callback]) -> float:
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
-    ds_dir = find_dataset(cfg, model_dir)
+    online = str(getattr(cfg.train.hidden_states, "value", cfg.train.hidden_states)) == "online"
+    ds_dir = find_token_dataset(cfg, model_dir) if online else find_dataset(cfg, model_dir)
     resolve_step_path(cfg)
+    # a compiled step sees one shape (no recompiles); flex tiles rows in 128-token blocks
+    fixed_shape = bool(cfg.train.compile) or uses_flex(cfg)
+    row_tokens = None if uses_flex(cfg) else cfg.train.row_tokens
     datamodule = Eagle3DataModule(
         str(ds_dir),
         max_tokens_per_batch=int(cfg.train.max_tokens_per_batch),
         seed=int(cfg.train.seed),
         num_workers=int(cfg.train.num_workers),
-        # a compiled step sees one shape (no recompiles); flex tiles rows in 128-token blocks
-        fixed_shape=bool(cfg.train.compile) or uses_flex(cfg),
-        row_tokens=None if uses_flex(cfg) else cfg.train.row_tokens,
+        fixed_shape=fixed_shape,
+        row_tokens=row_tokens,
+        online=online_target(cfg, model_dir, fixed_shape, row_tokens) if online else None,
     )
+    # what was trained on, kept with the run (for an online run, the only record of its samples)
+    (output_dir / "dataset_manifest.json").write_text(datamodule.dataset.manifest.to_json())
     head, draft_meta = build_head(cfg, model_dir, datamodule.dataset)
     train_cfg = OmegaConf.to_container(cfg.train, resolve=True, enum_to_str=True)
     module = Eagle3LitModule(
@@ -138,6 +145,8 @@ def _run(cfg: Any, extra_callbacks: Sequence[L.Callback]) -> float:
         trainer.validate(module, datamodule=datamodule, verbose=False)
     final = _scalars(trainer.callback_metrics)
     trainer.save_checkpoint(ckpt_dir / "last.ckpt")
+    if datamodule.online is not None:  # the target's memory back before evaluation loads vLLM
+        datamodule.online.close()
 
     summary: dict[str, Any] = {
         "dataset_dir": str(ds_dir),
@@ -145,6 +154,7 @@ def _run(cfg: Any, extra_callbacks: Sequence[L.Callback]) -> float:
         "global_step": trainer.global_step,
         "initial": initial,
         "regen_engine": datamodule.dataset.manifest.provenance.get("regen_engine"),
+        "hidden_states": "online" if online else "offline",
         "final": final,
         "best_checkpoint": checkpoint.best_model_path or None,
         "best_metric": best_metric,
@@ -180,6 +190,47 @@ def trainer_arguments(trainer_cfg: Any) -> dict[str, Any]:
 def serve_command(export_dir: Path, verifier: str, num_draft_tokens: int) -> str:
     spec = json.dumps({"model": str(export_dir), "method": "eagle3", "num_speculative_tokens": int(num_draft_tokens)})
     return f"vllm serve {verifier} --speculative-config '{spec}'"
+
+
+def online_target(cfg: Any, model_dir: str, fixed_shape: bool, row_tokens: int | None) -> OnlineHiddenStates:
+    """train.hidden_states=online: the frozen target each training process runs (a full copy
+    per process), capturing the layers and dtype the dataset names."""
+    strategy = str(getattr(cfg.topology.strategy, "value", cfg.topology.strategy))
+    if strategy == "fsdp":
+        raise ValueError(
+            "train.hidden_states=online: expected topology.strategy auto or ddp (each process holds a "
+            "whole copy of the target), got fsdp; for a target that needs sharding, extract the hidden "
+            "states with capture=vllm and tensor parallelism and train offline (docs/scaling.md)"
+        )
+    print(f"hidden states: online, the target ({model_dir}) runs with transformers on each training device")
+    return OnlineHiddenStates(
+        model_dir,
+        [int(i) for i in cfg.layers.capture_ids],
+        int(cfg.model.hidden_size),
+        torch_dtype(cfg.capture.dtype),
+        max_tokens_per_batch=int(cfg.train.max_tokens_per_batch),
+        row_tokens=row_tokens,
+        fixed_shape=fixed_shape,
+        forward_tokens=int(cfg.capture.max_tokens_per_batch),
+        trust_remote_code=bool(cfg.model.trust_remote_code),
+    )
+
+
+def find_token_dataset(cfg: Any, model_dir: str) -> Path:
+    """dataset_dir= as given (a token dataset), else this config's, written now if missing
+    (the pre-pass: samples, split and vocabulary; `extract.py train.hidden_states=online`
+    runs it alone)."""
+    if cfg.dataset_dir:
+        ds_dir = Path(cfg.dataset_dir).expanduser().resolve()
+        if Manifest.read(ds_dir).hidden_states != "online":
+            raise ValueError(
+                f"dataset_dir={cfg.dataset_dir}: holds stored hidden states; train.hidden_states=online "
+                "reads a token dataset (python extract.py train.hidden_states=online <same overrides>)"
+            )
+        return ds_dir
+    from eagle3.extraction.tokens import prepare_token_dataset
+
+    return prepare_token_dataset(cfg, model_dir)
 
 
 def find_dataset(cfg: Any, model_dir: str) -> Path:

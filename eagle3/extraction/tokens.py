@@ -1,0 +1,58 @@
+"""The pre-pass of online training: the config's samples, split and draft vocabulary written
+as a token-only dataset (eagle3/store/token_samples.py). Regeneration happens here, once,
+as for a stored dataset; the hidden states are left to the trainer's target."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from eagle3.config.validate import torch_dtype
+from eagle3.data.vocab import build_draft_vocab, token_frequencies
+from eagle3.extraction.samples import prepare, regenerator_for
+from eagle3.identity import provenance, token_dataset_path, token_fingerprint_inputs
+from eagle3.store import Manifest, format_bytes, write_token_dataset
+
+console = Console(stderr=True)
+
+
+def prepare_token_dataset(cfg: Any, model_dir: str) -> Path:
+    """The online dataset of this config: found complete, or written now (a few seconds per
+    thousand samples without regeneration). Returns its directory."""
+    from transformers import AutoTokenizer
+
+    ds_dir = token_dataset_path(cfg, model_dir)
+    done = Manifest.read_complete(ds_dir)
+    if done is not None:
+        console.print(f"online dataset {ds_dir}: {done.num_samples} samples, {done.num_tokens} tokens")
+        return ds_dir
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=bool(cfg.model.trust_remote_code))
+    regenerator = regenerator_for(cfg, model_dir)
+    engine = regenerator.backend if regenerator is not None else None
+    data = prepare(cfg, tokenizer, regenerator)
+    samples = data.train + data.val
+    freq = token_frequencies(samples, int(cfg.model.vocab_size))
+    size = min(int(cfg.train.draft_vocab_size), int(cfg.model.vocab_size))
+    manifest = write_token_dataset(
+        ds_dir,
+        [(s.id, s.input_ids, s.loss_mask) for s in samples],
+        val_ids=[s.id for s in data.val],
+        fingerprint_inputs=token_fingerprint_inputs(cfg, model_dir),
+        layer_ids=[int(i) for i in cfg.layers.capture_ids],
+        hidden_size=int(cfg.model.hidden_size),
+        dtype=torch_dtype(cfg.capture.dtype),
+        token_freq=freq,
+        vocabs={size: build_draft_vocab(freq, size)},
+        provenance=provenance(cfg, model_dir, engine),
+    )
+    stored = (
+        manifest.num_tokens * len(manifest.layer_ids) * manifest.hidden_size * torch_dtype(cfg.capture.dtype).itemsize
+    )
+    console.print(
+        f"[green]online dataset {ds_dir}: {manifest.num_samples} samples, {manifest.num_tokens} tokens "
+        f"({manifest.num_loss_tokens} loss tokens); {format_bytes(manifest.shards[0].size_bytes)} on disk "
+        f"instead of {format_bytes(stored)} of hidden states"
+    )
+    return ds_dir
