@@ -83,8 +83,8 @@ RATES = (
         train_tok_s=704,
         train_flops=head_flops(576, 1536, 4096, 3),
         regen_tok_s=166,
-        measured="make demo on this project's 2-core CPU with nothing else running (docs/benchmarks.md, "
-        "'demo_cpu on a quiet machine'): capture 906 tok/s, training 704 tok/s; regeneration (vLLM, "
+        measured="make demo on this project's 2-core CPU with nothing else running (docs/results.md, "
+        "section 1): capture 906 tok/s, training 704 tok/s; regeneration (vLLM, "
         "engine start included) from `python extract.py experiment=demo_cpu` with an empty cache on the "
         "same CPU shared with other jobs (load 4-5): 45,556 new tokens in 4 min 35 s",
     ),
@@ -96,7 +96,7 @@ RATES = (
         train_tok_s=79_400,
         train_flops=head_flops(576, 1536, 32000, 5),
         regen_tok_s=22_000,
-        measured="experiment=smollm2_full on one H200 (docs/benchmarks.md section 3: capture 98,982 tok/s, "
+        measured="experiment=smollm2_full on one H200 (docs/results.md section 9: capture 98,982 tok/s, "
         "training ~79,400 tok/s at ttt 5 and 8,192-token rows, fast-decode regeneration ~22k tok/s)",
     ),
     Rate(
@@ -108,7 +108,7 @@ RATES = (
         train_flops=head_flops(4096, 14336, 32000, 3),
         regen_tok_s=None,
         measured="bench/extract_throughput.py and bench/train_throughput.py --preset llama3-8b on one H200 "
-        "(docs/benchmarks.md sections 1-2: capture 33,062 tok/s, compiled step 52,515 tok/s at ttt 3)",
+        "(docs/results.md sections 3 and 6: capture 33,062 tok/s, compiled step 52,515 tok/s at ttt 3)",
     ),
 )
 

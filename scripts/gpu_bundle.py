@@ -9,7 +9,7 @@
 - .gpu/sharegpt.jsonl.xz  the usable ShareGPT conversations as JSONL (ids kept), xz'd
 - .gpu/tok/             SmolLM2's tokenizer files (for random-weight models)
 
-On the GPU machine: `bash scripts/gpu_quality_run.sh` (see docs/benchmarks.md).
+On the GPU machine: `bash scripts/gpu_quality_run.sh` (see docs/results.md).
 """
 
 from __future__ import annotations

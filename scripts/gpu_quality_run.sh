@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The smollm2_full quality run on a bare GPU machine (see docs/benchmarks.md).
+# The smollm2_full quality run on a bare GPU machine (see docs/results.md).
 #   bash scripts/gpu_quality_run.sh part 0     # carry .gpu/parts/gguf.0 .gpu/site .gpu/gguf.sha256
 #                                              # [+ .gpu/regenerated.tar.xz from an earlier train stage]
 #   bash scripts/gpu_quality_run.sh part 1     # carry .gpu/parts/gguf.1 .gpu/sharegpt.jsonl.xz

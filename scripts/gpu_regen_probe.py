@@ -11,7 +11,7 @@ each engine's answers are compared with the first engine's. --static: also time 
 static-cache generate engine (data.regen_static_cache=true) the same way.
 
 Random weights never stop early and synthetic prompts are short, so they overstate what a
-real run gets (17,382 tok/s probed vs ~5,200 on real ShareGPT first turns, docs/benchmarks.md). With
+real run gets (17,382 tok/s probed vs ~5,200 on real ShareGPT first turns, docs/changelog.md). With
 the real target and real prompts the probe answers the question a run needs:
 
     python scripts/gpu_regen_probe.py --tok .gpu/tok --model-dir /tmp/cache/targets/<smollm2 dir> \
