@@ -376,6 +376,6 @@ class RunConfig:
     budget: Optional[str] = None
     # the metric train.py's main() returns (Optuna maximises it) and that picks the exported
     # checkpoint. The replay at K = eval.num_draft_tokens is what vLLM measures (within 0.01-0.02,
-    # docs/benchmarks.md) and compares runs of different train.ttt_steps; val/sim_accept_len
+    # docs/results.md) and compares runs of different train.ttt_steps; val/sim_accept_len
     # grows with ttt_steps whatever the head, so a sweep over it would favour the longest TTT
     optimized_metric: str = DEFAULT_OPTIMIZED_METRIC
