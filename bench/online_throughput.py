@@ -1,0 +1,287 @@
+"""Online vs offline hidden states on one device: training tokens/s when the frozen target runs
+inside the training process (train.hidden_states=online) against training from a stored
+dataset (offline), plus the extraction the offline route needs first, and peak GPU memory.
+
+Real eagle3 code throughout: the transformers capture backend and typed adapter, the shard
+writer, the Lightning module and data module, the compiled flex step of the GPU default. The
+target has a preset's shapes and random weights (speed does not depend on the values); the
+samples are random token ids with ShareGPT-like lengths.
+
+    python bench/online_throughput.py --preset llama3-8b --steps 40 --out online.json   # H200
+    python bench/online_throughput.py --preset tiny --steps 6                            # CPU smoke
+
+Reported: tokens/s of each route after warm-up, the extraction's tokens/s (capture + shard
+writes), the wall time of one and of three epochs over the same data by each route (extract
+once + train k epochs, against k online epochs) from those measured rates, and the number of
+epochs from which offline is faster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from eagle3.data.vocab import build_draft_vocab  # noqa: E402
+from eagle3.model.config import DraftConfig  # noqa: E402
+from eagle3.model.head import Eagle3DraftHead  # noqa: E402
+from eagle3.store import ShardWriter, write_token_dataset  # noqa: E402
+from eagle3.target.capture_hf import HFCaptureBackend  # noqa: E402
+from eagle3.training.datamodule import Eagle3DataModule  # noqa: E402
+from eagle3.training.module import Eagle3LitModule  # noqa: E402
+from eagle3.training.online import OnlineHiddenStates  # noqa: E402
+
+PRESETS = {
+    # Llama-3.1-8B
+    "llama3-8b": dict(
+        hidden_size=4096,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=14336,
+        vocab_size=128256,
+        tokens_per_batch=8192,
+        lengths=(256, 2048),
+        draft_vocab=32000,
+    ),
+    "tiny": dict(
+        hidden_size=64,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=2048,
+        tokens_per_batch=512,
+        lengths=(32, 200),
+        draft_vocab=512,
+    ),
+}
+
+
+def target_model(p: dict, device: str) -> tuple[torch.nn.Module, dict]:
+    from transformers import LlamaConfig, LlamaModel
+
+    hf = dict(
+        model_type="llama",
+        architectures=["LlamaForCausalLM"],
+        hidden_size=p["hidden_size"],
+        num_hidden_layers=p["num_hidden_layers"],
+        num_attention_heads=p["num_attention_heads"],
+        num_key_value_heads=p["num_key_value_heads"],
+        intermediate_size=p["intermediate_size"],
+        vocab_size=p["vocab_size"],
+        max_position_embeddings=8192,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # built in bf16 on the device: no fp32 copy of 8B weights
+    try:
+        with torch.device(device):
+            model = LlamaModel(LlamaConfig(**hf)).eval()
+    finally:
+        torch.set_default_dtype(default)
+    return model, hf
+
+
+def samples(p: dict, total_tokens: int) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    lo, hi = p["lengths"]
+    out, n = [], 0
+    while n < total_tokens:
+        t = int(torch.randint(lo, hi + 1, (1,), generator=g))
+        ids = torch.randint(0, p["vocab_size"], (t,), generator=g)
+        mask = torch.zeros(t, dtype=torch.bool)
+        mask[t // 3 :] = True  # the answer part
+        out.append((f"s{len(out):06d}", ids, mask))
+        n += t
+    return out
+
+
+def head_for(hf: dict, p: dict, target: torch.nn.Module, d2t, t2d) -> Eagle3DraftHead:
+    torch.manual_seed(1)
+    cfg = DraftConfig.from_target_config(
+        hf, draft_vocab_size=p["draft_vocab"], norm_before_fc=True, norm_before_residual=True, norm_output=True
+    )
+    head = Eagle3DraftHead(cfg, attention="flex" if torch.cuda.is_available() else "sdpa")
+    embed = target.embed_tokens.weight.detach().float().cpu()
+    lm_head = torch.randn(p["vocab_size"], p["hidden_size"], generator=torch.Generator().manual_seed(2)) * 0.02
+    head.load_target_weights(embed, target.norm.weight.detach().float().cpu(), lm_head, d2t, t2d, True)
+    return head
+
+
+class StepClock(L.Callback):
+    """Tokens (real, not padding) and wall time of every optimizer step, the device synchronised."""
+
+    def __init__(self):
+        self.times, self.tokens, self.graphs = [], [], []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        from torch._dynamo.utils import counters
+
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self.times.append(time.perf_counter())
+        self.tokens.append(int((batch["segment_ids"] >= 0).sum()))
+        self.graphs.append(int(counters["stats"]["unique_graphs"]))  # dynamo's graphs so far
+
+    def rate(self, warmup: int) -> float:
+        t = self.times[warmup:]
+        return sum(self.tokens[warmup + 1 :]) / (t[-1] - t[0])
+
+
+def train(ds_dir: Path, head, p: dict, steps: int, warmup: int, online: OnlineHiddenStates | None) -> dict:
+    cuda = torch.cuda.is_available()
+    tc = dict(
+        ttt_steps=3,
+        step_decay=0.8,
+        loss="forward_kl",
+        compile=cuda,
+        lr=1e-3,
+        weight_decay=0.0,
+        optimizer=dict(name="adamw", betas=[0.9, 0.95], eps=1e-8),
+        warmup_steps=10,
+        max_steps=steps,
+        lr_decay_steps=None,
+        min_lr_ratio=0.1,
+        max_time=None,
+    )
+    dm = Eagle3DataModule(
+        str(ds_dir), max_tokens_per_batch=p["tokens_per_batch"], fixed_shape=cuda, row_tokens=None, online=online
+    )
+    module = Eagle3LitModule(head, tc, replay_draft_tokens=0)
+    clock = StepClock()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    trainer = L.Trainer(
+        accelerator="gpu" if cuda else "cpu",
+        devices=1,
+        precision="bf16-mixed" if cuda else "32-true",
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        gradient_clip_val=1.0,
+        callbacks=[clock],
+        use_distributed_sampler=False,
+    )
+    t0 = time.perf_counter()
+    trainer.fit(module, datamodule=dm)
+    return {
+        "tokens_per_s": clock.rate(warmup),
+        "steps": len(clock.times),
+        # graphs compiled after the warm-up steps: a recompile (a new shape or a failed guard) if > 0
+        "recompiles_after_warmup": clock.graphs[-1] - clock.graphs[warmup],
+        "wall_s": time.perf_counter() - t0,
+        "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+    }
+
+
+def extract(ds_dir: Path, model, hf: dict, p: dict, data, vocab, device: str) -> dict:
+    """The offline route's first stage: capture every sample and write the shards."""
+    layer_ids = [2, hf["num_hidden_layers"] // 2, hf["num_hidden_layers"] - 3, hf["num_hidden_layers"]]
+    t0 = time.perf_counter()
+    backend = HFCaptureBackend("random", layer_ids, dtype=torch.bfloat16, device=device, model=model)
+    writer = ShardWriter(
+        ds_dir,
+        layer_ids=layer_ids,
+        hidden_size=hf["hidden_size"],
+        dtype=torch.bfloat16,
+        fingerprint_inputs={"bench": "online_throughput", "preset": hf},
+        background=True,
+        writer_threads=2,
+    )
+    try:
+        for sample_id, record in backend.capture_with_ids(data):
+            writer.add(sample_id, record)
+        freq, (d2t, t2d) = vocab
+        writer.finish(freq, {p["draft_vocab"]: (d2t, t2d)}, val_ids=[])
+    finally:
+        writer.close()
+    secs = time.perf_counter() - t0
+    tokens = sum(int(s[1].numel()) for s in data)
+    size = sum(f.stat().st_size for f in ds_dir.glob("shard-*"))
+    return {"tokens_per_s": tokens / secs, "wall_s": secs, "tokens": tokens, "bytes": size, "layer_ids": layer_ids}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    ap.add_argument("--steps", type=int, default=40, help="optimizer steps per route (one epoch of the data)")
+    ap.add_argument("--warmup", type=int, default=8, help="steps left out of the rates (compiles)")
+    ap.add_argument("--dir", default=None, help="where the datasets go (default: a temp dir)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    p = PRESETS[args.preset]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, hf = target_model(p, device)
+    data = samples(p, int(args.steps * p["tokens_per_batch"] * 0.97))  # ~steps batches once packed
+    freq = torch.zeros(p["vocab_size"], dtype=torch.int64)
+    for _, ids, mask in data:
+        freq += torch.bincount(ids[mask], minlength=p["vocab_size"])
+    vocab = (freq, build_draft_vocab(freq, p["draft_vocab"]))
+    root = Path(args.dir or tempfile.mkdtemp(prefix="online_bench_"))
+    layer_ids = [2, hf["num_hidden_layers"] // 2, hf["num_hidden_layers"] - 3, hf["num_hidden_layers"]]
+    tokens_dir = root / "tokens"
+    write_token_dataset(
+        tokens_dir,
+        data,
+        val_ids=[],
+        fingerprint_inputs={"bench": "online_throughput", "preset": hf},
+        layer_ids=layer_ids,
+        hidden_size=hf["hidden_size"],
+        dtype=torch.bfloat16,
+        token_freq=freq,
+        vocabs={p["draft_vocab"]: vocab[1]},
+    )
+    d2t, t2d = vocab[1]
+    online = OnlineHiddenStates(
+        "random",
+        layer_ids,
+        hf["hidden_size"],
+        torch.bfloat16,
+        max_tokens_per_batch=p["tokens_per_batch"],
+        row_tokens=None,
+        fixed_shape=device == "cuda",
+        model=model,
+    )
+    result = {"preset": args.preset, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
+    heads = [head_for(hf, p, model, d2t, t2d) for _ in range(2)]  # the same initial head for both routes
+    result["online"] = train(tokens_dir, heads[0], p, args.steps, args.warmup, online)
+    print("online", json.dumps(result["online"]), flush=True)
+    result["extract"] = extract(root / "stored", model, hf, p, data, vocab, device)
+    print("extract", json.dumps(result["extract"]), flush=True)
+    online.close()  # offline training holds no target: its peak memory is the head's alone
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    result["offline"] = train(root / "stored", heads[1], p, args.steps, args.warmup, None)
+    print("offline", json.dumps(result["offline"]), flush=True)
+    tokens = result["extract"]["tokens"]
+    on, off, ext = result["online"]["tokens_per_s"], result["offline"]["tokens_per_s"], result["extract"]["wall_s"]
+    result["epochs"] = {
+        str(k): {"online_s": k * tokens / on, "extract_then_train_s": ext + k * tokens / off} for k in (1, 3)
+    }
+    # k * D / on  >  E + k * D / off   <=>   k > E / (D / on - D / off)
+    gain = tokens / on - tokens / off
+    result["offline_wins_from_epochs"] = math.ceil(ext / gain + 1e-9) if gain > 0 else None
+    print(json.dumps(result, indent=1))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""Online training (train.hidden_states=online): the target runs inside train.py on a token-only
+dataset and the head trains exactly as it does offline on the same samples.
+
+Tolerance: the online target computes each batch's states in other forward batches (other
+padding) than extraction did. On this CPU that gives bitwise-equal bf16 states for SmolLM2
+(measured: every weight equal after training), so the comparison allows only fp32 rounding
+(rtol 1e-5, atol 1e-6, as the offline resume test). On a GPU, other padded shapes may pick
+other bf16 matmul tilings; differences of an ulp in the states are then expected.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import compose
+
+from eagle3.extraction.run import run as extract
+from eagle3.store import DamagedDatasetError, HiddenStateDataset, Manifest, StoreError, TokenDataset
+from eagle3.target.records import CaptureError
+from eagle3.training.online import OnlineHiddenStates
+from eagle3.training.run import online_target
+from eagle3.training.run import run as train
+
+TINY = ["experiment=tiny_test"]
+ONLINE = ["train.hidden_states=online"]
+SMOL = [
+    "data.max_samples=24",
+    "data.max_length=192",
+    "data.val_fraction=0.25",
+    "train.draft_vocab_size=2048",
+    "train.ttt_steps=2",
+    "train.max_steps=6",
+    "train.warmup_steps=2",
+    "train.lr=2e-3",
+    "train.max_tokens_per_batch=768",
+    "train.val_check_interval=3",
+    "logger=none",
+    "eval.enabled=false",
+]
+
+
+def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    return ckpt["state_dict"]
+
+
+def _assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = _weights(a), _weights(b)
+    assert wa.keys() == wb.keys()
+    for k, v in wa.items():
+        torch.testing.assert_close(wb[k], v, rtol=1e-5, atol=1e-6, msg=k)
+
+
+@pytest.mark.slow
+def test_online_trains_the_same_head_as_offline_on_smollm2(tmp_path):
+    """Real SmolLM2-135M, real ShareGPT: 6 steps offline (extract.py, then train.py) and 6 steps
+    online (train.py alone) end with the same weights and the same validation figures."""
+    data = [f"paths.data_dir={tmp_path / 'data'}"]
+    extract(compose("extract", SMOL + data))
+    train(compose("train", SMOL + data, output_dir=str(tmp_path / "offline")))
+    train(compose("train", SMOL + data + ONLINE, output_dir=str(tmp_path / "online")))
+    _assert_same_weights(tmp_path / "offline", tmp_path / "online")
+    off = json.loads((tmp_path / "offline" / "summary.json").read_text())
+    on = json.loads((tmp_path / "online" / "summary.json").read_text())
+    assert on["hidden_states"] == "online" and off["hidden_states"] == "offline"
+    assert on["global_step"] == off["global_step"] == 6
+    for key in ("val/loss", "val/acc_k0", "val/replay_accept_len"):
+        assert on["final"][key] == pytest.approx(off["final"][key], rel=1e-5), key
+    # the online run read a token dataset: no hidden states stored for it
+    online_ds = Path(on["dataset_dir"])
+    assert online_ds != Path(off["dataset_dir"]) and not list(online_ds.glob("shard-*"))
+    record = json.loads((tmp_path / "online" / "dataset_manifest.json").read_text())
+    assert record["hidden_states"] == "online" and record["layer_ids"] == [2, 15, 27, 30]
+    offline_record = Manifest.read(Path(off["dataset_dir"]))
+    assert sorted(record["sample_ids"]) == sorted(offline_record.sample_ids)
+    assert record["val_ids"] == sorted(record["val_ids"], key=record["sample_ids"].index)
+    assert set(record["val_ids"]) == set(offline_record.val_ids)
+
+
+def test_online_resume_equals_uninterrupted(tmp_path):
+    """8 online steps in one go == 3, then a resume for the rest (the same batch stream as offline)."""
+    common = TINY + ONLINE + [f"paths.data_dir={tmp_path / 'data'}", "train.lr_decay_steps=8"]
+    train(compose("train", common + ["train.max_steps=8"], output_dir=str(tmp_path / "straight")))
+    train(compose("train", common + ["train.max_steps=3"], output_dir=str(tmp_path / "split")))
+    train(compose("train", common + ["train.max_steps=8"], output_dir=str(tmp_path / "split")))
+    _assert_same_weights(tmp_path / "straight", tmp_path / "split")
+    a = torch.load(tmp_path / "split" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert a["global_step"] == 8
+
+
+def test_the_pre_pass_writes_tokens_only_and_is_reused(tmp_path, capsys):
+    """extract.py train.hidden_states=online: token ids, split and vocabulary, no hidden states;
+    a second run finds it; a stored-dataset reader refuses it by name; a cut file is caught."""
+    cfg = compose("extract", TINY + ONLINE + [f"paths.data_dir={tmp_path}"])
+    ds_dir = Path(extract(cfg))
+    assert sorted(p.name for p in ds_dir.iterdir() if not p.name.startswith(".")) == [
+        "manifest.json",
+        "token_freq.safetensors",
+        "tokens.safetensors",
+        "vocab-2048.safetensors",
+    ]
+    m = Manifest.read(ds_dir)
+    assert m.hidden_states == "online" and m.complete and m.layer_ids == [1, 2, 3, 4]
+    ds = TokenDataset(ds_dir)
+    assert len(ds) == m.num_samples == 40 and len(ds.val_indices()) == len(m.val_ids) > 0
+    item = ds[0]
+    assert set(item) == {"input_ids", "loss_mask", "sample_id"} and item["sample_id"] == m.sample_ids[0]
+    assert item["input_ids"].dtype == torch.int64 and item["loss_mask"].dtype == torch.bool
+    assert int(sum(ds.lengths)) == m.num_tokens
+    with pytest.raises(StoreError, match="train it with train.hidden_states=online"):
+        HiddenStateDataset(ds_dir)
+    mtime = (ds_dir / "tokens.safetensors").stat().st_mtime_ns
+    capsys.readouterr()
+    assert Path(extract(cfg)) == ds_dir
+    assert (ds_dir / "tokens.safetensors").stat().st_mtime_ns == mtime
+    tokens = ds_dir / "tokens.safetensors"
+    tokens.write_bytes(tokens.read_bytes()[:-100])
+    with pytest.raises(DamagedDatasetError, match="tokens.safetensors: size"):
+        TokenDataset(ds_dir)
+
+
+def _online(cfg, model_dir: str, layer_ids, hidden_size: int) -> OnlineHiddenStates:
+    return OnlineHiddenStates(
+        model_dir, layer_ids, hidden_size, torch.float32, max_tokens_per_batch=512, row_tokens=None, fixed_shape=False
+    )
+
+
+def test_online_records_pass_the_capture_adapter(tmp_path):
+    """A wrong hidden size, a layer id out of range, or a layer whose output turns NaN fails
+    before any state reaches the head, naming what was expected and the sample."""
+    from eagle3.target.resolve import resolve_target
+
+    cfg = compose("train", TINY + ONLINE + [f"paths.data_dir={tmp_path}"])
+    model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
+    with pytest.raises(CaptureError, match="hidden size: expected 32"):
+        _online(cfg, model_dir, [1, 2, 3, 4], 32).setup("cpu")
+    with pytest.raises(CaptureError, match="capture_ids: expected unique ascending ids in 0..4"):
+        _online(cfg, model_dir, [1, 2, 9], 64).setup("cpu")
+    online = _online(cfg, model_dir, [1, 2, 3, 4], 64)
+    online.setup("cpu")
+    ids = torch.arange(5, 25)
+    item = {"sample_id": "s0", "input_ids": ids, "loss_mask": torch.ones(20, dtype=torch.bool)}
+    batch = online([item])
+    assert batch["aux_hidden"].shape == (1, 20, 3 * 64) and batch["final_hidden"].shape == (1, 20, 64)
+
+    # a hook ahead of the capture's that turns the last layer's output to NaN
+    def poison(module, args, out):
+        return out * float("nan") if isinstance(out, torch.Tensor) else (out[0] * float("nan"), *out[1:])
+
+    online.backend.model.layers[-1].register_forward_hook(poison, prepend=True)
+    with pytest.raises(CaptureError, match=r"sample 's0': hidden: expected finite values, got 1280 NaN"):
+        online([item])
+
+
+def test_online_refuses_a_sharded_target(tmp_path):
+    cfg = compose("train", TINY + ONLINE + [f"paths.data_dir={tmp_path}", "topology.strategy=fsdp"])
+    with pytest.raises(ValueError, match="expected topology.strategy auto or ddp"):
+        online_target(cfg, "unused", False, None)
