@@ -12,6 +12,10 @@ without the head on the same prompts (two engines, one after the other) and whet
 greedy outputs agree. Writes acceptance.json and acceptance.png (into the export directory
 unless out_dir=...), prints a table on stderr and the JSON path as the last stdout line.
 
+eval.diagnostics=true adds what explains a gap, at a cost: each greedy mismatch rerun through
+the verifier in fp32, and two train-side estimates beside vLLM's figure (the head replayed on
+the dataset's answers to the same val prompts, and on vLLM's own with-head outputs).
+
 train.py calls `evaluate_trained(...)` (`evaluate` with its config) at the end of training.
 """
 
@@ -70,8 +74,8 @@ def evaluate(
 ) -> EvaluationResult:
     """Measure the head in `export_dir` with vLLM; write acceptance.json/.png; log to W&B.
 
-    eval_cfg: anything with num_draft_tokens, max_prompts, humaneval_prompts, max_new_tokens
-        (cfg.eval of train.py's config); None: EvalConfig() defaults.
+    eval_cfg: anything with num_draft_tokens, max_prompts, humaneval_prompts, max_new_tokens,
+        diagnostics (cfg.eval of train.py's config); None: EvalConfig() defaults.
     dataset_dir: the hidden-state dataset whose validation split gives the chat prompts;
         None: summary.json beside the export, else HumanEval prompts only.
     verifier: the target directory; None: the export's speculators_config verifier.
@@ -90,10 +94,8 @@ def evaluate(
     from eagle3.evaluation.export_info import read_export
     from eagle3.evaluation.measure import measure
     from eagle3.evaluation.plot import save_acceptance_plot
-    from eagle3.evaluation.prompts import VAL, heldout_prompts
-    from eagle3.evaluation.replay_export import replay_for_prompts
+    from eagle3.evaluation.prompts import heldout_prompts
     from eagle3.evaluation.report import print_table, write_json
-    from eagle3.evaluation.served_replay import replay_served
     from eagle3.evaluation.wandb_log import log_report
 
     settings = eval_cfg if eval_cfg is not None else EvalConfig()
@@ -118,32 +120,38 @@ def evaluate(
         engine=options,
         work_dir=out_dir / "acceptance-logs",
         baseline=baseline,
+        diagnostics=bool(settings.diagnostics),
     )
     report.dataset_dir = str(dataset) if dataset is not None else None
-    replay, note = replay_for_prompts(
-        info.export_dir,
-        info.verifier,
-        dataset,
-        [p.id for p in prompts.by_source(VAL)],
-        num_draft_tokens=int(settings.num_draft_tokens),
-        max_answer_tokens=int(settings.max_new_tokens),
-    )
-    report.train_side_replay = replay or {}
-    report.prompt_notes += [note] if note else []
-    report.served_replay, note = replay_served(
-        info.export_dir,
-        info.verifier,
-        report.served,
-        num_draft_tokens=int(settings.num_draft_tokens),
-        max_answer_tokens=int(settings.max_new_tokens),
-    )
-    report.prompt_notes += [note] if note else []
+    if settings.diagnostics:
+        _add_replays(report, info, dataset, prompts, settings)
     json_path = write_json(report, out_dir)
     png_path = save_acceptance_plot(report, out_dir)
     if show_table:
         print_table(report)
     logged = log_report(report, png_path, wandb_run)
     return EvaluationResult(report, json_path, png_path, logged)
+
+
+def _add_replays(report: AcceptanceReport, info: Any, dataset: Path | None, prompts: Any, settings: Any) -> None:
+    """The two train-side estimates beside vLLM's figure (eval.diagnostics): the head replayed on
+    the dataset's answers to the val prompts served, and on vLLM's own with-head outputs. Each
+    runs the verifier (or reads its shards) again; a gap to vLLM points at a train/serve mismatch."""
+    from eagle3.evaluation.prompts import VAL
+    from eagle3.evaluation.replay_export import replay_for_prompts
+    from eagle3.evaluation.served_replay import replay_served
+
+    k, answer = int(settings.num_draft_tokens), int(settings.max_new_tokens)
+    val_ids = [p.id for p in prompts.by_source(VAL)]
+    replay, note = replay_for_prompts(
+        info.export_dir, info.verifier, dataset, val_ids, num_draft_tokens=k, max_answer_tokens=answer
+    )
+    report.train_side_replay = replay or {}
+    report.prompt_notes += [note] if note else []
+    report.served_replay, note = replay_served(
+        info.export_dir, info.verifier, report.served, num_draft_tokens=k, max_answer_tokens=answer
+    )
+    report.prompt_notes += [note] if note else []
 
 
 def evaluate_trained(cfg: Any, export_dir: Path, ds_dir: Path, model_dir: str, logger) -> dict | None:

@@ -385,6 +385,7 @@ def test_random_head_measures_near_one_in_vllm(tmp_path, smollm2_dir, layers):
         "eval.humaneval_prompts=4",
         "eval.max_new_tokens=32",
         "engine.max_num_seqs=8",
+        "eval.diagnostics=true",  # the replays and the fp32 mismatch verdicts checked below
         f"hydra.run.dir={tmp_path / 'run'}",
     ]
     t0 = time.time()
@@ -456,6 +457,7 @@ def test_random_head_with_the_eagle31_norms_loads_in_vllm_and_measures_near_one(
         "eval.humaneval_prompts=4",
         "eval.max_new_tokens=32",
         "engine.max_num_seqs=8",
+        "eval.diagnostics=true",  # the replays and the fp32 mismatch verdicts checked below
         f"hydra.run.dir={tmp_path / 'run'}",
     ]
     proc = subprocess.run(

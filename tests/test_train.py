@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import compose
+from conftest import ROOT, compose
 from safetensors.torch import load_file
 
 from eagle3.extraction.run import run as extract
@@ -101,8 +101,6 @@ def test_norm_options_and_a_divergence_loss_train_export_and_reload(data_dir, tm
 def test_export_cli_reproduces_the_export(data_dir, tmp_path):
     import subprocess
     import sys
-
-    from conftest import ROOT
 
     _train(data_dir, tmp_path)
     ckpt = tmp_path / "checkpoints" / "last.ckpt"
@@ -240,6 +238,16 @@ def test_replay_export_reads_the_export_back(data_dir, tmp_path):
     # answers cut at eval.max_new_tokens=128 as in training), in bf16
     assert fig["replay_accept_len"] == pytest.approx(summary["best_metric_value"], abs=0.02)
     assert 1.0 <= fig["replay_accept_len"] <= 3.0 and fig["replay_rounds"] > 0
+    # the Hydra CLI: the same figures from keys (verifier from the export), written to out=
+    cli = _replay_export_cli(
+        f"export_dir={export}",
+        f"dataset_dir={summary['dataset_dir']}",
+        "num_draft_tokens=2",
+        f"out={tmp_path / 'r.json'}",
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert json.loads((tmp_path / "r.json").read_text()) == pytest.approx(fig)
+    assert "replay_accept_len" in cli.stdout
     with pytest.raises(ValueError, match="does not fit the head"):
         cfg = json.loads((export / "config.json").read_text())
         cfg["transformer_layer_config"]["intermediate_size"] += 1
@@ -248,6 +256,22 @@ def test_replay_export_reads_the_export_back(data_dir, tmp_path):
         (bad / "config.json").write_text(json.dumps(cfg))
         (bad / "model.safetensors").write_bytes((export / "model.safetensors").read_bytes())
         load_exported_head(bad, verifier)
+
+
+def _replay_export_cli(*overrides: str):
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "eagle3.evaluation.replay_export", *overrides]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_replay_export_cli_names_missing_and_wrong_keys():
+    missing = _replay_export_cli("export_dir=/nowhere")
+    assert missing.returncode != 0 and "missing required key(s) dataset_dir" in missing.stderr
+    wrong = _replay_export_cli("export_dir=/nowhere", "dataset_dir=/nowhere", "split=train")
+    assert wrong.returncode != 0 and "expected one of [val, all]" in wrong.stderr
+    assert "full_key: split" in wrong.stderr
 
 
 def test_evaluate_replays_the_val_prompts_it_served(data_dir, tmp_path):

@@ -33,7 +33,10 @@ def measure(
     engine: EngineOptions,
     work_dir: Path,
     baseline: bool = True,
+    diagnostics: bool = False,
 ) -> AcceptanceReport:
+    """vLLM's acceptance (with-head engine), speed and greedy agreement (with the baseline).
+    diagnostics: also explain each greedy mismatch with an fp32 verifier forward (costly)."""
     if num_draft_tokens < 1:
         raise ValueError(f"eval.num_draft_tokens must be >= 1, got {num_draft_tokens}")
     if max_new_tokens < 1:
@@ -95,7 +98,9 @@ def measure(
     }
     if without_head is not None:
         engine_facts.update(load_seconds_without_head=without_head.load_seconds, process_seconds_without_head=wall_base)
-    verdicts, notes = _explain_mismatches(info, prompts, with_head, without_head, bool(engine.trust_remote_code))
+    verdicts, notes = _explain_mismatches(
+        info, prompts, with_head, without_head, bool(engine.trust_remote_code), diagnostics
+    )
     problems += [f"greedy mismatch: {v['description']}" for v in verdicts if not v["near_tie"]]
     report = AcceptanceReport(
         export_dir=str(info.export_dir),
@@ -120,9 +125,11 @@ def measure(
     return report
 
 
-def _explain_mismatches(info: ExportInfo, prompts: PromptSet, with_head, without_head, trust_remote_code: bool):
-    """fp32 verdicts on every greedy mismatch (a near tie, or a real problem), when the
-    verifier is small enough for a transformers fp32 forward on this machine."""
+def _explain_mismatches(
+    info: ExportInfo, prompts: PromptSet, with_head, without_head, trust_remote_code: bool, diagnostics: bool
+):
+    """fp32 verdicts on every greedy mismatch (a near tie, or a real problem), when asked for
+    (eval.diagnostics) and the verifier is small enough for a transformers fp32 forward here."""
     if without_head is None:
         return [], []
     cases = []
@@ -131,6 +138,8 @@ def _explain_mismatches(info: ExportInfo, prompts: PromptSet, with_head, without
         cases += cases_from([p.token_ids for p in source], [p.id for p in source], wh.outputs, wo.outputs)
     if not cases:
         return [], []
+    if not diagnostics:
+        return [], [f"{len(cases)} greedy mismatches not explained (eval.diagnostics=true reruns them in fp32)"]
     size = weights_bytes(info.verifier)
     if size > MAX_REFERENCE_BYTES:
         return [], [

@@ -1,21 +1,21 @@
 """Train-side acceptance of an exported head on a hidden-state dataset, with no vLLM.
 
-    python -m eagle3.evaluation.replay_export --export-dir outputs/run/export \\
-        --dataset-dir data/<fingerprint> [--verifier <target dir>] [--split val|all] \\
-        [--num-draft-tokens 3] [--max-answer-tokens 128]
+    python -m eagle3.evaluation.replay_export export_dir=outputs/run/export dataset_dir=data/<fingerprint> \\
+        [verifier=<target dir>] [split=val|all] [num_draft_tokens=3] [max_answer_tokens=128] [out=<file>]
 
+Keys: conf/replay_export.yaml and its schema ReplayExportConfig (eagle3/evaluation/config.py).
 Prints both train-side figures for the same positions: the uniform estimate (every answer
 position starts a chain: `sim_accept_len` at K) and the round-structured replay
 (eagle3/model/replay.py: rounds start where serving would start them). On a dataset of the
 target's own greedy answers the replay is the figure vLLM's counters should reproduce on
-the same prompts (within 0.02-0.06, docs/benchmarks.md); a larger gap points at a train/serve mismatch.
+the same prompts (within 0.02-0.06, docs/results.md section 8); a larger gap points at a train/serve mismatch.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -143,7 +143,7 @@ def replay_for_prompts(
         return None, f"train-side replay skipped: {dataset_dir} has no shards here (manifest only)"
     device, note = replay_device(verifier, "train-side replay")
     if device is None:
-        return None, f"{note}; run python -m eagle3.evaluation.replay_export on a GPU"
+        return None, f"{note}; run python -m eagle3.evaluation.replay_export export_dir=... dataset_dir=... on a GPU"
     head, _ = load_exported_head(export_dir, verifier)
     return measure(
         head,
@@ -156,34 +156,49 @@ def replay_for_prompts(
     ), None
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--export-dir", required=True)
-    ap.add_argument("--dataset-dir", required=True)
-    ap.add_argument("--verifier", default=None, help="target model dir (default: the export's verifier path)")
-    ap.add_argument("--split", choices=("val", "all"), default="val")
-    ap.add_argument("--num-draft-tokens", type=int, default=3)
-    ap.add_argument("--max-answer-tokens", type=int, default=128, help="0: whole answers")
-    ap.add_argument("--first-span-only", action="store_true", help="each sample's first answer only")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--out", default=None, help="write the figures as JSON here too")
-    args = ap.parse_args()
-    verifier = args.verifier or read_export(args.export_dir).verifier
-    head, _ = load_exported_head(args.export_dir, verifier)
-    figures = measure(
+def run(cfg: Any) -> dict[str, float]:
+    """The CLI's stage: the export's head on the dataset; the figures printed (and written to cfg.out)."""
+    from omegaconf import OmegaConf
+
+    from eagle3.config.validate import ConfigError
+
+    missing = sorted(OmegaConf.missing_keys(cfg)) if OmegaConf.is_config(cfg) else []
+    if missing:
+        raise ConfigError(
+            f"missing required key(s) {', '.join(missing)}: python -m eagle3.evaluation.replay_export "
+            f"export_dir=<export dir> dataset_dir=<hidden-state dataset dir>"
+        )
+    verifier = cfg.verifier or read_export(cfg.export_dir).verifier
+    head, _ = load_exported_head(cfg.export_dir, verifier)
+    out = measure(
         head,
-        args.dataset_dir,
-        num_draft_tokens=args.num_draft_tokens,
-        max_answer_tokens=args.max_answer_tokens or None,
-        split=args.split,
-        first_span_only=args.first_span_only,
-        device=args.device,
+        str(cfg.dataset_dir),
+        num_draft_tokens=int(cfg.num_draft_tokens),
+        max_answer_tokens=int(cfg.max_answer_tokens) or None,
+        split=str(getattr(cfg.split, "value", cfg.split)),
+        first_span_only=bool(cfg.first_span_only),
+        device=cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"),
     )
-    for k, v in figures.items():
+    for k, v in out.items():
         print(f"{k:>24}: {v:.4f}")
-    if args.out:
-        Path(args.out).write_text(json.dumps(figures, indent=2))
+    if cfg.out:
+        Path(cfg.out).write_text(json.dumps(out, indent=2))
+    return out
+
+
+def _main() -> None:
+    import hydra
+
+    from eagle3.evaluation.config import register_replay_export_config
+
+    register_replay_export_config()
+
+    @hydra.main(version_base="1.3", config_path="../../conf", config_name="replay_export")
+    def main(cfg) -> None:
+        run(cfg)
+
+    main()
 
 
 if __name__ == "__main__":
-    main()
+    _main()

@@ -37,11 +37,13 @@ class AcceptanceReport:
     per_prompt: list[PromptOutcome] = field(default_factory=list)
     engine: dict[str, Any] = field(default_factory=dict)  # vLLM version, platform, eager, load times
     consistency_problems: list[str] = field(default_factory=list)
-    # greedy mismatches explained by an fp32 reference forward (eagle3/evaluation/mismatch.py)
+    # the diagnostics, empty unless eval.diagnostics: greedy mismatches explained by an fp32
+    # reference forward (eagle3/evaluation/mismatch.py; without it greedy_mismatches still lists
+    # them, unexplained), ...
     mismatch_verdicts: list[dict[str, Any]] = field(default_factory=list)
-    # the same val prompts replayed by the head on the dataset's answers (eagle3/model/replay.py)
+    # ... the same val prompts replayed by the head on the dataset's answers (eagle3/model/replay.py)
     train_side_replay: dict[str, float] = field(default_factory=dict)
-    # the head replayed on vLLM's own with-head outputs, per source and "all" (served_replay.py)
+    # ... and the head replayed on vLLM's own with-head outputs, per source and "all" (served_replay.py)
     served_replay: dict[str, dict[str, float]] = field(default_factory=dict)
     # (prompt ids, with-head output ids) per source: what served_replay reads; not in the JSON
     served: dict[str, list] = field(default_factory=dict, repr=False)
