@@ -142,7 +142,9 @@ class StepClock(L.Callback):
         return sum(self.tokens[warmup + 1 :]) / (t[-1] - t[0])
 
 
-def train(ds_dir: Path, head, p: dict, steps: int, warmup: int, online: OnlineHiddenStates | None) -> dict:
+def train(
+    ds_dir: Path, head, p: dict, steps: int, warmup: int, online: OnlineHiddenStates | None, workers: int = 0
+) -> dict:
     cuda = torch.cuda.is_available()
     tc = dict(
         ttt_steps=3,
@@ -159,7 +161,13 @@ def train(ds_dir: Path, head, p: dict, steps: int, warmup: int, online: OnlineHi
         max_time=None,
     )
     dm = Eagle3DataModule(
-        str(ds_dir), max_tokens_per_batch=p["tokens_per_batch"], fixed_shape=cuda, row_tokens=None, online=online
+        str(ds_dir),
+        max_tokens_per_batch=p["tokens_per_batch"],
+        fixed_shape=cuda,
+        row_tokens=None,
+        online=online,
+        num_workers=workers,
+        pin_memory=cuda,
     )
     module = Eagle3LitModule(head, tc, replay_draft_tokens=0)
     clock = StepClock()
@@ -222,6 +230,9 @@ def main() -> None:
     ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
     ap.add_argument("--steps", type=int, default=40, help="optimizer steps per route (one epoch of the data)")
     ap.add_argument("--warmup", type=int, default=8, help="steps left out of the rates (compiles)")
+    ap.add_argument(
+        "--workers", type=int, nargs="+", default=[0], help="offline: DataLoader workers (train.num_workers), each run"
+    )
     ap.add_argument("--dir", default=None, help="where the datasets go (default: a temp dir)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -259,7 +270,8 @@ def main() -> None:
         model=model,
     )
     result = {"preset": args.preset, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
-    heads = [head_for(hf, p, model, d2t, t2d) for _ in range(2)]  # the same initial head for both routes
+    # the same initial head for every run
+    heads = [head_for(hf, p, model, d2t, t2d) for _ in range(1 + len(args.workers))]
     result["online"] = train(tokens_dir, heads[0], p, args.steps, args.warmup, online)
     print("online", json.dumps(result["online"]), flush=True)
     result["extract"] = extract(root / "stored", model, hf, p, data, vocab, device)
@@ -268,8 +280,12 @@ def main() -> None:
     del model
     if device == "cuda":
         torch.cuda.empty_cache()
-    result["offline"] = train(root / "stored", heads[1], p, args.steps, args.warmup, None)
-    print("offline", json.dumps(result["offline"]), flush=True)
+    runs = {}
+    for n, head in zip(args.workers, heads[1:]):
+        runs[n] = train(root / "stored", head, p, args.steps, args.warmup, None, n)
+        print(f"offline num_workers={n}", json.dumps(runs[n]), flush=True)
+    result["offline_by_workers"] = {str(n): r for n, r in runs.items()}
+    result["offline"] = max(runs.values(), key=lambda r: r["tokens_per_s"])
     tokens = result["extract"]["tokens"]
     on, off, ext = result["online"]["tokens_per_s"], result["offline"]["tokens_per_s"], result["extract"]["wall_s"]
     result["epochs"] = {

@@ -230,11 +230,13 @@ def packed_loader(
     batches_done: int = 0,
     num_workers: int = 0,
     collate=None,
+    pin_memory: bool = False,
 ):
     """A DataLoader of ``batches`` (indices into ``idx``) of these samples, collated by
     ``collate_rows``: batches of [B, T] (aux_hidden [B, T, (L-1)H], final_hidden [B, T, H]).
     ``collate``: another collate function (online training: the samples as a list, collated
-    after the target has run on them)."""
+    after the target has run on them). ``pin_memory``: batches in page-locked memory, so the
+    copy to a GPU is a DMA that overlaps compute (a training step on CUDA)."""
     sampler = PackedBatchSampler(
         batches, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size, batches_done=batches_done
     )
@@ -244,6 +246,7 @@ def packed_loader(
         collate_fn=collate or (lambda items: collate_rows(items, max_tokens, row_tokens, fixed_shape)),
         num_workers=num_workers,
         persistent_workers=num_workers > 0,  # no worker respawn at every epoch
+        pin_memory=pin_memory,
     )
 
 

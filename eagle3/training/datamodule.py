@@ -33,6 +33,7 @@ class Eagle3DataModule(L.LightningDataModule):
         row_tokens: int | None = None,
         require_train: bool = True,
         online: OnlineHiddenStates | None = None,
+        pin_memory: bool = False,
     ):
         super().__init__()
         self.dataset_dir = dataset_dir
@@ -42,6 +43,7 @@ class Eagle3DataModule(L.LightningDataModule):
         self.seed, self.num_workers = int(seed), int(num_workers)
         self.dataset = open_dataset(dataset_dir)
         self.online = online
+        self.pin_memory = bool(pin_memory) and online is None  # online batches are made on the device
         if isinstance(self.dataset, TokenDataset) and online is None:
             raise ValueError(f"{dataset_dir}: holds token ids only; train it with train.hidden_states=online")
         if isinstance(self.dataset, HiddenStateDataset) and online is not None:
@@ -93,6 +95,7 @@ class Eagle3DataModule(L.LightningDataModule):
             batches_done=batches_done,
             num_workers=self.num_workers,
             collate=list if self.online is not None else None,
+            pin_memory=self.pin_memory,
         )
 
     def setup(self, stage: str) -> None:

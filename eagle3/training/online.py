@@ -89,3 +89,4 @@ class OnlineHiddenStates:
         if self.backend is not None:
             self.backend.close()
             self.backend = None
+        self._model = None  # a model handed in is released too

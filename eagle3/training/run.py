@@ -25,7 +25,7 @@ from eagle3.training.loggers import build_logger
 from eagle3.training.module import Eagle3LitModule
 from eagle3.training.online import OnlineHiddenStates
 from eagle3.training.run_dir import repair_command, run_dir_lock
-from eagle3.training.step_path import resolve_step_path, uses_flex
+from eagle3.training.step_path import resolve_step_path, trains_on_cuda, uses_flex
 
 
 def _resolve_ckpt(ckpt_path: str | None, ckpt_dir: Path) -> str | None:
@@ -82,6 +82,7 @@ def _run(cfg: Any, extra_callbacks: Sequence[L.Callback]) -> float:
         fixed_shape=fixed_shape,
         row_tokens=row_tokens,
         online=online_target(cfg, model_dir, fixed_shape, row_tokens) if online else None,
+        pin_memory=trains_on_cuda(cfg.topology),
     )
     # what was trained on, kept with the run (for an online run, the only record of its samples)
     (output_dir / "dataset_manifest.json").write_text(datamodule.dataset.manifest.to_json())
