@@ -233,6 +233,7 @@ def main() -> None:
     ap.add_argument(
         "--workers", type=int, nargs="+", default=[0], help="offline: DataLoader workers (train.num_workers), each run"
     )
+    ap.add_argument("--skip-online", action="store_true", help="only the offline route (extract, then train)")
     ap.add_argument("--dir", default=None, help="where the datasets go (default: a temp dir)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -272,8 +273,9 @@ def main() -> None:
     result = {"preset": args.preset, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
     # the same initial head for every run
     heads = [head_for(hf, p, model, d2t, t2d) for _ in range(1 + len(args.workers))]
-    result["online"] = train(tokens_dir, heads[0], p, args.steps, args.warmup, online)
-    print("online", json.dumps(result["online"]), flush=True)
+    if not args.skip_online:
+        result["online"] = train(tokens_dir, heads[0], p, args.steps, args.warmup, online)
+        print("online", json.dumps(result["online"]), flush=True)
     result["extract"] = extract(root / "stored", model, hf, p, data, vocab, device)
     print("extract", json.dumps(result["extract"]), flush=True)
     online.close()  # offline training holds no target: its peak memory is the head's alone
@@ -286,6 +288,11 @@ def main() -> None:
         print(f"offline num_workers={n}", json.dumps(runs[n]), flush=True)
     result["offline_by_workers"] = {str(n): r for n, r in runs.items()}
     result["offline"] = max(runs.values(), key=lambda r: r["tokens_per_s"])
+    print(json.dumps(result, indent=1))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    if args.skip_online:
+        return
     tokens = result["extract"]["tokens"]
     on, off, ext = result["online"]["tokens_per_s"], result["offline"]["tokens_per_s"], result["extract"]["wall_s"]
     result["epochs"] = {

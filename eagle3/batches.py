@@ -13,6 +13,7 @@ and the replay of an export); plain torch.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from functools import partial
 
 import torch
 
@@ -139,67 +140,99 @@ def split_rows(items: list[dict], row_tokens: int) -> list[list[dict]]:
 
 
 def collate_rows(
-    items: list[dict], max_tokens: int, row_tokens: int | None, fixed_shape: bool = False
+    items: list[dict],
+    max_tokens: int,
+    row_tokens: int | None,
+    fixed_shape: bool = False,
+    *,
+    split: bool = True,
+    pin: bool = False,
 ) -> dict[str, torch.Tensor]:
     """One batch as [B, T]: a single packed row (``row_tokens`` null), or one packed row per
     line for ``pack_rows`` batches, shorter rows padded (segment -1, no loss). fixed_shape:
     always [max_tokens // row_tokens, row_tokens] (one compiled shape), [1, max_tokens] for
-    a single row."""
+    a single row. ``split`` and ``pin``: see ``collate_packed``."""
     if row_tokens is None or row_tokens >= max_tokens:
-        return collate_packed(items, max_tokens, max_tokens if fixed_shape else None)
-    rows = [collate_packed(row, row_tokens) for row in split_rows(items, row_tokens)]
-    width = row_tokens if fixed_shape else max(r["input_ids"].shape[1] for r in rows)
-    if fixed_shape:  # empty rows: all padding (each position attends to itself only)
-        rows += [None] * (max_tokens // row_tokens - len(rows))
-    out = {}
-    for key, like in rows[0].items():
-        parts = []
-        for r in rows:
-            x = r[key] if r is not None else like[:, :0]
-            n = width - x.shape[1]
-            if n > 0:
-                x = torch.cat([x, x.new_full((1, n, *x.shape[2:]), -1 if key == "segment_ids" else 0)], dim=1)
-            parts.append(x)
-        out[key] = torch.cat(parts, dim=0)
-    return out
+        return _collate([items], max_tokens, max_tokens if fixed_shape else None, 1, split=split, pin=pin)
+    rows = split_rows(items, row_tokens)
+    num_rows = max_tokens // row_tokens if fixed_shape else len(rows)  # fixed: empty rows are all padding
+    return _collate(rows, row_tokens, row_tokens if fixed_shape else None, num_rows, split=split, pin=pin)
 
 
-def collate_packed(items: list[dict], max_tokens: int, pad_to: int | None = None) -> dict[str, torch.Tensor]:
+def collate_packed(
+    items: list[dict], max_tokens: int, pad_to: int | None = None, *, split: bool = True, pin: bool = False
+) -> dict[str, torch.Tensor]:
     """Concatenate samples into one row [1, T]: positions restart and segment ids change
-    at each sample boundary. hidden [T, L, H] splits into aux [T, (L-1)H] and final [T, H].
+    at each sample boundary; a sample past ``max_tokens`` is cut.
 
     ``pad_to``: pad the row to exactly that many tokens (segment -1, no loss, zero states),
     so every batch has one shape: a compiled step then never recompiles for a new length.
-    Padding changes no loss or count (the mask and the loss skip segment -1)."""
-    ids, mask, hidden, pos, seg = [], [], [], [], []
-    used = 0
-    for s, item in enumerate(items):
-        n = min(int(item["input_ids"].shape[0]), max_tokens - used)
-        if n <= 0:
-            break
-        ids.append(item["input_ids"][:n])
-        mask.append(item["loss_mask"][:n])
-        hidden.append(item["hidden"][:n])
-        pos.append(torch.arange(n))
-        seg.append(torch.full((n,), s, dtype=torch.long))
-        used += n
-    if pad_to is not None and pad_to > used:
-        n = pad_to - used
-        ids.append(torch.zeros(n, dtype=ids[0].dtype))
-        mask.append(torch.zeros(n, dtype=torch.bool))
-        hidden.append(hidden[0].new_zeros((n, *hidden[0].shape[1:])))
-        pos.append(torch.zeros(n, dtype=torch.long))
-        seg.append(torch.full((n,), -1, dtype=torch.long))
-    h = torch.cat(hidden)  # [T, L, H]
-    T, L, H = h.shape
-    return {
-        "input_ids": torch.cat(ids).long().unsqueeze(0),
-        "loss_mask": torch.cat(mask).bool().unsqueeze(0),
-        "aux_hidden": h[:, : L - 1].reshape(T, (L - 1) * H).unsqueeze(0),
-        "final_hidden": h[:, L - 1].unsqueeze(0),
-        "position_ids": torch.cat(pos).unsqueeze(0),
-        "segment_ids": torch.cat(seg).unsqueeze(0),
+    Padding changes no loss or count (the mask and the loss skip segment -1).
+    ``split``: hidden [T, L, H] becomes aux_hidden [1, T, (L-1)H] and final_hidden [1, T, H];
+    else it stays ``hidden`` [1, T, L, H] for ``split_hidden`` to cut where it is cheaper (on
+    the GPU: the aux reshape is a copy). ``pin``: the states in page-locked memory, written
+    there directly (one copy from the dataset's memory map), for an asynchronous GPU copy."""
+    return _collate([items], max_tokens, pad_to, 1, split=split, pin=pin)
+
+
+def _collate(
+    rows: list[list[dict]], cap: int, width: int | None, num_rows: int, *, split: bool, pin: bool
+) -> dict[str, torch.Tensor]:
+    """Rows of samples (each cut to the row's ``cap`` tokens) into [num_rows, width] tensors,
+    each filled in place: every sample's states are copied once, into the batch."""
+    plan: list[list[tuple[dict, int]]] = []
+    for row in rows:
+        used, parts = 0, []
+        for item in row:
+            n = min(int(item["input_ids"].shape[0]), cap - used)
+            if n <= 0:
+                break
+            parts.append((item, n))
+            used += n
+        plan.append(parts)
+    used_per_row = [sum(n for _, n in parts) for parts in plan]
+    W = width if width is not None else max(used_per_row)
+    B = max(num_rows, len(plan))
+    like = plan[0][0][0]["hidden"]  # [T, L, H]
+    _, L, H = like.shape
+    pinned = pin and torch.cuda.is_available() and torch.utils.data.get_worker_info() is None
+    hidden = torch.empty((B, W, L, H), dtype=like.dtype, pin_memory=pinned)  # [B, W, L, H]
+    input_ids = torch.zeros((B, W), dtype=torch.long)  # [B, W]
+    loss_mask = torch.zeros((B, W), dtype=torch.bool)  # [B, W]
+    position_ids = torch.zeros((B, W), dtype=torch.long)  # [B, W]
+    segment_ids = torch.full((B, W), -1, dtype=torch.long)  # [B, W], -1: padding
+    for b in range(B):
+        off = 0
+        for s, (item, n) in enumerate(plan[b] if b < len(plan) else []):
+            hidden[b, off : off + n] = item["hidden"][:n]
+            input_ids[b, off : off + n] = item["input_ids"][:n]
+            loss_mask[b, off : off + n] = item["loss_mask"][:n]
+            position_ids[b, off : off + n] = torch.arange(n)
+            segment_ids[b, off : off + n] = s
+            off += n
+        hidden[b, off:].zero_()  # padding: zero states
+    batch = {
+        "input_ids": input_ids,
+        "loss_mask": loss_mask,
+        "hidden": hidden,
+        "position_ids": position_ids,
+        "segment_ids": segment_ids,
     }
+    return split_hidden(batch) if split else batch
+
+
+def split_hidden(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``hidden`` [B, T, L, H] -> aux_hidden [B, T, (L-1)H] (the aux layers, concatenated) and
+    final_hidden [B, T, H] (the last id: the target's final state), on the tensor's device.
+    A batch already split is returned as it is."""
+    if "hidden" not in batch:
+        return batch
+    out = dict(batch)
+    h = out.pop("hidden")  # [B, T, L, H]
+    B, T, L, H = h.shape
+    out["aux_hidden"] = h[:, :, : L - 1].reshape(B, T, (L - 1) * H)  # [B, T, (L-1)H]
+    out["final_hidden"] = h[:, :, L - 1]  # [B, T, H]
+    return out
 
 
 class SampleSubset(torch.utils.data.Dataset):
@@ -231,19 +264,29 @@ def packed_loader(
     num_workers: int = 0,
     collate=None,
     pin_memory: bool = False,
+    split: bool = True,
 ):
     """A DataLoader of ``batches`` (indices into ``idx``) of these samples, collated by
     ``collate_rows``: batches of [B, T] (aux_hidden [B, T, (L-1)H], final_hidden [B, T, H]).
     ``collate``: another collate function (online training: the samples as a list, collated
     after the target has run on them). ``pin_memory``: batches in page-locked memory, so the
-    copy to a GPU is a DMA that overlaps compute (a training step on CUDA)."""
+    copy to a GPU is a DMA that overlaps compute (a training step on CUDA). ``split=False``:
+    batches keep ``hidden`` [B, T, L, H], for ``split_hidden`` after the copy to the device."""
     sampler = PackedBatchSampler(
         batches, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size, batches_done=batches_done
     )
     return torch.utils.data.DataLoader(
         SampleSubset(dataset, idx),
         batch_sampler=sampler,
-        collate_fn=collate or (lambda items: collate_rows(items, max_tokens, row_tokens, fixed_shape)),
+        collate_fn=collate
+        or partial(
+            collate_rows,
+            max_tokens=max_tokens,
+            row_tokens=row_tokens,
+            fixed_shape=fixed_shape,
+            split=split,
+            pin=pin_memory,
+        ),
         num_workers=num_workers,
         persistent_workers=num_workers > 0,  # no worker respawn at every epoch
         pin_memory=pin_memory,

@@ -16,7 +16,7 @@ import warnings
 
 import lightning as L
 
-from eagle3.batches import pack_rows, packed_loader, unshuffled_loader
+from eagle3.batches import pack_rows, packed_loader, split_hidden, unshuffled_loader
 from eagle3.store import HiddenStateDataset, TokenDataset, open_dataset
 from eagle3.training.online import OnlineHiddenStates
 
@@ -96,6 +96,7 @@ class Eagle3DataModule(L.LightningDataModule):
             num_workers=self.num_workers,
             collate=list if self.online is not None else None,
             pin_memory=self.pin_memory,
+            split=False,  # hidden [B, T, L, H] travels whole; split on the device (on_after_batch_transfer)
         )
 
     def setup(self, stage: str) -> None:
@@ -105,6 +106,11 @@ class Eagle3DataModule(L.LightningDataModule):
     def on_before_batch_transfer(self, batch, dataloader_idx: int):
         # online: token samples -> the batch with hidden states, computed on the training device
         return self.online(batch) if self.online is not None else batch
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        # the aux/final split on the training device: on a GPU its reshape copy is ~free, on the
+        # host it was a second pass over every batch's states
+        return split_hidden(batch)
 
     def loader_for(self, idx: list[int]):
         """These samples in this module's batches, unshuffled, in this process (evaluation)."""
