@@ -19,6 +19,7 @@ epochs from which offline is faster.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import sys
@@ -280,6 +281,7 @@ def main() -> None:
     print("extract", json.dumps(result["extract"]), flush=True)
     online.close()  # offline training holds no target: its peak memory is the head's alone
     del model
+    gc.collect()  # the online run's trainer and data module hold the target in reference cycles
     if device == "cuda":
         torch.cuda.empty_cache()
     runs = {}

@@ -195,8 +195,11 @@ def _collate(
     B = max(num_rows, len(plan))
     like = plan[0][0][0]["hidden"]  # [T, L, H]
     _, L, H = like.shape
-    pinned = pin and torch.cuda.is_available() and torch.utils.data.get_worker_info() is None
-    hidden = torch.empty((B, W, L, H), dtype=like.dtype, pin_memory=pinned)  # [B, W, L, H]
+    # where the states are (the GPU, for online training's target), else host memory, pinned on request
+    pinned = (
+        pin and like.device.type == "cpu" and torch.cuda.is_available() and torch.utils.data.get_worker_info() is None
+    )
+    hidden = torch.empty((B, W, L, H), dtype=like.dtype, device=like.device, pin_memory=pinned)  # [B, W, L, H]
     input_ids = torch.zeros((B, W), dtype=torch.long)  # [B, W]
     loss_mask = torch.zeros((B, W), dtype=torch.bool)  # [B, W]
     position_ids = torch.zeros((B, W), dtype=torch.long)  # [B, W]
