@@ -159,3 +159,34 @@ def test_online_refuses_a_sharded_target(tmp_path):
     cfg = compose("train", TINY + ONLINE + [f"paths.data_dir={tmp_path}", "topology.strategy=fsdp"])
     with pytest.raises(ValueError, match="expected topology.strategy auto or ddp"):
         online_target(cfg, "unused", False, None)
+
+
+def _torchrun_train(args: list[str], run_dir: Path) -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    out = subprocess.run(
+        [torchrun, "--standalone", "--nproc_per_node", "2", "train.py", *args, f"hydra.run.dir={run_dir}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_online_ddp_equals_offline_ddp(tmp_path):
+    """2 ranks on CPU (gloo), each with its own copy of the target: the same weights as 2 ranks
+    reading the stored dataset. Both ranks start without the token dataset: one writes it, the
+    other waits for it (the pre-pass lock)."""
+    common = TINY + ["topology=cpu_ddp2", f"paths.data_dir={tmp_path / 'data'}", "train.max_steps=4"]
+    extract(compose("extract", TINY + [f"paths.data_dir={tmp_path / 'data'}"]))
+    _torchrun_train(common, tmp_path / "offline")
+    _torchrun_train(common + ONLINE, tmp_path / "online")
+    _assert_same_weights(tmp_path / "offline", tmp_path / "online")
+    assert len(list((tmp_path / "data").glob("*-tokens-*"))) == 1

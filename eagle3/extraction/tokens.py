@@ -13,7 +13,9 @@ from eagle3.config.validate import torch_dtype
 from eagle3.data.vocab import build_draft_vocab, token_frequencies
 from eagle3.extraction.samples import prepare, regenerator_for
 from eagle3.identity import provenance, token_dataset_path, token_fingerprint_inputs
+from eagle3.locks import DirLock
 from eagle3.store import Manifest, format_bytes, write_token_dataset
+from eagle3.store.layout import LOCK
 
 console = Console(stderr=True)
 
@@ -21,13 +23,22 @@ console = Console(stderr=True)
 def prepare_token_dataset(cfg: Any, model_dir: str) -> Path:
     """The online dataset of this config: found complete, or written now (a few seconds per
     thousand samples without regeneration). Returns its directory."""
+    ds_dir = token_dataset_path(cfg, model_dir)
+    if Manifest.read_complete(ds_dir) is None:
+        # one writer; the others (DDP ranks started together) wait for it and then read its dataset
+        ds_dir.mkdir(parents=True, exist_ok=True)
+        with DirLock(ds_dir / LOCK, f"{ds_dir}: the online dataset is being written", wait_s=float("inf")) as lock:
+            if Manifest.read_complete(ds_dir) is None:
+                _write(cfg, model_dir, ds_dir, lock)
+                return ds_dir
+    done = Manifest.read_complete(ds_dir)
+    console.print(f"online dataset {ds_dir}: {done.num_samples} samples, {done.num_tokens} tokens")
+    return ds_dir
+
+
+def _write(cfg: Any, model_dir: str, ds_dir: Path, lock: DirLock) -> None:
     from transformers import AutoTokenizer
 
-    ds_dir = token_dataset_path(cfg, model_dir)
-    done = Manifest.read_complete(ds_dir)
-    if done is not None:
-        console.print(f"online dataset {ds_dir}: {done.num_samples} samples, {done.num_tokens} tokens")
-        return ds_dir
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=bool(cfg.model.trust_remote_code))
     regenerator = regenerator_for(cfg, model_dir)
     engine = regenerator.backend if regenerator is not None else None
@@ -46,6 +57,7 @@ def prepare_token_dataset(cfg: Any, model_dir: str) -> Path:
         token_freq=freq,
         vocabs={size: build_draft_vocab(freq, size)},
         provenance=provenance(cfg, model_dir, engine),
+        lock=lock,
     )
     stored = (
         manifest.num_tokens * len(manifest.layer_ids) * manifest.hidden_size * torch_dtype(cfg.capture.dtype).itemsize
@@ -55,4 +67,3 @@ def prepare_token_dataset(cfg: Any, model_dir: str) -> Path:
         f"({manifest.num_loss_tokens} loss tokens); {format_bytes(manifest.shards[0].size_bytes)} on disk "
         f"instead of {format_bytes(stored)} of hidden states"
     )
-    return ds_dir

@@ -13,6 +13,7 @@ settled once, on disk, and the target recomputes the states as training reads th
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -67,11 +68,12 @@ def write_token_dataset(
     token_freq: torch.Tensor,
     vocabs: Mapping[int, tuple[torch.Tensor, torch.Tensor]],
     provenance: Mapping[str, Any] | None = None,
+    lock: DirLock | None = None,
 ) -> Manifest:
     """Write (sample_id, input_ids [T], loss_mask [T]) samples as one online dataset: the
     sample file, token counts and vocabularies first, the manifest last (complete), each by
-    temp file + rename, under the dataset's lock; a kill at any point leaves no manifest
-    that lists a missing file, and a re-run writes it again."""
+    temp file + rename, under the dataset's lock (``lock``: held by the caller already); a kill
+    at any point leaves no manifest that lists a missing file, and a re-run writes it again."""
     directory = Path(directory)
     if not samples:
         raise StoreError(f"{directory}: no samples to write")
@@ -85,7 +87,10 @@ def write_token_dataset(
     inputs = canonical(dict(fingerprint_inputs))
     fingerprint = dataset_fingerprint(inputs)
     directory.mkdir(parents=True, exist_ok=True)
-    with DirLock(directory / LOCK, f"{directory}: another process is writing this dataset"):
+    owned = (
+        nullcontext() if lock is not None and lock.held else DirLock(directory / LOCK, f"{directory}: being written")
+    )
+    with owned:
         input_ids = torch.cat([torch.as_tensor(s[1]).to(torch.int64) for s in samples])  # [Ttot]
         loss_mask = torch.cat([torch.as_tensor(s[2]).to(torch.bool) for s in samples])  # [Ttot]
         lengths = torch.tensor([int(s[1].shape[0]) for s in samples], dtype=torch.int64)  # [n]
