@@ -220,6 +220,8 @@ def _collate(
         "hidden": hidden,
         "position_ids": position_ids,
         "segment_ids": segment_ids,
+        # real (unpadded) tokens, on the host: read without waiting for the device
+        "num_tokens": torch.tensor(sum(used_per_row)),
     }
     return split_hidden(batch) if split else batch
 

@@ -37,7 +37,8 @@ def test_padding_to_a_fixed_shape_changes_no_loss_or_count():
     padded = collate_packed(items, max_tokens=32, pad_to=32)
     assert plain["input_ids"].shape == (1, 26) and padded["input_ids"].shape == (1, 32)
     assert padded["segment_ids"][0, 26:].eq(-1).all() and not padded["loss_mask"][0, 26:].any()
-    for k in plain:
+    assert int(plain["num_tokens"]) == int(padded["num_tokens"]) == 26  # real tokens, padding not counted
+    for k in plain.keys() - {"num_tokens"}:
         assert torch.equal(padded[k][:, :26], plain[k]), k
     loss_a, counts_a = _loss(head, plain)
     loss_b, counts_b = _loss(head, padded)

@@ -8,6 +8,7 @@ import time
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import RichProgressBar
 
 from eagle3.cost import minutes, report
 
@@ -19,6 +20,11 @@ class TokenThroughput(L.Callback):
     train/data_wait_frac   time between one step's end and the next one's start (the loader's
                            fetch, a new pass's prefetch) over that plus the step compute; the
                            gap around a validation is not counted
+
+    On CUDA the times are the device's own (CUDA events at batch start and end, read once they
+    have completed): the host never waits for the device here, so it can prepare and copy the
+    next batch while the device computes this one; the gap is then the device's idle time
+    between two steps. Elsewhere they are the host's clock.
     """
 
     def __init__(self, window: int = 20):
@@ -26,27 +32,66 @@ class TokenThroughput(L.Callback):
         self._t0: float | None = None
         self._t_end: float | None = None  # end of the previous step; None after a validation
         self._wait: float | None = None  # before this step: since _t_end (None: not timed)
-        self._times: list[tuple[float, float, int]] = []  # (wait, compute, tokens)
+        self._times: list[tuple[float | None, float, int]] = []  # (wait, compute, tokens)
         self.total_tokens = 0
+        # CUDA: (previous step's end event or None, start, end, tokens), not completed yet
+        self._pending: list[tuple] = []
+        self._start_event = None
+        self._end_event = None  # of the previous step; None after a validation
+
+    @staticmethod
+    def _on_cuda(pl_module) -> bool:
+        return pl_module.device.type == "cuda"
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self._on_cuda(pl_module):
+            self._start_event = torch.cuda.Event(enable_timing=True)
+            self._start_event.record()
+            return
         self._t0 = time.perf_counter()
         self._wait = self._t0 - self._t_end if self._t_end is not None else None
 
     def on_validation_end(self, trainer, pl_module):
         self._t_end = None
+        self._end_event = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if self._t0 is None:
-            return
-        if torch.cuda.is_available() and pl_module.device.type == "cuda":
-            torch.cuda.synchronize()
-        self._t_end = time.perf_counter()
-        dt = self._t_end - self._t0
-        # real tokens only: rows padded to a fixed shape (train.compile) must not inflate tok/s
-        tokens = int((batch["segment_ids"] >= 0).sum()) * trainer.world_size
+        tokens = self._tokens(batch) * trainer.world_size
+        if self._on_cuda(pl_module):
+            if self._start_event is None:
+                return
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._pending.append((self._end_event, self._start_event, end, tokens))
+            self._end_event = end
+            self._collect_completed()
+        else:
+            if self._t0 is None:
+                return
+            self._t_end = time.perf_counter()
+            self._add(self._wait, self._t_end - self._t0, tokens)
+        self._log(pl_module)
+
+    @staticmethod
+    def _tokens(batch) -> int:
+        # real tokens only: rows padded to a fixed shape (train.compile) must not inflate tok/s;
+        # the data module counts them on the host (num_tokens), so reading them never waits
+        count = batch.get("num_tokens")
+        if isinstance(count, torch.Tensor) and count.device.type == "cpu":
+            return int(count)
+        return int((batch["segment_ids"] >= 0).sum())
+
+    def _collect_completed(self) -> None:
+        while self._pending and self._pending[0][2].query():
+            before, start, end, tokens = self._pending.pop(0)
+            wait = before.elapsed_time(start) / 1e3 if before is not None else None
+            self._add(wait, start.elapsed_time(end) / 1e3, tokens)
+
+    def _add(self, wait: float | None, compute: float, tokens: int) -> None:
         self.total_tokens += tokens
-        self._times = (self._times + [(self._wait, dt, tokens)])[-self.window :]
+        self._times = (self._times + [(wait, compute, tokens)])[-self.window :]
+
+    def _log(self, pl_module) -> None:
         secs = sum(t for _, t, _ in self._times)
         if secs > 0:
             tps = sum(n for _, _, n in self._times) / secs
@@ -58,6 +103,24 @@ class TokenThroughput(L.Callback):
             frac = waited / (waited + sum(t for _, t in timed))
             pl_module.log("train/data_wait_frac", frac, on_step=True, batch_size=1)
             pl_module.log("wait", frac, prog_bar=True, logger=False, batch_size=1)  # in logs without W&B
+
+
+class SparseProgressBar(RichProgressBar):
+    """A RichProgressBar whose metrics are read every ``every`` training batches: reading them
+    turns each logged device tensor into a number, which waits for the device, and a wait
+    after every step would keep the next batch's copy from overlapping the step."""
+
+    def __init__(self, every: int = 20):
+        super().__init__()
+        self.every = int(every)
+        self._shown: dict = {}
+        self._reads = 0
+
+    def get_metrics(self, trainer, pl_module):
+        if self._reads % self.every == 0 or not trainer.training:
+            self._shown = super().get_metrics(trainer, pl_module)
+        self._reads += 1
+        return self._shown
 
 
 class TrainEta(L.Callback):
@@ -103,7 +166,7 @@ def build_callbacks(
     exported head is its best), throughput and ETA, optional progress bar, early stopping and
     learning-rate monitor, then `extra` ones instantiated by class path. Returns (checkpoint, all)."""
     from hydra.utils import instantiate
-    from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, RichProgressBar
+    from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 
     ckpt = callbacks_cfg.model_checkpoint
     if int(ckpt.save_top_k) < 1:
@@ -124,7 +187,7 @@ def build_callbacks(
     )
     callbacks: list[L.Callback] = [checkpoint, TokenThroughput(), TrainEta(int(max_steps))]
     if progress_bar:
-        callbacks.append(RichProgressBar())
+        callbacks.append(SparseProgressBar())
     stopping = callbacks_cfg.early_stopping
     if stopping.patience is not None:
         callbacks.append(

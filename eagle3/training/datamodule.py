@@ -15,6 +15,7 @@ from __future__ import annotations
 import warnings
 
 import lightning as L
+import torch
 
 from eagle3.batches import pack_rows, packed_loader, split_hidden, unshuffled_loader
 from eagle3.store import HiddenStateDataset, TokenDataset, open_dataset
@@ -67,6 +68,7 @@ class Eagle3DataModule(L.LightningDataModule):
             [lengths[i] for i in self.val_idx], self.max_tokens, self.row_tokens, seed=self.seed
         )
         self._resume_start = 0
+        self._copy_stream = None  # CUDA: the stream batches are copied on (transfer_batch_to_device)
 
     def _rank_world(self) -> tuple[int, int]:
         trainer = self.trainer
@@ -106,6 +108,26 @@ class Eagle3DataModule(L.LightningDataModule):
     def on_before_batch_transfer(self, batch, dataloader_idx: int):
         # online: token samples -> the batch with hidden states, computed on the training device
         return self.online(batch) if self.online is not None else batch
+
+    def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):
+        """On CUDA, the copy runs on a side stream, beside the previous step's kernels: the step
+        waits for its own batch only (a copy on the step's stream would wait for the previous
+        step to finish). ``num_tokens`` stays on the host."""
+        if device.type != "cuda" or not isinstance(batch, dict):
+            return super().transfer_batch_to_device(batch, device, dataloader_idx)
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(device)
+        with torch.cuda.stream(self._copy_stream):
+            moved = {
+                k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) and k != "num_tokens" else v
+                for k, v in batch.items()
+            }
+        step_stream = torch.cuda.current_stream(device)
+        step_stream.wait_stream(self._copy_stream)
+        for v in moved.values():
+            if isinstance(v, torch.Tensor) and v.is_cuda:
+                v.record_stream(step_stream)  # its memory is not reused until the step is done with it
+        return moved
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         # the aux/final split on the training device: on a GPU its reshape copy is ~free, on the
