@@ -15,11 +15,10 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Any, Mapping
 
+from eagle3.atomic import atomic_dir
 from eagle3.target.hub import resolve_model_dir
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -63,19 +62,13 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
-def _atomic_dir(final: Path, build) -> Path:
-    """Build into a temp sibling and rename: a crash never leaves a half-written model."""
+def _build_once(final: Path, build) -> Path:
+    """``final`` as found, or built into a temp sibling and put in place whole (eagle3/atomic.py):
+    a crash never leaves a half-written model; two builders racing leave one whole copy."""
     if (final / "config.json").is_file():
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    build(tmp)
-    if final.exists():  # another process won the race
-        shutil.rmtree(tmp, ignore_errors=True)
-    else:
-        tmp.rename(final)
+    with atomic_dir(final) as tmp:
+        build(tmp)
     return final
 
 
@@ -102,7 +95,7 @@ def materialize_smollm2(cache_dir: str | Path) -> Path:
         clean.save_pretrained(tmp, safe_serialization=True)
         AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
 
-    return _atomic_dir(final, build)
+    return _build_once(final, build)
 
 
 def _tiny_config(model_cfg: Any):
@@ -148,7 +141,7 @@ def materialize_tiny(model_cfg: Any, cache_dir: str | Path) -> Path:
         elif tok_src:
             AutoTokenizer.from_pretrained(tok_src).save_pretrained(tmp)
 
-    return _atomic_dir(final, build)
+    return _build_once(final, build)
 
 
 def read_hf_config(model_dir: str | Path) -> dict:
