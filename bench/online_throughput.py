@@ -8,7 +8,7 @@ target has a preset's shapes and random weights (speed does not depend on the va
 samples are random token ids with ShareGPT-like lengths.
 
     python bench/online_throughput.py --preset llama3-8b --steps 40 --out online.json   # H200
-    python bench/online_throughput.py --preset tiny --steps 6                            # CPU smoke
+    python bench/online_throughput.py --preset tiny --steps 6 --warmup 2                 # CPU smoke
 
 Reported: tokens/s of each route after warm-up, the extraction's tokens/s (capture + shard
 writes), the wall time of one and of three epochs over the same data by each route (extract
@@ -33,6 +33,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from eagle3.config.schema import TrainConfig  # noqa: E402
 from eagle3.data.vocab import build_draft_vocab  # noqa: E402
 from eagle3.model.config import DraftConfig  # noqa: E402
 from eagle3.model.head import Eagle3DraftHead  # noqa: E402
@@ -147,20 +148,8 @@ def train(
     ds_dir: Path, head, p: dict, steps: int, warmup: int, online: OnlineHiddenStates | None, workers: int = 0
 ) -> dict:
     cuda = torch.cuda.is_available()
-    tc = dict(
-        ttt_steps=3,
-        step_decay=0.8,
-        loss="forward_kl",
-        compile=cuda,
-        lr=1e-3,
-        weight_decay=0.0,
-        optimizer=dict(name="adamw", betas=[0.9, 0.95], eps=1e-8),
-        warmup_steps=10,
-        max_steps=steps,
-        lr_decay_steps=None,
-        min_lr_ratio=0.1,
-        max_time=None,
-    )
+    # the rest as the schema's defaults: forward KL, step decay 0.8, AdamW (0.9, 0.95), no time budget
+    tc = TrainConfig(ttt_steps=3, compile=cuda, lr=1e-3, warmup_steps=10, max_steps=steps)
     dm = Eagle3DataModule(
         str(ds_dir),
         max_tokens_per_batch=p["tokens_per_batch"],

@@ -117,7 +117,7 @@ def test_val_metrics_equal_one_process_validation(ddp_run, data_dir):
     cfg = compose("train", TINY + [f"paths.data_dir={data_dir}"])
     dm = Eagle3DataModule(summary["dataset_dir"], max_tokens_per_batch=int(cfg.train.max_tokens_per_batch))
     head, meta = build_head(cfg, resolve_target(cfg.model, cfg.paths.cache_dir), dm.dataset)
-    module = Eagle3LitModule(head, OmegaConf.to_container(cfg.train, resolve=True, enum_to_str=True))
+    module = Eagle3LitModule(head, OmegaConf.to_object(cfg.train))
     state = torch.load(ddp_run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
     missing, unexpected = module.load_state_dict(state, strict=False)
     frozen = {k for k, p in module.named_parameters() if not p.requires_grad}

@@ -13,7 +13,9 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Timer
+from omegaconf import OmegaConf
 
+from eagle3.config.schema import TrainConfig
 from eagle3.model.head import Eagle3DraftHead
 from eagle3.model.loss import StepCounts, eagle3_loss
 from eagle3.model.replay import replay_counts, replay_metrics
@@ -30,24 +32,37 @@ class Eagle3LitModule(L.LightningModule):
     def __init__(
         self,
         head: Eagle3DraftHead,
-        train_cfg: dict[str, Any],
+        train_cfg: TrainConfig,
         export_meta: dict[str, Any] | None = None,
         replay_draft_tokens: int = 3,
         replay_max_answer_tokens: int | None = None,
     ):
         super().__init__()
+        # the arguments in the checkpoint's hyper_parameters as plain data (enums as their values):
+        # a resume reads the checkpoint with torch.load(weights_only=True), which refuses
+        # dataclasses and enums. The head is in state_dict, export_meta in eagle3_meta; W&B
+        # already holds the whole run config, so nothing goes to the logger
+        self.save_hyperparameters(
+            {
+                "train_cfg": OmegaConf.to_container(OmegaConf.structured(train_cfg), enum_to_str=True),
+                "replay_draft_tokens": replay_draft_tokens,
+                "replay_max_answer_tokens": replay_max_answer_tokens,
+            },
+            logger=False,
+        )
         self.head = head
         # what `python -m eagle3.export ckpt=...` needs besides weights (DraftMeta as a dict)
         self.export_meta = export_meta or {}
-        self.tc = train_cfg
-        self.ttt_steps = int(train_cfg["ttt_steps"])
+        self.train_cfg = train_cfg
+        self.ttt_steps = train_cfg.ttt_steps
+        self.loss_kind = train_cfg.loss.value
         # frozen target copies are rebuilt from the target, never stored in checkpoints
         self.strict_loading = False
         self._val_counts = StepCounts.zeros(self.ttt_steps)
         # validation also replays serving's drafting rounds (eagle3/model/replay.py) with the
         # evaluation's K (eval.num_draft_tokens, at most the TTT steps trained; 0 = off) and
         # answer length (eval.max_new_tokens): the train-side figure that vLLM's should match
-        self.replay_k = min(int(replay_draft_tokens), self.ttt_steps)
+        self.replay_k = min(replay_draft_tokens, self.ttt_steps)
         self.replay_max_answer_tokens = replay_max_answer_tokens
         self._val_replay = torch.zeros(2 + max(self.replay_k, 0), dtype=torch.float64)
         self._step = self._forward_loss
@@ -78,10 +93,11 @@ class Eagle3LitModule(L.LightningModule):
                 f"train.attention=flex: expected a CUDA device, got {device} "
                 "(FlexAttention has no backward on CPU); use train.attention=sdpa"
             )
-        want = bool(self.tc.get("compile"))  # null = off (see train.compile in the schema)
-        # the datamodule pads every row to max_tokens_per_batch when compiling: one static
-        # shape, one graph (dynamic shapes recompiled for new row lengths on the H200)
-        self._step = torch.compile(self._forward_loss, dynamic=False) if want else self._forward_loss
+        # null = off (see train.compile in the schema). The datamodule pads every row to
+        # max_tokens_per_batch when compiling: one static shape, one graph (dynamic shapes
+        # recompiled for new row lengths on the H200)
+        compiled = self.train_cfg.compile
+        self._step = torch.compile(self._forward_loss, dynamic=False) if compiled else self._forward_loss
         self._graphs_before = _compiled_graphs()  # the counter is per process (other compiles, tests)
 
     def _logits(self, batch: dict[str, torch.Tensor]):
@@ -101,8 +117,8 @@ class Eagle3LitModule(L.LightningModule):
             target_logits,
             loss_mask=batch["loss_mask"],
             segment_ids=batch["segment_ids"],
-            step_decay=float(self.tc["step_decay"]),
-            kind=str(self.tc["loss"]),
+            step_decay=self.train_cfg.step_decay,
+            kind=self.loss_kind,
         )
 
     def _metrics(self, counts: StepCounts, prefix: str) -> dict[str, torch.Tensor]:
@@ -153,7 +169,7 @@ class Eagle3LitModule(L.LightningModule):
             stacked = self.trainer.strategy.reduce(stacked, reduce_op="sum")  # counts, not means
         counts = StepCounts.from_stacked(stacked)
         metrics = self._metrics(counts, "val")
-        decay = float(self.tc["step_decay"])
+        decay = self.train_cfg.step_decay
         metrics["val/loss"] = sum(decay**k * metrics[f"val/loss_k{k}"] for k in range(self.ttt_steps))
         metrics["val/tokens"] = counts.loss_count[0].float()
         if self.replay_k > 0:
@@ -180,21 +196,21 @@ class Eagle3LitModule(L.LightningModule):
     # ---- optimisation
     def configure_optimizers(self):
         params = [p for p in self.head.parameters() if p.requires_grad]
-        oc = self.tc["optimizer"]
-        if str(oc["name"]).lower() != "adamw":
-            raise ValueError(f"train.optimizer.name: expected adamw, got {oc['name']!r}")
+        tc = self.train_cfg
+        if tc.optimizer.name.lower() != "adamw":
+            raise ValueError(f"train.optimizer.name: expected adamw, got {tc.optimizer.name!r}")
+        beta1, beta2 = tc.optimizer.betas
         opt = torch.optim.AdamW(
             params,
-            lr=float(self.tc["lr"]),
-            betas=tuple(oc["betas"]),
-            eps=float(oc["eps"]),
-            weight_decay=float(self.tc["weight_decay"]),
+            lr=tc.lr,
+            betas=(beta1, beta2),
+            eps=tc.optimizer.eps,
+            weight_decay=tc.weight_decay,
         )
-        total = int(self.tc.get("lr_decay_steps") or self.tc["max_steps"])
         self.lr_schedule = BudgetedCosine(
-            warmup=int(self.tc["warmup_steps"]),
-            total_steps=total,
-            min_ratio=float(self.tc["min_lr_ratio"]),
+            warmup=tc.warmup_steps,
+            total_steps=tc.lr_decay_steps or tc.max_steps,
+            min_ratio=tc.min_lr_ratio,
             clock=self._budget_clock(),
         )
         if self._restored_schedule is not None:
@@ -208,6 +224,6 @@ class Eagle3LitModule(L.LightningModule):
         the run has no time budget (the schedule is then the closed-form cosine)."""
         trainer = self._trainer
         timer = next((c for c in (trainer.callbacks if trainer else []) if isinstance(c, Timer)), None)
-        if timer is None or not self.tc.get("max_time"):
+        if timer is None or not self.train_cfg.max_time:
             return None
         return lambda: (timer.time_elapsed("train"), timer.time_remaining("train"))

@@ -10,6 +10,7 @@ from typing import Any
 import lightning as L
 from omegaconf import OmegaConf
 
+from eagle3.config.schema import TrainConfig
 from eagle3.config.validate import torch_dtype, validate_run_config
 from eagle3.cost import report, train_lines
 from eagle3.identity import DatasetNotFound, dataset_path, locate_dataset, regen_note
@@ -87,7 +88,9 @@ def _run(cfg: Any, extra_callbacks: Sequence[L.Callback]) -> float:
     # what was trained on, kept with the run (for an online run, the only record of its samples)
     (output_dir / "dataset_manifest.json").write_text(datamodule.dataset.manifest.to_json())
     head, draft_meta = build_head(cfg, model_dir, datamodule.dataset)
-    train_cfg = OmegaConf.to_container(cfg.train, resolve=True, enum_to_str=True)
+    train_cfg = OmegaConf.to_object(cfg.train)  # after resolve_step_path settled attention and compile
+    if not isinstance(train_cfg, TrainConfig):
+        raise TypeError(f"cfg.train: expected a node of the TrainConfig schema, got {type(train_cfg).__name__}")
     module = Eagle3LitModule(
         head,
         train_cfg,
