@@ -39,6 +39,7 @@ from eagle3.model.config import DraftConfig  # noqa: E402
 from eagle3.model.head import Eagle3DraftHead  # noqa: E402
 from eagle3.store import ShardWriter, write_token_dataset  # noqa: E402
 from eagle3.target.capture_hf import HFCaptureBackend  # noqa: E402
+from eagle3.training.callbacks import TokenThroughput  # noqa: E402
 from eagle3.training.datamodule import Eagle3DataModule  # noqa: E402
 from eagle3.training.module import Eagle3LitModule  # noqa: E402
 from eagle3.training.online import OnlineHiddenStates  # noqa: E402
@@ -125,18 +126,22 @@ def head_for(hf: dict, p: dict, target: torch.nn.Module, d2t, t2d) -> Eagle3Draf
 
 
 class StepClock(L.Callback):
-    """Tokens (real, not padding) and wall time of every optimizer step, the device synchronised."""
+    """Tokens (real, not padding) and host time at the end of every optimizer step. The device
+    is synchronised only at the end of the warm-up and of the run (``sync_at``): a wait after
+    every step would keep the next batch's copy from overlapping the step, as train.py does not
+    wait either; the rate between the two synchronised points is exact."""
 
-    def __init__(self):
+    def __init__(self, sync_at: tuple[int, int]):
+        self.sync_at = sync_at  # (the warm-up's last step, the run's last step), 0-based
         self.times, self.tokens, self.graphs = [], [], []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         from torch._dynamo.utils import counters
 
-        if torch.cuda.is_available():
+        if torch.cuda.is_available() and len(self.times) in self.sync_at:
             torch.cuda.synchronize()
         self.times.append(time.perf_counter())
-        self.tokens.append(int((batch["segment_ids"] >= 0).sum()))
+        self.tokens.append(int(batch["num_tokens"]))  # counted on the host by the collate
         self.graphs.append(int(counters["stats"]["unique_graphs"]))  # dynamo's graphs so far
 
     def rate(self, warmup: int) -> float:
@@ -160,7 +165,8 @@ def train(
         pin_memory=cuda,
     )
     module = Eagle3LitModule(head, tc, replay_draft_tokens=0)
-    clock = StepClock()
+    clock = StepClock((warmup, steps - 1))
+    throughput = TokenThroughput()  # what train.py logs as train/tokens_per_s
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     trainer = L.Trainer(
@@ -173,7 +179,7 @@ def train(
         enable_progress_bar=False,
         enable_model_summary=False,
         gradient_clip_val=1.0,
-        callbacks=[clock],
+        callbacks=[clock, throughput],
         use_distributed_sampler=False,
     )
     t0 = time.perf_counter()
@@ -181,6 +187,8 @@ def train(
     return {
         "tokens_per_s": clock.rate(warmup),
         "steps": len(clock.times),
+        "logged_tokens_per_s": float(trainer.callback_metrics.get("train/tokens_per_s", float("nan"))),
+        "logged_data_wait_frac": float(trainer.callback_metrics.get("train/data_wait_frac", float("nan"))),
         # graphs compiled after the warm-up steps: a recompile (a new shape or a failed guard) if > 0
         "recompiles_after_warmup": clock.graphs[-1] - clock.graphs[warmup],
         "wall_s": time.perf_counter() - t0,
