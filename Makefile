@@ -38,6 +38,7 @@ setup: $(VENV)/.setup-done
 lint: setup
 	$(VPY) -m ruff check .
 	$(VPY) -m ruff format --check .
+	$(VPY) -m mypy
 
 test: lint
 	$(VPY) -m pytest -x -q tests

@@ -143,7 +143,8 @@ def atomic_dir(final: str | Path, point: str | None = None) -> Iterator[Path]:
             if (
                 old.name.startswith(final.name + TMP_MARK)
                 and old.name.endswith("-old")
-                and not pid_alive(int(_PID_AFTER_MARK.search(old.name).group(1)))
+                and (m := _PID_AFTER_MARK.search(old.name)) is not None  # a name without a pid is no temp of ours
+                and not pid_alive(int(m.group(1)))
             ):
                 os.rename(old, final)
                 break
@@ -172,7 +173,7 @@ def pid_alive(pid: int) -> bool:
 def remove_stale_temps(directory: str | Path, name: str | None = None) -> list[str]:
     """Delete the temps in ``directory`` (of ``name`` only, when given) whose writer pid is no
     longer running on this host; returns their names."""
-    removed = []
+    removed: list[str] = []
     directory = Path(directory)
     if not directory.is_dir():
         return removed

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from functools import partial
+from typing import Protocol
 
 import torch
 
@@ -240,10 +241,19 @@ def split_hidden(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+class Samples(Protocol):
+    """What the loaders index: a dataset of sample dicts (eagle3.store's HiddenStateDataset,
+    TokenDataset), not necessarily a torch Dataset subclass."""
+
+    def __getitem__(self, i: int) -> dict: ...
+
+    def __len__(self) -> int: ...
+
+
 class SampleSubset(torch.utils.data.Dataset):
     """The samples of ``base`` at ``indices``, in that order."""
 
-    def __init__(self, base: torch.utils.data.Dataset, indices: list[int]):
+    def __init__(self, base: Samples, indices: list[int]):
         self.base, self.indices = base, indices
 
     def __len__(self) -> int:
@@ -254,7 +264,7 @@ class SampleSubset(torch.utils.data.Dataset):
 
 
 def packed_loader(
-    dataset: torch.utils.data.Dataset,
+    dataset: Samples,
     idx: list[int],
     batches: list[list[int]],
     *,

@@ -206,7 +206,7 @@ def train_lines(cfg: Any, train_tokens: int | None = None, train_batches: int | 
     steps = int(t.max_steps)
     ranks = f" ({per_rank:,} x {world} ranks)" if world > 1 else ""
     line = f"train: {steps:,} steps x <= {per_rank * world:,} tokens{ranks} = <= {steps * per_rank * world:,} tokens"
-    fill = per_rank  # tokens a rank trains on per step
+    fill: float = per_rank  # tokens a rank trains on per step
     if train_tokens and train_batches:
         fill = min(per_rank, train_tokens / train_batches * int(t.accumulate_grad_batches))
         total = steps * fill * world

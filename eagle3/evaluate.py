@@ -25,7 +25,7 @@ import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 from eagle3.config.schema import EvalConfig
 from eagle3.evaluation.config import EngineOptions, register_evaluate_config
@@ -55,7 +55,7 @@ def _engine_options(engine: EngineOptions | Mapping | Any | None) -> EngineOptio
     from omegaconf import OmegaConf
 
     if OmegaConf.is_config(engine):
-        engine = OmegaConf.to_container(engine, resolve=True)
+        engine = cast(dict[str, Any], OmegaConf.to_container(engine, resolve=True))
     return EngineOptions(**dict(engine))
 
 
@@ -206,9 +206,10 @@ def run(cfg: Any) -> float:
             group=cfg.logger.group,
             tags=list(cfg.logger.tags),
             job_type="evaluate",
-            mode=wandb_mode(cfg.logger.mode),
+            # a user's string (logger.mode, WANDB_MODE): wandb checks it
+            mode=cast(Any, wandb_mode(cfg.logger.mode)),
             dir=str(out_dir or cfg.export_dir),
-            config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+            config=cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)),
             reinit="create_new",
         )
     elif cfg.logger.backend != "none":

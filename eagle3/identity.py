@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import OmegaConf
 
@@ -90,7 +90,7 @@ def fingerprint_inputs(cfg: Any, model_dir: str, *, chat_content: bool = True) -
     engines and topology give the same hidden states within tolerance). ``chat_content=False``:
     the chat file is not hashed (its two fields are None), for a lookup without it."""
     cache = content_cache(cfg)
-    data = OmegaConf.to_container(cfg.data, resolve=True, enum_to_str=True)
+    data = cast(dict[str, Any], OmegaConf.to_container(cfg.data, resolve=True, enum_to_str=True))
     source, path = data["source"], data.get("path")
     for key in ("name", "path", *_REGEN_HOW):  # the name is in the directory's prefix, for people
         data.pop(key, None)
@@ -181,7 +181,7 @@ def legacy_fingerprint_inputs(cfg: Any, model_dir: str) -> dict:
     from eagle3.target.generate.common import resolve_backend
 
     d = Path(model_dir)
-    data = OmegaConf.to_container(cfg.data, resolve=True, enum_to_str=True)
+    data = cast(dict[str, Any], OmegaConf.to_container(cfg.data, resolve=True, enum_to_str=True))
     for key in ("regen_batch_size", "regen_static_cache", *HF_FIELDS):
         data.pop(key, None)
     if data.get("regenerate"):

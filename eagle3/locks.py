@@ -18,6 +18,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 from eagle3.atomic import pid_alive
 
@@ -50,7 +51,7 @@ class DirLock:
 
     def __init__(self, path: str | Path, what: str, wait_s: float = 0.0):
         self.path, self.what, self.wait_s = Path(path), what, float(wait_s)
-        self._file = None
+        self._file: IO[str] | None = None
 
     @property
     def held(self) -> bool:

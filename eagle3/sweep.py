@@ -21,7 +21,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
@@ -69,7 +69,7 @@ def collect_jobs(sweep_dir: str | Path, metric: str = DEFAULT_METRIC) -> list[Jo
     jobs = []
     for overrides_file in Path(sweep_dir).glob(f"*/{OVERRIDES}"):
         out = overrides_file.parent.parent
-        overrides = [str(o) for o in OmegaConf.to_container(OmegaConf.load(overrides_file))]
+        overrides = [str(o) for o in cast(list[Any], OmegaConf.to_container(OmegaConf.load(overrides_file)))]
         job = JobResult(job=out.name, output_dir=out, status="UNKNOWN", overrides=overrides)
         status_file = out / JOB_STATUS
         if status_file.is_file():

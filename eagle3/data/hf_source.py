@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, cast
 
 from eagle3.data.conversation import DataError
 
@@ -70,7 +70,9 @@ def local_data_files(path: Path) -> tuple[str, list[Path]]:
         got = sorted({p.suffix or p.name for p in files}) or "no files"
         raise DataError(f"data.path={path} (data.source=hf): expected parquet, JSON, JSONL or CSV files of one kind "
                         f"({', '.join(_BUILDERS)}), got {got}")
-    return kinds.pop(), files
+    builder = kinds.pop()
+    assert builder is not None  # a file of no known kind raised above
+    return builder, files
 
 
 def load_hf_dataset(opts: HFOptions, path: Path | None):
@@ -98,7 +100,8 @@ def _columns(ds: Any, opts: HFOptions, label: str) -> tuple[str | None, tuple[st
         for key, col in (("prompt_column", opts.prompt_column), ("response_column", opts.response_column)):
             if col not in columns:
                 raise DataError(f"{label}: data.{key}: expected one of the columns {columns}, got {col!r}")
-        return None, (opts.prompt_column, opts.response_column)
+        # both checked above to be column names (None is not one)
+        return None, cast(tuple[str, str], (opts.prompt_column, opts.response_column))
     wanted = [opts.messages_column] if opts.messages_column else list(_CONVERSATION_COLUMNS)
     found = next((c for c in wanted if c in columns), None)
     if found is None:

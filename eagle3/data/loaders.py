@@ -26,7 +26,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Generator, Iterable, Iterator
 
 from eagle3.data.conversation import Conversation, DataError, normalise_record
 from eagle3.data.hf_source import HFOptions, hf_records
@@ -159,7 +159,7 @@ def resolve_path(source: str, path: str | None) -> Path | None:
 
 
 def iter_conversations(source: str, path: str | None, report: LoadReport | None = None,
-                       hf: HFOptions | None = None) -> Iterator[Conversation]:
+                       hf: HFOptions | None = None) -> Generator[Conversation, None, None]:
     """Yield usable conversations in file order, filling ``report`` as it goes.
     ``hf``: the dataset name, split and columns of source ``hf`` (defaults when None)."""
     file = resolve_path(source, path)
@@ -170,15 +170,19 @@ def iter_conversations(source: str, path: str | None, report: LoadReport | None 
     stream: JsonRecordStream | None = None
     if source == "hf":
         records: Iterable[Any] = hf_records(hf, file)
+        stem = hf.id_stem(file)
     elif source == "hf_disk":
+        assert file is not None  # None only for source hf
         records = _hf_disk_records(file)
+        stem = file.name
     else:
+        assert file is not None  # None only for source hf
         if file.is_dir():
             raise DataError(f"data.path={file} is a directory; data.source={source} expects a JSON/JSONL file")
         stream = JsonRecordStream(file)
         records = stream
+        stem = file.stem
     dedup = _Dedup()
-    stem = hf.id_stem(file) if source == "hf" else file.name if source == "hf_disk" else file.stem
     for index, record in enumerate(records):
         report.records_read += 1
         norm = normalise_record(record)

@@ -157,6 +157,7 @@ def run_engine(req: EngineRequest) -> EngineResult:
         outputs = [list(o.outputs[0].token_ids) for o in outs]
         counters = histograms = None
         if req.head is not None:
+            assert after is not None and before is not None  # snapshot reads counters whenever there is a head
             counters = (after - before).to_dict()
             histograms = []
             for o in outs:

@@ -58,7 +58,7 @@ def measure(
         seed=int(engine.seed),
         trust_remote_code=bool(engine.trust_remote_code),
     )
-    run = dict(
+    run: dict[str, Any] = dict(
         work_dir=work_dir, timeout_s=int(engine.timeout_s), cpu_kvcache_space_gb=int(engine.cpu_kvcache_space_gb)
     )
     with_head, wall_head = run_engine_process(

@@ -25,7 +25,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Generator
 
 from eagle3.data.hf_source import HFOptions
 from eagle3.data.loaders import iter_conversations
@@ -121,7 +121,7 @@ def _data_path(manifest_file: Path, given: Any) -> str | None:
     return str(path)
 
 
-def val_first_turns(dataset_dir: str | Path) -> Iterator[tuple[str, list[dict[str, str]]]]:
+def val_first_turns(dataset_dir: str | Path) -> Generator[tuple[str, list[dict[str, str]]], None, None]:
     """(conversation id, opening turn) of the dataset's validation split, in the split's order."""
     dataset_dir = Path(dataset_dir)
     manifest = Manifest.read(dataset_dir)
@@ -205,7 +205,7 @@ def heldout_prompts(
 
     if n_val and dataset_dir is None:
         out.notes.append("val: no dataset directory (pass dataset_dir=...), so no validation prompts")
-    elif n_val:
+    elif n_val and dataset_dir is not None:
         taken = 0
         turns = val_first_turns(dataset_dir)
         try:

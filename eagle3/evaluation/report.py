@@ -150,18 +150,18 @@ def print_table(report: AcceptanceReport, console=None) -> None:
     console.print(table)
     replay, val = report.train_side_replay, report.by_source.get("val")
     if replay and val is not None:
-        rates = " / ".join(f"{replay.get(f'replay_acc_pos{i}', math.nan):.3f}" for i in range(k))
+        replay_rates = " / ".join(f"{replay.get(f'replay_acc_pos{i}', math.nan):.3f}" for i in range(k))
         console.print(
             f"train-side replay of the same {int(replay['samples'])} val prompts (the dataset's answers, "
-            f"serving's rounds): [bold]{replay['replay_accept_len']:.3f}[/] ({rates}) vs vLLM "
+            f"serving's rounds): [bold]{replay['replay_accept_len']:.3f}[/] ({replay_rates}) vs vLLM "
             f"{_fmt(val.mean_acceptance_length)}; uniform estimate {replay[f'sim_accept_len_k{k}']:.3f}"
         )
-    for source, fig in report.served_replay.items():
+    for source, served in report.served_replay.items():
         vllm = report.overall if source == "all" else report.by_source.get(source)
         if vllm is not None:
             console.print(
-                f"replay of vLLM's own with-head outputs ({source}, {int(fig['samples'])} prompts, same "
-                f"tokens): [bold]{fig['replay_accept_len']:.3f}[/] vs vLLM {_fmt(vllm.mean_acceptance_length)}"
+                f"replay of vLLM's own with-head outputs ({source}, {int(served['samples'])} prompts, same "
+                f"tokens): [bold]{served['replay_accept_len']:.3f}[/] vs vLLM {_fmt(vllm.mean_acceptance_length)}"
             )
     for note in report.prompt_notes:
         console.print(f"[yellow]note[/]: {note}")

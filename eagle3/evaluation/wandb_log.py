@@ -34,9 +34,9 @@ def eval_scalars(report: AcceptanceReport) -> dict[str, float]:
     out["eval/num_draft_tokens"] = float(report.num_draft_tokens)
     if report.train_side_replay:  # the same val prompts replayed train-side: beside vLLM's figure
         out["eval/val/train_side_replay_accept_len"] = float(report.train_side_replay["replay_accept_len"])
-    for source, fig in report.served_replay.items():  # the head replayed on vLLM's own outputs
+    for source, served in report.served_replay.items():  # the head replayed on vLLM's own outputs
         prefix = "" if source == "all" else f"{source}/"
-        out[f"eval/{prefix}served_replay_accept_len"] = float(fig["replay_accept_len"])
+        out[f"eval/{prefix}served_replay_accept_len"] = float(served["replay_accept_len"])
     return out
 
 

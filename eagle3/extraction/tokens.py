@@ -32,6 +32,7 @@ def prepare_token_dataset(cfg: Any, model_dir: str) -> Path:
                 _write(cfg, model_dir, ds_dir, lock)
                 return ds_dir
     done = Manifest.read_complete(ds_dir)
+    assert done is not None  # written above, or by the rank that held the lock before
     console.print(f"online dataset {ds_dir}: {done.num_samples} samples, {done.num_tokens} tokens")
     return ds_dir
 

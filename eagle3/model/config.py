@@ -154,7 +154,7 @@ class DraftConfig:
         head_dim = hidden // heads, plain rope with the target's theta, and the dense
         intermediate_size; override any of them explicitly.
         """
-        cfg = dict(hf_config_dict.get("text_config") or hf_config_dict)
+        cfg: dict[str, Any] = dict(hf_config_dict.get("text_config") or hf_config_dict)
         model_type = str(cfg.get("model_type", ""))
 
         def need(key: str) -> Any:

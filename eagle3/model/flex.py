@@ -15,10 +15,14 @@ anywhere; it is fast only under torch.compile on a GPU.
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from eagle3.model.mask import causal_segment_block
+
+if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import BlockMask
 
 FLEX_BLOCK = 128
 # the compiled (Triton) flex kernel needs head_dim >= 16; smaller heads (tiny test models)
@@ -44,7 +48,7 @@ def check_flex_shape(segment_ids: torch.Tensor) -> None:
         )
 
 
-def build_flex_masks(segment_ids: torch.Tensor, num_steps: int) -> list:
+def build_flex_masks(segment_ids: torch.Tensor, num_steps: int) -> list[BlockMask]:
     """One BlockMask per TTT step over keys [K_0 | ... | K_{num_steps-1}] (all steps, padded)."""
     from torch.nn.attention.flex_attention import BlockMask
 
@@ -57,8 +61,9 @@ def build_flex_masks(segment_ids: torch.Tensor, num_steps: int) -> list:
     none = torch.zeros_like(eye)
     seg = segment_ids[0]
 
-    def step_mask_mod(limit: torch.Tensor):
-        def mask_mod(b, h, q, kv):  # mask.py's rule; limit = (step + 1) * t
+    def step_mask_mod(limit: torch.Tensor) -> Callable[..., torch.Tensor]:
+        # mask.py's rule; limit = (step + 1) * t
+        def mask_mod(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
             blk = kv // t
             kvp = kv - blk * t
             own = (kvp <= q) & (seg[kvp] == seg[q]) & (seg[q] >= 0)
@@ -90,7 +95,11 @@ def build_flex_masks(segment_ids: torch.Tensor, num_steps: int) -> list:
 
 
 def flex_attend(
-    q: torch.Tensor, past_keys: list[torch.Tensor], past_values: list[torch.Tensor], block_mask, enable_gqa: bool
+    q: torch.Tensor,
+    past_keys: list[torch.Tensor],
+    past_values: list[torch.Tensor],
+    block_mask: BlockMask,
+    enable_gqa: bool,
 ) -> torch.Tensor:
     """q [B, heads, T, hd] against the keys of the steps so far, padded to the mask's length."""
     import torch.nn.functional as F
@@ -109,7 +118,7 @@ def flex_attend(
 
 
 @functools.cache
-def _compiled_flex_attention():
+def _compiled_flex_attention() -> Callable[..., Any]:
     from torch.nn.attention.flex_attention import flex_attention
 
     return torch.compile(flex_attention, dynamic=False)

@@ -24,6 +24,8 @@ sample's tokens: speculators shifts across the packed row.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -34,6 +36,9 @@ from eagle3.model.mask import build_ttt_mask, ttt_step_mask
 from eagle3.model.rope import RotaryEmbedding
 from eagle3.model.shift import shift_left
 
+if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import BlockMask
+
 PAD_INPUT_ID = 0  # fed where the token to consume lies past the end of a sample
 
 
@@ -42,6 +47,9 @@ class TargetWeightsError(ValueError):
 
 
 class Eagle3DraftHead(nn.Module):
+    d2t: torch.Tensor  # buffers
+    t2d: torch.Tensor
+
     def __init__(self, cfg: DraftConfig, attention: str = "sdpa"):
         super().__init__()
         self.cfg = cfg
@@ -146,6 +154,7 @@ class Eagle3DraftHead(nn.Module):
     ) -> list[torch.Tensor]:
         """Draft logits per TTT step: a list of ttt_steps tensors [B, T, V] (see module doc)."""
         self._check_inputs(aux_hidden, input_ids, position_ids, segment_ids, ttt_steps)
+        masks: list[BlockMask] | list[torch.Tensor]
         if self.attention == "flex":
             masks = build_flex_masks(segment_ids, ttt_steps)
         elif self.attention == "sdpa":
@@ -181,7 +190,14 @@ class Eagle3DraftHead(nn.Module):
             g = torch.cat([norm(chunk) for norm, chunk in zip(self.fc_norm, chunks)], dim=-1)
         return g
 
-    def _check_inputs(self, aux_hidden, input_ids, position_ids, segment_ids, ttt_steps) -> None:
+    def _check_inputs(
+        self,
+        aux_hidden: torch.Tensor,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        segment_ids: torch.Tensor,
+        ttt_steps: int,
+    ) -> None:
         b, t = input_ids.shape
         want_aux = (b, t, self.cfg.num_aux_layers * self.cfg.hidden_size)
         if tuple(aux_hidden.shape) != want_aux:

@@ -8,6 +8,8 @@ Parameter names follow speculators / vLLM llama_eagle3 (`self_attn.q_proj`, `mlp
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -15,6 +17,9 @@ from torch import nn
 from eagle3.model.config import DraftConfig
 from eagle3.model.flex import flex_attend
 from eagle3.model.rope import apply_rotary
+
+if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import BlockMask
 
 
 class RMSNorm(nn.Module):
@@ -53,7 +58,8 @@ class TTTAttention(nn.Module):
         sin: torch.Tensor,
         past_keys: list[torch.Tensor],  # per earlier TTT step: [B, kv_heads, T, hd]; appended to
         past_values: list[torch.Tensor],
-        mask,  # bool [B, 1, T, T * (len(past_keys) + 1)], or a flex BlockMask (eagle3/model/flex.py)
+        # bool [B, 1, T, T * (len(past_keys) + 1)], or a flex BlockMask (eagle3/model/flex.py)
+        mask: torch.Tensor | BlockMask,
     ) -> torch.Tensor:
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
@@ -99,7 +105,16 @@ class _DecoderBlock(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def _attend_then_mlp(self, x, residual, cos, sin, past_keys, past_values, mask) -> torch.Tensor:
+    def _attend_then_mlp(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        past_keys: list[torch.Tensor],
+        past_values: list[torch.Tensor],
+        mask: torch.Tensor | BlockMask,
+    ) -> torch.Tensor:
         h = residual + self.self_attn(x, cos, sin, past_keys, past_values, mask)
         return h + self.mlp(self.post_attention_layernorm(h))
 

@@ -39,6 +39,8 @@ def inverse_frequencies(cfg: DraftConfig) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
+    inv_freq: torch.Tensor  # a buffer
+
     def __init__(self, cfg: DraftConfig):
         super().__init__()
         self.register_buffer("inv_freq", inverse_frequencies(cfg), persistent=False)

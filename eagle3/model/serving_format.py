@@ -166,13 +166,13 @@ class DraftMeta:
     verifier_architectures: list[str]
     num_speculative_tokens: int
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["draft_config"] = self.draft_config.to_dict()
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "DraftMeta":
+    def from_dict(cls, d: dict[str, Any]) -> "DraftMeta":
         d = dict(d)
         d["draft_config"] = DraftConfig.from_dict(d["draft_config"])
         return cls(**d)

@@ -57,12 +57,14 @@ def part_dir(dataset_dir: str | Path, shard_index: int, num_shards: int) -> Path
 
 
 def _check_parts(final: Path, parts: list[Path]) -> list[Manifest]:
-    manifests, missing = [], []
+    manifests: list[Manifest] = []
+    missing: list[str] = []
     for i, p in enumerate(parts):
         m = Manifest.read_complete(p)
         if m is None:
             missing.append(f"shard_index={i} ({p}: {'incomplete' if (p / MANIFEST).exists() else 'missing'})")
-        manifests.append(m)
+        else:
+            manifests.append(m)
     if missing:
         raise StoreError(
             f"{final}: cannot merge {len(parts)} parts, not finished: {', '.join(missing)}. Run "
@@ -160,6 +162,7 @@ def _merge(
             raise StoreError(f"{p / m.token_freq}: shape: expected {list(freq.shape)}, got {list(counts.shape)}")
         freq = counts if freq is None else freq + counts
         sizes |= {int(v) for v in m.vocabs}
+    assert freq is not None  # every part has counts, and there is at least one (manifests[0])
     save_token_freq(tmp / TOKEN_FREQ, freq)
     merged = Manifest(
         fingerprint=first.fingerprint,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -18,6 +19,7 @@ from eagle3.store.layout import (
     STORED,
     IncompleteDatasetError,
     Manifest,
+    ShardInfo,
     StoreError,
     dtype_from_name,
 )
@@ -95,7 +97,7 @@ class SampleFiles:
         self._start = torch.tensor(start_of, dtype=torch.int64)
         self.lengths = torch.tensor(lengths, dtype=torch.int64)  # tokens per sample, for batching
 
-    def _check_file(self, path: Path, info, verify: str | None) -> None:
+    def _check_file(self, path: Path, info: ShardInfo, verify: str | None) -> None:
         """The cheap check every open makes: the file is there at its listed size."""
         if not path.is_file() or path.stat().st_size != info.size_bytes:
             got = f"{path.stat().st_size} bytes" if path.is_file() else "no such file"
@@ -104,10 +106,10 @@ class SampleFiles:
             )
 
     # handles are not picklable and not fork-safe: keep them per process
-    _handles: dict | None = None
+    _handles: dict[int, Any] | None = None
     _pid: int | None = None
 
-    def _open(self, k: int):
+    def _open(self, k: int) -> Any:  # safetensors' safe_open handle
         from safetensors import safe_open
 
         if self._pid != os.getpid() or self._handles is None:
@@ -118,7 +120,7 @@ class SampleFiles:
             self._handles[k] = h
         return h
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_handles", None)
         state.pop("_pid", None)
@@ -190,7 +192,7 @@ class HiddenStateDataset(SampleFiles):
 
     kind = STORED
 
-    def _check_file(self, path: Path, info, verify: str | None) -> None:
+    def _check_file(self, path: Path, info: ShardInfo, verify: str | None) -> None:
         if verify is None:
             return super()._check_file(path, info, verify)
         m = self.manifest

@@ -26,7 +26,8 @@ class RedoSlots:
 
     def has(self, sid: str) -> bool:
         """Whether ``sid`` was already given back (a duplicate)."""
-        return sid in self._got.get(self._file_of.get(sid), {})
+        file = self._file_of.get(sid)
+        return file is not None and sid in self._got.get(file, {})
 
     def give(self, sid: str, sample: Any) -> tuple[str, list[str], list[Any]] | None:
         """Take one sample back; (file, ids, samples) once its shard has all of them."""

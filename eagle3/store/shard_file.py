@@ -75,7 +75,7 @@ def _byte_view(t: torch.Tensor) -> memoryview:
     t = t.detach().cpu().contiguous()
     if t.numel() == 0:
         return memoryview(b"")
-    return memoryview(t.view(torch.uint8).reshape(-1).numpy())
+    return t.view(torch.uint8).reshape(-1).numpy().data  # the array's buffer as a memoryview
 
 
 def save_concatenated_hashing(
@@ -188,10 +188,11 @@ def inspect_shard(
     want_meta = ident.metadata()
     wrong = {k: (v, meta.get(k)) for k, v in want_meta.items() if meta.get(k) != v}
     if wrong:
-        field, (want, got) = next(iter(wrong.items()))
-        raise StoreError(f"{path}: metadata {field}: expected {want}, got {got}")
+        field, (want_value, got_value) = next(iter(wrong.items()))
+        raise StoreError(f"{path}: metadata {field}: expected {want_value}, got {got_value}")
     if keys != set(TENSORS):
         raise StoreError(f"{path}: tensors: expected {sorted(TENSORS)}, got {sorted(keys)}")
+    assert offsets is not None  # one of TENSORS, all checked present above
     try:
         sample_ids = json.loads(meta.get("sample_ids", ""))
     except json.JSONDecodeError:

@@ -41,6 +41,7 @@ from eagle3.store.layout import (
     TOKEN_FREQ,
     FingerprintMismatchError,
     Manifest,
+    ShardInfo,
     StoreError,
     dtype_name,
     shard_name,
@@ -101,11 +102,11 @@ class ShardWriter(BackgroundWrites):
         self._redo = RedoSlots()  # listed shards found broken, rewritten once their samples are back
         self._state = threading.Lock()  # manifest, _done, _inflight_ids: shared with the writer thread
         self._inflight_ids: set[str] = set()  # handed to the writer thread, not durable yet
-        self._jobs: queue.Queue | None = None
+        self._jobs: queue.Queue[tuple[int, list[str], list[Any]] | None] | None = None
         self._threads: list[threading.Thread] = []
         self._error: BaseException | None = None  # the writer thread's failure, raised on the next call
         self._error_reported = False
-        self._last_info = None
+        self._last_info: ShardInfo | None = None
         self.directory.mkdir(parents=True, exist_ok=True)
         if lock is not None and not (lock.held and lock.path == self.directory / LOCK):
             raise StoreError(
@@ -113,7 +114,7 @@ class ShardWriter(BackgroundWrites):
                 f"({'held' if lock.held else 'not held'})"
             )
         self._owns_lock = lock is None
-        self._lock = self._acquire_lock() if lock is None else lock
+        self._lock: DirLock | None = self._acquire_lock() if lock is None else lock
         try:
             self.manifest = self._open_manifest(fingerprint_inputs)
             # how this run makes the dataset (Manifest.provenance): recorded before any shard
@@ -185,7 +186,7 @@ class ShardWriter(BackgroundWrites):
         listed = {s.file for s in m.shards}
         listed_ids = m.ids_by_shard()
 
-        def keep(info, sample_ids: list[str]) -> None:
+        def keep(info: ShardInfo, sample_ids: list[str]) -> None:
             kept.append(info)
             ids.extend(sample_ids)
             seen.update(sample_ids)
@@ -247,7 +248,7 @@ class ShardWriter(BackgroundWrites):
         with self._state:
             return set(self._done)
 
-    def add(self, sample_id: str, sample) -> None:
+    def add(self, sample_id: str, sample: Any) -> None:
         """Queue one ``CapturedSample``; a shard is flushed once shard_max_tokens is reached."""
         if self._lock is None:
             raise StoreError(f"{self.directory}: writer is closed")
@@ -279,7 +280,7 @@ class ShardWriter(BackgroundWrites):
         else:
             self.flush()
 
-    def _check_sample(self, sid: str, s) -> None:
+    def _check_sample(self, sid: str, s: Any) -> None:
         L, H = len(self.ident.layer_ids), self.ident.hidden_size
         T = s.token_ids.shape[0] if s.token_ids.dim() == 1 else -1
         problems = [
@@ -307,7 +308,7 @@ class ShardWriter(BackgroundWrites):
             if not ok:
                 raise StoreError(f"{self.directory}: sample {sid!r} {field}: expected {want}, got {got}")
 
-    def flush(self):
+    def flush(self) -> ShardInfo | None:
         """Write the queued samples as one shard, then record it in the manifest; with
         ``background``, also wait until every shard handed to the writer thread is durable.
         Returns the last shard written (None if there was nothing to write)."""
@@ -330,7 +331,7 @@ class ShardWriter(BackgroundWrites):
         self._pending, self._pending_ids, self._pending_tokens = [], set(), 0
         return index, ids, samples
 
-    def _write(self, index: int, ids: list[str], samples: list[Any]):
+    def _write(self, index: int, ids: list[str], samples: list[Any]) -> ShardInfo:
         """The shard, then the manifest that lists it (the durability order)."""
         path = self.directory / shard_name(index)
         tokens = sum(int(s.token_ids.shape[0]) for s in samples)
@@ -422,9 +423,11 @@ class ShardWriter(BackgroundWrites):
     def __enter__(self) -> "ShardWriter":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
 def _index(shard_file: str) -> int:
-    return int(SHARD_RE.match(shard_file).group(1))
+    m = SHARD_RE.match(shard_file)
+    assert m is not None, shard_file  # only listed shards' names come here
+    return int(m.group(1))

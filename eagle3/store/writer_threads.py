@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 from eagle3.store.disk import DiskSpaceError
 from eagle3.store.layout import StoreError
@@ -17,6 +18,19 @@ class BackgroundWrites:
     """Mixed into ShardWriter, whose ``__init__`` sets the fields used here (directory,
     writer_threads, _state, _inflight_ids, _jobs, _threads, _error, _error_reported) and
     which provides ``_take_pending``, ``_pending`` and ``_write``."""
+
+    # declared for the type checker only: ShardWriter sets and defines them
+    directory: Path
+    writer_threads: int
+    _state: threading.Lock
+    _inflight_ids: set[str]
+    _jobs: queue.Queue[tuple[int, list[str], list[Any]] | None] | None
+    _threads: list[threading.Thread]
+    _error: BaseException | None
+    _error_reported: bool
+    _pending: list[tuple[str, Any]]
+    _take_pending: Callable[[], tuple[int, list[str], list[Any]]]
+    _write: Callable[[int, list[str], list[Any]], Any]
 
     def _submit(self) -> None:
         """Hand the queued samples to the writer threads (blocks while writer_threads shards wait)."""
@@ -36,9 +50,11 @@ class BackgroundWrites:
                 t.start()
         with self._state:
             self._inflight_ids.update(ids)
+        assert self._jobs is not None  # made with the threads
         self._jobs.put((index, ids, samples))
 
     def _writer_loop(self) -> None:
+        assert self._jobs is not None  # made before the threads start
         while True:
             job = self._jobs.get()
             try:
@@ -64,6 +80,7 @@ class BackgroundWrites:
 
     def _stop_thread(self) -> None:
         if self._threads:
+            assert self._jobs is not None  # made with the threads
             for _ in self._threads:
                 self._jobs.put(None)
             for t in self._threads:

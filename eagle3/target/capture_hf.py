@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 
@@ -45,7 +46,7 @@ class _InFlight:
 def _decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     """The decoder layer list of a transformers base model (text or multimodal)."""
     for path in ("layers", "language_model.layers", "model.layers", "decoder.layers"):
-        obj = model
+        obj: Any = model
         for part in path.split("."):
             obj = getattr(obj, part, None)
         if isinstance(obj, torch.nn.ModuleList) and len(obj):
@@ -115,7 +116,8 @@ class HFCaptureBackend:
         self.keep_on_device = bool(keep_on_device)
         if model is None:
             model = _load_base_model(self.model_dir, dtype, trust_remote_code)
-        self.model = model.to(self.device).eval()
+        # Any: a transformers model (its .config is read, which nn.Module does not declare); None once closed
+        self.model = cast(Any, model.to(self.device).eval())
         layers = _decoder_layers(self.model)
         n = len(layers)
         ids = [int(i) for i in capture_ids]
@@ -203,11 +205,12 @@ class HFCaptureBackend:
     @torch.inference_mode()
     def _finish(self, flight: _InFlight) -> list[CapturedSample]:
         """Checked records of a launched batch, padding stripped (never stored)."""
-        rows = (
-            flight.to_host.rows()
-            if flight.to_host is not None
-            else [(flight.stacked[row, :t], None) for row, t in enumerate(flight.lengths)]
-        )
+        rows: Sequence[tuple[torch.Tensor, bool | None]]
+        if flight.to_host is not None:
+            rows = flight.to_host.rows()
+        else:
+            assert flight.stacked is not None  # the CPU path's batch
+            rows = [(flight.stacked[row, :t], None) for row, t in enumerate(flight.lengths)]
         out = []
         for row, (p, (hidden, finite)) in enumerate(zip(flight.batch, rows)):
             t = flight.lengths[row]

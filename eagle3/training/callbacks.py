@@ -36,8 +36,8 @@ class TokenThroughput(L.Callback):
         self.total_tokens = 0
         # CUDA: (previous step's end event or None, start, end, tokens), not completed yet
         self._pending: list[tuple] = []
-        self._start_event = None
-        self._end_event = None  # of the previous step; None after a validation
+        self._start_event: torch.cuda.Event | None = None
+        self._end_event: torch.cuda.Event | None = None  # of the previous step; None after a validation
 
     @staticmethod
     def _on_cuda(pl_module) -> bool:
@@ -45,8 +45,8 @@ class TokenThroughput(L.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self._on_cuda(pl_module):
-            self._start_event = torch.cuda.Event(enable_timing=True)
-            self._start_event.record()
+            self._start_event = start = torch.cuda.Event(enable_timing=True)
+            start.record()
             return
         self._t0 = time.perf_counter()
         self._wait = self._t0 - self._t_end if self._t_end is not None else None

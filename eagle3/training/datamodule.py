@@ -55,7 +55,7 @@ class Eagle3DataModule(L.LightningDataModule):
         self.val_idx = [i for i in by_id if i in val]
         if not self.train_idx and require_train:  # measuring (replay_export) needs no training split
             raise ValueError(f"{dataset_dir}: no training samples (all {len(self.dataset)} are validation)")
-        lengths = self.dataset.lengths
+        lengths: list[int] = self.dataset.lengths.tolist()
         if self.row_tokens and max(lengths) > self.row_tokens:
             raise ValueError(
                 f"train.row_tokens={self.row_tokens}: shorter than the longest sample of {dataset_dir} "
@@ -68,7 +68,8 @@ class Eagle3DataModule(L.LightningDataModule):
             [lengths[i] for i in self.val_idx], self.max_tokens, self.row_tokens, seed=self.seed
         )
         self._resume_start = 0
-        self._copy_stream = None  # CUDA: the stream batches are copied on (transfer_batch_to_device)
+        # CUDA: the stream batches are copied on (transfer_batch_to_device)
+        self._copy_stream: torch.cuda.Stream | None = None
 
     def _rank_world(self) -> tuple[int, int]:
         trainer = self.trainer

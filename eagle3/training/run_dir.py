@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ LOCK = ".train.lock"
 _NOT_FOR_EXTRACT = ("ckpt_path", "dataset_dir", "hparams_search")
 
 
-def global_rank(env: dict[str, str] | None = None) -> int:
+def global_rank(env: Mapping[str, str] | None = None) -> int:
     """This process's rank as torchrun or srun set it (0 when launched alone)."""
     env = os.environ if env is None else env
     for key in ("RANK", "SLURM_PROCID"):

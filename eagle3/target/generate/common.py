@@ -23,6 +23,7 @@ import json
 import os
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from eagle3.data.conversation import Conversation
 from eagle3.faults import fault
@@ -53,7 +54,7 @@ def cache_key(
     max_turns: int | None = None,
 ) -> str:
     d = Path(model_dir)
-    parts = {f: file_short_sha(d / f) for f in _FILES if (d / f).is_file()}
+    parts: dict[str, Any] = {f: file_short_sha(d / f) for f in _FILES if (d / f).is_file()}
     parts.update(
         temperature=float(temperature),
         max_tokens=int(max_tokens),

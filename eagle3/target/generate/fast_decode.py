@@ -16,6 +16,8 @@ tie can flip either way, as it does for ``generate`` between a batch and a promp
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -51,7 +53,7 @@ def unsupported_reason(model, total_len: int | None = None) -> str | None:
 
     ``total_len`` (prompt width + new tokens) lets a sliding window that can never bite pass."""
     config = getattr(model, "config", None)
-    inner = getattr(model, "model", None)
+    inner: Any = getattr(model, "model", None)
     missing = [name for name in ("embed_tokens", "norm", "rotary_emb", "layers") if not hasattr(inner, name)]
     if not hasattr(model, "lm_head"):
         missing.append("lm_head")
@@ -311,7 +313,7 @@ def generate_settings(model, temperature: float) -> tuple[str | None, int]:
     """How ``generate(do_sample=temperature > 0, temperature=temperature)`` would pick tokens
     under the model's generation_config: (a reason ``decode`` cannot match it, or None; the
     ``top_k`` to pass to ``decode``, 0 when greedy or unlimited)."""
-    gc = getattr(model, "generation_config", None)
+    gc: Any = getattr(model, "generation_config", None)
     defaults = gc._get_default_generation_params() if hasattr(gc, "_get_default_generation_params") else {}
 
     def value(name):

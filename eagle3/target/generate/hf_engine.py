@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 from eagle3.target.generate.common import Regenerator
 
@@ -95,6 +96,7 @@ class HFRegenerator(Regenerator):
         if self._fast is None:
             from eagle3.target.generate.fast_decode import generate_settings, unsupported_reason
 
+            reason: str | None
             if not self.fast_decode:
                 reason = "fast_decode=False"
             elif self.static_cache:
@@ -127,7 +129,7 @@ class HFRegenerator(Regenerator):
         for row, p in enumerate(prompts):  # left padding: every prompt ends where generation starts
             ids[row, width - len(p) :] = torch.tensor(p)
             mask[row, width - len(p) :] = 1
-        sampling = (
+        sampling: dict[str, Any] = (
             {"do_sample": True, "temperature": self.temperature}
             if self.temperature > 0
             else {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
