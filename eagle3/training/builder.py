@@ -9,13 +9,13 @@ from eagle3.data.vocab import build_draft_vocab
 from eagle3.model.config import NORM_OPTIONS, DraftConfig
 from eagle3.model.head import Eagle3DraftHead
 from eagle3.model.serving_format import DraftMeta
-from eagle3.store import HiddenStateDataset, add_vocab
+from eagle3.store import HiddenStateDataset, TokenDataset, add_vocab
 from eagle3.target.resolve import load_target_head_weights, read_hf_config
 from eagle3.training.init_from import check_compatible, head_vocab, load_init_weights, read_init_head
 from eagle3.training.step_path import resolve_step_path
 
 
-def draft_vocab(dataset: HiddenStateDataset, size: int):
+def draft_vocab(dataset: HiddenStateDataset | TokenDataset, size: int):
     """The dataset's vocabulary of this size, built from its token counts on first use."""
     if size not in dataset.vocab_sizes:
         d2t, t2d = build_draft_vocab(dataset.token_freq(), size)
@@ -35,7 +35,9 @@ def verifier_name(cfg: Any, model_dir: str) -> str:
     return str(model_dir)
 
 
-def build_head(cfg: Any, model_dir: str, dataset: HiddenStateDataset) -> tuple[Eagle3DraftHead, DraftMeta]:
+def build_head(
+    cfg: Any, model_dir: str, dataset: HiddenStateDataset | TokenDataset
+) -> tuple[Eagle3DraftHead, DraftMeta]:
     resolve_step_path(cfg)  # train.attention=auto -> the kernel for this accelerator
     hf = read_hf_config(model_dir)
     target_vocab = int(hf["vocab_size"])

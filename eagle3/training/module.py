@@ -8,7 +8,7 @@ mean of per-rank means would not).
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, cast
 
 import lightning as L
 import torch
@@ -170,7 +170,10 @@ class Eagle3LitModule(L.LightningModule):
         counts = StepCounts.from_stacked(stacked)
         metrics = self._metrics(counts, "val")
         decay = self.train_cfg.step_decay
-        metrics["val/loss"] = sum(decay**k * metrics[f"val/loss_k{k}"] for k in range(self.ttt_steps))
+        # a tensor: ttt_steps >= 1, so sum never returns its start 0
+        metrics["val/loss"] = cast(
+            torch.Tensor, sum(decay**k * metrics[f"val/loss_k{k}"] for k in range(self.ttt_steps))
+        )
         metrics["val/tokens"] = counts.loss_count[0].float()
         if self.replay_k > 0:
             replay = self._val_replay.to(self.device)
@@ -216,13 +219,13 @@ class Eagle3LitModule(L.LightningModule):
         if self._restored_schedule is not None:
             self.lr_schedule.load_state_dict(self._restored_schedule)
         # a plain function, not the object: LambdaLR would pickle the object's clock with it
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: self.lr_schedule(s))
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: cast(BudgetedCosine, self.lr_schedule)(s))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def _budget_clock(self):
         """(elapsed, remaining) seconds of train.max_time from Lightning's Timer, or None when
         the run has no time budget (the schedule is then the closed-form cosine)."""
-        trainer = self._trainer
+        trainer: Any = self._trainer  # Lightning sets .callbacks without declaring it
         timer = next((c for c in (trainer.callbacks if trainer else []) if isinstance(c, Timer)), None)
         if timer is None or not self.train_cfg.max_time:
             return None

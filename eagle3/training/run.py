@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, cast
 
 import lightning as L
 from omegaconf import OmegaConf
@@ -43,7 +43,7 @@ def _resolve_ckpt(ckpt_path: str | None, ckpt_dir: Path) -> str | None:
     return ckpt_path
 
 
-def _scalars(metrics: dict) -> dict[str, float]:
+def _scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if "/" in k}
 
 
@@ -118,7 +118,7 @@ def _run(cfg: Any, extra_callbacks: Sequence[L.Callback]) -> float:
         devices=int(topo.devices),
         num_nodes=int(topo.num_nodes),
         strategy=str(getattr(topo.strategy, "value", topo.strategy)),
-        precision=str(topo.precision),
+        precision=cast(Any, str(topo.precision)),  # a config string: Lightning checks it
         max_steps=int(cfg.train.max_steps),
         max_time=cfg.train.max_time,
         max_epochs=cfg.train.max_epochs if cfg.train.max_epochs else -1,
@@ -137,7 +137,7 @@ def _run(cfg: Any, extra_callbacks: Sequence[L.Callback]) -> float:
         **trainer_arguments(cfg.trainer),
     )
     if trainer.is_global_zero:  # what this run will cost, before the first step
-        train_tokens = sum(datamodule.dataset.lengths[i] for i in datamodule.train_idx)
+        train_tokens = int(sum(datamodule.dataset.lengths[i] for i in datamodule.train_idx))
         report(train_lines(cfg, train_tokens, len(datamodule.train_batches)))
     resume = _resolve_ckpt(cfg.ckpt_path, ckpt_dir)
     initial: dict[str, float] = {}
@@ -188,7 +188,11 @@ def _run(cfg: Any, extra_callbacks: Sequence[L.Callback]) -> float:
 
 def trainer_arguments(trainer_cfg: Any) -> dict[str, Any]:
     """trainer.* as L.Trainer keyword arguments: the set ones."""
-    return {k: v for k, v in OmegaConf.to_container(trainer_cfg, resolve=True).items() if v is not None}
+    return {
+        k: v
+        for k, v in cast(dict[str, Any], OmegaConf.to_container(trainer_cfg, resolve=True)).items()
+        if v is not None
+    }
 
 
 def serve_command(export_dir: Path, verifier: str, num_draft_tokens: int) -> str:
