@@ -23,8 +23,17 @@ from typing import Any, Iterator, cast
 from eagle3.data.conversation import DataError
 
 # the data.* fields only this source reads: out of the fingerprint of the other sources
-HF_FIELDS = ("hf_name", "hf_config", "hf_revision", "hf_split", "messages_column", "role_key", "content_key",
-             "prompt_column", "response_column")
+HF_FIELDS = (
+    "hf_name",
+    "hf_config",
+    "hf_revision",
+    "hf_split",
+    "messages_column",
+    "role_key",
+    "content_key",
+    "prompt_column",
+    "response_column",
+)
 _BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv"}
 _CONVERSATION_COLUMNS = ("messages", "conversations")
 
@@ -44,14 +53,22 @@ class HFOptions:
     @classmethod
     def from_data(cls, data: Any) -> "HFOptions":
         """From ``cfg.data`` or the data dict a manifest recorded (absent fields: defaults)."""
+
         def get(key: str, default: Any = None) -> Any:
             value = data.get(key, default)
             return default if value is None else value
 
-        return cls(name=get("hf_name"), config=get("hf_config"), revision=get("hf_revision"),
-                   split=str(get("hf_split", "train")), messages_column=get("messages_column"),
-                   role_key=get("role_key"), content_key=get("content_key"),
-                   prompt_column=get("prompt_column"), response_column=get("response_column"))
+        return cls(
+            name=get("hf_name"),
+            config=get("hf_config"),
+            revision=get("hf_revision"),
+            split=str(get("hf_split", "train")),
+            messages_column=get("messages_column"),
+            role_key=get("role_key"),
+            content_key=get("content_key"),
+            prompt_column=get("prompt_column"),
+            response_column=get("response_column"),
+        )
 
     def label(self, path: Path | None) -> str:
         """How errors name the dataset."""
@@ -64,12 +81,16 @@ class HFOptions:
 
 def local_data_files(path: Path) -> tuple[str, list[Path]]:
     """(load_dataset builder, files) of a local file or a directory of files of one kind."""
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+    files = (
+        [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+    )
     kinds = {_BUILDERS.get(p.suffix.lower()) for p in files}
     if not files or None in kinds or len(kinds) != 1:
         got = sorted({p.suffix or p.name for p in files}) or "no files"
-        raise DataError(f"data.path={path} (data.source=hf): expected parquet, JSON, JSONL or CSV files of one kind "
-                        f"({', '.join(_BUILDERS)}), got {got}")
+        raise DataError(
+            f"data.path={path} (data.source=hf): expected parquet, JSON, JSONL or CSV files of one kind "
+            f"({', '.join(_BUILDERS)}), got {got}"
+        )
     builder = kinds.pop()
     assert builder is not None  # a file of no known kind raised above
     return builder, files
@@ -80,8 +101,10 @@ def load_hf_dataset(opts: HFOptions, path: Path | None):
     import datasets
 
     if (opts.name is None) == (path is None):
-        raise DataError(f"data.source=hf: expected exactly one of data.hf_name (a hub dataset) or data.path (local "
-                        f"parquet/JSON/JSONL/CSV), got hf_name={opts.name!r}, path={None if path is None else str(path)!r}")
+        raise DataError(
+            f"data.source=hf: expected exactly one of data.hf_name (a hub dataset) or data.path (local "
+            f"parquet/JSON/JSONL/CSV), got hf_name={opts.name!r}, path={None if path is None else str(path)!r}"
+        )
     try:
         if path is not None:
             builder, files = local_data_files(path)
@@ -105,8 +128,10 @@ def _columns(ds: Any, opts: HFOptions, label: str) -> tuple[str | None, tuple[st
     wanted = [opts.messages_column] if opts.messages_column else list(_CONVERSATION_COLUMNS)
     found = next((c for c in wanted if c in columns), None)
     if found is None:
-        raise DataError(f"{label}: expected a conversation column ({' or '.join(wanted)}; set data.messages_column) "
-                        f"or data.prompt_column + data.response_column, got columns {columns}")
+        raise DataError(
+            f"{label}: expected a conversation column ({' or '.join(wanted)}; set data.messages_column) "
+            f"or data.prompt_column + data.response_column, got columns {columns}"
+        )
     return found, None
 
 
@@ -126,14 +151,17 @@ def _turns(value: Any, where: str, opts: HFOptions) -> list[dict[str, Any]]:
     out = []
     for j, turn in enumerate(value):
         if not isinstance(turn, dict):
-            raise DataError(f"{where}[{j}]: expected a mapping with a role and a content, got "
-                            f"{type(turn).__name__} {turn!r:.80}")
+            raise DataError(
+                f"{where}[{j}]: expected a mapping with a role and a content, got {type(turn).__name__} {turn!r:.80}"
+            )
         role_field, role = _pick(turn, opts.role_key, ("role", "from"))
         content_field, content = _pick(turn, opts.content_key, ("content", "value"))
         for field, got, what in ((role_field, role, "a role name"), (content_field, content, "the turn's text")):
             if not isinstance(got, str):
-                raise DataError(f"{where}[{j}].{field}: expected a string ({what}; keys there: {sorted(turn)}), "
-                                f"got {type(got).__name__} {got!r:.80}")
+                raise DataError(
+                    f"{where}[{j}].{field}: expected a string ({what}; keys there: {sorted(turn)}), "
+                    f"got {type(got).__name__} {got!r:.80}"
+                )
         out.append({"role": role, "content": content})
     return out
 
@@ -148,7 +176,9 @@ def hf_records(opts: HFOptions, path: Path | None) -> Iterator[dict[str, Any]]:
         if pair is not None:
             for col in pair:
                 if not isinstance(row[col], str):
-                    raise DataError(f"{where}: {col}: expected a string, got {type(row[col]).__name__} {row[col]!r:.80}")
+                    raise DataError(
+                        f"{where}: {col}: expected a string, got {type(row[col]).__name__} {row[col]!r:.80}"
+                    )
             messages = [{"role": "user", "content": row[pair[0]]}, {"role": "assistant", "content": row[pair[1]]}]
         else:
             messages = _turns(row[conversation], f"{where}: {conversation}", opts)

@@ -151,6 +151,9 @@ class _Reader:
                 if sep == ",":
                     self.pos += 1
                 elif sep != "]":
-                    self._stop(f"invalid JSON at byte {self._offset_bytes(self.pos)}: "
-                               f"expected ',' or ']' after a record, got {sep!r}", self.pos)
+                    self._stop(
+                        f"invalid JSON at byte {self._offset_bytes(self.pos)}: "
+                        f"expected ',' or ']' after a record, got {sep!r}",
+                        self.pos,
+                    )
                     return

@@ -158,8 +158,9 @@ def resolve_path(source: str, path: str | None) -> Path | None:
     return resolved
 
 
-def iter_conversations(source: str, path: str | None, report: LoadReport | None = None,
-                       hf: HFOptions | None = None) -> Generator[Conversation, None, None]:
+def iter_conversations(
+    source: str, path: str | None, report: LoadReport | None = None, hf: HFOptions | None = None
+) -> Generator[Conversation, None, None]:
     """Yield usable conversations in file order, filling ``report`` as it goes.
     ``hf``: the dataset name, split and columns of source ``hf`` (defaults when None)."""
     file = resolve_path(source, path)

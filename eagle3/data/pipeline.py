@@ -59,8 +59,13 @@ class PrepareReport:
             ("usable conversations read", str(load.usable)),
         ]
         if load.cut_off:
-            rows.append(("file stopped", f"at byte {load.stop_offset_bytes}: {load.stop_reason}; "
-                                         f"recovered {load.records_read} whole records"))
+            rows.append(
+                (
+                    "file stopped",
+                    f"at byte {load.stop_offset_bytes}: {load.stop_reason}; "
+                    f"recovered {load.records_read} whole records",
+                )
+            )
         if load.stopped_at_limit:
             rows.append(("stopped early", f"max_samples={self.max_samples} reached"))
         rows += [(f"skipped (load): {k}", str(n)) for k, n in sorted(load.skipped.items())]
@@ -114,7 +119,9 @@ def _checked_regenerate(regenerate: Regenerate, batch: list[Conversation]) -> li
     got = [c.id for c in out]
     want = [c.id for c in batch]
     if got != want:
-        raise DataError(f"regenerate must return the same conversations in order: sent ids {want[:5]}..., got {got[:5]}...")
+        raise DataError(
+            f"regenerate must return the same conversations in order: sent ids {want[:5]}..., got {got[:5]}..."
+        )
     return out
 
 

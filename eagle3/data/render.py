@@ -96,8 +96,7 @@ class ChatRenderer:
             if "chat template" in str(err).lower() or "chat_template" in str(err):
                 name = getattr(self.tokenizer, "name_or_path", type(self.tokenizer).__name__)
                 raise ChatTemplateError(
-                    f"tokenizer {name!r} has no chat template and none was given; "
-                    f"set model.chat_template ({err})"
+                    f"tokenizer {name!r} has no chat template and none was given; set model.chat_template ({err})"
                 ) from err
             raise
         if not isinstance(text, str):
@@ -137,8 +136,8 @@ class ChatRenderer:
                 raise ChatTemplateError(
                     f"the chat template is not prefix-consistent: the served prompt for assistant "
                     f"turn {i} is not a prefix of the whole conversation's rendering (they differ at "
-                    f"character {diff}: prompt has {prompt[diff:diff + 40]!r}, conversation has "
-                    f"{full[diff:diff + 40]!r}); masks would not match what the model sees"
+                    f"character {diff}: prompt has {prompt[diff : diff + 40]!r}, conversation has "
+                    f"{full[diff : diff + 40]!r}); masks would not match what the model sees"
                 )
             start = len(prompt)
             found = full.find(marker, start)
