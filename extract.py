@@ -14,7 +14,7 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="extract")
 def main(cfg: DictConfig):
-    from eagle3.extraction.run import run
+    from eagle3.stages.extract import run
 
     return run(cfg)
 

@@ -139,8 +139,8 @@ def ours_tokens(run_dir: str | Path) -> dict:
     from omegaconf import OmegaConf
 
     from eagle3.batches import PackedBatchSampler
+    from eagle3.stages.train import resolve_step_path
     from eagle3.training.datamodule import Eagle3DataModule
-    from eagle3.training.run import resolve_step_path
 
     run_dir = Path(run_dir)
     cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")

@@ -1,37 +1,12 @@
-"""Export a training checkpoint as a vLLM/speculators eagle3 directory (conf/export.yaml).
-
-    python -m eagle3.export ckpt=outputs/train/runs/<time>/checkpoints/last.ckpt [out=<dir>] [num_draft_tokens=3]
-
-out: null is the checkpoint's run dir's export/ (where train.py writes it). The checkpoint
-carries everything needed (eagle3/training/export.py); the target is not loaded. Prints the
-export directory as its last stdout line, for scripts.
-"""
+"""`python -m eagle3.export ckpt=<checkpoint> [out=<dir>] [num_draft_tokens=K]`: a training
+checkpoint as a vLLM/speculators eagle3 directory (the stage: eagle3/stages/export.py; config:
+conf/export.yaml). ``export_checkpoint`` is importable from here."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Optional
-
-from omegaconf import MISSING
-
-from eagle3.training.export import export_checkpoint
+from eagle3.stages.export import ExportCliConfig, export_checkpoint, run
 
 __all__ = ["ExportCliConfig", "export_checkpoint", "run"]
-
-
-@dataclass
-class ExportCliConfig:
-    """Primary schema of `python -m eagle3.export` (``base_export`` in Hydra's ConfigStore)."""
-
-    ckpt: str = MISSING
-    out: Optional[str] = None
-    num_draft_tokens: Optional[int] = None
-
-
-def run(cfg: Any) -> str:
-    out = export_checkpoint(cfg.ckpt, cfg.out, cfg.num_draft_tokens)
-    print(out)
-    return str(out)
 
 
 def _main() -> None:

@@ -35,7 +35,7 @@ DEFAULT_METRIC = DEFAULT_OPTIMIZED_METRIC
 RESULTS_CSV = "sweep_results.csv"
 RESULTS_MD = "sweep_results.md"
 JOB_STATUS = "job_status.json"
-SUMMARY = "summary.json"  # train.py's final metrics (eagle3.training.run)
+SUMMARY = "summary.json"  # train.py's final metrics (eagle3.stages.train)
 OVERRIDES = Path(".hydra") / "overrides.yaml"  # Hydra's own record of each job's overrides
 _MD_METRICS = ("val/loss", "val/tokens", "train/loss")
 

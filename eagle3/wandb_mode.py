@@ -1,5 +1,5 @@
 """W&B's mode for a run (online, offline, disabled) and why: shared by train.py's logger
-(eagle3/training/loggers.py) and evaluate's own run (eagle3/evaluate.py)."""
+(eagle3/training/loggers.py) and evaluate's own run (eagle3/stages/evaluate.py)."""
 
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ class RecordBatches(L.Callback):
 
 @hydra.main(version_base="1.3", config_path=str(CONF), config_name="train")
 def main(cfg: DictConfig):
-    from eagle3.training.run import run
+    from eagle3.stages.train import run
 
     return run(cfg, extra_callbacks=[RecordBatches(cfg.paths.output_dir)])
 

@@ -151,8 +151,8 @@ def test_regenerated_dataset_records_its_engine_and_travels(tmp_path, model_dir,
 
     from eagle3.evaluation.config import register_evaluate_config
     from eagle3.evaluation.prompts import VAL, heldout_prompts
-    from eagle3.extraction.run import run as extract
-    from eagle3.training.run import find_dataset
+    from eagle3.stages.extract import run as extract
+    from eagle3.stages.train import find_dataset
 
     chats = _chats(tmp_path / "chats" / "chats.jsonl")
     regen = [
@@ -212,7 +212,7 @@ def test_regenerated_dataset_records_its_engine_and_travels(tmp_path, model_dir,
 
 
 def test_first_scheme_datasets_are_found_where_written_and_named_elsewhere(tmp_path, model_dir, capsys):
-    from eagle3.extraction.run import run as extract
+    from eagle3.stages.extract import run as extract
 
     chats = _chats(tmp_path / "chats.jsonl")
     cfg = _cfg(tmp_path, chats)

@@ -16,11 +16,11 @@ from safetensors.torch import load, load_file
 
 from eagle3 import faults
 from eagle3.export import export_checkpoint
-from eagle3.extraction.run import run as extract
+from eagle3.stages.extract import run as extract
+from eagle3.stages.train import run as train
 from eagle3.store import DiskSpaceError, Manifest
 from eagle3.store.merge import merge_parts, part_dir
 from eagle3.store.reader import damaged_shards
-from eagle3.training.run import run as train
 
 
 @pytest.fixture(scope="module")

@@ -14,13 +14,13 @@ from safetensors.torch import load_file, save_file
 from test_hub_models import add_snapshot
 from test_train import TINY, data_dir  # noqa: F401 - the tiny extracted dataset fixture
 
+from eagle3.stages.train import find_dataset
+from eagle3.stages.train import run as train
 from eagle3.store import HiddenStateDataset
 from eagle3.target.hub import HubError
 from eagle3.target.resolve import load_target_head_weights, resolve_target
 from eagle3.training.builder import build_head
 from eagle3.training.init_from import InitFromError
-from eagle3.training.run import find_dataset
-from eagle3.training.run import run as train
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Imports point down: every module under eagle3/ is parsed with `ast` (imports at any level,
 including those inside functions) and each eagle3 import is checked against ALLOWED.
 
-    stages (the entrypoints' run functions, eagle3/evaluate.py, eagle3/export.py)
+    stages (eagle3/stages/, and the `python -m` entries eagle3/evaluate.py, eagle3/export.py)
       -> training, evaluation, extraction
         -> planning (cost, plan, identity)
           -> model, store, data, target, batches (the lower layer)
@@ -22,10 +22,9 @@ PACKAGE = ROOT / "eagle3"
 
 # module (or package) -> group; the longest matching prefix wins
 GROUPS = {
-    "eagle3.evaluate": "stage",
-    "eagle3.export": "stage",
-    "eagle3.training.run": "stage",  # train.py's run function
-    "eagle3.extraction.run": "stage",  # extract.py's run function
+    "eagle3.stages": "stage",  # extract, train, evaluate, export: the only readers of the whole config
+    "eagle3.evaluate": "stage",  # `python -m eagle3.evaluate`: the stage's Hydra entry
+    "eagle3.export": "stage",  # `python -m eagle3.export`
     "eagle3.sweep": "stage",  # the multirun callback the entrypoints' Hydra config loads
     "eagle3.training": "training",
     "eagle3.evaluation": "evaluation",

@@ -7,8 +7,8 @@ import json
 import pytest
 from conftest import compose
 
-from eagle3.extraction.run import run as extract
-from eagle3.training.run import run as train
+from eagle3.stages.extract import run as extract
+from eagle3.stages.train import run as train
 
 SMALL = [
     "data.max_samples=64",

@@ -18,12 +18,12 @@ import pytest
 from conftest import ROOT, compose
 from fault_helpers import ARGS
 
-from eagle3.extraction.run import run as extract
 from eagle3.identity import dataset_path
 from eagle3.locks import DirLock, LockHeldError
+from eagle3.stages.extract import run as extract
+from eagle3.stages.train import run as train
 from eagle3.store.layout import LOCK
 from eagle3.target.resolve import resolve_target
-from eagle3.training.run import run as train
 from eagle3.training.run_dir import LOCK as TRAIN_LOCK
 
 

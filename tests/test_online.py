@@ -17,12 +17,12 @@ import pytest
 import torch
 from conftest import compose
 
-from eagle3.extraction.run import run as extract
+from eagle3.stages.extract import run as extract
+from eagle3.stages.train import online_target
+from eagle3.stages.train import run as train
 from eagle3.store import DamagedDatasetError, HiddenStateDataset, Manifest, StoreError, TokenDataset
 from eagle3.target.records import CaptureError
 from eagle3.training.online import OnlineHiddenStates
-from eagle3.training.run import online_target
-from eagle3.training.run import run as train
 
 TINY = ["experiment=tiny_test"]
 ONLINE = ["train.hidden_states=online"]

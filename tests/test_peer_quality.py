@@ -26,7 +26,7 @@ SMOKE = ["--seq-len", "512", "--draft-vocab", "2048", "--log-every", "1000", "--
 
 @pytest.fixture(scope="module")
 def dataset_dir(tmp_path_factory) -> Path:
-    from eagle3.extraction.run import run as extract
+    from eagle3.stages.extract import run as extract
 
     d = tmp_path_factory.mktemp("data")
     extract(compose("extract", TINY + [f"paths.data_dir={d}"]))
@@ -116,7 +116,7 @@ def test_tokens_of_a_train_run_are_those_its_batches_held(dataset_dir, tmp_path)
     import lightning as L
     from omegaconf import OmegaConf
 
-    from eagle3.training.run import run as train
+    from eagle3.stages.train import run as train
 
     class Count(L.Callback):
         tokens = 0

@@ -16,9 +16,9 @@ import pytest
 from conftest import compose
 from fault_helpers import ARGS, cli, file_bytes
 
-from eagle3.extraction.run import run as extract
+from eagle3.stages.extract import run as extract
+from eagle3.stages.train import run as train
 from eagle3.store import DamagedDatasetError, Manifest
-from eagle3.training.run import run as train
 
 
 @pytest.fixture(scope="module")

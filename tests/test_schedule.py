@@ -106,8 +106,8 @@ def test_a_time_capped_run_ends_at_the_floor_learning_rate(tmp_path):
     far away: its last optimizer step ran at lr * min_lr_ratio."""
     from conftest import compose
 
-    from eagle3.extraction.run import run as extract
-    from eagle3.training.run import run as train
+    from eagle3.stages.extract import run as extract
+    from eagle3.stages.train import run as train
 
     tiny = ["experiment=tiny_test", f"paths.data_dir={tmp_path / 'data'}"]
     extract(compose("extract", tiny))

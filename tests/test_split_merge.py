@@ -11,8 +11,8 @@ import pytest
 import torch
 from conftest import compose
 
-from eagle3.extraction.run import run as extract
 from eagle3.launch import extraction_shard
+from eagle3.stages.extract import run as extract
 from eagle3.store import HiddenStateDataset, Manifest, StoreError
 from eagle3.store.merge import merge_parts, owner_shard, part_dir
 

@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT, compose
 from omegaconf import OmegaConf
 
-from eagle3.extraction.run import run as extract
+from eagle3.stages.extract import run as extract
 from eagle3.sweep import RESULTS_CSV, RESULTS_MD
 
 TINY = ["experiment=tiny_test", "train.max_steps=2", "train.val_check_interval=2"]

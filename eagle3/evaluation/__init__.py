@@ -1,4 +1,4 @@
-"""Real acceptance of an exported head, measured by vLLM (see eagle3/evaluate.py).
+"""Real acceptance of an exported head, measured by vLLM (the stage: eagle3/stages/evaluate.py).
 
 prompts.py           held-out prompts: validation-split opening turns + HumanEval
 engine.py            one vLLM engine in its own process (the only vllm import)

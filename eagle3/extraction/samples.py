@@ -1,6 +1,6 @@
 """The samples of a config: the chat data rendered (and answered again by the target when
 data.regenerate), split into train and validation. Both dataset kinds start here: the one
-of stored hidden states (extraction/run.py) and the token-only one of online training."""
+of stored hidden states (stages/extract.py) and the token-only one of online training."""
 
 from __future__ import annotations
 

@@ -170,7 +170,7 @@ def _run(cfg: Any, extra_callbacks: Sequence[L.Callback]) -> float:
         # eagle3.export`, and correct under FSDP (whose live parameters are shards)
         export_dir = export_checkpoint(checkpoint.best_model_path or ckpt_dir / "last.ckpt", output_dir / "export")
         summary["export_dir"] = str(export_dir)
-        from eagle3.evaluate import evaluate_trained  # the evaluate stage, loaded only here
+        from eagle3.stages.evaluate import evaluate_trained  # the evaluate stage, loaded only here
 
         summary["acceptance"] = evaluate_trained(cfg, export_dir, ds_dir, model_dir, logger)
         (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
