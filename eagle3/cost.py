@@ -19,9 +19,9 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from eagle3 import plan
+from eagle3.config.schema import RunConfig
 from eagle3.plan import MILLION
 
 log = logging.getLogger(__name__)
@@ -125,90 +125,88 @@ def minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
-def _cfg_params(cfg: Any) -> float:
+def _cfg_params(cfg: RunConfig) -> float:
     m = cfg.model
     return target_params(
-        int(m.num_layers),
-        int(m.hidden_size),
+        m.num_layers,
+        m.hidden_size,
         m.intermediate_size,
-        int(m.vocab_size),
+        m.vocab_size,
         m.num_attention_heads,
         m.num_key_value_heads,
     )
 
 
-def _rate(cfg: Any) -> tuple[Rate | None, str]:
-    rate = rate_for(str(cfg.topology.accelerator), _cfg_params(cfg))
+def _rate(cfg: RunConfig) -> tuple[Rate | None, str]:
+    rate = rate_for(cfg.topology.accelerator, _cfg_params(cfg))
     if rate is None:
         return None, f"  (no rate measured on accelerator={cfg.topology.accelerator}: eagle3/cost.py RATES)"
     scaled = "" if abs(math.log(rate.params / _cfg_params(cfg))) < 0.05 else ", scaled to this model"
     return rate, f"  (rates measured with {rate.model} on {rate.accelerator}{scaled}: eagle3/cost.py)"
 
 
-def capture_tok_s(cfg: Any) -> float | None:
+def capture_tok_s(cfg: RunConfig) -> float | None:
     """Capture tokens/s of this config: data-parallel replicas and extraction shards (nodes)
     add up; tensor parallelism gets no credit (it mostly makes a large target fit)."""
     rate, _ = _rate(cfg)
     if rate is None:
         return None
-    return rate.capture_rate(_cfg_params(cfg), int(cfg.topology.extract_dp) * max(1, int(cfg.num_shards)))
+    return rate.capture_rate(_cfg_params(cfg), cfg.topology.extract_dp * max(1, cfg.num_shards))
 
 
-def capture_seconds(cfg: Any, tokens: int) -> float | None:
+def capture_seconds(cfg: RunConfig, tokens: int) -> float | None:
     """Seconds to capture ``tokens`` (None: no rate for this accelerator)."""
     tok_s = capture_tok_s(cfg)
     return None if tok_s is None else tokens / tok_s
 
 
-def extract_lines(cfg: Any) -> list[str]:
+def extract_lines(cfg: RunConfig) -> list[str]:
     """Before any work, from the config alone: samples, a token bound, disk, time."""
     from eagle3.store.disk import format_bytes
 
     data, ids = cfg.data, [int(i) for i in cfg.layers.capture_ids]
-    length = int(data.max_length)
+    length = data.max_length
     rate, basis = _rate(cfg)
     tok_s = capture_tok_s(cfg)
     at = f" at ~{tok_s:,.0f} tok/s" if tok_s else ""
     if data.max_samples is None:
         per_m = plan.disk_per_million_tokens(
-            ids, int(cfg.model.hidden_size), str(cfg.capture.dtype), int(cfg.capture.shard_max_tokens)
+            ids, cfg.model.hidden_size, cfg.capture.dtype, cfg.capture.shard_max_tokens
         )
         line = f"extract: every sample of data={data.name} (counted once read), <= {length:,} tokens each; {per_m} per 1M tokens"
         if tok_s:
             line += f"; capture ~{minutes(MILLION / tok_s)} per 1M tokens{at}"
         return [line, basis]
-    samples = int(data.max_samples)
+    samples = data.max_samples
     tokens = samples * length
-    disk = plan.disk_bytes(
-        tokens, ids, int(cfg.model.hidden_size), str(cfg.capture.dtype), int(cfg.capture.shard_max_tokens)
-    )
+    disk = plan.disk_bytes(tokens, ids, cfg.model.hidden_size, cfg.capture.dtype, cfg.capture.shard_max_tokens)
     line = f"extract: {samples:,} samples x <= {length:,} tokens = <= {tokens:,} tokens; disk <= {format_bytes(disk)}"
     if tok_s:
         line += f"; capture <= ~{minutes(tokens / tok_s)}{at}"
     lines = [line]
     if data.regenerate:
-        turns = int(data.regen_max_turns or 1)
-        new = samples * turns * int(data.regen_max_tokens)
+        turns = data.regen_max_turns or 1
+        new = samples * turns * data.regen_max_tokens
         what = f"{turns} user turn(s)" if data.regen_max_turns else "the first user turns (later turns add more)"
         regen = f"  + answers by the target first: <= {new:,} new tokens for {what}"
         if rate is not None and rate.regen_tok_s:
-            regen += f", <= ~{minutes(new / (rate.regen_tok_s * int(cfg.topology.extract_dp)))}"
+            regen += f", <= ~{minutes(new / (rate.regen_tok_s * cfg.topology.extract_dp))}"
         lines.append(regen)
     return lines + [basis]
 
 
-def train_lines(cfg: Any, train_tokens: int | None = None, train_batches: int | None = None) -> list[str]:
+def train_lines(cfg: RunConfig, train_tokens: int | None = None, train_batches: int | None = None) -> list[str]:
     """Steps x tokens per step, the passes over the data, and the time at the measured rate.
     ``train_tokens``/``train_batches``: the training split and its packed batches, when known."""
     t, topo = cfg.train, cfg.topology
-    world = int(topo.devices) * int(topo.num_nodes)
-    per_rank = int(t.max_tokens_per_batch) * int(t.accumulate_grad_batches)
-    steps = int(t.max_steps)
+    world = topo.devices * topo.num_nodes
+    per_rank = t.max_tokens_per_batch * t.accumulate_grad_batches
+    steps = t.max_steps
     ranks = f" ({per_rank:,} x {world} ranks)" if world > 1 else ""
     line = f"train: {steps:,} steps x <= {per_rank * world:,} tokens{ranks} = <= {steps * per_rank * world:,} tokens"
     fill: float = per_rank  # tokens a rank trains on per step
     if train_tokens and train_batches:
-        fill = min(per_rank, train_tokens / train_batches * int(t.accumulate_grad_batches))
+        fill = min(per_rank, train_tokens / train_batches * t.accumulate_grad_batches)
         total = steps * fill * world
         line += (
             f" (batches hold ~{fill:,.0f} per rank: ~{total:,.0f} tokens, "
@@ -218,11 +216,11 @@ def train_lines(cfg: Any, train_tokens: int | None = None, train_batches: int | 
     if rate is not None:
         m = cfg.model
         flops = head_flops(
-            int(m.hidden_size),
+            m.hidden_size,
             t.intermediate_size or m.intermediate_size,
-            min(int(t.draft_vocab_size), int(m.vocab_size)),
-            int(t.ttt_steps),
-            int(t.num_draft_layers),
+            min(t.draft_vocab_size, m.vocab_size),
+            t.ttt_steps,
+            t.num_draft_layers,
         )
         tok_s = rate.train_rate(flops)
         line += f"; ~{minutes(steps * fill / tok_s)} at ~{tok_s * world:,.0f} tok/s"

@@ -11,6 +11,7 @@ import pytest
 import torch
 import yaml
 
+from eagle3.config.schema import ModelConfig
 from eagle3.target.adapter import CaptureError
 from eagle3.target.capture_hf import HFCaptureBackend
 from eagle3.target.resolve import materialize_smollm2, materialize_tiny
@@ -120,7 +121,7 @@ def smollm2():
 def tiny_deepseek():
     cfg = yaml.safe_load((CONF / "tiny_deepseek_v3.yaml").read_text())
     cfg.pop("defaults")
-    model_dir = materialize_tiny(cfg, CACHE)
+    model_dir = materialize_tiny(ModelConfig(**cfg), CACHE)
     backend = HFCaptureBackend(str(model_dir), [1, 2, 3, 4])
     yield backend, chat_samples(model_dir)
     backend.close()
@@ -223,7 +224,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 def tiny_deepseek_cuda():
     cfg = yaml.safe_load((CONF / "tiny_deepseek_v3.yaml").read_text())
     cfg.pop("defaults")
-    model_dir = materialize_tiny(cfg, CACHE)
+    model_dir = materialize_tiny(ModelConfig(**cfg), CACHE)
     backend = HFCaptureBackend(str(model_dir), [1, 2, 3, 4], device="cuda")
     yield backend, chat_samples(model_dir)
     backend.close()

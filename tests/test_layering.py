@@ -33,6 +33,7 @@ GROUPS = {
     "eagle3.plan": "planning",
     "eagle3.identity": "planning",
     "eagle3.config": "config",
+    "eagle3.config.schema": "util",  # the typed schemas (imports nothing of ours): every layer takes them
     "eagle3.model": "model",
     "eagle3.store": "store",
     "eagle3.data": "data",

@@ -3,16 +3,18 @@
 Each dataclass is registered in Hydra's ConfigStore as ``base_<group>`` and every YAML
 in ``conf/<group>/`` extends it in its defaults list, so a typo (``train.lrr=1``) or a
 wrong type (``model.num_layers=abc``) fails at compose time with the key named.
-This module imports nothing of ours: everyone may read it.
+The stages validate the composed config, then convert it once (``run_config``) and pass the
+typed objects down. This module imports nothing of ours: everyone may read it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, List, Optional
 
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 
 class ModelSource(str, Enum):
@@ -379,3 +381,29 @@ class RunConfig:
     # docs/results.md) and compares runs of different train.ttt_steps; val/sim_accept_len
     # grows with ttt_steps whatever the head, so a sweep over it would favour the longest TTT
     optimized_metric: str = DEFAULT_OPTIMIZED_METRIC
+
+
+def run_config(cfg: DictConfig) -> RunConfig:
+    """The composed config as a RunConfig: interpolations and computed fields resolved, enums
+    as members, every group its dataclass."""
+    obj = OmegaConf.to_object(cfg)
+    if not isinstance(obj, RunConfig):
+        raise TypeError(f"expected a config of the RunConfig schema, got {type(obj).__name__}")
+    return obj
+
+
+def plain(node: Any) -> Any:
+    """A config node as plain dicts and lists, enums by name: what
+    ``OmegaConf.to_container(node, resolve=True, enum_to_str=True)`` gives, from a schema
+    dataclass or an OmegaConf node alike."""
+    if isinstance(node, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(node, resolve=True, enum_to_str=True)
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        return {f.name: plain(getattr(node, f.name)) for f in dataclasses.fields(node)}
+    if isinstance(node, Enum):
+        return node.name
+    if isinstance(node, dict):
+        return {(k.name if isinstance(k, Enum) else k): plain(v) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [plain(v) for v in node]
+    return node

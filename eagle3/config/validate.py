@@ -1,10 +1,12 @@
-"""Checks that need more than one field (the schemas catch typos and types at compose)."""
+"""Checks that need more than one field (the schemas catch typos and types at compose).
+
+They read the composed DictConfig, before the stages convert it to a RunConfig: converting
+resolves the computed fields, whose resolvers would fail first, naming less."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
+from omegaconf import DictConfig
 
 from eagle3 import hidden_dtypes
 from eagle3.model.config import NORM_OPTIONS, DraftConfigError, check_norm_options
@@ -22,7 +24,7 @@ def torch_dtype(name: str, key: str = "capture.dtype") -> torch.dtype:
         raise ConfigError(str(e)) from None
 
 
-def validate_topology(topology: Any) -> None:
+def validate_topology(topology: DictConfig) -> None:
     for key in ("devices", "num_nodes", "extract_tp", "extract_dp"):
         if int(topology[key]) < 1:
             raise ConfigError(f"topology.{key}: expected >= 1, got {topology[key]}")
@@ -37,7 +39,7 @@ def validate_topology(topology: Any) -> None:
         raise ConfigError(f"topology.accelerator: expected cpu|gpu|auto, got {topology.accelerator!r}")
 
 
-def validate_run_config(cfg: Any) -> None:
+def validate_run_config(cfg: DictConfig) -> None:
     """Everything a stage checks before doing any work."""
     validate_topology(cfg.topology)
     torch_dtype(cfg.capture.dtype)

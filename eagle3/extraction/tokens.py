@@ -5,10 +5,10 @@ as for a stored dataset; the hidden states are left to the trainer's target."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
+from eagle3.config.schema import RunConfig
 from eagle3.config.validate import torch_dtype
 from eagle3.data.vocab import build_draft_vocab, token_frequencies
 from eagle3.extraction.samples import prepare, regenerator_for
@@ -20,7 +20,7 @@ from eagle3.store.layout import LOCK
 console = Console(stderr=True)
 
 
-def prepare_token_dataset(cfg: Any, model_dir: str) -> Path:
+def prepare_token_dataset(cfg: RunConfig, model_dir: str) -> Path:
     """The online dataset of this config: found complete, or written now (a few seconds per
     thousand samples without regeneration). Returns its directory."""
     ds_dir = token_dataset_path(cfg, model_dir)
@@ -37,23 +37,23 @@ def prepare_token_dataset(cfg: Any, model_dir: str) -> Path:
     return ds_dir
 
 
-def _write(cfg: Any, model_dir: str, ds_dir: Path, lock: DirLock) -> None:
+def _write(cfg: RunConfig, model_dir: str, ds_dir: Path, lock: DirLock) -> None:
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=bool(cfg.model.trust_remote_code))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=cfg.model.trust_remote_code)
     regenerator = regenerator_for(cfg, model_dir)
     engine = regenerator.backend if regenerator is not None else None
     data = prepare(cfg, tokenizer, regenerator)
     samples = data.train + data.val
-    freq = token_frequencies(samples, int(cfg.model.vocab_size))
-    size = min(int(cfg.train.draft_vocab_size), int(cfg.model.vocab_size))
+    freq = token_frequencies(samples, cfg.model.vocab_size)
+    size = min(cfg.train.draft_vocab_size, cfg.model.vocab_size)
     manifest = write_token_dataset(
         ds_dir,
         [(s.id, s.input_ids, s.loss_mask) for s in samples],
         val_ids=[s.id for s in data.val],
         fingerprint_inputs=token_fingerprint_inputs(cfg, model_dir),
         layer_ids=[int(i) for i in cfg.layers.capture_ids],
-        hidden_size=int(cfg.model.hidden_size),
+        hidden_size=cfg.model.hidden_size,
         dtype=torch_dtype(cfg.capture.dtype),
         token_freq=freq,
         vocabs={size: build_draft_vocab(freq, size)},

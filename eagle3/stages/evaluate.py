@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, cast
 
-from eagle3.config.schema import EvalConfig
+from eagle3.config.schema import EvalConfig, RunConfig
 from eagle3.evaluation.config import EngineOptions, register_evaluate_config
 from eagle3.evaluation.report import AcceptanceReport
 
@@ -154,7 +154,7 @@ def _add_replays(report: AcceptanceReport, info: Any, dataset: Path | None, prom
     report.prompt_notes += [note] if note else []
 
 
-def evaluate_trained(cfg: Any, export_dir: Path, ds_dir: Path, model_dir: str, logger) -> dict | None:
+def evaluate_trained(cfg: RunConfig, export_dir: Path, ds_dir: Path, model_dir: str, logger) -> dict | None:
     """train.py's last step, from its config (``cfg``): real acceptance from vLLM's counters
     (eval.enabled and vLLM installed), as summary.json's "acceptance". A failure here is
     reported, not raised: the trained head and its export are already safe."""
@@ -171,10 +171,10 @@ def evaluate_trained(cfg: Any, export_dir: Path, ds_dir: Path, model_dir: str, l
             verifier=model_dir,
             chat_template=cfg.model.chat_template,
             engine=EngineOptions(
-                tensor_parallel_size=int(cfg.topology.extract_tp),
-                gpu_memory_utilization=float(cfg.capture.gpu_memory_utilization),
-                cpu_kvcache_space_gb=int(cfg.capture.cpu_kvcache_space_gb),
-                trust_remote_code=bool(cfg.model.trust_remote_code),
+                tensor_parallel_size=cfg.topology.extract_tp,
+                gpu_memory_utilization=cfg.capture.gpu_memory_utilization,
+                cpu_kvcache_space_gb=cfg.capture.cpu_kvcache_space_gb,
+                trust_remote_code=cfg.model.trust_remote_code,
             ),
             wandb_run=logger.experiment if logger else None,
         )

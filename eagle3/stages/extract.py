@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
+from omegaconf import DictConfig
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from eagle3.config.schema import HiddenStates, RunConfig, VerifyMode, run_config
 from eagle3.config.validate import torch_dtype, validate_run_config
 from eagle3.cost import capture_seconds, extract_lines, minutes, report
 from eagle3.data.vocab import build_draft_vocab, token_frequencies
@@ -57,10 +58,13 @@ def _progress() -> Progress:
     )
 
 
-def run(cfg: Any) -> str:
-    validate_run_config(cfg)
+def run(composed: DictConfig) -> str:
+    """``composed``: the config as composed; validated, then converted once to the RunConfig
+    that everything below takes."""
+    validate_run_config(composed)
+    cfg = run_config(composed)
     model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
-    if str(getattr(cfg.train.hidden_states, "value", cfg.train.hidden_states)) == "online":
+    if cfg.train.hidden_states == HiddenStates.online:
         # the pre-pass of online training: samples and vocabulary, no hidden states
         from eagle3.extraction.tokens import prepare_token_dataset
 
@@ -70,7 +74,7 @@ def run(cfg: Any) -> str:
     inputs = fingerprint_inputs(cfg, model_dir)
     ds_dir = dataset_path(cfg, model_dir)
     # shard_index/num_shards, or srun's task rank when it started several extract processes
-    num_shards, shard_index = extraction_shard(int(cfg.num_shards), int(cfg.shard_index))
+    num_shards, shard_index = extraction_shard(cfg.num_shards, cfg.shard_index)
     if cfg.merge:
         return _merge(cfg, ds_dir, num_shards)
     done = Manifest.read_complete(ds_dir)
@@ -80,12 +84,12 @@ def run(cfg: Any) -> str:
         # this node's part of a multi-node extraction, merged afterwards (eagle3/store/merge.py)
         ds_dir = part_dir(ds_dir, shard_index, num_shards)
         done = Manifest.read_complete(ds_dir)
-    verify = str(getattr(cfg.capture.verify, "value", cfg.capture.verify))
+    verify = cfg.capture.verify.value
     damaged = damaged_shards(ds_dir, done, verify) if done is not None else []
     for file, why in damaged:
         console.print(f"[yellow]repairing {file} (its samples are captured again): {why}")
     if done is not None and not damaged:
-        checked = "size, header, sha256" if verify == "full" else "size, header"
+        checked = "size, header, sha256" if verify == VerifyMode.full.value else "size, header"
         console.print(
             f"dataset already complete ({done.num_samples} samples, {done.num_tokens} tokens, "
             f"{regen_note(done)}; every shard checked: {checked}): nothing to do"
@@ -98,7 +102,7 @@ def run(cfg: Any) -> str:
 
 
 def _extract(
-    cfg: Any,
+    cfg: RunConfig,
     model_dir: str,
     inputs: dict,
     ds_dir: Path,
@@ -115,7 +119,7 @@ def _extract(
 
     capture_ids = [int(i) for i in cfg.layers.capture_ids]
     dtype = torch_dtype(cfg.capture.dtype)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=bool(cfg.model.trust_remote_code))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=cfg.model.trust_remote_code)
     regenerator = regenerator_for(cfg, model_dir)
     engine = regenerator.backend if regenerator is not None else None
     check_regen_engine(ds_dir, engine)  # before any answer is generated
@@ -127,12 +131,12 @@ def _extract(
     writer = ShardWriter(
         ds_dir,
         layer_ids=capture_ids,
-        hidden_size=int(cfg.model.hidden_size),
+        hidden_size=cfg.model.hidden_size,
         dtype=dtype,
         fingerprint_inputs=inputs,
-        shard_max_tokens=int(cfg.capture.shard_max_tokens),
+        shard_max_tokens=cfg.capture.shard_max_tokens,
         background=True,  # shards hash+write on threads while the next batch runs
-        writer_threads=int(cfg.capture.writer_threads),
+        writer_threads=cfg.capture.writer_threads,
         provenance=provenance(cfg, model_dir, engine),
         # the shards found damaged above are redone; the others were just checked
         verify="fast" if damaged else verify,
@@ -149,12 +153,12 @@ def _extract(
         need = disk_needed_bytes(
             todo_tokens,
             len(capture_ids),
-            int(cfg.model.hidden_size),
+            cfg.model.hidden_size,
             dtype,
             len(todo),
-            int(cfg.capture.shard_max_tokens),
+            cfg.capture.shard_max_tokens,
         )
-        free = check_free_disk(ds_dir, need, float(cfg.capture.disk_margin))
+        free = check_free_disk(ds_dir, need, cfg.capture.disk_margin)
         console.print(
             f"dataset {ds_dir}\n  {len(samples)} samples ({len(done_ids)} already done), {todo_tokens} tokens to "
             f"capture x {len(capture_ids)} layers x {cfg.model.hidden_size} x {dtype}: needs {format_bytes(need)}, "
@@ -165,13 +169,13 @@ def _extract(
             report([f"extract: {todo_tokens:,} tokens to capture (rendered): ~{minutes(secs)}"])
         try:
             if todo:
-                backend = make_backend(cfg, model_dir, capture_ids, dtype, int(cfg.data.max_length))
+                backend = make_backend(cfg, model_dir, capture_ids, dtype, cfg.data.max_length)
                 try:
                     _capture(backend, todo, writer)
                 finally:
                     backend.close()
-            freq = token_frequencies(samples, int(cfg.model.vocab_size))
-            size = min(int(cfg.train.draft_vocab_size), int(cfg.model.vocab_size))
+            freq = token_frequencies(samples, cfg.model.vocab_size)
+            size = min(cfg.train.draft_vocab_size, cfg.model.vocab_size)
             manifest = writer.finish(freq, {size: build_draft_vocab(freq, size)}, val_ids=val_ids)
         except DiskSpaceError as e:  # the disk filled up during the run (another job, a bad estimate)
             raise DiskSpaceError(_disk_full_message(e, cfg, ds_dir, todo, writer, capture_ids, dtype)) from e
@@ -185,9 +189,9 @@ def _extract(
     return str(ds_dir)
 
 
-def _merge(cfg: Any, ds_dir: Path, num_shards: int) -> str:
+def _merge(cfg: RunConfig, ds_dir: Path, num_shards: int) -> str:
     """`extract.py <same overrides> num_shards=n merge=true`: the n parts -> one dataset."""
-    size = min(int(cfg.train.draft_vocab_size), int(cfg.model.vocab_size))
+    size = min(cfg.train.draft_vocab_size, cfg.model.vocab_size)
     m = merge_parts(ds_dir, num_shards, draft_vocab_sizes=[size])
     console.print(
         f"[green]merged {num_shards} parts: {m.num_samples} samples, {m.num_tokens} tokens in {len(m.shards)} shards"
@@ -197,13 +201,13 @@ def _merge(cfg: Any, ds_dir: Path, num_shards: int) -> str:
 
 
 def _disk_full_message(
-    e: DiskSpaceError, cfg: Any, ds_dir: Path, todo, writer: ShardWriter, capture_ids: list[int], dtype
+    e: DiskSpaceError, cfg: RunConfig, ds_dir: Path, todo, writer: ShardWriter, capture_ids: list[int], dtype
 ) -> str:
     done = writer.done_ids()
     left = [s for s in todo if s.id not in done]
     tokens = sum(int(s.input_ids.numel()) for s in left)
     need = disk_needed_bytes(
-        tokens, len(capture_ids), int(cfg.model.hidden_size), dtype, len(left), int(cfg.capture.shard_max_tokens)
+        tokens, len(capture_ids), cfg.model.hidden_size, dtype, len(left), cfg.capture.shard_max_tokens
     )
     return (
         f"{e}\n  {ds_dir}: {len(left)} samples are still to be written: about {format_bytes(need)} ({need} bytes) "

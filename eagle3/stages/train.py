@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Mapping, cast
 
 import lightning as L
-from omegaconf import OmegaConf
+from omegaconf import DictConfig
 
-from eagle3.config.schema import TrainConfig
+from eagle3.config.schema import HiddenStates, RunConfig, Strategy, TrainerConfig, run_config
 from eagle3.config.validate import torch_dtype, validate_run_config
 from eagle3.cost import report, train_lines
 from eagle3.identity import DatasetNotFound, dataset_path, locate_dataset, regen_note
@@ -47,39 +48,41 @@ def _scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if "/" in k}
 
 
-def run(cfg: Any, extra_callbacks: Sequence[L.Callback] = ()) -> float:
-    """``extra_callbacks``: more Lightning callbacks (notebooks, probes), added after ours.
-    One training per run dir (its lock, eagle3/training/run_dir.py); a damaged dataset is
-    refused with the extract.py command that repairs it."""
-    with run_dir_lock(Path(cfg.paths.output_dir)):
+def run(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> float:
+    """``cfg``: the composed config (validated, then converted once to a RunConfig that
+    everything below takes). ``extra_callbacks``: more Lightning callbacks (notebooks,
+    probes), added after ours. One training per run dir (its lock, eagle3/training/run_dir.py);
+    a damaged dataset is refused with the extract.py command that repairs it."""
+    output_dir = Path(cfg.paths.output_dir)
+    with run_dir_lock(output_dir):
+        validate_run_config(cfg)
+        run_cfg = run_config(cfg)
         try:
-            return _run(cfg, extra_callbacks)
+            return _run(run_cfg, output_dir, extra_callbacks)
         except DamagedDatasetError as e:
-            expected = dataset_path(cfg, resolve_target(cfg.model, cfg.paths.cache_dir)).name
+            expected = dataset_path(run_cfg, resolve_target(run_cfg.model, run_cfg.paths.cache_dir)).name
             raise DamagedDatasetError(
-                e.directory, e.problem, e.needs_hash, repair_command(cfg, e.directory, expected, e.needs_hash)
+                e.directory, e.problem, e.needs_hash, repair_command(run_cfg, e.directory, expected, e.needs_hash)
             ) from None
 
 
-def _run(cfg: Any, extra_callbacks: Sequence[L.Callback]) -> float:
-    validate_run_config(cfg)
+def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]) -> float:
     # ranks come from torchrun/srun, never from Lightning re-running the script (eagle3/launch.py)
-    check_external_launch(int(cfg.topology.devices), int(cfg.topology.num_nodes))
-    L.seed_everything(int(cfg.train.seed), workers=True, verbose=False)
-    output_dir = Path(cfg.paths.output_dir)
+    check_external_launch(cfg.topology.devices, cfg.topology.num_nodes)
+    L.seed_everything(cfg.train.seed, workers=True, verbose=False)
     output_dir.mkdir(parents=True, exist_ok=True)
     model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
-    online = str(getattr(cfg.train.hidden_states, "value", cfg.train.hidden_states)) == "online"
+    online = cfg.train.hidden_states == HiddenStates.online
     ds_dir = find_token_dataset(cfg, model_dir) if online else find_dataset(cfg, model_dir)
-    resolve_step_path(cfg)
+    resolve_step_path(cfg)  # settles train.attention and train.compile in cfg, for all below
     # a compiled step sees one shape (no recompiles); flex tiles rows in 128-token blocks
     fixed_shape = bool(cfg.train.compile) or uses_flex(cfg)
     row_tokens = None if uses_flex(cfg) else cfg.train.row_tokens
     datamodule = Eagle3DataModule(
         str(ds_dir),
-        max_tokens_per_batch=int(cfg.train.max_tokens_per_batch),
-        seed=int(cfg.train.seed),
-        num_workers=int(cfg.train.num_workers),
+        max_tokens_per_batch=cfg.train.max_tokens_per_batch,
+        seed=cfg.train.seed,
+        num_workers=cfg.train.num_workers,
         fixed_shape=fixed_shape,
         row_tokens=row_tokens,
         online=online_target(cfg, model_dir, fixed_shape, row_tokens) if online else None,
@@ -88,51 +91,48 @@ def _run(cfg: Any, extra_callbacks: Sequence[L.Callback]) -> float:
     # what was trained on, kept with the run (for an online run, the only record of its samples)
     (output_dir / "dataset_manifest.json").write_text(datamodule.dataset.manifest.to_json())
     head, draft_meta = build_head(cfg, model_dir, datamodule.dataset)
-    train_cfg = OmegaConf.to_object(cfg.train)  # after resolve_step_path settled attention and compile
-    if not isinstance(train_cfg, TrainConfig):
-        raise TypeError(f"cfg.train: expected a node of the TrainConfig schema, got {type(train_cfg).__name__}")
     module = Eagle3LitModule(
         head,
-        train_cfg,
+        cfg.train,  # after resolve_step_path settled attention and compile
         export_meta=draft_meta.to_dict(),
-        replay_draft_tokens=int(cfg.eval.num_draft_tokens),
-        replay_max_answer_tokens=int(cfg.eval.max_new_tokens),
+        replay_draft_tokens=cfg.eval.num_draft_tokens,
+        replay_max_answer_tokens=cfg.eval.max_new_tokens,
     )
 
     ckpt_dir = output_dir / "checkpoints"
-    best_metric = str(cfg.optimized_metric)  # the exported checkpoint is the best by it
+    best_metric = cfg.optimized_metric  # the exported checkpoint is the best by it
     logger = build_logger(cfg, output_dir)
     checkpoint, callbacks = build_callbacks(
         cfg.callbacks,
         best_metric,
         ckpt_dir,
-        max_steps=int(cfg.train.max_steps),
+        max_steps=cfg.train.max_steps,
         with_logger=bool(logger),
-        progress_bar=bool(cfg.trainer.enable_progress_bar),
+        progress_bar=cfg.trainer.enable_progress_bar,
     )
     callbacks += list(extra_callbacks)
     topo = cfg.topology
-    n_val = int(cfg.train.val_check_interval)
+    n_val = cfg.train.val_check_interval
     trainer = L.Trainer(
-        accelerator=str(topo.accelerator),
-        devices=int(topo.devices),
-        num_nodes=int(topo.num_nodes),
-        strategy=str(getattr(topo.strategy, "value", topo.strategy)),
-        precision=cast(Any, str(topo.precision)),  # a config string: Lightning checks it
-        max_steps=int(cfg.train.max_steps),
+        accelerator=topo.accelerator,
+        devices=topo.devices,
+        num_nodes=topo.num_nodes,
+        strategy=topo.strategy.value,
+        precision=cast(Any, topo.precision),  # a config string: Lightning checks it
+        max_steps=cfg.train.max_steps,
         max_time=cfg.train.max_time,
         max_epochs=cfg.train.max_epochs if cfg.train.max_epochs else -1,
         # validate every n optimizer steps, across epoch boundaries
-        val_check_interval=n_val * int(cfg.train.accumulate_grad_batches),
+        val_check_interval=n_val * cfg.train.accumulate_grad_batches,
         check_val_every_n_epoch=None,
-        gradient_clip_val=float(cfg.train.grad_clip) or None,
-        accumulate_grad_batches=int(cfg.train.accumulate_grad_batches),
+        gradient_clip_val=cfg.train.grad_clip or None,
+        accumulate_grad_batches=cfg.train.accumulate_grad_batches,
         logger=logger,
         callbacks=callbacks,
         default_root_dir=str(output_dir),
         use_distributed_sampler=False,
         plugins=[AtomicCheckpointIO()],  # a killed save leaves the previous checkpoint whole
-        log_every_n_steps=int(cfg.logger.log_every_n_steps),
+        log_every_n_steps=cfg.logger.log_every_n_steps,
         enable_model_summary=False,
         **trainer_arguments(cfg.trainer),
     )
@@ -183,16 +183,12 @@ def _run(cfg: Any, extra_callbacks: Sequence[L.Callback]) -> float:
     if logger and trainer.is_global_zero:  # other ranks hold a dummy W&B experiment
         logger.experiment.summary.update({f"initial/{k}": v for k, v in initial.items()})
         logger.experiment.finish()  # one W&B run per job: close it before the next multirun job
-    return final.get(str(cfg.optimized_metric), float("nan"))
+    return final.get(cfg.optimized_metric, float("nan"))
 
 
-def trainer_arguments(trainer_cfg: Any) -> dict[str, Any]:
+def trainer_arguments(trainer_cfg: TrainerConfig) -> dict[str, Any]:
     """trainer.* as L.Trainer keyword arguments: the set ones."""
-    return {
-        k: v
-        for k, v in cast(dict[str, Any], OmegaConf.to_container(trainer_cfg, resolve=True)).items()
-        if v is not None
-    }
+    return {k: v for k, v in dataclasses.asdict(trainer_cfg).items() if v is not None}
 
 
 def serve_command(export_dir: Path, verifier: str, num_draft_tokens: int) -> str:
@@ -200,11 +196,10 @@ def serve_command(export_dir: Path, verifier: str, num_draft_tokens: int) -> str
     return f"vllm serve {verifier} --speculative-config '{spec}'"
 
 
-def online_target(cfg: Any, model_dir: str, fixed_shape: bool, row_tokens: int | None) -> OnlineHiddenStates:
+def online_target(cfg: RunConfig, model_dir: str, fixed_shape: bool, row_tokens: int | None) -> OnlineHiddenStates:
     """train.hidden_states=online: the frozen target each training process runs (a full copy
     per process), capturing the layers and dtype the dataset names."""
-    strategy = str(getattr(cfg.topology.strategy, "value", cfg.topology.strategy))
-    if strategy == "fsdp":
+    if cfg.topology.strategy == Strategy.fsdp:
         raise ValueError(
             "train.hidden_states=online: expected topology.strategy auto or ddp (each process holds a "
             "whole copy of the target), got fsdp; for a target that needs sharding, extract the hidden "
@@ -214,17 +209,17 @@ def online_target(cfg: Any, model_dir: str, fixed_shape: bool, row_tokens: int |
     return OnlineHiddenStates(
         model_dir,
         [int(i) for i in cfg.layers.capture_ids],
-        int(cfg.model.hidden_size),
+        cfg.model.hidden_size,
         torch_dtype(cfg.capture.dtype),
-        max_tokens_per_batch=int(cfg.train.max_tokens_per_batch),
+        max_tokens_per_batch=cfg.train.max_tokens_per_batch,
         row_tokens=row_tokens,
         fixed_shape=fixed_shape,
-        forward_tokens=int(cfg.capture.max_tokens_per_batch),
-        trust_remote_code=bool(cfg.model.trust_remote_code),
+        forward_tokens=cfg.capture.max_tokens_per_batch,
+        trust_remote_code=cfg.model.trust_remote_code,
     )
 
 
-def find_token_dataset(cfg: Any, model_dir: str) -> Path:
+def find_token_dataset(cfg: RunConfig, model_dir: str) -> Path:
     """dataset_dir= as given (a token dataset), else this config's, written now if missing
     (the pre-pass: samples, split and vocabulary; `extract.py train.hidden_states=online`
     runs it alone)."""
@@ -241,7 +236,7 @@ def find_token_dataset(cfg: Any, model_dir: str) -> Path:
     return prepare_token_dataset(cfg, model_dir)
 
 
-def find_dataset(cfg: Any, model_dir: str) -> Path:
+def find_dataset(cfg: RunConfig, model_dir: str) -> Path:
     """dataset_dir= as given, checked against the config; else the fingerprinted directory
     (eagle3.identity.locate_dataset). Prints which engine wrote its answers."""
     if not cfg.dataset_dir:
@@ -254,7 +249,7 @@ def find_dataset(cfg: Any, model_dir: str) -> Path:
             f"dataset_dir={cfg.dataset_dir}: no manifest.json there (expected a directory extract.py wrote)"
         )
     manifest = Manifest.read(ds_dir)
-    want_ids, want_hidden = [int(i) for i in cfg.layers.capture_ids], int(cfg.model.hidden_size)
+    want_ids, want_hidden = [int(i) for i in cfg.layers.capture_ids], cfg.model.hidden_size
     if list(manifest.layer_ids) != want_ids or int(manifest.hidden_size) != want_hidden:
         raise ValueError(
             f"dataset_dir={cfg.dataset_dir}: holds layers {list(manifest.layer_ids)} of hidden size "

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
+from eagle3.config import schema
 from eagle3.target.records import CapturedSample
 
 Feed = Iterable[tuple[str, torch.Tensor, torch.Tensor]]  # (sample_id, input_ids [T], loss_mask [T])
@@ -30,36 +31,36 @@ class CaptureBackend(Protocol):
 
 
 def make_backend(
-    cfg: Any, model_dir: str, capture_ids: list[int], dtype: torch.dtype, max_length: int
+    cfg: schema.RunConfig, model_dir: str, capture_ids: list[int], dtype: torch.dtype, max_length: int
 ) -> CaptureBackend:
-    backend = str(getattr(cfg.capture.backend, "value", cfg.capture.backend))
-    if backend == "hf":
+    backend = cfg.capture.backend
+    if backend == schema.CaptureBackend.hf:
         from eagle3.target.capture_hf import HFCaptureBackend
 
-        device = "cuda" if str(cfg.topology.accelerator) in ("gpu", "cuda") and torch.cuda.is_available() else "cpu"
+        device = "cuda" if cfg.topology.accelerator in ("gpu", "cuda") and torch.cuda.is_available() else "cpu"
         return HFCaptureBackend(
             model_dir,
             capture_ids,
             dtype=dtype,
             device=device,
-            max_tokens_per_batch=int(cfg.capture.max_tokens_per_batch),
-            batch_size=int(cfg.capture.batch_size),
-            trust_remote_code=bool(cfg.model.trust_remote_code),
+            max_tokens_per_batch=cfg.capture.max_tokens_per_batch,
+            batch_size=cfg.capture.batch_size,
+            trust_remote_code=cfg.model.trust_remote_code,
         )
-    if backend == "vllm":
+    if backend == schema.CaptureBackend.vllm:
         from eagle3.target.capture_vllm import VLLMCaptureBackend
 
         return VLLMCaptureBackend(
             model_dir,
             capture_ids,
             dtype=dtype,
-            tensor_parallel_size=int(cfg.topology.extract_tp),
-            data_parallel_size=int(cfg.topology.extract_dp),
-            gpu_memory_utilization=float(cfg.capture.gpu_memory_utilization),
-            cpu_kvcache_space_gb=int(cfg.capture.cpu_kvcache_space_gb),
-            max_num_seqs=int(cfg.capture.max_num_seqs),
-            max_model_len=int(max_length) + 8,
-            enable_prefix_caching=bool(cfg.capture.enable_prefix_caching),
-            trust_remote_code=bool(cfg.model.trust_remote_code),
+            tensor_parallel_size=cfg.topology.extract_tp,
+            data_parallel_size=cfg.topology.extract_dp,
+            gpu_memory_utilization=cfg.capture.gpu_memory_utilization,
+            cpu_kvcache_space_gb=cfg.capture.cpu_kvcache_space_gb,
+            max_num_seqs=cfg.capture.max_num_seqs,
+            max_model_len=max_length + 8,
+            enable_prefix_caching=cfg.capture.enable_prefix_caching,
+            trust_remote_code=cfg.model.trust_remote_code,
         )
-    raise ValueError(f"capture.backend: expected hf|vllm, got {backend!r}")
+    raise ValueError(f"capture.backend: expected hf|vllm, got {backend.value!r}")

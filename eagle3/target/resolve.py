@@ -16,9 +16,10 @@ import hashlib
 import importlib.util
 import json
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from eagle3.atomic import atomic_dir
+from eagle3.config.schema import ModelConfig, ModelSource
 from eagle3.target.hub import resolve_model_dir
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -34,16 +35,6 @@ _FACTS = {  # preset field -> HF config.json key
 
 class TargetError(RuntimeError):
     pass
-
-
-def _get(cfg: Any, key: str, default=None):
-    if isinstance(cfg, Mapping):
-        return cfg.get(key, default)
-    return getattr(cfg, key, default)
-
-
-def _val(x):
-    return getattr(x, "value", x)
 
 
 def smollm2_gguf_path() -> Path:
@@ -98,38 +89,46 @@ def materialize_smollm2(cache_dir: str | Path) -> Path:
     return _build_once(final, build)
 
 
-def _tiny_config(model_cfg: Any):
+def _size(model_cfg: ModelConfig, key: str) -> int:
+    """A size a tiny preset must set (the null defaults mean "read it from the model")."""
+    value = getattr(model_cfg, key)
+    if value is None:
+        raise TargetError(f"model.{key}: a tiny preset sets it (no model to read it from)")
+    return int(value)
+
+
+def _tiny_config(model_cfg: ModelConfig):
     from transformers import AutoConfig
 
-    arch = _get(model_cfg, "architecture")
+    arch = model_cfg.architecture
     model_type = {"LlamaForCausalLM": "llama", "DeepseekV3ForCausalLM": "deepseek_v3", "Qwen3ForCausalLM": "qwen3"}.get(
         arch
     )
     if model_type is None:
         raise TargetError(f"model.architecture={arch!r}: no tiny builder for it")
-    extra = dict(_get(model_cfg, "extra_config") or {})
+    extra = dict(model_cfg.extra_config or {})
     kwargs = dict(
-        num_hidden_layers=int(_get(model_cfg, "num_layers")),
-        hidden_size=int(_get(model_cfg, "hidden_size")),
-        vocab_size=int(_get(model_cfg, "vocab_size")),
-        num_attention_heads=int(_get(model_cfg, "num_attention_heads")),
-        num_key_value_heads=int(_get(model_cfg, "num_key_value_heads")),
-        intermediate_size=int(_get(model_cfg, "intermediate_size")),
+        num_hidden_layers=model_cfg.num_layers,
+        hidden_size=model_cfg.hidden_size,
+        vocab_size=model_cfg.vocab_size,
+        num_attention_heads=_size(model_cfg, "num_attention_heads"),
+        num_key_value_heads=_size(model_cfg, "num_key_value_heads"),
+        intermediate_size=_size(model_cfg, "intermediate_size"),
         architectures=[arch],
         **extra,
     )
     return AutoConfig.for_model(model_type, **kwargs)
 
 
-def materialize_tiny(model_cfg: Any, cache_dir: str | Path) -> Path:
+def materialize_tiny(model_cfg: ModelConfig, cache_dir: str | Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     hf_config = _tiny_config(model_cfg)
-    seed = int(_get(model_cfg, "seed", 0))
+    seed = model_cfg.seed
     key = hashlib.sha256((hf_config.to_json_string() + f"seed={seed}").encode()).hexdigest()[:12]
-    final = Path(cache_dir) / "targets" / f"{_get(model_cfg, 'name')}-{key}"
-    tok_src = _get(model_cfg, "tokenizer_from")
+    final = Path(cache_dir) / "targets" / f"{model_cfg.name}-{key}"
+    tok_src = model_cfg.tokenizer_from
 
     def build(tmp: Path) -> None:
         torch.manual_seed(seed)
@@ -150,33 +149,33 @@ def read_hf_config(model_dir: str | Path) -> dict:
     return cfg.get("text_config", cfg)
 
 
-def check_facts(model_cfg: Any, model_dir: str | Path) -> None:
+def check_facts(model_cfg: ModelConfig, model_dir: str | Path) -> None:
     """A preset that contradicts the model's own config is an error, not a silent override."""
     hf = read_hf_config(model_dir)
     wrong = []
     for field, key in _FACTS.items():
-        want = _get(model_cfg, field)
+        want = getattr(model_cfg, field)
         if want is None or key not in hf:
             continue
         if int(want) != int(hf[key]):
             wrong.append(f"model.{field}={want} but {key}={hf[key]}")
     if wrong:
         raise TargetError(
-            f"model preset {_get(model_cfg, 'name')!r} contradicts {Path(model_dir) / 'config.json'}: "
+            f"model preset {model_cfg.name!r} contradicts {Path(model_dir) / 'config.json'}: "
             + "; ".join(wrong)
             + ". Fix the preset or drop the override (facts are read from the model when not set)."
         )
 
 
-def resolve_target(model_cfg: Any, cache_dir: str | Path) -> str:
+def resolve_target(model_cfg: ModelConfig, cache_dir: str | Path) -> str:
     """The local HF directory of the target, materialised (or taken from the hub cache) and checked."""
-    source = _val(_get(model_cfg, "source"))
-    if source == "smollm2_gguf":
+    source = model_cfg.source
+    if source == ModelSource.smollm2_gguf:
         path = materialize_smollm2(cache_dir)
-    elif source == "tiny":
+    elif source == ModelSource.tiny:
         path = materialize_tiny(model_cfg, cache_dir)
-    elif source == "hf":
-        path = resolve_model_dir(_get(model_cfg, "path"), _get(model_cfg, "revision"))
+    elif source == ModelSource.hf:
+        path = resolve_model_dir(model_cfg.path, model_cfg.revision)
     else:
         raise TargetError(f"model.source: unknown {source!r}")
     check_facts(model_cfg, path)

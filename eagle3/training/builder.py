@@ -3,8 +3,7 @@ layer ids and vocabulary from the dataset (one source of truth, never re-typed).
 
 from __future__ import annotations
 
-from typing import Any
-
+from eagle3.config.schema import ModelSource, RunConfig
 from eagle3.data.vocab import build_draft_vocab
 from eagle3.model.config import NORM_OPTIONS, DraftConfig
 from eagle3.model.head import Eagle3DraftHead
@@ -23,45 +22,45 @@ def draft_vocab(dataset: HiddenStateDataset | TokenDataset, size: int):
     return dataset.load_vocab(size)
 
 
-def verifier_name(cfg: Any, model_dir: str) -> str:
+def verifier_name(cfg: RunConfig, model_dir: str) -> str:
     """The verifier as the export names it: a name the serving machine can resolve (the hub id,
     or the path the user gave), not this machine's materialised cache directory."""
     if cfg.export.verifier_name_or_path:
-        return str(cfg.export.verifier_name_or_path)
+        return cfg.export.verifier_name_or_path
     if cfg.model.hub_id:
-        return str(cfg.model.hub_id)
-    if str(getattr(cfg.model.source, "value", cfg.model.source)) == "hf" and cfg.model.path:
-        return str(cfg.model.path)
+        return cfg.model.hub_id
+    if cfg.model.source == ModelSource.hf and cfg.model.path:
+        return cfg.model.path
     return str(model_dir)
 
 
 def build_head(
-    cfg: Any, model_dir: str, dataset: HiddenStateDataset | TokenDataset
+    cfg: RunConfig, model_dir: str, dataset: HiddenStateDataset | TokenDataset
 ) -> tuple[Eagle3DraftHead, DraftMeta]:
     resolve_step_path(cfg)  # train.attention=auto -> the kernel for this accelerator
     hf = read_hf_config(model_dir)
     target_vocab = int(hf["vocab_size"])
-    size = min(int(cfg.train.draft_vocab_size), target_vocab)
+    size = min(cfg.train.draft_vocab_size, target_vocab)
     layer_ids = list(dataset.layer_ids)
-    final_id = int(cfg.model.num_layers)
+    final_id = cfg.model.num_layers
     if layer_ids[-1] != final_id:
         raise ValueError(f"{dataset.directory}: last layer id {layer_ids[-1]} is not the final state {final_id}")
     aux_ids = layer_ids[:-1]
     overrides = {
-        k: cfg.train[k]
+        k: getattr(cfg.train, k)
         for k in ("num_attention_heads", "num_key_value_heads", "intermediate_size")
-        if cfg.train[k] is not None
+        if getattr(cfg.train, k) is not None
     }
-    norms = {name: bool(cfg.train[name]) for name in NORM_OPTIONS}  # train.<name>, same names as DraftConfig
+    norms = {name: bool(getattr(cfg.train, name)) for name in NORM_OPTIONS}  # train.<name>, same names as DraftConfig
     draft_cfg = DraftConfig.from_target_config(
         hf,
         draft_vocab_size=size,
         num_aux_layers=len(aux_ids),
-        num_layers=int(cfg.train.num_draft_layers),
+        num_layers=cfg.train.num_draft_layers,
         **norms,
         **overrides,
     )
-    head = Eagle3DraftHead(draft_cfg, attention=str(getattr(cfg.train.attention, "value", cfg.train.attention)))
+    head = Eagle3DraftHead(draft_cfg, attention=cfg.train.attention.value)
     d2t, t2d = draft_vocab(dataset, size)
     init = read_init_head(cfg.train.init_from, cfg.train.init_from_revision) if cfg.train.init_from else None
     if init is not None:  # warm start: the head must fit, and keeps the vocabulary it was trained for
@@ -74,7 +73,7 @@ def build_head(
         w["lm_head"].float(),
         d2t,
         t2d,
-        init_lm_head_from_target=bool(cfg.train.init_lm_head_from_target),
+        init_lm_head_from_target=cfg.train.init_lm_head_from_target,
     )
     if init is not None:  # after the target's pieces: init_from wins over init_lm_head_from_target
         load_init_weights(init, head)
@@ -82,7 +81,7 @@ def build_head(
         draft_config=draft_cfg,
         aux_layer_ids=aux_ids,
         verifier_name_or_path=verifier_name(cfg, model_dir),
-        verifier_architectures=list(hf.get("architectures") or [str(cfg.model.architecture)]),
-        num_speculative_tokens=int(cfg.eval.num_draft_tokens),
+        verifier_architectures=list(hf.get("architectures") or [cfg.model.architecture]),
+        num_speculative_tokens=cfg.eval.num_draft_tokens,
     )
     return head, meta

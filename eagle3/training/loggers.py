@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from omegaconf import OmegaConf
-
+from eagle3.config.schema import RunConfig, plain
 from eagle3.wandb_mode import wandb_mode_and_reason
 
 _TAGGED_GROUPS = ("model", "layers", "data", "topology", "capture", "experiment")
@@ -27,7 +25,7 @@ def hydra_context() -> tuple[dict[str, str], str | None, str | None]:
     return choices, None, None
 
 
-def build_logger(cfg: Any, output_dir: Path):
+def build_logger(cfg: RunConfig, output_dir: Path):
     if cfg.logger.backend == "none":
         return False
     if cfg.logger.backend != "wandb":
@@ -36,7 +34,7 @@ def build_logger(cfg: Any, output_dir: Path):
 
     choices, sweep_dir, job_num = hydra_context()
     if not choices:
-        choices = {"model": str(cfg.model.name), "data": str(cfg.data.name)}
+        choices = {"model": cfg.model.name, "data": cfg.data.name}
     tags = [f"{k}:{v}" for k, v in sorted(choices.items())] + list(cfg.logger.tags) + list(cfg.tags)
     group = cfg.logger.group or (Path(sweep_dir).name if sweep_dir else None)
     name = f"{cfg.model.name}-{Path(output_dir).name}" + (f"-job{job_num}" if job_num is not None else "")
@@ -51,7 +49,7 @@ def build_logger(cfg: Any, output_dir: Path):
         save_dir=str(output_dir),
         offline=(mode == "offline"),
         mode=mode,
-        config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
-        job_type=str(cfg.task_name),
+        config=plain(cfg),
+        job_type=cfg.task_name,
         reinit="create_new",  # multirun jobs in one process each get their own run
     )

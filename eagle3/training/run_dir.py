@@ -8,9 +8,9 @@ import shlex
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from eagle3.atomic import remove_stale_temps
+from eagle3.config.schema import RunConfig
 from eagle3.locks import DirLock
 
 LOCK = ".train.lock"
@@ -50,7 +50,7 @@ def _task_overrides() -> list[str] | None:
         return None
 
 
-def repair_command(cfg: Any, directory: Path, expected_name: str, needs_hash: bool) -> str:
+def repair_command(cfg: RunConfig, directory: Path, expected_name: str, needs_hash: bool) -> str:
     """The extract.py command that repairs ``directory``: this run's overrides, the dataset's
     parent as paths.data_dir when it was given as dataset_dir, capture.verify=full when only a
     hash finds the damage. ``expected_name``: this config's dataset directory name."""

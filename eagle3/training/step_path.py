@@ -3,32 +3,31 @@ config says what ran."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+from eagle3.config.schema import AttentionKind, RunConfig, TopologyConfig
 from eagle3.model.flex import FLEX_BLOCK
 
 
-def uses_flex(cfg: Any) -> bool:
-    return str(getattr(cfg.train.attention, "value", cfg.train.attention)) == "flex"
+def uses_flex(cfg: RunConfig) -> bool:
+    return cfg.train.attention == AttentionKind.flex
 
 
-def trains_on_cuda(topology: Any) -> bool:
-    accelerator = str(topology.accelerator)
+def trains_on_cuda(topology: TopologyConfig) -> bool:
+    accelerator = topology.accelerator
     return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
 
 
-def resolve_step_path(cfg: Any) -> None:
+def resolve_step_path(cfg: RunConfig) -> None:
     """Settle train.attention=auto and train.compile=null in cfg (so the logged config says what
     ran): on CUDA the compiled step with flex-attention TTT masks, the fastest path measured
     (bench/train_throughput.py); on CPU the eager dense-mask step. Explicit values are kept
     and checked."""
     cuda = trains_on_cuda(cfg.topology)
     tc = cfg.train
-    if str(getattr(tc.attention, "value", tc.attention)) == "auto":
-        fits = int(tc.max_tokens_per_batch) % FLEX_BLOCK == 0
-        tc.attention = "flex" if cuda and fits else "sdpa"
+    if tc.attention == AttentionKind.auto:
+        fits = tc.max_tokens_per_batch % FLEX_BLOCK == 0
+        tc.attention = AttentionKind.flex if cuda and fits else AttentionKind.sdpa
         if cuda and not fits:
             print(
                 f"train.attention=auto: sdpa, since train.max_tokens_per_batch={tc.max_tokens_per_batch} "
@@ -37,7 +36,7 @@ def resolve_step_path(cfg: Any) -> None:
     if tc.compile is None:
         tc.compile = cuda
     if uses_flex(cfg):
-        if int(tc.max_tokens_per_batch) % FLEX_BLOCK:
+        if tc.max_tokens_per_batch % FLEX_BLOCK:
             raise ValueError(
                 f"train.max_tokens_per_batch: expected a multiple of {FLEX_BLOCK} with "
                 f"train.attention=flex, got {tc.max_tokens_per_batch}"
