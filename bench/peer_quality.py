@@ -147,7 +147,8 @@ def ours_tokens(run_dir: str | Path) -> dict:
     summary = json.loads((run_dir / "summary.json").read_text())
     resolve_step_path(cfg)  # attention=auto -> flex on CUDA: one row per batch, as run.py decides
     tc = cfg.train
-    flex = str(tc.attention) == "flex"
+    attention = getattr(tc.attention, "value", tc.attention)  # an AttentionKind once settled
+    flex = attention == "flex"
     dm = Eagle3DataModule(
         summary["dataset_dir"],
         max_tokens_per_batch=int(tc.max_tokens_per_batch),
@@ -174,7 +175,7 @@ def ours_tokens(run_dir: str | Path) -> dict:
         "global_step": int(summary["global_step"]),
         "world_size": world,
         "max_tokens_per_batch": int(tc.max_tokens_per_batch),
-        "attention": str(tc.attention),
+        "attention": str(attention),
     }
 
 
