@@ -32,8 +32,12 @@ GROUPS = {
     "eagle3.cost": "planning",
     "eagle3.plan": "planning",
     "eagle3.identity": "planning",
-    "eagle3.config": "config",
+    "eagle3.config": "util",  # the package: loads nothing of its own
     "eagle3.config.schema": "util",  # the typed schemas (imports nothing of ours): every layer takes them
+    # the composition wiring: ConfigStore, the YAMLs' resolvers (plan, launch, layers, hub config
+    # files) and cross-field checks (DraftConfig's norms), used by the stages and CLI entries
+    "eagle3.config.registry": "compose",
+    "eagle3.config.validate": "compose",
     "eagle3.model": "model",
     "eagle3.store": "store",
     "eagle3.data": "data",
@@ -54,13 +58,12 @@ LOWER = {"model", "store", "data", "target", "batches", "util"}
 
 # importer group -> the groups it may import
 ALLOWED = {
-    "stage": {"stage", "training", "evaluation", "extraction", "planning", "config"} | LOWER,
-    "training": {"training", "planning", "config"} | LOWER,
-    "evaluation": {"evaluation", "planning", "config"} | LOWER,
-    "extraction": {"extraction", "planning", "config"} | LOWER,
-    # config composes through hub configs (target), checks DraftConfig (model) and registers
-    # resolvers from plan/launch/layers
-    "config": {"config", "planning", "model", "target", "util"},
+    "stage": {"stage", "training", "evaluation", "extraction", "planning", "compose"} | LOWER,
+    "training": {"training", "planning"} | LOWER,
+    # evaluation/config.py registers the evaluate CLI's schemas through the shared wiring
+    "evaluation": {"evaluation", "planning", "compose"} | LOWER,
+    "extraction": {"extraction", "planning"} | LOWER,
+    "compose": {"compose", "planning", "model", "target", "util"},
     "planning": {"planning", "store", "data", "target", "util"},
     "model": {"model", "util"},
     "store": {"store", "data", "util"},

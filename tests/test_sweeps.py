@@ -134,7 +134,7 @@ def test_slurm_preset_takes_the_layout_from_topology(entry, tasks):
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from eagle3.config import register_configs
+    from eagle3.config.registry import register_configs
 
     register_configs()
     GlobalHydra.instance().clear()

@@ -1,5 +1,3 @@
-"""Config schemas, their ConfigStore registration, and the resolvers the YAMLs use."""
-
-from eagle3.config.registry import register_configs
-
-__all__ = ["register_configs"]
+"""The typed config: the schemas every layer reads (``schema``, importing nothing of ours), and
+the composition wiring only the stages and CLI entries use (``registry``: ConfigStore and the
+``eagle3.*`` resolvers, ``register_configs``; ``validate``: checks across fields)."""

@@ -71,7 +71,7 @@ class EvaluateConfig:
 def register_evaluate_config() -> None:
     from hydra.core.config_store import ConfigStore
 
-    from eagle3.config import register_configs
+    from eagle3.config.registry import register_configs
 
     register_configs()  # the shared groups (paths, logger) and resolvers
     ConfigStore.instance().store(name="base_evaluate", node=EvaluateConfig)
