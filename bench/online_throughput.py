@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from eagle3.config.schema import TrainConfig  # noqa: E402
 from eagle3.data.vocab import build_draft_vocab  # noqa: E402
+from eagle3.layers import capture_ids, default_aux_ids  # noqa: E402
 from eagle3.model.config import DraftConfig  # noqa: E402
 from eagle3.model.head import Eagle3DraftHead  # noqa: E402
 from eagle3.store import ShardWriter, write_token_dataset  # noqa: E402
@@ -196,9 +197,8 @@ def train(
     }
 
 
-def extract(ds_dir: Path, model, hf: dict, p: dict, data, vocab, device: str) -> dict:
+def extract(ds_dir: Path, model, hf: dict, p: dict, data, vocab, device: str, layer_ids: list[int]) -> dict:
     """The offline route's first stage: capture every sample and write the shards."""
-    layer_ids = [2, hf["num_hidden_layers"] // 2, hf["num_hidden_layers"] - 3, hf["num_hidden_layers"]]
     t0 = time.perf_counter()
     backend = HFCaptureBackend("random", layer_ids, dtype=torch.bfloat16, device=device, model=model)
     writer = ShardWriter(
@@ -244,7 +244,8 @@ def main() -> None:
         freq += torch.bincount(ids[mask], minlength=p["vocab_size"])
     vocab = (freq, build_draft_vocab(freq, p["draft_vocab"]))
     root = Path(args.dir or tempfile.mkdtemp(prefix="online_bench_"))
-    layer_ids = [2, hf["num_hidden_layers"] // 2, hf["num_hidden_layers"] - 3, hf["num_hidden_layers"]]
+    n = hf["num_hidden_layers"]
+    layer_ids = capture_ids(default_aux_ids(n), n)  # EAGLE-3's default aux layers + the final state
     tokens_dir = root / "tokens"
     write_token_dataset(
         tokens_dir,
@@ -274,7 +275,7 @@ def main() -> None:
     if not args.skip_online:
         result["online"] = train(tokens_dir, heads[0], p, args.steps, args.warmup, online)
         print("online", json.dumps(result["online"]), flush=True)
-    result["extract"] = extract(root / "stored", model, hf, p, data, vocab, device)
+    result["extract"] = extract(root / "stored", model, hf, p, data, vocab, device, layer_ids)
     print("extract", json.dumps(result["extract"]), flush=True)
     online.close()  # offline training holds no target: its peak memory is the head's alone
     del model

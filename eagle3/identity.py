@@ -136,9 +136,9 @@ def token_fingerprint_inputs(cfg: RunConfig, model_dir: str) -> dict:
     return {**fingerprint_inputs(cfg, model_dir), "hidden_states": "online"}
 
 
-def token_dataset_path(cfg: RunConfig, model_dir: str) -> Path:
-    """Where the online dataset of this config lives: beside the stored ones, "-tokens" in its name."""
-    inputs = token_fingerprint_inputs(cfg, model_dir)
+def token_dataset_path(cfg: RunConfig, inputs: dict) -> Path:
+    """Where the online dataset with these inputs (``token_fingerprint_inputs``) lives: beside the
+    stored ones, "-tokens" in its name."""
     return dataset_dir(cfg.paths.data_dir, f"{dataset_prefix(cfg)}-tokens", dataset_fingerprint(inputs))
 
 

@@ -122,7 +122,7 @@ def test_the_pre_pass_writes_tokens_only_and_is_reused(tmp_path, capsys):
         TokenDataset(ds_dir)
 
 
-def _online(cfg, model_dir: str, layer_ids, hidden_size: int) -> OnlineHiddenStates:
+def _online(model_dir: str, layer_ids, hidden_size: int) -> OnlineHiddenStates:
     return OnlineHiddenStates(
         model_dir, layer_ids, hidden_size, torch.float32, max_tokens_per_batch=512, row_tokens=None, fixed_shape=False
     )
@@ -136,10 +136,10 @@ def test_online_records_pass_the_capture_adapter(tmp_path):
     cfg = compose("train", TINY + ONLINE + [f"paths.data_dir={tmp_path}"])
     model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
     with pytest.raises(CaptureError, match="hidden size: expected 32"):
-        _online(cfg, model_dir, [1, 2, 3, 4], 32).setup("cpu")
+        _online(model_dir, [1, 2, 3, 4], 32).setup("cpu")
     with pytest.raises(CaptureError, match="capture_ids: expected unique ascending ids in 0..4"):
-        _online(cfg, model_dir, [1, 2, 9], 64).setup("cpu")
-    online = _online(cfg, model_dir, [1, 2, 3, 4], 64)
+        _online(model_dir, [1, 2, 9], 64).setup("cpu")
+    online = _online(model_dir, [1, 2, 3, 4], 64)
     online.setup("cpu")
     ids = torch.arange(5, 25)
     item = {"sample_id": "s0", "input_ids": ids, "loss_mask": torch.ones(20, dtype=torch.bool)}

@@ -23,13 +23,14 @@ console = Console(stderr=True)
 def prepare_token_dataset(cfg: RunConfig, model_dir: str) -> Path:
     """The online dataset of this config: found complete, or written now (a few seconds per
     thousand samples without regeneration). Returns its directory."""
-    ds_dir = token_dataset_path(cfg, model_dir)
+    inputs = token_fingerprint_inputs(cfg, model_dir)  # hashes the model and chat data: once
+    ds_dir = token_dataset_path(cfg, inputs)
     if Manifest.read_complete(ds_dir) is None:
         # one writer; the others (DDP ranks started together) wait for it and then read its dataset
         ds_dir.mkdir(parents=True, exist_ok=True)
         with DirLock(ds_dir / LOCK, f"{ds_dir}: the online dataset is being written", wait_s=float("inf")) as lock:
             if Manifest.read_complete(ds_dir) is None:
-                _write(cfg, model_dir, ds_dir, lock)
+                _write(cfg, model_dir, ds_dir, inputs, lock)
                 return ds_dir
     done = Manifest.read_complete(ds_dir)
     assert done is not None  # written above, or by the rank that held the lock before
@@ -37,7 +38,7 @@ def prepare_token_dataset(cfg: RunConfig, model_dir: str) -> Path:
     return ds_dir
 
 
-def _write(cfg: RunConfig, model_dir: str, ds_dir: Path, lock: DirLock) -> None:
+def _write(cfg: RunConfig, model_dir: str, ds_dir: Path, inputs: dict, lock: DirLock) -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=cfg.model.trust_remote_code)
@@ -51,7 +52,7 @@ def _write(cfg: RunConfig, model_dir: str, ds_dir: Path, lock: DirLock) -> None:
         ds_dir,
         [(s.id, s.input_ids, s.loss_mask) for s in samples],
         val_ids=[s.id for s in data.val],
-        fingerprint_inputs=token_fingerprint_inputs(cfg, model_dir),
+        fingerprint_inputs=inputs,
         layer_ids=[int(i) for i in cfg.layers.capture_ids],
         hidden_size=cfg.model.hidden_size,
         dtype=torch_dtype(cfg.capture.dtype),

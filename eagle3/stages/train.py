@@ -11,6 +11,7 @@ from typing import Any, Mapping, cast
 import lightning as L
 from omegaconf import DictConfig
 
+from eagle3.atomic import write_text
 from eagle3.config.schema import HiddenStates, RunConfig, Strategy, TrainerConfig, run_config
 from eagle3.config.validate import torch_dtype, validate_run_config
 from eagle3.cost import report, train_lines
@@ -89,7 +90,7 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
         pin_memory=trains_on_cuda(cfg.topology),
     )
     # what was trained on, kept with the run (for an online run, the only record of its samples)
-    (output_dir / "dataset_manifest.json").write_text(datamodule.dataset.manifest.to_json())
+    write_text(output_dir / "dataset_manifest.json", datamodule.dataset.manifest.to_json())
     head, draft_meta = build_head(cfg, model_dir, datamodule.dataset)
     module = Eagle3LitModule(
         head,
