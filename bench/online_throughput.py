@@ -32,6 +32,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from step_profile import StepProfile  # noqa: E402  (beside this file)
 
 from eagle3.config.schema import TrainConfig  # noqa: E402
 from eagle3.data.vocab import build_draft_vocab  # noqa: E402
@@ -151,7 +154,14 @@ class StepClock(L.Callback):
 
 
 def train(
-    ds_dir: Path, head, p: dict, steps: int, warmup: int, online: OnlineHiddenStates | None, workers: int = 0
+    ds_dir: Path,
+    head,
+    p: dict,
+    steps: int,
+    warmup: int,
+    online: OnlineHiddenStates | None,
+    workers: int = 0,
+    profile: Path | None = None,
 ) -> dict:
     cuda = torch.cuda.is_available()
     # the rest as the schema's defaults: forward KL, step decay 0.8, AdamW (0.9, 0.95), no time budget
@@ -180,7 +190,7 @@ def train(
         enable_progress_bar=False,
         enable_model_summary=False,
         gradient_clip_val=1.0,
-        callbacks=[clock, throughput],
+        callbacks=[clock, throughput] + ([StepProfile(warmup, 5, profile)] if profile else []),
         use_distributed_sampler=False,
     )
     t0 = time.perf_counter()
@@ -234,6 +244,9 @@ def main() -> None:
     ap.add_argument("--skip-online", action="store_true", help="only the offline route (extract, then train)")
     ap.add_argument("--dir", default=None, help="where the datasets go (default: a temp dir)")
     ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--profile", default=None, help="file: host ops, kernels and blocking calls of 5 offline steps after warm-up"
+    )
     args = ap.parse_args()
     p = PRESETS[args.preset]
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -284,7 +297,8 @@ def main() -> None:
         torch.cuda.empty_cache()
     runs = {}
     for n, head in zip(args.workers, heads[1:]):
-        runs[n] = train(root / "stored", head, p, args.steps, args.warmup, None, n)
+        prof = Path(args.profile) if args.profile and not runs else None  # the first offline run
+        runs[n] = train(root / "stored", head, p, args.steps, args.warmup, None, n, prof)
         print(f"offline num_workers={n}", json.dumps(runs[n]), flush=True)
     result["offline_by_workers"] = {str(n): r for n, r in runs.items()}
     result["offline"] = max(runs.values(), key=lambda r: r["tokens_per_s"])

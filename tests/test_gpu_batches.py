@@ -1,0 +1,63 @@
+"""The CUDA batch path of the data module: pinned batches copied on a side stream
+(Eagle3DataModule.transfer_batch_to_device). Runs on a GPU machine:
+
+    python -m pytest tests/test_gpu_batches.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eagle3.store import ShardWriter
+from eagle3.target.adapter import CapturedSample
+from eagle3.training.datamodule import Eagle3DataModule
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="the side-stream copy is CUDA only")
+
+LAYER_IDS, H, VOCAB = (1, 2, 3, 4), 512, 1000
+
+
+def _dataset(path, n: int = 24):
+    w = ShardWriter(
+        path, layer_ids=LAYER_IDS, hidden_size=H, dtype=torch.bfloat16, fingerprint_inputs={"test": "gpu_batches"}
+    )
+    g = torch.Generator().manual_seed(0)
+    for i in range(n):
+        t = int(torch.randint(100, 500, (1,), generator=g))
+        w.add(
+            f"s{i:02d}",
+            CapturedSample(
+                token_ids=torch.randint(0, VOCAB, (t,), generator=g),
+                loss_mask=torch.rand(t, generator=g) > 0.3,
+                hidden=torch.randn(t, len(LAYER_IDS), H, generator=g).to(torch.bfloat16),
+            ),
+        )
+    t2d = torch.zeros(VOCAB, dtype=torch.bool)
+    t2d[:64] = True
+    w.finish(torch.arange(VOCAB), {64: (torch.zeros(64, dtype=torch.int64), t2d)}, val_ids=["s00", "s01"])
+
+
+def test_side_stream_batches_equal_the_host_batches_while_the_gpu_is_busy(tmp_path):
+    """The copy runs on a side stream while the step stream is still busy; a kernel the step
+    stream queues right after must read the whole batch (wait_stream), never a copy in flight.
+    A chain of matmuls queued before each copy keeps the step stream busy, so a missing wait
+    shows as a mismatch."""
+    _dataset(tmp_path / "ds")
+    dm = Eagle3DataModule(str(tmp_path / "ds"), max_tokens_per_batch=1024, fixed_shape=True, pin_memory=True)
+    device = torch.device("cuda")
+    busy = torch.randn(4096, 4096, device=device)
+    checked = 0
+    for host in dm.train_dataloader():  # pinned; hidden [B, T, L, H] whole (split on the device)
+        assert host["hidden"].is_pinned()
+        for _ in range(30):
+            busy = torch.tanh(busy @ busy)  # ~ms of work on the step stream ahead of the copy
+        moved = dm.transfer_batch_to_device(host, device, 0)
+        read = {k: v.clone() for k, v in moved.items() if isinstance(v, torch.Tensor) and v.is_cuda}
+        assert "hidden" in read and "num_tokens" not in read  # tokens are counted on the host
+        for k, v in read.items():
+            assert torch.equal(v.cpu(), host[k]), k
+        split = dm.on_after_batch_transfer(moved, 0)
+        assert split["aux_hidden"].shape[-1] == 3 * H and split["final_hidden"].shape[-1] == H
+        checked += 1
+    assert checked >= 4
