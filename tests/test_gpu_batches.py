@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import lightning as L
 import pytest
 import torch
 
@@ -61,3 +62,62 @@ def test_side_stream_batches_equal_the_host_batches_while_the_gpu_is_busy(tmp_pa
         assert split["aux_hidden"].shape[-1] == 3 * H and split["final_hidden"].shape[-1] == H
         checked += 1
     assert checked >= 4
+
+
+class _NoWaitAfter(L.Callback):
+    """From step ``start`` on, any call that makes the host wait for the GPU raises."""
+
+    def __init__(self, start: int):
+        self.start = start
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.start:
+            torch.cuda.set_sync_debug_mode("error")
+
+    def on_train_end(self, trainer, pl_module):
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def test_training_steps_never_make_the_host_wait_for_the_gpu(tmp_path):
+    """A host that waits for step N cannot queue step N+1 while the GPU runs N: the GPU idles
+    between steps. The real module, data module and callbacks (throughput, progress bar)
+    train 10 steps on CUDA; after the first two, no call may block on the device."""
+    from eagle3.config.schema import AttentionKind, TrainConfig
+    from eagle3.model.config import DraftConfig
+    from eagle3.model.head import Eagle3DraftHead
+    from eagle3.training.callbacks import SparseProgressBar, TokenThroughput
+    from eagle3.training.module import Eagle3LitModule
+
+    _dataset(tmp_path / "ds")
+    dm = Eagle3DataModule(str(tmp_path / "ds"), max_tokens_per_batch=1024, fixed_shape=True, pin_memory=True)
+    hf = dict(
+        hidden_size=H,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=2 * H,
+        vocab_size=VOCAB,
+        max_position_embeddings=4096,
+    )
+    head = Eagle3DraftHead(DraftConfig.from_target_config(hf, draft_vocab_size=64), attention="sdpa")
+    t2d = torch.zeros(VOCAB, dtype=torch.bool)
+    t2d[:64] = True
+    w = torch.randn(VOCAB, H) * 0.02
+    head.load_target_weights(w, torch.ones(H), w, torch.zeros(64, dtype=torch.int64), t2d, True)
+    cfg = TrainConfig(ttt_steps=2, compile=False, attention=AttentionKind.sdpa, max_steps=10, warmup_steps=2)
+    trainer = L.Trainer(
+        accelerator="gpu",
+        devices=1,
+        precision="bf16-mixed",
+        max_steps=10,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        gradient_clip_val=1.0,
+        callbacks=[TokenThroughput(), SparseProgressBar(every=1000), _NoWaitAfter(start=2)],
+        use_distributed_sampler=False,
+    )
+    trainer.fit(Eagle3LitModule(head, cfg, replay_draft_tokens=0), datamodule=dm)
+    assert trainer.global_step == 10
+    assert float(trainer.callback_metrics["train/tokens_per_s"]) > 0

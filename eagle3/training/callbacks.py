@@ -92,23 +92,28 @@ class TokenThroughput(L.Callback):
         self._times = (self._times + [(wait, compute, tokens)])[-self.window :]
 
     def _log(self, pl_module) -> None:
+        # host numbers logged as CPU tensors: Lightning turns a float into a tensor on the
+        # module's device, a blocking copy on CUDA, and one wait per step keeps the host from
+        # queueing the next step while the GPU runs this one (bench/step_profile.py found it)
         secs = sum(t for _, t, _ in self._times)
         if secs > 0:
-            tps = sum(n for _, _, n in self._times) / secs
+            tps = torch.tensor(sum(n for _, _, n in self._times) / secs)
             pl_module.log("train/tokens_per_s", tps, on_step=True, batch_size=1)
             pl_module.log("tok/s", tps, prog_bar=True, logger=False, batch_size=1)
         timed = [(w, t) for w, t, _ in self._times if w is not None]
         if timed:
             waited = sum(w for w, _ in timed)
-            frac = waited / (waited + sum(t for _, t in timed))
+            frac = torch.tensor(waited / (waited + sum(t for _, t in timed)))
             pl_module.log("train/data_wait_frac", frac, on_step=True, batch_size=1)
             pl_module.log("wait", frac, prog_bar=True, logger=False, batch_size=1)  # in logs without W&B
 
 
 class SparseProgressBar(RichProgressBar):
-    """A RichProgressBar whose metrics are read every ``every`` training batches: reading them
-    turns each logged device tensor into a number, which waits for the device, and a wait
-    after every step would keep the next batch's copy from overlapping the step."""
+    """A RichProgressBar that reads the training loss every ``every`` batches. Lightning turns
+    every metric logged with ``prog_bar=True`` into a number after every batch, which waits for
+    the device: the step therefore logs its loss for the logger only (a device tensor, read when
+    the logger writes), and the bar shows ``train/loss`` from the callback metrics, one wait
+    per ``every`` steps."""
 
     def __init__(self, every: int = 20):
         super().__init__()
@@ -119,6 +124,9 @@ class SparseProgressBar(RichProgressBar):
     def get_metrics(self, trainer, pl_module):
         if self._reads % self.every == 0 or not trainer.training:
             self._shown = super().get_metrics(trainer, pl_module)
+            loss = trainer.callback_metrics.get("train/loss")
+            if loss is not None:
+                self._shown["loss"] = round(float(loss), 4)
         self._reads += 1
         return self._shown
 

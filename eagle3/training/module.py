@@ -139,8 +139,9 @@ class Eagle3LitModule(L.LightningModule):
             # graphs dynamo compiled so far: one static shape means it stays at 1 after the
             # first step; a rise is a recompile (a new shape or a guard that failed)
             logs["train/compiled_graphs"] = torch.tensor(float(_compiled_graphs() - self._graphs_before))
+        # no prog_bar=True here: Lightning reads bar metrics after every batch, a device wait per
+        # step (the bar shows train/loss every few steps instead: SparseProgressBar)
         self.log_dict(logs, on_step=True, batch_size=1)
-        self.log("loss", loss.detach(), prog_bar=True, logger=False, batch_size=1)
         return loss
 
     def on_validation_epoch_start(self) -> None:
