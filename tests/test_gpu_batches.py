@@ -6,6 +6,9 @@
 
 from __future__ import annotations
 
+import traceback
+import warnings
+
 import lightning as L
 import pytest
 import torch
@@ -64,18 +67,27 @@ def test_side_stream_batches_equal_the_host_batches_while_the_gpu_is_busy(tmp_pa
     assert checked >= 4
 
 
-class _NoWaitAfter(L.Callback):
-    """From step ``start`` on, any call that makes the host wait for the GPU raises."""
+class _WaitsAfter(L.Callback):
+    """From step ``start`` on, records every call that makes the host wait for the GPU (torch's
+    sync debug mode), with the stack that made it."""
 
     def __init__(self, start: int):
-        self.start = start
+        self.start, self.waits = start, []
+        self._show = warnings.showwarning
+
+    def _record(self, message, category, filename, lineno, file=None, line=None):
+        if "synchronizing" in str(message):
+            self.waits.append("".join(traceback.format_stack()[-12:-1]))
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if trainer.global_step == self.start:
-            torch.cuda.set_sync_debug_mode("error")
+            warnings.showwarning = self._record
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
 
     def on_train_end(self, trainer, pl_module):
         torch.cuda.set_sync_debug_mode("default")
+        warnings.showwarning = self._show
 
 
 def test_training_steps_never_make_the_host_wait_for_the_gpu(tmp_path):
@@ -105,6 +117,7 @@ def test_training_steps_never_make_the_host_wait_for_the_gpu(tmp_path):
     w = torch.randn(VOCAB, H) * 0.02
     head.load_target_weights(w, torch.ones(H), w, torch.zeros(64, dtype=torch.int64), t2d, True)
     cfg = TrainConfig(ttt_steps=2, compile=False, attention=AttentionKind.sdpa, max_steps=10, warmup_steps=2)
+    waits = _WaitsAfter(start=2)
     trainer = L.Trainer(
         accelerator="gpu",
         devices=1,
@@ -115,9 +128,10 @@ def test_training_steps_never_make_the_host_wait_for_the_gpu(tmp_path):
         enable_model_summary=False,
         limit_val_batches=0,
         gradient_clip_val=1.0,
-        callbacks=[TokenThroughput(), SparseProgressBar(every=1000), _NoWaitAfter(start=2)],
+        callbacks=[TokenThroughput(), SparseProgressBar(every=1000), waits],
         use_distributed_sampler=False,
     )
     trainer.fit(Eagle3LitModule(head, cfg, replay_draft_tokens=0), datamodule=dm)
     assert trainer.global_step == 10
+    assert not waits.waits, f"{len(waits.waits)} waits for the GPU; the first:\n{waits.waits[0]}"
     assert float(trainer.callback_metrics["train/tokens_per_s"]) > 0
