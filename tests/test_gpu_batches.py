@@ -76,7 +76,7 @@ class _WaitsAfter(L.Callback):
         self._show = warnings.showwarning
 
     def _record(self, message, category, filename, lineno, file=None, line=None):
-        if "synchronizing" in str(message):
+        if "called a synchronizing CUDA operation" in str(message):
             self.waits.append("".join(traceback.format_stack()[-12:-1]))
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):

@@ -40,9 +40,10 @@ def build_ttt_mask(segment_ids: torch.Tensor, num_steps: int) -> torch.Tensor:
     b, t = segment_ids.shape
     mask = torch.zeros(b, 1, t, t * num_steps, dtype=torch.bool, device=segment_ids.device)
     mask[:, 0, :, :t] = causal_segment_block(segment_ids)
-    idx = torch.arange(t, device=segment_ids.device)
     for step in range(1, num_steps):
-        mask[:, 0, idx, step * t + idx] = True
+        # the diagonal of block `step`, filled through a view: indexing with a Python True would
+        # copy that scalar from the host, a wait for the GPU in every step
+        mask[:, 0, :, step * t : (step + 1) * t].diagonal(dim1=-2, dim2=-1).fill_(True)
     return mask
 
 
