@@ -196,16 +196,21 @@ def test_flex_attention_is_refused_where_it_cannot_train(data_dir, tmp_path):
 @pytest.mark.parametrize("topology,attention,compiled", [("cpu", "sdpa", False), ("gpu1", "flex", True)])
 def test_the_step_path_follows_the_accelerator(topology, attention, compiled):
     """Without flags, a GPU topology trains the compiled flex-attention step (the fastest
-    measured) and the CPU the eager dense-mask step; explicit values are kept."""
-    from eagle3.training.step_path import resolve_step_path
+    measured) and the CPU the eager dense-mask step, each in bf16 autocast where the hardware
+    has bf16 matmuls; explicit values are kept."""
+    from eagle3.training.step_path import cpu_has_native_bf16, resolve_step_path
 
     cfg = compose("train", TINY + [f"topology={topology}"])
     assert str(cfg.train.attention.value) == "auto" and cfg.train.compile is None
     resolve_step_path(cfg)
     assert (str(cfg.train.attention.value), cfg.train.compile) == (attention, compiled)
-    cfg = compose("train", TINY + [f"topology={topology}", "train.attention=sdpa", "train.compile=false"])
+    # bf16 autocast where matmuls run natively in bf16 (the GPU; this CPU if it has avx512_bf16)
+    native = topology == "gpu1" or cpu_has_native_bf16()
+    assert cfg.topology.precision == ("bf16-mixed" if native else "32-true")
+    explicit = ["train.attention=sdpa", "train.compile=false", "topology.precision=32-true"]
+    cfg = compose("train", TINY + [f"topology={topology}"] + explicit)
     resolve_step_path(cfg)
-    assert (str(cfg.train.attention.value), cfg.train.compile) == ("sdpa", False)
+    assert (str(cfg.train.attention.value), cfg.train.compile, cfg.topology.precision) == ("sdpa", False, "32-true")
     # a batch flex cannot tile falls back to sdpa on auto, and is refused when flex is asked for
     cfg = compose("train", TINY + [f"topology={topology}", "train.max_tokens_per_batch=500"])
     resolve_step_path(cfg)

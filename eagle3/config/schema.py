@@ -125,7 +125,9 @@ class TopologyConfig:
     extract_tp: int = 1  # vLLM tensor_parallel_size
     extract_dp: int = 1  # data-parallel extraction replicas
     strategy: Strategy = Strategy.auto  # training: auto | ddp | fsdp
-    precision: str = "32-true"  # Lightning precision, e.g. bf16-mixed
+    # Lightning precision (32-true, bf16-mixed, ...). auto: bf16-mixed on CUDA and on a CPU with
+    # native bf16 matmuls (avx512_bf16 / AMX: ~1.9x the fp32 step, docs/results.md), else 32-true
+    precision: str = "auto"
 
 
 @dataclass

@@ -18,11 +18,31 @@ def trains_on_cuda(topology: TopologyConfig) -> bool:
     return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
 
 
+def cpu_has_native_bf16() -> bool:
+    """An x86 CPU with bf16 dot products (avx512_bf16, or AMX tiles): oneDNN then runs bf16
+    matmuls natively. Elsewhere bf16 autocast is emulated and slower than fp32."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:  # not Linux: no reliable check, fp32
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_precision(topology: TopologyConfig) -> None:
+    """Settle topology.precision=auto: bf16 autocast over fp32 weights where the hardware runs
+    bf16 matmuls natively (CUDA, a CPU with avx512_bf16/AMX), else fp32."""
+    if topology.precision == "auto":
+        native = trains_on_cuda(topology) or cpu_has_native_bf16()
+        topology.precision = "bf16-mixed" if native else "32-true"
+
+
 def resolve_step_path(cfg: RunConfig) -> None:
-    """Settle train.attention=auto and train.compile=null in cfg (so the logged config says what
-    ran): on CUDA the compiled step with flex-attention TTT masks, the fastest path measured
+    """Settle topology.precision=auto, train.attention=auto and train.compile=null in cfg (so the
+    logged config says what ran): on CUDA the compiled step with flex-attention TTT masks, the fastest path measured
     (bench/train_throughput.py); on CPU the eager dense-mask step. Explicit values are kept
     and checked."""
+    resolve_precision(cfg.topology)
     cuda = trains_on_cuda(cfg.topology)
     tc = cfg.train
     if tc.attention == AttentionKind.auto:
