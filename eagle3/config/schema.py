@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, List, Optional
+from typing import Any, List, Optional, TypeVar
 
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
@@ -82,6 +82,9 @@ class Strategy(str, Enum):
 
 
 DEFAULT_OPTIMIZED_METRIC = "val/replay_accept_len"  # RunConfig.optimized_metric; sweeps read it too
+
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -385,13 +388,18 @@ class RunConfig:
     optimized_metric: str = DEFAULT_OPTIMIZED_METRIC
 
 
-def run_config(cfg: DictConfig) -> RunConfig:
-    """The composed config as a RunConfig: interpolations and computed fields resolved, enums
-    as members, every group its dataclass."""
-    obj = OmegaConf.to_object(cfg)
-    if not isinstance(obj, RunConfig):
-        raise TypeError(f"expected a config of the RunConfig schema, got {type(obj).__name__}")
+def typed(cfg: Any, schema: type[T]) -> T:
+    """A composed config as its schema's dataclass (interpolations resolved, enums as members,
+    every group its dataclass); an instance of the schema is returned as it is."""
+    obj = OmegaConf.to_object(cfg) if isinstance(cfg, DictConfig) else cfg
+    if not isinstance(obj, schema):
+        raise TypeError(f"expected a config of the {schema.__name__} schema, got {type(obj).__name__}")
     return obj
+
+
+def run_config(cfg: DictConfig) -> RunConfig:
+    """The composed config of train.py or extract.py as a RunConfig."""
+    return typed(cfg, RunConfig)
 
 
 def plain(node: Any) -> Any:

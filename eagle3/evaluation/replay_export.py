@@ -20,6 +20,8 @@ from typing import Any
 import torch
 
 from eagle3.batches import unshuffled_loader
+from eagle3.config.schema import typed
+from eagle3.evaluation.config import ReplayExportConfig
 from eagle3.evaluation.export_info import read_export
 from eagle3.model.head import Eagle3DraftHead
 from eagle3.model.loss import StepCounts, eagle3_loss
@@ -157,7 +159,8 @@ def replay_for_prompts(
 
 
 def run(cfg: Any) -> dict[str, float]:
-    """The CLI's stage: the export's head on the dataset; the figures printed (and written to cfg.out)."""
+    """The CLI's stage (cfg: the composed config, or a ReplayExportConfig): the export's head on
+    the dataset; the figures printed (and written to out)."""
     from omegaconf import OmegaConf
 
     from eagle3.config.validate import ConfigError
@@ -168,21 +171,22 @@ def run(cfg: Any) -> dict[str, float]:
             f"missing required key(s) {', '.join(missing)}: python -m eagle3.evaluation.replay_export "
             f"export_dir=<export dir> dataset_dir=<hidden-state dataset dir>"
         )
-    verifier = cfg.verifier or read_export(cfg.export_dir).verifier
-    head, _ = load_exported_head(cfg.export_dir, verifier)
+    c = typed(cfg, ReplayExportConfig)
+    verifier = c.verifier or read_export(c.export_dir).verifier
+    head, _ = load_exported_head(c.export_dir, verifier)
     out = measure(
         head,
-        str(cfg.dataset_dir),
-        num_draft_tokens=int(cfg.num_draft_tokens),
-        max_answer_tokens=int(cfg.max_answer_tokens) or None,
-        split=str(getattr(cfg.split, "value", cfg.split)),
-        first_span_only=bool(cfg.first_span_only),
-        device=cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"),
+        c.dataset_dir,
+        num_draft_tokens=c.num_draft_tokens,
+        max_answer_tokens=c.max_answer_tokens or None,
+        split=c.split.value,
+        first_span_only=c.first_span_only,
+        device=c.device or ("cuda" if torch.cuda.is_available() else "cpu"),
     )
     for k, v in out.items():
         print(f"{k:>24}: {v:.4f}")
-    if cfg.out:
-        Path(cfg.out).write_text(json.dumps(out, indent=2))
+    if c.out:
+        Path(c.out).write_text(json.dumps(out, indent=2))
     return out
 
 

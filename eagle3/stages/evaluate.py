@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, cast
 
-from eagle3.config.schema import EvalConfig, RunConfig
-from eagle3.evaluation.config import EngineOptions, register_evaluate_config
+from eagle3.config.schema import EvalConfig, RunConfig, plain, typed
+from eagle3.evaluation.config import EngineOptions, EvaluateConfig, register_evaluate_config
 from eagle3.evaluation.report import AcceptanceReport
 
 
@@ -190,40 +190,40 @@ register_evaluate_config()
 
 
 def run(cfg: Any) -> float:
-    """The CLI's stage: an optional W&B run of its own (job_type=evaluate), then `evaluate`."""
-    from omegaconf import OmegaConf
-
+    """The CLI's stage (cfg: the composed config, or an EvaluateConfig): an optional W&B run of
+    its own (job_type=evaluate), then `evaluate`."""
     from eagle3.wandb_mode import wandb_mode
 
-    out_dir = Path(cfg.out_dir) if cfg.out_dir else None
+    c = typed(cfg, EvaluateConfig)
+    out_dir = Path(c.out_dir) if c.out_dir else None
     run_ = None
-    if cfg.logger.backend == "wandb":
+    if c.logger.backend == "wandb":
         import wandb
 
         run_ = wandb.init(
-            project=cfg.logger.project,
-            entity=cfg.logger.entity,
-            group=cfg.logger.group,
-            tags=list(cfg.logger.tags),
+            project=c.logger.project,
+            entity=c.logger.entity,
+            group=c.logger.group,
+            tags=list(c.logger.tags),
             job_type="evaluate",
             # a user's string (logger.mode, WANDB_MODE): wandb checks it
-            mode=cast(Any, wandb_mode(cfg.logger.mode)),
-            dir=str(out_dir or cfg.export_dir),
-            config=cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)),
+            mode=cast(Any, wandb_mode(c.logger.mode)),
+            dir=str(out_dir or c.export_dir),
+            config=plain(c),
             reinit="create_new",
         )
-    elif cfg.logger.backend != "none":
-        raise ValueError(f"logger.backend: expected wandb|none, got {cfg.logger.backend!r}")
+    elif c.logger.backend != "none":
+        raise ValueError(f"logger.backend: expected wandb|none, got {c.logger.backend!r}")
     try:
         result = evaluate(
-            cfg.export_dir,
-            eval_cfg=cfg.eval,
-            dataset_dir=cfg.dataset_dir,
-            verifier=cfg.verifier,
+            c.export_dir,
+            eval_cfg=c.eval,
+            dataset_dir=c.dataset_dir,
+            verifier=c.verifier,
             out_dir=out_dir,
-            chat_template=cfg.chat_template,
-            baseline=bool(cfg.baseline),
-            engine=cfg.engine,
+            chat_template=c.chat_template,
+            baseline=c.baseline,
+            engine=c.engine,
             wandb_run=run_,
         )
     finally:

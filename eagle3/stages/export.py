@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
+from eagle3.config.schema import typed
 from eagle3.training.export import export_checkpoint
 
 __all__ = ["ExportCliConfig", "export_checkpoint", "run"]
@@ -29,6 +30,8 @@ class ExportCliConfig:
 
 
 def run(cfg: Any) -> str:
-    out = export_checkpoint(cfg.ckpt, cfg.out, cfg.num_draft_tokens)
+    """The CLI's stage (cfg: the composed config, or an ExportCliConfig)."""
+    c = typed(cfg, ExportCliConfig)
+    out = export_checkpoint(c.ckpt, c.out, c.num_draft_tokens)
     print(out)
     return str(out)
