@@ -3,7 +3,7 @@
 
     extract: 200 samples x <= 384 tokens = <= 76,800 tokens; disk <= 338.2 MiB; capture <= ~1.4 min at ~906 tok/s
     train: 200 steps x <= 1,024 tokens = <= 204,800 tokens (batches hold ~784 per rank: ~156,895
-           tokens, ~2.3 passes over 69,034 train tokens); ~3.7 min at ~704 tok/s
+           tokens, ~2.3 passes over 69,034 train tokens); ~2.0 min at ~1,325 tok/s
 
 Times divide those token counts by RATES: throughputs measured on real runs (each entry names
 the command and the machine), scaled to the run's shapes where they differ from the measured
@@ -80,11 +80,13 @@ RATES = (
         "SmolLM2-135M",
         _SMOLLM2,
         capture_tok_s=906,
-        train_tok_s=704,
+        # bf16 autocast (topology.precision=auto on a CPU with avx512_bf16): 704 tok/s in fp32
+        # times 1.88, the fp32 / bf16 step-time ratio measured back to back (1.28 / 0.68 s)
+        train_tok_s=1_325,
         train_flops=head_flops(576, 1536, 4096, 3),
         regen_tok_s=166,
         measured="make demo on this project's 2-core CPU with nothing else running (docs/results.md, "
-        "section 1): capture 906 tok/s, training 704 tok/s; regeneration (vLLM, "
+        "section 1): capture 906 tok/s, training 704 tok/s in fp32, x1.88 in bf16; regeneration (vLLM, "
         "engine start included) from `python extract.py experiment=demo_cpu` with an empty cache on the "
         "same CPU shared with other jobs (load 4-5): 45,556 new tokens in 4 min 35 s",
     ),
