@@ -112,6 +112,7 @@ def test_val_metrics_equal_one_process_validation(ddp_run, data_dir):
     from eagle3.training.builder import build_head
     from eagle3.training.datamodule import Eagle3DataModule
     from eagle3.training.module import Eagle3LitModule
+    from eagle3.training.step_path import resolve_precision
 
     summary = json.loads((ddp_run / "summary.json").read_text())
     cfg = compose("train", TINY + [f"paths.data_dir={data_dir}"])
@@ -122,8 +123,15 @@ def test_val_metrics_equal_one_process_validation(ddp_run, data_dir):
     missing, unexpected = module.load_state_dict(state, strict=False)
     frozen = {k for k, p in module.named_parameters() if not p.requires_grad}
     assert not unexpected and set(missing) <= frozen  # every trained weight came from the DDP run
+    topology = OmegaConf.to_object(cfg.topology)
+    resolve_precision(topology)  # the precision the DDP run trained and validated in
     trainer = L.Trainer(
-        accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False
+        accelerator="cpu",
+        devices=1,
+        precision=topology.precision,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     single = trainer.validate(module, datamodule=dm, verbose=False)[0]
     ddp = summary["final"]
