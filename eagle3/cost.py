@@ -2,8 +2,8 @@
 (printed, and written to the run's log, ``<run dir>/<task>.log``), e.g. for the CPU default:
 
     extract: 200 samples x <= 384 tokens = <= 76,800 tokens; disk <= 338.2 MiB; capture <= ~1.4 min at ~906 tok/s
-    train: 200 steps x <= 1,024 tokens = <= 204,800 tokens (batches hold ~784 per rank: ~156,895
-           tokens, ~2.3 passes over 69,034 train tokens); ~2.0 min at ~1,325 tok/s
+    train: 400 steps x <= 1,024 tokens = <= 409,600 tokens (batches hold ~796 per rank: ~318,400
+           tokens, ~4.9 passes over 64,476 train tokens); ~4.0 min at ~1,325 tok/s
 
 Times divide those token counts by RATES: throughputs measured on real runs (each entry names
 the command and the machine), scaled to the run's shapes where they differ from the measured
