@@ -39,9 +39,9 @@ def resolve_precision(topology: TopologyConfig) -> None:
 
 def resolve_step_path(cfg: RunConfig) -> None:
     """Settle topology.precision=auto, train.attention=auto and train.compile=null in cfg (so the
-    logged config says what ran): on CUDA the compiled step with flex-attention TTT masks, the fastest path measured
-    (bench/train_throughput.py); on CPU the eager dense-mask step. Explicit values are kept
-    and checked."""
+    logged config says what ran): on CUDA the compiled step with flex-attention TTT masks, the
+    fastest path measured (bench/train_throughput.py); on CPU the eager dense-mask step.
+    Explicit values are kept and checked."""
     resolve_precision(cfg.topology)
     cuda = trains_on_cuda(cfg.topology)
     tc = cfg.train
