@@ -64,6 +64,13 @@ class LossKind(str, Enum):
     tv = "tv"  # total variation 1 - sum min(p, q) = 1 - rejection-sampling acceptance (speculators "tv")
 
 
+class LossTokens(str, Enum):
+    assistant = "assistant"  # the answers only: what a served draft predicts
+    # every token of a sample: the prompts' positions are distillation targets too (the target's
+    # distribution there is captured anyway), more signal from the same extracted data
+    all = "all"
+
+
 class AttentionKind(str, Enum):
     auto = "auto"  # flex when training on CUDA, else sdpa (resolved by train.py)
     sdpa = "sdpa"  # dense bool TTT mask, any device
@@ -214,6 +221,8 @@ class TrainConfig:
     ttt_steps: int = 3
     step_decay: float = 0.8
     loss: LossKind = LossKind.forward_kl
+    # which positions the training loss counts; validation always scores the answers
+    loss_tokens: LossTokens = LossTokens.assistant
     # flex: block-sparse TTT masks (eagle3/model/flex.py), needs CUDA and max_tokens_per_batch a
     # multiple of 128 (rows are padded to it); sdpa: a dense bool mask, any device. auto: flex
     # on CUDA (the faster step in bench/train_throughput.py), sdpa on CPU
@@ -225,6 +234,7 @@ class TrainConfig:
     norm_output: bool = False  # each TTT step reads the previous step's normed output
     norm_before_residual: bool = False  # the first layer's residual is the normed hidden state
     init_lm_head_from_target: bool = True
+    init_norm_from_target: bool = False  # the draft's final norm starts as the target's
     # warm start from an EAGLE-3 head in the speculators format (an export directory or a hub id):
     # its weights and draft vocabulary replace the fresh ones (so init_lm_head_from_target is moot);
     # sizes, norm flags and aux layers must match this run (eagle3/training/init_from.py)

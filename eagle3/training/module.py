@@ -15,7 +15,7 @@ import torch
 from lightning.pytorch.callbacks import Timer
 from omegaconf import OmegaConf
 
-from eagle3.config.schema import TrainConfig
+from eagle3.config.schema import LossTokens, TrainConfig
 from eagle3.model.head import Eagle3DraftHead
 from eagle3.model.loss import StepCounts, eagle3_loss
 from eagle3.model.replay import replay_counts, replay_metrics
@@ -56,6 +56,7 @@ class Eagle3LitModule(L.LightningModule):
         self.train_cfg = train_cfg
         self.ttt_steps = train_cfg.ttt_steps
         self.loss_kind = train_cfg.loss.value
+        self.train_all_tokens = LossTokens(train_cfg.loss_tokens) is LossTokens.all
         # frozen target copies are rebuilt from the target, never stored in checkpoints
         self.strict_loading = False
         self._val_counts = StepCounts.zeros(self.ttt_steps)
@@ -109,13 +110,15 @@ class Eagle3LitModule(L.LightningModule):
         return step_logits, target_logits
 
     def _forward_loss(self, batch: dict[str, torch.Tensor]):
-        return self._loss(batch, *self._logits(batch))
+        # the training positions (train.loss_tokens): the answers, or every token of a sample
+        loss_mask = batch["segment_ids"] >= 0 if self.train_all_tokens else batch["loss_mask"]
+        return self._loss(batch, *self._logits(batch), loss_mask=loss_mask)
 
-    def _loss(self, batch: dict[str, torch.Tensor], step_logits, target_logits):
+    def _loss(self, batch: dict[str, torch.Tensor], step_logits, target_logits, loss_mask=None):
         return eagle3_loss(
             step_logits,
             target_logits,
-            loss_mask=batch["loss_mask"],
+            loss_mask=batch["loss_mask"] if loss_mask is None else loss_mask,
             segment_ids=batch["segment_ids"],
             step_decay=self.train_cfg.step_decay,
             kind=self.loss_kind,
