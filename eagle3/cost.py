@@ -60,16 +60,24 @@ class Rate:
     model: str
     params: float  # target_params() of the model measured
     capture_tok_s: float  # extract.py's capture, shards written
-    train_tok_s: float  # train.py's tok/s
+    train_tok_s: float  # train.py's tok/s, in train_precision
     train_flops: float  # head_flops() of the run measured
     regen_tok_s: float | None  # new tokens/s of data.regenerate (None: not measured)
     measured: str  # the command, the machine and where the figure is recorded
+    train_precision: str = "bf16-mixed"  # the topology.precision train_tok_s was measured in
+    # train tok/s in bf16 autocast over fp32 where both were measured: a run in the other
+    # precision (a CPU without native bf16 resolves precision=auto to fp32) is scaled by it
+    bf16_speedup: float = 1.0
 
     def capture_rate(self, params: float, parallel: int) -> float:
         return self.capture_tok_s * self.params / params * parallel
 
-    def train_rate(self, flops: float) -> float:
-        return self.train_tok_s * self.train_flops / flops
+    def train_rate(self, flops: float, precision: str | None = None) -> float:
+        rate = self.train_tok_s * self.train_flops / flops
+        if precision is None or precision == "auto" or precision == self.train_precision:
+            return rate
+        bf16 = "bf16" in precision
+        return rate * self.bf16_speedup if bf16 else rate / self.bf16_speedup
 
 
 _SMOLLM2 = target_params(30, 576, 1536, 49152, 9, 3)
@@ -84,6 +92,8 @@ RATES = (
         # times 1.88, the fp32 / bf16 step-time ratio measured back to back (1.28 / 0.68 s)
         train_tok_s=1_325,
         train_flops=head_flops(576, 1536, 4096, 3),
+        train_precision="bf16-mixed",
+        bf16_speedup=1.88,
         regen_tok_s=166,
         measured="make demo on this project's 2-core CPU with nothing else running (docs/results.md, "
         "section 1): capture 906 tok/s, training 704 tok/s in fp32, x1.88 in bf16; regeneration (vLLM, "
@@ -224,7 +234,7 @@ def train_lines(cfg: RunConfig, train_tokens: int | None = None, train_batches: 
             t.ttt_steps,
             t.num_draft_layers,
         )
-        tok_s = rate.train_rate(flops)
+        tok_s = rate.train_rate(flops, str(cfg.topology.precision))
         line += f"; ~{minutes(steps * fill / tok_s)} at ~{tok_s * world:,.0f} tok/s"
     if t.max_time:
         line += f", capped at train.max_time={t.max_time}"

@@ -53,6 +53,18 @@ def test_train_estimate_is_steps_times_tokens_per_step_over_ranks():
     # the measured split: packed batches' mean fill decides the tokens trained on and the passes
     known = train_lines(cfg, train_tokens=50_000, train_batches=40)[0]
     assert "batches hold ~1,250 per rank: ~187,500 tokens, ~3.8 passes over 50,000 train tokens" in known
+    # the CPU rate was measured in bf16 autocast: a CPU whose precision resolves to fp32 (no
+    # native bf16) gets the fp32 rate, 1.88x slower, rather than a bf16 estimate
+    rates = {
+        precision: _num(
+            re.search(
+                r"at ~([\d,]+) tok/s", train_lines(compose("train", [f"topology.precision={precision}"]))[0]
+            ).group(1)
+        )
+        for precision in ("bf16-mixed", "32-true")
+    }
+    assert rates["bf16-mixed"] == pytest.approx(CPU_RATE.train_tok_s, rel=0.01)
+    assert rates["32-true"] == pytest.approx(rates["bf16-mixed"] / 1.88, rel=0.01)
     ddp = train_lines(compose("train", ["experiment=smollm2_full", "topology=gpu2_dp2"]))[0]
     assert "8,800 steps x <= 16,384 tokens (8,192 x 2 ranks) = <= 144,179,200 tokens" in ddp
 
