@@ -9,7 +9,10 @@
 #   MINUTES=5 bash scripts/gpu_peer_quality.sh [overrides of ours...]   # carry .whl
 #   OURS_B="train.norm_output=true ..." adds a third run beside them: ours with those overrides
 #   (an A/B of our options at the same budget, packed as oursb/)
+#   ONLY=peer, then ONLY=ours (one call each): each run alone on the GPU for MINUTES, where side
+#   by side the faster loop takes more of the GPU (docs/results.md section 4 has both)
 #   bash scripts/gpu_quality_run.sh fetch peerq 4                       # parts this call did not return
+#   (fetch peerq-ours 4 after ONLY=ours)
 # (MINUTES + ~1.5 min of start-up, export and replays must fit the call's 10 minutes; the peer
 # cannot resume, so the budget is one call's.) Here:
 #   bash scripts/gpu_unpack.sh outputs/peerq <sha256> <parts>     # -> ours/ peer/ dataset/manifest.json
@@ -30,45 +33,48 @@ SECS=$(python3 -c "print(round(float('$MINUTES') * 60))")
 MAX_TIME=$(printf '00:00:%02d:%02d' $((SECS / 60)) $((SECS % 60)))
 nvidia-smi --query-gpu=name,memory.used --format=csv 2>/dev/null || true
 echo "dataset $DS, $MINUTES min each ($MAX_TIME)"
-RETURN_PARTS=0 RUN_DIR=/tmp/run-ours OUT=$OUTD/ours bash scripts/gpu_quality_run.sh train \
-  train.max_time=$MAX_TIME "$@" > "$OUTD/ours.log" 2>&1 &
-RUNS="ours peer"
-if [ -n "${OURS_B:-}" ]; then
-  RUNS="ours oursb peer"
-  # word splitting of $OURS_B is wanted: it holds several overrides
-  RETURN_PARTS=0 RUN_DIR=/tmp/run-oursb OUT=$OUTD/oursb bash scripts/gpu_quality_run.sh train \
-    train.max_time=$MAX_TIME $OURS_B "$@" > "$OUTD/oursb.log" 2>&1 &
-fi
-python3 bench/peer_quality.py train-peer --dataset-dir "$DS" --cache-dir /tmp/cache --minutes "$MINUTES" \
-  --out /tmp/run-peer > "$OUTD/peer.log" 2>&1 &
+# ONLY=ours|oursb|peer: that run alone on the GPU (one call per run, the same MINUTES each): the
+# equal budget without one process starving another of the GPU
+RUNS=${ONLY:-ours ${OURS_B:+oursb} peer}
+train_ours() {  # NAME [overrides...]: ours through gpu_quality_run.sh's train stage
+  local name=$1; shift
+  RETURN_PARTS=0 RUN_DIR=/tmp/run-$name OUT=$OUTD/$name bash scripts/gpu_quality_run.sh train \
+    train.max_time=$MAX_TIME "$@" > "$OUTD/$name.log" 2>&1
+}
+for r in $RUNS; do
+  case $r in
+    ours) train_ours ours "$@" & ;;
+    # word splitting of $OURS_B is wanted: it holds several overrides
+    oursb) train_ours oursb $OURS_B "$@" & ;;
+    peer) python3 bench/peer_quality.py train-peer --dataset-dir "$DS" --cache-dir /tmp/cache --minutes "$MINUTES" \
+            --out /tmp/run-peer > "$OUTD/peer.log" 2>&1 & ;;
+    *) echo "ONLY: expected ours, oursb or peer, got $r" >&2; exit 2 ;;
+  esac
+done
 wait
 rm -rf "$OUTD/ours" "$OUTD/oursb"  # empty: ours' own pack stays in /tmp/pack-run-ours
 for r in $RUNS; do echo "== $r"; grep -vE "^\s*$|^-rw|^total|^d" "$OUTD/$r.log" | tail -12; done
 R=(python3 bench/peer_quality.py replay --dataset-dir "$DS")
-"${R[@]}" --export-dir /tmp/run-ours/export --out /tmp/run-ours/replay.json
-# the same replay through speculators' model (how the peer is replayed): the two paths must agree
-"${R[@]}" --export-dir /tmp/run-ours/export --impl speculators --out /tmp/run-ours/replay_speculators.json
-"${R[@]}" --export-dir /tmp/run-peer/export --out /tmp/run-peer/replay.json
-python3 bench/peer_quality.py tokens --run-dir /tmp/run-ours --out /tmp/run-ours/tokens.json
-if [ -n "${OURS_B:-}" ]; then
-  "${R[@]}" --export-dir /tmp/run-oursb/export --out /tmp/run-oursb/replay.json
-  python3 bench/peer_quality.py tokens --run-dir /tmp/run-oursb --out /tmp/run-oursb/tokens.json
-fi
+for r in $RUNS; do
+  "${R[@]}" --export-dir /tmp/run-$r/export --out /tmp/run-$r/replay.json
+  [ "$r" = peer ] && continue
+  python3 bench/peer_quality.py tokens --run-dir /tmp/run-$r --out /tmp/run-$r/tokens.json
+  # the same replay through speculators' model (how the peer is replayed): the two paths must agree
+  [ "$r" = ours ] && "${R[@]}" --export-dir /tmp/run-ours/export --impl speculators --out /tmp/run-ours/replay_speculators.json
+done
 # One pack for both (layout of gpu_unpack.sh: dataset_manifest.json at the top), cut in 15 MiB
 # parts: a call returns at most 8 files and 64 MiB, so RETURN_PARTS (4) come back now, the
 # rest with `bash scripts/gpu_quality_run.sh fetch peerq 4` while the machine is warm.
-PACK=/tmp/pack-peerq; rm -rf "$PACK" "$PACK".tar*; mkdir -p "$PACK/ours/export" "$PACK/peer/export"
-cp /tmp/run-ours/summary.json /tmp/run-ours/replay*.json /tmp/run-ours/tokens.json "$PACK/ours/"
-cp /tmp/run-ours/.hydra/config.yaml "$PACK/ours/train_config.yaml"
-cp /tmp/run-peer/peer_train.json /tmp/run-peer/replay.json "$PACK/peer/"
-if [ -n "${OURS_B:-}" ]; then
-  mkdir -p "$PACK/oursb/export"
-  cp /tmp/run-oursb/summary.json /tmp/run-oursb/replay.json /tmp/run-oursb/tokens.json "$OUTD/oursb.log" "$PACK/oursb/"
-  cp /tmp/run-oursb/.hydra/config.yaml "$PACK/oursb/train_config.yaml"
-fi
-for r in $RUNS; do cp /tmp/run-$r/export/config.json /tmp/run-$r/export/model.safetensors "$PACK/$r/export/"; done
+PACK=/tmp/pack-peerq${ONLY:+-$ONLY}; rm -rf "$PACK" "$PACK".tar*; mkdir -p "$PACK"
+for r in $RUNS; do
+  mkdir -p "$PACK/$r/export"
+  cp /tmp/run-$r/export/config.json /tmp/run-$r/export/model.safetensors "$PACK/$r/export/"
+  cp /tmp/run-$r/replay*.json "$OUTD/$r.log" "$PACK/$r/"
+  if [ "$r" = peer ]; then cp /tmp/run-peer/peer_train.json "$PACK/peer/"; continue; fi
+  cp /tmp/run-$r/summary.json /tmp/run-$r/tokens.json "$PACK/$r/"
+  cp /tmp/run-$r/.hydra/config.yaml "$PACK/$r/train_config.yaml"
+done
 cp "$DS/manifest.json" "$PACK/dataset_manifest.json"
-cp "$OUTD/ours.log" "$OUTD/peer.log" "$PACK/"
 tar -C "$PACK" -cf "$PACK.tar" . && split -b 15M -d "$PACK.tar" "$PACK.tar.part"
 echo "pack $(basename "$PACK"): $(ls "$PACK".tar.part* | wc -l) parts, sha256 $(sha256sum "$PACK.tar" | cut -d' ' -f1)"
 ls "$PACK".tar.part* | head -n "${RETURN_PARTS:-4}" | xargs -r cp -t "$OUTD/"

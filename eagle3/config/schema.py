@@ -221,8 +221,9 @@ class TrainConfig:
     ttt_steps: int = 3
     step_decay: float = 0.8
     loss: LossKind = LossKind.forward_kl
-    # which positions the training loss counts; validation always scores the answers
-    loss_tokens: LossTokens = LossTokens.assistant
+    # which positions the training loss (and train/* metrics) counts; validation always scores the
+    # answers. all: +0.09 in vLLM at equal GPU minutes, +0.01 on the CPU demo (docs/results.md)
+    loss_tokens: LossTokens = LossTokens.all
     # flex: block-sparse TTT masks (eagle3/model/flex.py), needs CUDA and max_tokens_per_batch a
     # multiple of 128 (rows are padded to it); sdpa: a dense bool mask, any device. auto: flex
     # on CUDA (the faster step in bench/train_throughput.py), sdpa on CPU
@@ -234,7 +235,6 @@ class TrainConfig:
     norm_output: bool = False  # each TTT step reads the previous step's normed output
     norm_before_residual: bool = False  # the first layer's residual is the normed hidden state
     init_lm_head_from_target: bool = True
-    init_norm_from_target: bool = False  # the draft's final norm starts as the target's
     # warm start from an EAGLE-3 head in the speculators format (an export directory or a hub id):
     # its weights and draft vocabulary replace the fresh ones (so init_lm_head_from_target is moot);
     # sizes, norm flags and aux layers must match this run (eagle3/training/init_from.py)

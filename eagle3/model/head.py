@@ -102,7 +102,6 @@ class Eagle3DraftHead(nn.Module):
         d2t: torch.Tensor,  # [V] int64: target_id = draft_id + d2t[draft_id]
         t2d: torch.Tensor,  # [Vt] bool: target id is in the draft vocab
         init_lm_head_from_target: bool,
-        init_norm_from_target: bool = False,
     ) -> None:
         cfg = self.cfg
         h, v, vt = cfg.hidden_size, cfg.draft_vocab_size, cfg.target_vocab_size
@@ -135,8 +134,6 @@ class Eagle3DraftHead(nn.Module):
         self.t2d.copy_(t2d)
         if init_lm_head_from_target:
             self.lm_head.weight.copy_(rows)
-        if init_norm_from_target:  # the target's final norm, which its lm_head rows expect
-            self.norm.weight.copy_(target_norm_weight)
 
     @torch.no_grad()
     def target_logits(self, final_hidden: torch.Tensor) -> torch.Tensor:

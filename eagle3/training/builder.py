@@ -74,7 +74,6 @@ def build_head(
         d2t,
         t2d,
         init_lm_head_from_target=cfg.train.init_lm_head_from_target,
-        init_norm_from_target=cfg.train.init_norm_from_target,
     )
     if init is not None:  # after the target's pieces: init_from wins over init_lm_head_from_target
         load_init_weights(init, head)
