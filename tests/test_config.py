@@ -48,10 +48,10 @@ def test_layer_defaults_smollm2_and_kimi():
 
 
 CPU_SIZES = {
-    "data.max_samples": 200,
+    "data.max_samples": 800,
     "data.max_length": 384,
     "train.draft_vocab_size": 4096,
-    "train.max_steps": 400,
+    "train.max_steps": 800,
     "train.max_tokens_per_batch": 1024,
     "train.lr": 2e-3,
     "eval.max_new_tokens": 64,
@@ -98,8 +98,8 @@ def test_the_topology_picks_the_sizes_and_presets_and_keys_win(entry):
     )
     assert full.train.norm_before_fc and full.train.norm_output and full.train.ttt_steps == 3
     assert compose(entry, ["debug=fast"]).train.max_steps == 10
-    demo = compose(entry, ["experiment=demo_cpu"])  # the CPU default plus regenerated answers
-    assert _sizes(demo) == CPU_SIZES and demo.data.regenerate and demo.tags == ["demo_cpu"]
+    demo = compose(entry, ["experiment=demo_cpu"])  # the CPU default, pinned
+    assert _sizes(demo) == CPU_SIZES and not demo.data.regenerate and demo.tags == ["demo_cpu"]
     assert (
         compose(entry, ["data=jsonl", "data.path=x.jsonl", "topology=gpu1"]).data.max_samples is None
     )  # all of a file

@@ -33,7 +33,9 @@ def test_extract_estimate_follows_the_config():
     secs = capture_seconds(cfg, tokens)
     assert secs == pytest.approx(tokens / CPU_RATE.capture_tok_s)
     assert f"capture <= ~{secs / 60:.1f} min at ~{CPU_RATE.capture_tok_s:,.0f} tok/s" in line
-    regen = extract_lines(compose("extract", ["experiment=demo_cpu"]))
+    regen = extract_lines(
+        compose("extract", ["data.regenerate=true", "data.max_samples=200", "data.regen_max_tokens=256"])
+    )
     # 200 first turns x regen_max_tokens 256, at the measured regeneration rate
     assert (
         f"<= 51,200 new tokens for the first user turns (later turns add more), <= ~{51_200 / CPU_RATE.regen_tok_s / 60:.1f} min"
