@@ -1,9 +1,9 @@
 """What a run will cost, said before it starts: extract.py and train.py log a few lines
 (printed, and written to the run's log, ``<run dir>/<task>.log``), e.g. for the CPU default:
 
-    extract: 200 samples x <= 384 tokens = <= 76,800 tokens; disk <= 338.2 MiB; capture <= ~1.4 min at ~906 tok/s
-    train: 400 steps x <= 1,024 tokens = <= 409,600 tokens (batches hold ~796 per rank: ~318,400
-           tokens, ~4.9 passes over 64,476 train tokens); ~4.0 min at ~1,325 tok/s
+    extract: 800 samples x <= 384 tokens = <= 307,200 tokens; disk <= 1.3 GiB; capture <= ~5.7 min at ~906 tok/s
+    train: 800 steps x <= 1,024 tokens = <= 819,200 tokens (batches hold ~775 per rank: ~620,373
+           tokens, ~2.2 passes over 280,719 train tokens); ~7.8 min at ~1,325 tok/s
 
 Times divide those token counts by RATES: throughputs measured on real runs (each entry names
 the command and the machine), scaled to the run's shapes where they differ from the measured
