@@ -112,7 +112,8 @@ class Eagle3LitModule(L.LightningModule):
     def _forward_loss(self, batch: dict[str, torch.Tensor]):
         # the training positions (train.loss_tokens): the answers, or every token of a sample
         loss_mask = batch["segment_ids"] >= 0 if self.train_all_tokens else batch["loss_mask"]
-        return self._loss(batch, *self._logits(batch), loss_mask=loss_mask)
+        step_logits, target_logits = self._logits(batch)
+        return self._loss(batch, step_logits, target_logits, loss_mask=loss_mask)
 
     def _loss(self, batch: dict[str, torch.Tensor], step_logits, target_logits, loss_mask=None):
         return eagle3_loss(
