@@ -115,11 +115,11 @@ class Eagle3LitModule(L.LightningModule):
         step_logits, target_logits = self._logits(batch)
         return self._loss(batch, step_logits, target_logits, loss_mask=loss_mask)
 
-    def _loss(self, batch: dict[str, torch.Tensor], step_logits, target_logits, loss_mask=None):
+    def _loss(self, batch: dict[str, torch.Tensor], step_logits, target_logits, loss_mask: torch.Tensor):
         return eagle3_loss(
             step_logits,
             target_logits,
-            loss_mask=batch["loss_mask"] if loss_mask is None else loss_mask,
+            loss_mask=loss_mask,
             segment_ids=batch["segment_ids"],
             step_decay=self.train_cfg.step_decay,
             kind=self.loss_kind,
@@ -156,7 +156,7 @@ class Eagle3LitModule(L.LightningModule):
         # eager even when training is compiled: validation rows vary in length, and the
         # replay needs the per-step logits
         step_logits, target_logits = self._logits(batch)
-        _, counts = self._loss(batch, step_logits, target_logits)
+        _, counts = self._loss(batch, step_logits, target_logits, batch["loss_mask"])  # the answers
         self._val_counts = self._val_counts + StepCounts.from_stacked(counts.stacked())
         if self.replay_k > 0:
             self._val_replay += replay_counts(
