@@ -53,3 +53,10 @@ def disk_per_million_tokens(
     from eagle3.store.disk import format_bytes
 
     return format_bytes(disk_bytes(MILLION, capture_ids, hidden_size, dtype, shard_max_tokens))
+
+
+def vllm_capture_route(accelerator: str) -> str:
+    """capture.vllm_route for a topology: vLLM's own connector on a GPU, ours on the CPU build
+    (whose copy of vLLM's connector fails: eagle3/target/vllm_internals.py), decided at start
+    by the installed vLLM for accelerator=auto."""
+    return {"gpu": "native", "cuda": "native", "cpu": "eagle3_connector"}.get(str(accelerator), "auto")

@@ -315,22 +315,25 @@ def test_prefix_caching_and_bad_layer_ids_are_refused_before_start(model_dir):
 
 
 def test_vllm_versions_below_the_supported_range_are_refused_newer_ones_warned(monkeypatch):
-    """Only releases known not to work are refused, and the message names the range; a newer
-    untested release runs with a warning (the adapter still checks every record)."""
+    """Only releases known not to work are refused, and the message names the range; an
+    untested release inside it runs with a warning (the adapter still checks every record)."""
     from eagle3.target import vllm_versions as vv
 
     monkeypatch.delenv(vv.ALLOW_OLD_ENV, raising=False)
     assert vv.check_vllm_version("0.32.0+cpu", "capture=vllm") == "0.32.0+cpu"
+    assert vv.check_vllm_version("0.26.0", "capture=vllm") == "0.26.0"  # CUDA vLLM on the H200
     with pytest.raises(
         vv.VLLMVersionError,
-        match=r"vLLM 0.31.2 is not supported: eagle3 runs with vLLM >= 0.32.0 "
-        r"\(tested: 0.32.0\)",
+        match=r"vLLM 0.25.1 is not supported: eagle3 runs with vLLM >= 0.26.0 "
+        r"\(tested: 0.26.0, 0.32.0\); older releases lack the extract_hidden_states route",
     ):
-        vv.check_vllm_version("0.31.2", "capture=vllm")
-    with pytest.raises(vv.VLLMVersionError, match="0.10.1"):
-        vv.check_vllm_version("0.10.1+cu128", "evaluate")  # 0.10 < 0.32 numerically, not as text
-    with pytest.warns(UserWarning, match=r"vLLM 0.33.1 is newer than the tested 0.32.0"):
+        vv.check_vllm_version("0.25.1", "capture=vllm")
+    with pytest.raises(vv.VLLMVersionError, match="0.9.1"):
+        vv.check_vllm_version("0.9.1+cu128", "evaluate")  # 0.9 < 0.26 numerically, not as text
+    with pytest.warns(UserWarning, match=r"vLLM 0.33.1 is not one of the tested releases \(0.26.0, 0.32.0\)"):
         assert vv.check_vllm_version("0.33.1", "capture=vllm") == "0.33.1"
+    with pytest.warns(UserWarning, match=r"vLLM 0.28.0 is not one of the tested"):
+        assert vv.check_vllm_version("0.28.0", "evaluate") == "0.28.0"
     monkeypatch.setenv(vv.ALLOW_OLD_ENV, "1")
-    with pytest.warns(UserWarning, match="0.31.2 is not supported"):
-        assert vv.check_vllm_version("0.31.2", "capture=vllm") == "0.31.2"
+    with pytest.warns(UserWarning, match="0.25.1 is not supported"):
+        assert vv.check_vllm_version("0.25.1", "capture=vllm") == "0.25.1"

@@ -65,6 +65,7 @@ def register_resolvers() -> None:
     OmegaConf.register_new_resolver(
         "eagle3.hidden_layout", lambda dtype, ids, h: plan.hidden_layout(dtype, _plain(ids), h), replace=True
     )
+    OmegaConf.register_new_resolver("eagle3.vllm_capture_route", plan.vllm_capture_route, replace=True)
     OmegaConf.register_new_resolver(
         "eagle3.disk_per_million_tokens",
         lambda ids, h, dtype, shard: plan.disk_per_million_tokens(_plain(ids), h, dtype, shard),

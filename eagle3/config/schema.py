@@ -46,6 +46,14 @@ class CaptureBackend(str, Enum):
     vllm = "vllm"
 
 
+class VLLMRoute(str, Enum):
+    """How capture=vllm gets the states out of the engine (eagle3/target/vllm_internals.py)."""
+
+    native = "native"  # vLLM's own ExampleHiddenStatesConnector (needs CUDA)
+    eagle3_connector = "eagle3_connector"  # ours: vLLM's CPU build
+    auto = "auto"  # native where the installed vLLM runs it, else ours
+
+
 class VerifyMode(str, Enum):
     fast = "fast"  # size, header, identity and offsets of every shard
     full = "full"  # also the sha256 of every byte against the manifest
@@ -189,6 +197,9 @@ class CaptureConfig:
     shard_max_tokens: int = 65536  # tokens per shard file
     writer_threads: int = 2  # shards hashed + written at once (a shard queued per thread at most)
     # vllm only
+    # the connector; conf/capture/vllm.yaml computes it from topology.accelerator (gpu: native,
+    # cpu: eagle3_connector) so --cfg job names it; a route the installed vLLM cannot run is refused
+    vllm_route: VLLMRoute = VLLMRoute.auto
     enable_prefix_caching: bool = False  # must stay off: cached prefixes skip the hooks
     gpu_memory_utilization: float = 0.5
     cpu_kvcache_space_gb: int = 4

@@ -171,6 +171,7 @@ def _extract(
             if todo:
                 backend = make_backend(cfg, model_dir, capture_ids, dtype, cfg.data.max_length)
                 try:
+                    writer.record_provenance({"capture": capture_route(cfg.capture.backend.value, backend)})
                     _capture(backend, todo, writer)
                 finally:
                     backend.close()
@@ -216,6 +217,13 @@ def _disk_full_message(
     )
 
 
+def capture_route(backend_name: str, backend: CaptureBackend) -> str:
+    """What the manifest records as the capture route: ``hf``, ``vllm/native`` or
+    ``vllm/eagle3_connector`` (the route the vLLM backend resolved at start)."""
+    route = getattr(backend, "route", None)
+    return f"{backend_name}/{route}" if route else backend_name
+
+
 def _capture(backend: CaptureBackend, todo, writer: ShardWriter) -> None:
     feed = ((s.id, s.input_ids, s.loss_mask) for s in todo)
     t0, tokens = time.perf_counter(), 0
@@ -227,3 +235,10 @@ def _capture(backend: CaptureBackend, todo, writer: ShardWriter) -> None:
             fault("capture")
             tokens += int(record.token_ids.numel())
             bar.update(task, advance=1, tok_s=tokens / max(1e-9, time.perf_counter() - t0))
+    seconds = time.perf_counter() - t0
+    stats = getattr(backend, "stats", None)
+    read = getattr(stats, "read_seconds", None)
+    console.print(
+        f"captured {tokens:,} tokens in {seconds:.1f} s ({tokens / max(1e-9, seconds):,.0f} tok/s)"
+        + (f"; reading the connector's files: {read:.1f} s" if read is not None else "")
+    )

