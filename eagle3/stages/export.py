@@ -9,6 +9,7 @@ export directory as its last stdout line, for scripts.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -33,5 +34,20 @@ def run(cfg: Any) -> str:
     """The CLI's stage (cfg: the composed config, or an ExportCliConfig)."""
     c = typed(cfg, ExportCliConfig)
     out = export_checkpoint(c.ckpt, c.out, c.num_draft_tokens)
+    for line in _serving(out):
+        print(line)
     print(out)
     return str(out)
+
+
+def _serving(export_dir: Any) -> list[str]:
+    """The ``vllm serve`` command and the loads at which the head pays off (serving.json when
+    bench/serving_speedup.py measured it, else the rule on the run's acceptance.json)."""
+    from pathlib import Path
+
+    from eagle3.evaluation.serving_advice import advice_from_acceptance_file, serving_lines
+
+    config = json.loads((Path(export_dir) / "config.json").read_text())["speculators_config"]
+    advice = advice_from_acceptance_file(export_dir, Path(export_dir) / "acceptance.json")
+    k = int(config["proposal_methods"][0]["speculative_tokens"])
+    return serving_lines(export_dir, config["verifier"]["name_or_path"], k, advice)

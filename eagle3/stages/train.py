@@ -176,10 +176,13 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
         summary["acceptance"] = evaluate_trained(cfg, export_dir, ds_dir, model_dir, logger)
         (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         print(f"summary: {output_dir / 'summary.json'}")
-        print(
-            "serve it: "
-            + serve_command(export_dir, draft_meta.verifier_name_or_path, draft_meta.num_speculative_tokens)
-        )
+        from eagle3.evaluation.serving_advice import advice_from_acceptance_file, serving_lines
+
+        advice = advice_from_acceptance_file(export_dir, (summary["acceptance"] or {}).get("json"))
+        for line in serving_lines(
+            export_dir, draft_meta.verifier_name_or_path, draft_meta.num_speculative_tokens, advice
+        ):
+            print(line)
         print(str(export_dir))
     if logger and trainer.is_global_zero:  # other ranks hold a dummy W&B experiment
         logger.experiment.summary.update({f"initial/{k}": v for k, v in initial.items()})
@@ -190,11 +193,6 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
 def trainer_arguments(trainer_cfg: TrainerConfig) -> dict[str, Any]:
     """trainer.* as L.Trainer keyword arguments: the set ones."""
     return {k: v for k, v in dataclasses.asdict(trainer_cfg).items() if v is not None}
-
-
-def serve_command(export_dir: Path, verifier: str, num_draft_tokens: int) -> str:
-    spec = json.dumps({"model": str(export_dir), "method": "eagle3", "num_speculative_tokens": int(num_draft_tokens)})
-    return f"vllm serve {verifier} --speculative-config '{spec}'"
 
 
 def online_target(cfg: RunConfig, model_dir: str, fixed_shape: bool, row_tokens: int | None) -> OnlineHiddenStates:

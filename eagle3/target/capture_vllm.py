@@ -243,11 +243,14 @@ class VLLMCaptureBackend:
         prompts_per_call: int | None = None,
         trust_remote_code: bool = False,
         route: str = "auto",
+        keep_files_dir: str | None = None,
     ):
         """``spill_dir``: where per-request files land before being read back (default:
         ``default_spill_dir()``; it must be visible to TP rank 0, i.e. local for one-node TP).
         ``prompts_per_call``: prompts handed to one ``LLM.generate`` (default 4 x max_num_seqs).
-        ``route``: the connector (``capture.vllm_route``: auto | native | eagle3_connector)."""
+        ``route``: the connector (``capture.vllm_route``: auto | native | eagle3_connector).
+        ``keep_files_dir``: the native connector's files are moved there once read, not deleted
+        (test data, debugging)."""
         if enable_prefix_caching:
             raise CaptureError(
                 "enable_prefix_caching",
@@ -289,6 +292,7 @@ class VLLMCaptureBackend:
         from eagle3.target import vllm_internals  # checks the vLLM version first
 
         self.route = vllm_internals.capture_route(route)  # refused here, before the engine starts
+        self.keep_files_dir = keep_files_dir
 
         engine_env: dict[str, str] = {}
         if not torch.cuda.is_available():
@@ -408,6 +412,8 @@ class VLLMCaptureBackend:
                         )
                     )
                 finally:
+                    if self.keep_files_dir and os.path.exists(path):
+                        shutil.move(path, os.path.join(self.keep_files_dir, f"{p.sample_id}.safetensors"))
                     _remove(path)
             else:
                 self._wait_for(p.path, p.sample_id)

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# CUDA vLLM on a bare GPU machine (torch, no vLLM, no registry, <= 64 MiB carried per call):
+# vLLM capture parity and throughput, a head trained on vLLM-captured data and evaluated by
+# CUDA vLLM, its serving speed-up, regeneration throughput, and the GPU parts of the suite.
+#
+# Here, once:  bash ../shared/gpu/vllm_cuda_bundle.sh .gpu/vllm      (CUDA vLLM in 6 chunks)
+#              python scripts/gpu_bundle.py --max-conversations 8000 (GGUF parts, packages, chat data)
+# There, call after call (the machine keeps /tmp only while warm, ~30 s between calls):
+#   bash scripts/gpu_vllm_run.sh carry K        K = 0..5, carrying .gpu/vllm/cK; K = 5 installs vLLM
+#   bash scripts/gpu_quality_run.sh part 0      carrying .gpu/parts/gguf.0 .gpu/site .gpu/gguf.sha256
+#   bash scripts/gpu_quality_run.sh part 1      carrying .gpu/parts/gguf.1 .gpu/sharegpt.jsonl.xz
+#   bash scripts/gpu_vllm_run.sh capture        parity HF vs vLLM (+ connector files for tests/assets),
+#                                               then extract.py with capture=hf and capture=vllm
+#   bash scripts/gpu_vllm_run.sh train          train.py on the vLLM-captured dataset for MINUTES,
+#                                               its end-of-run evaluation in CUDA vLLM
+#   bash scripts/gpu_vllm_run.sh serving        bench/serving_speedup.py on that head
+#   bash scripts/gpu_vllm_run.sh regen          bench/regen_throughput.py: vLLM vs fast decode
+#   bash scripts/gpu_vllm_run.sh tests          the CUDA and vLLM tests of the suite
+# Several stages may share one call: bash scripts/gpu_vllm_run.sh train serving
+# Results (JSON, figures, logs' tails) go to $OUT; nothing else comes back.
+set -euo pipefail
+PKG=/tmp/eagle3_pkgs
+OUTD=${OUT:-/tmp/out}; mkdir -p "$OUTD"
+N=${N:-6000}                       # conversations of the training dataset (their own answers)
+MINUTES=${MINUTES:-4}              # training budget
+PARITY_N=${PARITY_N:-200}
+export PYTHONPATH=/tmp/vllm_site:$PKG/site:$PKG:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export VLLM_USE_FLASHINFER_SAMPLER=0  # flashinfer is not carried
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# the smollm2_full recipe on the first N conversations with their own answers
+COMMON=(experiment=smollm2_full data=jsonl data.path=/tmp/sharegpt.jsonl data.max_samples="$N"
+        data.regenerate=false paths.cache_dir=/tmp/cache logger=none)
+quiet() { grep -vE "Loading weights|it/s\]|s/it\]" | tr '\r' '\n' | grep -vE "it/s\]$|^\s*$" || true; }
+smollm2_dir() { ls -d /tmp/cache/targets/smollm2_135m-bf16-* 2>/dev/null | head -1; }
+
+stage_carry() {
+  local k=$1
+  bash ".gpu/vllm/c$k/stage.sh"
+  if [ "$k" = 5 ]; then bash /tmp/vllm_stage/install.sh; fi
+}
+
+stage_capture() {
+  nvidia-smi --query-gpu=name,memory.used --format=csv,noheader || true
+  df -h /tmp /dev/shm | tail -2
+  # the target's bf16 directory (materialised from the GGUF) and the parity run
+  local model
+  model=$(python3 -c 'from eagle3.target.resolve import materialize_smollm2; print(materialize_smollm2("/tmp/cache"))' | tail -1)
+  rm -rf /tmp/native_files; mkdir -p /tmp/native_files
+  python3 bench/vllm_capture_parity.py --model-dir "$model" --chat /tmp/sharegpt.jsonl --n "$PARITY_N" \
+    --out "$OUTD/parity.json" --keep-files /tmp/native_files --keep-n 3 --keep-max-tokens 40 2>&1 | quiet | tail -70
+  tar -C /tmp -cf "$OUTD/native_files.tar" native_files
+  # capture throughput, the same samples: HF then vLLM (each into its own data dir: the
+  # backend is no part of a dataset's fingerprint). The HF one is deleted after.
+  for be in hf vllm; do
+    echo "== extract capture=$be"
+    (time python3 extract.py "${COMMON[@]}" capture=$be paths.data_dir=/tmp/data_$be \
+       capture.max_num_seqs=${MAX_NUM_SEQS:-256} capture.gpu_memory_utilization=0.6) 2>&1 | quiet | tail -12
+    df -h /tmp | tail -1
+  done
+  grep -h '"capture"' /tmp/data_vllm/*/manifest.json | head -2 || true
+  rm -rf /tmp/data_hf
+}
+
+stage_train() {
+  rm -rf /tmp/run
+  (time python3 train.py "${COMMON[@]}" capture=vllm paths.data_dir=/tmp/data_vllm hydra.run.dir=/tmp/run \
+     train.max_time="00:00:0$MINUTES:00" eval.enabled=true eval.max_prompts=32 eval.humaneval_prompts=16 \
+     eval.max_new_tokens=128) 2>&1 | quiet | tail -45
+  cp /tmp/run/summary.json "$OUTD/train_summary.json"
+  cp /tmp/run/acceptance.json /tmp/run/acceptance.png "$OUTD/" 2>/dev/null || true
+}
+
+stage_serving() {
+  local model ds; model=$(smollm2_dir)
+  ds=$(python3 -c 'import json; print(json.load(open("/tmp/run/summary.json"))["dataset_dir"])')
+  python3 bench/serving_speedup.py --export-dir /tmp/run/export --verifier "$model" --dataset-dir "$ds" \
+    --loads ${LOADS:-1,8,32,64} --draft-tokens ${DRAFT_TOKENS:-1,2,3,5} --max-new-tokens 128 \
+    --out "$OUTD/serving.json" --write-advice 2>&1 | quiet | tail -40
+  cp /tmp/run/export/serving.json "$OUTD/export_serving.json" 2>/dev/null || true
+}
+
+stage_regen() {
+  local model; model=$(smollm2_dir)
+  python3 bench/regen_throughput.py --model-dir "$model" --chat /tmp/sharegpt.jsonl --n ${REGEN_N:-2048} \
+    --max-tokens 256 --engines vllm hf --hf-batch 2048 --out "$OUTD/regen.json" 2>&1 | quiet | tail -20
+}
+
+stage_tests() {
+  # the tests that need CUDA or vLLM; SmolLM2 comes from the cache the earlier stages filled
+  python3 -m pytest -q -p no:cacheprovider -x tests/test_gpu_batches.py tests/test_model_flex.py \
+    tests/test_hf_capture.py tests/test_vllm_native_files.py tests/test_vllm_capture.py 2>&1 | tail -25 \
+    | tee "$OUTD/tests.txt" || true
+}
+
+[ "$#" -gt 0 ] || { echo "usage: gpu_vllm_run.sh carry K | capture | train | serving | regen | tests ..." >&2; exit 2; }
+while [ "$#" -gt 0 ]; do
+  case "$1" in
+    carry) stage_carry "$2"; shift 2 ;;
+    capture|train|serving|regen|tests) echo "=== $1"; "stage_$1"; shift ;;
+    *) echo "unknown stage $1" >&2; exit 2 ;;
+  esac
+done
+ls -la "$OUTD"
