@@ -1,232 +1,233 @@
 """What a head buys in serving: the target alone against the target with the head in vLLM,
-at several loads (concurrent requests) and numbers of draft tokens K, greedy, on held-out
-prompts (the dataset's validation split and HumanEval, as `python -m eagle3.evaluate` takes them).
+at several loads (concurrent requests) and numbers of draft tokens K, greedy, on held-out prompts.
 
     python bench/serving_speedup.py --export-dir DIR --verifier DIR [--dataset-dir DIR] \
-        [--loads 1,8,32,64] [--draft-tokens 1,2,3,5] [--prompts 32] [--max-new-tokens 128] \
-        --out serving.json [--write-advice]
+        [--prompts-jsonl FILE] [--loads 1,8,32,64] [--draft-tokens 1,2,3,5] [--prompts 64] \
+        [--max-new-tokens 128] --out results.json [--write-advice]
 
-One engine per K (K = 0: the target alone), each in a process of its own (the GPU memory of
-one is gone before the next loads). A load of c runs the requests in waves of exactly c, all
-with ``ignore_eos`` and the same ``max_tokens``: every request of a wave runs to the same
-length, so c requests are in flight from its first step to its last. Per (load, K): generated
-tokens/s over the waves' wall time, speed-up over the target alone at that load, acceptance
-length and per-position acceptance from vLLM's spec-decode counters around the load, and the
-share of requests whose greedy output equals the target alone's token for token. The best K
-per load (0 where no K beats the target alone) is printed and, with --write-advice, written
-into the export as serving.json (eagle3/evaluation/serving_advice.py), with the measured step
-costs that let the rule advise heads measured only for acceptance.
+Prompts: the dataset's validation split plus HumanEval, as ``python -m eagle3.evaluate`` takes
+them (a third HumanEval; HumanEval alone without --dataset-dir), or a JSONL of chats
+(``{"messages": [...]}`` per line, the opening turns served).
+
+One engine per K (the target alone first), each in a process of its own
+(eagle3/evaluation/engine.py: its GPU memory is gone before the next loads, counters start at
+zero), built once with max_num_seqs = the largest load. A load of c runs its requests in waves
+of exactly c (one generate() call each), all with ``ignore_eos`` and the same ``max_tokens``:
+every request of a wave runs to the same length, so c requests are in flight from its first
+step to its last (the result records each wave's size and vLLM's preemption count, which must
+be 0). Per (load, K): generated tokens / the waves' wall time, the speed-up over the target
+alone at that load, acceptance length and per-position acceptance from vLLM's spec-decode
+counters around the load, and the share of requests whose output equals the target alone's
+token for token (bf16 kernels differ with the batch shape, so on a GPU a few may part at a near
+tie of the logits; the target alone at load c against itself at the first load shows that
+floor). The best K per load (0: none beats the target alone) is printed and, with
+--write-advice, written into the export as serving.json (eagle3/evaluation/serving_advice.py)
+together with the step costs it implies, printed in the form of serving_advice.STEP_COSTS.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
+import os
 import sys
 import tempfile
-import time
 from pathlib import Path
+from typing import Any
 
-WARMUP_TOKENS = 16
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `python bench/serving_speedup.py` from anywhere, no install needed
+    sys.path.insert(0, str(ROOT))
+
+from eagle3.evaluation import serving_advice  # noqa: E402
+from eagle3.evaluation.engine import EngineRequest, EngineResult, PromptBatch  # noqa: E402
 
 
-def worker(request_file: str, result_file: str) -> None:
-    """One engine: every load's waves, timed, with the counters around each load."""
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+def wave_requests(n_prompts: int, load: int, min_waves: int) -> list[int]:
+    """Prompt indices for a load of c: every prompt at least once and ``min_waves`` waves at
+    least, rounded up to whole waves of c (prompts repeat in turn to fill them)."""
+    n = max(n_prompts, min_waves * load)
+    n = -(-n // load) * load
+    return [i % n_prompts for i in range(n)]
 
-    from eagle3.evaluation.counters import SpecDecodeCounters
 
-    req = json.loads(Path(request_file).read_text())
-    k = int(req["num_draft_tokens"])
-    kwargs = dict(
-        model=req["verifier"],
-        tokenizer=req["verifier"],
-        max_model_len=req["max_model_len"],
-        max_num_seqs=max(req["loads"]),
-        gpu_memory_utilization=req["gpu_memory_utilization"],
-        enable_prefix_caching=False,  # every request computes its whole prompt, with or without the head
-        disable_log_stats=False,
-        seed=0,
+def engine_request(
+    args: argparse.Namespace, k: int, prompts: list[list[int]], plan: dict[int, list[int]]
+) -> EngineRequest:
+    largest = max(plan)
+    return EngineRequest(
+        model=args.verifier,
+        head=args.export_dir if k else None,
+        num_draft_tokens=k,
+        max_new_tokens=args.max_new_tokens,
+        max_model_len=args.max_model_len,
+        batches=[
+            PromptBatch(f"load-{c}", [prompts[i] for i in idx], wave_size=c, ignore_eos=True) for c, idx in plan.items()
+        ],
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_seqs=largest,  # one engine for every load: it must admit the largest wave at once
+        warmup_prompts=largest,
     )
-    if k:
-        kwargs["speculative_config"] = {"model": req["export_dir"], "method": "eagle3", "num_speculative_tokens": k}
-    t0 = time.perf_counter()
-    llm = LLM(**kwargs)
-    load_s = time.perf_counter() - t0
-    params = SamplingParams(temperature=0.0, max_tokens=req["max_new_tokens"], ignore_eos=True)
-    prompts = req["prompts"]
-    llm.generate(
-        [TokensPrompt(prompt_token_ids=p) for p in prompts[: max(req["loads"])]],
-        SamplingParams(temperature=0.0, max_tokens=WARMUP_TOKENS, ignore_eos=True),
-        use_tqdm=False,
-    )
 
-    def counters() -> SpecDecodeCounters | None:
-        return SpecDecodeCounters.from_metrics(llm.get_metrics(), k) if k else None
 
-    out: dict = {"num_draft_tokens": k, "load_seconds": load_s, "loads": {}}
-    for load in req["loads"]:
-        n = max(req["requests_min"], req["waves_min"] * load)
-        requests = [prompts[i % len(prompts)] for i in range(n - n % load)]
-        before = counters()
-        outputs: list[list[int]] = []
-        wave_sizes = []
-        t0 = time.perf_counter()
-        for start in range(0, len(requests), load):
-            wave = requests[start : start + load]
-            wave_sizes.append(len(wave))
-            outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in wave], params, use_tqdm=False)
-            outputs += [list(o.outputs[0].token_ids) for o in outs]
-        seconds = time.perf_counter() - t0
-        after = counters()
-        row = {
-            "requests": len(requests),
-            "wave_sizes": sorted(set(wave_sizes)),
-            "seconds": seconds,
-            "generated_tokens": sum(len(o) for o in outputs),
-            "outputs": outputs,
+def summarise(
+    alone: EngineResult, with_head: dict[int, EngineResult], plan: dict[int, list[int]], max_new_tokens: int
+) -> dict[int, dict[str, Any]]:
+    """Per load: the target alone's tok/s, per K tok/s, speed-up, acceptance and equality."""
+    first = min(plan)
+    base_first = {i: o for i, o in zip(plan[first], alone.batches[0].outputs)}  # prompt -> output at the first load
+    table: dict[int, dict[str, Any]] = {}
+    for b, (load, idx) in enumerate(plan.items()):
+        base = alone.batches[b]
+        base_tps = base.generated_tokens / base.seconds
+        row: dict[str, Any] = {
+            "requests": len(idx),
+            "target_alone_tok_s": base_tps,
+            "target_alone_wave_sizes": sorted(set(base.wave_sizes or [])),
+            "target_alone_preemptions": base.preemptions,
+            # batch-shape numerics alone: the target at this load against itself at the first
+            "target_alone_equal_to_first_load": sum(o == base_first[i] for i, o in zip(idx, base.outputs)) / len(idx),
+            "by_k": {},
         }
-        if before is not None and after is not None:
-            row["counters"] = (after - before).to_dict()
-        out["loads"][str(load)] = row
-        print(f"K={k} load={load}: {row['generated_tokens'] / seconds:,.0f} tok/s", flush=True)
-    Path(result_file).write_text(json.dumps(out))
-
-
-def run_engine(req: dict, work: Path, label: str) -> dict:
-    from eagle3.evaluation.subprocess_engine import engine_env
-
-    req_file, res_file, log = work / f"{label}.json", work / f"{label}.result.json", work / f"{label}.log"
-    req_file.write_text(json.dumps(req))
-    with open(log, "w") as f:
-        rc = subprocess.run(
-            [sys.executable, __file__, "--worker", str(req_file), str(res_file)],
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            env=engine_env(req["cpu_kvcache_space_gb"]),
-        ).returncode
-    if rc != 0 or not res_file.is_file():
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
-        raise RuntimeError(f"engine {label} failed (exit {rc}); last lines of {log}:\n{tail}")
-    return json.loads(res_file.read_text())
-
-
-def summarise(alone: dict, with_head: dict[int, dict], loads: list[int]) -> dict:
-    """Per load and K: tok/s, speed-up, acceptance, output equality; the best K per load."""
-    table: dict = {}
-    for load in loads:
-        base = alone["loads"][str(load)]
-        base_tps = base["generated_tokens"] / base["seconds"]
-        row: dict = {"target_alone_tok_s": base_tps, "by_k": {}}
         for k, res in sorted(with_head.items()):
-            r = res["loads"][str(load)]
-            c = r["counters"]
-            drafts = max(1, c["drafts"])
-            equal = sum(a == b for a, b in zip(r["outputs"], base["outputs"])) / max(1, len(r["outputs"]))
-            tps = r["generated_tokens"] / r["seconds"]
+            r = res.batches[b]
+            c = r.counters or {}
+            drafts = c.get("drafts", 0)
+            tps = r.generated_tokens / r.seconds
             row["by_k"][k] = {
                 "tok_s": tps,
                 "speedup": tps / base_tps,
-                "acceptance_length": 1 + c["accepted_tokens"] / drafts,
-                "per_position": [a / drafts for a in c["accepted_per_position"]],
-                "outputs_equal": equal,
-                "requests": r["requests"],
-                "wave_sizes": r["wave_sizes"],
+                "acceptance_length": 1.0 + c.get("accepted_tokens", 0) / drafts if drafts else float("nan"),
+                "per_position": [a / drafts for a in c.get("accepted_per_position", [])] if drafts else [],
+                "outputs_equal": sum(a == o for a, o in zip(r.outputs, base.outputs)) / len(idx),
+                "wave_sizes": sorted(set(r.wave_sizes or [])),
+                "preemptions": r.preemptions,
+                "all_full_length": all(len(o) == max_new_tokens for o in r.outputs),
             }
-        best_k, best = max(((k, v["speedup"]) for k, v in row["by_k"].items()), key=lambda kv: kv[1])
-        row["best_k"] = best_k if best > 1.0 else 0
-        row["best_speedup"] = max(best, 1.0)
+        best, speedup = serving_advice.best_k(
+            {k: v["speedup"] for k, v in row["by_k"].items()}, serving_advice.MIN_SPEEDUP["measured"]
+        )
+        row["best_k"], row["best_speedup"] = best, speedup
         table[load] = row
     return table
 
 
-def print_table(table: dict) -> None:
-    print("| load | target alone tok/s | K | with head tok/s | speed-up | acceptance | per position | outputs equal |")
-    print("|---|---|---|---|---|---|---|---|")
+def print_table(table: dict[int, dict[str, Any]]) -> None:
+    print("| load | K | tok/s | speed-up | acceptance length | per position | outputs equal |")
+    print("|---|---|---|---|---|---|---|")
     for load, row in table.items():
+        print(f"| {load} | 0 | {row['target_alone_tok_s']:,.1f} | 1.00x | | | "
+              f"{row['target_alone_equal_to_first_load']:.2f} (vs load {min(table)}) |")  # fmt: skip
         for k, v in row["by_k"].items():
-            pos = " / ".join(f"{p:.3f}" for p in v["per_position"])
+            pos = " / ".join(f"{p:.2f}" for p in v["per_position"])
             print(
-                f"| {load} | {row['target_alone_tok_s']:,.1f} | {k} | {v['tok_s']:,.1f} | {v['speedup']:.2f}x | "
-                f"{v['acceptance_length']:.2f} | {pos} | {v['outputs_equal']:.2f} |"
+                f"| {load} | {k} | {v['tok_s']:,.1f} | {v['speedup']:.2f}x | {v['acceptance_length']:.2f} | {pos} | "
+                f"{v['outputs_equal']:.2f} |"
             )
+    print()
     for load, row in table.items():
-        advice = f"K={row['best_k']} ({row['best_speedup']:.2f}x)" if row["best_k"] else "without the head"
-        print(f"best at {load} concurrent requests: {advice}")
+        verdict = f"K={row['best_k']} ({row['best_speedup']:.2f}x)" if row["best_k"] else "0 (the target alone)"
+        print(f"best K at {load} concurrent requests: {verdict}")
+
+
+def jsonl_prompts(path: str, n: int, tokenizer: Any, max_tokens: int) -> tuple[list[list[int]], dict[str, int]]:
+    """The opening turns (a leading system turn, then the first user turn) of chat lines."""
+    from eagle3.evaluation.prompts import render_prompt
+
+    out: list[list[int]] = []
+    for line in Path(path).read_text().splitlines():
+        if len(out) == n:
+            break
+        if not line.strip():
+            continue
+        messages = json.loads(line)["messages"]
+        opening = messages[: 2 if messages[0]["role"] == "system" else 1]
+        ids = render_prompt(tokenizer, opening, None)
+        if len(ids) <= max_tokens:
+            out.append(ids)
+    return out, {"jsonl": len(out)}
 
 
 def main() -> None:
-    if len(sys.argv) == 4 and sys.argv[1] == "--worker":
-        worker(sys.argv[2], sys.argv[3])
-        return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--export-dir", required=True)
-    ap.add_argument("--verifier", required=True)
-    ap.add_argument("--dataset-dir", default=None, help="its validation split's first turns are the prompts")
+    ap.add_argument("--verifier", required=True, help="the target's directory or hub id")
+    ap.add_argument("--dataset-dir", default=None, help="its validation split's opening turns are prompts")
+    ap.add_argument("--prompts-jsonl", default=None, help="chat lines instead of the val split + HumanEval")
     ap.add_argument("--loads", default="1,8,32,64")
     ap.add_argument("--draft-tokens", default="1,2,3,5")
-    ap.add_argument("--prompts", type=int, default=48, help="held-out prompts (a third HumanEval)")
+    ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--max-model-len", type=int, default=2048)
-    ap.add_argument("--requests-min", type=int, default=32, help="requests per load at least")
-    ap.add_argument("--waves-min", type=int, default=4, help="waves per load at least")
+    ap.add_argument("--min-waves", type=int, default=2, help="waves per load at least")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     ap.add_argument("--cpu-kvcache-space-gb", type=int, default=4)
+    ap.add_argument("--timeout-s", type=int, default=1800, help="per engine")
+    ap.add_argument("--work-dir", default=None, help="engine requests, results and logs (default: a temp dir)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--write-advice", action="store_true", help="write the export's serving.json")
     args = ap.parse_args()
 
     from transformers import AutoTokenizer
 
-    from eagle3.evaluation import serving_advice
     from eagle3.evaluation.prompts import heldout_prompts
+    from eagle3.evaluation.subprocess_engine import run_engine_process
 
+    # the engine runs as `python -m eagle3.evaluation.engine`: it must find eagle3 from any cwd
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     tok = AutoTokenizer.from_pretrained(args.verifier)
-    held = heldout_prompts(
-        args.dataset_dir,
-        args.prompts,
-        args.prompts // 3,
-        tok,
-        max_prompt_tokens=args.max_model_len - args.max_new_tokens - 8,
-    )
+    max_prompt = args.max_model_len - args.max_new_tokens - 8
+    if args.prompts_jsonl:
+        prompts, counts = jsonl_prompts(args.prompts_jsonl, args.prompts, tok, max_prompt)
+    else:
+        n_he = args.prompts // 3 if args.dataset_dir else args.prompts
+        held = heldout_prompts(args.dataset_dir, args.prompts, n_he, tok, max_prompt_tokens=max_prompt)
+        prompts, counts = [p.token_ids for p in held.prompts], held.counts()
+    if not prompts:
+        sys.exit("no held-out prompts")
     loads = [int(x) for x in args.loads.split(",")]
     ks = [int(x) for x in args.draft_tokens.split(",")]
-    base_req = {
-        "verifier": args.verifier,
-        "export_dir": args.export_dir,
-        "max_model_len": args.max_model_len,
-        "max_new_tokens": args.max_new_tokens,
-        "loads": loads,
-        "prompts": [p.token_ids for p in held.prompts],
-        "requests_min": args.requests_min,
-        "waves_min": args.waves_min,
-        "gpu_memory_utilization": args.gpu_memory_utilization,
-        "cpu_kvcache_space_gb": args.cpu_kvcache_space_gb,
-    }
+    plan = {c: wave_requests(len(prompts), c, args.min_waves) for c in loads}
+
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        alone = run_engine({**base_req, "num_draft_tokens": 0}, work, "k0")
-        with_head = {k: run_engine({**base_req, "num_draft_tokens": k}, work, f"k{k}") for k in ks}
-    table = summarise(alone, with_head, loads)
+        work = Path(args.work_dir or tmp)
+
+        def engine(k: int) -> EngineResult:
+            result, wall = run_engine_process(
+                engine_request(args, k, prompts, plan),
+                work,
+                f"k{k}",
+                timeout_s=args.timeout_s,
+                cpu_kvcache_space_gb=args.cpu_kvcache_space_gb,
+            )
+            print(f"K={k}: engine up in {result.load_seconds:.0f} s, {wall:.0f} s in all", flush=True)
+            return result
+
+        alone = engine(0)
+        with_head = {k: engine(k) for k in ks}
+    table = summarise(alone, with_head, plan, args.max_new_tokens)
     print_table(table)
     speedups = {load: {k: v["speedup"] for k, v in row["by_k"].items()} for load, row in table.items()}
-    tokens_per_step = {k: table[loads[0]]["by_k"][k]["acceptance_length"] for k in ks}
+    per_step = {load: {k: v["acceptance_length"] for k, v in row["by_k"].items()} for load, row in table.items()}
+    costs = serving_advice.step_costs(speedups, per_step)
+    print(f"step costs c(K, load) in plain decode steps (serving_advice.STEP_COSTS form): {costs}")
+    device = f"{alone.platform}, vLLM {alone.vllm_version}, eager={alone.enforce_eager}"
     result = {
-        "prompts": held.counts(),
+        "device": device,
+        "prompts": counts,
         "loads": loads,
         "draft_tokens": ks,
         "max_new_tokens": args.max_new_tokens,
-        "load_seconds": {str(k): r["load_seconds"] for k, r in {0: alone, **with_head}.items()},
         "table": table,
-        "step_costs": serving_advice.step_costs(speedups, tokens_per_step),
+        "step_costs": costs,
     }
     Path(args.out).write_text(json.dumps(result, indent=2))
-    advice = serving_advice.from_measurements(speedups)
-    print(advice.summary_line())
+    advice = serving_advice.from_measurements(speedups, device=device, step_costs=costs, prompts=counts)
+    advice.head_sha256 = serving_advice.head_sha256(args.export_dir)
     if args.write_advice:
         print(f"wrote {advice.write(args.export_dir)}")
+    for line in serving_advice.serving_lines(args.export_dir, args.verifier, max(ks), advice):
+        print(line)
 
 
 if __name__ == "__main__":

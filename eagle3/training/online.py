@@ -2,11 +2,14 @@
 samples into the batch the offline path would have read from disk for the same samples.
 
 Each training process holds its own full copy of the target on its device (DDP: one per
-rank), in inference mode, in the capture dtype. Its records pass through the same typed
-adapter as extraction (eagle3/target/adapter.py): a wrong layer count, hidden size or token
-count fails the step with the sample named, as it fails an extraction. A target too large
-for one device is refused (train.hidden_states=online with topology.strategy=fsdp): train it
-from an extracted dataset (vLLM with tensor parallelism), see docs/scaling.md.
+rank), in inference mode. Its hidden states come in the capture dtype, as offline; the forward
+computes in it too, except on a CPU without native bf16 matmuls, where the capture backend runs
+it in fp32 and rounds the states to the capture dtype (eagle3/target/compute_dtype.py). Its
+records pass through the same typed adapter as extraction (eagle3/target/adapter.py): a wrong
+layer count, hidden size or token count fails the step with the sample named, as it fails an
+extraction. A target too large for one device is refused (train.hidden_states=online with
+topology.strategy=fsdp): train it from an extracted dataset (vLLM with tensor parallelism), see
+docs/scaling.md.
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ import torch
 from eagle3.config.schema import AttentionKind, RunConfig, TopologyConfig
 from eagle3.model.flex import FLEX_BLOCK
 
+# the one CPU capability check, shared with every target forward (capture, online, regeneration)
+from eagle3.target.compute_dtype import cpu_has_native_bf16
+
 
 def uses_flex(cfg: RunConfig) -> bool:
     return cfg.train.attention == AttentionKind.flex
@@ -16,17 +19,6 @@ def uses_flex(cfg: RunConfig) -> bool:
 def trains_on_cuda(topology: TopologyConfig) -> bool:
     accelerator = topology.accelerator
     return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
-
-
-def cpu_has_native_bf16() -> bool:
-    """An x86 CPU with bf16 dot products (avx512_bf16, or AMX tiles): oneDNN then runs bf16
-    matmuls natively. Elsewhere bf16 autocast is emulated and slower than fp32."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
-    except OSError:  # not Linux: no reliable check, fp32
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def resolve_precision(topology: TopologyConfig) -> None:

@@ -15,9 +15,9 @@ log = logging.getLogger(__name__)
 
 
 class HFRegenerator(Regenerator):
-    """Answers in length-sorted, left-padded batches of ``gen_batch_size`` prompts (``dtype``,
-    on the GPU when there is one), each cut at its own room and its first end-of-turn token,
-    so batching never changes an answer's length limit.
+    """Answers in length-sorted, left-padded batches of ``gen_batch_size`` prompts (``dtype``, or
+    fp32 on a CPU that would emulate it; on the GPU when there is one), each cut at its own room
+    and its first end-of-turn token, so batching never changes an answer's length limit.
 
     ``fast_decode`` (default): ``eagle3.target.generate.fast_decode.decode`` for Llama-family targets, a
     preallocated KV cache read once per step (H200: 1.95x ``generate`` on a random-weight probe;
@@ -59,14 +59,22 @@ class HFRegenerator(Regenerator):
             import torch
             from transformers import AutoModelForCausalLM
 
+            from eagle3.target.compute_dtype import compute_dtype, compute_note
+
             device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+            # only token ids leave this engine: a CPU that would emulate bf16 decodes in fp32
+            stored = getattr(torch, self.dtype)
+            dtype = compute_dtype(stored, device)
+            note = compute_note(stored, dtype)
+            if note:
+                log.info("regenerate (hf): %s", note)
             # CPU: SDPA in bf16 with left padding answered "What is the capital of France?"
             # with garbage when batched beside a longer prompt (torch 2.13, measured); eager is right
             attn = self.attn_implementation or ("sdpa" if str(device).startswith("cuda") else "eager")
             self._model = (
                 AutoModelForCausalLM.from_pretrained(
                     self.model_dir,
-                    dtype=getattr(torch, self.dtype),
+                    dtype=dtype,
                     attn_implementation=attn,
                     trust_remote_code=self.trust_remote_code,
                 )
