@@ -6,9 +6,10 @@ state that the HF backend captures, or the normed one transformers returns last)
     python bench/vllm_capture_parity.py --model-dir DIR --chat sharegpt.jsonl --n 200 \
         --out parity.json [--keep-files DIR --keep-n 3]
 
---keep-files: the shortest --keep-n samples' files as vLLM's connector wrote them (the test
-data of tests/test_vllm_native_files.py). Runs where vLLM does (CUDA: the native route; the
-CPU build: ours); the HF side runs on the same device.
+--keep-files: the files vLLM's connector wrote for the --keep-n shortest samples cut to
+--keep-max-tokens tokens, with a sidecar JSON each (sample id, loss mask). Runs where vLLM
+does (CUDA: the stock connector, route native; the CPU build: the host-copy connector); the HF
+side runs on the same device.
 """
 
 from __future__ import annotations
@@ -101,10 +102,17 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
 
     keep_ids: set[str] = set()
+    feed_keep: list = []
     if args.keep_files:
         Path(args.keep_files).mkdir(parents=True, exist_ok=True)
-        short = sorted((f for f in feed if f[1].numel() <= args.keep_max_tokens), key=lambda f: f[1].numel())
-        keep_ids = {f[0] for f in short[: args.keep_n]}
+        # the shortest samples, each cut to --keep-max-tokens (a few hundred KB in all)
+        short = sorted(feed, key=lambda f: f[1].numel())[: args.keep_n]
+        keep = [
+            (f"{sid}:first{args.keep_max_tokens}", ids[: args.keep_max_tokens], m[: args.keep_max_tokens])
+            for sid, ids, m in short
+        ]
+        keep_ids = {f[0] for f in keep}
+        feed_keep = keep
     t0 = time.perf_counter()
     with VLLMCaptureBackend(
         args.model_dir,
@@ -117,7 +125,7 @@ def main() -> None:
         route = vb.route
         if keep_ids:  # the kept files come from a call of their own (only those are moved)
             vb.keep_files_dir = args.keep_files
-            kept = dict(vb.capture_with_ids([f for f in feed if f[0] in keep_ids]))
+            kept = dict(vb.capture_with_ids(feed_keep))
             vb.keep_files_dir = None
             for sid, rec in kept.items():
                 side = {"sample_id": sid, "loss_mask": rec.loss_mask.int().tolist(), "capture_ids": list(CAPTURE_IDS)}

@@ -56,7 +56,7 @@ def disk_per_million_tokens(
 
 
 def vllm_capture_route(accelerator: str) -> str:
-    """capture.vllm_route for a topology: vLLM's own connector on a GPU, ours on the CPU build
-    (whose copy of vLLM's connector fails: eagle3/target/vllm_internals.py), decided at start
-    by the installed vLLM for accelerator=auto."""
-    return {"gpu": "native", "cuda": "native", "cpu": "eagle3_connector"}.get(str(accelerator), "auto")
+    """capture.vllm_route for a topology: vLLM's own connector on a GPU; on the CPU build the
+    same connector with a host copy (its CUDA-stream copy fails there:
+    eagle3/target/vllm_internals.py); decided at start by the installed vLLM for accelerator=auto."""
+    return {"gpu": "native", "cuda": "native", "cpu": "native_host_copy"}.get(str(accelerator), "auto")

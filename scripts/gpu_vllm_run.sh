@@ -9,7 +9,7 @@
 #   bash scripts/gpu_vllm_run.sh carry K        K = 0..5, carrying .gpu/vllm/cK; K = 5 installs vLLM
 #   bash scripts/gpu_quality_run.sh part 0      carrying .gpu/parts/gguf.0 .gpu/site .gpu/gguf.sha256
 #   bash scripts/gpu_quality_run.sh part 1      carrying .gpu/parts/gguf.1 .gpu/sharegpt.jsonl.xz
-#   bash scripts/gpu_vllm_run.sh capture        parity HF vs vLLM (+ connector files for tests/assets),
+#   bash scripts/gpu_vllm_run.sh capture        parity HF vs vLLM (+ a few files as vLLM's connector wrote them),
 #                                               then extract.py with capture=hf and capture=vllm
 #   bash scripts/gpu_vllm_run.sh train          train.py on the vLLM-captured dataset for MINUTES,
 #                                               its end-of-run evaluation in CUDA vLLM
@@ -67,7 +67,8 @@ stage_capture() {
   for be in hf vllm; do
     echo "== extract capture=$be"
     (time python3 extract.py "${COMMON[@]}" capture=$be paths.data_dir=/tmp/data_$be \
-       capture.max_num_seqs=${MAX_NUM_SEQS:-256} capture.gpu_memory_utilization=0.6) 2>&1 | quiet | tail -12
+       capture.max_num_seqs=${MAX_NUM_SEQS:-256} capture.gpu_memory_utilization=0.6) 2>&1 | quiet \
+       | tee "$OUTD/extract_$be.log" | grep -E "^captured|^done|^real|tok/s\)" || true
     df -h /tmp | tail -1
   done
   grep -h '"capture"' /tmp/data_vllm/*/manifest.json | head -2 || true
@@ -101,7 +102,7 @@ stage_regen() {
 stage_tests() {
   # the tests that need CUDA or vLLM; SmolLM2 comes from the cache the earlier stages filled
   python3 -m pytest -q -p no:cacheprovider -x tests/test_gpu_batches.py tests/test_model_flex.py \
-    tests/test_hf_capture.py tests/test_vllm_native_files.py tests/test_vllm_capture.py 2>&1 | tail -25 \
+    tests/test_hf_capture.py tests/test_vllm_connector_files.py tests/test_serving_speedup.py tests/test_vllm_capture.py 2>&1 | tail -25 \
     | tee "$OUTD/tests.txt" || true
 }
 

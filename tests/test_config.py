@@ -185,6 +185,13 @@ def test_cli_cfg_job_resolve(entry):
     resolved = OmegaConf.create(out.stdout)
     assert list(resolved.layers.capture_ids) == [2, 30, 58, 61]
     assert resolved.topology.extract_tp == 8
+    assert resolved.capture.vllm_route == "native"  # the 8-GPU plan names vLLM's own connector
+
+
+def test_the_vllm_capture_route_follows_the_accelerator():
+    assert compose("extract", ["capture=vllm"]).capture.vllm_route == "native_host_copy"  # the CPU build
+    assert compose("extract", ["capture=vllm", "topology=gpu1"]).capture.vllm_route == "native"
+    assert compose("extract", ["capture=vllm", "capture.vllm_route=auto"]).capture.vllm_route == "auto"
 
 
 def test_cli_typo_exits_nonzero_with_key():

@@ -50,8 +50,8 @@ class VLLMRoute(str, Enum):
     """How capture=vllm gets the states out of the engine (eagle3/target/vllm_internals.py)."""
 
     native = "native"  # vLLM's own ExampleHiddenStatesConnector (needs CUDA)
-    eagle3_connector = "eagle3_connector"  # ours: vLLM's CPU build
-    auto = "auto"  # native where the installed vLLM runs it, else ours
+    native_host_copy = "native_host_copy"  # the same connector copying on the host: vLLM's CPU build
+    auto = "auto"  # native with an accelerator, native_host_copy on the CPU build
 
 
 class VerifyMode(str, Enum):
@@ -198,7 +198,7 @@ class CaptureConfig:
     writer_threads: int = 2  # shards hashed + written at once (a shard queued per thread at most)
     # vllm only
     # the connector; conf/capture/vllm.yaml computes it from topology.accelerator (gpu: native,
-    # cpu: eagle3_connector) so --cfg job names it; a route the installed vLLM cannot run is refused
+    # cpu: native_host_copy) so --cfg job names it; a route the installed vLLM cannot run is refused
     vllm_route: VLLMRoute = VLLMRoute.auto
     enable_prefix_caching: bool = False  # must stay off: cached prefixes skip the hooks
     gpu_memory_utilization: float = 0.5

@@ -219,7 +219,7 @@ def _disk_full_message(
 
 def capture_route(backend_name: str, backend: CaptureBackend) -> str:
     """What the manifest records as the capture route: ``hf``, ``vllm/native`` or
-    ``vllm/eagle3_connector`` (the route the vLLM backend resolved at start)."""
+    ``vllm/native_host_copy`` (the route the vLLM backend resolved at start)."""
     route = getattr(backend, "route", None)
     return f"{backend_name}/{route}" if route else backend_name
 

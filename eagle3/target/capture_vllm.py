@@ -5,14 +5,16 @@ vLLM's `extract_hidden_states` method makes the engine cache the states of the c
 a KV connector writes one safetensors file per request from TP rank 0; this module reads each
 file back and hands it to the typed adapter, which checks layers, hidden size, token count,
 token ids and finiteness. The data plane is the file system: no tensor crosses vLLM's RPC.
-Two connectors (eagle3/target/vllm_internals.py, the one module that touches vLLM internals,
-says why): vLLM's own `ExampleHiddenStatesConnector` (``native``, wherever it runs: CUDA) and
-ours (``eagle3_connector``, the CPU build). The files land in ``spill_dir`` (default: /dev/shm
-where it has room, so they never reach a disk) and are deleted once read.
+Two connectors write that file (eagle3/target/vllm_internals.py, the one module that touches
+vLLM internals, says why): vLLM's own `ExampleHiddenStatesConnector` (``native``: CUDA) and the
+same connector with a host copy in place of its CUDA-stream copy (``native_host_copy``: the
+CPU build). The files land in ``spill_dir`` (default: /dev/shm where it has room, so they
+never reach a disk) and are deleted once read.
 
-Prefix caching is refused: on our connector cached prefix tokens skip the model, so their
-states would be missing (measured: a hook saw 488 of 872 tokens). If tokens go missing any
-other way, the file has fewer rows than the prompt and the adapter refuses the record.
+Prefix caching is refused: a hook-based capture misses cached prefix tokens (measured: a hook
+saw 488 of 872 tokens); vLLM's hidden-state cache keeps them, but capture does not depend on
+it. If tokens go missing any other way, the file has fewer rows than the prompt and the adapter
+refuses the record.
 
 Like any script that builds a vLLM engine, the caller must run under
 `if __name__ == "__main__":` when vLLM spawns workers (TP > 1, or its engine process).
@@ -36,11 +38,9 @@ import torch
 
 from eagle3.hidden_dtypes import names_by_torch_dtype
 from eagle3.target.adapter import CapturedSample, CaptureError, CaptureSpec, to_captured_sample
+from eagle3.target.records import CONNECTOR_HIDDEN_KEY, CONNECTOR_TOKENS_KEY
 
 FILE_WAIT_S = 60.0  # the writer is the rank whose output the engine returns, so this is a guard
-# vLLM's ExampleHiddenStatesConnector file: hidden_states [T, L, H] (capture ids in ascending
-# order), token_ids [T]; "<file>.lock" is held exclusively until the file is whole
-NATIVE_HIDDEN_KEY, NATIVE_TOKENS_KEY = "hidden_states", "token_ids"
 SHM_DIR = "/dev/shm"
 SHM_MIN_FREE = 8 * 2**30  # /dev/shm is used for spill files only with this much room
 
@@ -62,7 +62,6 @@ class _Pending:
     sample_id: str
     input_ids: torch.Tensor
     loss_mask: torch.Tensor
-    path: str
 
 
 def _model_facts(model_dir: str) -> tuple[int, int]:
@@ -101,46 +100,6 @@ def _split_cpus(ranks: int) -> str:
     size = len(cpus) // ranks
     groups = [cpus[r * size : (r + 1) * size] for r in range(ranks)]
     return "|".join(",".join(str(c) for c in g) for g in groups)
-
-
-def read_capture_file(
-    path: str, *, spec: CaptureSpec, input_ids: torch.Tensor, loss_mask: torch.Tensor, sample_id: str
-) -> CapturedSample:
-    """One connector file -> a checked record (the adapter refuses missing rows or wrong ids)."""
-    from safetensors.torch import load_file
-
-    from eagle3.target.vllm_internals import FIRST_POSITION_KEY, HIDDEN_KEY, TOKENS_KEY
-
-    data = load_file(path)
-    missing = [k for k in (HIDDEN_KEY, TOKENS_KEY, FIRST_POSITION_KEY) if k not in data]
-    if missing:
-        raise CaptureError(
-            f"{path} tensors",
-            [HIDDEN_KEY, TOKENS_KEY, FIRST_POSITION_KEY],
-            f"{sorted(data)} (missing {missing})",
-            sample_id=sample_id,
-        )
-    first = int(data[FIRST_POSITION_KEY][0])
-    hint = None
-    if first != 0:
-        hint = (
-            f"the engine ran positions {first}..{spec.num_tokens - 1} only: the first {first} came "
-            "from a cache (prefix caching?) and their states were never computed"
-        )
-    try:
-        return to_captured_sample(
-            data[HIDDEN_KEY],
-            spec=spec,
-            sent_token_ids=input_ids,
-            loss_mask=loss_mask,
-            returned_token_ids=data[TOKENS_KEY],
-            sample_id=sample_id,
-        )
-    except CaptureError as e:
-        if hint:  # say where the rows went, beside the adapter's own hint
-            both = f"{e.hint}; {hint}" if e.hint else hint
-            raise CaptureError(e.field, e.expected, e.got, sample_id=sample_id, hint=both) from None
-        raise
 
 
 def _wait_whole(path: str, sample_id: str, timeout_s: float = FILE_WAIT_S) -> None:
@@ -186,20 +145,20 @@ def read_native_file(
 
     _wait_whole(path, sample_id)
     data = load_file(path)
-    missing = [k for k in (NATIVE_HIDDEN_KEY, NATIVE_TOKENS_KEY) if k not in data]
+    missing = [k for k in (CONNECTOR_HIDDEN_KEY, CONNECTOR_TOKENS_KEY) if k not in data]
     if missing:
         raise CaptureError(
             f"{path} tensors",
-            [NATIVE_HIDDEN_KEY, NATIVE_TOKENS_KEY],
+            [CONNECTOR_HIDDEN_KEY, CONNECTOR_TOKENS_KEY],
             f"{sorted(data)} (missing {missing})",
             sample_id=sample_id,
         )
     return to_captured_sample(
-        data[NATIVE_HIDDEN_KEY],
+        data[CONNECTOR_HIDDEN_KEY],
         spec=spec,
         sent_token_ids=input_ids,
         loss_mask=loss_mask,
-        returned_token_ids=data[NATIVE_TOKENS_KEY],
+        returned_token_ids=data[CONNECTOR_TOKENS_KEY],
         sample_id=sample_id,
     )
 
@@ -248,7 +207,7 @@ class VLLMCaptureBackend:
         """``spill_dir``: where per-request files land before being read back (default:
         ``default_spill_dir()``; it must be visible to TP rank 0, i.e. local for one-node TP).
         ``prompts_per_call``: prompts handed to one ``LLM.generate`` (default 4 x max_num_seqs).
-        ``route``: the connector (``capture.vllm_route``: auto | native | eagle3_connector).
+        ``route``: the connector (``capture.vllm_route``: auto | native | native_host_copy).
         ``keep_files_dir``: the native connector's files are moved there once read, not deleted
         (test data, debugging)."""
         if enable_prefix_caching:
@@ -287,7 +246,6 @@ class VLLMCaptureBackend:
         self.max_model_len = int(max_model_len)
         self.prompts_per_call = int(prompts_per_call or 4 * max_num_seqs)
         self.stats = CaptureStats()
-        self._counter = 0
 
         from eagle3.target import vllm_internals  # checks the vLLM version first
 
@@ -351,41 +309,16 @@ class VLLMCaptureBackend:
                 sample_id=sample_id,
                 hint="truncate with data.max_length or raise max_model_len",
             )
-        self._counter += 1
-        path = os.path.join(self._spill, f"req-{self._counter:09d}.safetensors")
-        return _Pending(sample_id, ids.to(torch.int64), torch.as_tensor(loss_mask), path)
-
-    def _wait_for(self, path: str, sample_id: str) -> None:
-        deadline = time.monotonic() + FILE_WAIT_S
-        while not os.path.exists(path):
-            if time.monotonic() > deadline:
-                raise CaptureError(
-                    f"hidden-state file {path}",
-                    "written by the engine's connector",
-                    f"absent after {FILE_WAIT_S:.0f} s",
-                    sample_id=sample_id,
-                    hint="the request finished without its prompt being captured",
-                )
-            time.sleep(0.05)
+        return _Pending(sample_id, ids.to(torch.int64), torch.as_tensor(loss_mask))
 
     def _run(self, batch: list[_Pending]) -> Iterator[tuple[str, CapturedSample]]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        native = self.route == self._internals.NATIVE
         start = time.perf_counter()
         prompts = [TokensPrompt(prompt_token_ids=p.input_ids.tolist()) for p in batch]
-        params = [
-            SamplingParams(
-                max_tokens=1,
-                temperature=0.0,
-                detokenize=False,
-                # the native connector names its own files (returned in the output); ours writes
-                # where the request says
-                extra_args=None if native else {self._internals.PATH_KEY: p.path},
-            )
-            for p in batch
-        ]
+        # the connector names each request's file and returns it in the output
+        params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         if len(outputs) != len(batch):
             raise CaptureError("vLLM outputs", f"{len(batch)} (one per prompt)", len(outputs))
@@ -400,33 +333,25 @@ class VLLMCaptureBackend:
                     sample_id=p.sample_id,
                 )
             spec = CaptureSpec(self.capture_ids, self.hidden_size, self.dtype, int(p.input_ids.shape[0]))
-            if native:
-                path = (out.kv_transfer_params or {}).get(self._internals.NATIVE_PATH_KEY)
-                if not path:
-                    raise CaptureError(
-                        "vLLM output kv_transfer_params",
-                        f"{{'{self._internals.NATIVE_PATH_KEY}': <file>}} from {self._internals.NATIVE_CONNECTOR}",
-                        repr(out.kv_transfer_params),
-                        sample_id=p.sample_id,
-                    )
-                try:
-                    records.append(
-                        read_native_file(
-                            path, spec=spec, input_ids=p.input_ids, loss_mask=p.loss_mask, sample_id=p.sample_id
-                        )
-                    )
-                finally:
-                    if self.keep_files_dir and os.path.exists(path):
-                        shutil.move(path, os.path.join(self.keep_files_dir, f"{p.sample_id}.safetensors"))
-                    _remove(path)
-            else:
-                self._wait_for(p.path, p.sample_id)
+            path = (out.kv_transfer_params or {}).get(self._internals.NATIVE_PATH_KEY)
+            if not path:
+                raise CaptureError(
+                    "vLLM output kv_transfer_params",
+                    f"{{'{self._internals.NATIVE_PATH_KEY}': <file>}} from the hidden-state connector",
+                    repr(out.kv_transfer_params),
+                    sample_id=p.sample_id,
+                )
+            try:
                 records.append(
-                    read_capture_file(
-                        p.path, spec=spec, input_ids=p.input_ids, loss_mask=p.loss_mask, sample_id=p.sample_id
+                    read_native_file(
+                        path, spec=spec, input_ids=p.input_ids, loss_mask=p.loss_mask, sample_id=p.sample_id
                     )
                 )
-                os.remove(p.path)
+            finally:
+                if self.keep_files_dir and os.path.exists(path):
+                    _wait_whole(path, p.sample_id)
+                    shutil.move(path, os.path.join(self.keep_files_dir, f"{p.sample_id}.safetensors"))
+                _remove(path)
         now = time.perf_counter()
         self.stats.read_seconds += now - read_start
         self.stats.seconds += now - start

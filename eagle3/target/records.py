@@ -8,6 +8,12 @@ from typing import Any
 
 import torch
 
+# The file vLLM's hidden-state connector (ExampleHiddenStatesConnector) writes per request, read
+# by capture_vllm.py and written the same way by vllm_internals.py's host-copy connector:
+# hidden_states [T, L, H] (capture ids in ascending order), token_ids int64 [T]; "<file>.lock"
+# is held exclusively until the file is whole.
+CONNECTOR_HIDDEN_KEY, CONNECTOR_TOKENS_KEY = "hidden_states", "token_ids"
+
 
 class CaptureError(ValueError):
     """A capture that does not match what was asked for: names field, expected and got."""

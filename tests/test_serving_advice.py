@@ -1,0 +1,117 @@
+"""Serving advice (eagle3/evaluation/serving_advice.py): the number of draft tokens per load,
+from measured speed-ups or predicted from acceptance and step costs; its file in the export,
+kept only for the weights it was made for; and the `vllm serve` lines printed from it.
+
+The rule's figures are worked by hand here from the module's formula, so a change to the
+arithmetic (the fitted line, the log-load interpolation, the thresholds) fails a test.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from eagle3.evaluation import serving_advice as sa
+
+RATES = [0.6, 0.4, 0.25]  # per-position acceptance rates a_0..a_2
+TABLE = {1: {3: 1.669}, 8: {3: 2.058}, 64: {3: 3.029}}  # c(3, load): one K per load, so f = 0
+
+
+def _hand_cost(k: int, load: int) -> float:
+    """c = 1 + s*K with s = (c(3) - 1) / 3 per measured load, s interpolated in log(load)."""
+    s = {n: (TABLE[n][3] - 1) / 3 for n in TABLE}
+    lo = max(n for n in TABLE if n <= load)
+    hi = min(n for n in TABLE if n >= load)
+    w = 0.0 if lo == hi else math.log(load / lo) / math.log(hi / lo)
+    return 1 + (s[lo] + w * (s[hi] - s[lo])) * k
+
+
+def test_the_rule_predicts_tokens_per_step_over_step_cost():
+    advice = sa.from_rule(RATES, TABLE, loads=(1, 8, 32, 64), draft_tokens=(1, 2, 3))
+    assert advice.source == "rule"
+    predicted = {load: {k: (1 + sum(RATES[:k])) / _hand_cost(k, load) for k in (1, 2, 3)} for load in (1, 8, 32, 64)}
+    # load 1: K=2 wins (2.0 / 1.446 = 1.383 against 1.308 at K=1 and 1.348 at K=3)
+    best1 = max(predicted[1], key=predicted[1].get)
+    assert best1 == 2 and advice.at(1).num_speculative_tokens == 2
+    assert advice.at(1).speedup == pytest.approx(predicted[1][2], rel=1e-9)
+    for load in (32, 64):  # nothing reaches 1.05x: serve the target alone
+        assert max(predicted[load].values()) < sa.MIN_SPEEDUP["rule"]
+        assert advice.at(load).num_speculative_tokens == 0 and advice.at(load).speedup == 1.0
+    assert advice.pays_off() == [1, 8] and advice.does_not_pay() == [32, 64]
+    assert advice.serve_k() == 2
+    # the measured point itself is returned as measured, not refitted
+    assert sa.cost(3, 8, TABLE) == 2.058
+
+
+def test_the_rule_only_uses_positions_that_were_measured():
+    advice = sa.from_rule([0.9], TABLE, loads=(1,), draft_tokens=(1, 2, 3, 5))
+    assert advice.at(1).num_speculative_tokens == 1  # a_1.. unknown: K=1 is the only candidate
+
+
+def test_a_fitted_line_through_several_k():
+    table = {1: {1: 1.2, 3: 1.6}}  # c - 1 = 0.2 * K exactly: f = 0, s = 0.2
+    assert sa.cost(2, 1, table) == pytest.approx(1.4)
+    table = {1: {1: 1.5, 3: 1.9}}  # f = 0.3, s = 0.2
+    assert sa.cost(5, 1, table) == pytest.approx(1 + 0.3 + 0.2 * 5)
+
+
+def test_measured_advice_takes_the_fastest_k_above_the_noise_floor():
+    speedups = {1: {1: 1.21, 3: 1.48, 5: 1.39}, 8: {1: 1.01, 3: 0.93}, 64: {1: 0.81}}
+    advice = sa.from_measurements(speedups, device="test")
+    assert [(a.load, a.num_speculative_tokens) for a in advice.loads] == [(1, 3), (8, 0), (64, 0)]
+    assert advice.at(1).speedup == 1.48 and advice.at(8).speedup == 1.0  # 1.01 is inside the noise
+    # the step costs the bench derives: c = L / speed-up
+    costs = sa.step_costs({1: {3: 1.25}}, {1: {3: 2.5}})
+    assert costs == {1: {3: 2.0}}
+
+
+def _export(tmp_path, seed: int):
+    d = tmp_path / f"export{seed}"
+    d.mkdir()
+    save_file(
+        {"fc.weight": torch.randn(4, 4, generator=torch.Generator().manual_seed(seed))}, str(d / "model.safetensors")
+    )
+    return d
+
+
+def test_the_file_is_kept_only_for_the_weights_it_was_made_for(tmp_path):
+    export = _export(tmp_path, 0)
+    advice = sa.from_measurements({1: {3: 1.5}}, device="test")
+    advice.head_sha256 = sa.head_sha256(export)
+    advice.write(export)
+    back = sa.ServingAdvice.read(export)
+    assert back is not None and back.to_dict() == advice.to_dict()
+    # other weights in the same directory (a new training run exported there): no advice
+    other = _export(tmp_path, 1)
+    (export / "model.safetensors").write_bytes((other / "model.safetensors").read_bytes())
+    assert sa.ServingAdvice.read(export) is None
+    # advice_for then falls back to the rule on the acceptance it is given, and writes it
+    acceptance = {"per_position_acceptance_rate": RATES}
+    fresh = sa.advice_for(export, acceptance)
+    assert fresh is not None and fresh.source == "rule" and fresh.head_sha256 == sa.head_sha256(export)
+    assert json.loads((export / sa.FILE_NAME).read_text())["source"] == "rule"
+    assert sa.advice_for(_export(tmp_path, 2), {"per_position_acceptance_rate": [float("nan")]}) is None
+
+
+def test_the_printed_command_uses_the_advised_k_and_names_the_loads(tmp_path):
+    export = _export(tmp_path, 0)
+    advice = sa.ServingAdvice(
+        "measured", [sa.LoadAdvice(1, 2, 1.4), sa.LoadAdvice(8, 1, 1.1), sa.LoadAdvice(64, 0, 1.0)]
+    )
+    first, per_load, verdict = sa.serving_lines(export, "org/target", 3, advice)
+    spec = json.loads(first.split("--speculative-config ", 1)[1].strip("'"))
+    assert first.startswith("serve it: vllm serve org/target") and spec["num_speculative_tokens"] == 2
+    assert spec["model"] == str(export) and spec["method"] == "eagle3"
+    assert "1: K=2 (1.40x); 8: K=1 (1.10x); 64: none" in per_load and "measured by bench/serving_speedup.py" in per_load
+    assert "pays off at 1, 8 concurrent requests" in verdict and "at 64 serve the target alone" in verdict
+    # no load pays: the command is the target alone, the head's command beside it
+    none = sa.ServingAdvice("rule", [sa.LoadAdvice(1, 0, 1.0)])
+    first, _, verdict = sa.serving_lines(export, "org/target", 3, none)
+    assert first.startswith("serve it: vllm serve org/target (with the head:") and "no load measured" in verdict
+    # no advice at all: the trained K, and how to get advice
+    lines = sa.serving_lines(export, "org/target", 3, None)
+    assert '"num_speculative_tokens": 3' in lines[0] and "bench/serving_speedup.py" in lines[1]

@@ -1,0 +1,62 @@
+"""bench/serving_speedup.py on the real vLLM (the CPU build) with a random-init SmolLM2 head:
+the waves hold exactly c requests, none is preempted, every request runs to the same length,
+the head's acceptance is measured near 1.0 from vLLM's counters, and the advice written into
+the export (serving.json, for these weights) is what the table says. The speed-ups themselves
+are CPU figures and say nothing about serving on a GPU; the structure is what is checked."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_evaluate import _random_head_export
+
+from eagle3.evaluation import serving_advice as sa
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_serving_speedup_on_the_cpu_build(tmp_path, smollm2_dir):
+    pytest.importorskip("vllm")
+    export = _random_head_export(tmp_path / "export", smollm2_dir)
+    out = tmp_path / "serving.json"
+    cmd = [
+        sys.executable,
+        "bench/serving_speedup.py",
+        f"--export-dir={export}",
+        f"--verifier={smollm2_dir}",
+        "--loads=1,2",
+        "--draft-tokens=2",
+        "--prompts=3",
+        "--max-new-tokens=12",
+        f"--out={out}",
+        "--write-advice",
+    ]
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "0-1")}
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["prompts"] == {"val": 0, "humaneval": 3} and result["draft_tokens"] == [2]
+    table = {int(k): v for k, v in result["table"].items()}
+    assert set(table) == {1, 2}
+    for load, row in table.items():
+        # every prompt at least once, two waves at least, whole waves of exactly `load`
+        assert row["requests"] == max(3, 2 * load) + (-max(3, 2 * load)) % load
+        assert row["target_alone_wave_sizes"] == [load] and row["target_alone_preemptions"] == 0
+        v = row["by_k"]["2"]
+        assert v["wave_sizes"] == [load] and v["preemptions"] == 0 and v["all_full_length"]
+        assert 1.0 <= v["acceptance_length"] < 1.2 and len(v["per_position"]) == 2  # a random head
+        assert v["speedup"] == pytest.approx(v["tok_s"] / row["target_alone_tok_s"])
+        assert row["best_k"] == (2 if v["speedup"] >= sa.MIN_SPEEDUP["measured"] else 0)
+        # the step cost is tokens per verify step over the speed-up
+        assert result["step_costs"][str(load)]["2"] == pytest.approx(v["acceptance_length"] / v["speedup"], abs=1e-3)
+    advice = sa.ServingAdvice.read(export)
+    assert advice is not None and advice.source == "measured" and advice.head_sha256 == sa.head_sha256(export)
+    assert {a.load: a.num_speculative_tokens for a in advice.loads} == {load: table[load]["best_k"] for load in table}
+    assert "serving advice (measured by bench/serving_speedup.py)" in proc.stdout
