@@ -69,21 +69,29 @@ class Rate:
     # capture tok/s with the forward in fp32, as on a CPU without native bf16 matmuls
     # (eagle3/target/compute_dtype.py); None: every capture on this accelerator runs capture_tok_s
     capture_fp32_tok_s: float | None = None
+    # capture tok/s of a bf16 forward on a CPU with AMX tiles (amx_bf16); None: capture_tok_s
+    capture_amx_tok_s: float | None = None
     train_precision: str = "bf16-mixed"  # the topology.precision train_tok_s was measured in
     # train tok/s in bf16 autocast over fp32 where both were measured: a run in the other
     # precision (a CPU without native bf16 resolves precision=auto to fp32) is scaled by it
     bf16_speedup: float = 1.0
+    train_amx_tok_s: float | None = None  # train tok/s in bf16 autocast on AMX tiles (CPU)
+    train_fp32_tok_s: float | None = None  # train tok/s in fp32 where measured (else / bf16_speedup)
 
-    def capture_rate(self, params: float, parallel: int, fp32_forward: bool = False) -> float:
-        tok_s = self.capture_fp32_tok_s if fp32_forward and self.capture_fp32_tok_s else self.capture_tok_s
+    def capture_rate(self, params: float, parallel: int, forward: str = "native") -> float:
+        """``forward``: how the target runs (``cpu_forward()``): native, amx or fp32."""
+        by_forward = {"fp32": self.capture_fp32_tok_s, "amx": self.capture_amx_tok_s}
+        tok_s = by_forward.get(forward) or self.capture_tok_s
         return tok_s * self.params / params * parallel
 
-    def train_rate(self, flops: float, precision: str | None = None) -> float:
-        rate = self.train_tok_s * self.train_flops / flops
+    def train_rate(self, flops: float, precision: str | None = None, amx: bool = False) -> float:
+        """``precision``: the resolved topology.precision; ``amx``: a CPU with AMX tiles."""
+        scale = self.train_flops / flops
         if precision is None or precision == "auto" or precision == self.train_precision:
-            return rate
-        bf16 = "bf16" in precision
-        return rate * self.bf16_speedup if bf16 else rate / self.bf16_speedup
+            return (self.train_amx_tok_s if amx and self.train_amx_tok_s else self.train_tok_s) * scale
+        if "bf16" in precision:
+            return self.train_tok_s * self.bf16_speedup * scale
+        return (self.train_fp32_tok_s or self.train_tok_s / self.bf16_speedup) * scale
 
 
 _SMOLLM2 = target_params(30, 576, 1536, 49152, 9, 3)
@@ -93,16 +101,28 @@ RATES = (
         "cpu",
         "SmolLM2-135M",
         _SMOLLM2,
+        # extract.py experiment=demo_cpu (290,568 tokens, shards written), a quiet 2-core host:
+        # 906-933 tok/s on the host measured first (bf16 dot products); 2,369 with AMX tiles;
+        # 867 with the forward in fp32 where bf16 would be emulated (oneDNN and ATen capped to
+        # AVX2; bf16 there: 117 tok/s, bench/cpu_capture_dtype.py). docs/results.md section 1
         capture_tok_s=906,
+        capture_amx_tok_s=2_369,
+        capture_fp32_tok_s=867,
         # bf16 autocast (topology.precision=auto on a CPU with avx512_bf16): 704 tok/s in fp32
-        # times 1.88, the fp32 / bf16 step-time ratio measured back to back (1.28 / 0.68 s)
+        # times 1.88, the fp32 / bf16 step-time ratio measured back to back (1.28 / 0.68 s) on
+        # the host measured first. On a quiet host with AMX tiles: 0.44 s per demo_cpu step
+        # (~775 tokens: 1,761 tok/s) in bf16, 0.71 s (1,092 tok/s) in fp32 with oneDNN and ATen
+        # capped to AVX2, as a CPU without native bf16 runs it (docs/results.md section 1)
         train_tok_s=1_325,
         train_flops=head_flops(576, 1536, 4096, 3),
         train_precision="bf16-mixed",
         bf16_speedup=1.88,
+        train_amx_tok_s=1_761,
+        train_fp32_tok_s=1_092,
         regen_tok_s=166,
         measured="make demo on this project's 2-core CPU with nothing else running (docs/results.md, "
-        "section 1): capture 906 tok/s, training 704 tok/s in fp32, x1.88 in bf16; regeneration (vLLM, "
+        "section 1): capture 906 tok/s (AMX: 2,369; fp32 forward: 867), training 1,325 tok/s in bf16 "
+        "(AMX: 1,761; fp32: 1,092); regeneration (vLLM, "
         "engine start included) from `python extract.py experiment=demo_cpu` with an empty cache on the "
         "same CPU shared with other jobs (load 4-5): 45,556 new tokens in 4 min 35 s",
     ),
@@ -163,15 +183,28 @@ def _rate(cfg: RunConfig) -> tuple[Rate | None, str]:
     return rate, f"  (rates measured with {rate.model} on {rate.accelerator}{scaled}: eagle3/cost.py)"
 
 
-def fp32_forward(cfg: RunConfig) -> bool:
-    """Whether this config's capture runs its forward in fp32: the transformers backend on a
-    CPU that would emulate the stored dtype, or an fp32 capture.dtype (the same check as the
-    backend's, eagle3/target/compute_dtype.py)."""
+def cpu_forward(cfg: RunConfig) -> str:
+    """How this config's capture runs its target forward, for its rate: ``fp32`` (the
+    transformers backend on a CPU that would emulate the stored dtype, or an fp32 capture.dtype:
+    the backend's own check, eagle3/target/compute_dtype.py), ``amx`` (bf16 on AMX tiles) or
+    ``native`` (anything else, GPUs included)."""
     if str(cfg.topology.accelerator) != "cpu" or cfg.capture.backend != CaptureBackend.hf:
-        return False
+        return "native"
     import torch
 
-    return compute_dtype(torch_dtype(cfg.capture.dtype), "cpu") == torch.float32
+    stored = torch_dtype(cfg.capture.dtype)
+    if compute_dtype(stored, "cpu") == torch.float32:
+        return "fp32"
+    return "amx" if stored == torch.bfloat16 and cpu_amx(cfg) else "native"
+
+
+def cpu_amx(cfg: RunConfig) -> bool:
+    """A CPU topology on a CPU whose bf16 matmuls run on AMX tiles (oneDNN allowed to)."""
+    if str(cfg.topology.accelerator) != "cpu":
+        return False
+    from eagle3.target.compute_dtype import cpu_flags, cpu_has_native_bf16
+
+    return cpu_has_native_bf16() and "amx_bf16" in cpu_flags()
 
 
 def capture_tok_s(cfg: RunConfig) -> float | None:
@@ -180,7 +213,7 @@ def capture_tok_s(cfg: RunConfig) -> float | None:
     rate, _ = _rate(cfg)
     if rate is None:
         return None
-    return rate.capture_rate(_cfg_params(cfg), cfg.topology.extract_dp * max(1, cfg.num_shards), fp32_forward(cfg))
+    return rate.capture_rate(_cfg_params(cfg), cfg.topology.extract_dp * max(1, cfg.num_shards), cpu_forward(cfg))
 
 
 def capture_seconds(cfg: RunConfig, tokens: int) -> float | None:
@@ -198,8 +231,9 @@ def extract_lines(cfg: RunConfig) -> list[str]:
     rate, basis = _rate(cfg)
     tok_s = capture_tok_s(cfg)
     at = f" at ~{tok_s:,.0f} tok/s" if tok_s else ""
-    if tok_s and fp32_forward(cfg) and rate is not None and rate.capture_fp32_tok_s:
-        at += " (the forward in fp32)"
+    forward = cpu_forward(cfg)
+    if tok_s and forward != "native":
+        at += " (the forward in fp32: this CPU would emulate bf16)" if forward == "fp32" else " (bf16 on AMX tiles)"
     if data.max_samples is None:
         per_m = plan.disk_per_million_tokens(
             ids, cfg.model.hidden_size, cfg.capture.dtype, cfg.capture.shard_max_tokens
@@ -253,7 +287,7 @@ def train_lines(cfg: RunConfig, train_tokens: int | None = None, train_batches: 
             t.ttt_steps,
             t.num_draft_layers,
         )
-        tok_s = rate.train_rate(flops, str(cfg.topology.precision))
+        tok_s = rate.train_rate(flops, str(cfg.topology.precision), amx=cpu_amx(cfg))
         line += f"; ~{minutes(steps * fill / tok_s)} at ~{tok_s * world:,.0f} tok/s"
     if t.max_time:
         line += f", capped at train.max_time={t.max_time}"

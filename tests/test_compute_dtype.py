@@ -8,6 +8,10 @@ Real SmolLM2-135M (tokenizer + weights).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from conftest import compose
@@ -25,6 +29,7 @@ CAPTURE_IDS = [2, 15, 27, 30]
 def cpu(request, monkeypatch) -> str:
     """This CPU with bf16 matmuls faked present ("native") or absent ("emulated")."""
     monkeypatch.setattr(cd, "cpu_flags", lambda: NATIVE if request.param == "native" else EMULATED)
+    monkeypatch.setattr(cd, "onednn_allows_bf16", lambda: True)  # whatever CI's CPU is
     return request.param
 
 
@@ -38,12 +43,28 @@ def test_the_compute_dtype_follows_the_cpu(cpu):
     note = cd.compute_note(torch.bfloat16, cd.compute_dtype(torch.bfloat16, "cpu"))
     assert (note is None) is (cpu == "native")
     if note:
-        assert "no native bfloat16 matmuls" in note and "runs in float32" in note
+        assert "would emulate bfloat16 matmuls (no avx512_bf16" in note and "runs in float32" in note
 
 
 def test_amx_alone_counts_as_native(monkeypatch):
     monkeypatch.setattr(cd, "cpu_flags", lambda: frozenset({"amx_bf16"}))
+    monkeypatch.setattr(cd, "onednn_allows_bf16", lambda: True)
     assert cd.compute_dtype(torch.bfloat16, torch.device("cpu")) == torch.bfloat16
+
+
+def test_onednn_capped_below_bf16_counts_as_emulated(monkeypatch):
+    """ONEDNN_MAX_CPU_ISA=AVX2 on a CPU whose flags list avx512_bf16: oneDNN emulates bf16."""
+    monkeypatch.setattr(cd, "cpu_flags", lambda: NATIVE)
+    monkeypatch.setattr(cd, "onednn_allows_bf16", lambda: False)
+    assert cd.compute_dtype(torch.bfloat16, "cpu") == torch.float32
+
+
+def test_the_real_onednn_check_reads_the_isa_cap():
+    """In a fresh process, oneDNN capped to AVX2 refuses bf16 whatever the CPU."""
+    code = "from eagle3.target.compute_dtype import onednn_allows_bf16 as f; print(f())"
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 def test_training_precision_follows_the_same_check(cpu):
@@ -62,6 +83,7 @@ def test_the_dataset_does_not_depend_on_the_cpu(monkeypatch, smollm2_dir):
     names = set()
     for flags in (NATIVE, EMULATED):
         monkeypatch.setattr(cd, "cpu_flags", lambda flags=flags: flags)
+        monkeypatch.setattr(cd, "onednn_allows_bf16", lambda: True)
         names.add(dataset_path(cfg, str(smollm2_dir)).name)
     assert len(names) == 1
 
@@ -75,6 +97,7 @@ def test_capture_stores_bf16_from_either_forward(monkeypatch, smollm2_dir):
     records = {}
     for name, flags in (("native", NATIVE), ("emulated", EMULATED)):
         monkeypatch.setattr(cd, "cpu_flags", lambda flags=flags: flags)
+        monkeypatch.setattr(cd, "onednn_allows_bf16", lambda: True)
         backend, records[name] = _capture(smollm2_dir)
         weights = next(backend.model.parameters()).dtype
         assert (backend.compute_dtype, weights) == ((torch.bfloat16,) * 2 if name == "native" else (torch.float32,) * 2)

@@ -17,6 +17,17 @@ from eagle3.plan import disk_bytes
 from eagle3.store.disk import format_bytes
 
 CPU_RATE = next(r for r in RATES if r.accelerator == "cpu")
+AVX512_BF16 = frozenset({"avx2", "avx512f", "avx512_bf16"})
+
+
+@pytest.fixture(autouse=True)
+def cpu_with_native_bf16_without_amx(monkeypatch):
+    """The estimates below do not depend on the machine the suite runs on: its CPU is faked as
+    one with bf16 dot products and no AMX (the rate `capture_tok_s` stands for)."""
+    from eagle3.target import compute_dtype as cd
+
+    monkeypatch.setattr(cd, "cpu_flags", lambda: AVX512_BF16)
+    monkeypatch.setattr(cd, "onednn_allows_bf16", lambda: True)
 
 
 def _num(text: str) -> float:
@@ -43,6 +54,36 @@ def test_extract_estimate_follows_the_config():
     )
 
 
+@pytest.mark.parametrize(
+    "flags, onednn, forward",
+    [
+        (AVX512_BF16, True, "native"),
+        (AVX512_BF16 | {"amx_bf16"}, True, "amx"),
+        (frozenset({"avx2", "fma"}), True, "fp32"),  # no bf16 instructions: emulated
+        (AVX512_BF16 | {"amx_bf16"}, False, "fp32"),  # oneDNN capped below them (ONEDNN_MAX_CPU_ISA)
+    ],
+)
+def test_the_capture_rate_follows_how_this_cpu_runs_the_forward(monkeypatch, flags, onednn, forward):
+    from eagle3.cost import cpu_forward
+    from eagle3.target import compute_dtype as cd
+
+    monkeypatch.setattr(cd, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(cd, "onednn_allows_bf16", lambda: onednn)
+    cfg = compose("extract", ["data.max_samples=100", "data.max_length=100"])
+    assert cpu_forward(cfg) == forward
+    want = {"native": CPU_RATE.capture_tok_s, "amx": CPU_RATE.capture_amx_tok_s, "fp32": CPU_RATE.capture_fp32_tok_s}
+    assert want[forward] and capture_seconds(cfg, 10_000) == pytest.approx(10_000 / want[forward])
+    line = extract_lines(cfg)[0]
+    assert f"at ~{want[forward]:,.0f} tok/s" in line
+    assert ("this CPU would emulate bf16" in line) is (forward == "fp32")
+    # training: bf16 autocast on AMX tiles has its own measured rate
+    cfg = compose("train", ["topology.precision=bf16-mixed"])
+    want_train = CPU_RATE.train_amx_tok_s if forward == "amx" else CPU_RATE.train_tok_s
+    assert f"at ~{want_train:,.0f} tok/s" in train_lines(cfg)[0]
+    # a GPU's capture never takes a CPU rate
+    assert cpu_forward(compose("extract", ["topology=gpu1"])) == "native"
+
+
 def test_train_estimate_is_steps_times_tokens_per_step_over_ranks():
     cfg = compose("train", ["train.max_steps=150", "train.max_tokens_per_batch=2048"])
     line = train_lines(cfg)[0]
@@ -56,7 +97,7 @@ def test_train_estimate_is_steps_times_tokens_per_step_over_ranks():
     known = train_lines(cfg, train_tokens=50_000, train_batches=40)[0]
     assert "batches hold ~1,250 per rank: ~187,500 tokens, ~3.8 passes over 50,000 train tokens" in known
     # the CPU rate was measured in bf16 autocast: a CPU whose precision resolves to fp32 (no
-    # native bf16) gets the fp32 rate, 1.88x slower, rather than a bf16 estimate
+    # native bf16) gets the fp32 rate measured as such a CPU runs it, rather than a bf16 estimate
     rates = {
         precision: _num(
             re.search(
@@ -66,7 +107,8 @@ def test_train_estimate_is_steps_times_tokens_per_step_over_ranks():
         for precision in ("bf16-mixed", "32-true")
     }
     assert rates["bf16-mixed"] == pytest.approx(CPU_RATE.train_tok_s, rel=0.01)
-    assert rates["32-true"] == pytest.approx(rates["bf16-mixed"] / 1.88, rel=0.01)
+    assert rates["32-true"] == pytest.approx(CPU_RATE.train_fp32_tok_s, rel=0.01)
+    assert rates["32-true"] < rates["bf16-mixed"]
     ddp = train_lines(compose("train", ["experiment=smollm2_full", "topology=gpu2_dp2"]))[0]
     assert "8,800 steps x <= 16,384 tokens (8,192 x 2 ranks) = <= 144,179,200 tokens" in ddp
 

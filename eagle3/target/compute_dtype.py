@@ -3,16 +3,18 @@
 The stored dtype (capture.dtype, bf16 by default) is the dataset's format and is in its
 fingerprint; the compute dtype is only how this machine gets there. CUDA, and an x86 CPU with
 half-precision dot products (avx512_bf16 or AMX tiles for bf16; avx512_fp16 or AMX-FP16 for
-fp16), run half-precision matmuls natively. Any other CPU emulates them: on this project's
-2-core CPU with oneDNN and ATen capped to AVX2 (ONEDNN_MAX_CPU_ISA=AVX2
-ATEN_CPU_CAPABILITY=avx2), SmolLM2-135M's capture forward ran 133 tok/s in bf16 against
-1,118 tok/s in fp32 (docs/results.md, section 1). There the forward runs in fp32 and its hidden
-states are cast to the stored dtype before they reach the adapter: the same layout, the same
-dataset identity, values within one bf16 rounding of a native bf16 forward.
+fp16), run half-precision matmuls natively, unless oneDNN is capped below those instructions
+(ONEDNN_MAX_CPU_ISA). Any other CPU emulates them: SmolLM2-135M's capture forward ran 117
+tok/s in bf16 against 647 tok/s in fp32 with oneDNN and ATen capped to AVX2, and 2,035 against
+664 uncapped on the same Xeon with AMX (bench/cpu_capture_dtype.py; docs/results.md, section 1).
+Where bf16 is emulated the forward runs in fp32 and its hidden states are cast to the stored
+dtype before they reach the adapter: the same layout, the same dataset identity, values within
+one bf16 rounding of a native bf16 forward.
 """
 
 from __future__ import annotations
 
+import os
 from functools import cache
 
 import torch
@@ -22,6 +24,17 @@ _NATIVE_FLAGS = {
     torch.bfloat16: ("avx512_bf16", "amx_bf16"),
     torch.float16: ("avx512_fp16", "amx_fp16"),
 }
+
+
+@cache
+def onednn_allows_bf16() -> bool:
+    """Whether oneDNN will use the CPU's bf16 instructions (False when ONEDNN_MAX_CPU_ISA caps
+    it below them); True where torch does not say."""
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    try:
+        return bool(check()) if check is not None else True
+    except RuntimeError:
+        return True
 
 
 @cache
@@ -38,7 +51,11 @@ def cpu_flags() -> frozenset[str]:
 def cpu_runs_natively(dtype: torch.dtype) -> bool:
     """Whether this CPU runs ``dtype`` matmuls without emulation (fp32 always does)."""
     flags = _NATIVE_FLAGS.get(dtype)
-    return flags is None or any(flag in cpu_flags() for flag in flags)
+    if flags is None:
+        return True
+    if dtype == torch.bfloat16 and not onednn_allows_bf16():
+        return False
+    return any(flag in cpu_flags() for flag in flags)
 
 
 def cpu_has_native_bf16() -> bool:
@@ -60,7 +77,12 @@ def compute_note(stored: torch.dtype, compute: torch.dtype) -> str | None:
     if compute == stored:
         return None
     name, flags = str(stored).removeprefix("torch."), " / ".join(_NATIVE_FLAGS.get(stored, ()))
+    why = f"no {flags} in /proc/cpuinfo"
+    if stored == torch.bfloat16 and not onednn_allows_bf16():
+        why = (
+            f"oneDNN is capped below its bf16 instructions (ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA')})"
+        )
     return (
-        f"this CPU has no native {name} matmuls (no {flags} in /proc/cpuinfo): the target runs in "
+        f"this CPU would emulate {name} matmuls ({why}): the target runs in "
         f"{str(compute).removeprefix('torch.')} in place of {name}"
     )
