@@ -2,10 +2,14 @@
 dataset and the head trains exactly as it does offline on the same samples.
 
 Tolerance: the online target computes each batch's states in other forward batches (other
-padding) than extraction did. On this CPU that gives bitwise-equal bf16 states for SmolLM2
-(measured: every weight equal after training), so the comparison allows only fp32 rounding
-(rtol 1e-5, atol 1e-6, as the offline resume test). On a GPU, other padded shapes may pick
-other bf16 matmul tilings; differences of an ulp in the states are then expected.
+padding) than extraction did. On a CPU whose bf16 matmuls run on avx512_bf16 dot products that
+gives bitwise-equal bf16 states for SmolLM2 (measured: every weight equal after training), so
+the comparison there allows only fp32 rounding (rtol 1e-5, atol 1e-6, as the offline resume
+test). On AMX tiles (and on a GPU) the bf16 kernels depend on the batch's shape: the states
+differ by bf16 ulps, Adam turns those into weight differences of the order of the learning
+rate over a few steps (measured on an AMX Xeon: at most 7e-3 after 6 steps at lr 2e-3), while
+the validation figures stay within 1e-3. There the states are compared directly (bf16
+tolerance) and the trained heads by their figures and a bound of a few learning rates.
 """
 
 from __future__ import annotations
@@ -54,21 +58,61 @@ def _assert_same_weights(a: Path, b: Path) -> None:
         torch.testing.assert_close(wb[k], v, rtol=1e-5, atol=1e-6, msg=k)
 
 
+def _bf16_kernels_follow_the_shape() -> bool:
+    """bf16 matmuls on AMX tiles: results depend on the batch's shape (see the module doc)."""
+    from eagle3.target.compute_dtype import cpu_flags, cpu_has_native_bf16
+
+    return cpu_has_native_bf16() and "amx_bf16" in cpu_flags()
+
+
+def _assert_close_weights(a: Path, b: Path, bound: float) -> None:
+    wa, wb = _weights(a), _weights(b)
+    assert wa.keys() == wb.keys()
+    for k, v in wa.items():
+        if v.is_floating_point():
+            assert float((wb[k].float() - v.float()).abs().max()) <= bound, k
+        else:
+            assert torch.equal(wb[k], v), k
+
+
 @pytest.mark.slow
 def test_online_trains_the_same_head_as_offline_on_smollm2(tmp_path):
     """Real SmolLM2-135M, real ShareGPT: 6 steps offline (extract.py, then train.py) and 6 steps
-    online (train.py alone) end with the same weights and the same validation figures."""
+    online (train.py alone) end with the same weights and the same validation figures (to the
+    tolerance the CPU's bf16 kernels allow: the module doc)."""
     data = [f"paths.data_dir={tmp_path / 'data'}"]
     extract(compose("extract", SMOL + data))
     train(compose("train", SMOL + data, output_dir=str(tmp_path / "offline")))
     train(compose("train", SMOL + data + ONLINE, output_dir=str(tmp_path / "online")))
-    _assert_same_weights(tmp_path / "offline", tmp_path / "online")
+    shape_dependent = _bf16_kernels_follow_the_shape()
+    if shape_dependent:
+        _assert_close_weights(tmp_path / "offline", tmp_path / "online", bound=5 * 2e-3)  # 5 x lr
+    else:
+        _assert_same_weights(tmp_path / "offline", tmp_path / "online")
     off = json.loads((tmp_path / "offline" / "summary.json").read_text())
     on = json.loads((tmp_path / "online" / "summary.json").read_text())
     assert on["hidden_states"] == "online" and off["hidden_states"] == "offline"
     assert on["global_step"] == off["global_step"] == 6
     for key in ("val/loss", "val/acc_k0", "val/replay_accept_len"):
-        assert on["final"][key] == pytest.approx(off["final"][key], rel=1e-5), key
+        assert on["final"][key] == pytest.approx(off["final"][key], rel=1e-3 if shape_dependent else 1e-5), key
+    # the states themselves: the online target's records against the stored ones, sample by
+    # sample (the same token ids; bf16 values within a rounding or two)
+    stored = HiddenStateDataset(Path(off["dataset_dir"]))
+    items = [{**stored[i], "sample_id": stored.sample_id(i)} for i in range(4)]
+    target = OnlineHiddenStates(
+        str(Path(off["verifier_dir"])), [2, 15, 27, 30], 576, torch.bfloat16,
+        max_tokens_per_batch=4096, row_tokens=None, fixed_shape=False,
+    )  # fmt: skip
+    target.setup("cpu")
+    try:
+        records = list(target.backend.capture((it["sample_id"], it["input_ids"], it["loss_mask"]) for it in items))
+    finally:
+        target.close()
+    for it, rec in zip(items, records):
+        assert torch.equal(rec.token_ids, it["input_ids"])
+        x, y = rec.hidden.float(), it["hidden"].float()  # [T, L, H]
+        rel = ((x - y).norm(dim=-1) / y.norm(dim=-1).clamp_min(1e-6)).mean()
+        assert float(rel) < (1e-2 if shape_dependent else 1e-6), (it["sample_id"], float(rel))
     # the online run read a token dataset: no hidden states stored for it
     online_ds = Path(on["dataset_dir"])
     assert online_ds != Path(off["dataset_dir"]) and not list(online_ds.glob("shard-*"))
