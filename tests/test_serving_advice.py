@@ -112,6 +112,9 @@ def test_the_printed_command_uses_the_advised_k_and_names_the_loads(tmp_path):
     none = sa.ServingAdvice("rule", [sa.LoadAdvice(1, 0, 1.0)])
     first, _, verdict = sa.serving_lines(export, "org/target", 3, none)
     assert first.startswith("serve it: vllm serve org/target (with the head:") and "no load measured" in verdict
+    # a predicted advice names the machine its step costs were measured on
+    _, per_load, _ = sa.serving_lines(export, "org/target", 3, sa.from_rule(RATES, loads=(1,)))
+    assert f"predicted from acceptance and the step costs of {sa.STEP_COSTS_SOURCE}" in per_load
     # no advice at all: the trained K, and how to get advice
     lines = sa.serving_lines(export, "org/target", 3, None)
     assert '"num_speculative_tokens": 3' in lines[0] and "bench/serving_speedup.py" in lines[1]

@@ -227,7 +227,11 @@ def serving_lines(export_dir: str | Path, verifier: str, trained_k: int, advice:
         f"{a.load}: K={a.num_speculative_tokens} ({a.speedup:.2f}x)" if a.num_speculative_tokens else f"{a.load}: none"
         for a in sorted(advice.loads, key=lambda a: a.load)
     )
-    how = "measured by bench/serving_speedup.py" if advice.source == "measured" else "predicted from acceptance"
+    how = (
+        "measured by bench/serving_speedup.py"
+        if advice.source == "measured"
+        else f"predicted from acceptance and the step costs of {advice.inputs.get('step_costs_source', 'a measured GPU')}"
+    )
     pays, not_pays = advice.pays_off(), advice.does_not_pay()
     verdict = (
         f"the head pays off at {', '.join(map(str, pays))} concurrent requests"
