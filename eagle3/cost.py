@@ -24,7 +24,7 @@ from eagle3 import plan
 from eagle3.config.schema import CaptureBackend, RunConfig
 from eagle3.hidden_dtypes import torch_dtype
 from eagle3.plan import MILLION
-from eagle3.target.compute_dtype import compute_dtype
+from eagle3.target.compute_dtype import compute_dtype, cpu_bf16_on_amx
 
 log = logging.getLogger(__name__)
 
@@ -200,11 +200,7 @@ def cpu_forward(cfg: RunConfig) -> str:
 
 def cpu_amx(cfg: RunConfig) -> bool:
     """A CPU topology on a CPU whose bf16 matmuls run on AMX tiles (oneDNN allowed to)."""
-    if str(cfg.topology.accelerator) != "cpu":
-        return False
-    from eagle3.target.compute_dtype import cpu_flags, cpu_has_native_bf16
-
-    return cpu_has_native_bf16() and "amx_bf16" in cpu_flags()
+    return str(cfg.topology.accelerator) == "cpu" and cpu_bf16_on_amx()
 
 
 def capture_tok_s(cfg: RunConfig) -> float | None:

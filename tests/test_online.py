@@ -25,6 +25,7 @@ from eagle3.stages.extract import run as extract
 from eagle3.stages.train import online_target
 from eagle3.stages.train import run as train
 from eagle3.store import DamagedDatasetError, HiddenStateDataset, Manifest, StoreError, TokenDataset
+from eagle3.target.compute_dtype import cpu_bf16_on_amx
 from eagle3.target.records import CaptureError
 from eagle3.training.online import OnlineHiddenStates
 
@@ -58,13 +59,6 @@ def _assert_same_weights(a: Path, b: Path) -> None:
         torch.testing.assert_close(wb[k], v, rtol=1e-5, atol=1e-6, msg=k)
 
 
-def _bf16_kernels_follow_the_shape() -> bool:
-    """bf16 matmuls on AMX tiles: results depend on the batch's shape (see the module doc)."""
-    from eagle3.target.compute_dtype import cpu_flags, cpu_has_native_bf16
-
-    return cpu_has_native_bf16() and "amx_bf16" in cpu_flags()
-
-
 def _assert_close_weights(a: Path, b: Path, bound: float) -> None:
     wa, wb = _weights(a), _weights(b)
     assert wa.keys() == wb.keys()
@@ -84,7 +78,7 @@ def test_online_trains_the_same_head_as_offline_on_smollm2(tmp_path):
     extract(compose("extract", SMOL + data))
     train(compose("train", SMOL + data, output_dir=str(tmp_path / "offline")))
     train(compose("train", SMOL + data + ONLINE, output_dir=str(tmp_path / "online")))
-    shape_dependent = _bf16_kernels_follow_the_shape()
+    shape_dependent = cpu_bf16_on_amx()  # bf16 results follow the batch's shape (module doc)
     if shape_dependent:
         _assert_close_weights(tmp_path / "offline", tmp_path / "online", bound=5 * 2e-3)  # 5 x lr
     else:

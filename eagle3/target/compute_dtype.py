@@ -58,6 +58,12 @@ def cpu_runs_natively(dtype: torch.dtype) -> bool:
     return any(flag in cpu_flags() for flag in flags)
 
 
+def cpu_bf16_on_amx() -> bool:
+    """bf16 matmuls run on AMX tiles here: the fastest CPU rate, and results that depend on the
+    batch's shape (the tiling follows it)."""
+    return cpu_has_native_bf16() and "amx_bf16" in cpu_flags()
+
+
 def cpu_has_native_bf16() -> bool:
     """An x86 CPU with bf16 dot products (avx512_bf16, or AMX tiles): oneDNN then runs bf16
     matmuls natively. Elsewhere bf16 is emulated and slower than fp32."""
