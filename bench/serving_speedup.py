@@ -32,6 +32,7 @@ import json
 import os
 import sys
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,24 @@ def engine_request(
         max_num_seqs=largest,  # one engine for every load: it must admit the largest wave at once
         warmup_prompts=largest,
     )
+
+
+def engine_key(request: EngineRequest) -> dict[str, Any]:
+    """What makes two engine runs the same: the request and the head's weights (a retrained head
+    exported to the same directory is a different engine)."""
+    sha = serving_advice.head_sha256(request.head) if request.head else None
+    return {"request": json.loads(json.dumps(asdict(request))), "head_sha256": sha}
+
+
+def finished_engine(work: Path, label: str, request: EngineRequest) -> EngineResult | None:
+    """The result an earlier run of exactly this engine left in ``work``, or None: an engine start
+    costs minutes on a GPU, so a bench cut off by a time limit goes on where it stopped."""
+    key_file, res_file = work / f"engine-{label}.key.json", work / f"engine-{label}.result.json"
+    if not (key_file.is_file() and res_file.is_file()):
+        return None
+    if json.loads(key_file.read_text()) != engine_key(request):
+        return None
+    return EngineResult.from_json(res_file.read_text())
 
 
 def summarise(
@@ -163,7 +182,9 @@ def main() -> None:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     ap.add_argument("--cpu-kvcache-space-gb", type=int, default=4)
     ap.add_argument("--timeout-s", type=int, default=1800, help="per engine")
-    ap.add_argument("--work-dir", default=None, help="engine requests, results and logs (default: a temp dir)")
+    ap.add_argument(
+        "--work-dir", default=None, help="engine requests, results and logs; a rerun reuses finished engines"
+    )
     ap.add_argument("--out", required=True)
     ap.add_argument("--write-advice", action="store_true", help="write the export's serving.json")
     args = ap.parse_args()
@@ -193,13 +214,19 @@ def main() -> None:
         work = Path(args.work_dir or tmp)
 
         def engine(k: int) -> EngineResult:
+            request = engine_request(args, k, prompts, plan)
+            reused = finished_engine(work, f"k{k}", request)
+            if reused is not None:  # a bench stopped part-way and run again with the same --work-dir
+                print(f"K={k}: result of an earlier run of the same request in {work}", flush=True)
+                return reused
             result, wall = run_engine_process(
-                engine_request(args, k, prompts, plan),
+                request,
                 work,
                 f"k{k}",
                 timeout_s=args.timeout_s,
                 cpu_kvcache_space_gb=args.cpu_kvcache_space_gb,
             )
+            (work / f"engine-k{k}.key.json").write_text(json.dumps(engine_key(request)))
             print(f"K={k}: engine up in {result.load_seconds:.0f} s, {wall:.0f} s in all", flush=True)
             return result
 

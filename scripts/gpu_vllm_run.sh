@@ -89,8 +89,11 @@ stage_serving() {
   ds=$(python3 -c 'import json; print(json.load(open("/tmp/run/summary.json"))["dataset_dir"])')
   python3 bench/serving_speedup.py --export-dir /tmp/run/export --verifier "$model" --dataset-dir "$ds" \
     --loads ${LOADS:-1,8,32,64} --draft-tokens ${DRAFT_TOKENS:-1,2,3,5} --max-new-tokens 128 \
-    --out "$OUTD/serving.json" --write-advice 2>&1 | quiet | tail -40
+    --out "$OUTD/serving.json" --write-advice --work-dir /tmp/serving_work 2>&1 | quiet | tail -40
   cp /tmp/run/export/serving.json "$OUTD/export_serving.json" 2>/dev/null || true
+  # how each engine ran (scheduling, CUDA graphs, drafter), from vLLM's own log lines
+  grep -hoE "(async_scheduling|cudagraph_mode|Capturing CUDA graphs|Graph capturing finished|init engine)[^,]{0,80}" \
+    /tmp/serving_work/engine-k*.log 2>/dev/null | sort | uniq -c | head -20 || true
 }
 
 stage_regen() {
