@@ -78,7 +78,7 @@ stage_capture() {
 stage_train() {
   rm -rf /tmp/run
   (time python3 train.py "${COMMON[@]}" capture=vllm paths.data_dir=/tmp/data_vllm hydra.run.dir=/tmp/run \
-     train.max_time="00:00:0$MINUTES:00" eval.enabled=true eval.max_prompts=32 eval.humaneval_prompts=16 \
+     train.max_time="00:00:0$MINUTES:00" eval.enabled=${EVAL:-true} eval.max_prompts=32 eval.humaneval_prompts=16 \
      eval.max_new_tokens=128) 2>&1 | quiet | tail -45
   cp /tmp/run/summary.json "$OUTD/train_summary.json"
   cp /tmp/run/acceptance.json /tmp/run/acceptance.png "$OUTD/" 2>/dev/null || true
