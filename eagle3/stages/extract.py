@@ -240,5 +240,6 @@ def _capture(backend: CaptureBackend, todo, writer: ShardWriter) -> None:
     read = getattr(stats, "read_seconds", None)
     console.print(
         f"captured {tokens:,} tokens in {seconds:.1f} s ({tokens / max(1e-9, seconds):,.0f} tok/s)"
-        + (f"; reading the connector's files: {read:.1f} s" if read is not None else "")
+        + (f"; reading the connector's files: {read:.1f} s" if read is not None else ""),
+        soft_wrap=True,  # one line in a log too: scripts grep it
     )
