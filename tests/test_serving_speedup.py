@@ -6,6 +6,7 @@ are CPU figures and say nothing about serving on a GPU; the structure is what is
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 from test_evaluate import _random_head_export
 
 from eagle3.evaluation import serving_advice as sa
+from eagle3.evaluation.engine import EngineRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,6 +39,7 @@ def test_serving_speedup_on_the_cpu_build(tmp_path, smollm2_dir):
         "--max-new-tokens=12",
         f"--out={out}",
         "--write-advice",
+        f"--work-dir={tmp_path / 'work'}",
     ]
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "0-1")}
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
@@ -60,3 +63,28 @@ def test_serving_speedup_on_the_cpu_build(tmp_path, smollm2_dir):
     assert advice is not None and advice.source == "measured" and advice.head_sha256 == sa.head_sha256(export)
     assert {a.load: a.num_speculative_tokens for a in advice.loads} == {load: table[load]["best_k"] for load in table}
     assert "serving advice (measured by bench/serving_speedup.py)" in proc.stdout
+
+    # run again with the same --work-dir: no engine starts, the same table
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert again.stdout.count("result of an earlier run of the same request") == 2
+    assert "vLLM engine" not in again.stderr
+    assert json.loads(out.read_text())["table"] == result["table"]
+    # a head retrained into the same directory is a different engine; the target alone is not
+    bench = _bench_module()
+    work = tmp_path / "work"
+    requests = {
+        k: EngineRequest.from_json(json.dumps(json.loads((work / f"engine-k{k}.key.json").read_text())["request"]))
+        for k in (0, 2)
+    }
+    weights = export / "model.safetensors"
+    weights.write_bytes(weights.read_bytes() + b" ")
+    assert bench.finished_engine(work, "k2", requests[2]) is None
+    assert bench.finished_engine(work, "k0", requests[0]) is not None
+
+
+def _bench_module():
+    spec = importlib.util.spec_from_file_location("serving_speedup_bench", ROOT / "bench" / "serving_speedup.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
