@@ -96,6 +96,8 @@ def fingerprint_inputs(cfg: RunConfig, model_dir: str, *, chat_content: bool = T
     regenerate = bool(data.get("regenerate"))
     if not regenerate:
         data = {k: v for k, v in data.items() if not k.startswith("regen_")}
+    if data.get("regen_num_answers") == 1:  # one answer: the same samples as before the option
+        data.pop("regen_num_answers")
     if source != "hf":
         data = {k: v for k, v in data.items() if k not in HF_FIELDS}
     data.update(chat_identity(source, path, cache) if chat_content else dict.fromkeys(_CHAT_LOCATION))
@@ -183,6 +185,8 @@ def legacy_fingerprint_inputs(cfg: RunConfig, model_dir: str) -> dict:
     data: dict[str, Any] = plain(cfg.data)
     for key in ("regen_batch_size", "regen_static_cache", *HF_FIELDS):
         data.pop(key, None)
+    if data.get("regen_num_answers") == 1:  # the first scheme knew one answer only
+        data.pop("regen_num_answers")
     if data.get("regenerate"):
         data["regen_backend"] = resolve_backend(data["regen_backend"])
     else:

@@ -159,7 +159,7 @@ def test_regenerate_replaces_assistant_turns_before_rendering(tokenizer, tmp_pat
     def shuffles(batch):
         return list(reversed(batch))
 
-    with pytest.raises(DataError, match="regenerate must return the same conversations in order"):
+    with pytest.raises(DataError, match=r"regenerate must return, in order, num_answers=1 answered copies"):
         prepare_samples(
             "jsonl",
             str(path),

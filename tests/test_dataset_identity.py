@@ -240,3 +240,16 @@ def test_first_scheme_datasets_are_found_where_written_and_named_elsewhere(tmp_p
     msg = str(err.value)
     assert f"{old_dir}: named by the first fingerprint scheme" in msg and "model.dir" in msg
     assert f"use it with dataset_dir={old_dir}" in msg
+
+
+def test_one_answer_per_conversation_keeps_the_fingerprint_more_answers_change_it(tmp_path, model_dir):
+    """data.regen_num_answers=1 names the samples a regenerated dataset had before the option
+    existed, so its fingerprint (and the dataset it finds) is unchanged; 3 answers are other data."""
+    chats = _chats(tmp_path / "chats.jsonl")
+    regen = ["data.regenerate=true", "data.regen_temperature=0.7"]
+    one = fingerprint_inputs(_cfg(tmp_path, chats, *regen), str(model_dir))
+    assert "regen_num_answers" not in one["data"]
+    three = fingerprint_inputs(_cfg(tmp_path, chats, *regen, "data.regen_num_answers=3"), str(model_dir))
+    assert _changed(one, three) == ["data.regen_num_answers"] and three["data"]["regen_num_answers"] == 3
+    legacy = legacy_fingerprint_inputs(_cfg(tmp_path, chats, *regen), str(model_dir))
+    assert "regen_num_answers" not in legacy["data"]

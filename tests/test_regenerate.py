@@ -29,9 +29,15 @@ SCRIPT = textwrap.dedent(
         regen.close()
         again = VLLMRegenerator(model_dir, cache, max_tokens=24, max_model_len=1024)
         out2 = again(convs)
+        again.close()
+        # two sampled answers to one prompt: each request has its own seed (seed + answer)
+        sampled = VLLMRegenerator(model_dir, cache + "-sampled", max_tokens=16, max_model_len=1024,
+                                  temperature=1.0, num_answers=2)
+        pair = sampled(convs[-1:])
         print("RESULT " + json.dumps({"first": first, "second": again.generated,
                           "orig": [c.messages for c in convs], "new": [c.messages for c in out],
-                          "same": [c.messages for c in out2] == [c.messages for c in out]}))
+                          "same": [c.messages for c in out2] == [c.messages for c in out],
+                          "pair": [[c.id, c.split_key, c.messages[-1]["content"]] for c in pair]}))
     """
 )
 
@@ -69,3 +75,6 @@ def test_target_answers_replace_dataset_answers_and_are_cached(tmp_path):
     # everywhere: each prompt got an answer of its own, none empty
     answers = [new[-1]["content"] for new in res["new"]]
     assert all(a.strip() for a in answers) and len(set(answers)) == len(answers), answers
+    (id0, key0, a0), (id1, key1, a1) = res["pair"]
+    assert (id0, id1) == ("capital", "capital@answer1") and key0 == key1 == "capital"
+    assert a0.strip() and a1.strip() and a0 != a1, res["pair"]

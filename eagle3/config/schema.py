@@ -171,6 +171,9 @@ class DataConfig:
     seed: int = 0
     regenerate: bool = False
     regen_temperature: float = 0.0
+    # answers per conversation, each a sample of its own in its conversation's split (> 1 needs
+    # regen_temperature > 0: greedy answers are all the same)
+    regen_num_answers: int = 1
     regen_max_tokens: int = 512
     regen_batch_size: int = 64  # conversations per call; hf: also prompts per generate() batch
     regen_backend: RegenBackend = RegenBackend.auto

@@ -47,6 +47,14 @@ def validate_run_config(cfg: DictConfig) -> None:
     list(cfg.layers.capture_ids)
     if not 0.0 <= float(cfg.data.val_fraction) < 1.0:
         raise ConfigError(f"data.val_fraction: expected in [0, 1), got {cfg.data.val_fraction}")
+    answers = int(cfg.data.regen_num_answers)
+    if answers < 1:
+        raise ConfigError(f"data.regen_num_answers: expected >= 1, got {answers}")
+    if answers > 1 and cfg.data.regenerate and float(cfg.data.regen_temperature) <= 0:
+        raise ConfigError(
+            f"data.regen_num_answers={answers} with data.regen_temperature={cfg.data.regen_temperature}: greedy "
+            "answers to one prompt are all the same; set data.regen_temperature > 0 (e.g. 0.7) or one answer"
+        )
     if int(cfg.data.max_length) < 2:
         raise ConfigError(f"data.max_length: expected >= 2, got {cfg.data.max_length}")
     if int(cfg.train.ttt_steps) < 1:

@@ -79,6 +79,22 @@ class Conversation:
             self.split_key = self.id
 
 
+ANSWER_SEP = "@answer"
+
+
+def answer_id(conversation_id: str, answer: int) -> str:
+    """The sample id of the target's answer number ``answer`` (data.regen_num_answers) to a
+    conversation. Answer 0 keeps the conversation's id, so one answer per conversation names
+    samples as a dataset without regeneration does."""
+    return conversation_id if answer == 0 else f"{conversation_id}{ANSWER_SEP}{answer}"
+
+
+def conversation_of(sample_id: str) -> str:
+    """answer_id's inverse: the conversation a sample answers."""
+    head, sep, tail = sample_id.rpartition(ANSWER_SEP)
+    return head if sep and tail.isdigit() else sample_id
+
+
 @dataclass
 class Normalised:
     messages: list[dict[str, str]] | None  # None when skipped

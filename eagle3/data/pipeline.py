@@ -8,9 +8,11 @@ a sample lands on is a hash of its split key (split.py), so growing ``max_sample
 adds samples: every sample of the smaller run keeps its side.
 
 ``regenerate`` is the hook for answers written by the target itself: a callable that
-takes a batch of loaded `Conversation`s and returns them (same ids, same order) with
-their assistant turns replaced. It runs before rendering, on batches of
-``regenerate_batch_size``, only on conversations the run still needs.
+takes a batch of loaded `Conversation`s and returns, for each in order, its
+``regenerate.num_answers`` answered copies (ids ``answer_id(id, k)``, the split key kept, so
+every answer of a conversation lands on its side of the split) with the assistant turns
+replaced. It runs before rendering, on batches of ``regenerate_batch_size``, only on
+conversations the run still needs.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from eagle3.data.conversation import Conversation, DataError
+from eagle3.data.conversation import Conversation, DataError, answer_id
 from eagle3.data.hf_source import HFOptions
 from eagle3.data.loaders import LoadReport, iter_conversations, no_usable_data_error
 from eagle3.data.render import ChatRenderer
@@ -114,13 +116,20 @@ def _batches(conversations: Iterator[Conversation], size: Callable[[], int]) -> 
         yield batch
 
 
+def _answers(regenerate: Regenerate | None) -> int:
+    return int(getattr(regenerate, "num_answers", 1)) if regenerate is not None else 1
+
+
 def _checked_regenerate(regenerate: Regenerate, batch: list[Conversation]) -> list[Conversation]:
     out = regenerate(batch)
-    got = [c.id for c in out]
-    want = [c.id for c in batch]
+    n = _answers(regenerate)
+    want = [(answer_id(c.id, k), c.split_key) for c in batch for k in range(n)]
+    got = [(c.id, c.split_key) for c in out]
     if got != want:
         raise DataError(
-            f"regenerate must return the same conversations in order: sent ids {want[:5]}..., got {got[:5]}..."
+            f"regenerate must return, in order, num_answers={n} answered copies of each conversation keeping its "
+            "split key: "
+            f"expected (id, split key) {want[:5]}..., got {got[:5]}..."
         )
     return out
 
@@ -171,8 +180,9 @@ def prepare_samples(
     def batch_size() -> int:
         if regenerate is None:
             return 1
-        remaining = regenerate_batch_size if max_samples is None else max_samples - kept()
-        return min(regenerate_batch_size, remaining)
+        if max_samples is None:
+            return regenerate_batch_size
+        return min(regenerate_batch_size, -(-(max_samples - kept()) // _answers(regenerate)))  # conversations
 
     stream = iter_conversations(source, path, load_report, hf=hf)
     with _progress(progress) as bar:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generator
 
+from eagle3.data.conversation import conversation_of
 from eagle3.data.hf_source import HFOptions
 from eagle3.data.loaders import iter_conversations
 from eagle3.store import Manifest
@@ -122,7 +123,8 @@ def _data_path(manifest_file: Path, given: Any) -> str | None:
 
 
 def val_first_turns(dataset_dir: str | Path) -> Generator[tuple[str, list[dict[str, str]]], None, None]:
-    """(conversation id, opening turn) of the dataset's validation split, in the split's order."""
+    """(conversation id, opening turn) of the dataset's validation split, in the split's order,
+    once per conversation (several regenerated answers of one conversation share its prompt)."""
     dataset_dir = Path(dataset_dir)
     manifest = Manifest.read(dataset_dir)
     manifest_file = dataset_dir / "manifest.json"
@@ -131,7 +133,7 @@ def val_first_turns(dataset_dir: str | Path) -> Generator[tuple[str, list[dict[s
         raise PromptError(
             f"{manifest_file}: fingerprint_inputs.data: expected the data config (with 'source'), got {data!r}"
         )
-    wanted = list(manifest.val_ids)
+    wanted = list(dict.fromkeys(conversation_of(i) for i in manifest.val_ids))
     if not wanted:
         return
     pending = set(wanted)

@@ -24,6 +24,7 @@ def regenerator_for(cfg: RunConfig, model_dir: str):
         model_dir,
         cfg.paths.cache_dir,
         temperature=cfg.data.regen_temperature,
+        num_answers=cfg.data.regen_num_answers,
         max_tokens=cfg.data.regen_max_tokens,
         seed=cfg.data.seed,
         max_model_len=cfg.data.max_length,

@@ -3,7 +3,9 @@
 A draft learns to predict the *target's* continuations, so answers written by the target
 (greedy, or at data.regen_temperature) beat the dataset's human/ChatGPT answers: each
 user turn is answered by the target given the conversation so far (its own earlier
-answers included), batched across conversations turn by turn.
+answers included), batched across conversations turn by turn. With
+data.regen_num_answers = n > 1 (sampled: temperature > 0) each conversation is answered n
+times, each copy a sample of its own (``answer_id``) that follows its own earlier answers.
 
 Two engines write the same cache: ``vllm_engine.VLLMRegenerator`` (vLLM; the CPU build here,
 CUDA vLLM elsewhere) and ``hf_engine.HFRegenerator`` (transformers, for machines without vLLM
@@ -25,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from eagle3.data.conversation import Conversation
+from eagle3.data.conversation import Conversation, answer_id
 from eagle3.faults import fault
 from eagle3.hashing import file_short_sha, short_sha
 
@@ -86,8 +88,10 @@ def _user_turns_sha(messages: list[dict[str, str]]) -> str:
 class Regenerator:
     """``regenerate(conversations) -> conversations`` for ``eagle3.data.pipeline.prepare_samples``.
 
-    Subclasses supply ``_complete(prompts, rooms) -> texts``: one answer per token-id prompt,
-    at most ``rooms[i]`` new tokens each, sampled with this instance's settings.
+    Subclasses supply ``_complete(prompts, rooms, seeds) -> texts``: one answer per token-id
+    prompt, at most ``rooms[i]`` new tokens each, sampled with this instance's settings;
+    ``seeds[i]`` is the request's own seed where the engine seeds per request (answer k of a
+    conversation: seed + k, so copies of one prompt are different samples).
     """
 
     backend = ""
@@ -98,6 +102,7 @@ class Regenerator:
         cache_dir: str | Path,
         *,
         temperature: float = 0.0,
+        num_answers: int = 1,
         max_tokens: int = 512,
         seed: int = 0,
         max_model_len: int = 4096,
@@ -109,6 +114,12 @@ class Regenerator:
         self.temperature, self.max_tokens, self.seed = float(temperature), int(max_tokens), int(seed)
         self.max_model_len, self.chat_template = int(max_model_len), chat_template
         self.trust_remote_code = bool(trust_remote_code)  # model.trust_remote_code, for every load
+        self.num_answers = int(num_answers)
+        if self.num_answers < 1 or (self.num_answers > 1 and self.temperature <= 0):
+            raise ValueError(
+                f"data.regen_num_answers: expected 1, or more with data.regen_temperature > 0 (greedy answers "
+                f"are all the same), got {num_answers} at temperature {temperature}"
+            )
         if max_turns is not None and int(max_turns) < 1:
             raise ValueError(f"data.regen_max_turns: expected null or >= 1, got {max_turns}")
         self.max_turns = None if max_turns is None else int(max_turns)
@@ -142,7 +153,7 @@ class Regenerator:
 
         gc.collect()
 
-    def _complete(self, prompts: list[list[int]], rooms: list[int]) -> list[str]:
+    def _complete(self, prompts: list[list[int]], rooms: list[int], seeds: list[int]) -> list[str]:
         raise NotImplementedError
 
     def _prompt_ids(self, history: list[dict[str, str]]) -> list[int]:
@@ -156,12 +167,12 @@ class Regenerator:
             return []
         return [m["content"] for m in rec["messages"] if m["role"] == "assistant"]
 
-    def _generate(self, convs: list[Conversation]) -> list[list[dict[str, str]]]:
+    def _generate(self, convs: list[Conversation], answers: list[int]) -> list[list[dict[str, str]]]:
         users = [[i for i, m in enumerate(c.messages) if m["role"] == "user"][: self.max_turns] for c in convs]
         histories: list[list[dict[str, str]]] = [[m for m in c.messages if m["role"] == "system"] for c in convs]
         seeded = [self._seeded_answers(c) for c in convs]
         for turn in range(max(len(u) for u in users)):
-            active, prompts = [], []
+            active, prompts, seeds = [], [], []
             for j, c in enumerate(convs):
                 if turn >= len(users[j]):
                     continue
@@ -177,17 +188,22 @@ class Regenerator:
                     continue
                 active.append(j)
                 prompts.append(ids)
+                seeds.append(self.seed + answers[j])
             if not prompts:  # every conversation at this turn was answered by a seed (or none is left)
                 continue
             rooms = [max(1, min(self.max_tokens, self.max_model_len - len(p) - 1)) for p in prompts]
-            for j, text in zip(active, self._complete(prompts, rooms)):
+            for j, text in zip(active, self._complete(prompts, rooms, seeds)):
                 histories[j].append({"role": "assistant", "content": text})
         return histories
 
     def __call__(self, batch: list[Conversation]) -> list[Conversation]:
+        """Each conversation's ``num_answers`` answered copies, in order (the split key kept)."""
+        copies = [(replace(c, id=answer_id(c.id, k)), k) for c in batch for k in range(self.num_answers)]
+        batch = [c for c, _ in copies]
+        answer_of = {c.id: k for c, k in copies}
         todo = [c for c in batch if self.cache.get(c.id, {}).get("user_sha") != _user_turns_sha(c.messages)]
         if todo:
-            fresh = self._generate(todo)
+            fresh = self._generate(todo, [answer_of[c.id] for c in todo])
             self.cache_file.parent.mkdir(parents=True, exist_ok=True)
             with open(self.cache_file, "a") as f:
                 for c, messages in zip(todo, fresh):

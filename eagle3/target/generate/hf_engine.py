@@ -218,7 +218,9 @@ class HFRegenerator(Regenerator):
         free, _ = torch.cuda.mem_get_info(model.device)
         return max(1, min(self.gen_batch_size, int(0.5 * free // per_row)))
 
-    def _complete(self, prompts: list[list[int]], rooms: list[int]) -> list[str]:
+    def _complete(self, prompts: list[list[int]], rooms: list[int], seeds: list[int]) -> list[str]:
+        """``seeds`` unused: each batch draws from one generator seeded by its place in the call,
+        so copies of one prompt in a batch are different rows, different samples."""
         import torch
         from tqdm.auto import tqdm
 

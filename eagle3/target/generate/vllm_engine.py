@@ -52,13 +52,13 @@ class VLLMRegenerator(Regenerator):
         self._llm = None
         super().close()
 
-    def _complete(self, prompts: list[list[int]], rooms: list[int]) -> list[str]:
+    def _complete(self, prompts: list[list[int]], rooms: list[int], seeds: list[int]) -> list[str]:
         from vllm import SamplingParams, TokensPrompt
 
         llm = self._engine()
         params = [
-            SamplingParams(temperature=self.temperature, max_tokens=r, seed=self.seed, skip_special_tokens=True)
-            for r in rooms
+            SamplingParams(temperature=self.temperature, max_tokens=r, seed=s, skip_special_tokens=True)
+            for r, s in zip(rooms, seeds)
         ]
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=True)
         self.new_tokens += sum(len(o.outputs[0].token_ids) for o in outs)
