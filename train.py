@@ -7,7 +7,7 @@ python train.py --cfg job --resolve
 import hydra
 from omegaconf import DictConfig
 
-from eagle3.config.registry import register_configs
+from eagle3.stages.compose import register_configs
 
 register_configs()
 

@@ -12,7 +12,7 @@ dataset and held-out prompts:
         [--work-dir outputs/ranking] [--heads N] [--eval-prompts 32 --humaneval 16]
 
 The train-side figures are those of the exported head (the best checkpoint), recomputed on the
-whole validation split by ``python -m eagle3.evaluation.replay_export``. Prints per head the three
+whole validation split by ``python -m eagle3.stages.replay_export``. Prints per head the three
 figures, then per train-side figure: Spearman and Kendall rank correlation with vLLM over the heads,
 the mean and largest error against vLLM, and the pairs it orders the other way. Writes the JSON
 and a scatter plot (``<out>.png``). A head whose run finished (summary.json, replay.json) is not
@@ -75,7 +75,7 @@ def head_figures(i: int, overrides: list[str], args: argparse.Namespace) -> dict
     if "mean_acceptance_length" not in acceptance:
         raise SystemExit(f"{summary_file}: no vLLM acceptance ({acceptance.get('error', 'eval did not run')})")
     if not replay_file.is_file():
-        cmd = [sys.executable, "-m", "eagle3.evaluation.replay_export", f"export_dir={summary['export_dir']}"]
+        cmd = [sys.executable, "-m", "eagle3.stages.replay_export", f"export_dir={summary['export_dir']}"]
         cmd += [f"dataset_dir={summary['dataset_dir']}", f"verifier={summary['verifier_dir']}", f"out={replay_file}"]
         run(cmd, run_dir.parent / f"head{i}.replay.log")
     replay = json.loads(replay_file.read_text())

@@ -38,11 +38,11 @@ from step_profile import StepProfile  # noqa: E402  (beside this file)
 
 from eagle3.config.schema import TrainConfig  # noqa: E402
 from eagle3.data.vocab import build_draft_vocab  # noqa: E402
-from eagle3.layers import capture_ids, default_aux_ids  # noqa: E402
-from eagle3.model.config import DraftConfig  # noqa: E402
-from eagle3.model.head import Eagle3DraftHead  # noqa: E402
+from eagle3.draft.config import DraftConfig  # noqa: E402
+from eagle3.draft.head import Eagle3DraftHead  # noqa: E402
 from eagle3.store import ShardWriter, write_token_dataset  # noqa: E402
 from eagle3.target.capture_hf import HFCaptureBackend  # noqa: E402
+from eagle3.target.layer_ids import capture_ids, default_aux_ids  # noqa: E402
 from eagle3.training.callbacks import TokenThroughput  # noqa: E402
 from eagle3.training.datamodule import Eagle3DataModule  # noqa: E402
 from eagle3.training.module import Eagle3LitModule  # noqa: E402

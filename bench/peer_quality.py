@@ -10,7 +10,7 @@ training on one GPU, then the same measurements of both exports.
 train-peer is bench/peer_train.py (speculators' model and loss, its recipe); ours is train.py with
 train.max_time (scripts/gpu_peer_quality.sh runs both side by side and packs the results).
 
-replay: the val-split replay of any export (eagle3.evaluation.replay_export.measure: rounds as
+replay: the val-split replay of any export (eagle3.evaluation.diagnostics.replay_export.measure: rounds as
 serving runs them, K draft tokens, answers cut at --max-answer-tokens). Our head cannot represent
 speculators' EAGLE-3.1 norms (norm_output, norm_before_residual) or sliding windows, so an export
 that uses them is replayed by speculators' own model behind eagle3's head interface
@@ -20,7 +20,7 @@ tokens: real (unpadded) tokens a train.py run trained on, recounted from its con
 and the deterministic packed-batch stream (train.py does not record the total).
 
 table: for each run directory (export/, peer_train.json or summary.json + tokens.json,
-replay.json), runs `python -m eagle3.evaluate` here (the held-out prompts: the validation split's
+replay.json), runs `python evaluate.py` here (the held-out prompts: the validation split's
 opening turns, then HumanEval; the same for every run) unless <run>/acceptance/acceptance.json
 exists, and writes one table (markdown + JSON): tokens trained, optimizer steps, val replay, vLLM
 mean acceptance length and per-position acceptance, and the ratio of the first run to the second.
@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # peer_train, speculators_peer
 import peer_train  # noqa: E402
 
@@ -46,7 +47,7 @@ class SpeculatorsHead:
     """A speculators Eagle3DraftModel behind eagle3's head interface (forward on our aligned
     packed rows, target_logits), for replay_export.measure. At our position t it gets what its
     shift_batch would give it (input x_{t+1}, aux g_t, position + 1), so its step logits at t are
-    ours at t (eagle3/model/head.py); positions whose chain runs past a sample's end read other
+    ours at t (eagle3/draft/head.py); positions whose chain runs past a sample's end read other
     tokens in the two models, and are never counted."""
 
     def __init__(self, model):
@@ -57,7 +58,7 @@ class SpeculatorsHead:
         return self
 
     def __call__(self, aux_hidden, input_ids, position_ids, segment_ids, ttt_steps: int) -> list[torch.Tensor]:
-        from eagle3.model.shift import shift_left
+        from eagle3.draft.shift import shift_left
 
         ids, _ = shift_left(input_ids, segment_ids, 1, fill=0)
         logits: list[torch.Tensor] = []
@@ -82,9 +83,9 @@ class SpeculatorsHead:
 
 def eagle3_lacks(cfg: dict, *, sliding: bool = True) -> list[str]:
     """What this export's config asks for that eagle3's head does not compute: norm options it
-    has no field for (eagle3.model.config.NORM_OPTIONS, where defined) and, with `sliding`,
+    has no field for (eagle3.draft.config.NORM_OPTIONS, where defined) and, with `sliding`,
     sliding-window attention (no effect on samples shorter than the window)."""
-    import eagle3.model.config as draft_config
+    import eagle3.draft.config as draft_config
 
     known = set(getattr(draft_config, "NORM_OPTIONS", ("norm_before_fc",)))
     lacks = [
@@ -105,8 +106,8 @@ def replay(
     max_answer_tokens: int | None = 128,
     device: str | None = None,
 ) -> dict:
+    from eagle3.evaluation.diagnostics.replay_export import load_exported_head, measure
     from eagle3.evaluation.export_info import read_export
-    from eagle3.evaluation.replay_export import load_exported_head, measure
 
     cfg = json.loads((Path(export_dir) / "config.json").read_text())
     # an export names its verifier as the serving machine knows it (a hub id); read_export finds
@@ -138,8 +139,8 @@ def ours_tokens(run_dir: str | Path) -> dict:
     stream (every rank's), as its datamodule built them (settings from <run>/.hydra/config.yaml)."""
     from omegaconf import OmegaConf
 
-    from eagle3.batches import PackedBatchSampler
     from eagle3.stages.train import resolve_step_path
+    from eagle3.store.packing import PackedBatchSampler
     from eagle3.training.datamodule import Eagle3DataModule
 
     run_dir = Path(run_dir)
@@ -204,8 +205,7 @@ def acceptance(run: Path, args) -> dict:
     if args.rerun or not (out / "acceptance.json").is_file():
         cmd = [
             sys.executable,
-            "-m",
-            "eagle3.evaluate",
+            str(ROOT / "evaluate.py"),
             f"export_dir={run / 'export'}",
             f"out_dir={out}",
             f"dataset_dir={args.dataset_dir}",

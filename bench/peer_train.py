@@ -40,8 +40,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # speculators_peer, beside this file
 from speculators_peer import import_speculators  # noqa: E402
 
-from eagle3.batches import PackedBatchSampler, collate_packed  # noqa: E402
 from eagle3.store import HiddenStateDataset  # noqa: E402
+from eagle3.store.packing import PackedBatchSampler, collate_packed  # noqa: E402
 from eagle3.target.resolve import load_target_head_weights  # noqa: E402
 from eagle3.training.builder import draft_vocab  # noqa: E402
 from eagle3.training.datamodule import Eagle3DataModule  # noqa: E402

@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from eagle3.batches import collate_rows, pack_rows
-from eagle3.model import DraftConfig, Eagle3DraftHead, eagle3_loss
+from eagle3.draft import DraftConfig, Eagle3DraftHead, eagle3_loss
+from eagle3.store.packing import collate_rows, pack_rows
 
 SMOLLM2 = dict(
     model_type="llama",

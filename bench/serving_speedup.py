@@ -5,7 +5,7 @@ at several loads (concurrent requests) and numbers of draft tokens K, greedy, on
         [--prompts-jsonl FILE] [--loads 1,8,32,64] [--draft-tokens 1,2,3,5] [--prompts 64] \
         [--max-new-tokens 128] --out results.json [--write-advice]
 
-Prompts: the dataset's validation split plus HumanEval, as ``python -m eagle3.evaluate`` takes
+Prompts: the dataset's validation split plus HumanEval, as ``python evaluate.py`` takes
 them (a third HumanEval; HumanEval alone without --dataset-dir), or a JSONL of chats
 (``{"messages": [...]}`` per line, the opening turns served).
 

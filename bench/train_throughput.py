@@ -4,10 +4,10 @@ One optimisation step on one packed sequence, identical shapes, weights and inpu
 both: fp32 master weights, bf16 autocast, AdamW, grad-norm clip 1.0 (what speculators'
 trainer does). Variants (run in the order given, each at every --ttt):
 
-    ours             eagle3.model as shipped (dense bool SDPA mask), eager
+    ours             eagle3.draft as shipped (dense bool SDPA mask), eager
     ours_compiled    the same step (head + target logits + loss) under torch.compile
     ours_frozen_lm   ours with lm_head frozen, as speculators 0.9 trains (like for like)
-    ours_flex        eagle3's attention="flex" (eagle3/model/flex.py): block-sparse flex
+    ours_flex        eagle3's attention="flex" (eagle3/draft/flex.py): block-sparse flex
                      attention instead of the dense [B,1,T,T*K] mask, flex_attention compiled
     ours_flex_compiled  the same with the whole step compiled (train.compile + train.attention=flex)
     spec             speculators Eagle3DraftModel + its eager loss, compiled as its trainer
@@ -140,7 +140,7 @@ def make_inputs(s: Shapes, device: torch.device, seed: int = 0) -> dict[str, tor
 
 
 def build_ours(s: Shapes, x: dict, device: torch.device, frozen_lm: bool):
-    from eagle3.model import DraftConfig, Eagle3DraftHead
+    from eagle3.draft import DraftConfig, Eagle3DraftHead
 
     cfg = DraftConfig(
         hidden_size=s.hidden,
@@ -167,7 +167,7 @@ def build_ours(s: Shapes, x: dict, device: torch.device, frozen_lm: bool):
 
 
 def ours_loss_fn(head, ttt: int):
-    from eagle3.model import eagle3_loss
+    from eagle3.draft import eagle3_loss
 
     def forward_loss(x: dict) -> torch.Tensor:
         logits = head(x["aux_hidden"], x["input_ids"], x["position_ids"], x["segment_ids"], ttt)
@@ -183,13 +183,13 @@ def ours_loss_fn(head, ttt: int):
 
 # ----------------------------------------------------------------------------- flex prototype
 # PROTOTYPE, measured here only: block-sparse flex attention for the TTT mask. It replaces
-# build_ttt_mask / ttt_step_mask in eagle3.model.head and TTTAttention.forward while the
+# build_ttt_mask / ttt_step_mask in eagle3.draft.head and TTTAttention.forward while the
 # variant runs, then restores them. Keys are zero-padded to K*T so one compiled kernel
 # serves every step; blocks past step k are absent from the block mask, never computed.
 
 
 class _compiled_flex_kernel:
-    """Reusable context: eagle3.model.flex calls torch's flex_attention; inside, a compiled copy."""
+    """Reusable context: eagle3.draft.flex calls torch's flex_attention; inside, a compiled copy."""
 
     def __init__(self):
         import torch.nn.attention.flex_attention as fa

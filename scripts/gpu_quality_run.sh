@@ -68,7 +68,7 @@ time ${TRAIN_LAUNCH:-${PYTHON:-python3}} train.py "${COMMON[@]}" hydra.run.dir=$
 OUTD=${OUT:-/tmp/out}; mkdir -p "$OUTD"
 # One tar per run, kept on the machine: summary, export (config + weights), the dataset's
 # manifest (it names the validation split: with it in a folder here and the same chat file at
-# the same path, `python -m eagle3.evaluate dataset_dir=...` adds the val prompts) and the
+# the same path, `python evaluate.py dataset_dir=...` adds the val prompts) and the
 # regenerated answers (text, a few MiB compressed: the next lease carries them back).
 # What comes back from one call is capped (8 files, ~64 MiB in all), so the tar is
 # cut in 15 MiB parts and this call returns the first RETURN_PARTS (default 4); `fetch` returns

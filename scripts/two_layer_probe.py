@@ -1,5 +1,5 @@
 """A trained one-layer export + a random second layer (o_proj, down_proj scaled up so it
-matters), exported again: `python -m eagle3.evaluate` on it compares vLLM's counters with our
+matters), exported again: `python evaluate.py` on it compares vLLM's counters with our
 served replay of the same two-layer head, i.e. whether vLLM runs layer 2 as we do.
     python scripts/two_layer_probe.py SRC_EXPORT VERIFIER_DIR OUT_EXPORT SCALE   (docs/results.md: SCALE 10)
 """
@@ -9,9 +9,9 @@ import sys
 
 import torch
 
-from eagle3.evaluation.replay_export import load_exported_head
-from eagle3.model.head import Eagle3DraftHead
-from eagle3.model.serving_format import DraftMeta, save_head
+from eagle3.draft.head import Eagle3DraftHead
+from eagle3.draft.serving_format import DraftMeta, save_head
+from eagle3.evaluation.diagnostics.replay_export import load_exported_head
 from eagle3.target.resolve import read_hf_config
 
 src, verifier, out, scale = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])

@@ -25,7 +25,7 @@ def compose(config_name: str = "train", overrides: list[str] | None = None, outp
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from eagle3.config.registry import register_configs
+    from eagle3.stages.compose import register_configs
 
     register_configs()
     GlobalHydra.instance().clear()

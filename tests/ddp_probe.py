@@ -19,7 +19,7 @@ import lightning as L
 import torch
 from omegaconf import DictConfig
 
-from eagle3.config.registry import register_configs
+from eagle3.stages.compose import register_configs
 
 register_configs()
 CONF = Path(__file__).resolve().parents[1] / "conf"

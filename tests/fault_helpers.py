@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 from conftest import ROOT
 
-from eagle3.faults import ENV
 from eagle3.store import HiddenStateDataset
+from eagle3.util.faults import ENV
 
 # one sample per forward: a sample's hidden states do not depend on what it was batched with,
 # so a resumed or repaired dataset can be compared byte for byte

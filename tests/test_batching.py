@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from test_model_head import VT, H, make_head
 
-from eagle3.batches import collate_packed
-from eagle3.model import eagle3_loss
+from eagle3.draft import eagle3_loss
+from eagle3.store.packing import collate_packed
 
 
 def _item(t: int, seed: int) -> dict:
@@ -50,7 +50,7 @@ def test_padding_to_a_fixed_shape_changes_no_loss_or_count():
 
 
 def test_rows_hold_every_sample_once_within_their_budgets():
-    from eagle3.batches import pack_rows, split_rows
+    from eagle3.store.packing import pack_rows, split_rows
 
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(5, 300, (700,), generator=g).tolist()  # > one 256-sample bucket
@@ -67,7 +67,7 @@ def test_rows_hold_every_sample_once_within_their_budgets():
 
 
 def test_several_rows_give_the_same_loss_and_counts_as_one_row():
-    from eagle3.batches import collate_rows
+    from eagle3.store.packing import collate_rows
 
     head = make_head()
     items = [_item(9, 1), _item(6, 2), _item(11, 3), _item(4, 4), _item(12, 5)]

@@ -77,7 +77,7 @@ def test_training_precision_follows_the_same_check(cpu):
 
 def test_the_dataset_does_not_depend_on_the_cpu(monkeypatch, smollm2_dir):
     """Same stored dtype, same dataset: the fingerprint never sees the compute dtype."""
-    from eagle3.identity import dataset_path
+    from eagle3.extraction.identity import dataset_path
 
     cfg = compose("extract", [])
     names = set()

@@ -11,7 +11,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from eagle3.config.validate import ConfigError, validate_run_config
+from eagle3.config.errors import ConfigError
+from eagle3.stages.validate import validate_run_config
 
 GROUPS = ["model", "topology", "budget", "layers", "data", "capture", "train", "logger", "experiment", "debug"]
 NEEDS_PATH = {("model", "hf"), ("data", "jsonl"), ("data", "hf_disk")}

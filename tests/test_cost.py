@@ -1,5 +1,5 @@
 """What a run will cost, said before it starts: the figures follow from the config (samples x
-max_length, steps x tokens per step, ranks, disk from eagle3/plan.py, time from the measured
+max_length, steps x tokens per step, ranks, disk from eagle3/stages/plan.py, time from the measured
 rates), and both stages print them and write them to the run's log."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, compose
 
-from eagle3.cost import RATES, capture_seconds, extract_lines, head_flops, rate_for, target_params, train_lines
-from eagle3.plan import disk_bytes
+from eagle3.stages.cost import RATES, capture_seconds, extract_lines, head_flops, rate_for, target_params, train_lines
+from eagle3.stages.plan import disk_bytes
 from eagle3.store.disk import format_bytes
 
 CPU_RATE = next(r for r in RATES if r.accelerator == "cpu")
@@ -64,7 +64,7 @@ def test_extract_estimate_follows_the_config():
     ],
 )
 def test_the_capture_rate_follows_how_this_cpu_runs_the_forward(monkeypatch, flags, onednn, forward):
-    from eagle3.cost import cpu_forward
+    from eagle3.stages.cost import cpu_forward
     from eagle3.target import compute_dtype as cd
 
     monkeypatch.setattr(cd, "cpu_flags", lambda: flags)

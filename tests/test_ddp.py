@@ -19,9 +19,9 @@ import torch
 from conftest import ROOT, compose
 from omegaconf import OmegaConf
 
-from eagle3.launch import LaunchError, check_external_launch, launch_run_id
 from eagle3.stages.extract import run as extract
 from eagle3.stages.train import run as train
+from eagle3.util.launch import LaunchError, check_external_launch, launch_run_id
 
 TINY = ["experiment=tiny_test"]
 STEPS = 3

@@ -8,9 +8,9 @@ import pytest
 
 from eagle3.config.schema import EvalConfig
 from eagle3.evaluation.counters import SpecDecodeCounters
+from eagle3.evaluation.diagnostics.mismatch import MismatchVerdict
 from eagle3.evaluation.engine import BatchResult, EngineRequest, EngineResult
 from eagle3.evaluation.export_info import ExportInfo
-from eagle3.evaluation.mismatch import MismatchVerdict
 
 K = 3
 
@@ -32,10 +32,10 @@ def _fake_engine(request: EngineRequest, work_dir, label, *, timeout_s, cpu_kvca
 @pytest.fixture
 def harness(monkeypatch, smollm2_dir, tmp_path):
     """evaluate() on two HumanEval prompts with fake engines; returns the calls each diagnostic made."""
+    import eagle3.evaluation.diagnostics.replay_export as replay_export
+    import eagle3.evaluation.diagnostics.served_replay as served_replay
     import eagle3.evaluation.export_info as export_info
     import eagle3.evaluation.measure as measure
-    import eagle3.evaluation.replay_export as replay_export
-    import eagle3.evaluation.served_replay as served_replay
 
     calls: dict[str, list] = {"explain": [], "train_side": [], "served": []}
     info = ExportInfo(tmp_path / "export", str(smollm2_dir), [2, 15, 27], 8, None)
@@ -66,7 +66,7 @@ def harness(monkeypatch, smollm2_dir, tmp_path):
 def _evaluate(tmp_path, diagnostics: bool) -> dict:
     import json
 
-    from eagle3.evaluate import evaluate
+    from eagle3.evaluation.acceptance import evaluate
 
     cfg = EvalConfig(num_draft_tokens=K, max_prompts=2, humaneval_prompts=2, diagnostics=diagnostics)
     result = evaluate(tmp_path / "export", eval_cfg=cfg, out_dir=tmp_path / "out", show_table=False)

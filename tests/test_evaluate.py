@@ -343,11 +343,11 @@ def _logged_history(run_dir: Path, key: str, timeout_s: float = 30.0) -> dict:
 def _random_head_export(out_dir: Path, target_dir: Path, layers: int = 1, **norms: bool) -> Path:
     """A SmolLM2 EAGLE-3 head built as train.py builds one, with a random draft lm_head
     (nothing copied from the target's), exported in our serving format; `norms`: the
-    EAGLE-3.1 norm options (eagle3/model/config.py NORM_OPTIONS) it is built with."""
+    EAGLE-3.1 norm options (eagle3/draft/config.py NORM_OPTIONS) it is built with."""
     from eagle3.data.vocab import build_draft_vocab
-    from eagle3.model.config import DraftConfig
-    from eagle3.model.head import Eagle3DraftHead
-    from eagle3.model.serving_format import DraftMeta, save_head
+    from eagle3.draft.config import DraftConfig
+    from eagle3.draft.head import Eagle3DraftHead
+    from eagle3.draft.serving_format import DraftMeta, save_head
     from eagle3.target.resolve import load_target_head_weights, read_hf_config
 
     hf = read_hf_config(target_dir)
@@ -376,8 +376,7 @@ def test_random_head_measures_near_one_in_vllm(tmp_path, smollm2_dir, layers):
     ds = _dataset_with_val_split(tmp_path / "ds", ["c1", "c3", "c5"])
     cmd = [
         sys.executable,
-        "-m",
-        "eagle3.evaluate",
+        str(ROOT / "evaluate.py"),
         f"export_dir={export}",
         f"dataset_dir={ds}",
         f"eval.num_draft_tokens={K}",
@@ -447,8 +446,7 @@ def test_random_head_with_the_eagle31_norms_loads_in_vllm_and_measures_near_one(
     ds = _dataset_with_val_split(tmp_path / "ds", ["c1", "c3"])
     cmd = [
         sys.executable,
-        "-m",
-        "eagle3.evaluate",
+        str(ROOT / "evaluate.py"),
         f"export_dir={export}",
         f"dataset_dir={ds}",
         "baseline=false",

@@ -1,5 +1,5 @@
 """SIGKILL at every stage, and a disk that fills up: the real entrypoints run in a subprocess
-with EAGLE3_FAULT=<point> (eagle3/faults.py), die there, and the rerun ends with what an
+with EAGLE3_FAULT=<point> (eagle3/util/faults.py), die there, and the rerun ends with what an
 uninterrupted run gives (tiny random Llama, real ShareGPT). docs/faults.md lists them."""
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from conftest import CACHE, compose
 from fault_helpers import ARGS, assert_killed, assert_same_dataset, cli, file_bytes, temps
 from safetensors.torch import load, load_file
 
-from eagle3 import faults
-from eagle3.export import export_checkpoint
 from eagle3.stages.extract import run as extract
 from eagle3.stages.train import run as train
 from eagle3.store import DiskSpaceError, Manifest
 from eagle3.store.merge import merge_parts, part_dir
 from eagle3.store.reader import damaged_shards
+from eagle3.training.checkpoint_io import export_checkpoint
+from eagle3.util import faults
 
 
 @pytest.fixture(scope="module")
@@ -163,8 +163,7 @@ def test_export_killed_leaves_the_previous_one_and_the_rerun_exports(reference, 
     before = file_bytes(run_dir / "export")
     again = cli(
         [
-            "-m",
-            "eagle3.export",
+            "export.py",
             f"ckpt={run_dir / 'checkpoints' / 'last.ckpt'}",
             f"out={run_dir / 'export'}",
             "num_draft_tokens=5",

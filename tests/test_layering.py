@@ -1,15 +1,16 @@
 """Imports point down: every module under eagle3/ is parsed with `ast` (imports at any level,
-including those inside functions) and each eagle3 import is checked against ALLOWED.
+including those inside functions) and each eagle3 import is checked against ALLOWED. The first
+folder under eagle3/ is the layer:
 
-    stages (eagle3/stages/, and the `python -m` entries eagle3/evaluate.py, eagle3/export.py)
-      -> training, evaluation, extraction
-        -> planning (cost, plan, identity)
-          -> model, store, data, target, batches (the lower layer)
-            -> util (atomic, faults, hashing, hidden_dtypes, locks, launch, layers, wandb_mode)
+    stages                                    (the root scripts call them)
+      -> training, evaluation, extraction     (never each other)
+        -> target, store                      (target: the model being served; store: the disk)
+          -> draft, data                      (the head as plain torch; chat data)
+            -> config                         (the typed schemas)
+              -> util
 
 training and evaluation never import each other: what both need (batching, the serving
-format, W&B's mode) lives below both. model/ is plain torch: no lightning, no hydra.
-"""
+format, W&B's mode) lives below both. draft/ is plain torch: no lightning, no hydra."""
 
 from __future__ import annotations
 
@@ -20,61 +21,24 @@ from conftest import ROOT
 
 PACKAGE = ROOT / "eagle3"
 
-# module (or package) -> group; the longest matching prefix wins
-GROUPS = {
-    "eagle3.stages": "stage",  # extract, train, evaluate, export: the only readers of the whole config
-    "eagle3.evaluate": "stage",  # `python -m eagle3.evaluate`: the stage's Hydra entry
-    "eagle3.export": "stage",  # `python -m eagle3.export`
-    "eagle3.sweep": "stage",  # the multirun callback the entrypoints' Hydra config loads
-    "eagle3.training": "training",
-    "eagle3.evaluation": "evaluation",
-    "eagle3.extraction": "extraction",
-    "eagle3.cost": "planning",
-    "eagle3.plan": "planning",
-    "eagle3.identity": "planning",
-    "eagle3.config": "util",  # the package: loads nothing of its own
-    "eagle3.config.schema": "util",  # the typed schemas (imports nothing of ours): every layer takes them
-    # the composition wiring: ConfigStore, the YAMLs' resolvers (plan, launch, layers, hub config
-    # files) and cross-field checks (DraftConfig's norms), used by the stages and CLI entries
-    "eagle3.config.registry": "compose",
-    "eagle3.config.validate": "compose",
-    "eagle3.model": "model",
-    "eagle3.store": "store",
-    "eagle3.data": "data",
-    "eagle3.target": "target",
-    "eagle3.batches": "batches",
-    "eagle3.atomic": "util",
-    "eagle3.faults": "util",
-    "eagle3.hashing": "util",
-    "eagle3.hidden_dtypes": "util",
-    "eagle3.locks": "util",
-    "eagle3.launch": "util",
-    "eagle3.layers": "util",
-    "eagle3.wandb_mode": "util",
-    "eagle3": "util",  # the package's own __init__
-}
+LAYERS = ["util", "config", "data", "draft", "target", "store", "extraction", "training", "evaluation", "stages"]
 
-LOWER = {"model", "store", "data", "target", "batches", "util"}
-
-# importer group -> the groups it may import
+# layer -> the layers it may import (itself included)
 ALLOWED = {
-    "stage": {"stage", "training", "evaluation", "extraction", "planning", "compose"} | LOWER,
-    "training": {"training", "planning"} | LOWER,
-    # evaluation/config.py registers the evaluate CLI's schemas through the shared wiring
-    "evaluation": {"evaluation", "planning", "compose"} | LOWER,
-    "extraction": {"extraction", "planning"} | LOWER,
-    "compose": {"compose", "planning", "model", "target", "util"},
-    "planning": {"planning", "store", "data", "target", "util"},
-    "model": {"model", "util"},
-    "store": {"store", "data", "util"},
-    "data": {"data", "util"},
-    "target": {"target", "data", "util"},
-    "batches": {"util"},
     "util": {"util"},
+    "config": {"config"},
+    "data": {"data", "config", "util"},
+    "draft": {"draft", "config", "util"},
+    "target": {"target", "data", "config", "util"},
+    "store": {"store", "data", "config", "util"},
+    "extraction": {"extraction", "target", "store", "draft", "data", "config", "util"},
+    "training": {"training", "target", "store", "draft", "data", "config", "util"},
+    "evaluation": {"evaluation", "target", "store", "draft", "data", "config", "util"},
+    "stages": set(LAYERS),
 }
 
 # third-party packages a group must not import
-FORBIDDEN = {"model": {"lightning", "pytorch_lightning", "hydra"}}
+FORBIDDEN = {"draft": {"lightning", "pytorch_lightning", "hydra"}}
 
 
 def _module_name(path: Path) -> str:
@@ -86,12 +50,14 @@ MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
 def group_of(module: str) -> str | None:
+    """The layer of an eagle3 module: the first folder under eagle3/ (the package's own
+    __init__ is the ground floor)."""
     parts = module.split(".")
-    for n in range(len(parts), 0, -1):
-        group = GROUPS.get(".".join(parts[:n]))
-        if group is not None:
-            return group
-    return None
+    if parts[0] != "eagle3":
+        return None
+    if len(parts) == 1:
+        return "util"
+    return parts[1] if parts[1] in ALLOWED else None
 
 
 def imports_of(module: str, path: Path):
@@ -112,9 +78,11 @@ def imports_of(module: str, path: Path):
                 yield (sub if sub in MODULES else base), node.lineno
 
 
-def test_every_module_has_a_group():
+def test_every_module_lives_in_a_layer_folder():
+    """No loose modules: everything but the package's __init__ sits in a layer's folder."""
     assert [m for m in MODULES if group_of(m) is None] == []
-    assert set(GROUPS.values()) <= set(ALLOWED)
+    assert [p.name for p in PACKAGE.iterdir() if p.suffix == ".py"] == ["__init__.py"]
+    assert sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__") == sorted(LAYERS)
 
 
 def test_imports_point_down():
@@ -135,4 +103,7 @@ def test_imports_point_down():
 
 def test_training_and_evaluation_never_import_each_other():
     assert "evaluation" not in ALLOWED["training"] and "training" not in ALLOWED["evaluation"]
-    assert not ALLOWED["model"] & {"training", "evaluation", "stage"}
+    assert not ALLOWED["draft"] & {"training", "evaluation", "stages"}
+    # each layer imports only layers listed before it in LAYERS (and itself): no cycle possible
+    for layer, allowed in ALLOWED.items():
+        assert all(LAYERS.index(a) <= LAYERS.index(layer) for a in allowed), layer

@@ -18,13 +18,13 @@ import pytest
 from conftest import ROOT, compose
 from fault_helpers import ARGS
 
-from eagle3.identity import dataset_path
-from eagle3.locks import DirLock, LockHeldError
+from eagle3.extraction.identity import dataset_path
 from eagle3.stages.extract import run as extract
 from eagle3.stages.train import run as train
 from eagle3.store.layout import LOCK
 from eagle3.target.resolve import resolve_target
 from eagle3.training.run_dir import LOCK as TRAIN_LOCK
+from eagle3.util.locks import DirLock, LockHeldError
 
 
 def test_a_second_extraction_of_the_same_dataset_is_refused(tmp_path):
@@ -62,7 +62,7 @@ def test_a_second_training_into_the_same_run_dir_is_refused(tmp_path):
 
 HOLDER = textwrap.dedent("""
     import os, signal, sys, time
-    from eagle3.locks import DirLock
+    from eagle3.util.locks import DirLock
     lock = DirLock(sys.argv[1], "a test holder").acquire()
     mode = sys.argv[2]
     if mode == "fork":  # a child inherits the locked descriptor and outlives us

@@ -3,7 +3,7 @@ when asked or when no credentials exist, with the reason in words."""
 
 import pytest
 
-from eagle3.wandb_mode import wandb_mode_and_reason
+from eagle3.util.wandb_mode import wandb_mode_and_reason
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle3.evaluation.mismatch import NEAR_TIE_LOGITS, cases_from, explain
+from eagle3.evaluation.diagnostics.mismatch import NEAR_TIE_LOGITS, cases_from, explain
 
 
 @pytest.mark.slow

@@ -8,8 +8,8 @@ import pytest
 import torch
 from test_model_head import VT, H, make_head
 
-from eagle3.model import eagle3_loss
-from eagle3.model.flex import FLEX_BLOCK, build_flex_masks
+from eagle3.draft import eagle3_loss
+from eagle3.draft.flex import FLEX_BLOCK, build_flex_masks
 
 
 def _row():

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from eagle3.model import (
+from eagle3.draft import (
     DraftConfig,
     DraftConfigError,
     Eagle3DraftHead,
@@ -16,8 +16,8 @@ from eagle3.model import (
     export_state_dict,
     sim_accept_len,
 )
-from eagle3.model.loss import LOSS_KINDS, TargetStats, per_position_loss, step_positions
-from eagle3.model.rope import inverse_frequencies
+from eagle3.draft.loss import LOSS_KINDS, TargetStats, per_position_loss, step_positions
+from eagle3.draft.rope import inverse_frequencies
 
 H, VT, V = 32, 97, 40
 
@@ -371,7 +371,7 @@ def test_the_model_package_imports_neither_lightning_nor_hydra():
     import subprocess
     import sys
 
-    code = "import sys, eagle3.model; print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning', 'hydra', 'omegaconf')))"
+    code = "import sys, eagle3.draft; print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning', 'hydra', 'omegaconf')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
 

@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from eagle3.model.mask import build_ttt_mask, causal_segment_block, ttt_step_mask
+from eagle3.draft.mask import build_ttt_mask, causal_segment_block, ttt_step_mask
 
 I = torch.eye(4, dtype=torch.bool)
 

@@ -15,10 +15,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from eagle3.model import DraftConfig, Eagle3DraftHead, eagle3_loss, export_state_dict, speculators_config_dict
-from eagle3.model.config import NORM_OPTIONS
-from eagle3.model.loss import TargetStats, per_position_loss
-from eagle3.model.serving_format import transformer_layer_config_dict
+from eagle3.draft import DraftConfig, Eagle3DraftHead, eagle3_loss, export_state_dict, speculators_config_dict
+from eagle3.draft.config import NORM_OPTIONS
+from eagle3.draft.loss import TargetStats, per_position_loss
+from eagle3.draft.serving_format import transformer_layer_config_dict
 
 pytest.importorskip("speculators")
 warnings.filterwarnings("ignore", module="speculators")
@@ -176,7 +176,7 @@ def test_norm_options_give_the_same_logits_in_speculators_and_after_our_reload(v
     from our export: same per-step logits. The head's norms are off 1 (_head_from_verifier),
     so a side that ignored an option would differ, which the same head with the option off
     shows. load_exported_head (the evaluation's reader) rebuilds the same head."""
-    from eagle3.evaluation.replay_export import load_exported_head
+    from eagle3.evaluation.diagnostics.replay_export import load_exported_head
 
     model, vpath = verifier
     steps = 3  # norm_output only acts from the second step on

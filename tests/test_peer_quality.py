@@ -71,7 +71,7 @@ def test_a_budgeted_peer_run_learns_ends_at_the_floor_and_exports(dataset_dir, t
         assert torch.equal(model.state_dict()[name].to(tensor.dtype), tensor), name
     assert not torch.isnan(model.embed_tokens.weight).any()
     # and eagle3's loader takes the same file (names and shapes of our export format)
-    from eagle3.evaluation.replay_export import load_exported_head
+    from eagle3.evaluation.diagnostics.replay_export import load_exported_head
 
     head, aux_ids = load_exported_head(export, doc["verifier"])
     assert aux_ids == [1, 2, 3] and torch.equal(head.fc.weight, saved["fc.weight"].float())
@@ -83,8 +83,8 @@ def test_speculators_head_gives_eagle3_head_logits_and_the_same_replay(dataset_d
     """A peer without the EAGLE-3.1 residual/output norms is a plain EAGLE-3 head (+ input norm):
     eagle3's head and speculators' model behind SpeculatorsHead give the same step logits at
     every counted position, and the same replay."""
-    from eagle3.evaluation.replay_export import load_exported_head
-    from eagle3.model.shift import shift_left
+    from eagle3.draft.shift import shift_left
+    from eagle3.evaluation.diagnostics.replay_export import load_exported_head
     from eagle3.training.datamodule import Eagle3DataModule
 
     doc = _train(dataset_dir, tmp_path, "--max-steps", "4", "--no-norm-before-residual", "--no-norm-output")

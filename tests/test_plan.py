@@ -12,8 +12,9 @@ from conftest import ROOT, compose
 from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from eagle3.config.validate import ConfigError, validate_run_config
-from eagle3.plan import disk_bytes
+from eagle3.config.errors import ConfigError
+from eagle3.stages.plan import disk_bytes
+from eagle3.stages.validate import validate_run_config
 from eagle3.store.disk import disk_needed_bytes, format_bytes
 
 KIMI = ["model=kimi_k2_5", "topology=gpu8_tp8", "capture=vllm"]

@@ -9,10 +9,11 @@ import json
 import pytest
 from test_config import compose
 
-from eagle3.config.validate import ConfigError, validate_run_config
+from eagle3.config.errors import ConfigError
 from eagle3.data import Conversation, prepare_samples
 from eagle3.data.conversation import answer_id, conversation_of
 from eagle3.data.split import is_validation
+from eagle3.stages.validate import validate_run_config
 from eagle3.target.generate.hf_engine import HFRegenerator
 
 

@@ -1,12 +1,12 @@
-"""Round-structured replay (eagle3/model/replay.py): rounds start where the last one ended."""
+"""Round-structured replay (eagle3/draft/replay.py): rounds start where the last one ended."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from eagle3.model.loss import eagle3_loss
-from eagle3.model.replay import chain_lengths, replay_counts, replay_metrics, replay_rounds
+from eagle3.draft.loss import eagle3_loss
+from eagle3.draft.replay import chain_lengths, replay_counts, replay_metrics, replay_rounds
 
 
 def _one_answer(prompt: int, answer: int):
@@ -80,7 +80,7 @@ def test_chain_stops_at_the_first_wrong_step_and_at_the_answer_end():
     mask, seg = _one_answer(prompt=2, answer=6)
     good = [_logits_from(torch.roll(tgt, -(1 + k), 1), vocab) for k in range(3)]
     bad_step1 = [good[0], _logits_from((torch.roll(tgt, -2, 1) + 1) % vocab, vocab), good[2]]
-    from eagle3.model.loss import step_positions
+    from eagle3.draft.loss import step_positions
 
     pos = step_positions(mask, seg, 3)
     chain = chain_lengths(good, tgt, pos, 3)[0].tolist()

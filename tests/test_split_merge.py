@@ -11,10 +11,10 @@ import pytest
 import torch
 from conftest import compose
 
-from eagle3.launch import extraction_shard
 from eagle3.stages.extract import run as extract
 from eagle3.store import HiddenStateDataset, Manifest, StoreError
 from eagle3.store.merge import merge_parts, owner_shard, part_dir
+from eagle3.util.launch import extraction_shard
 
 TINY = ["experiment=tiny_test"]
 N = 2

@@ -16,7 +16,7 @@ from conftest import ROOT, compose
 from omegaconf import OmegaConf
 
 from eagle3.stages.extract import run as extract
-from eagle3.sweep import RESULTS_CSV, RESULTS_MD
+from eagle3.stages.sweep import RESULTS_CSV, RESULTS_MD
 
 TINY = ["experiment=tiny_test", "train.max_steps=2", "train.val_check_interval=2"]
 METRIC = "val/replay_accept_len"  # the default optimized_metric
@@ -134,7 +134,7 @@ def test_slurm_preset_takes_the_layout_from_topology(entry, tasks):
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from eagle3.config.registry import register_configs
+    from eagle3.stages.compose import register_configs
 
     register_configs()
     GlobalHydra.instance().clear()

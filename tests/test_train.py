@@ -59,7 +59,7 @@ def test_two_draft_layers_train_export_and_reload(data_dir, tmp_path):
     """train.num_draft_layers=2: the export declares two layers and holds the second one's
     weights (no hidden_norm: it sees the hidden stream only); the evaluation loader rebuilds
     the same head from it (same logits as the exported weights give)."""
-    from eagle3.evaluation.replay_export import load_exported_head
+    from eagle3.evaluation.diagnostics.replay_export import load_exported_head
 
     _train(data_dir, tmp_path, ["train.num_draft_layers=2"])
     export = Path(json.loads((tmp_path / "summary.json").read_text())["export_dir"])
@@ -79,7 +79,7 @@ def test_norm_options_and_a_divergence_loss_train_export_and_reload(data_dir, tm
     """train.fc_norm / norm_output / norm_before_residual reach the head, the export declares
     them and holds the trained fc_norm weights, and the evaluation loader rebuilds that head;
     train.loss=jsd trains (a bounded loss, below log 2 per position)."""
-    from eagle3.evaluation.replay_export import load_exported_head
+    from eagle3.evaluation.diagnostics.replay_export import load_exported_head
 
     norms = {"fc_norm": True, "norm_output": True, "norm_before_residual": True}
     _train(data_dir, tmp_path, [f"train.{k}=true" for k in norms] + ["train.loss=jsd"])
@@ -105,7 +105,7 @@ def test_export_cli_reproduces_the_export(data_dir, tmp_path):
     _train(data_dir, tmp_path)
     ckpt = tmp_path / "checkpoints" / "last.ckpt"
     out = subprocess.run(
-        [sys.executable, "-m", "eagle3.export", f"ckpt={ckpt}", f"out={tmp_path / 'cli_export'}"],
+        [sys.executable, str(ROOT / "export.py"), f"ckpt={ckpt}", f"out={tmp_path / 'cli_export'}"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -116,7 +116,7 @@ def test_export_cli_reproduces_the_export(data_dir, tmp_path):
     from_cli = load_file(str(tmp_path / "cli_export" / "model.safetensors"))
     # the run exported its best checkpoint; re-export that one for an exact comparison
     summary = json.loads((tmp_path / "summary.json").read_text())
-    from eagle3.export import export_checkpoint
+    from eagle3.training.checkpoint_io import export_checkpoint
 
     best = export_checkpoint(summary["best_checkpoint"], tmp_path / "best_export")
     ref = load_file(str(Path(summary["export_dir"]) / "model.safetensors"))
@@ -228,9 +228,9 @@ def test_compiled_step_on_fixed_shape_rows_trains(data_dir, tmp_path):
 
 
 def test_replay_export_reads_the_export_back(data_dir, tmp_path):
-    """eagle3.evaluation.replay_export rebuilds the head from the export alone (bf16 weights,
+    """eagle3.evaluation.diagnostics.replay_export rebuilds the head from the export alone (bf16 weights,
     frozen parts from the verifier) and measures what training measured for that checkpoint."""
-    from eagle3.evaluation.replay_export import load_exported_head, measure
+    from eagle3.evaluation.diagnostics.replay_export import load_exported_head, measure
 
     _train(data_dir, tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -267,7 +267,7 @@ def _replay_export_cli(*overrides: str):
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "eagle3.evaluation.replay_export", *overrides]
+    cmd = [sys.executable, "-m", "eagle3.stages.replay_export", *overrides]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
@@ -282,7 +282,7 @@ def test_replay_export_cli_names_missing_and_wrong_keys():
 def test_evaluate_replays_the_val_prompts_it_served(data_dir, tmp_path):
     """evaluate's train-side line: the same val samples, first answers only; a dataset
     without shards here (a manifest copied from a GPU machine) is skipped with a note."""
-    from eagle3.evaluation.replay_export import replay_for_prompts
+    from eagle3.evaluation.diagnostics.replay_export import replay_for_prompts
     from eagle3.store import HiddenStateDataset
 
     _train(data_dir, tmp_path)

@@ -1,3 +1,3 @@
-"""The typed config: the schemas every layer reads (``schema``, importing nothing of ours), and
-the composition wiring only the stages and CLI entries use (``registry``: ConfigStore and the
-``eagle3.*`` resolvers, ``register_configs``; ``validate``: checks across fields)."""
+"""The typed config every layer reads: the schemas (``schema``), the error a bad config raises
+(``errors``) and how vLLM engines are built (``engine``). It imports nothing else of ours; the
+composition wiring (ConfigStore, resolvers, cross-field checks) lives with the stages."""

@@ -211,7 +211,7 @@ class CaptureConfig:
     # how extract.py checks the shards already on disk (a resumed run, a complete dataset); a
     # missing, short or (full) corrupted shard is captured again in place
     verify: VerifyMode = VerifyMode.fast
-    # computed (eagle3/plan.py), never set by hand: shown by --cfg job --resolve
+    # computed (eagle3/stages/plan.py), never set by hand: shown by --cfg job --resolve
     hidden_states: Any = "${eagle3.hidden_layout:${capture.dtype},${layers.capture_ids},${model.hidden_size}}"
     disk_per_1m_tokens: Any = (
         "${eagle3.disk_per_million_tokens:${layers.capture_ids},${model.hidden_size},${capture.dtype},"
@@ -238,13 +238,13 @@ class TrainConfig:
     # which positions the training loss (and train/* metrics) counts; validation always scores the
     # answers. all: +0.09 in vLLM at equal GPU minutes, +0.01 on the CPU demo (docs/results.md)
     loss_tokens: LossTokens = LossTokens.all
-    # flex: block-sparse TTT masks (eagle3/model/flex.py), needs CUDA and max_tokens_per_batch a
+    # flex: block-sparse TTT masks (eagle3/draft/flex.py), needs CUDA and max_tokens_per_batch a
     # multiple of 128 (rows are padded to it); sdpa: a dense bool mask, any device. auto: flex
     # on CUDA (the faster step in bench/train_throughput.py), sdpa on CPU
     attention: AttentionKind = AttentionKind.auto
     draft_vocab_size: int = 32000
     norm_before_fc: bool = False
-    # EAGLE-3.1 norms, named as speculators 0.9 and vLLM 0.32 name them (eagle3/model/config.py)
+    # EAGLE-3.1 norms, named as speculators 0.9 and vLLM 0.32 name them (eagle3/draft/config.py)
     fc_norm: bool = False  # an RMSNorm per aux layer before fc (exclusive with norm_before_fc)
     norm_output: bool = False  # each TTT step reads the previous step's normed output
     norm_before_residual: bool = False  # the first layer's residual is the normed hidden state

@@ -1,5 +1,6 @@
-"""Real acceptance of an exported head, measured by vLLM (the stage: eagle3/stages/evaluate.py).
+"""Real acceptance of an exported head, measured by vLLM (its CLI stage: eagle3/stages/evaluate.py).
 
+acceptance.py        evaluate(): held-out prompts -> both engines -> report, plot, W&B
 prompts.py           held-out prompts: validation-split opening turns + HumanEval
 engine.py            one vLLM engine in its own process (the only vllm import)
 subprocess_engine.py runs it, with logs, timeout and clean stop
@@ -7,4 +8,7 @@ counters.py          vLLM's spec-decode counters and the figures they give
 figures.py           per prompt set: acceptance, tokens/s with/without head, greedy match
 measure.py           with-head engine, then without-head engine, same prompts
 report.py            acceptance.json and the table; plot.py the PNG; wandb_log.py W&B
+serving_advice.py    how many draft tokens to serve with, per load (the export's serving.json)
+diagnostics/         train-side figures beside vLLM's: the replays of an export on a dataset
+                     and on vLLM's own outputs, and why a greedy output changed
 """

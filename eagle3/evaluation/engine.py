@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from eagle3.atomic import write_text
 from eagle3.target.vllm_versions import check_vllm_version
+from eagle3.util.atomic import write_text
 
 
 @dataclass

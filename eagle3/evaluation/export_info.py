@@ -1,5 +1,5 @@
 """What the evaluation needs to know about an export directory: that it is an EAGLE-3 head
-(eagle3/model/serving_format.py reads its config.json), which verifier (target) it was trained
+(eagle3/draft/serving_format.py reads its config.json), which verifier (target) it was trained
 against on this machine, and which dataset its training read (summary.json beside it)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from eagle3.model.serving_format import ExportError, read_config
+from eagle3.draft.serving_format import ExportError, read_config
 
 __all__ = ["ExportError", "ExportInfo", "read_export"]
 

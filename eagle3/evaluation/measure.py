@@ -11,11 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from eagle3.evaluation.config import EngineOptions
+from eagle3.config.engine import EngineOptions
+from eagle3.evaluation.diagnostics.mismatch import MAX_REFERENCE_BYTES, cases_from, explain, weights_bytes
 from eagle3.evaluation.engine import EngineRequest, PromptBatch
 from eagle3.evaluation.export_info import ExportInfo
 from eagle3.evaluation.figures import consistency_problems, figures_of, prompt_outcomes
-from eagle3.evaluation.mismatch import MAX_REFERENCE_BYTES, cases_from, explain, weights_bytes
 from eagle3.evaluation.prompts import SOURCES, PromptSet
 from eagle3.evaluation.report import AcceptanceReport
 from eagle3.evaluation.subprocess_engine import run_engine_process

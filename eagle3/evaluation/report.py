@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from eagle3.atomic import write_text
 from eagle3.evaluation.figures import Figures, PromptOutcome
+from eagle3.util.atomic import write_text
 
 MEASURED_BY = "vLLM spec-decode counters (real serving acceptance, greedy)"
 JSON_NAME = "acceptance.json"
@@ -38,10 +38,10 @@ class AcceptanceReport:
     engine: dict[str, Any] = field(default_factory=dict)  # vLLM version, platform, eager, load times
     consistency_problems: list[str] = field(default_factory=list)
     # the diagnostics, empty unless eval.diagnostics: greedy mismatches explained by an fp32
-    # reference forward (eagle3/evaluation/mismatch.py; without it greedy_mismatches still lists
+    # reference forward (eagle3/evaluation/diagnostics/mismatch.py; without it greedy_mismatches still lists
     # them, unexplained), ...
     mismatch_verdicts: list[dict[str, Any]] = field(default_factory=list)
-    # ... the same val prompts replayed by the head on the dataset's answers (eagle3/model/replay.py)
+    # ... the same val prompts replayed by the head on the dataset's answers (eagle3/draft/replay.py)
     train_side_replay: dict[str, float] = field(default_factory=dict)
     # ... and the head replayed on vLLM's own with-head outputs, per source and "all" (served_replay.py)
     served_replay: dict[str, dict[str, float]] = field(default_factory=dict)

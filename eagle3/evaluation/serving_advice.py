@@ -1,6 +1,6 @@
 """How many draft tokens K to serve a head with, per load (concurrent requests), and where it
 stops paying: the export's ``serving.json`` (metadata beside config.json, which vLLM reads and
-which stays as it is). train.py and ``python -m eagle3.export`` print the ``vllm serve`` command
+which stays as it is). train.py and ``python export.py`` print the ``vllm serve`` command
 from it.
 
 Two sources, the measured one winning:
@@ -9,7 +9,7 @@ Two sources, the measured one winning:
   and K on a GPU (``--write-advice``). Per load, the K with the highest measured speed-up, or
   0 (serve the target alone) where none beats the target alone by ``MIN_SPEEDUP["measured"]``.
 - ``rule``: the head was measured for acceptance only (train.py's end-of-run evaluation or
-  ``python -m eagle3.evaluate``: vLLM's per-position acceptance rates a_j). A verify step with
+  ``python evaluate.py``: vLLM's per-position acceptance rates a_j). A verify step with
   K drafts emits on average ``L(K) = 1 + a_0 + ... + a_{K-1}`` tokens (a_j is the share of
   verify steps that accepted draft j and so all before it) and costs ``c(K, load)`` plain
   decode steps of the target alone, so the predicted speed-up is ``L(K) / c(K, load)``. Only
@@ -92,7 +92,7 @@ class ServingAdvice:
         return cls(str(raw["source"]), loads, raw.get("head_sha256"), dict(raw.get("inputs", {})))
 
     def write(self, export_dir: str | Path) -> Path:
-        from eagle3.atomic import write_text
+        from eagle3.util.atomic import write_text
 
         path = Path(export_dir) / FILE_NAME
         write_text(path, json.dumps(self.to_dict(), indent=2))
@@ -219,13 +219,13 @@ def serve_command(export_dir: str | Path, verifier: str, num_draft_tokens: int) 
 
 
 def serving_lines(export_dir: str | Path, verifier: str, trained_k: int, advice: Optional[ServingAdvice]) -> list[str]:
-    """What train.py and ``python -m eagle3.export`` print: the command with the advised K and
+    """What train.py and ``python export.py`` print: the command with the advised K and
     the loads at which the head pays off (the trained K, and no verdict, without advice)."""
     if advice is None or not advice.loads:
         return [
             f"serve it: {serve_command(export_dir, verifier, trained_k)}",
             "serving advice: none for this head (measure it: python bench/serving_speedup.py --write-advice, "
-            "or its acceptance: python -m eagle3.evaluate); K is the trained one",
+            "or its acceptance: python evaluate.py); K is the trained one",
         ]
     k = advice.serve_k()
     head = serve_command(export_dir, verifier, k or trained_k)

@@ -10,12 +10,12 @@ from rich.console import Console
 
 from eagle3.config.schema import RunConfig
 from eagle3.data.vocab import build_draft_vocab, token_frequencies
+from eagle3.extraction.identity import provenance, token_dataset_path, token_fingerprint_inputs
 from eagle3.extraction.samples import prepare, regenerator_for
-from eagle3.hidden_dtypes import torch_dtype
-from eagle3.identity import provenance, token_dataset_path, token_fingerprint_inputs
-from eagle3.locks import DirLock
 from eagle3.store import Manifest, format_bytes, write_token_dataset
 from eagle3.store.layout import LOCK
+from eagle3.util.hidden_dtypes import torch_dtype
+from eagle3.util.locks import DirLock
 
 console = Console(stderr=True)
 

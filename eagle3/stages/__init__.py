@@ -1,8 +1,11 @@
 """The stages: the only code that reads the whole composed config and calls down into
-training, evaluation, extraction, the target, the store and the model.
+training, evaluation, extraction, the target, the store and the draft. With them, what only
+composition needs: Hydra's ConfigStore and resolvers (compose), checks across fields
+(validate), the run's cost and plan, the multirun callback (sweep), each CLI's own schema.
 
-    extract.py              -> stages.extract.run
-    train.py                -> stages.train.run
-    python -m eagle3.evaluate -> stages.evaluate.run
-    python -m eagle3.export   -> stages.export.run
+    extract.py     -> stages.extract.run
+    train.py       -> stages.train.run
+    evaluate.py    -> stages.evaluate.run
+    export.py      -> stages.export.run
+    python -m eagle3.stages.replay_export -> stages.replay_export.run
 """

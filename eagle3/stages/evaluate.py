@@ -1,157 +1,24 @@
-"""Real acceptance of an exported EAGLE-3 head, measured by vLLM.
+"""`python evaluate.py export_dir=<dir>`: real acceptance of an exported EAGLE-3 head, measured
+by vLLM (eagle3/evaluation/acceptance.py), as a stage with its own config (conf/evaluate.yaml).
 
-    python -m eagle3.evaluate export_dir=outputs/train/runs/<run>/export
-    python -m eagle3.evaluate export_dir=<dir> eval.num_draft_tokens=5 eval.max_prompts=64 logger=wandb
-    python -m eagle3.evaluate export_dir=<dir> verifier=<target dir> dataset_dir=<dataset dir>
+    python evaluate.py export_dir=outputs/train/runs/<run>/export
+    python evaluate.py export_dir=<dir> eval.num_draft_tokens=5 eval.max_prompts=64 logger=wandb
+    python evaluate.py export_dir=<dir> verifier=<target dir> dataset_dir=<dataset dir>
 
-Loads the target with the head in vLLM (`method: eagle3`, K = eval.num_draft_tokens draft
-tokens, greedy), runs held-out prompts (the validation split's opening user turns and
-HumanEval), and reports from vLLM's own spec-decode counters the mean acceptance length
-(1 + accepted/drafts) and the acceptance rate at each draft position, plus tokens/s with and
-without the head on the same prompts (two engines, one after the other) and whether their
-greedy outputs agree. Writes acceptance.json and acceptance.png (into the export directory
-unless out_dir=...), prints a table on stderr and the JSON path as the last stdout line.
-
-eval.diagnostics=true adds what explains a gap, at a cost: each greedy mismatch rerun through
-the verifier in fp32, and two train-side estimates beside vLLM's figure (the head replayed on
-the dataset's answers to the same val prompts, and on vLLM's own with-head outputs).
-
-train.py calls `evaluate_trained(...)` (`evaluate` with its config) at the end of training.
+Prints the acceptance table on stderr and the JSON path as the last stdout line. train.py
+calls `evaluate_trained(...)` (`evaluate` with its config) at the end of training.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, cast
+from typing import Any, cast
 
-from eagle3.config.schema import EvalConfig, RunConfig, plain, typed
-from eagle3.evaluation.config import EngineOptions, EvaluateConfig, register_evaluate_config
-from eagle3.evaluation.report import AcceptanceReport
-
-
-@dataclass
-class EvaluationResult:
-    report: AcceptanceReport
-    json_path: Path
-    png_path: Path
-    logged_to_wandb: bool
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        return self.report.mean_acceptance_length
-
-
-def vllm_available() -> bool:
-    """Whether the evaluation can run here (train.py's `eval.enabled` default is "if installed")."""
-    return importlib.util.find_spec("vllm") is not None
-
-
-def _engine_options(engine: EngineOptions | Mapping | Any | None) -> EngineOptions:
-    if engine is None or isinstance(engine, EngineOptions):
-        return engine or EngineOptions()
-    from omegaconf import OmegaConf
-
-    if OmegaConf.is_config(engine):
-        engine = cast(dict[str, Any], OmegaConf.to_container(engine, resolve=True))
-    return EngineOptions(**dict(engine))
-
-
-def evaluate(
-    export_dir: str | Path,
-    *,
-    eval_cfg: EvalConfig | Any | None = None,
-    dataset_dir: str | Path | None = None,
-    verifier: str | None = None,
-    out_dir: str | Path | None = None,
-    chat_template: str | None = None,
-    baseline: bool = True,
-    engine: EngineOptions | Mapping | None = None,
-    wandb_run: Any = None,
-    show_table: bool = True,
-) -> EvaluationResult:
-    """Measure the head in `export_dir` with vLLM; write acceptance.json/.png; log to W&B.
-
-    eval_cfg: anything with num_draft_tokens, max_prompts, humaneval_prompts, max_new_tokens,
-        diagnostics (cfg.eval of train.py's config); None: EvalConfig() defaults.
-    dataset_dir: the hidden-state dataset whose validation split gives the chat prompts;
-        None: summary.json beside the export, else HumanEval prompts only.
-    verifier: the target directory; None: the export's speculators_config verifier.
-    out_dir: where acceptance.json/.png and the engine logs (acceptance-logs/) go; None: export_dir.
-    chat_template: the dataset's model.chat_template override, if any (None: the tokenizer's).
-    baseline: also run the target alone (tokens/s without the head, greedy-output check).
-    engine: EngineOptions (or a mapping of its fields) for both vLLM engines.
-    wandb_run: the run to log eval/* to (train.py: its WandbLogger's `.experiment`);
-        None: `wandb.run` if one is active, else nothing is logged.
-
-    vLLM runs in child processes only, so this is safe to call from a process that has
-    trained with Lightning and never needs an `if __name__ == "__main__"` guard of its own.
-    """
-    from transformers import AutoTokenizer
-
-    from eagle3.evaluation.export_info import read_export
-    from eagle3.evaluation.measure import measure
-    from eagle3.evaluation.plot import save_acceptance_plot
-    from eagle3.evaluation.prompts import heldout_prompts
-    from eagle3.evaluation.report import print_table, write_json
-    from eagle3.evaluation.wandb_log import log_report
-
-    settings = eval_cfg if eval_cfg is not None else EvalConfig()
-    options = _engine_options(engine)
-    info = read_export(export_dir, verifier)
-    out_dir = Path(out_dir) if out_dir is not None else info.export_dir
-    dataset = Path(dataset_dir).expanduser().resolve() if dataset_dir is not None else info.dataset_dir
-    tokenizer = AutoTokenizer.from_pretrained(info.verifier, trust_remote_code=bool(options.trust_remote_code))
-    prompts = heldout_prompts(
-        dataset,
-        int(settings.max_prompts),
-        int(settings.humaneval_prompts),
-        tokenizer,
-        chat_template=chat_template,
-        max_prompt_tokens=int(options.max_prompt_tokens),
-    )
-    report = measure(
-        info,
-        prompts,
-        num_draft_tokens=int(settings.num_draft_tokens),
-        max_new_tokens=int(settings.max_new_tokens),
-        engine=options,
-        work_dir=out_dir / "acceptance-logs",
-        baseline=baseline,
-        diagnostics=bool(settings.diagnostics),
-    )
-    report.dataset_dir = str(dataset) if dataset is not None else None
-    if settings.diagnostics:
-        _add_replays(report, info, dataset, prompts, settings)
-    json_path = write_json(report, out_dir)
-    png_path = save_acceptance_plot(report, out_dir)
-    if show_table:
-        print_table(report)
-    logged = log_report(report, png_path, wandb_run)
-    return EvaluationResult(report, json_path, png_path, logged)
-
-
-def _add_replays(report: AcceptanceReport, info: Any, dataset: Path | None, prompts: Any, settings: Any) -> None:
-    """The two train-side estimates beside vLLM's figure (eval.diagnostics): the head replayed on
-    the dataset's answers to the val prompts served, and on vLLM's own with-head outputs. Each
-    runs the verifier (or reads its shards) again; a gap to vLLM points at a train/serve mismatch."""
-    from eagle3.evaluation.prompts import VAL
-    from eagle3.evaluation.replay_export import replay_for_prompts
-    from eagle3.evaluation.served_replay import replay_served
-
-    k, answer = int(settings.num_draft_tokens), int(settings.max_new_tokens)
-    val_ids = [p.id for p in prompts.by_source(VAL)]
-    replay, note = replay_for_prompts(
-        info.export_dir, info.verifier, dataset, val_ids, num_draft_tokens=k, max_answer_tokens=answer
-    )
-    report.train_side_replay = replay or {}
-    report.prompt_notes += [note] if note else []
-    report.served_replay, note = replay_served(
-        info.export_dir, info.verifier, report.served, num_draft_tokens=k, max_answer_tokens=answer
-    )
-    report.prompt_notes += [note] if note else []
+from eagle3.config.engine import EngineOptions
+from eagle3.config.schema import RunConfig, plain, typed
+from eagle3.evaluation.acceptance import evaluate, vllm_available
+from eagle3.stages.evaluate_config import EvaluateConfig, register_evaluate_config
 
 
 def evaluate_trained(cfg: RunConfig, export_dir: Path, ds_dir: Path, model_dir: str, logger) -> dict | None:
@@ -192,7 +59,7 @@ register_evaluate_config()
 def run(cfg: Any) -> float:
     """The CLI's stage (cfg: the composed config, or an EvaluateConfig): an optional W&B run of
     its own (job_type=evaluate), then `evaluate`."""
-    from eagle3.wandb_mode import wandb_mode
+    from eagle3.util.wandb_mode import wandb_mode
 
     c = typed(cfg, EvaluateConfig)
     out_dir = Path(c.out_dir) if c.out_dir else None

@@ -1,9 +1,9 @@
 """Export a training checkpoint as a vLLM/speculators eagle3 directory (conf/export.yaml).
 
-    python -m eagle3.export ckpt=outputs/train/runs/<time>/checkpoints/last.ckpt [out=<dir>] [num_draft_tokens=3]
+    python export.py ckpt=outputs/train/runs/<time>/checkpoints/last.ckpt [out=<dir>] [num_draft_tokens=3]
 
 out: null is the checkpoint's run dir's export/ (where train.py writes it). The checkpoint
-carries everything needed (eagle3/training/export.py); the target is not loaded. Prints the
+carries everything needed (eagle3/training/checkpoint_io.py); the target is not loaded. Prints the
 `vllm serve` command with the advised number of draft tokens and the loads at which the head
 pays off (eagle3/evaluation/serving_advice.py), then the export directory as its last stdout
 line, for scripts.
@@ -19,18 +19,25 @@ from typing import Any, Optional
 from omegaconf import MISSING
 
 from eagle3.config.schema import typed
-from eagle3.training.export import export_checkpoint
+from eagle3.training.checkpoint_io import export_checkpoint
 
-__all__ = ["ExportCliConfig", "export_checkpoint", "run"]
+__all__ = ["ExportCliConfig", "export_checkpoint", "register_export_config", "run"]
 
 
 @dataclass
 class ExportCliConfig:
-    """Primary schema of `python -m eagle3.export` (``base_export`` in Hydra's ConfigStore)."""
+    """Primary schema of `python export.py` (``base_export`` in Hydra's ConfigStore)."""
 
     ckpt: str = MISSING
     out: Optional[str] = None
     num_draft_tokens: Optional[int] = None
+
+
+def register_export_config() -> None:
+    """``base_export`` in Hydra's ConfigStore: conf/export.yaml extends it."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="base_export", node=ExportCliConfig)
 
 
 def run(cfg: Any) -> str:

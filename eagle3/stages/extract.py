@@ -18,12 +18,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from eagle3.config.schema import HiddenStates, RunConfig, VerifyMode, run_config
-from eagle3.config.validate import torch_dtype, validate_run_config
-from eagle3.cost import capture_seconds, extract_lines, minutes, report
 from eagle3.data.vocab import build_draft_vocab, token_frequencies
-from eagle3.extraction.samples import prepare, regenerator_for
-from eagle3.faults import fault
-from eagle3.identity import (
+from eagle3.extraction.identity import (
     check_regen_engine,
     dataset_path,
     fingerprint_inputs,
@@ -31,8 +27,9 @@ from eagle3.identity import (
     provenance,
     regen_note,
 )
-from eagle3.launch import extraction_shard
-from eagle3.locks import DirLock
+from eagle3.extraction.samples import prepare, regenerator_for
+from eagle3.stages.cost import capture_seconds, extract_lines
+from eagle3.stages.validate import torch_dtype, validate_run_config
 from eagle3.store import DiskSpaceError, Manifest, ShardWriter, check_free_disk, disk_needed_bytes, format_bytes
 from eagle3.store.disk import free_bytes
 from eagle3.store.layout import LOCK
@@ -40,6 +37,10 @@ from eagle3.store.merge import merge_parts, owner_shard, part_dir
 from eagle3.store.reader import damaged_shards
 from eagle3.target.backend import CaptureBackend, make_backend
 from eagle3.target.resolve import resolve_target
+from eagle3.util.faults import fault
+from eagle3.util.launch import extraction_shard
+from eagle3.util.locks import DirLock
+from eagle3.util.report import minutes, report
 
 console = Console(stderr=True)
 

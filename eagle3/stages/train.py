@@ -11,24 +11,24 @@ from typing import Any, Mapping, cast
 import lightning as L
 from omegaconf import DictConfig
 
-from eagle3.atomic import write_text
 from eagle3.config.schema import HiddenStates, RunConfig, Strategy, TrainerConfig, run_config
-from eagle3.config.validate import torch_dtype, validate_run_config
-from eagle3.cost import report, train_lines
-from eagle3.identity import DatasetNotFound, dataset_path, locate_dataset, regen_note
-from eagle3.launch import check_external_launch
+from eagle3.extraction.identity import DatasetNotFound, dataset_path, locate_dataset, regen_note
+from eagle3.stages.cost import train_lines
+from eagle3.stages.validate import torch_dtype, validate_run_config
 from eagle3.store import DamagedDatasetError, Manifest
 from eagle3.target.resolve import resolve_target
 from eagle3.training.builder import build_head
 from eagle3.training.callbacks import build_callbacks
-from eagle3.training.checkpoint_io import AtomicCheckpointIO, newest_whole_checkpoint
+from eagle3.training.checkpoint_io import AtomicCheckpointIO, export_checkpoint, newest_whole_checkpoint
 from eagle3.training.datamodule import Eagle3DataModule
-from eagle3.training.export import export_checkpoint
 from eagle3.training.loggers import build_logger
 from eagle3.training.module import Eagle3LitModule
 from eagle3.training.online import OnlineHiddenStates
 from eagle3.training.run_dir import repair_command, run_dir_lock
 from eagle3.training.step_path import resolve_step_path, trains_on_cuda, uses_flex
+from eagle3.util.atomic import write_text
+from eagle3.util.launch import check_external_launch
+from eagle3.util.report import report
 
 
 def _resolve_ckpt(ckpt_path: str | None, ckpt_dir: Path) -> str | None:
@@ -68,7 +68,7 @@ def run(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> float:
 
 
 def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]) -> float:
-    # ranks come from torchrun/srun, never from Lightning re-running the script (eagle3/launch.py)
+    # ranks come from torchrun/srun, never from Lightning re-running the script (eagle3/util/launch.py)
     check_external_launch(cfg.topology.devices, cfg.topology.num_nodes)
     L.seed_everything(cfg.train.seed, workers=True, verbose=False)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -244,7 +244,7 @@ def find_token_dataset(cfg: RunConfig, model_dir: str) -> Path:
 
 def find_dataset(cfg: RunConfig, model_dir: str) -> Path:
     """dataset_dir= as given, checked against the config; else the fingerprinted directory
-    (eagle3.identity.locate_dataset). Prints which engine wrote its answers."""
+    (eagle3.extraction.identity.locate_dataset). Prints which engine wrote its answers."""
     if not cfg.dataset_dir:
         ds_dir, note = locate_dataset(cfg, model_dir)
         print(f"dataset {ds_dir}: {regen_note(Manifest.read(ds_dir))}" + (f" ({note})" if note else ""))

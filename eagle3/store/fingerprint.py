@@ -1,6 +1,6 @@
 """The dataset's identity: a hash of everything that changes its contents.
 
-extract.py and train.py both compute it from config alone (what goes in: eagle3/identity.py),
+extract.py and train.py both compute it from config alone (what goes in: eagle3/extraction/identity.py),
 so train.py finds the dataset without a path.
 """
 
@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from eagle3.hashing import short_sha
 from eagle3.store.layout import StoreError
+from eagle3.util.hashing import short_sha
 
 
 def canonical(value: Any, where: str = "inputs") -> Any:

@@ -1,6 +1,6 @@
 """The dataset directory's layout: file names, the manifest schema, atomic writes, checksums.
 
-    manifest.json                 written last, always by temp file + fsync + rename (eagle3/atomic.py)
+    manifest.json                 written last, always by temp file + fsync + rename (eagle3/util/atomic.py)
     shard-00000.safetensors       input_ids int64 [Ttot], loss_mask bool [Ttot],
                                   hidden [Ttot, L, H], offsets int64 [n+1];
                                   metadata: fingerprint, sample ids (JSON), layer ids, dtype
@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from eagle3.atomic import TMP_MARK, atomic_path, write_bytes  # noqa: F401 - TMP_MARK: the writer's temp names
-from eagle3.hashing import file_sha256  # noqa: F401 - shard checksums, spelled once
+from eagle3.util.atomic import TMP_MARK, atomic_path, write_bytes  # noqa: F401 - TMP_MARK: the writer's temp names
+from eagle3.util.hashing import file_sha256  # noqa: F401 - shard checksums, spelled once
 
 SCHEMA_VERSION = 1
 FORMAT = "eagle3-hidden-states"
@@ -96,7 +96,7 @@ class Manifest:
     val_ids: list[str] = field(default_factory=list)  # the validation split (subset of sample_ids)
     token_freq: str | None = None
     vocabs: dict[str, str] = field(default_factory=dict)  # str(V) -> file name
-    # how it was made, not part of its identity (eagle3/identity.py): regen_engine (the engine
+    # how it was made, not part of its identity (eagle3/extraction/identity.py): regen_engine (the engine
     # that wrote the answers when data.regenerate), data_path and model_dir as extraction read them
     provenance: dict[str, Any] = field(default_factory=dict)
     # "stored": the shards hold hidden states; "online": token ids only, the trainer runs the

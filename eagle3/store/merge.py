@@ -24,7 +24,6 @@ from pathlib import Path
 
 import torch
 
-from eagle3.atomic import replace_dir
 from eagle3.data.vocab import build_draft_vocab
 from eagle3.store.layout import (
     MANIFEST,
@@ -38,6 +37,7 @@ from eagle3.store.layout import (
 )
 from eagle3.store.shard_file import ShardIdentity, inspect_shard
 from eagle3.store.vocab_files import check_token_freq, load_tensors, save_token_freq, save_vocab
+from eagle3.util.atomic import replace_dir
 
 MERGING_SUFFIX = ".merging"
 

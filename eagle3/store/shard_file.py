@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 
-from eagle3.atomic import atomic_path
 from eagle3.store.layout import (
     FORMAT,
     SCHEMA_VERSION,
@@ -28,6 +27,7 @@ from eagle3.store.layout import (
     dtype_name,
     file_sha256,
 )
+from eagle3.util.atomic import atomic_path
 
 TENSORS = ("input_ids", "loss_mask", "hidden", "offsets")
 WRITE_CHUNK = 32 << 20  # bytes per step: hashed here while the IO thread writes the same chunk

@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 
-from eagle3.locks import DirLock
 from eagle3.store.fingerprint import canonical, dataset_fingerprint
 from eagle3.store.layout import (
     LOCK,
@@ -36,6 +35,7 @@ from eagle3.store.layout import (
 )
 from eagle3.store.reader import HiddenStateDataset, SampleFiles
 from eagle3.store.vocab_files import save_token_freq, save_vocab
+from eagle3.util.locks import DirLock
 
 
 class TokenDataset(SampleFiles):

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from eagle3.locks import DirLock
 from eagle3.store.layout import LOCK, Manifest, StoreError, save_tensors_atomic, vocab_name
+from eagle3.util.locks import DirLock
 
 
 def check_token_freq(freq: torch.Tensor) -> torch.Tensor:

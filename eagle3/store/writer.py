@@ -7,7 +7,7 @@ maybe temp files (removed on reopen). Reopening verifies every shard; a listed o
 missing, short or corrupt is deleted and redone in place (``store/redo.py``: its samples
 leave ``done_ids()``, and once captured again they are that shard again). extract.py repairs
 a complete dataset this way. One writer per dataset (a lock naming its pid and host, from
-``eagle3.locks``); a full disk raises ``DiskSpaceError`` and leaves no temp behind.
+``eagle3.util.locks``); a full disk raises ``DiskSpaceError`` and leaves no temp behind.
 
 ``background=True`` writes full shards on ``writer_threads`` writer threads (each shard
 still shard-then-manifest), so capture continues while shards go to disk and several
@@ -30,7 +30,6 @@ from typing import Any
 
 import torch
 
-from eagle3.locks import DirLock, LockHeldError
 from eagle3.store.disk import disk_full_as_error, disk_needed_bytes
 from eagle3.store.fingerprint import canonical, dataset_fingerprint
 from eagle3.store.layout import (
@@ -51,6 +50,7 @@ from eagle3.store.redo import RedoSlots
 from eagle3.store.shard_file import ShardIdentity, inspect_shard, write_shard
 from eagle3.store.vocab_files import save_token_freq, save_vocab
 from eagle3.store.writer_threads import BackgroundWrites
+from eagle3.util.locks import DirLock, LockHeldError
 
 log = logging.getLogger(__name__)
 

@@ -36,9 +36,9 @@ from pathlib import Path
 
 import torch
 
-from eagle3.hidden_dtypes import names_by_torch_dtype
 from eagle3.target.adapter import CapturedSample, CaptureError, CaptureSpec, to_captured_sample
 from eagle3.target.records import CONNECTOR_HIDDEN_KEY, CONNECTOR_TOKENS_KEY
+from eagle3.util.hidden_dtypes import names_by_torch_dtype
 
 FILE_WAIT_S = 60.0  # the writer is the rank whose output the engine returns, so this is a guard
 SHM_DIR = "/dev/shm"

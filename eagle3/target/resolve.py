@@ -18,9 +18,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from eagle3.atomic import atomic_dir
 from eagle3.config.schema import ModelConfig, ModelSource
 from eagle3.target.hub import resolve_model_dir
+from eagle3.util.atomic import atomic_dir
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _FACTS = {  # preset field -> HF config.json key
@@ -54,7 +54,7 @@ def smollm2_gguf_path() -> Path:
 
 
 def _build_once(final: Path, build) -> Path:
-    """``final`` as found, or built into a temp sibling and put in place whole (eagle3/atomic.py):
+    """``final`` as found, or built into a temp sibling and put in place whole (eagle3/util/atomic.py):
     a crash never leaves a half-written model; two builders racing leave one whole copy."""
     if (final / "config.json").is_file():
         return final

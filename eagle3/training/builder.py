@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from eagle3.config.schema import ModelSource, RunConfig
 from eagle3.data.vocab import build_draft_vocab
-from eagle3.model.config import NORM_OPTIONS, DraftConfig
-from eagle3.model.head import Eagle3DraftHead
-from eagle3.model.serving_format import DraftMeta
+from eagle3.draft.config import NORM_OPTIONS, DraftConfig
+from eagle3.draft.head import Eagle3DraftHead
+from eagle3.draft.serving_format import DraftMeta
 from eagle3.store import HiddenStateDataset, TokenDataset, add_vocab
 from eagle3.target.resolve import load_target_head_weights, read_hf_config
 from eagle3.training.init_from import check_compatible, head_vocab, load_init_weights, read_init_head

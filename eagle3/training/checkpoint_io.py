@@ -1,19 +1,26 @@
 """Checkpoints that are whole or absent: Lightning's own save writes the final file in place
 (fsspec: a temp in the system temp dir, then moved, which is a copy across filesystems), so a
 kill during a save can leave a truncated last.ckpt and no way to resume. Here every save is a
-temp file beside the final one, fsynced and renamed (``eagle3.atomic``): a killed save leaves
-the previous checkpoint whole, and resuming picks the newest whole one."""
+temp file beside the final one, fsynced and renamed (``eagle3.util.atomic``): a killed save leaves
+the previous checkpoint whole, and resuming picks the newest whole one.
+
+A training checkpoint also exports as a vLLM/speculators eagle3 directory
+(eagle3/draft/serving_format.py): it carries everything needed (draft config, aux layer ids,
+verifier path, the trained weights and d2t/t2d), so the target is not loaded."""
 
 from __future__ import annotations
 
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
-from eagle3.atomic import atomic_path
+from eagle3.draft.head import Eagle3DraftHead
+from eagle3.draft.serving_format import DraftMeta, save_head
+from eagle3.util.atomic import atomic_path
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -45,3 +52,25 @@ def newest_whole_checkpoint(ckpt_dir: Path) -> Path | None:
         (p for p in ckpt_dir.glob("*.ckpt") if p != last and p.is_file()), key=lambda p: p.stat().st_mtime, reverse=True
     )
     return next((p for p in others if whole_checkpoint(p)), None)
+
+
+def export_checkpoint(ckpt: str | Path, out: str | Path | None = None, num_draft_tokens: int | None = None) -> Path:
+    ckpt = Path(ckpt)
+    if not ckpt.is_file():
+        raise FileNotFoundError(f"ckpt={ckpt}: no such checkpoint file")
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    if "eagle3_meta" not in state:
+        raise ValueError(f"{ckpt}: not an eagle3 training checkpoint (no 'eagle3_meta' entry)")
+    meta = DraftMeta.from_dict(state["eagle3_meta"])
+    if num_draft_tokens is not None:
+        meta = replace(meta, num_speculative_tokens=int(num_draft_tokens))
+    head = Eagle3DraftHead(meta.draft_config)
+    weights = {k.removeprefix("head."): v for k, v in state["state_dict"].items() if k.startswith("head.")}
+    missing, unexpected = head.load_state_dict(weights, strict=False)
+    trained_missing = [k for k in missing if not k.startswith(("embed_tokens", "target_"))]
+    if trained_missing or unexpected:
+        raise ValueError(
+            f"{ckpt}: weights do not fit the draft config (missing {trained_missing}, unexpected {unexpected})"
+        )
+    out = Path(out) if out else ckpt.parent.parent / "export"
+    return save_head(head, meta, out)

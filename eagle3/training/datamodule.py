@@ -17,8 +17,8 @@ import warnings
 import lightning as L
 import torch
 
-from eagle3.batches import pack_rows, packed_loader, split_hidden, unshuffled_loader
 from eagle3.store import HiddenStateDataset, TokenDataset, open_dataset
+from eagle3.store.packing import pack_rows, packed_loader, split_hidden, unshuffled_loader
 from eagle3.training.online import OnlineHiddenStates
 
 

@@ -1,5 +1,5 @@
 """`train.init_from`: warm-start the draft head from an existing EAGLE-3 head in the
-speculators format (config.json + model.safetensors, eagle3/model/serving_format.py):
+speculators format (config.json + model.safetensors, eagle3/draft/serving_format.py):
 an export directory, or a hub id resolved through the local HF cache (eagle3/target/hub.py).
 
 The head must fit this run: hidden and vocabulary sizes, draft layers, attention and MLP
@@ -28,9 +28,9 @@ from typing import Any, Optional
 import torch
 from safetensors.torch import load_file
 
-from eagle3.model.config import NORM_OPTIONS, VLLM_NORM_DEFAULTS, DraftConfig
-from eagle3.model.head import Eagle3DraftHead
-from eagle3.model.serving_format import load_export_state_dict
+from eagle3.draft.config import NORM_OPTIONS, VLLM_NORM_DEFAULTS, DraftConfig
+from eagle3.draft.head import Eagle3DraftHead
+from eagle3.draft.serving_format import load_export_state_dict
 from eagle3.target.hub import resolve_model_dir
 
 

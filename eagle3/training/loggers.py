@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from eagle3.config.schema import RunConfig, plain
-from eagle3.wandb_mode import wandb_mode_and_reason
+from eagle3.util.wandb_mode import wandb_mode_and_reason
 
 _TAGGED_GROUPS = ("model", "layers", "data", "topology", "capture", "experiment")
 

@@ -1,4 +1,4 @@
-"""The LightningModule around the plain-torch draft head (eagle3.model).
+"""The LightningModule around the plain-torch draft head (eagle3.draft).
 
 Metrics are reduced as counts: each rank sums (loss, correct, total) per TTT step and
 the sums are all-reduced before dividing, so a rank with more tokens weighs more (a
@@ -16,9 +16,9 @@ from lightning.pytorch.callbacks import Timer
 from omegaconf import OmegaConf
 
 from eagle3.config.schema import LossTokens, TrainConfig
-from eagle3.model.head import Eagle3DraftHead
-from eagle3.model.loss import StepCounts, eagle3_loss
-from eagle3.model.replay import replay_counts, replay_metrics
+from eagle3.draft.head import Eagle3DraftHead
+from eagle3.draft.loss import StepCounts, eagle3_loss
+from eagle3.draft.replay import replay_counts, replay_metrics
 from eagle3.training.schedule import BudgetedCosine
 
 
@@ -51,7 +51,7 @@ class Eagle3LitModule(L.LightningModule):
             logger=False,
         )
         self.head = head
-        # what `python -m eagle3.export ckpt=...` needs besides weights (DraftMeta as a dict)
+        # what `python export.py ckpt=...` needs besides weights (DraftMeta as a dict)
         self.export_meta = export_meta or {}
         self.train_cfg = train_cfg
         self.ttt_steps = train_cfg.ttt_steps
@@ -60,7 +60,7 @@ class Eagle3LitModule(L.LightningModule):
         # frozen target copies are rebuilt from the target, never stored in checkpoints
         self.strict_loading = False
         self._val_counts = StepCounts.zeros(self.ttt_steps)
-        # validation also replays serving's drafting rounds (eagle3/model/replay.py) with the
+        # validation also replays serving's drafting rounds (eagle3/draft/replay.py) with the
         # evaluation's K (eval.num_draft_tokens, at most the TTT steps trained; 0 = off) and
         # answer length (eval.max_new_tokens): the train-side figure that vLLM's should match
         self.replay_k = min(replay_draft_tokens, self.ttt_steps)

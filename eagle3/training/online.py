@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from eagle3.batches import collate_rows
+from eagle3.store.packing import collate_rows
 from eagle3.target.capture_hf import HFCaptureBackend
 from eagle3.target.records import CaptureError
 
@@ -29,7 +29,7 @@ _MAX_SAMPLES_PER_FORWARD = 4096
 
 class OnlineHiddenStates:
     """Callable on a list of token samples (dicts with sample_id, input_ids [T], loss_mask [T])
-    -> the collated batch of ``eagle3.batches.collate_rows``, hidden states on the target's device."""
+    -> the collated batch of ``eagle3.store.packing.collate_rows``, hidden states on the target's device."""
 
     def __init__(
         self,

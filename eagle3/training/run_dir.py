@@ -9,9 +9,9 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from eagle3.atomic import remove_stale_temps
 from eagle3.config.schema import RunConfig
-from eagle3.locks import DirLock
+from eagle3.util.atomic import remove_stale_temps
+from eagle3.util.locks import DirLock
 
 LOCK = ".train.lock"
 # train.py keys that extract.py does not take, or that point at the dataset another way
@@ -30,7 +30,7 @@ def global_rank(env: Mapping[str, str] | None = None) -> int:
 @contextmanager
 def run_dir_lock(output_dir: Path) -> Iterator[None]:
     """Rank 0 holds ``<run dir>/.train.lock`` for the whole run: a second training into the
-    same directory is refused with the holder's pid and host (``eagle3.locks``). Holding it,
+    same directory is refused with the holder's pid and host (``eagle3.util.locks``). Holding it,
     temps left in checkpoints/ by a killed save are removed."""
     if global_rank() != 0:
         yield

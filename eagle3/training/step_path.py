@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from eagle3.config.schema import AttentionKind, RunConfig, TopologyConfig
-from eagle3.model.flex import FLEX_BLOCK
+from eagle3.draft.flex import FLEX_BLOCK
 
 # the one CPU capability check, shared with every target forward (capture, online, regeneration)
 from eagle3.target.compute_dtype import cpu_has_native_bf16

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.data.conversation import Conversation, answer_id
-from eagle3.faults import fault
-from eagle3.hashing import file_short_sha, short_sha
+from eagle3.util.faults import fault
+from eagle3.util.hashing import file_short_sha, short_sha
 
 _FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 BACKENDS = ("vllm", "hf")

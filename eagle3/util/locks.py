@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from eagle3.atomic import pid_alive
+from eagle3.util.atomic import pid_alive
 
 
 class LockHeldError(RuntimeError):

@@ -33,7 +33,7 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 
-from eagle3.model.shift import shift_left
+from eagle3.draft.shift import shift_left
 
 LOSS_KINDS = ("forward_kl", "ce_argmax", "reverse_kl", "jsd", "tv")
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from eagle3.model.loss import step_positions
+from eagle3.draft.loss import step_positions
 
 
 @torch.no_grad()

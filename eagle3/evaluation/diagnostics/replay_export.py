@@ -1,33 +1,25 @@
-"""Train-side acceptance of an exported head on a hidden-state dataset, with no vLLM.
+"""Train-side acceptance of an exported head on a hidden-state dataset, with no vLLM (its CLI:
+``python -m eagle3.stages.replay_export``).
 
-    python -m eagle3.evaluation.replay_export export_dir=outputs/run/export dataset_dir=data/<fingerprint> \\
-        [verifier=<target dir>] [split=val|all] [num_draft_tokens=3] [max_answer_tokens=128] [out=<file>]
-
-Keys: conf/replay_export.yaml and its schema ReplayExportConfig (eagle3/evaluation/config.py).
-Prints both train-side figures for the same positions: the uniform estimate (every answer
+Measures both train-side figures for the same positions: the uniform estimate (every answer
 position starts a chain: `sim_accept_len` at K) and the round-structured replay
-(eagle3/model/replay.py: rounds start where serving would start them). On a dataset of the
+(eagle3/draft/replay.py: rounds start where serving would start them). On a dataset of the
 target's own greedy answers the replay is the figure vLLM's counters should reproduce on
 the same prompts (within 0.02-0.06, docs/results.md section 8); a larger gap points at a train/serve mismatch.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from eagle3.batches import unshuffled_loader
-from eagle3.config.schema import typed
-from eagle3.evaluation.config import ReplayExportConfig
-from eagle3.evaluation.export_info import read_export
-from eagle3.model.head import Eagle3DraftHead
-from eagle3.model.loss import StepCounts, eagle3_loss
-from eagle3.model.replay import replay_counts, replay_metrics
-from eagle3.model.serving_format import load_head
+from eagle3.draft.head import Eagle3DraftHead
+from eagle3.draft.loss import StepCounts, eagle3_loss
+from eagle3.draft.replay import replay_counts, replay_metrics
+from eagle3.draft.serving_format import load_head
 from eagle3.store import HiddenStateDataset, shards_on_disk
+from eagle3.store.packing import unshuffled_loader
 from eagle3.target.resolve import load_target_head_weights, read_hf_config
 
 
@@ -117,7 +109,7 @@ def figures(counts: StepCounts, replay: torch.Tensor, num_draft_tokens: int, sam
 def replay_device(verifier: str, what: str) -> tuple[str | None, str | None]:
     """(device, None) where a replay needing the verifier's forward/weights can run here, else
     (None, why not): a verifier over the fp32 reference limit needs a GPU."""
-    from eagle3.evaluation.mismatch import MAX_REFERENCE_BYTES, weights_bytes
+    from eagle3.evaluation.diagnostics.mismatch import MAX_REFERENCE_BYTES, weights_bytes
 
     if torch.cuda.is_available():
         return "cuda", None
@@ -145,7 +137,7 @@ def replay_for_prompts(
         return None, f"train-side replay skipped: {dataset_dir} has no shards here (manifest only)"
     device, note = replay_device(verifier, "train-side replay")
     if device is None:
-        return None, f"{note}; run python -m eagle3.evaluation.replay_export export_dir=... dataset_dir=... on a GPU"
+        return None, f"{note}; run python -m eagle3.stages.replay_export export_dir=... dataset_dir=... on a GPU"
     head, _ = load_exported_head(export_dir, verifier)
     return measure(
         head,
@@ -156,53 +148,3 @@ def replay_for_prompts(
         first_span_only=True,
         device=device,
     ), None
-
-
-def run(cfg: Any) -> dict[str, float]:
-    """The CLI's stage (cfg: the composed config, or a ReplayExportConfig): the export's head on
-    the dataset; the figures printed (and written to out)."""
-    from omegaconf import OmegaConf
-
-    from eagle3.config.validate import ConfigError
-
-    missing = sorted(OmegaConf.missing_keys(cfg)) if OmegaConf.is_config(cfg) else []
-    if missing:
-        raise ConfigError(
-            f"missing required key(s) {', '.join(missing)}: python -m eagle3.evaluation.replay_export "
-            f"export_dir=<export dir> dataset_dir=<hidden-state dataset dir>"
-        )
-    c = typed(cfg, ReplayExportConfig)
-    verifier = c.verifier or read_export(c.export_dir).verifier
-    head, _ = load_exported_head(c.export_dir, verifier)
-    out = measure(
-        head,
-        c.dataset_dir,
-        num_draft_tokens=c.num_draft_tokens,
-        max_answer_tokens=c.max_answer_tokens or None,
-        split=c.split.value,
-        first_span_only=c.first_span_only,
-        device=c.device or ("cuda" if torch.cuda.is_available() else "cpu"),
-    )
-    for k, v in out.items():
-        print(f"{k:>24}: {v:.4f}")
-    if c.out:
-        Path(c.out).write_text(json.dumps(out, indent=2))
-    return out
-
-
-def _main() -> None:
-    import hydra
-
-    from eagle3.evaluation.config import register_replay_export_config
-
-    register_replay_export_config()
-
-    @hydra.main(version_base="1.3", config_path="../../conf", config_name="replay_export")
-    def main(cfg) -> None:
-        run(cfg)
-
-    main()
-
-
-if __name__ == "__main__":
-    _main()

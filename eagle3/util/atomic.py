@@ -7,7 +7,7 @@ version or the new one, plus at most a temp whose name holds ``TMP_MARK`` and th
 pid: ``remove_stale_temps`` clears those of dead processes (the dataset writer clears all of
 them, holding its lock).
 
-Each commit passes a named fault point (``eagle3.faults``) just before its rename: the crash
+Each commit passes a named fault point (``eagle3.util.faults``) just before its rename: the crash
 tests kill the process there, or fail the write as a full disk would.
 """
 
@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from eagle3.faults import fault
+from eagle3.util.faults import fault
 
 TMP_MARK = ".tmp-"  # every temp file's or directory's name contains this, then the writer's pid
 _PID_AFTER_MARK = re.compile(re.escape(TMP_MARK) + r"(\d+)")

@@ -7,9 +7,11 @@ import json
 from hydra.core.config_store import ConfigStore
 from omegaconf import ListConfig, OmegaConf
 
-from eagle3 import launch, layers, plan
 from eagle3.config import schema
+from eagle3.stages import plan
+from eagle3.target import layer_ids
 from eagle3.target.hub import model_config_file
+from eagle3.util import launch
 
 _GROUPS = {
     "model": schema.ModelConfig,
@@ -49,19 +51,19 @@ def _model_fact(path: str, key: str, revision: str | None = None):
 def register_resolvers() -> None:
     OmegaConf.register_new_resolver(
         "eagle3.aux_ids",
-        lambda ids, numbering, n: ListConfig(layers.resolve_aux_ids(_plain(ids), numbering, n)),
+        lambda ids, numbering, n: ListConfig(layer_ids.resolve_aux_ids(_plain(ids), numbering, n)),
         replace=True,
     )
     OmegaConf.register_new_resolver(
         "eagle3.capture_ids",
-        lambda ids, n: ListConfig(layers.capture_ids(_plain(ids), n)),
+        lambda ids, n: ListConfig(layer_ids.capture_ids(_plain(ids), n)),
         replace=True,
     )
     OmegaConf.register_new_resolver("eagle3.model_fact", _model_fact, replace=True)
     # the run dir's name: one value per process (cached), shared by all ranks of a launch
     OmegaConf.register_new_resolver("eagle3.run_id", lambda: launch.launch_run_id(), use_cache=True, replace=True)
     OmegaConf.register_new_resolver("eagle3.tasks_per_node", launch.tasks_per_node, replace=True)
-    # what the capture stores, shown by --cfg job --resolve (eagle3/plan.py)
+    # what the capture stores, shown by --cfg job --resolve (eagle3/stages/plan.py)
     OmegaConf.register_new_resolver(
         "eagle3.hidden_layout", lambda dtype, ids, h: plan.hidden_layout(dtype, _plain(ids), h), replace=True
     )

@@ -3,7 +3,7 @@
 `evaluate` measures acceptance from vLLM's counters. Here the same prompt + output token
 sequences go through the verifier with transformers (hidden states captured as for
 training, through the capture adapter), and the exported head replays serving's drafting
-rounds on them (eagle3/model/replay.py). Same tokens, same rounds: the two figures differ
+rounds on them (eagle3/draft/replay.py). Same tokens, same rounds: the two figures differ
 only by numerics (vLLM's batched bf16 kernels against a transformers forward), so a gap
 beyond a few hundredths means the harness, the export or the replay is wrong. Unlike the
 dataset replay, this needs no shards on this machine and covers every prompt source.
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from eagle3.batches import collate_packed
-from eagle3.evaluation.replay_export import add_batch, figures, load_exported_head, replay_device
-from eagle3.model.loss import StepCounts
+from eagle3.draft.loss import StepCounts
+from eagle3.evaluation.diagnostics.replay_export import add_batch, figures, load_exported_head, replay_device
+from eagle3.store.packing import collate_packed
 from eagle3.target.capture_hf import HFCaptureBackend
 from eagle3.target.resolve import read_hf_config
 

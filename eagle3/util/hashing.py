@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from eagle3.atomic import write_text
+from eagle3.util.atomic import write_text
 
 SAMPLE_WINDOWS = 64
 SAMPLE_WINDOW_BYTES = 64 << 10

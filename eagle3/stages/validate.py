@@ -8,16 +8,13 @@ from __future__ import annotations
 import torch
 from omegaconf import DictConfig
 
-from eagle3 import hidden_dtypes
-from eagle3.model.config import NORM_OPTIONS, DraftConfigError, check_norm_options
-
-
-class ConfigError(ValueError):
-    pass
+from eagle3.config.errors import ConfigError
+from eagle3.draft.config import NORM_OPTIONS, DraftConfigError, check_norm_options
+from eagle3.util import hidden_dtypes
 
 
 def torch_dtype(name: str, key: str = "capture.dtype") -> torch.dtype:
-    """eagle3.hidden_dtypes.torch_dtype, failing as a ConfigError."""
+    """eagle3.util.hidden_dtypes.torch_dtype, failing as a ConfigError."""
     try:
         return hidden_dtypes.torch_dtype(name, key)
     except ValueError as e:

@@ -40,9 +40,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from eagle3.atomic import atomic_dir
-from eagle3.model.config import VLLM_NORM_DEFAULTS, DraftConfig
-from eagle3.model.head import Eagle3DraftHead
+from eagle3.draft.config import VLLM_NORM_DEFAULTS, DraftConfig
+from eagle3.draft.head import Eagle3DraftHead
+from eagle3.util.atomic import atomic_dir
 
 SPECULATORS_VERSION = "0.9.0"
 _TRAINING_ONLY_PREFIXES = ("target_norm.", "target_lm_head.")
@@ -180,7 +180,7 @@ class DraftMeta:
 
 def save_head(head: Eagle3DraftHead, meta: DraftMeta, out_dir: str | Path) -> Path:
     """config.json + model.safetensors (bf16), written to a temp dir then swapped into place
-    (``eagle3.atomic.atomic_dir``): a killed export leaves the previous one whole."""
+    (``eagle3.util.atomic.atomic_dir``): a killed export leaves the previous one whole."""
     out_dir = Path(out_dir)
     config = speculators_config_dict(
         meta.draft_config,

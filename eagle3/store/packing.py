@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from functools import partial
-from typing import Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -122,13 +122,13 @@ def pack_rows(lengths: Sequence[int], max_tokens: int, row_tokens: int | None, *
     return [[i for row in rows[b : b + per_batch] for i in row] for b in range(0, len(rows), per_batch)]
 
 
-def split_rows(items: list[dict], row_tokens: int) -> list[list[dict]]:
+def split_rows(items: list[dict[str, Any]], row_tokens: int) -> list[list[dict[str, Any]]]:
     """Consecutive items, a new row whenever the next would overflow ``row_tokens``. For
     ``pack_rows`` batches this gives back its rows (first-fit over ascending lengths fills
     each row with a run of the order, closed by the first sample that does not fit), or
     fewer where a bucket's last row takes the next bucket's first sample: never a row over
     ``row_tokens``, never a sample dropped (a sample longer than a row is cut to one row)."""
-    rows: list[list[dict]] = []
+    rows: list[list[dict[str, Any]]] = []
     used = row_tokens
     for item in items:
         n = min(int(item["input_ids"].shape[0]), row_tokens)
@@ -141,7 +141,7 @@ def split_rows(items: list[dict], row_tokens: int) -> list[list[dict]]:
 
 
 def collate_rows(
-    items: list[dict],
+    items: list[dict[str, Any]],
     max_tokens: int,
     row_tokens: int | None,
     fixed_shape: bool = False,
@@ -161,7 +161,7 @@ def collate_rows(
 
 
 def collate_packed(
-    items: list[dict], max_tokens: int, pad_to: int | None = None, *, split: bool = True, pin: bool = False
+    items: list[dict[str, Any]], max_tokens: int, pad_to: int | None = None, *, split: bool = True, pin: bool = False
 ) -> dict[str, torch.Tensor]:
     """Concatenate samples into one row [1, T]: positions restart and segment ids change
     at each sample boundary; a sample past ``max_tokens`` is cut.
@@ -177,11 +177,11 @@ def collate_packed(
 
 
 def _collate(
-    rows: list[list[dict]], cap: int, width: int | None, num_rows: int, *, split: bool, pin: bool
+    rows: list[list[dict[str, Any]]], cap: int, width: int | None, num_rows: int, *, split: bool, pin: bool
 ) -> dict[str, torch.Tensor]:
     """Rows of samples (each cut to the row's ``cap`` tokens) into [num_rows, width] tensors,
     each filled in place: every sample's states are copied once, into the batch."""
-    plan: list[list[tuple[dict, int]]] = []
+    plan: list[list[tuple[dict[str, Any], int]]] = []
     for row in rows:
         used, parts = 0, []
         for item in row:
@@ -245,12 +245,12 @@ class Samples(Protocol):
     """What the loaders index: a dataset of sample dicts (eagle3.store's HiddenStateDataset,
     TokenDataset), not necessarily a torch Dataset subclass."""
 
-    def __getitem__(self, i: int) -> dict: ...
+    def __getitem__(self, i: int) -> dict[str, Any]: ...
 
     def __len__(self) -> int: ...
 
 
-class SampleSubset(torch.utils.data.Dataset):
+class SampleSubset(torch.utils.data.Dataset[dict[str, Any]]):
     """The samples of ``base`` at ``indices``, in that order."""
 
     def __init__(self, base: Samples, indices: list[int]):
@@ -259,7 +259,7 @@ class SampleSubset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.indices)
 
-    def __getitem__(self, i: int) -> dict:
+    def __getitem__(self, i: int) -> dict[str, Any]:
         return self.base[self.indices[i]]
 
 
@@ -277,10 +277,10 @@ def packed_loader(
     world_size: int = 1,
     batches_done: int = 0,
     num_workers: int = 0,
-    collate=None,
+    collate: Callable[[list[dict[str, Any]]], Any] | None = None,
     pin_memory: bool = False,
     split: bool = True,
-):
+) -> torch.utils.data.DataLoader[dict[str, Any]]:
     """A DataLoader of ``batches`` (indices into ``idx``) of these samples, collated by
     ``collate_rows``: batches of [B, T] (aux_hidden [B, T, (L-1)H], final_hidden [B, T, H]).
     ``collate``: another collate function (online training: the samples as a list, collated
@@ -309,8 +309,8 @@ def packed_loader(
 
 
 def unshuffled_loader(
-    dataset, idx: list[int], *, max_tokens: int, row_tokens: int | None = None, seed: int = 0, num_workers: int = 0
-):
+    dataset: Any, idx: list[int], *, max_tokens: int, row_tokens: int | None = None, seed: int = 0, num_workers: int = 0
+) -> torch.utils.data.DataLoader[dict[str, Any]]:
     """These samples in packed batches, unshuffled, in this process (evaluation). ``dataset``
     has ``lengths`` (tokens per sample), as eagle3.store's HiddenStateDataset."""
     lengths = dataset.lengths

@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eagle3.model.config import DraftConfig
-from eagle3.model.flex import flex_attend
-from eagle3.model.rope import apply_rotary
+from eagle3.draft.config import DraftConfig
+from eagle3.draft.flex import flex_attend
+from eagle3.draft.rope import apply_rotary
 
 if TYPE_CHECKING:
     from torch.nn.attention.flex_attention import BlockMask
@@ -58,7 +58,7 @@ class TTTAttention(nn.Module):
         sin: torch.Tensor,
         past_keys: list[torch.Tensor],  # per earlier TTT step: [B, kv_heads, T, hd]; appended to
         past_values: list[torch.Tensor],
-        # bool [B, 1, T, T * (len(past_keys) + 1)], or a flex BlockMask (eagle3/model/flex.py)
+        # bool [B, 1, T, T * (len(past_keys) + 1)], or a flex BlockMask (eagle3/draft/flex.py)
         mask: torch.Tensor | BlockMask,
     ) -> torch.Tensor:
         b, t, _ = x.shape

@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from eagle3.model.config import DraftConfig
-from eagle3.model.flex import build_flex_masks
-from eagle3.model.layers import DraftDecoderLayer, Eagle3DecoderLayer, RMSNorm
-from eagle3.model.mask import build_ttt_mask, ttt_step_mask
-from eagle3.model.rope import RotaryEmbedding
-from eagle3.model.shift import shift_left
+from eagle3.draft.config import DraftConfig
+from eagle3.draft.flex import build_flex_masks
+from eagle3.draft.layers import DraftDecoderLayer, Eagle3DecoderLayer, RMSNorm
+from eagle3.draft.mask import build_ttt_mask, ttt_step_mask
+from eagle3.draft.rope import RotaryEmbedding
+from eagle3.draft.shift import shift_left
 
 if TYPE_CHECKING:
     from torch.nn.attention.flex_attention import BlockMask

@@ -30,9 +30,9 @@ from typing import Any
 from eagle3.config.schema import RunConfig, plain
 from eagle3.data.conversation import DataError
 from eagle3.data.hf_source import HF_FIELDS
-from eagle3.hashing import ContentShaCache, file_sha256, file_short_sha, sampled_file_sha, short_sha, tree_sha
 from eagle3.store import FingerprintMismatchError, Manifest, StoreError, dataset_dir, dataset_fingerprint
 from eagle3.store.layout import MANIFEST
+from eagle3.util.hashing import ContentShaCache, file_sha256, file_short_sha, sampled_file_sha, short_sha, tree_sha
 
 FINGERPRINT_VERSION = 2
 LEGACY_VERSION = 1

