@@ -75,7 +75,7 @@ def test_train_eta_logs_the_time_left_from_the_steps_it_timed(caplog):
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    with caplog.at_level("INFO", logger="eagle3.stages.cost"):
+    with caplog.at_level("INFO", logger="eagle3.util.report"):
         trainer.fit(_SlowStep(0.05), torch.utils.data.DataLoader(_SlowBatches(10, 0.0), batch_size=None))
     got = re.fullmatch(
         r"train: steps (\d+)-(\d+) took ([\d.]+) s each here: ~(\d+) s left for (\d+) steps .*", eta.line
