@@ -10,6 +10,12 @@ dataset and held-out prompts:
 
     python bench/metric_ranking.py --out outputs/ranking/ranking.json [--base experiment=demo_cpu] \
         [--work-dir outputs/ranking] [--heads N] [--eval-prompts 32 --humaneval 16]
+    python bench/metric_ranking.py --variants gpu --base experiment=smollm2_full ... \
+        --eval-args engine.enforce_eager=true        # a GPU: longer runs; eager engines start faster
+
+Each head is trained with train.py (its end-of-run evaluation off), then measured by
+``python evaluate.py`` with the head only (``baseline=false``: acceptance needs no target-alone
+engine); ``--eval-args`` adds evaluate overrides (acceptance does not depend on CUDA graphs).
 
 The train-side figures are those of the exported head (the best checkpoint), recomputed on the
 whole validation split by ``python -m eagle3.stages.replay_export``. Prints per head the three
@@ -33,16 +39,26 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 # a spread of quality from one dataset: training length, peak lr, TTT steps, EAGLE-3.1 norms
-VARIANTS: list[list[str]] = [
-    ["train.max_steps=60"],
-    ["train.max_steps=150", "train.lr=3e-4"],
-    ["train.max_steps=150"],
-    ["train.max_steps=300", "train.ttt_steps=1"],
-    ["train.max_steps=300"],
-    ["train.max_steps=300", "train.norm_before_fc=true", "train.norm_output=true"],
-    ["train.max_steps=600", "train.lr=6e-4"],
-    ["train.max_steps=600"],
-]
+VARIANTS: dict[str, list[list[str]]] = {
+    "cpu": [  # experiment=demo_cpu: 1,024-token steps on a few cores
+        ["train.max_steps=60"],
+        ["train.max_steps=150", "train.lr=3e-4"],
+        ["train.max_steps=150"],
+        ["train.max_steps=300", "train.ttt_steps=1"],
+        ["train.max_steps=300"],
+        ["train.max_steps=300", "train.norm_before_fc=true", "train.norm_output=true"],
+        ["train.max_steps=600", "train.lr=6e-4"],
+        ["train.max_steps=600"],
+    ],
+    "gpu": [  # the GPU budget (8,192-token steps, ~35 steps/s for SmolLM2 on an H200)
+        ["train.max_steps=150"],
+        ["train.max_steps=500", "train.lr=3e-4"],
+        ["train.max_steps=500", "train.ttt_steps=1"],
+        ["train.max_steps=1500", "train.norm_before_fc=false", "train.norm_output=false"],
+        ["train.max_steps=1500"],
+        ["train.max_steps=4000"],
+    ],
+}
 
 
 def run(cmd: list[str], log: Path) -> None:
@@ -60,33 +76,36 @@ def head_figures(i: int, overrides: list[str], args: argparse.Namespace) -> dict
     if not summary_file.is_file():
         t0 = time.perf_counter()
         cmd = [sys.executable, "train.py", *args.base, *overrides, f"hydra.run.dir={run_dir}", "logger=none"]
-        cmd += [
-            "eval.enabled=true",
-            f"eval.max_prompts={args.eval_prompts}",
-            f"eval.humaneval_prompts={args.humaneval}",
-        ]
         run_dir.mkdir(parents=True, exist_ok=True)
-        run(cmd, run_dir.parent / f"head{i}.train.log")
-        print(
-            f"head {i} ({' '.join(overrides)}): trained and evaluated in {time.perf_counter() - t0:.0f} s", flush=True
-        )
+        run([*cmd, "eval.enabled=false"], run_dir.parent / f"head{i}.train.log")
+        print(f"head {i} ({' '.join(overrides)}): trained in {time.perf_counter() - t0:.0f} s", flush=True)
     summary = json.loads(summary_file.read_text())
-    acceptance = summary.get("acceptance") or {}
-    if "mean_acceptance_length" not in acceptance:
-        raise SystemExit(f"{summary_file}: no vLLM acceptance ({acceptance.get('error', 'eval did not run')})")
+    acceptance_file = run_dir / "acceptance" / "acceptance.json"
+    if not acceptance_file.is_file():
+        t0 = time.perf_counter()
+        cmd = [
+            sys.executable,
+            "evaluate.py",
+            f"export_dir={summary['export_dir']}",
+            f"out_dir={acceptance_file.parent}",
+        ]
+        cmd += [f"dataset_dir={summary['dataset_dir']}", f"verifier={summary['verifier_dir']}", "baseline=false"]
+        cmd += [f"eval.max_prompts={args.eval_prompts}", f"eval.humaneval_prompts={args.humaneval}", *args.eval_args]
+        run(cmd, run_dir.parent / f"head{i}.eval.log")
+        print(f"head {i}: measured by vLLM in {time.perf_counter() - t0:.0f} s", flush=True)
     if not replay_file.is_file():
         cmd = [sys.executable, "-m", "eagle3.stages.replay_export", f"export_dir={summary['export_dir']}"]
         cmd += [f"dataset_dir={summary['dataset_dir']}", f"verifier={summary['verifier_dir']}", f"out={replay_file}"]
         run(cmd, run_dir.parent / f"head{i}.replay.log")
     replay = json.loads(replay_file.read_text())
-    vllm = json.loads(Path(acceptance["json"]).read_text())
+    vllm = json.loads(acceptance_file.read_text())
     return {
         "overrides": overrides,
         "steps": summary.get("global_step"),
         "sim": replay[next(k for k in replay if k.startswith("sim_accept_len_k"))],
         "replay": replay["replay_accept_len"],
-        "vllm": acceptance["mean_acceptance_length"],
-        "vllm_prompts": vllm.get("prompts") or vllm.get("num_prompts"),
+        "vllm": vllm["mean_acceptance_length"],
+        "vllm_by_source": {k: v.get("mean_acceptance_length") for k, v in (vllm.get("by_source") or {}).items()},
     }
 
 
@@ -162,23 +181,30 @@ def plot(heads: list[dict[str, Any]], path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base", nargs="*", default=["experiment=demo_cpu"], help="overrides every head shares")
-    ap.add_argument("--heads", type=int, default=len(VARIANTS), help=f"the first N of the {len(VARIANTS)} variants")
+    ap.add_argument(
+        "--variants", choices=sorted(VARIANTS), default="cpu", help="the set of heads (sizes for the machine)"
+    )
+    ap.add_argument("--heads", type=int, default=None, help="the first N of the set (default: all)")
+    ap.add_argument(
+        "--eval-args", nargs="*", default=[], help="overrides for evaluate.py (e.g. engine.enforce_eager=true)"
+    )
     ap.add_argument("--eval-prompts", type=int, default=32)
     ap.add_argument("--humaneval", type=int, default=16)
     ap.add_argument("--work-dir", default="outputs/ranking")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    if args.heads < 3:
-        raise SystemExit(f"--heads: a ranking needs 3 heads at least, got {args.heads}")
+    variants = VARIANTS[args.variants][: args.heads]
+    if len(variants) < 3:
+        raise SystemExit(f"--heads: a ranking needs 3 heads at least, got {len(variants)}")
 
-    heads = [head_figures(i, VARIANTS[i], args) for i in range(args.heads)]
+    heads = [head_figures(i, overrides, args) for i, overrides in enumerate(variants)]
     print("| head | overrides | steps | val sim | val replay | vLLM |")
     print("|---|---|---|---|---|---|")
     for i, h in enumerate(heads):
         print(
             f"| {i} | {' '.join(h['overrides'])} | {h['steps']} | {h['sim']:.3f} | {h['replay']:.3f} | {h['vllm']:.3f} |"
         )
-    result: dict[str, Any] = {"base": args.base, "heads": heads}
+    result: dict[str, Any] = {"base": args.base, "variants": args.variants, "heads": heads}
     for key in ("sim", "replay"):
         a = result[key] = agreement(heads, key)
         print(

@@ -16,6 +16,10 @@
 #   bash scripts/gpu_vllm_run.sh serving        bench/serving_speedup.py on that head
 #   bash scripts/gpu_vllm_run.sh regen          bench/regen_throughput.py: vLLM vs fast decode
 #   bash scripts/gpu_vllm_run.sh tests          the CUDA and vLLM tests of the suite
+#   bash scripts/gpu_vllm_run.sh dataset        extract.py (HF capture) of the N conversations alone
+#   bash scripts/gpu_vllm_run.sh ranking        bench/metric_ranking.py: HEADS heads on that dataset, each
+#                                               measured by CUDA vLLM; resumable, so HEADS=3 then HEADS=6
+#                                               in two calls (each call stops itself before the 10-minute cap)
 # Several stages may share one call: bash scripts/gpu_vllm_run.sh train serving
 # Results (JSON, figures, logs' tails) go to $OUT; nothing else comes back.
 set -euo pipefail
@@ -109,11 +113,27 @@ stage_tests() {
     | tee "$OUTD/tests.txt" || true
 }
 
-[ "$#" -gt 0 ] || { echo "usage: gpu_vllm_run.sh carry K | capture | train | serving | regen | tests ..." >&2; exit 2; }
+stage_dataset() {
+  ensure_gguf
+  python3 extract.py "${COMMON[@]}" capture=hf paths.data_dir=/tmp/data 2>&1 | quiet \
+    | grep -E "^captured|^done|tok/s\)|Error" || true
+}
+
+stage_ranking() {
+  # heads of a spread of quality on one dataset; vLLM measures each with the head alone, eager
+  # (acceptance does not depend on CUDA graphs, and an eager engine starts in a fraction of the time)
+  timeout "${RANKING_SECONDS:-540}" python3 bench/metric_ranking.py --variants gpu --heads "${HEADS:-6}" \
+    --base "${COMMON[@]}" capture=hf paths.data_dir=/tmp/data --work-dir /tmp/ranking \
+    --eval-prompts 32 --humaneval 16 --eval-args engine.enforce_eager=true eval.max_new_tokens=128 \
+    --out "$OUTD/ranking.json" 2>&1 | quiet | tail -30 || true
+  tail -3 /tmp/ranking/head*.train.log 2>/dev/null | tail -12 || true
+}
+
+[ "$#" -gt 0 ] || { echo "usage: gpu_vllm_run.sh carry K | capture | dataset | train | ranking | serving | regen | tests ..." >&2; exit 2; }
 while [ "$#" -gt 0 ]; do
   case "$1" in
     carry) stage_carry "$2"; shift 2 ;;
-    capture|train|serving|regen|tests) echo "=== $1"; "stage_$1"; shift ;;
+    capture|dataset|train|ranking|serving|regen|tests) echo "=== $1"; "stage_$1"; shift ;;
     *) echo "unknown stage $1" >&2; exit 2 ;;
   esac
 done
