@@ -57,6 +57,15 @@ def test_onednn_capped_below_bf16_counts_as_emulated(monkeypatch):
     monkeypatch.setattr(cd, "cpu_flags", lambda: NATIVE)
     monkeypatch.setattr(cd, "onednn_allows_bf16", lambda: False)
     assert cd.compute_dtype(torch.bfloat16, "cpu") == torch.float32
+    assert "oneDNN is capped below its bf16 instructions" in cd.compute_note(torch.bfloat16, torch.float32)
+
+
+def test_a_cpu_without_the_instructions_is_not_called_capped(monkeypatch):
+    """torch's bf16 check also says False where the CPU lacks the instructions: the note names them."""
+    monkeypatch.setattr(cd, "cpu_flags", lambda: EMULATED)
+    monkeypatch.setattr(cd, "onednn_allows_bf16", lambda: False)
+    note = cd.compute_note(torch.bfloat16, cd.compute_dtype(torch.bfloat16, "cpu"))
+    assert "no avx512_bf16 / amx_bf16 in /proc/cpuinfo" in note and "capped" not in note
 
 
 def test_the_real_onednn_check_reads_the_isa_cap():

@@ -84,7 +84,9 @@ def compute_note(stored: torch.dtype, compute: torch.dtype) -> str | None:
         return None
     name, flags = str(stored).removeprefix("torch."), " / ".join(_NATIVE_FLAGS.get(stored, ()))
     why = f"no {flags} in /proc/cpuinfo"
-    if stored == torch.bfloat16 and not onednn_allows_bf16():
+    has_flags = any(flag in cpu_flags() for flag in _NATIVE_FLAGS.get(stored, ()))
+    # torch's bf16 check is False on a CPU without the instructions too: a cap only where they exist
+    if stored == torch.bfloat16 and has_flags and not onednn_allows_bf16():
         why = (
             f"oneDNN is capped below its bf16 instructions (ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA')})"
         )
