@@ -28,7 +28,7 @@ from eagle3.training.datamodule import Eagle3DataModule
 from eagle3.training.loggers import build_logger
 from eagle3.training.module import Eagle3LitModule
 from eagle3.training.online import OnlineHiddenStates
-from eagle3.training.run_dir import run_dir_lock
+from eagle3.training.run_dir import global_rank, run_dir_lock
 from eagle3.training.step_path import StepPath, resolve_step_path
 from eagle3.util.atomic import write_text
 from eagle3.util.launch import check_external_launch
@@ -94,7 +94,8 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
     online = cfg.train.hidden_states == HiddenStates.online
     ds_dir = find_token_dataset(cfg, model_dir) if online else find_dataset(cfg, model_dir)
     path = resolve_step_path(cfg.train, cfg.topology)
-    report([path.line()])
+    if global_rank() == 0:
+        report([path.line()])
     cfg = _as_run(cfg, path)  # auto/null replaced by what runs: what every record below says
     parts = _build(cfg, path, output_dir, model_dir, ds_dir, extra_callbacks)
     _report_cost(cfg, parts)
