@@ -139,22 +139,21 @@ def ours_tokens(run_dir: str | Path) -> dict:
     stream (every rank's), as its datamodule built them (settings from <run>/.hydra/config.yaml)."""
     from omegaconf import OmegaConf
 
-    from eagle3.stages.train import resolve_step_path
     from eagle3.store.packing import PackedBatchSampler
     from eagle3.training.datamodule import Eagle3DataModule
+    from eagle3.training.step_path import resolve_step_path
 
     run_dir = Path(run_dir)
     cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
     summary = json.loads((run_dir / "summary.json").read_text())
-    resolve_step_path(cfg)  # attention=auto -> flex on CUDA: one row per batch, as run.py decides
     tc = cfg.train
-    attention = getattr(tc.attention, "value", tc.attention)  # an AttentionKind once settled
-    flex = attention == "flex"
+    # attention=auto -> flex on CUDA: one row per batch, as train.py's step path decides
+    path = resolve_step_path(tc, cfg.topology)
     dm = Eagle3DataModule(
         summary["dataset_dir"],
         max_tokens_per_batch=int(tc.max_tokens_per_batch),
         seed=int(tc.seed),
-        row_tokens=None if flex else tc.row_tokens,
+        row_tokens=path.row_tokens,
     )
     world = int(cfg.topology.devices) * int(cfg.topology.num_nodes)
     batches = int(summary["global_step"]) * int(tc.accumulate_grad_batches)
@@ -176,7 +175,7 @@ def ours_tokens(run_dir: str | Path) -> dict:
         "global_step": int(summary["global_step"]),
         "world_size": world,
         "max_tokens_per_batch": int(tc.max_tokens_per_batch),
-        "attention": str(attention),
+        "attention": path.attention.value,
     }
 
 

@@ -80,8 +80,7 @@ def test_training_precision_follows_the_same_check(cpu):
     from eagle3.training.step_path import resolve_precision
 
     cfg = compose("train", ["topology=cpu"])
-    resolve_precision(cfg.topology)
-    assert cfg.topology.precision == ("bf16-mixed" if cpu == "native" else "32-true")
+    assert resolve_precision(cfg.topology) == ("bf16-mixed" if cpu == "native" else "32-true")
 
 
 def test_the_dataset_does_not_depend_on_the_cpu(monkeypatch, smollm2_dir):

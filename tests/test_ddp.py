@@ -112,23 +112,31 @@ def test_val_metrics_equal_one_process_validation(ddp_run, data_dir):
     from eagle3.training.builder import build_head
     from eagle3.training.datamodule import Eagle3DataModule
     from eagle3.training.module import Eagle3LitModule
-    from eagle3.training.step_path import resolve_precision
+    from eagle3.training.step_path import resolve_step_path
 
     summary = json.loads((ddp_run / "summary.json").read_text())
     cfg = compose("train", TINY + [f"paths.data_dir={data_dir}"])
     dm = Eagle3DataModule(summary["dataset_dir"], max_tokens_per_batch=int(cfg.train.max_tokens_per_batch))
-    head, meta = build_head(cfg, resolve_target(cfg.model, cfg.paths.cache_dir), dm.dataset)
+    path = resolve_step_path(cfg.train, cfg.topology)  # the path the DDP run trained and validated on
+    model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
+    head, meta = build_head(
+        cfg.train,
+        cfg.model,
+        model_dir,
+        dm.dataset,
+        attention=path.attention,
+        verifier=model_dir,
+        num_speculative_tokens=cfg.eval.num_draft_tokens,
+    )
     module = Eagle3LitModule(head, OmegaConf.to_object(cfg.train))
     state = torch.load(ddp_run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
     missing, unexpected = module.load_state_dict(state, strict=False)
     frozen = {k for k, p in module.named_parameters() if not p.requires_grad}
     assert not unexpected and set(missing) <= frozen  # every trained weight came from the DDP run
-    topology = OmegaConf.to_object(cfg.topology)
-    resolve_precision(topology)  # the precision the DDP run trained and validated in
     trainer = L.Trainer(
         accelerator="cpu",
         devices=1,
-        precision=topology.precision,
+        precision=path.precision,
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,

@@ -87,7 +87,7 @@ def test_hub_id_facts_at_compose_time_and_snapshot_at_materialisation(offline_hu
     # the export names the target by its hub id, never this machine's snapshot directory
     from eagle3.training.builder import verifier_name
 
-    assert verifier_name(compose("train", ["model=hf", f"model.path={REPO}"]), str(offline_hub["main"])) == REPO
+    assert verifier_name(compose("train", ["model=hf", f"model.path={REPO}"]).model, str(offline_hub["main"])) == REPO
 
 
 @pytest.mark.parametrize("revision", ["v2", V2])

@@ -21,6 +21,7 @@ from eagle3.target.hub import HubError
 from eagle3.target.resolve import load_target_head_weights, resolve_target
 from eagle3.training.builder import build_head
 from eagle3.training.init_from import InitFromError
+from eagle3.training.step_path import resolve_step_path
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,15 @@ def _target_lm_head() -> torch.Tensor:
 def _build(data_dir: Path, extra: list[str]):
     cfg = compose("train", TINY + [f"paths.data_dir={data_dir}"] + extra)
     model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
-    return build_head(cfg, model_dir, HiddenStateDataset(find_dataset(cfg, model_dir)))
+    return build_head(
+        cfg.train,
+        cfg.model,
+        model_dir,
+        HiddenStateDataset(find_dataset(cfg, model_dir)),
+        attention=resolve_step_path(cfg.train, cfg.topology).attention,
+        verifier=str(model_dir),
+        num_speculative_tokens=cfg.eval.num_draft_tokens,
+    )
 
 
 def _assert_holds_export(head, export: Path) -> None:

@@ -85,6 +85,9 @@ def test_grid_sweep_runs_dirs_wandb_and_table(data_dir, tmp_path):
         assert run["group"] == sweep.name  # grouped by the sweep
         assert {"model:tiny_llama", "experiment:tiny_test", "topology:cpu"} <= set(run["tags"])
         assert run["config"]["train"]["ttt_steps"] == cfg.train.ttt_steps
+        # what ran, not auto/null (the step path settled on this CPU)
+        assert (run["config"]["train"]["attention"], run["config"]["train"]["compile"]) == ("sdpa", False)
+        assert run["config"]["topology"]["precision"] in ("bf16-mixed", "32-true")
         run_ids.add(wandb_dir.name)
     assert len(run_ids) == 4
     md = (sweep / RESULTS_MD).read_text()

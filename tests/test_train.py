@@ -30,8 +30,12 @@ def _train(data_dir: Path, out: Path, extra: list[str] = ()) -> float:
     return train(compose("train", TINY + [f"paths.data_dir={data_dir}"] + list(extra), output_dir=str(out)))
 
 
-def test_train_writes_summary_export_and_checkpoints(data_dir, tmp_path):
-    metric = _train(data_dir, tmp_path)
+def test_train_writes_summary_export_and_checkpoints(data_dir, tmp_path, caplog):
+    with caplog.at_level("INFO", logger="eagle3.util.report"):
+        metric = _train(data_dir, tmp_path)
+    # the step path in one log line; the checkpoint records it in place of auto/null
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step path: ")]
+    assert line.startswith("step path: cpu, ") and ", sdpa, eager, variable shape, " in line
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["global_step"] == 6
     assert metric == pytest.approx(summary["final"]["val/replay_accept_len"])  # the default optimized_metric
@@ -53,6 +57,8 @@ def test_train_writes_summary_export_and_checkpoints(data_dir, tmp_path):
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert not any("embed_tokens" in k or "target_lm_head" in k for k in ckpt["state_dict"])
     assert all(v.dtype != torch.bfloat16 for v in ckpt["state_dict"].values())  # fp32 resume state
+    recorded = ckpt["hyper_parameters"]["train_cfg"]
+    assert (recorded["attention"], recorded["compile"]) == ("sdpa", False)
 
 
 def test_two_draft_layers_train_export_and_reload(data_dir, tmp_path):
@@ -197,24 +203,32 @@ def test_flex_attention_is_refused_where_it_cannot_train(data_dir, tmp_path):
 def test_the_step_path_follows_the_accelerator(topology, attention, compiled):
     """Without flags, a GPU topology trains the compiled flex-attention step (the fastest
     measured) and the CPU the eager dense-mask step, each in bf16 autocast where the hardware
-    has bf16 matmuls; explicit values are kept."""
+    has bf16 matmuls; explicit values are kept. The config itself is left as composed."""
     from eagle3.training.step_path import cpu_has_native_bf16, resolve_step_path
 
     cfg = compose("train", TINY + [f"topology={topology}"])
     assert str(cfg.train.attention.value) == "auto" and cfg.train.compile is None
-    resolve_step_path(cfg)
-    assert (str(cfg.train.attention.value), cfg.train.compile) == (attention, compiled)
+    path = resolve_step_path(cfg.train, cfg.topology)
+    assert (path.attention.value, path.compile) == (attention, compiled)
+    assert str(cfg.train.attention.value) == "auto" and cfg.train.compile is None
     # bf16 autocast where matmuls run natively in bf16 (the GPU; this CPU if it has avx512_bf16)
     native = topology == "gpu1" or cpu_has_native_bf16()
-    assert cfg.topology.precision == ("bf16-mixed" if native else "32-true")
-    explicit = ["train.attention=sdpa", "train.compile=false", "topology.precision=32-true"]
+    assert path.precision == ("bf16-mixed" if native else "32-true")
+    # a compiled step and flex both pad rows to one shape; flex packs one row per batch
+    assert path.fixed_shape == compiled and path.row_tokens is None
+    assert path.line().startswith(
+        f"step path: {'cuda' if topology == 'gpu1' else 'cpu'}, {path.precision}, {attention}"
+    )
+    explicit = ["train.attention=sdpa", "train.compile=false", "topology.precision=32-true", "train.row_tokens=256"]
     cfg = compose("train", TINY + [f"topology={topology}"] + explicit)
-    resolve_step_path(cfg)
-    assert (str(cfg.train.attention.value), cfg.train.compile, cfg.topology.precision) == ("sdpa", False, "32-true")
+    path = resolve_step_path(cfg.train, cfg.topology)
+    assert (path.attention.value, path.compile, path.precision) == ("sdpa", False, "32-true")
+    assert (path.fixed_shape, path.row_tokens) == (False, 256)
     # a batch flex cannot tile falls back to sdpa on auto, and is refused when flex is asked for
     cfg = compose("train", TINY + [f"topology={topology}", "train.max_tokens_per_batch=500"])
-    resolve_step_path(cfg)
-    assert str(cfg.train.attention.value) == "sdpa"
+    path = resolve_step_path(cfg.train, cfg.topology)
+    assert path.attention.value == "sdpa"
+    assert ("not a multiple of 128" in path.line()) == (topology == "gpu1")
 
 
 def test_compiled_step_on_fixed_shape_rows_trains(data_dir, tmp_path):
@@ -362,9 +376,10 @@ def test_the_export_names_the_verifier_as_the_serving_machine_knows_it(data_dir,
         for line in out
     )
     # the embedded default is named by its hub id; a tiny random preset, which no hub has, by its directory
-    assert verifier_name(compose("train", []), "/cache/x") == "HuggingFaceTB/SmolLM2-135M-Instruct"
-    assert verifier_name(compose("train", TINY), "/cache/tiny") == "/cache/tiny"
-    assert verifier_name(compose("train", ["model=hf", "model.path=org/name"]), "/hub/cache/snap") == "org/name"
+    assert verifier_name(compose("train", []).model, "/cache/x") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert verifier_name(compose("train", TINY).model, "/cache/tiny") == "/cache/tiny"
+    assert verifier_name(compose("train", ["model=hf", "model.path=org/name"]).model, "/hub/cache/snap") == "org/name"
+    assert verifier_name(compose("train", TINY).model, "/cache/tiny", "my-org/tiny-llama") == "my-org/tiny-llama"
 
 
 def test_trainer_arguments_reach_lightning_and_early_stopping_ends_the_run(data_dir, tmp_path):

@@ -13,7 +13,7 @@ x_{t+2+k} against p_{t+1+k}.
   speculators divides by every loss position, so its acc_k is lower wherever a chain could
   start on a prompt token.
 
-loss = sum_k step_decay^k * (sum over counted t of loss_k(t)) / (number counted at k)
+loss = sum_k step_decay^k * (sum over counted t of loss_k(t)) / (number counted at k)  (step_weighted)
 with loss_k(t) a divergence over the draft vocab between p (the target softmax on the draft
 rows) and q (the draft's softmax), by kind (speculators 0.9's name in brackets; each equals
 its eager implementation, tests/test_model_parity.py):
@@ -28,6 +28,7 @@ its eager implementation, tests/test_model_parity.py):
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 import torch
@@ -92,6 +93,18 @@ class StepCounts:
             out[f"{prefix}cond_acc_{k}"] = float(cond)
         out[f"{prefix}sim_accept_len"] = sim_accept_len(self)
         return out
+
+
+def step_weighted(step_losses: Sequence[torch.Tensor], step_decay: float) -> torch.Tensor:
+    """The TTT loss from per-step mean losses: sum_k step_decay^k * step_losses[k]. One
+    weighting over steps for training (means with grad, over train.loss_tokens' positions) and
+    validation (means of the summed counts, over the answers)."""
+    if not step_losses:
+        raise ValueError("step_weighted: no steps")
+    total = step_losses[0]  # step_decay^0 = 1
+    for k in range(1, len(step_losses)):
+        total = total + (step_decay**k) * step_losses[k]
+    return total
 
 
 def sim_accept_len(counts: StepCounts) -> float:
@@ -187,7 +200,7 @@ def eagle3_loss(
     target = TargetStats.from_logits(target_logits, kind)
     t = target_logits.shape[1]
     device = target_logits.device
-    loss = torch.zeros((), dtype=torch.float32, device=device)
+    step_means = []
     sums = {
         name: torch.zeros(num_steps, dtype=torch.float64, device=device)
         for name in ("loss_sum", "loss_count", "acc_count", "correct_full", "cond_count")
@@ -209,7 +222,7 @@ def eagle3_loss(
             step_loss_sum = logits.sum() * 0.0  # keeps the graph connected for an empty step
             correct = torch.zeros_like(counted)
         count = counted.sum()
-        loss = loss + (step_decay**step) * step_loss_sum / count.clamp_min(1)
+        step_means.append(step_loss_sum / count.clamp_min(1))
 
         scored = positions[0] & counted
         sums["loss_sum"][step] = step_loss_sum.detach()
@@ -218,4 +231,4 @@ def eagle3_loss(
         sums["cond_count"][step] = (scored & all_correct_so_far).sum()
         all_correct_so_far = all_correct_so_far & correct
         sums["correct_full"][step] = (scored & all_correct_so_far).sum()
-    return loss, StepCounts(**sums)
+    return step_weighted(step_means, step_decay), StepCounts(**sums)

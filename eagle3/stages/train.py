@@ -5,27 +5,31 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, cast
 
 import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig
 
-from eagle3.config.schema import HiddenStates, RunConfig, Strategy, TrainerConfig, run_config
+from eagle3.config.schema import HiddenStates, RunConfig, Strategy, TrainerConfig, plain, run_config
+from eagle3.draft.serving_format import DraftMeta
 from eagle3.extraction.identity import DatasetNotFound, dataset_path, locate_dataset, regen_note
 from eagle3.stages.cost import train_lines
 from eagle3.stages.validate import torch_dtype, validate_run_config
 from eagle3.store import DamagedDatasetError, Manifest
 from eagle3.target.resolve import resolve_target
-from eagle3.training.builder import build_head
+from eagle3.training import run_dir
+from eagle3.training.builder import build_head, verifier_name
 from eagle3.training.callbacks import build_callbacks
 from eagle3.training.checkpoint_io import AtomicCheckpointIO, export_checkpoint, newest_whole_checkpoint
 from eagle3.training.datamodule import Eagle3DataModule
 from eagle3.training.loggers import build_logger
 from eagle3.training.module import Eagle3LitModule
 from eagle3.training.online import OnlineHiddenStates
-from eagle3.training.run_dir import repair_command, run_dir_lock
-from eagle3.training.step_path import resolve_step_path, trains_on_cuda, uses_flex
+from eagle3.training.run_dir import global_rank, run_dir_lock
+from eagle3.training.step_path import StepPath, resolve_step_path
 from eagle3.util.atomic import write_text
 from eagle3.util.launch import check_external_launch
 from eagle3.util.report import report
@@ -67,7 +71,21 @@ def run(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> float:
             ) from None
 
 
+@dataclass
+class _Parts:
+    """One training's pieces, as _build makes them."""
+
+    datamodule: Eagle3DataModule
+    module: Eagle3LitModule
+    draft_meta: DraftMeta
+    logger: Any  # a WandbLogger, or False
+    checkpoint: ModelCheckpoint  # the best by cfg.optimized_metric: the exported head
+    trainer: L.Trainer
+
+
 def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]) -> float:
+    """One training, in order: the dataset and step path, build, fit and validate, export and
+    evaluate, the summary (rank 0 for the last three). Returns cfg.optimized_metric's value."""
     # ranks come from torchrun/srun, never from Lightning re-running the script (eagle3/util/launch.py)
     check_external_launch(cfg.topology.devices, cfg.topology.num_nodes)
     L.seed_everything(cfg.train.seed, workers=True, verbose=False)
@@ -75,56 +93,108 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
     model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
     online = cfg.train.hidden_states == HiddenStates.online
     ds_dir = find_token_dataset(cfg, model_dir) if online else find_dataset(cfg, model_dir)
-    resolve_step_path(cfg)  # settles train.attention and train.compile in cfg, for all below
-    # a compiled step sees one shape (no recompiles); flex tiles rows in 128-token blocks
-    fixed_shape = bool(cfg.train.compile) or uses_flex(cfg)
-    row_tokens = None if uses_flex(cfg) else cfg.train.row_tokens
-    datamodule = Eagle3DataModule(
-        str(ds_dir),
-        max_tokens_per_batch=cfg.train.max_tokens_per_batch,
-        seed=cfg.train.seed,
-        num_workers=cfg.train.num_workers,
-        fixed_shape=fixed_shape,
-        row_tokens=row_tokens,
-        online=online_target(cfg, model_dir, fixed_shape, row_tokens) if online else None,
-        pin_memory=trains_on_cuda(cfg.topology),
+    path = resolve_step_path(cfg.train, cfg.topology)
+    if global_rank() == 0:
+        report([path.line()])
+    cfg = _as_run(cfg, path)  # auto/null replaced by what runs: what every record below says
+    parts = _build(cfg, path, output_dir, model_dir, ds_dir, extra_callbacks)
+    _report_cost(cfg, parts)
+    initial, final = _fit_and_validate(cfg, parts, output_dir / "checkpoints")
+    if parts.trainer.is_global_zero:
+        summary = _summary(cfg, parts, ds_dir, model_dir, initial, final)
+        export_dir = _export_and_evaluate(cfg, parts, output_dir, ds_dir, model_dir, summary)
+        _write_summary(output_dir, export_dir, parts.draft_meta, summary)
+    _finish_logger(parts, initial)
+    return final.get(cfg.optimized_metric, float("nan"))
+
+
+def _as_run(cfg: RunConfig, path: StepPath) -> RunConfig:
+    """cfg with the step path's settled values for topology.precision, train.attention and
+    train.compile: what W&B, the checkpoint's hyper_parameters and the cost lines record."""
+    return dataclasses.replace(
+        cfg,
+        train=dataclasses.replace(cfg.train, attention=path.attention, compile=path.compile),
+        topology=dataclasses.replace(cfg.topology, precision=path.precision),
     )
+
+
+def _build(
+    cfg: RunConfig,
+    path: StepPath,
+    output_dir: Path,
+    model_dir: str,
+    ds_dir: Path,
+    extra_callbacks: Sequence[L.Callback],
+) -> _Parts:
+    """The data module, head, Lightning module, logger, callbacks (``extra_callbacks`` after
+    ours) and trainer of this run, on the step path ``path``."""
+    datamodule = _datamodule(cfg, path, model_dir, ds_dir)
     # what was trained on, kept with the run (for an online run, the only record of its samples)
     write_text(output_dir / "dataset_manifest.json", datamodule.dataset.manifest.to_json())
-    head, draft_meta = build_head(cfg, model_dir, datamodule.dataset)
+    head, draft_meta = build_head(
+        cfg.train,
+        cfg.model,
+        model_dir,
+        datamodule.dataset,
+        attention=path.attention,
+        verifier=verifier_name(cfg.model, model_dir, cfg.export.verifier_name_or_path),
+        num_speculative_tokens=cfg.eval.num_draft_tokens,
+    )
     module = Eagle3LitModule(
         head,
-        cfg.train,  # after resolve_step_path settled attention and compile
+        cfg.train,  # settled: the step compiles by it, and the checkpoint records it
         export_meta=draft_meta.to_dict(),
         replay_draft_tokens=cfg.eval.num_draft_tokens,
         replay_max_answer_tokens=cfg.eval.max_new_tokens,
     )
-
-    ckpt_dir = output_dir / "checkpoints"
-    best_metric = cfg.optimized_metric  # the exported checkpoint is the best by it
-    logger = build_logger(cfg, output_dir)
+    logger = build_logger(
+        cfg.logger,
+        output_dir,
+        plain(cfg),
+        model_name=cfg.model.name,
+        data_name=cfg.data.name,
+        tags=cfg.tags,
+        job_type=cfg.task_name,
+    )
     checkpoint, callbacks = build_callbacks(
         cfg.callbacks,
-        best_metric,
-        ckpt_dir,
+        cfg.optimized_metric,
+        output_dir / "checkpoints",
         max_steps=cfg.train.max_steps,
         with_logger=bool(logger),
         progress_bar=cfg.trainer.enable_progress_bar,
     )
-    callbacks += list(extra_callbacks)
+    trainer = _trainer(cfg, path, logger, [*callbacks, *extra_callbacks], output_dir)
+    return _Parts(datamodule, module, draft_meta, logger, checkpoint, trainer)
+
+
+def _datamodule(cfg: RunConfig, path: StepPath, model_dir: str, ds_dir: Path) -> Eagle3DataModule:
+    online = cfg.train.hidden_states == HiddenStates.online
+    return Eagle3DataModule(
+        str(ds_dir),
+        max_tokens_per_batch=cfg.train.max_tokens_per_batch,
+        seed=cfg.train.seed,
+        num_workers=cfg.train.num_workers,
+        fixed_shape=path.fixed_shape,
+        row_tokens=path.row_tokens,
+        online=online_target(cfg, model_dir, path.fixed_shape, path.row_tokens) if online else None,
+        pin_memory=path.cuda,
+    )
+
+
+def _trainer(cfg: RunConfig, path: StepPath, logger: Any, callbacks: list[L.Callback], output_dir: Path) -> L.Trainer:
     topo = cfg.topology
-    n_val = cfg.train.val_check_interval
-    trainer = L.Trainer(
+    return L.Trainer(
         accelerator=topo.accelerator,
         devices=topo.devices,
         num_nodes=topo.num_nodes,
         strategy=topo.strategy.value,
-        precision=cast(Any, topo.precision),  # a config string: Lightning checks it
+        precision=cast(Any, path.precision),  # a config string: Lightning checks it
         max_steps=cfg.train.max_steps,
         max_time=cfg.train.max_time,
         max_epochs=cfg.train.max_epochs if cfg.train.max_epochs else -1,
         # validate every n optimizer steps, across epoch boundaries
-        val_check_interval=n_val * cfg.train.accumulate_grad_batches,
+        val_check_interval=cfg.train.val_check_interval * cfg.train.accumulate_grad_batches,
         check_val_every_n_epoch=None,
         gradient_clip_val=cfg.train.grad_clip or None,
         accumulate_grad_batches=cfg.train.accumulate_grad_batches,
@@ -137,54 +207,90 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
         enable_model_summary=False,
         **trainer_arguments(cfg.trainer),
     )
-    if trainer.is_global_zero:  # what this run will cost, before the first step
-        train_tokens = int(sum(datamodule.dataset.lengths[i] for i in datamodule.train_idx))
-        report(train_lines(cfg, train_tokens, len(datamodule.train_batches)))
+
+
+def _report_cost(cfg: RunConfig, parts: _Parts) -> None:
+    """What this run will cost, before the first step (rank 0)."""
+    if parts.trainer.is_global_zero:
+        dm = parts.datamodule
+        train_tokens = int(sum(dm.dataset.lengths[i] for i in dm.train_idx))
+        report(train_lines(cfg, train_tokens, len(dm.train_batches)))
+
+
+def _fit_and_validate(cfg: RunConfig, parts: _Parts, ckpt_dir: Path) -> tuple[dict[str, float], dict[str, float]]:
+    """(initial, final) val metrics: a fresh run validates before its first step, a resumed one
+    continues from its checkpoint (ckpt_path). last.ckpt is saved, and an online target's memory
+    given back (before evaluation loads vLLM)."""
+    trainer, module, datamodule = parts.trainer, parts.module, parts.datamodule
     resume = _resolve_ckpt(cfg.ckpt_path, ckpt_dir)
     initial: dict[str, float] = {}
     if resume is None and datamodule.val_idx:
         initial = _scalars(trainer.validate(module, datamodule=datamodule, verbose=False)[0])
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
     # a rerun resumed at its last step trained nothing: validate, so the summary is this head's
-    if datamodule.val_idx and (trainer.global_step % n_val != 0 or best_metric not in trainer.callback_metrics):
+    stale = trainer.global_step % cfg.train.val_check_interval != 0
+    if datamodule.val_idx and (stale or cfg.optimized_metric not in trainer.callback_metrics):
         trainer.validate(module, datamodule=datamodule, verbose=False)
     final = _scalars(trainer.callback_metrics)
     trainer.save_checkpoint(ckpt_dir / "last.ckpt")
-    if datamodule.online is not None:  # the target's memory back before evaluation loads vLLM
+    if datamodule.online is not None:
         datamodule.online.close()
+    return initial, final
 
-    summary: dict[str, Any] = {
+
+def _summary(
+    cfg: RunConfig, parts: _Parts, ds_dir: Path, model_dir: str, initial: dict[str, float], final: dict[str, float]
+) -> dict[str, Any]:
+    checkpoint = parts.checkpoint
+    best = checkpoint.best_model_score
+    return {
         "dataset_dir": str(ds_dir),
         "verifier_dir": str(model_dir),
-        "global_step": trainer.global_step,
+        "global_step": parts.trainer.global_step,
         "initial": initial,
-        "regen_engine": datamodule.dataset.manifest.provenance.get("regen_engine"),
-        "hidden_states": "online" if online else "offline",
+        "regen_engine": parts.datamodule.dataset.manifest.provenance.get("regen_engine"),
+        "hidden_states": cfg.train.hidden_states.value,
         "final": final,
         "best_checkpoint": checkpoint.best_model_path or None,
-        "best_metric": best_metric,
-        "best_metric_value": float(checkpoint.best_model_score) if checkpoint.best_model_score is not None else None,
+        "best_metric": cfg.optimized_metric,
+        "best_metric_value": float(best) if best is not None else None,
     }
-    export_dir = None
-    if trainer.is_global_zero:
-        # from the checkpoint file, not the live module: the same path as `python -m
-        # eagle3.export`, and correct under FSDP (whose live parameters are shards)
-        export_dir = export_checkpoint(checkpoint.best_model_path or ckpt_dir / "last.ckpt", output_dir / "export")
-        summary["export_dir"] = str(export_dir)
-        from eagle3.stages.evaluate import evaluate_trained  # the evaluate stage, loaded only here
 
-        summary["acceptance"] = evaluate_trained(cfg, export_dir, ds_dir, model_dir, logger)
-        (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        print(f"summary: {output_dir / 'summary.json'}")
-        for line in serve_lines(
-            export_dir, draft_meta.verifier_name_or_path, draft_meta.num_speculative_tokens, summary
-        ):
-            print(line)
-        print(str(export_dir))
-    if logger and trainer.is_global_zero:  # other ranks hold a dummy W&B experiment
-        logger.experiment.summary.update({f"initial/{k}": v for k, v in initial.items()})
-        logger.experiment.finish()  # one W&B run per job: close it before the next multirun job
-    return final.get(cfg.optimized_metric, float("nan"))
+
+def _export_and_evaluate(
+    cfg: RunConfig, parts: _Parts, output_dir: Path, ds_dir: Path, model_dir: str, summary: dict[str, Any]
+) -> Path:
+    """The export of the best checkpoint (else last.ckpt), and vLLM's acceptance of it, into
+    ``summary``. From the checkpoint file, not the live module: the same path as `python -m
+    eagle3.export`, and correct under FSDP (whose live parameters are shards)."""
+    best = parts.checkpoint.best_model_path or output_dir / "checkpoints" / "last.ckpt"
+    export_dir = export_checkpoint(best, output_dir / "export")
+    summary["export_dir"] = str(export_dir)
+    from eagle3.stages.evaluate import evaluate_trained  # the evaluate stage, loaded only here
+
+    summary["acceptance"] = evaluate_trained(cfg, export_dir, ds_dir, model_dir, parts.logger)
+    return export_dir
+
+
+def _write_summary(output_dir: Path, export_dir: Path, draft_meta: DraftMeta, summary: Mapping[str, Any]) -> None:
+    """summary.json, then the serving advice and, last, the export directory (scripts read it)."""
+    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(f"summary: {output_dir / 'summary.json'}")
+    for line in serve_lines(export_dir, draft_meta.verifier_name_or_path, draft_meta.num_speculative_tokens, summary):
+        print(line)
+    print(str(export_dir))
+
+
+def _finish_logger(parts: _Parts, initial: Mapping[str, float]) -> None:
+    if parts.logger and parts.trainer.is_global_zero:  # other ranks hold a dummy W&B experiment
+        parts.logger.experiment.summary.update({f"initial/{k}": v for k, v in initial.items()})
+        parts.logger.experiment.finish()  # one W&B run per job: close it before the next multirun job
+
+
+def repair_command(cfg: RunConfig, directory: Path, expected_name: str, needs_hash: bool) -> str:
+    """The extract.py command that repairs this run's damaged dataset ``directory``
+    (eagle3.training.run_dir.repair_command, given this config's dataset_dir)."""
+    return run_dir.repair_command(cfg.dataset_dir, directory, expected_name, needs_hash)
 
 
 def trainer_arguments(trainer_cfg: TrainerConfig) -> dict[str, Any]:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from eagle3.config.schema import RunConfig, plain
+from eagle3.config.schema import LoggerConfig
 from eagle3.util.wandb_mode import wandb_mode_and_reason
 
 _TAGGED_GROUPS = ("model", "layers", "data", "topology", "capture", "experiment")
@@ -25,31 +27,44 @@ def hydra_context() -> tuple[dict[str, str], str | None, str | None]:
     return choices, None, None
 
 
-def build_logger(cfg: RunConfig, output_dir: Path):
-    if cfg.logger.backend == "none":
+def build_logger(
+    logger_cfg: LoggerConfig,
+    output_dir: Path,
+    config: Mapping[str, Any],
+    *,
+    model_name: str,
+    data_name: str,
+    tags: Sequence[str],
+    job_type: str,
+):
+    """The W&B logger of logger.*, or False for backend=none. ``config``: the run's config as
+    plain data, as W&B records it (the values that ran). The run is named by ``model_name`` and
+    tagged by the Hydra group choices (outside a Hydra job: the model and data names), logger.tags
+    and the run's own ``tags``; ``job_type``: the task name."""
+    if logger_cfg.backend == "none":
         return False
-    if cfg.logger.backend != "wandb":
-        raise ValueError(f"logger.backend: expected wandb|none, got {cfg.logger.backend!r}")
+    if logger_cfg.backend != "wandb":
+        raise ValueError(f"logger.backend: expected wandb|none, got {logger_cfg.backend!r}")
     from lightning.pytorch.loggers import WandbLogger
 
     choices, sweep_dir, job_num = hydra_context()
     if not choices:
-        choices = {"model": cfg.model.name, "data": cfg.data.name}
-    tags = [f"{k}:{v}" for k, v in sorted(choices.items())] + list(cfg.logger.tags) + list(cfg.tags)
-    group = cfg.logger.group or (Path(sweep_dir).name if sweep_dir else None)
-    name = f"{cfg.model.name}-{Path(output_dir).name}" + (f"-job{job_num}" if job_num is not None else "")
-    mode, reason = wandb_mode_and_reason(cfg.logger.mode)
+        choices = {"model": model_name, "data": data_name}
+    tags = [f"{k}:{v}" for k, v in sorted(choices.items())] + list(logger_cfg.tags) + list(tags)
+    group = logger_cfg.group or (Path(sweep_dir).name if sweep_dir else None)
+    name = f"{model_name}-{Path(output_dir).name}" + (f"-job{job_num}" if job_num is not None else "")
+    mode, reason = wandb_mode_and_reason(logger_cfg.mode)
     print(f"W&B: {mode} ({reason})")
     return WandbLogger(
-        project=cfg.logger.project,
-        entity=cfg.logger.entity,
+        project=logger_cfg.project,
+        entity=logger_cfg.entity,
         name=name,
         group=group,
         tags=tags,
         save_dir=str(output_dir),
         offline=(mode == "offline"),
         mode=mode,
-        config=plain(cfg),
-        job_type=cfg.task_name,
+        config=dict(config),
+        job_type=job_type,
         reinit="create_new",  # multirun jobs in one process each get their own run
     )

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from eagle3.config.schema import LossTokens, TrainConfig
 from eagle3.draft.head import Eagle3DraftHead
-from eagle3.draft.loss import StepCounts, eagle3_loss
+from eagle3.draft.loss import StepCounts, eagle3_loss, step_weighted
 from eagle3.draft.replay import replay_counts, replay_metrics
 from eagle3.training.schedule import BudgetedCosine
 
@@ -174,11 +174,9 @@ class Eagle3LitModule(L.LightningModule):
             stacked = self.trainer.strategy.reduce(stacked, reduce_op="sum")  # counts, not means
         counts = StepCounts.from_stacked(stacked)
         metrics = self._metrics(counts, "val")
-        decay = self.train_cfg.step_decay
-        # a tensor: ttt_steps >= 1, so sum never returns its start 0
-        metrics["val/loss"] = cast(
-            torch.Tensor, sum(decay**k * metrics[f"val/loss_k{k}"] for k in range(self.ttt_steps))
-        )
+        # the step weighting training's loss has (eagle3_loss), over the answers' per-step means
+        step_losses = [metrics[f"val/loss_k{k}"] for k in range(self.ttt_steps)]
+        metrics["val/loss"] = step_weighted(step_losses, self.train_cfg.step_decay)
         metrics["val/tokens"] = counts.loss_count[0].float()
         if self.replay_k > 0:
             replay = self._val_replay.to(self.device)

@@ -9,7 +9,6 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from eagle3.config.schema import RunConfig
 from eagle3.util.atomic import remove_stale_temps
 from eagle3.util.locks import DirLock
 
@@ -50,17 +49,18 @@ def _task_overrides() -> list[str] | None:
         return None
 
 
-def repair_command(cfg: RunConfig, directory: Path, expected_name: str, needs_hash: bool) -> str:
+def repair_command(dataset_dir: str | None, directory: Path, expected_name: str, needs_hash: bool) -> str:
     """The extract.py command that repairs ``directory``: this run's overrides, the dataset's
-    parent as paths.data_dir when it was given as dataset_dir, capture.verify=full when only a
-    hash finds the damage. ``expected_name``: this config's dataset directory name."""
+    parent as paths.data_dir when it was given as ``dataset_dir`` (the run's dataset_dir=),
+    capture.verify=full when only a hash finds the damage. ``expected_name``: this config's
+    dataset directory name."""
     overrides = _task_overrides()
     if overrides is None:
         words = ["<the overrides of this train.py run>"]
     else:
         words = [shlex.quote(o) for o in overrides if o.split("=", 1)[0].lstrip("+~") not in _NOT_FOR_EXTRACT]
     directory = Path(directory)
-    if cfg.dataset_dir:
+    if dataset_dir:
         if directory.name != expected_name:
             return (
                 f"python extract.py <the overrides that made {directory.name}> (this config's dataset would be "
