@@ -129,9 +129,25 @@ def test_trust_remote_code_reaches_transformers(offline_hub, tmp_path):
     model_dir = resolve_target(cfg.model, tmp_path)
     assert model_dir == str(offline_hub["remote"])
     with pytest.raises(ValueError, match="trust_remote_code=True"):
-        make_backend(cfg, model_dir, [1, 2, 3, 4], torch.bfloat16, 64)
+        make_backend(
+            cfg.capture,
+            cfg.topology,
+            model_dir,
+            [1, 2, 3, 4],
+            torch.bfloat16,
+            64,
+            trust_remote_code=cfg.model.trust_remote_code,
+        )
     cfg.model.trust_remote_code = True
-    backend = make_backend(cfg, model_dir, [1, 2, 3, 4], torch.bfloat16, 64)
+    backend = make_backend(
+        cfg.capture,
+        cfg.topology,
+        model_dir,
+        [1, 2, 3, 4],
+        torch.bfloat16,
+        64,
+        trust_remote_code=cfg.model.trust_remote_code,
+    )
     try:
         assert type(backend.model).__name__ == "TinyRemoteModel"  # the repository's class, not transformers'
         (record,) = backend.capture([("s0", torch.arange(1, 9), torch.ones(8, dtype=torch.bool))])

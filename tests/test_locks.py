@@ -20,6 +20,7 @@ from fault_helpers import ARGS
 
 from eagle3.extraction.identity import dataset_path
 from eagle3.stages.extract import run as extract
+from eagle3.stages.recipes import dataset_recipe
 from eagle3.stages.train import run as train
 from eagle3.store.layout import LOCK
 from eagle3.target.resolve import resolve_target
@@ -29,7 +30,7 @@ from eagle3.util.locks import DirLock, LockHeldError
 
 def test_a_second_extraction_of_the_same_dataset_is_refused(tmp_path):
     cfg = compose("extract", ARGS + [f"paths.data_dir={tmp_path}"])
-    ds = dataset_path(cfg, resolve_target(cfg.model, cfg.paths.cache_dir))
+    ds = dataset_path(dataset_recipe(cfg, resolve_target(cfg.model, cfg.paths.cache_dir)))
     holder = _holder(ds / LOCK, "hold", 60)  # another process is the first extraction
     try:
         pid = int(holder.stdout.readline())

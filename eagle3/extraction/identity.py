@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3.config.schema import RunConfig, plain
+from eagle3.config.schema import DataConfig, ModelConfig, plain
 from eagle3.data.conversation import DataError
 from eagle3.data.hf_source import HF_FIELDS
 from eagle3.store import FingerprintMismatchError, Manifest, StoreError, dataset_dir, dataset_fingerprint
@@ -48,8 +49,29 @@ class DatasetNotFound(FileNotFoundError):
     pass
 
 
-def content_cache(cfg: RunConfig) -> ContentShaCache:
-    return ContentShaCache(Path(cfg.paths.cache_dir) / "content_sha.json")
+@dataclass(frozen=True)
+class DatasetRecipe:
+    """What a dataset is made of, and where datasets live: the target (its config group and the
+    directory its weights were materialised in), the chat data and its settings, the captured
+    layer ids and dtype; ``data_dir`` holds the datasets, ``cache_dir`` the content-hash cache.
+    The stages build it from the whole config (eagle3/stages/recipes.py)."""
+
+    model: ModelConfig
+    model_dir: str
+    data: DataConfig
+    capture_ids: tuple[int, ...]
+    capture_dtype: str
+    data_dir: str
+    cache_dir: str
+
+    @property
+    def prefix(self) -> str:
+        """The directory name's readable part: model and data preset."""
+        return f"{self.model.name}-{self.data.name}"
+
+
+def content_cache(cache_dir: str | Path) -> ContentShaCache:
+    return ContentShaCache(Path(cache_dir) / "content_sha.json")
 
 
 def _content_sha(path: Path) -> str:
@@ -84,12 +106,12 @@ def chat_identity(source: str, path: str | None, cache: ContentShaCache) -> dict
     return {"file_name": file.name, "content_sha": sha}
 
 
-def fingerprint_inputs(cfg: RunConfig, model_dir: str, *, chat_content: bool = True) -> dict:
+def fingerprint_inputs(recipe: DatasetRecipe, *, chat_content: bool = True) -> dict[str, Any]:
     """Everything that changes the stored bytes, and nothing that does not (batch sizes,
     engines and topology give the same hidden states within tolerance). ``chat_content=False``:
     the chat file is not hashed (its two fields are None), for a lookup without it."""
-    cache = content_cache(cfg)
-    data: dict[str, Any] = plain(cfg.data)
+    cache = content_cache(recipe.cache_dir)
+    data: dict[str, Any] = plain(recipe.data)
     source, path = data["source"], data.get("path")
     for key in ("name", "path", *_REGEN_HOW):  # the name is in the directory's prefix, for people
         data.pop(key, None)
@@ -104,54 +126,51 @@ def fingerprint_inputs(cfg: RunConfig, model_dir: str, *, chat_content: bool = T
     return {
         "schema_version": FINGERPRINT_VERSION,
         "model": {
-            "num_layers": cfg.model.num_layers,
-            "hidden_size": cfg.model.hidden_size,
-            **model_identity(model_dir, cache, regenerate=regenerate),
+            "num_layers": recipe.model.num_layers,
+            "hidden_size": recipe.model.hidden_size,
+            **model_identity(recipe.model_dir, cache, regenerate=regenerate),
         },
         "data": data,
-        **_capture_and_tokenizer(cfg, Path(model_dir)),
+        **_capture_and_tokenizer(recipe),
     }
 
 
-def _capture_and_tokenizer(cfg: RunConfig, d: Path) -> dict[str, Any]:
+def _capture_and_tokenizer(recipe: DatasetRecipe) -> dict[str, Any]:
     """The inputs both schemes share: layers, dtype, tokenizer files, a chat template override."""
+    d, template = Path(recipe.model_dir), recipe.model.chat_template
     return {
-        "capture_ids": [int(i) for i in cfg.layers.capture_ids],
-        "capture_dtype": cfg.capture.dtype,
+        "capture_ids": [int(i) for i in recipe.capture_ids],
+        "capture_dtype": recipe.capture_dtype,
         "tokenizer": {f: file_short_sha(d / f) for f in _TOKENIZER_FILES if (d / f).is_file()},
-        "chat_template_override": short_sha(cfg.model.chat_template.encode()) if cfg.model.chat_template else None,
+        "chat_template_override": short_sha(template.encode()) if template else None,
     }
 
 
-def dataset_prefix(cfg: RunConfig) -> str:
-    return f"{cfg.model.name}-{cfg.data.name}"
+def dataset_path(recipe: DatasetRecipe) -> Path:
+    inputs = fingerprint_inputs(recipe)
+    return dataset_dir(recipe.data_dir, recipe.prefix, dataset_fingerprint(inputs))
 
 
-def dataset_path(cfg: RunConfig, model_dir: str) -> Path:
-    inputs = fingerprint_inputs(cfg, model_dir)
-    return dataset_dir(cfg.paths.data_dir, dataset_prefix(cfg), dataset_fingerprint(inputs))
-
-
-def token_fingerprint_inputs(cfg: RunConfig, model_dir: str) -> dict:
+def token_fingerprint_inputs(recipe: DatasetRecipe) -> dict[str, Any]:
     """An online dataset's identity: the stored dataset's inputs (the same samples, layers and
     dtype the trainer will capture), marked as holding token ids only."""
-    return {**fingerprint_inputs(cfg, model_dir), "hidden_states": "online"}
+    return {**fingerprint_inputs(recipe), "hidden_states": "online"}
 
 
-def token_dataset_path(cfg: RunConfig, inputs: dict) -> Path:
+def token_dataset_path(recipe: DatasetRecipe, inputs: dict[str, Any]) -> Path:
     """Where the online dataset with these inputs (``token_fingerprint_inputs``) lives: beside the
     stored ones, "-tokens" in its name."""
-    return dataset_dir(cfg.paths.data_dir, f"{dataset_prefix(cfg)}-tokens", dataset_fingerprint(inputs))
+    return dataset_dir(recipe.data_dir, f"{recipe.prefix}-tokens", dataset_fingerprint(inputs))
 
 
-def provenance(cfg: RunConfig, model_dir: str, regen_engine: str | None) -> dict[str, Any]:
+def provenance(recipe: DatasetRecipe, regen_engine: str | None) -> dict[str, Any]:
     """What the manifest records beside the fingerprint: the engine that wrote the answers
     (None: the chat data's own), and where the chat data and the model were read from."""
-    path = cfg.data.path
-    model = Path(model_dir)
+    path = recipe.data.path
+    model = Path(recipe.model_dir)
     return {
         "regen_engine": regen_engine,
-        "model_dir": str(model.resolve()) if model.is_dir() else str(model_dir),
+        "model_dir": str(model.resolve()) if model.is_dir() else recipe.model_dir,
         "data_path": str(Path(path).expanduser().resolve()) if path else None,
     }
 
@@ -176,13 +195,13 @@ def regen_note(manifest: Manifest) -> str:
     return f"answers regenerated by {engine}" if engine else "answers as in the chat data"
 
 
-def legacy_fingerprint_inputs(cfg: RunConfig, model_dir: str) -> dict:
+def legacy_fingerprint_inputs(recipe: DatasetRecipe) -> dict[str, Any]:
     """The first scheme's inputs (model directory name, chat path and resolved engine in them),
     to find datasets it named."""
     from eagle3.target.generate.common import resolve_backend
 
-    d = Path(model_dir)
-    data: dict[str, Any] = plain(cfg.data)
+    d = Path(recipe.model_dir)
+    data: dict[str, Any] = plain(recipe.data)
     for key in ("regen_batch_size", "regen_static_cache", *HF_FIELDS):
         data.pop(key, None)
     if data.get("regen_num_answers") == 1:  # the first scheme knew one answer only
@@ -195,21 +214,19 @@ def legacy_fingerprint_inputs(cfg: RunConfig, model_dir: str) -> dict:
     return {
         "schema_version": LEGACY_VERSION,
         "model": {
-            "name": cfg.model.name,
+            "name": recipe.model.name,
             "dir": d.name,
             "config_sha": file_short_sha(d / "config.json"),
-            "num_layers": cfg.model.num_layers,
-            "hidden_size": cfg.model.hidden_size,
+            "num_layers": recipe.model.num_layers,
+            "hidden_size": recipe.model.hidden_size,
         },
         "data": data,
-        **_capture_and_tokenizer(cfg, d),
+        **_capture_and_tokenizer(recipe),
     }
 
 
-def legacy_dataset_path(cfg: RunConfig, model_dir: str) -> Path:
-    return dataset_dir(
-        cfg.paths.data_dir, dataset_prefix(cfg), dataset_fingerprint(legacy_fingerprint_inputs(cfg, model_dir))
-    )
+def legacy_dataset_path(recipe: DatasetRecipe) -> Path:
+    return dataset_dir(recipe.data_dir, recipe.prefix, dataset_fingerprint(legacy_fingerprint_inputs(recipe)))
 
 
 def _diff(theirs: Any, ours: Any, where: str = "") -> list[str]:
@@ -222,11 +239,11 @@ def _diff(theirs: Any, ours: Any, where: str = "") -> list[str]:
     return [] if theirs == ours else [where]
 
 
-def _neighbours(cfg: RunConfig, model_dir: str, ours: dict) -> list[tuple[Path, list[str], bool]]:
+def _neighbours(recipe: DatasetRecipe, ours: dict[str, Any]) -> list[tuple[Path, list[str], bool]]:
     """(directory, keys that differ from this config, made by the first scheme) of every
     dataset of this model and data preset under paths.data_dir, closest first."""
-    root = Path(cfg.paths.data_dir)
-    named = dataset_dir(root, dataset_prefix(cfg), "0" * 16).name.removesuffix("-" + "0" * 16)
+    root = Path(recipe.data_dir)
+    named = dataset_dir(root, recipe.prefix, "0" * 16).name.removesuffix("-" + "0" * 16)
     legacy: dict | None = None
     found = []
     for manifest in sorted(root.glob(f"{named}-*/{MANIFEST}")):
@@ -238,28 +255,28 @@ def _neighbours(cfg: RunConfig, model_dir: str, ours: dict) -> list[tuple[Path, 
             continue
         old = theirs.get("schema_version") == LEGACY_VERSION
         if old and legacy is None:
-            legacy = legacy_fingerprint_inputs(cfg, model_dir)
+            legacy = legacy_fingerprint_inputs(recipe)
         found.append((manifest.parent, _diff(theirs, legacy if old else ours), old))
     return sorted(found, key=lambda f: len(f[1]))
 
 
-def locate_dataset(cfg: RunConfig, model_dir: str) -> tuple[Path, str | None]:
+def locate_dataset(recipe: DatasetRecipe) -> tuple[Path, str | None]:
     """The dataset of this config under paths.data_dir, and a note on how it was found (None:
     by its fingerprint). Then by the first scheme's fingerprint; without the chat data at hand,
     the one dataset that matches all else. Otherwise DatasetNotFound names the datasets of
     this model and data that are there, what differs, and dataset_dir=."""
     missing: DataError | None = None
     try:
-        ours = fingerprint_inputs(cfg, model_dir)
+        ours = fingerprint_inputs(recipe)
     except DataError as err:  # the chat data is not on this machine: it cannot be hashed
-        missing, ours = err, fingerprint_inputs(cfg, model_dir, chat_content=False)
-    where = dataset_dir(cfg.paths.data_dir, dataset_prefix(cfg), dataset_fingerprint(ours))
+        missing, ours = err, fingerprint_inputs(recipe, chat_content=False)
+    where = dataset_dir(recipe.data_dir, recipe.prefix, dataset_fingerprint(ours))
     if missing is None and (where / MANIFEST).is_file():
         return where, None
-    old = legacy_dataset_path(cfg, model_dir)  # needs no chat content: the first scheme named its path
+    old = legacy_dataset_path(recipe)  # needs no chat content: the first scheme named its path
     if (old / MANIFEST).is_file():
         return old, f"found by the first fingerprint scheme (model directory name and chat file path in it): {old}"
-    near = _neighbours(cfg, model_dir, ours)
+    near = _neighbours(recipe, ours)
     if missing is not None:
         alike = [d for d, diff, legacy in near if not legacy and all(k.split(".")[-1] in _CHAT_LOCATION for k in diff)]
         if len(alike) == 1:
@@ -269,7 +286,7 @@ def locate_dataset(cfg: RunConfig, model_dir: str) -> tuple[Path, str | None]:
     lines = [
         f"no dataset for this config at {where}"
         if missing is None
-        else f"no dataset for this config under {cfg.paths.data_dir} (the chat data could not be hashed: {missing})"
+        else f"no dataset for this config under {recipe.data_dir} (the chat data could not be hashed: {missing})"
     ]
     for d, diff, legacy in near[:5]:
         if legacy:

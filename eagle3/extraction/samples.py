@@ -4,56 +4,71 @@ of stored hidden states (stages/extract.py) and the token-only one of online tra
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from rich.console import Console
 
-from eagle3.config.schema import RunConfig, plain
+from eagle3.config.schema import DataConfig, plain
 from eagle3.data.hf_source import HFOptions
 from eagle3.data.pipeline import PreparedData, prepare_samples
+from eagle3.extraction.identity import DatasetRecipe
 
 console = Console(stderr=True)
 
 
-def regenerator_for(cfg: RunConfig, model_dir: str):
+@dataclass(frozen=True)
+class RegenMachine:
+    """Where the target answers run: the engine's memory and parallelism on this machine. No
+    part of a dataset's identity (answers agree across engines and batch shapes)."""
+
+    cpu_kvcache_space_gb: int
+    gpu_memory_utilization: float
+    tensor_parallel_size: int
+
+
+def regenerator_for(recipe: DatasetRecipe, machine: RegenMachine) -> Any:
     """The target answers the user turns itself (data.regenerate=true): vLLM or transformers."""
-    if not cfg.data.regenerate:
+    data, model = recipe.data, recipe.model
+    if not data.regenerate:
         return None
     from eagle3.target.generate.dispatch import make_regenerator
 
     return make_regenerator(
-        cfg.data.regen_backend,
-        model_dir,
-        cfg.paths.cache_dir,
-        temperature=cfg.data.regen_temperature,
-        num_answers=cfg.data.regen_num_answers,
-        max_tokens=cfg.data.regen_max_tokens,
-        seed=cfg.data.seed,
-        max_model_len=cfg.data.max_length,
-        chat_template=cfg.model.chat_template,
-        max_turns=cfg.data.regen_max_turns,
-        gen_batch_size=cfg.data.regen_batch_size,
-        static_cache=cfg.data.regen_static_cache,
-        cpu_kvcache_space_gb=cfg.capture.cpu_kvcache_space_gb,
-        gpu_memory_utilization=cfg.capture.gpu_memory_utilization,
-        tensor_parallel_size=cfg.topology.extract_tp,
-        trust_remote_code=cfg.model.trust_remote_code,
+        data.regen_backend,
+        recipe.model_dir,
+        recipe.cache_dir,
+        temperature=data.regen_temperature,
+        num_answers=data.regen_num_answers,
+        max_tokens=data.regen_max_tokens,
+        seed=data.seed,
+        max_model_len=data.max_length,
+        chat_template=model.chat_template,
+        max_turns=data.regen_max_turns,
+        gen_batch_size=data.regen_batch_size,
+        static_cache=data.regen_static_cache,
+        cpu_kvcache_space_gb=machine.cpu_kvcache_space_gb,
+        gpu_memory_utilization=machine.gpu_memory_utilization,
+        tensor_parallel_size=machine.tensor_parallel_size,
+        trust_remote_code=model.trust_remote_code,
     )
 
 
-def prepare(cfg: RunConfig, tokenizer, regenerator) -> PreparedData:
-    """Render (and regenerate) the config's chat data; closes the regenerator when done."""
-    data = prepare_samples(
-        cfg.data.source,
-        cfg.data.path,
+def prepare(data: DataConfig, tokenizer: Any, regenerator: Any, *, chat_template: str | None) -> PreparedData:
+    """Render (and regenerate) the chat data of ``data``; closes the regenerator when done."""
+    prepared = prepare_samples(
+        data.source,
+        data.path,
         tokenizer,
-        max_samples=cfg.data.max_samples,
-        max_length=cfg.data.max_length,
-        overflow=cfg.data.overflow.value,
-        val_fraction=cfg.data.val_fraction,
-        seed=cfg.data.seed,
-        chat_template=cfg.model.chat_template,
+        max_samples=data.max_samples,
+        max_length=data.max_length,
+        overflow=data.overflow.value,
+        val_fraction=data.val_fraction,
+        seed=data.seed,
+        chat_template=chat_template,
         regenerate=regenerator,
-        regenerate_batch_size=cfg.data.regen_batch_size,
-        hf=HFOptions.from_data(plain(cfg.data)),
+        regenerate_batch_size=data.regen_batch_size,
+        hf=HFOptions.from_data(plain(data)),
     )
     if regenerator is not None:
         console.print(
@@ -61,4 +76,4 @@ def prepare(cfg: RunConfig, tokenizer, regenerator) -> PreparedData:
             f"({regenerator.backend}; {regenerator.cache_file})"
         )
         regenerator.close()
-    return data
+    return prepared

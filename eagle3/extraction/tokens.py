@@ -8,10 +8,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from eagle3.config.schema import RunConfig
 from eagle3.data.vocab import build_draft_vocab, token_frequencies
-from eagle3.extraction.identity import provenance, token_dataset_path, token_fingerprint_inputs
-from eagle3.extraction.samples import prepare, regenerator_for
+from eagle3.extraction.identity import DatasetRecipe, provenance, token_dataset_path, token_fingerprint_inputs
+from eagle3.extraction.samples import RegenMachine, prepare, regenerator_for
 from eagle3.store import Manifest, format_bytes, write_token_dataset
 from eagle3.store.layout import LOCK
 from eagle3.util.hidden_dtypes import torch_dtype
@@ -20,17 +19,18 @@ from eagle3.util.locks import DirLock
 console = Console(stderr=True)
 
 
-def prepare_token_dataset(cfg: RunConfig, model_dir: str) -> Path:
-    """The online dataset of this config: found complete, or written now (a few seconds per
-    thousand samples without regeneration). Returns its directory."""
-    inputs = token_fingerprint_inputs(cfg, model_dir)  # hashes the model and chat data: once
-    ds_dir = token_dataset_path(cfg, inputs)
+def prepare_token_dataset(recipe: DatasetRecipe, machine: RegenMachine, draft_vocab_size: int) -> Path:
+    """The online dataset of this recipe: found complete, or written now (a few seconds per
+    thousand samples without regeneration), with a draft vocabulary of ``draft_vocab_size``
+    (at most the target's). Returns its directory."""
+    inputs = token_fingerprint_inputs(recipe)  # hashes the model and chat data: once
+    ds_dir = token_dataset_path(recipe, inputs)
     if Manifest.read_complete(ds_dir) is None:
         # one writer; the others (DDP ranks started together) wait for it and then read its dataset
         ds_dir.mkdir(parents=True, exist_ok=True)
         with DirLock(ds_dir / LOCK, f"{ds_dir}: the online dataset is being written", wait_s=float("inf")) as lock:
             if Manifest.read_complete(ds_dir) is None:
-                _write(cfg, model_dir, ds_dir, inputs, lock)
+                _write(recipe, machine, draft_vocab_size, ds_dir, inputs, lock)
                 return ds_dir
     done = Manifest.read_complete(ds_dir)
     assert done is not None  # written above, or by the rank that held the lock before
@@ -38,31 +38,37 @@ def prepare_token_dataset(cfg: RunConfig, model_dir: str) -> Path:
     return ds_dir
 
 
-def _write(cfg: RunConfig, model_dir: str, ds_dir: Path, inputs: dict, lock: DirLock) -> None:
+def _write(
+    recipe: DatasetRecipe, machine: RegenMachine, draft_vocab_size: int, ds_dir: Path, inputs: dict, lock: DirLock
+) -> None:
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=cfg.model.trust_remote_code)
-    regenerator = regenerator_for(cfg, model_dir)
+    model = recipe.model
+    tokenizer = AutoTokenizer.from_pretrained(recipe.model_dir, trust_remote_code=model.trust_remote_code)
+    regenerator = regenerator_for(recipe, machine)
     engine = regenerator.backend if regenerator is not None else None
-    data = prepare(cfg, tokenizer, regenerator)
+    data = prepare(recipe.data, tokenizer, regenerator, chat_template=model.chat_template)
     samples = data.train + data.val
-    freq = token_frequencies(samples, cfg.model.vocab_size)
-    size = min(cfg.train.draft_vocab_size, cfg.model.vocab_size)
+    freq = token_frequencies(samples, model.vocab_size)
+    size = min(draft_vocab_size, model.vocab_size)
     manifest = write_token_dataset(
         ds_dir,
         [(s.id, s.input_ids, s.loss_mask) for s in samples],
         val_ids=[s.id for s in data.val],
         fingerprint_inputs=inputs,
-        layer_ids=[int(i) for i in cfg.layers.capture_ids],
-        hidden_size=cfg.model.hidden_size,
-        dtype=torch_dtype(cfg.capture.dtype),
+        layer_ids=list(recipe.capture_ids),
+        hidden_size=model.hidden_size,
+        dtype=torch_dtype(recipe.capture_dtype),
         token_freq=freq,
         vocabs={size: build_draft_vocab(freq, size)},
-        provenance=provenance(cfg, model_dir, engine),
+        provenance=provenance(recipe, engine),
         lock=lock,
     )
     stored = (
-        manifest.num_tokens * len(manifest.layer_ids) * manifest.hidden_size * torch_dtype(cfg.capture.dtype).itemsize
+        manifest.num_tokens
+        * len(manifest.layer_ids)
+        * manifest.hidden_size
+        * torch_dtype(recipe.capture_dtype).itemsize
     )
     console.print(
         f"[green]online dataset {ds_dir}: {manifest.num_samples} samples, {manifest.num_tokens} tokens "

@@ -20,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from eagle3.config.schema import HiddenStates, RunConfig, VerifyMode, run_config
 from eagle3.data.vocab import build_draft_vocab, token_frequencies
 from eagle3.extraction.identity import (
+    DatasetRecipe,
     check_regen_engine,
     dataset_path,
     fingerprint_inputs,
@@ -29,6 +30,7 @@ from eagle3.extraction.identity import (
 )
 from eagle3.extraction.samples import prepare, regenerator_for
 from eagle3.stages.cost import capture_seconds, extract_lines
+from eagle3.stages.recipes import dataset_recipe, regen_machine
 from eagle3.stages.validate import torch_dtype, validate_run_config
 from eagle3.store import DiskSpaceError, Manifest, ShardWriter, check_free_disk, disk_needed_bytes, format_bytes
 from eagle3.store.disk import free_bytes
@@ -65,21 +67,22 @@ def run(composed: DictConfig) -> str:
     validate_run_config(composed)
     cfg = run_config(composed)
     model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
+    recipe = dataset_recipe(cfg, model_dir)
     if cfg.train.hidden_states == HiddenStates.online:
         # the pre-pass of online training: samples and vocabulary, no hidden states
         from eagle3.extraction.tokens import prepare_token_dataset
 
-        ds_dir = prepare_token_dataset(cfg, model_dir)
+        ds_dir = prepare_token_dataset(recipe, regen_machine(cfg), cfg.train.draft_vocab_size)
         print(ds_dir)
         return str(ds_dir)
-    inputs = fingerprint_inputs(cfg, model_dir)
-    ds_dir = dataset_path(cfg, model_dir)
+    inputs = fingerprint_inputs(recipe)
+    ds_dir = dataset_path(recipe)
     # shard_index/num_shards, or srun's task rank when it started several extract processes
     num_shards, shard_index = extraction_shard(cfg.num_shards, cfg.shard_index)
     if cfg.merge:
         return _merge(cfg, ds_dir, num_shards)
     done = Manifest.read_complete(ds_dir)
-    if done is None and Manifest.read_complete(old := legacy_dataset_path(cfg, model_dir)) is not None:
+    if done is None and Manifest.read_complete(old := legacy_dataset_path(recipe)) is not None:
         ds_dir, done = old, Manifest.read_complete(old)  # this config's dataset, named by the first scheme
     if num_shards > 1 and done is None:
         # this node's part of a multi-node extraction, merged afterwards (eagle3/store/merge.py)
@@ -99,12 +102,12 @@ def run(composed: DictConfig) -> str:
         return str(ds_dir)
     # one extraction per dataset, from here on: a second is refused at once, naming this one
     with DirLock(ds_dir / LOCK, f"{ds_dir}: another extraction is writing this dataset") as lock:
-        return _extract(cfg, model_dir, inputs, ds_dir, num_shards, shard_index, verify, damaged, lock)
+        return _extract(cfg, recipe, inputs, ds_dir, num_shards, shard_index, verify, damaged, lock)
 
 
 def _extract(
     cfg: RunConfig,
-    model_dir: str,
+    recipe: DatasetRecipe,
     inputs: dict,
     ds_dir: Path,
     num_shards: int,
@@ -118,13 +121,14 @@ def _extract(
 
     report(extract_lines(cfg))  # what this run will cost, before any work
 
-    capture_ids = [int(i) for i in cfg.layers.capture_ids]
+    model_dir = recipe.model_dir
+    capture_ids = list(recipe.capture_ids)
     dtype = torch_dtype(cfg.capture.dtype)
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=cfg.model.trust_remote_code)
-    regenerator = regenerator_for(cfg, model_dir)
+    regenerator = regenerator_for(recipe, regen_machine(cfg))
     engine = regenerator.backend if regenerator is not None else None
     check_regen_engine(ds_dir, engine)  # before any answer is generated
-    data = prepare(cfg, tokenizer, regenerator)
+    data = prepare(cfg.data, tokenizer, regenerator, chat_template=cfg.model.chat_template)
     samples = [s for s in data.train + data.val if num_shards == 1 or owner_shard(s.id, num_shards) == shard_index]
     kept = {s.id for s in samples}
     val_ids = sorted(s.id for s in data.val if s.id in kept)
@@ -138,7 +142,7 @@ def _extract(
         shard_max_tokens=cfg.capture.shard_max_tokens,
         background=True,  # shards hash+write on threads while the next batch runs
         writer_threads=cfg.capture.writer_threads,
-        provenance=provenance(cfg, model_dir, engine),
+        provenance=provenance(recipe, engine),
         # the shards found damaged above are redone; the others were just checked
         verify="fast" if damaged else verify,
         redo=[file for file, _ in damaged],
@@ -170,7 +174,15 @@ def _extract(
             report([f"extract: {todo_tokens:,} tokens to capture (rendered): ~{minutes(secs)}"])
         try:
             if todo:
-                backend = make_backend(cfg, model_dir, capture_ids, dtype, cfg.data.max_length)
+                backend = make_backend(
+                    cfg.capture,
+                    cfg.topology,
+                    model_dir,
+                    capture_ids,
+                    dtype,
+                    cfg.data.max_length,
+                    trust_remote_code=cfg.model.trust_remote_code,
+                )
                 try:
                     writer.record_provenance({"capture": capture_route(cfg.capture.backend.value, backend)})
                     _capture(backend, todo, writer)

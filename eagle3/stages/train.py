@@ -17,6 +17,7 @@ from eagle3.config.schema import HiddenStates, RunConfig, Strategy, TrainerConfi
 from eagle3.draft.serving_format import DraftMeta
 from eagle3.extraction.identity import DatasetNotFound, dataset_path, locate_dataset, regen_note
 from eagle3.stages.cost import train_lines
+from eagle3.stages.recipes import dataset_recipe, regen_machine
 from eagle3.stages.validate import torch_dtype, validate_run_config
 from eagle3.store import DamagedDatasetError, Manifest
 from eagle3.target.resolve import resolve_target
@@ -65,7 +66,9 @@ def run(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> float:
         try:
             return _run(run_cfg, output_dir, extra_callbacks)
         except DamagedDatasetError as e:
-            expected = dataset_path(run_cfg, resolve_target(run_cfg.model, run_cfg.paths.cache_dir)).name
+            expected = dataset_path(
+                dataset_recipe(run_cfg, resolve_target(run_cfg.model, run_cfg.paths.cache_dir))
+            ).name
             raise DamagedDatasetError(
                 e.directory, e.problem, e.needs_hash, repair_command(run_cfg, e.directory, expected, e.needs_hash)
             ) from None
@@ -345,14 +348,14 @@ def find_token_dataset(cfg: RunConfig, model_dir: str) -> Path:
         return ds_dir
     from eagle3.extraction.tokens import prepare_token_dataset
 
-    return prepare_token_dataset(cfg, model_dir)
+    return prepare_token_dataset(dataset_recipe(cfg, model_dir), regen_machine(cfg), cfg.train.draft_vocab_size)
 
 
 def find_dataset(cfg: RunConfig, model_dir: str) -> Path:
     """dataset_dir= as given, checked against the config; else the fingerprinted directory
     (eagle3.extraction.identity.locate_dataset). Prints which engine wrote its answers."""
     if not cfg.dataset_dir:
-        ds_dir, note = locate_dataset(cfg, model_dir)
+        ds_dir, note = locate_dataset(dataset_recipe(cfg, model_dir))
         print(f"dataset {ds_dir}: {regen_note(Manifest.read(ds_dir))}" + (f" ({note})" if note else ""))
         return ds_dir
     ds_dir = Path(cfg.dataset_dir).expanduser().resolve()

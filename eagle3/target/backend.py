@@ -31,21 +31,30 @@ class CaptureBackend(Protocol):
 
 
 def make_backend(
-    cfg: schema.RunConfig, model_dir: str, capture_ids: list[int], dtype: torch.dtype, max_length: int
+    capture: schema.CaptureConfig,
+    topology: schema.TopologyConfig,
+    model_dir: str,
+    capture_ids: list[int],
+    dtype: torch.dtype,
+    max_length: int,
+    *,
+    trust_remote_code: bool = False,
 ) -> CaptureBackend:
-    backend = cfg.capture.backend
+    """The backend ``capture.backend`` names, laid out on ``topology`` (the HF forward on its
+    GPU; vLLM with its extraction TP/DP), for prompts of at most ``max_length`` tokens."""
+    backend = capture.backend
     if backend == schema.CaptureBackend.hf:
         from eagle3.target.capture_hf import HFCaptureBackend
 
-        device = "cuda" if cfg.topology.accelerator in ("gpu", "cuda") and torch.cuda.is_available() else "cpu"
+        device = "cuda" if topology.accelerator in ("gpu", "cuda") and torch.cuda.is_available() else "cpu"
         return HFCaptureBackend(
             model_dir,
             capture_ids,
             dtype=dtype,
             device=device,
-            max_tokens_per_batch=cfg.capture.max_tokens_per_batch,
-            batch_size=cfg.capture.batch_size,
-            trust_remote_code=cfg.model.trust_remote_code,
+            max_tokens_per_batch=capture.max_tokens_per_batch,
+            batch_size=capture.batch_size,
+            trust_remote_code=trust_remote_code,
         )
     if backend == schema.CaptureBackend.vllm:
         from eagle3.target.capture_vllm import VLLMCaptureBackend
@@ -54,14 +63,14 @@ def make_backend(
             model_dir,
             capture_ids,
             dtype=dtype,
-            tensor_parallel_size=cfg.topology.extract_tp,
-            data_parallel_size=cfg.topology.extract_dp,
-            gpu_memory_utilization=cfg.capture.gpu_memory_utilization,
-            cpu_kvcache_space_gb=cfg.capture.cpu_kvcache_space_gb,
-            max_num_seqs=cfg.capture.max_num_seqs,
+            tensor_parallel_size=topology.extract_tp,
+            data_parallel_size=topology.extract_dp,
+            gpu_memory_utilization=capture.gpu_memory_utilization,
+            cpu_kvcache_space_gb=capture.cpu_kvcache_space_gb,
+            max_num_seqs=capture.max_num_seqs,
             max_model_len=max_length + 8,
-            enable_prefix_caching=cfg.capture.enable_prefix_caching,
-            trust_remote_code=cfg.model.trust_remote_code,
-            route=cfg.capture.vllm_route.value,
+            enable_prefix_caching=capture.enable_prefix_caching,
+            trust_remote_code=trust_remote_code,
+            route=capture.vllm_route.value,
         )
     raise ValueError(f"capture.backend: expected hf|vllm, got {backend.value!r}")

@@ -1,0 +1,30 @@
+"""The whole config narrowed to what the layers below need: the dataset recipe (what a dataset is
+made of, so extract.py names it and train.py finds it) and the machine the target answers on."""
+
+from __future__ import annotations
+
+from eagle3.config.schema import RunConfig
+from eagle3.extraction.identity import DatasetRecipe
+from eagle3.extraction.samples import RegenMachine
+
+
+def dataset_recipe(cfg: RunConfig, model_dir: str) -> DatasetRecipe:
+    """``cfg``'s dataset: its target (materialised in ``model_dir``), data, layers and dtype."""
+    return DatasetRecipe(
+        model=cfg.model,
+        model_dir=str(model_dir),
+        data=cfg.data,
+        capture_ids=tuple(int(i) for i in cfg.layers.capture_ids),
+        capture_dtype=cfg.capture.dtype,
+        data_dir=str(cfg.paths.data_dir),
+        cache_dir=str(cfg.paths.cache_dir),
+    )
+
+
+def regen_machine(cfg: RunConfig) -> RegenMachine:
+    """Where regeneration runs: the capture group's engine memory and the extraction TP size."""
+    return RegenMachine(
+        cpu_kvcache_space_gb=cfg.capture.cpu_kvcache_space_gb,
+        gpu_memory_utilization=cfg.capture.gpu_memory_utilization,
+        tensor_parallel_size=cfg.topology.extract_tp,
+    )
