@@ -32,7 +32,6 @@ import json
 import os
 import sys
 import tempfile
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python bench/serving_speedup.py` from anywhere, no install needed
     sys.path.insert(0, str(ROOT))
 
+from eagle3.config.engine import EngineOptions  # noqa: E402
 from eagle3.evaluation import serving_advice  # noqa: E402
 from eagle3.evaluation.engine import EngineRequest, EngineResult, PromptBatch  # noqa: E402
 
@@ -65,17 +65,24 @@ def engine_request(
         batches=[
             PromptBatch(f"load-{c}", [prompts[i] for i in idx], wave_size=c, ignore_eos=True) for c, idx in plan.items()
         ],
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        max_num_seqs=largest,  # one engine for every load: it must admit the largest wave at once
+        options=EngineOptions(
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            max_num_seqs=largest,  # one engine for every load: it must admit the largest wave at once
+            cpu_kvcache_space_gb=args.cpu_kvcache_space_gb,
+            timeout_s=args.timeout_s,
+        ),
         warmup_prompts=largest,
     )
 
 
 def engine_key(request: EngineRequest) -> dict[str, Any]:
     """What makes two engine runs the same: the request and the head's weights (a retrained head
-    exported to the same directory is a different engine)."""
+    exported to the same directory is a different engine). options.timeout_s is left out: how long
+    the bench waits for an engine does not change what the engine measures."""
     sha = serving_advice.head_sha256(request.head) if request.head else None
-    return {"request": json.loads(json.dumps(asdict(request))), "head_sha256": sha}
+    raw = json.loads(request.to_json())
+    del raw["options"]["timeout_s"]
+    return {"request": raw, "head_sha256": sha}
 
 
 def finished_engine(work: Path, label: str, request: EngineRequest) -> EngineResult | None:
@@ -219,13 +226,7 @@ def main() -> None:
             if reused is not None:  # a bench stopped part-way and run again with the same --work-dir
                 print(f"K={k}: result of an earlier run of the same request in {work}", flush=True)
                 return reused
-            result, wall = run_engine_process(
-                request,
-                work,
-                f"k{k}",
-                timeout_s=args.timeout_s,
-                cpu_kvcache_space_gb=args.cpu_kvcache_space_gb,
-            )
+            result, wall = run_engine_process(request, work, f"k{k}")
             (work / f"engine-k{k}.key.json").write_text(json.dumps(engine_key(request)))
             print(f"K={k}: engine up in {result.load_seconds:.0f} s, {wall:.0f} s in all", flush=True)
             return result

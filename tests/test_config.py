@@ -106,6 +106,48 @@ def test_the_topology_picks_the_sizes_and_presets_and_keys_win(entry):
     )  # all of a file
 
 
+@pytest.mark.parametrize("entry", ["train", "extract"])
+def test_the_composed_config_names_the_budget_and_why(entry):
+    """`budget` names the preset that supplied the sizes and `budget_source` whether the topology's
+    accelerator picked it; budget=cpu on a GPU topology is honoured and says so; a preset's value
+    wins over its budget's."""
+    cpu = compose(entry)
+    assert (cpu.budget, cpu.budget_source) == ("cpu", "topology.accelerator=cpu")
+    gpu = compose(entry, ["topology=gpu1"])
+    assert (gpu.budget, gpu.budget_source) == ("gpu", "topology.accelerator=gpu")
+    picked = compose(entry, ["budget=cpu", "topology=gpu1"])
+    assert picked.topology.accelerator == "gpu" and _sizes(picked) == CPU_SIZES
+    assert (picked.budget, picked.budget_source) == ("cpu", "budget=cpu picked over topology.accelerator=gpu")
+    validate_run_config(picked)
+    tiny = compose(entry, ["experiment=tiny_test"])  # its overrides of budget=cpu win
+    assert tiny.budget == "cpu" and (tiny.train.lr, tiny.train.max_steps, tiny.data.max_length) == (3e-4, 6, 128)
+    full = compose(entry, ["experiment=smollm2_full"])  # budget=gpu through topology=gpu1, its steps win
+    assert (full.budget, full.budget_source, full.train.max_steps) == ("gpu", "topology.accelerator=gpu", 8800)
+    assert full.train.lr == GPU_SIZES["train.lr"]  # the budget's, not repeated by the preset
+
+
+def test_cfg_job_prints_the_budget():
+    out = subprocess.run(
+        [sys.executable, "train.py", "topology=gpu1", "--cfg", "job", "--resolve"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "\nbudget: gpu\n" in out.stdout and "\nbudget_source: topology.accelerator=gpu\n" in out.stdout
+
+
+def test_the_run_sizes_have_no_schema_default():
+    """Only a budget (or the command line) sizes a run: without one the stage stops naming the keys."""
+    from eagle3.config.schema import TrainConfig
+
+    assert OmegaConf.is_missing(OmegaConf.structured(TrainConfig), "lr")
+    cfg = compose("train", ["~budget"])
+    with pytest.raises(ConfigError, match="train.lr.*conf/budget"):
+        validate_run_config(cfg)
+
+
 def test_typo_in_key_fails_naming_it():
     with pytest.raises(ConfigCompositionException) as e:
         compose("train", ["train.lrr=1"])

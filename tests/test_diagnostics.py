@@ -15,7 +15,7 @@ from eagle3.evaluation.export_info import ExportInfo
 K = 3
 
 
-def _fake_engine(request: EngineRequest, work_dir, label, *, timeout_s, cpu_kvcache_space_gb):
+def _fake_engine(request: EngineRequest, work_dir, label):
     """Every request drafts 4 times and accepts 2 tokens (all at position 0); without the head,
     the second prompt of each source parts from the with-head output at its second token."""
     batches = []

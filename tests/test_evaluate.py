@@ -469,3 +469,15 @@ def test_random_head_with_the_eagle31_norms_loads_in_vllm_and_measures_near_one(
     assert 1.0 <= data["mean_acceptance_length"] < 1.15 and data["consistency_problems"] == []
     # our reader (load_exported_head, these options on) replays vLLM's outputs to vLLM's figure
     assert data["served_replay"]["all"]["replay_accept_len"] == pytest.approx(data["mean_acceptance_length"], abs=0.05)
+
+
+def test_an_engine_request_survives_its_json_with_the_options_nested():
+    """The engine process reads its request from JSON: the options come back an EngineOptions."""
+    from eagle3.config.engine import EngineOptions
+    from eagle3.evaluation.engine import EngineRequest, PromptBatch
+
+    options = EngineOptions(enforce_eager=True, max_num_seqs=4, seed=7, trust_remote_code=True, timeout_s=60)
+    request = EngineRequest("m", "h", 3, 16, 256, [PromptBatch("val", [[1, 2]], wave_size=1)], options, 2)
+    again = EngineRequest.from_json(request.to_json())
+    assert again == request and isinstance(again.options, EngineOptions)
+    assert json.loads(request.to_json())["options"]["max_num_seqs"] == 4

@@ -116,7 +116,7 @@ def test_training_steps_never_make_the_host_wait_for_the_gpu(tmp_path):
     t2d[:64] = True
     w = torch.randn(VOCAB, H) * 0.02
     head.load_target_weights(w, torch.ones(H), w, torch.zeros(64, dtype=torch.int64), t2d, True)
-    cfg = TrainConfig(ttt_steps=2, compile=False, attention=AttentionKind.sdpa, max_steps=10, warmup_steps=2)
+    cfg = TrainConfig(ttt_steps=2, compile=False, attention=AttentionKind.sdpa, lr=1e-3, max_steps=10, warmup_steps=2)
     waits = _WaitsAfter(start=2)
     trainer = L.Trainer(
         accelerator="gpu",

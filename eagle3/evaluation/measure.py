@@ -50,23 +50,16 @@ def measure(
         max_new_tokens=max_new_tokens,
         max_model_len=longest + max_new_tokens + num_draft_tokens + _SPEC_SLACK,
         batches=batches,
-        enforce_eager=engine.enforce_eager,
-        tensor_parallel_size=int(engine.tensor_parallel_size),
-        gpu_memory_utilization=float(engine.gpu_memory_utilization),
-        max_num_seqs=int(engine.max_num_seqs),
-        dtype=str(engine.dtype),
-        seed=int(engine.seed),
-        trust_remote_code=bool(engine.trust_remote_code),
-    )
-    run: dict[str, Any] = dict(
-        work_dir=work_dir, timeout_s=int(engine.timeout_s), cpu_kvcache_space_gb=int(engine.cpu_kvcache_space_gb)
+        options=engine,
     )
     with_head, wall_head = run_engine_process(
-        EngineRequest(head=str(info.export_dir), **common), label="with-head", **run
+        EngineRequest(head=str(info.export_dir), **common), work_dir=work_dir, label="with-head"
     )
     without_head = wall_base = None
     if baseline:
-        without_head, wall_base = run_engine_process(EngineRequest(head=None, **common), label="without-head", **run)
+        without_head, wall_base = run_engine_process(
+            EngineRequest(head=None, **common), work_dir=work_dir, label="without-head"
+        )
 
     def base_batch(name: str):
         return next(b for b in without_head.batches if b.name == name) if without_head is not None else None
@@ -90,8 +83,8 @@ def measure(
         "platform": with_head.platform,
         "enforce_eager": with_head.enforce_eager,
         "max_model_len": common["max_model_len"],
-        "max_num_seqs": common["max_num_seqs"],
-        "tensor_parallel_size": common["tensor_parallel_size"],
+        "max_num_seqs": engine.max_num_seqs,
+        "tensor_parallel_size": engine.tensor_parallel_size,
         "load_seconds_with_head": with_head.load_seconds,
         "process_seconds_with_head": wall_head,
         "logs": str(work_dir),

@@ -7,13 +7,11 @@ stop it together with the engine-core and worker processes vLLM started under it
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 from eagle3.evaluation.engine import EngineRequest, EngineResult
@@ -80,16 +78,16 @@ def _stop_group(proc: subprocess.Popen) -> None:
             continue
 
 
-def run_engine_process(
-    request: EngineRequest, work_dir: Path, label: str, *, timeout_s: int, cpu_kvcache_space_gb: int
-) -> tuple[EngineResult, float]:
-    """(result, wall seconds including process start and model load)."""
+def run_engine_process(request: EngineRequest, work_dir: Path, label: str) -> tuple[EngineResult, float]:
+    """(result, wall seconds including process start and model load). The request's
+    options.timeout_s bounds the process, options.cpu_kvcache_space_gb goes into its environment."""
+    timeout_s = int(request.options.timeout_s)
     work_dir.mkdir(parents=True, exist_ok=True)
     req_file = work_dir / f"engine-{label}.request.json"
     res_file = work_dir / f"engine-{label}.result.json"
     log_file = work_dir / f"engine-{label}.log"
     res_file.unlink(missing_ok=True)
-    req_file.write_text(json.dumps(asdict(request)))
+    req_file.write_text(request.to_json())
     print(f"[eagle3.evaluate] vLLM engine {label}: starting (log: {log_file})", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     with open(log_file, "w") as log:
@@ -97,7 +95,7 @@ def run_engine_process(
             [sys.executable, "-m", "eagle3.evaluation.engine", str(req_file), str(res_file)],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=engine_env(cpu_kvcache_space_gb),
+            env=engine_env(request.options.cpu_kvcache_space_gb),
             start_new_session=True,
         )
         try:

@@ -48,6 +48,14 @@ def _model_fact(path: str, key: str, revision: str | None = None):
     return value[0] if key == "architectures" and isinstance(value, list) else value
 
 
+def budget_source(budget: str, accelerator: str) -> str:
+    """The `budget_source` entry: whether `budget` is the topology's own (the gpu* topologies
+    select budget=gpu, the cpu* ones keep the primary configs' budget=cpu) or one picked over it."""
+    if budget == accelerator:
+        return f"topology.accelerator={accelerator}"
+    return f"budget={budget} picked over topology.accelerator={accelerator}"
+
+
 def register_resolvers() -> None:
     OmegaConf.register_new_resolver(
         "eagle3.aux_ids",
@@ -60,6 +68,7 @@ def register_resolvers() -> None:
         replace=True,
     )
     OmegaConf.register_new_resolver("eagle3.model_fact", _model_fact, replace=True)
+    OmegaConf.register_new_resolver("eagle3.budget_source", budget_source, replace=True)
     # the run dir's name: one value per process (cached), shared by all ranks of a launch
     OmegaConf.register_new_resolver("eagle3.run_id", lambda: launch.launch_run_id(), use_cache=True, replace=True)
     OmegaConf.register_new_resolver("eagle3.tasks_per_node", launch.tasks_per_node, replace=True)

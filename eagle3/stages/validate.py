@@ -6,7 +6,7 @@ resolves the computed fields, whose resolvers would fail first, naming less."""
 from __future__ import annotations
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from eagle3.config.errors import ConfigError
 from eagle3.draft.config import NORM_OPTIONS, DraftConfigError, check_norm_options
@@ -36,8 +36,36 @@ def validate_topology(topology: DictConfig) -> None:
         raise ConfigError(f"topology.accelerator: expected cpu|gpu|auto, got {topology.accelerator!r}")
 
 
+# what every budget (conf/budget/*.yaml) sets and the schema leaves unset
+_BUDGET_KEYS = (
+    "budget",
+    "data.max_length",
+    "train.draft_vocab_size",
+    "train.lr",
+    "train.warmup_steps",
+    "train.max_steps",
+    "train.max_tokens_per_batch",
+    "train.val_check_interval",
+)
+
+
+def _missing(cfg: DictConfig, key: str) -> bool:
+    *parents, name = key.split(".")
+    node = cfg
+    for parent in parents:
+        node = node[parent]
+    return OmegaConf.is_missing(node, name)
+
+
 def validate_run_config(cfg: DictConfig) -> None:
     """Everything a stage checks before doing any work."""
+    # the run sizes have no schema default: without a budget the first of them would fail alone
+    unset = [k for k in _BUDGET_KEYS if _missing(cfg, k)]
+    if unset:
+        raise ConfigError(
+            f"no run size for {', '.join(unset)}: they come from conf/budget/<name>.yaml "
+            f"(budget=cpu or budget=gpu), or set each on the command line"
+        )
     validate_topology(cfg.topology)
     torch_dtype(cfg.capture.dtype)
     # resolving these runs the layer-id validation (range, unique, sorted)
