@@ -183,7 +183,7 @@ def test_a_higher_turn_limit_generates_only_the_new_turns(smollm2_dir, tmp_path)
     two = HFRegenerator(smollm2_dir, tmp_path, max_tokens=8, max_model_len=256, max_turns=2)
     asked: list[int] = []
     complete = two._complete
-    two._complete = lambda prompts, rooms: (asked.append(len(prompts)), complete(prompts, rooms))[1]
+    two._complete = lambda prompts, rooms, seeds: (asked.append(len(prompts)), complete(prompts, rooms, seeds))[1]
     changed = _convs()
     changed[2].messages[1]["content"] = "Say bye."  # "short": another conversation now, not seeded
     second = two(changed)
