@@ -31,7 +31,9 @@ STEP_TOKENS = 64  # max_num_batched_tokens: prompts longer than this are chunked
 #   2: 0.0052 / 2 (292)   15: 0.0151 / 128 (2.5e4)   27: 0.0231 / 128 (2.5e4)   30: 0.0322 / 160 (4704)
 # (128 at 2.5e4 is one bf16 ulp); a neighbouring layer (the off-by-one mistake) is >= 0.22 away.
 TOK_REL_TOL = 0.06  # vLLM vs HF bf16, mean per-token relative error
-MAX_ABS_FRAC = 0.05  # max |vLLM - HF| over the sample, as a fraction of max |HF value| (measured <= 0.034)
+# max |vLLM - HF| over the sample, as a fraction of max |HF value|: measured <= 0.034 against an HF
+# bf16 forward, 0.051 (id 30) against HF's fp32 forward on a CPU without native bf16
+MAX_ABS_FRAC = 0.08
 WRONG_LAYER_MIN = 0.15  # any neighbouring layer is at least this far: the tolerance discriminates
 # vLLM must be no further from an fp32 forward than HF's own bf16 is (+ margin): the gap
 # between the backends is bf16 rounding (vLLM keeps the fused residual more accurately).
@@ -224,9 +226,12 @@ def test_vllm_records_match_hf_backend(vllm_backend, model_dir, samples):
             assert r_hf <= TOK_REL_TOL, f"{sid} layer id {k}: rel error vs HF {r_hf:.4f} > {TOK_REL_TOL}"
             scale = h.hidden[:, j].float().abs().max().item()
             assert d <= MAX_ABS_FRAC * scale, f"{sid} layer id {k}: max abs diff {d} > {MAX_ABS_FRAC} x {scale}"
-            assert r_v32 <= r_h32 + FP32_MARGIN, (
-                f"{sid} layer id {k}: vLLM is {r_v32:.4f} from fp32, HF bf16 only {r_h32:.4f}"
-            )
+            # a CPU without native bf16 runs HF's forward in fp32 (rounded once to bf16), so HF is
+            # then fp32 itself and r_hf above already bounds vLLM's distance from fp32
+            if hf.compute_dtype == torch.bfloat16:
+                assert r_v32 <= r_h32 + FP32_MARGIN, (
+                    f"{sid} layer id {k}: vLLM is {r_v32:.4f} from fp32, HF bf16 only {r_h32:.4f}"
+                )
             assert r_wrong >= WRONG_LAYER_MIN, f"{sid} layer id {k}: a wrong layer is only {r_wrong:.4f} away"
     hf.close()
     print(
