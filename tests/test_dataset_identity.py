@@ -24,6 +24,8 @@ from eagle3.extraction.identity import (
     legacy_dataset_path,
     legacy_fingerprint_inputs,
     locate_dataset,
+    token_dataset_path,
+    token_fingerprint_inputs,
 )
 from eagle3.stages.recipes import dataset_recipe
 from eagle3.store import FingerprintMismatchError, Manifest, dataset_fingerprint
@@ -77,9 +79,19 @@ def test_copies_of_the_model_and_the_chat_file_elsewhere_keep_the_fingerprint(tm
     here = fingerprint_inputs(dataset_recipe(_cfg(tmp_path, chats), str(model_dir)))
     there = fingerprint_inputs(dataset_recipe(_cfg(tmp_path, Path(copy)), str(moved_model)))
     assert here == there
-    assert dataset_path(dataset_recipe(_cfg(tmp_path, chats), str(model_dir))) == dataset_path(
-        dataset_recipe(_cfg(tmp_path, Path(copy)), str(moved_model))
+    recipe = dataset_recipe(_cfg(tmp_path, chats), str(model_dir))
+    stored = dataset_path(recipe)
+    assert stored == dataset_path(dataset_recipe(_cfg(tmp_path, Path(copy)), str(moved_model)))
+    assert stored == tmp_path / "data" / f"tiny_llama-jsonl-{dataset_fingerprint(here)}"
+    # the online dataset: the same inputs marked as token ids only, beside the stored one
+    tokens = token_fingerprint_inputs(recipe)
+    assert tokens == {**here, "hidden_states": "online"}
+    assert (
+        token_dataset_path(recipe, tokens) == stored.parent / f"tiny_llama-jsonl-tokens-{dataset_fingerprint(tokens)}"
     )
+    # what does not make the stored bytes (capture batches, training, topology) leaves it as it is
+    same = ["capture.batch_size=3", "capture.shard_max_tokens=1024", "train.lr=0.01", "topology.extract_tp=2"]
+    assert fingerprint_inputs(dataset_recipe(_cfg(tmp_path, chats, *same), str(model_dir))) == here
     text = json.dumps(here)
     assert str(tmp_path) not in text and model_dir.name not in text  # no path, no directory name
     # the engine that would regenerate is not in it: every regen_backend gives one dataset
