@@ -145,8 +145,11 @@ def kendall(a: list[float], b: list[float]) -> tuple[float, list[tuple[int, int]
     return (agree - len(swapped)) / pairs, swapped
 
 
-def agreement(heads: list[dict[str, Any]], key: str) -> dict[str, Any]:
-    est, ref = [h[key] for h in heads], [h["vllm"] for h in heads]
+def agreement(heads: list[dict[str, Any]], key: str, against: str | None = None) -> dict[str, Any]:
+    """``key``'s figure against vLLM's over all held-out prompts, or over one source of them
+    (``against="val"``: the validation split's opening turns, the train-side figures' own prompts)."""
+    est = [h[key] for h in heads]
+    ref = [h["vllm_by_source"][against] if against else h["vllm"] for h in heads]
     errors = [e - r for e, r in zip(est, ref)]
     tau, swapped = kendall(est, ref)
     return {
@@ -205,10 +208,11 @@ def main() -> None:
             f"| {i} | {' '.join(h['overrides'])} | {h['steps']} | {h['sim']:.3f} | {h['replay']:.3f} | {h['vllm']:.3f} |"
         )
     result: dict[str, Any] = {"base": args.base, "variants": args.variants, "heads": heads}
-    for key in ("sim", "replay"):
-        a = result[key] = agreement(heads, key)
+    for key, against in (("sim", None), ("replay", None), ("sim", "val"), ("replay", "val")):
+        a = result[key if against is None else f"{key}_vs_{against}"] = agreement(heads, key, against)
+        prompts = "all held-out prompts" if against is None else f"its {against} prompts"
         print(
-            f"val/{key}_accept_len against vLLM over {len(heads)} heads: Spearman {a['spearman']:.3f}, "
+            f"val/{key}_accept_len against vLLM on {prompts} over {len(heads)} heads: Spearman {a['spearman']:.3f}, "
             f"Kendall {a['kendall_tau']:.3f} ({len(a['swapped_pairs'])} pairs the other way: {a['swapped_pairs']}); "
             f"error {a['mean_error']:+.3f} on average, |error| <= {a['max_abs_error']:.3f}"
         )
