@@ -417,3 +417,15 @@ def test_trainer_arguments_reach_lightning_and_early_stopping_ends_the_run(data_
         _train(data_dir, tmp_path / "x", ["+callbacks.extra.bad._target_=collections.Counter"])
     with pytest.raises(Exception, match="gradient_clip_val"):  # its home is train.grad_clip
         _train(data_dir, tmp_path / "bad", ["trainer.gradient_clip_val=1.0"])
+
+
+def test_the_best_metric_is_printed_with_its_measured_error_against_vllm():
+    from eagle3.draft.replay import MEASURED_AGAINST_VLLM
+    from eagle3.stages.train import best_metric_line
+
+    replay = MEASURED_AGAINST_VLLM["val/replay_accept_len"]
+    line = best_metric_line("val/replay_accept_len", 1.5)
+    assert line is not None and line.startswith("best val/replay_accept_len: 1.500 (against vLLM")
+    assert f"over {replay.heads} heads" in line and f"{replay.mean_error:+.3f} on average" in line
+    assert best_metric_line("val/loss", 2.0) == "best val/loss: 2.000"  # nothing measured for it
+    assert best_metric_line("val/replay_accept_len", None) is None  # no validation ran

@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig
 
 from eagle3.config.schema import HiddenStates, RunConfig, Strategy, TrainerConfig, plain, run_config
+from eagle3.draft.replay import MEASURED_AGAINST_VLLM
 from eagle3.draft.serving_format import DraftMeta
 from eagle3.extraction.identity import DatasetNotFound, dataset_path, locate_dataset, regen_note
 from eagle3.stages.cost import train_lines
@@ -279,9 +280,20 @@ def _write_summary(output_dir: Path, export_dir: Path, draft_meta: DraftMeta, su
     """summary.json, then the serving advice and, last, the export directory (scripts read it)."""
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"summary: {output_dir / 'summary.json'}")
+    line = best_metric_line(summary.get("best_metric"), summary.get("best_metric_value"))
+    if line:
+        print(line)
     for line in serve_lines(export_dir, draft_meta.verifier_name_or_path, draft_meta.num_speculative_tokens, summary):
         print(line)
     print(str(export_dir))
+
+
+def best_metric_line(name: str | None, value: float | None) -> str | None:
+    """The exported head's figure, with how far that figure has been from vLLM where measured."""
+    if name is None or value is None:
+        return None
+    agreement = MEASURED_AGAINST_VLLM.get(name)
+    return f"best {name}: {value:.3f}" + (f" ({agreement.describe()})" if agreement else "")
 
 
 def _finish_logger(parts: _Parts, initial: Mapping[str, float]) -> None:
