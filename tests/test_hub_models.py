@@ -128,26 +128,16 @@ def test_trust_remote_code_reaches_transformers(offline_hub, tmp_path):
     cfg = compose("extract", ["model=hf", f"model.path={REMOTE_REPO}", "capture=hf"])
     model_dir = resolve_target(cfg.model, tmp_path)
     assert model_dir == str(offline_hub["remote"])
-    with pytest.raises(ValueError, match="trust_remote_code=True"):
-        make_backend(
-            cfg.capture,
-            cfg.topology,
-            model_dir,
-            [1, 2, 3, 4],
-            torch.bfloat16,
-            64,
-            trust_remote_code=cfg.model.trust_remote_code,
+
+    def backend_for(trust_remote_code: bool):
+        return make_backend(
+            cfg.capture, cfg.topology, model_dir, [1, 2, 3, 4], torch.bfloat16, 64, trust_remote_code=trust_remote_code
         )
+
+    with pytest.raises(ValueError, match="trust_remote_code=True"):
+        backend_for(cfg.model.trust_remote_code)
     cfg.model.trust_remote_code = True
-    backend = make_backend(
-        cfg.capture,
-        cfg.topology,
-        model_dir,
-        [1, 2, 3, 4],
-        torch.bfloat16,
-        64,
-        trust_remote_code=cfg.model.trust_remote_code,
-    )
+    backend = backend_for(cfg.model.trust_remote_code)
     try:
         assert type(backend.model).__name__ == "TinyRemoteModel"  # the repository's class, not transformers'
         (record,) = backend.capture([("s0", torch.arange(1, 9), torch.ones(8, dtype=torch.bool))])
