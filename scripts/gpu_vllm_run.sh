@@ -20,6 +20,12 @@
 #   bash scripts/gpu_vllm_run.sh ranking        bench/metric_ranking.py: HEADS heads on that dataset, each
 #                                               measured by CUDA vLLM; resumable, so HEADS=3 then HEADS=6
 #                                               in two calls (each call stops itself before the 10-minute cap)
+#   bash scripts/gpu_vllm_run.sh budget_extract the whole pipeline inside BUDGET_MINUTES (experiment=smollm2_budget):
+#                                               extract.py's part (regeneration by vLLM, capture)
+#   bash scripts/gpu_vllm_run.sh budget_train   train.py's part (what the extraction left; its check in CUDA vLLM);
+#                                               the two parts in two calls when together they pass the 10-minute cap
+#   bash scripts/gpu_vllm_run.sh budget_peer    speculators 0.9 trained on the same data for the minutes our training
+#                                               had, then both heads measured by evaluate.py on the same prompts
 # Several stages may share one call: bash scripts/gpu_vllm_run.sh train serving
 # Results (JSON, figures, logs' tails) go to $OUT; nothing else comes back.
 set -euo pipefail
@@ -35,6 +41,9 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 # the smollm2_full recipe on the first N conversations with their own answers
 COMMON=(experiment=smollm2_full data=jsonl data.path=/tmp/sharegpt.jsonl data.max_samples="$N"
         data.regenerate=false paths.cache_dir=/tmp/cache logger=none)
+# the time-budget pipeline; BUDGET_SAMPLES caps the conversations (the chat file's count)
+BUDGET=(experiment=smollm2_budget data=jsonl data.path=/tmp/sharegpt.jsonl data.max_samples="${BUDGET_SAMPLES:-null}"
+        time_budget.minutes="${BUDGET_MINUTES:-20}" paths.cache_dir=/tmp/cache paths.data_dir=/tmp/data_budget logger=none)
 quiet() { grep -vE "Loading weights|it/s\]|s/it\]" | tr '\r' '\n' | grep -vE "it/s\]$|^\s*$" || true; }
 smollm2_dir() { ls -d /tmp/cache/targets/smollm2_135m-bf16-* 2>/dev/null | head -1; }
 
@@ -129,11 +138,47 @@ stage_ranking() {
   tail -3 /tmp/ranking/head*.train.log 2>/dev/null | tail -12 || true
 }
 
+stage_budget_extract() {
+  ensure_gguf
+  (time python3 extract.py "${BUDGET[@]}") 2>&1 | quiet | grep -vE "^\s*(│|┃|┏|┗|└|┌|├)" | tail -25 | tee "$OUTD/budget_extract.log"
+  grep -ho '"extract_seconds": [0-9.]*' /tmp/data_budget/*/manifest.json || true
+}
+
+stage_budget_train() {
+  rm -rf /tmp/brun
+  (time python3 train.py "${BUDGET[@]}" hydra.run.dir=/tmp/brun) 2>&1 | quiet | grep -vE "^\s*(│|┃|┏|┗|└|┌|├)" \
+    | tail -30 | tee "$OUTD/budget_train.log"
+  cp /tmp/brun/summary.json "$OUTD/budget_summary.json"
+  cp /tmp/brun/export/acceptance.json "$OUTD/budget_acceptance.json" 2>/dev/null || true
+  cp /tmp/brun/export/acceptance.png "$OUTD/budget_acceptance.png" 2>/dev/null || true
+}
+
+stage_budget_peer() {
+  # the peer gets the minutes our training had (summary.json: time_budget.fit_s) on the same dataset
+  local ds model minutes
+  ds=$(python3 -c 'import json; print(json.load(open("/tmp/brun/summary.json"))["dataset_dir"])')
+  model=$(smollm2_dir)
+  minutes=$(python3 -c 'import json; print(round(json.load(open("/tmp/brun/summary.json"))["time_budget"]["fit_s"] / 60, 2))')
+  [ -d $PKG/spec ] || python3 -m pip install -q --no-index --no-deps --target $PKG/spec .whl/*.whl
+  echo "peer: $minutes min on $ds"
+  PYTHONPATH=$PKG/spec:$PYTHONPATH timeout 480 python3 bench/peer_quality.py train-peer --dataset-dir "$ds" \
+    --cache-dir /tmp/cache --minutes "$minutes" --out /tmp/run-peer > "$OUTD/peer_train.log" 2>&1 || true
+  tail -8 "$OUTD/peer_train.log"
+  cp /tmp/run-peer/peer_train.json "$OUTD/" 2>/dev/null || true
+  # both heads by the same evaluate.py run settings: the validation split's opening turns + HumanEval
+  for run in brun run-peer; do
+    python3 evaluate.py export_dir=/tmp/$run/export dataset_dir="$ds" verifier="$model" out_dir=/tmp/eval-$run \
+      eval.max_prompts=32 eval.humaneval_prompts=16 eval.max_new_tokens=128 engine.enforce_eager=true baseline=false \
+      2>&1 | quiet | tail -4
+    cp /tmp/eval-$run/acceptance.json "$OUTD/eval_$run.json" 2>/dev/null || true
+  done
+}
+
 [ "$#" -gt 0 ] || { echo "usage: gpu_vllm_run.sh carry K | capture | dataset | train | ranking | serving | regen | tests ..." >&2; exit 2; }
 while [ "$#" -gt 0 ]; do
   case "$1" in
     carry) stage_carry "$2"; shift 2 ;;
-    capture|dataset|train|ranking|serving|regen|tests) echo "=== $1"; "stage_$1"; shift ;;
+    capture|dataset|train|ranking|serving|regen|tests|budget_extract|budget_train|budget_peer) echo "=== $1"; "stage_$1"; shift ;;
     *) echo "unknown stage $1" >&2; exit 2 ;;
   esac
 done

@@ -378,6 +378,20 @@ class EvalConfig:
     # head train-side on the served prompts: costly; for investigating train/serve mismatches.
     # Off: vLLM's measured acceptance and a count of greedy mismatches only.
     diagnostics: bool = False
+    # train.py's check: vLLM's engines eager (true) or as the engine decides (null: compiled and
+    # graph-captured on GPU; evaluate.py sets engine.enforce_eager). Acceptance does not depend on it; an eager engine starts in a
+    # fraction of the time, so a time budget's check runs eager (experiment=smollm2_budget)
+    enforce_eager: Optional[bool] = None
+
+
+@dataclass
+class TimeBudgetConfig:
+    """One wall-clock budget for the whole pipeline (eagle3/stages/time_budget.py): extract.py
+    sizes the data so regeneration, capture and training at ``passes`` fit ``minutes``, and
+    train.py trains for what the extraction (recorded in the dataset) and the evaluation leave."""
+
+    minutes: Optional[float] = None  # null: no budget (the run sizes alone decide)
+    passes: float = 2.0  # training passes over the data the plan aims at (the split's one knob)
 
 
 @dataclass
@@ -398,6 +412,7 @@ class RunConfig:
     export: ExportConfig = field(default_factory=ExportConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     callbacks: CallbacksConfig = field(default_factory=CallbacksConfig)
+    time_budget: TimeBudgetConfig = field(default_factory=TimeBudgetConfig)
     seed: int = 0
     # train.py: null | last | a checkpoint path
     ckpt_path: Optional[str] = None

@@ -13,6 +13,7 @@ from eagle3.extraction.identity import DatasetRecipe, provenance, token_dataset_
 from eagle3.extraction.samples import RegenMachine, prepare, regenerator_for
 from eagle3.store import Manifest, format_bytes, write_token_dataset
 from eagle3.store.layout import LOCK
+from eagle3.util.clock import process_seconds
 from eagle3.util.hidden_dtypes import torch_dtype
 from eagle3.util.locks import DirLock
 
@@ -61,7 +62,8 @@ def _write(
         dtype=torch_dtype(recipe.capture_dtype),
         token_freq=freq,
         vocabs={size: build_draft_vocab(freq, size)},
-        provenance=provenance(recipe, engine),
+        # its wall time: what a time budget counts (eagle3/util/clock.py)
+        provenance={**provenance(recipe, engine), "extract_seconds": round(process_seconds(), 1)},
         lock=lock,
     )
     stored = (

@@ -75,6 +75,12 @@ class Rate:
     bf16_speedup: float = 1.0
     train_amx_tok_s: float | None = None  # train tok/s in bf16 autocast on AMX tiles (CPU)
     train_fp32_tok_s: float | None = None  # train tok/s in fp32 where measured (else / bf16_speedup)
+    # what a time budget (eagle3/stages/time_budget.py) sets aside besides the work itself, seconds:
+    start_s: float = 30.0  # one stage's start: imports, tokenizer, the target loaded
+    regen_start_s: float = 0.0  # the regeneration engine's start, where regen_tok_s leaves it out
+    regen_hf_tok_s: float | None = None  # regeneration by transformers where vLLM is absent
+    regen_hf_start_s: float = 0.0
+    eval_s: float = 180.0  # train.py's vLLM check at the budget's evaluation sizes
 
     def capture_rate(self, params: float, parallel: int, forward: str = "native") -> float:
         """``forward``: how the target runs (``cpu_forward()``): native, amx or fp32."""
@@ -118,6 +124,8 @@ RATES = (
         train_amx_tok_s=1_761,
         train_fp32_tok_s=1_092,
         regen_tok_s=166,
+        start_s=25.0,
+        eval_s=180.0,  # "evaluation ~3 min" in both make demo rows of docs/results.md section 1
         measured="make demo on this project's 2-core CPU with nothing else running (docs/results.md, "
         "section 1): capture 906 tok/s (AMX: 2,369; fp32 forward: 867), training 1,325 tok/s in bf16 "
         "(AMX: 1,761; fp32: 1,092); regeneration (vLLM, "
@@ -131,9 +139,17 @@ RATES = (
         capture_tok_s=98_982,
         train_tok_s=79_400,
         train_flops=head_flops(576, 1536, 32000, 5),
-        regen_tok_s=22_000,
-        measured="experiment=smollm2_full on one H200 (docs/results.md section 9: capture 98,982 tok/s, "
-        "training ~79,400 tok/s at ttt 5 and 8,192-token rows, fast-decode regeneration ~22k tok/s)",
+        # CUDA vLLM 0.26.0, 1,024 ShareGPT first turns, <= 256 new tokens: 28,523 new tok/s after a
+        # 69 s engine start; fast decode 13,793 after 6 s at that batch, ~22k at 2,048 (section 7)
+        regen_tok_s=28_523,
+        regen_start_s=69.0,
+        regen_hf_tok_s=22_000,
+        regen_hf_start_s=6.0,
+        start_s=45.0,
+        eval_s=150.0,
+        measured="experiment=smollm2_full on one H200 (docs/results.md sections 7 and 9: capture 98,982 tok/s, "
+        "training ~79,400 tok/s at ttt 5 and 8,192-token rows, regeneration by CUDA vLLM 28,523 new tok/s, "
+        "by fast decode ~22k)",
     ),
     Rate(
         "gpu",
@@ -167,7 +183,8 @@ def _cfg_params(cfg: RunConfig) -> float:
     )
 
 
-def _rate(cfg: RunConfig) -> tuple[Rate | None, str]:
+def rate_of(cfg: RunConfig) -> tuple[Rate | None, str]:
+    """The measured rate this config's times come from, and a line saying which."""
     rate = rate_for(cfg.topology.accelerator, _cfg_params(cfg))
     if rate is None:
         return None, f"  (no rate measured on accelerator={cfg.topology.accelerator}: eagle3/stages/cost.py RATES)"
@@ -198,7 +215,7 @@ def cpu_amx(cfg: RunConfig) -> bool:
 def capture_tok_s(cfg: RunConfig) -> float | None:
     """Capture tokens/s of this config: data-parallel replicas and extraction shards (nodes)
     add up; tensor parallelism gets no credit (it mostly makes a large target fit)."""
-    rate, _ = _rate(cfg)
+    rate, _ = rate_of(cfg)
     if rate is None:
         return None
     return rate.capture_rate(_cfg_params(cfg), cfg.topology.extract_dp * max(1, cfg.num_shards), cpu_forward(cfg))
@@ -216,7 +233,7 @@ def extract_lines(cfg: RunConfig) -> list[str]:
 
     data, ids = cfg.data, [int(i) for i in cfg.layers.capture_ids]
     length = data.max_length
-    rate, basis = _rate(cfg)
+    rate, basis = rate_of(cfg)
     tok_s = capture_tok_s(cfg)
     at = f" at ~{tok_s:,.0f} tok/s" if tok_s else ""
     forward = cpu_forward(cfg)
@@ -250,33 +267,57 @@ def extract_lines(cfg: RunConfig) -> list[str]:
 
 def train_lines(cfg: RunConfig, train_tokens: int | None = None, train_batches: int | None = None) -> list[str]:
     """Steps x tokens per step, the passes over the data, and the time at the measured rate.
-    ``train_tokens``/``train_batches``: the training split and its packed batches, when known."""
+    ``train_tokens``/``train_batches``: the training split and its packed batches, when known.
+    Under train.max_time the steps are those the clock allows at that rate, where fewer."""
     t, topo = cfg.train, cfg.topology
     world = topo.devices * topo.num_nodes
     per_rank = t.max_tokens_per_batch * t.accumulate_grad_batches
-    steps = t.max_steps
-    ranks = f" ({per_rank:,} x {world} ranks)" if world > 1 else ""
-    line = f"train: {steps:,} steps x <= {per_rank * world:,} tokens{ranks} = <= {steps * per_rank * world:,} tokens"
     fill: float = per_rank  # tokens a rank trains on per step
     if train_tokens and train_batches:
         fill = min(per_rank, train_tokens / train_batches * t.accumulate_grad_batches)
+    rate, basis = rate_of(cfg)
+    tok_s = train_tok_s(cfg) / world if rate is not None else None
+    steps, by_clock = t.max_steps, False
+    if tok_s and t.max_time and max_time_seconds(t.max_time) * tok_s / fill < steps:
+        steps, by_clock = max(1, int(max_time_seconds(t.max_time) * tok_s / fill)), True
+    ranks = f" ({per_rank:,} x {world} ranks)" if world > 1 else ""
+    approx = "~" if by_clock else ""
+    line = (
+        f"train: {approx}{steps:,} steps x <= {per_rank * world:,} tokens{ranks} = <= {approx}"
+        f"{steps * per_rank * world:,} tokens"
+    )
+    if train_tokens and train_batches:
         total = steps * fill * world
         line += (
             f" (batches hold ~{fill:,.0f} per rank: ~{total:,.0f} tokens, "
             f"~{total / train_tokens:.1f} passes over {train_tokens:,} train tokens)"
         )
-    rate, basis = _rate(cfg)
-    if rate is not None:
-        m = cfg.model
-        flops = head_flops(
-            m.hidden_size,
-            t.intermediate_size or m.intermediate_size,
-            min(t.draft_vocab_size, m.vocab_size),
-            t.ttt_steps,
-            t.num_draft_layers,
-        )
-        tok_s = rate.train_rate(flops, str(cfg.topology.precision), amx=cpu_amx(cfg))
+    if tok_s:
         line += f"; ~{minutes(steps * fill / tok_s)} at ~{tok_s * world:,.0f} tok/s"
-    if t.max_time:
+    if by_clock:
+        line += f": the steps train.max_time={t.max_time} allows (the clock ends the run)"
+    elif t.max_time:
         line += f", capped at train.max_time={t.max_time}"
     return [line, basis]
+
+
+def max_time_seconds(max_time: str) -> float:
+    """Lightning's "DD:HH:MM:SS" in seconds."""
+    days, hours, mins, secs = (float(x) for x in max_time.split(":"))
+    return ((days * 24 + hours) * 60 + mins) * 60 + secs
+
+
+def train_tok_s(cfg: RunConfig) -> float:
+    """Training tokens/s of this config over all its ranks (1.0 without a measured rate)."""
+    rate, _ = rate_of(cfg)
+    if rate is None:
+        return 1.0
+    m, t, topo = cfg.model, cfg.train, cfg.topology
+    flops = head_flops(
+        m.hidden_size,
+        t.intermediate_size or m.intermediate_size,
+        min(t.draft_vocab_size, m.vocab_size),
+        t.ttt_steps,
+        t.num_draft_layers,
+    )
+    return rate.train_rate(flops, str(topo.precision), amx=cpu_amx(cfg)) * topo.devices * topo.num_nodes

@@ -38,6 +38,7 @@ def evaluate_trained(cfg: RunConfig, export_dir: Path, ds_dir: Path, model_dir: 
             verifier=model_dir,
             chat_template=cfg.model.chat_template,
             engine=EngineOptions(
+                enforce_eager=cfg.eval.enforce_eager,
                 tensor_parallel_size=cfg.topology.extract_tp,
                 gpu_memory_utilization=cfg.capture.gpu_memory_utilization,
                 cpu_kvcache_space_gb=cfg.capture.cpu_kvcache_space_gb,

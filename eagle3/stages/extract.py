@@ -29,6 +29,7 @@ from eagle3.extraction.identity import (
     regen_note,
 )
 from eagle3.extraction.samples import prepare, regenerator_for
+from eagle3.stages import time_budget
 from eagle3.stages.cost import capture_seconds, extract_lines
 from eagle3.stages.recipes import dataset_recipe, regen_machine
 from eagle3.stages.validate import torch_dtype, validate_run_config
@@ -39,6 +40,7 @@ from eagle3.store.merge import merge_parts, owner_shard, part_dir
 from eagle3.store.reader import damaged_shards
 from eagle3.target.backend import CaptureBackend, make_backend
 from eagle3.target.resolve import resolve_target
+from eagle3.util.clock import process_seconds
 from eagle3.util.faults import fault
 from eagle3.util.launch import extraction_shard
 from eagle3.util.locks import DirLock
@@ -65,7 +67,10 @@ def run(composed: DictConfig) -> str:
     """``composed``: the config as composed; validated, then converted once to the RunConfig
     that everything below takes."""
     validate_run_config(composed)
-    cfg = run_config(composed)
+    # time_budget.minutes: the data sized to the budget's plan (train.py makes the same)
+    cfg, split = time_budget.sized(run_config(composed))
+    if split is not None:
+        report(split.lines())
     model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
     recipe = dataset_recipe(cfg, model_dir)
     if cfg.train.hidden_states == HiddenStates.online:
@@ -190,7 +195,10 @@ def _extract(
                     backend.close()
             freq = token_frequencies(samples, cfg.model.vocab_size)
             size = min(cfg.train.draft_vocab_size, cfg.model.vocab_size)
-            manifest = writer.finish(freq, {size: build_draft_vocab(freq, size)}, val_ids=val_ids)
+            # this run's wall time, added to an earlier run's (a repair): what a time budget counts
+            seconds = float(writer.manifest.provenance.get("extract_seconds", 0.0)) + process_seconds()
+            vocabs = {size: build_draft_vocab(freq, size)}
+            manifest = writer.finish(freq, vocabs, val_ids=val_ids, provenance={"extract_seconds": round(seconds, 1)})
         except DiskSpaceError as e:  # the disk filled up during the run (another job, a bad estimate)
             raise DiskSpaceError(_disk_full_message(e, cfg, ds_dir, todo, writer, capture_ids, dtype)) from e
     finally:

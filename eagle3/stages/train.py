@@ -17,6 +17,7 @@ from eagle3.config.schema import HiddenStates, RunConfig, Strategy, TrainerConfi
 from eagle3.draft.replay import MEASURED_AGAINST_VLLM
 from eagle3.draft.serving_format import DraftMeta
 from eagle3.extraction.identity import DatasetNotFound, dataset_path, locate_dataset, regen_note
+from eagle3.stages import time_budget
 from eagle3.stages.cost import train_lines
 from eagle3.stages.recipes import dataset_recipe, regen_machine
 from eagle3.stages.validate import torch_dtype, validate_run_config
@@ -63,7 +64,8 @@ def run(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> float:
     output_dir = Path(cfg.paths.output_dir)
     with run_dir_lock(output_dir):
         validate_run_config(cfg)
-        run_cfg = run_config(cfg)
+        # time_budget.minutes: extract.py's plan names the dataset (data.max_samples)
+        run_cfg, _ = time_budget.sized(run_config(cfg))
         try:
             return _run(run_cfg, output_dir, extra_callbacks)
         except DamagedDatasetError as e:
@@ -97,9 +99,12 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
     model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
     online = cfg.train.hidden_states == HiddenStates.online
     ds_dir = find_token_dataset(cfg, model_dir) if online else find_dataset(cfg, model_dir)
+    clock = time_budget.train_clock(cfg, Manifest.read(ds_dir).provenance.get("extract_seconds"))
+    if clock is not None:  # training gets what the extraction and the end of this run leave
+        cfg = time_budget.timed_train(cfg, clock)
     path = resolve_step_path(cfg.train, cfg.topology)
     if global_rank() == 0:
-        report([path.line()])
+        report([path.line()] + ([clock.line()] if clock else []))
     cfg = _as_run(cfg, path)  # auto/null replaced by what runs: what every record below says
     parts = _build(cfg, path, output_dir, model_dir, ds_dir, extra_callbacks)
     _report_cost(cfg, parts)
@@ -107,6 +112,9 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
     if parts.trainer.is_global_zero:
         summary = _summary(cfg, parts, ds_dir, model_dir, initial, final)
         export_dir = _export_and_evaluate(cfg, parts, output_dir, ds_dir, model_dir, summary)
+        if clock is not None:
+            summary["time_budget"] = clock.outcome()
+            report([time_budget.outcome_line(summary["time_budget"])])
         _write_summary(output_dir, export_dir, parts.draft_meta, summary)
     _finish_logger(parts, initial)
     return final.get(cfg.optimized_metric, float("nan"))

@@ -377,9 +377,11 @@ class ShardWriter(BackgroundWrites):
         token_freq: torch.Tensor,
         vocabs: Mapping[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
         val_ids: Sequence[str] | None = None,
+        provenance: Mapping[str, Any] | None = None,
     ) -> Manifest:
         """Flush, write token frequencies and draft vocabularies, record which samples are
-        validation (``val_ids``, all in the dataset), mark complete, unlock."""
+        validation (``val_ids``, all in the dataset) and what ``provenance`` adds (a figure known
+        only at the end: the run's seconds), mark complete, unlock."""
         if self._lock is None:
             raise StoreError(f"{self.directory}: writer is closed")
         self.flush()
@@ -398,6 +400,7 @@ class ShardWriter(BackgroundWrites):
             if unknown:
                 raise StoreError(f"{self.directory}: val_ids not in the dataset: {unknown[:5]} ({len(unknown)} in all)")
             m.val_ids = sorted(str(v) for v in val_ids)
+        m.provenance.update(canonical(dict(provenance or {}), "provenance"))
         small = 8 * int(token_freq.numel()) + sum(9 * int(t2d.numel()) for _, t2d in (vocabs or {}).values())
         with disk_full_as_error(self.directory, small + len(m.to_json())):  # the last, small files
             save_token_freq(self.directory / TOKEN_FREQ, token_freq)

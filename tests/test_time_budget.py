@@ -1,0 +1,144 @@
+"""One wall-clock budget for the whole pipeline (time_budget.minutes): extract.py sizes the data
+from the measured rates, train.py trains for what the extraction left, and the two commands
+together end inside the minutes with the head exported."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, compose
+
+from eagle3.config.schema import run_config
+from eagle3.extraction.identity import dataset_path
+from eagle3.stages import time_budget
+from eagle3.stages.recipes import dataset_recipe
+from eagle3.store import Manifest
+
+
+@pytest.fixture(autouse=True)
+def cpu_with_native_bf16_without_amx(monkeypatch):
+    """The plan does not depend on the machine the suite runs on (its rates do)."""
+    from eagle3.target import compute_dtype as cd
+
+    monkeypatch.setattr(cd, "cpu_flags", lambda: frozenset({"avx2", "avx512f", "avx512_bf16"}))
+    monkeypatch.setattr(cd, "onednn_allows_bf16", lambda: True)
+
+
+def _plan(*overrides: str, config: str = "train") -> time_budget.Split:
+    split = time_budget.plan(run_config(compose(config, ["experiment=demo_cpu", *overrides])))
+    assert split is not None
+    return split
+
+
+def test_no_budget_no_plan_and_the_config_is_untouched():
+    cfg = run_config(compose("train", ["experiment=demo_cpu"]))
+    assert time_budget.plan(cfg) is None
+    assert time_budget.sized(cfg) == (cfg, None)
+    assert time_budget.train_clock(cfg, 100.0) is None
+
+
+def test_the_split_spends_the_minutes_and_grows_the_data_with_them():
+    small = _plan("time_budget.minutes=20", "data.max_samples=null")
+    large = _plan("time_budget.minutes=40", "data.max_samples=null")
+    for s in (small, large):
+        parts = s.fixed_s + s.regen_s + s.capture_s + s.train_s
+        assert parts == pytest.approx(s.total_s)
+        assert s.passes == pytest.approx(2.0, rel=0.01)  # the schema's time_budget.passes: the data fits it
+        assert s.capped_by is None and s.samples == s.conversations
+    assert large.conversations > 2 * small.conversations  # the fixed costs are paid once
+    # more passes per sample: fewer samples in the same minutes, more of them training
+    deeper = _plan("time_budget.minutes=20", "data.max_samples=null", "time_budget.passes=4")
+    assert deeper.conversations < small.conversations and deeper.train_s > small.train_s
+    assert "20.0 min in all" in small.lines()[0] and f"{small.conversations:,} conversations" in small.lines()[0]
+
+
+def test_the_data_presets_cap_binds_and_the_spare_minutes_go_to_training():
+    free = _plan("time_budget.minutes=20", "data.max_samples=null")
+    capped = _plan("time_budget.minutes=20", "data.max_samples=300")
+    assert capped.conversations == 300 < free.conversations
+    assert capped.capped_by == "data.max_samples=300" and "the data's cap" in capped.lines()[0]
+    assert capped.train_s > free.train_s and capped.passes > free.passes
+
+
+def test_regeneration_and_several_answers_are_paid_for():
+    own = _plan("time_budget.minutes=30", "data.max_samples=null")
+    regen = _plan("time_budget.minutes=30", "data.max_samples=null", "data.regenerate=true", "data.regen_max_turns=1")
+    assert own.regen_s == 0 and regen.regen_s > 0
+    assert "regeneration ~" in regen.lines()[0] and "regeneration" not in own.lines()[0]
+    two = _plan(
+        "time_budget.minutes=30",
+        "data.max_samples=null",
+        "data.regenerate=true",
+        "data.regen_max_turns=1",
+        "data.regen_num_answers=2",
+        "data.regen_temperature=0.7",
+    )
+    assert two.samples == 2 * two.conversations  # each answer a sample of its own
+    assert two.conversations < regen.conversations
+
+
+def test_a_budget_below_the_fixed_costs_is_refused_naming_them():
+    with pytest.raises(ValueError, match=r"time_budget.minutes=1.*fixed costs"):
+        _plan("time_budget.minutes=1")
+    with pytest.raises(ValueError, match="passes > 0"):
+        _plan("time_budget.minutes=20", "time_budget.passes=0")
+
+
+def test_both_stages_size_the_same_dataset(smollm2_dir):
+    """extract.py writes and train.py looks for the directory the plan names."""
+    names = []
+    for stage in ("extract", "train"):
+        cfg, split = time_budget.sized(
+            run_config(compose(stage, ["experiment=demo_cpu", "time_budget.minutes=20", "data.max_samples=null"]))
+        )
+        assert split is not None and cfg.data.max_samples == split.conversations
+        names.append(dataset_path(dataset_recipe(cfg, str(smollm2_dir))).name)
+    assert names[0] == names[1]
+    plain = run_config(compose("train", ["experiment=demo_cpu"]))
+    assert dataset_path(dataset_recipe(plain, str(smollm2_dir))).name != names[0]
+
+
+def test_training_gets_what_the_extraction_and_the_end_leave():
+    cfg = run_config(compose("train", ["experiment=demo_cpu", "time_budget.minutes=20"]))
+    clock = time_budget.train_clock(cfg, extract_s=400.0)
+    assert clock is not None
+    assert clock.fit_s == pytest.approx(1200 - 400 - clock.started_s - clock.reserve_s)
+    assert clock.reserve_s >= 180  # the vLLM check at the end (eval.enabled)
+    timed = time_budget.timed_train(cfg, clock)
+    secs = int(clock.fit_s)
+    assert timed.train.max_time == f"00:00:{secs // 60:02d}:{secs % 60:02d}"
+    assert timed.train.max_steps > cfg.train.max_steps  # the clock, not the step count, ends it
+    no_eval = run_config(compose("train", ["experiment=demo_cpu", "time_budget.minutes=20", "eval.enabled=false"]))
+    assert time_budget.train_clock(no_eval, 400.0).fit_s > clock.fit_s  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="nothing left to train"):
+        time_budget.train_clock(cfg, extract_s=1190.0)
+
+
+def test_the_pipeline_ends_inside_its_minutes(tmp_path):
+    """extract.py then train.py under one 90-second budget (tiny target, real ShareGPT samples):
+    the extraction records its seconds, training runs past the preset's step count until the
+    clock, and summary.json says the two together stayed inside."""
+    common = ["experiment=tiny_test", "time_budget.minutes=1.5", f"paths.data_dir={tmp_path / 'data'}"]
+    subprocess.run([sys.executable, "extract.py", *common], cwd=ROOT, check=True, capture_output=True)
+    (ds_dir,) = [p for p in (tmp_path / "data").iterdir() if p.is_dir()]
+    extract_s = Manifest.read(ds_dir).provenance["extract_seconds"]
+    assert 0 < extract_s < 90
+    run = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "train.py", *common, f"hydra.run.dir={run}"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    summary = json.loads((run / "summary.json").read_text())
+    outcome = summary["time_budget"]
+    assert outcome["inside"] is True and outcome["total_s"] <= 90
+    assert outcome["extract_s"] == pytest.approx(extract_s, abs=0.1)
+    assert summary["global_step"] > 6  # tiny_test's train.max_steps: the clock ends this run
+    assert Path(summary["export_dir"], "model.safetensors").is_file()
+    assert "training gets" in proc.stderr + proc.stdout and "(inside)" in proc.stderr + proc.stdout
