@@ -99,8 +99,9 @@ def test_the_topology_picks_the_sizes_and_presets_and_keys_win(entry):
     )
     assert full.train.norm_before_fc and full.train.norm_output and full.train.ttt_steps == 3
     assert compose(entry, ["debug=fast"]).train.max_steps == 10
-    demo = compose(entry, ["experiment=demo_cpu"])  # the CPU default, pinned
-    assert _sizes(demo) == CPU_SIZES and not demo.data.regenerate and demo.tags == ["demo_cpu"]
+    demo = compose(entry, ["experiment=demo_cpu"])  # the CPU default, pinned: its samples sized by 20 minutes
+    assert _sizes(demo) == {**CPU_SIZES, "data.max_samples": None} and demo.time_budget.minutes == 20
+    assert not demo.data.regenerate and demo.tags == ["demo_cpu"]
     assert (
         compose(entry, ["data=jsonl", "data.path=x.jsonl", "topology=gpu1"]).data.max_samples is None
     )  # all of a file
