@@ -3,12 +3,13 @@ vLLM against transformers' fast decode (eagle3.target.generate), the engines ext
 picks between with data.regen_backend.
 
     python bench/regen_throughput.py --model-dir DIR --chat sharegpt.jsonl --n 2048 \
-        --max-tokens 256 [--engines vllm hf] [--hf-batch 2048] --out regen.json
+        --max-tokens 256 [--engines vllm hf] [--hf-batch 2048] [--num-answers 2 --temperature 0.7] --out regen.json
 
 Each engine answers the first user turn of the same --n conversations greedily, from an
 empty cache of its own (nothing is read back from an earlier run), and the answers of the
 later engines are compared with the first one's (exact text: greedy decoding differs only
-where bf16 kernels break a near-tie).
+where bf16 kernels break a near-tie). With --num-answers n (sampled, --temperature > 0) each
+conversation is answered n times (data.regen_num_answers): answers/s counts every answer.
 """
 
 from __future__ import annotations
@@ -34,11 +35,19 @@ def main() -> None:
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--engines", nargs="+", default=["vllm", "hf"])
     ap.add_argument("--hf-batch", type=int, default=2048, help="fast decode's batch (data.regen_batch_size)")
+    ap.add_argument("--num-answers", type=int, default=1, help="answers per conversation (data.regen_num_answers)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="data.regen_temperature (> 0 for several answers)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
     convs = load_conversations("jsonl", args.chat, limit=args.n + WARMUP).conversations
-    results: dict = {"n": len(convs) - WARMUP, "max_tokens": args.max_tokens, "engines": {}}
+    results: dict = {
+        "n": len(convs) - WARMUP,
+        "max_tokens": args.max_tokens,
+        "num_answers": args.num_answers,
+        "temperature": args.temperature,
+        "engines": {},
+    }
     first_answers: list[str] | None = None
     for engine in args.engines:
         with tempfile.TemporaryDirectory() as cache:
@@ -46,7 +55,8 @@ def main() -> None:
                 engine,
                 args.model_dir,
                 cache,
-                temperature=0.0,
+                temperature=args.temperature,
+                num_answers=args.num_answers,
                 max_tokens=args.max_tokens,
                 seed=0,
                 max_model_len=args.max_model_len,
@@ -70,7 +80,7 @@ def main() -> None:
         row = {
             "startup_seconds": startup,
             "seconds": seconds,
-            "answers_per_s": (len(convs) - WARMUP) / seconds,
+            "answers_per_s": (len(convs) - WARMUP) * args.num_answers / seconds,
             "new_tokens": new_tokens,
             "new_tokens_per_s": new_tokens / seconds,
         }

@@ -112,7 +112,8 @@ stage_serving() {
 stage_regen() {
   local model; model=$(smollm2_dir)
   python3 bench/regen_throughput.py --model-dir "$model" --chat /tmp/sharegpt.jsonl --n ${REGEN_N:-2048} \
-    --max-tokens 256 --engines vllm hf --hf-batch 2048 --out "$OUTD/regen.json" 2>&1 | quiet | tail -20
+    --max-tokens 256 --engines ${REGEN_ENGINES:-vllm hf} --hf-batch 2048 --num-answers ${REGEN_ANSWERS:-1} \
+    --temperature ${REGEN_TEMPERATURE:-0} --out "$OUTD/regen.json" 2>&1 | quiet | tail -20
 }
 
 stage_tests() {
