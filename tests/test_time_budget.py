@@ -129,7 +129,8 @@ def test_the_pipeline_ends_inside_its_minutes(tmp_path):
     assert 0 < extract_s < 90
     run = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "train.py", *common, f"hydra.run.dir={run}"],
+        # validations 100 steps apart: the ETA times 10 steps between two of them
+        [sys.executable, "train.py", *common, f"hydra.run.dir={run}", "train.val_check_interval=100"],
         cwd=ROOT,
         check=True,
         capture_output=True,
@@ -141,7 +142,9 @@ def test_the_pipeline_ends_inside_its_minutes(tmp_path):
     assert outcome["extract_s"] == pytest.approx(extract_s, abs=0.1)
     assert summary["global_step"] > 6  # tiny_test's train.max_steps: the clock ends this run
     assert Path(summary["export_dir"], "model.safetensors").is_file()
-    assert "training gets" in proc.stderr + proc.stdout and "(inside)" in proc.stderr + proc.stdout
+    out = proc.stderr + proc.stdout
+    assert "training gets" in out and "(inside)" in out
+    assert "train.max_time leaves" in out  # the ETA counts down the clock, not max_steps
 
 
 def test_make_demo_is_sized_by_twenty_minutes_of_the_cpu_it_runs_on(monkeypatch):

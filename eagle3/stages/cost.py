@@ -125,7 +125,9 @@ RATES = (
         train_fp32_tok_s=1_092,
         regen_tok_s=166,
         start_s=25.0,
-        eval_s=180.0,  # "evaluation ~3 min" in both make demo rows of docs/results.md section 1
+        # the vLLM check, both engines: ~3 min on a quiet host (docs/results.md section 1), 3.75 min
+        # (130 s + 95 s) in make demo on a CPU without native bf16 (section 12)
+        eval_s=240.0,
         measured="make demo on this project's 2-core CPU with nothing else running (docs/results.md, "
         "section 1): capture 906 tok/s (AMX: 2,369; fp32 forward: 867), training 1,325 tok/s in bf16 "
         "(AMX: 1,761; fp32: 1,092); regeneration (vLLM, "
@@ -139,17 +141,19 @@ RATES = (
         capture_tok_s=98_982,
         train_tok_s=79_400,
         train_flops=head_flops(576, 1536, 32000, 5),
-        # CUDA vLLM 0.26.0, 1,024 ShareGPT first turns, <= 256 new tokens: 28,523 new tok/s after a
-        # 69 s engine start; fast decode 13,793 after 6 s at that batch, ~22k at 2,048 (section 7)
-        regen_tok_s=28_523,
-        regen_start_s=69.0,
+        # CUDA vLLM 0.26.0 inside extract.py (experiment=smollm2_budget: two user turns of 11,391
+        # conversations, 3,731,486 new tokens in ~300 s after the engine start, section 12). One
+        # turn of 1,024 first turns alone runs at 28,523 new tok/s; the second turn waits for
+        # the first and its prompts are longer (section 7). Engine start: 69-91 s
+        regen_tok_s=12_000,
+        regen_start_s=90.0,
         regen_hf_tok_s=22_000,
         regen_hf_start_s=6.0,
         start_s=45.0,
-        eval_s=150.0,
+        eval_s=180.0,  # both eager engines of train.py's check: 109 s + 62 s (section 12)
         measured="experiment=smollm2_full on one H200 (docs/results.md sections 7 and 9: capture 98,982 tok/s, "
-        "training ~79,400 tok/s at ttt 5 and 8,192-token rows, regeneration by CUDA vLLM 28,523 new tok/s, "
-        "by fast decode ~22k)",
+        "training ~79,400 tok/s at ttt 5 and 8,192-token rows; section 12: regeneration of two turns by "
+        "CUDA vLLM ~12k new tok/s inside extract.py; fast decode ~22k on first turns, section 7)",
     ),
     Rate(
         "gpu",

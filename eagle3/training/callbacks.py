@@ -154,10 +154,12 @@ class TrainEta(L.Callback):
         elif self._start is not None and step - self._start[0] >= self.timed:
             per = (time.perf_counter() - self._start[1]) / (step - self._start[0])
             left = max(0, self.max_steps - step)
-            self.line = (
-                f"train: steps {self._start[0]}-{step} took {per:.2f} s each here: "
-                f"~{minutes(left * per)} left for {left:,} steps (validation not included)"
-            )
+            self.line = f"train: steps {self._start[0]}-{step} took {per:.2f} s each here: "
+            clock = _time_remaining(trainer)
+            if clock is not None and clock < left * per:  # train.max_time ends the run first
+                self.line += f"train.max_time leaves {minutes(clock)}: ~{int(clock / per):,} more steps"
+            else:
+                self.line += f"~{minutes(left * per)} left for {left:,} steps (validation not included)"
             if trainer.is_global_zero:
                 report([self.line])
 
@@ -165,6 +167,15 @@ class TrainEta(L.Callback):
         if self._start is not None and self.line is None:
             self._start = None  # a validation inside the window would count as step time: start again
             self._seen = self.skip - 1
+
+
+def _time_remaining(trainer) -> float | None:
+    """Seconds train.max_time still allows (Lightning's Timer), or None without one."""
+    from lightning.pytorch.callbacks import Timer
+
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    remaining = timer.time_remaining("train") if timer is not None else None
+    return float(remaining) if remaining is not None else None
 
 
 def build_callbacks(
