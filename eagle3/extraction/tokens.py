@@ -13,17 +13,21 @@ from eagle3.extraction.identity import DatasetRecipe, provenance, token_dataset_
 from eagle3.extraction.samples import RegenMachine, prepare, regenerator_for
 from eagle3.store import Manifest, format_bytes, write_token_dataset
 from eagle3.store.layout import LOCK
-from eagle3.util.clock import process_seconds
+from eagle3.util.clock import StageClock
 from eagle3.util.hidden_dtypes import torch_dtype
 from eagle3.util.locks import DirLock
 
 console = Console(stderr=True)
 
 
-def prepare_token_dataset(recipe: DatasetRecipe, machine: RegenMachine, draft_vocab_size: int) -> Path:
+def prepare_token_dataset(
+    recipe: DatasetRecipe, machine: RegenMachine, draft_vocab_size: int, clock: StageClock | None = None
+) -> Path:
     """The online dataset of this recipe: found complete, or written now (a few seconds per
     thousand samples without regeneration), with a draft vocabulary of ``draft_vocab_size``
-    (at most the target's). Returns its directory."""
+    (at most the target's). ``clock``: the calling stage's (its seconds are recorded; default:
+    from this call). Returns its directory."""
+    clock = clock or StageClock()
     inputs = token_fingerprint_inputs(recipe)  # hashes the model and chat data: once
     ds_dir = token_dataset_path(recipe, inputs)
     if Manifest.read_complete(ds_dir) is None:
@@ -31,7 +35,7 @@ def prepare_token_dataset(recipe: DatasetRecipe, machine: RegenMachine, draft_vo
         ds_dir.mkdir(parents=True, exist_ok=True)
         with DirLock(ds_dir / LOCK, f"{ds_dir}: the online dataset is being written", wait_s=float("inf")) as lock:
             if Manifest.read_complete(ds_dir) is None:
-                _write(recipe, machine, draft_vocab_size, ds_dir, inputs, lock)
+                _write(recipe, machine, draft_vocab_size, ds_dir, inputs, lock, clock)
                 return ds_dir
     done = Manifest.read_complete(ds_dir)
     assert done is not None  # written above, or by the rank that held the lock before
@@ -40,7 +44,13 @@ def prepare_token_dataset(recipe: DatasetRecipe, machine: RegenMachine, draft_vo
 
 
 def _write(
-    recipe: DatasetRecipe, machine: RegenMachine, draft_vocab_size: int, ds_dir: Path, inputs: dict, lock: DirLock
+    recipe: DatasetRecipe,
+    machine: RegenMachine,
+    draft_vocab_size: int,
+    ds_dir: Path,
+    inputs: dict,
+    lock: DirLock,
+    clock: StageClock,
 ) -> None:
     from transformers import AutoTokenizer
 
@@ -62,8 +72,8 @@ def _write(
         dtype=torch_dtype(recipe.capture_dtype),
         token_freq=freq,
         vocabs={size: build_draft_vocab(freq, size)},
-        # its wall time: what a time budget counts (eagle3/util/clock.py)
-        provenance={**provenance(recipe, engine), "extract_seconds": round(process_seconds(), 1)},
+        # its wall time: what a time budget counts
+        provenance={**provenance(recipe, engine), "extract_seconds": round(clock.seconds(), 1)},
         lock=lock,
     )
     stored = (

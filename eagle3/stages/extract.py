@@ -40,7 +40,7 @@ from eagle3.store.merge import merge_parts, owner_shard, part_dir
 from eagle3.store.reader import damaged_shards
 from eagle3.target.backend import CaptureBackend, make_backend
 from eagle3.target.resolve import resolve_target
-from eagle3.util.clock import process_seconds
+from eagle3.util.clock import StageClock
 from eagle3.util.faults import fault
 from eagle3.util.launch import extraction_shard
 from eagle3.util.locks import DirLock
@@ -66,6 +66,7 @@ def _progress() -> Progress:
 def run(composed: DictConfig) -> str:
     """``composed``: the config as composed; validated, then converted once to the RunConfig
     that everything below takes."""
+    clock = StageClock()  # what this run costs: provenance.extract_seconds
     validate_run_config(composed)
     # time_budget.minutes: the data sized to the budget's plan (train.py makes the same)
     cfg, split = time_budget.sized(run_config(composed))
@@ -77,7 +78,7 @@ def run(composed: DictConfig) -> str:
         # the pre-pass of online training: samples and vocabulary, no hidden states
         from eagle3.extraction.tokens import prepare_token_dataset
 
-        ds_dir = prepare_token_dataset(recipe, regen_machine(cfg), cfg.train.draft_vocab_size)
+        ds_dir = prepare_token_dataset(recipe, regen_machine(cfg), cfg.train.draft_vocab_size, clock)
         print(ds_dir)
         return str(ds_dir)
     inputs = fingerprint_inputs(recipe)
@@ -107,7 +108,7 @@ def run(composed: DictConfig) -> str:
         return str(ds_dir)
     # one extraction per dataset, from here on: a second is refused at once, naming this one
     with DirLock(ds_dir / LOCK, f"{ds_dir}: another extraction is writing this dataset") as lock:
-        return _extract(cfg, recipe, inputs, ds_dir, num_shards, shard_index, verify, damaged, lock)
+        return _extract(cfg, recipe, inputs, ds_dir, num_shards, shard_index, verify, damaged, lock, clock)
 
 
 def _extract(
@@ -120,6 +121,7 @@ def _extract(
     verify: str,
     damaged: list[tuple[str, str]],
     lock: DirLock,
+    clock: StageClock,
 ) -> str:
     """Regenerate, render, capture and write the dataset, holding its lock."""
     from transformers import AutoTokenizer
@@ -196,7 +198,7 @@ def _extract(
             freq = token_frequencies(samples, cfg.model.vocab_size)
             size = min(cfg.train.draft_vocab_size, cfg.model.vocab_size)
             # this run's wall time, added to an earlier run's (a repair): what a time budget counts
-            seconds = float(writer.manifest.provenance.get("extract_seconds", 0.0)) + process_seconds()
+            seconds = float(writer.manifest.provenance.get("extract_seconds", 0.0)) + clock.seconds()
             vocabs = {size: build_draft_vocab(freq, size)}
             manifest = writer.finish(freq, vocabs, val_ids=val_ids, provenance={"extract_seconds": round(seconds, 1)})
         except DiskSpaceError as e:  # the disk filled up during the run (another job, a bad estimate)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from eagle3.config.schema import RegenBackend, RunConfig
 from eagle3.stages import cost
-from eagle3.util.clock import process_seconds
+from eagle3.util.clock import StageClock
 from eagle3.util.report import minutes
 
 # mean tokens per ShareGPT conversation rendered by SmolLM2's template, cut at max_length
@@ -163,6 +163,7 @@ class TrainClock:
     started_s: float  # this process so far
     reserve_s: float  # after fit: validation, export, the vLLM check
     fit_s: float
+    stage: StageClock  # train.py's own
 
     def max_time(self) -> str:
         """Lightning's "DD:HH:MM:SS" for fit_s (whole seconds, at least one)."""
@@ -179,7 +180,7 @@ class TrainClock:
 
     def outcome(self) -> dict[str, float | bool]:
         """The pipeline's minutes as they went (summary.json's ``time_budget``), at the end of train.py."""
-        train_s = process_seconds()
+        train_s = self.stage.seconds()
         total = (self.extract_s or 0.0) + train_s
         return {
             "minutes": round(self.total_s / 60.0, 3),
@@ -191,8 +192,9 @@ class TrainClock:
         }
 
 
-def train_clock(cfg: RunConfig, extract_s: float | None) -> TrainClock | None:
-    """train.py's clock under cfg.time_budget.minutes; None without a budget."""
+def train_clock(cfg: RunConfig, extract_s: float | None, stage: StageClock | None = None) -> TrainClock | None:
+    """train.py's clock under cfg.time_budget.minutes (``stage``: the stage's, from its call);
+    None without a budget."""
     if cfg.time_budget.minutes is None:
         return None
     rate, _ = cost.rate_of(cfg)
@@ -200,14 +202,15 @@ def train_clock(cfg: RunConfig, extract_s: float | None) -> TrainClock | None:
     eval_s = (rate.eval_s if rate is not None else 180.0) if cfg.eval.enabled else 0.0
     reserve = TRAIN_FINISH_S.get(accel, 30.0) + eval_s
     total = float(cfg.time_budget.minutes) * 60.0
-    started = process_seconds()
+    stage = stage or StageClock()
+    started = stage.seconds()
     fit = total - (extract_s or 0.0) - started - reserve
     if fit < 1:
         raise ValueError(
             f"time_budget.minutes={cfg.time_budget.minutes}: nothing left to train: extraction "
             f"{minutes(extract_s or 0.0)}, start-up {minutes(started)}, kept for the end {minutes(reserve)}"
         )
-    return TrainClock(total, extract_s, started, reserve, fit)
+    return TrainClock(total, extract_s, started, reserve, fit, stage)
 
 
 def timed_train(cfg: RunConfig, clock: TrainClock) -> RunConfig:

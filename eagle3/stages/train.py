@@ -34,6 +34,7 @@ from eagle3.training.online import OnlineHiddenStates
 from eagle3.training.run_dir import global_rank, run_dir_lock
 from eagle3.training.step_path import StepPath, resolve_step_path
 from eagle3.util.atomic import write_text
+from eagle3.util.clock import StageClock
 from eagle3.util.launch import check_external_launch
 from eagle3.util.report import report
 
@@ -62,12 +63,13 @@ def run(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> float:
     probes), added after ours. One training per run dir (its lock, eagle3/training/run_dir.py);
     a damaged dataset is refused with the extract.py command that repairs it."""
     output_dir = Path(cfg.paths.output_dir)
+    stage = StageClock()  # a time budget counts this run from here (its imports too, as an entrypoint)
     with run_dir_lock(output_dir):
         validate_run_config(cfg)
         # time_budget.minutes: extract.py's plan names the dataset (data.max_samples)
         run_cfg, _ = time_budget.sized(run_config(cfg))
         try:
-            return _run(run_cfg, output_dir, extra_callbacks)
+            return _run(run_cfg, output_dir, extra_callbacks, stage)
         except DamagedDatasetError as e:
             expected = dataset_path(
                 dataset_recipe(run_cfg, resolve_target(run_cfg.model, run_cfg.paths.cache_dir))
@@ -89,7 +91,7 @@ class _Parts:
     trainer: L.Trainer
 
 
-def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]) -> float:
+def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback], stage: StageClock) -> float:
     """One training, in order: the dataset and step path, build, fit and validate, export and
     evaluate, the summary (rank 0 for the last three). Returns cfg.optimized_metric's value."""
     # ranks come from torchrun/srun, never from Lightning re-running the script (eagle3/util/launch.py)
@@ -99,7 +101,7 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
     model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
     online = cfg.train.hidden_states == HiddenStates.online
     ds_dir = find_token_dataset(cfg, model_dir) if online else find_dataset(cfg, model_dir)
-    clock = time_budget.train_clock(cfg, Manifest.read(ds_dir).provenance.get("extract_seconds"))
+    clock = time_budget.train_clock(cfg, Manifest.read(ds_dir).provenance.get("extract_seconds"), stage)
     if clock is not None:  # training gets what the extraction and the end of this run leave
         cfg = time_budget.timed_train(cfg, clock)
     path = resolve_step_path(cfg.train, cfg.topology)

@@ -1,5 +1,5 @@
-"""The wall time a process has run, its imports included: what a stage records as its cost
-(``extract_seconds`` in a dataset's provenance) and a time budget counts."""
+"""The wall time a stage has run, its process's imports included: what a stage records as its
+cost (``extract_seconds`` in a dataset's provenance) and a time budget counts."""
 
 from __future__ import annotations
 
@@ -21,3 +21,21 @@ def process_seconds() -> float:
         return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError):
         return time.monotonic() - _IMPORTED
+
+
+# the most a process spends before the stage is called (imports, Hydra's composition): a process
+# older than this at the stage's start is a longer-lived one (a notebook, the test suite)
+MAX_STARTUP_S = 60.0
+
+
+class StageClock:
+    """Seconds since a stage was called, plus its process's start-up when the stage is what the
+    process runs (an entrypoint); a stage called inside a longer-lived process counts from its call."""
+
+    def __init__(self) -> None:
+        self.entered = time.monotonic()
+        before = process_seconds()
+        self.startup = before if before <= MAX_STARTUP_S else 0.0
+
+    def seconds(self) -> float:
+        return self.startup + time.monotonic() - self.entered
