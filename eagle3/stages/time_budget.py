@@ -100,6 +100,16 @@ def _regen_rate(cfg: RunConfig, rate: cost.Rate) -> tuple[float, float]:
     return float(rate.regen_tok_s or 1.0) * cfg.topology.extract_dp, rate.regen_start_s
 
 
+def _eval_seconds(cfg: RunConfig, rate: cost.Rate | None) -> float:
+    """train.py's vLLM check (0 when eval.enabled is off; the schema's Rate default without a rate)."""
+    return (rate.eval_s if rate is not None else cost.Rate.eval_s) if cfg.eval.enabled else 0.0
+
+
+def _end_reserve(cfg: RunConfig, rate: cost.Rate | None) -> float:
+    """What train.py spends after fit: the last validation, last.ckpt, the export, the check."""
+    return TRAIN_FINISH_S.get(str(cfg.topology.accelerator), 30.0) + _eval_seconds(cfg, rate)
+
+
 def plan(cfg: RunConfig) -> Split | None:
     """The split of cfg.time_budget.minutes, or None without a budget (or without a measured
     rate for this accelerator and model size: cost.py's RATES)."""
@@ -113,12 +123,11 @@ def plan(cfg: RunConfig) -> Split | None:
     rate, _ = cost.rate_of(cfg)
     if rate is None:
         return None
-    accel = str(cfg.topology.accelerator)
     total = float(budget.minutes) * 60.0
     answers = cfg.data.regen_num_answers if cfg.data.regenerate else 1
     tokens = mean_sample_tokens(cfg)
-    eval_s = rate.eval_s if cfg.eval.enabled else 0.0
-    fixed = 2 * rate.start_s + TRAIN_FINISH_S.get(accel, 30.0) + eval_s
+    eval_s = _eval_seconds(cfg, rate)
+    fixed = 2 * rate.start_s + _end_reserve(cfg, rate)
     per_conv_regen = 0.0
     if cfg.data.regenerate:
         regen_tok_s, regen_start = _regen_rate(cfg, rate)
@@ -198,9 +207,7 @@ def train_clock(cfg: RunConfig, extract_s: float | None, stage: StageClock | Non
     if cfg.time_budget.minutes is None:
         return None
     rate, _ = cost.rate_of(cfg)
-    accel = str(cfg.topology.accelerator)
-    eval_s = (rate.eval_s if rate is not None else 180.0) if cfg.eval.enabled else 0.0
-    reserve = TRAIN_FINISH_S.get(accel, 30.0) + eval_s
+    reserve = _end_reserve(cfg, rate)
     total = float(cfg.time_budget.minutes) * 60.0
     stage = stage or StageClock()
     started = stage.seconds()
