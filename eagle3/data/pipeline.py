@@ -12,12 +12,16 @@ takes a batch of loaded `Conversation`s and returns, for each in order, its
 ``regenerate.num_answers`` answered copies (ids ``answer_id(id, k)``, the split key kept, so
 every answer of a conversation lands on its side of the split) with the assistant turns
 replaced. It runs before rendering, on batches of ``regenerate_batch_size``, only on
-conversations the run still needs.
+conversations the run still needs. With ``regen_deadline`` (a time budget's share), no batch
+starts that would end after it at the rate of the batches before: the samples kept are those
+answered in time.
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -28,6 +32,7 @@ from eagle3.data.hf_source import HFOptions
 from eagle3.data.loaders import LoadReport, iter_conversations, no_usable_data_error
 from eagle3.data.render import ChatRenderer
 from eagle3.data.split import check_val_fraction, is_validation
+from eagle3.util.clock import Deadline
 
 Regenerate = Callable[[list[Conversation]], list[Conversation]]
 
@@ -52,6 +57,7 @@ class PrepareReport:
     val_samples: int = 0
     tokens: int = 0  # in kept samples
     loss_tokens: int = 0
+    deadline_stop: str | None = None  # why regeneration stopped at its deadline, if it did
 
     def rows(self) -> list[tuple[str, str]]:
         load = self.load
@@ -70,6 +76,8 @@ class PrepareReport:
             )
         if load.stopped_at_limit:
             rows.append(("stopped early", f"max_samples={self.max_samples} reached"))
+        if self.deadline_stop:
+            rows.append(("stopped early", self.deadline_stop))
         rows += [(f"skipped (load): {k}", str(n)) for k, n in sorted(load.skipped.items())]
         rows += [(f"repaired (load): {k}", str(n)) for k, n in sorted(load.repaired.items())]
         rows.append(("conversations rendered", str(self.conversations_rendered)))
@@ -134,6 +142,36 @@ def _checked_regenerate(regenerate: Regenerate, batch: list[Conversation]) -> li
     return out
 
 
+class _RegenPace:
+    """Seconds per conversation of the regeneration batches so far, the engine's start left out
+    (``regenerate.engine_start_s``, where the regenerator records it): what the next batch will take."""
+
+    def __init__(self, regenerate: Regenerate | None) -> None:
+        self.regenerate = regenerate
+        self.seconds, self.conversations = 0.0, 0
+
+    @contextmanager
+    def timed(self, conversations: int) -> Iterator[None]:
+        started, engine_before = time.monotonic(), self._engine_start()
+        yield
+        self.seconds += time.monotonic() - started - (self._engine_start() - engine_before)
+        self.conversations += conversations
+
+    def _engine_start(self) -> float:
+        return float(getattr(self.regenerate, "engine_start_s", 0.0) or 0.0)
+
+    def stop(self, deadline: Deadline, conversations: int) -> str | None:
+        """Why the next batch of ``conversations`` must not start, or None."""
+        left = deadline.left()
+        expected = self.seconds / self.conversations * conversations if self.conversations else 0.0
+        if left > expected:
+            return None
+        return (
+            f"{deadline.what} deadline (time_budget): {self.conversations} conversations regenerated; the next "
+            f"{conversations} would take ~{expected:.0f} s, {max(0.0, left):.0f} s were left"
+        )
+
+
 def _progress(enabled: bool):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -161,6 +199,7 @@ def prepare_samples(
     progress: bool = True,
     regenerate: Regenerate | None = None,
     regenerate_batch_size: int = 64,
+    regen_deadline: Deadline | None = None,
     hf: HFOptions | None = None,
 ) -> PreparedData:
     """``hf``: name, split and columns of ``source="hf"`` (``HFOptions.from_data(cfg.data)``)."""
@@ -185,11 +224,17 @@ def prepare_samples(
         return min(regenerate_batch_size, -(-(max_samples - kept()) // _answers(regenerate)))  # conversations
 
     stream = iter_conversations(source, path, load_report, hf=hf)
+    pace = _RegenPace(regenerate)
     with _progress(progress) as bar:
         task = bar.add_task("render", total=max_samples)
         for batch in _batches(stream, batch_size):
             if regenerate is not None:
-                batch = _checked_regenerate(regenerate, batch)
+                if regen_deadline is not None and (why := pace.stop(regen_deadline, len(batch))):
+                    report.deadline_stop = why
+                    stream.close()
+                    break
+                with pace.timed(len(batch)):
+                    batch = _checked_regenerate(regenerate, batch)
             for conv in batch:
                 if not any(m["role"] == "assistant" for m in conv.messages):
                     # regeneration could not answer any turn (the prompt alone filled max_length)

@@ -13,6 +13,7 @@ from eagle3.config.schema import DataConfig, plain
 from eagle3.data.hf_source import HFOptions
 from eagle3.data.pipeline import PreparedData, prepare_samples
 from eagle3.extraction.identity import DatasetRecipe
+from eagle3.util.clock import Deadline
 
 console = Console(stderr=True)
 
@@ -54,8 +55,16 @@ def regenerator_for(recipe: DatasetRecipe, machine: RegenMachine) -> Any:
     )
 
 
-def prepare(data: DataConfig, tokenizer: Any, regenerator: Any, *, chat_template: str | None) -> PreparedData:
-    """Render (and regenerate) the chat data of ``data``; closes the regenerator when done."""
+def prepare(
+    data: DataConfig,
+    tokenizer: Any,
+    regenerator: Any,
+    *,
+    chat_template: str | None,
+    regen_deadline: Deadline | None = None,
+) -> PreparedData:
+    """Render (and regenerate) the chat data of ``data``; closes the regenerator when done.
+    ``regen_deadline``: a time budget's end of regeneration (no batch starts that would pass it)."""
     prepared = prepare_samples(
         data.source,
         data.path,
@@ -68,6 +77,7 @@ def prepare(data: DataConfig, tokenizer: Any, regenerator: Any, *, chat_template
         chat_template=chat_template,
         regenerate=regenerator,
         regenerate_batch_size=data.regen_batch_size,
+        regen_deadline=regen_deadline,
         hf=HFOptions.from_data(plain(data)),
     )
     if regenerator is not None:
@@ -76,4 +86,6 @@ def prepare(data: DataConfig, tokenizer: Any, regenerator: Any, *, chat_template
             f"({regenerator.backend}; {regenerator.cache_file})"
         )
         regenerator.close()
+    if prepared.report.deadline_stop:
+        console.print(f"[yellow]regeneration stopped early: {prepared.report.deadline_stop}", soft_wrap=True)
     return prepared

@@ -13,7 +13,7 @@ from eagle3.extraction.identity import DatasetRecipe, provenance, token_dataset_
 from eagle3.extraction.samples import RegenMachine, prepare, regenerator_for
 from eagle3.store import Manifest, format_bytes, write_token_dataset
 from eagle3.store.layout import LOCK
-from eagle3.util.clock import StageClock
+from eagle3.util.clock import Deadline, StageClock
 from eagle3.util.hidden_dtypes import torch_dtype
 from eagle3.util.locks import DirLock
 
@@ -21,12 +21,16 @@ console = Console(stderr=True)
 
 
 def prepare_token_dataset(
-    recipe: DatasetRecipe, machine: RegenMachine, draft_vocab_size: int, clock: StageClock | None = None
+    recipe: DatasetRecipe,
+    machine: RegenMachine,
+    draft_vocab_size: int,
+    clock: StageClock | None = None,
+    regen_deadline: Deadline | None = None,
 ) -> Path:
     """The online dataset of this recipe: found complete, or written now (a few seconds per
     thousand samples without regeneration), with a draft vocabulary of ``draft_vocab_size``
     (at most the target's). ``clock``: the calling stage's (its seconds are recorded; default:
-    from this call). Returns its directory."""
+    from this call); ``regen_deadline``: a time budget's end of regeneration. Returns its directory."""
     clock = clock or StageClock()
     inputs = token_fingerprint_inputs(recipe)  # hashes the model and chat data: once
     ds_dir = token_dataset_path(recipe, inputs)
@@ -35,7 +39,7 @@ def prepare_token_dataset(
         ds_dir.mkdir(parents=True, exist_ok=True)
         with DirLock(ds_dir / LOCK, f"{ds_dir}: the online dataset is being written", wait_s=float("inf")) as lock:
             if Manifest.read_complete(ds_dir) is None:
-                _write(recipe, machine, draft_vocab_size, ds_dir, inputs, lock, clock)
+                _write(recipe, machine, draft_vocab_size, ds_dir, inputs, lock, clock, regen_deadline)
                 return ds_dir
     done = Manifest.read_complete(ds_dir)
     assert done is not None  # written above, or by the rank that held the lock before
@@ -51,6 +55,7 @@ def _write(
     inputs: dict,
     lock: DirLock,
     clock: StageClock,
+    regen_deadline: Deadline | None,
 ) -> None:
     from transformers import AutoTokenizer
 
@@ -58,8 +63,13 @@ def _write(
     tokenizer = AutoTokenizer.from_pretrained(recipe.model_dir, trust_remote_code=model.trust_remote_code)
     regenerator = regenerator_for(recipe, machine)
     engine = regenerator.backend if regenerator is not None else None
-    data = prepare(recipe.data, tokenizer, regenerator, chat_template=model.chat_template)
+    data = prepare(
+        recipe.data, tokenizer, regenerator, chat_template=model.chat_template, regen_deadline=regen_deadline
+    )
     samples = data.train + data.val
+    cut = data.report.deadline_stop
+    # a time budget that stopped regeneration early: where (the dataset has what was answered in time)
+    budget_cut = {"budget_cut": {"regeneration": cut, "samples": len(samples)}} if cut else {}
     freq = token_frequencies(samples, model.vocab_size)
     size = min(draft_vocab_size, model.vocab_size)
     manifest = write_token_dataset(
@@ -73,7 +83,7 @@ def _write(
         token_freq=freq,
         vocabs={size: build_draft_vocab(freq, size)},
         # its wall time: what a time budget counts
-        provenance={**provenance(recipe, engine), "extract_seconds": round(clock.seconds(), 1)},
+        provenance={**provenance(recipe, engine), **budget_cut, "extract_seconds": round(clock.seconds(), 1)},
         lock=lock,
     )
     stored = (

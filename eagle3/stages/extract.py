@@ -6,6 +6,11 @@ too with capture.verify=full): a missing, short or corrupt shard is captured aga
 samples the manifest lists for it, in place, and only it; a whole one makes a re-run a no-op
 that says so. A disk that fills up mid-run stops it with the bytes still needed; the shards
 written so far are kept and the same command resumes.
+
+Under ``time_budget.minutes`` regeneration and capture each stop at the end of their share of
+the plan (eagle3/stages/time_budget.py): the dataset is finished with the samples done by then,
+validation samples spread through the capture order so a cut keeps the split's proportions, and
+its provenance records the cut (``budget_cut``).
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from eagle3.store.merge import merge_parts, owner_shard, part_dir
 from eagle3.store.reader import damaged_shards
 from eagle3.target.backend import CaptureBackend, make_backend
 from eagle3.target.resolve import resolve_target
-from eagle3.util.clock import StageClock
+from eagle3.util.clock import Deadline, StageClock
 from eagle3.util.faults import fault
 from eagle3.util.launch import extraction_shard
 from eagle3.util.locks import DirLock
@@ -72,13 +77,16 @@ def run(composed: DictConfig) -> str:
     cfg, split = time_budget.sized(run_config(composed))
     if split is not None:
         report(split.lines())
+    deadlines = time_budget.extract_deadlines(split, clock)
     model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
     recipe = dataset_recipe(cfg, model_dir)
     if cfg.train.hidden_states == HiddenStates.online:
         # the pre-pass of online training: samples and vocabulary, no hidden states
         from eagle3.extraction.tokens import prepare_token_dataset
 
-        ds_dir = prepare_token_dataset(recipe, regen_machine(cfg), cfg.train.draft_vocab_size, clock)
+        ds_dir = prepare_token_dataset(
+            recipe, regen_machine(cfg), cfg.train.draft_vocab_size, clock, regen_deadline=deadlines[0]
+        )
         print(ds_dir)
         return str(ds_dir)
     inputs = fingerprint_inputs(recipe)
@@ -100,15 +108,17 @@ def run(composed: DictConfig) -> str:
         console.print(f"[yellow]repairing {file} (its samples are captured again): {why}")
     if done is not None and not damaged:
         checked = "size, header, sha256" if verify == VerifyMode.full.value else "size, header"
+        cut = done.provenance.get("budget_cut")
+        cut_note = f"; cut short by a time budget at {cut['samples']} of {cut['rendered_samples']}" if cut else ""
         console.print(
-            f"dataset already complete ({done.num_samples} samples, {done.num_tokens} tokens, "
+            f"dataset already complete ({done.num_samples} samples{cut_note}, {done.num_tokens} tokens, "
             f"{regen_note(done)}; every shard checked: {checked}): nothing to do"
         )
         print(ds_dir)
         return str(ds_dir)
     # one extraction per dataset, from here on: a second is refused at once, naming this one
     with DirLock(ds_dir / LOCK, f"{ds_dir}: another extraction is writing this dataset") as lock:
-        return _extract(cfg, recipe, inputs, ds_dir, num_shards, shard_index, verify, damaged, lock, clock)
+        return _extract(cfg, recipe, inputs, ds_dir, num_shards, shard_index, verify, damaged, lock, clock, deadlines)
 
 
 def _extract(
@@ -122,8 +132,10 @@ def _extract(
     damaged: list[tuple[str, str]],
     lock: DirLock,
     clock: StageClock,
+    deadlines: tuple[Deadline | None, Deadline | None],
 ) -> str:
-    """Regenerate, render, capture and write the dataset, holding its lock."""
+    """Regenerate, render, capture and write the dataset, holding its lock. ``deadlines``:
+    the time budget's ends of regeneration and of capture (None: no budget)."""
     from transformers import AutoTokenizer
 
     report(extract_lines(cfg))  # what this run will cost, before any work
@@ -135,8 +147,13 @@ def _extract(
     regenerator = regenerator_for(recipe, regen_machine(cfg))
     engine = regenerator.backend if regenerator is not None else None
     check_regen_engine(ds_dir, engine)  # before any answer is generated
-    data = prepare(cfg.data, tokenizer, regenerator, chat_template=cfg.model.chat_template)
-    samples = [s for s in data.train + data.val if num_shards == 1 or owner_shard(s.id, num_shards) == shard_index]
+    regen_deadline, capture_deadline = deadlines
+    data = prepare(
+        cfg.data, tokenizer, regenerator, chat_template=cfg.model.chat_template, regen_deadline=regen_deadline
+    )
+    samples = [
+        s for s in interleaved(data.train, data.val) if num_shards == 1 or owner_shard(s.id, num_shards) == shard_index
+    ]
     kept = {s.id for s in samples}
     val_ids = sorted(s.id for s in data.val if s.id in kept)
 
@@ -192,9 +209,18 @@ def _extract(
                 )
                 try:
                     writer.record_provenance({"capture": capture_route(cfg.capture.backend.value, backend)})
-                    _capture(backend, todo, writer)
+                    # a repair captures every sample it lost: no deadline
+                    capture_cut = _capture(backend, todo, writer, None if damaged else capture_deadline)
                 finally:
                     backend.close()
+            cut = _budget_cut(cfg, data.report.deadline_stop, capture_cut if todo else None, len(samples))
+            if cut is not None:  # the samples done in time make the dataset
+                writer.flush()  # the queued ones are durable, then counted
+                done_ids = writer.done_ids()
+                samples = [s for s in samples if s.id in done_ids]
+                val_ids = [i for i in val_ids if i in done_ids]
+                cut["samples"] = len(samples)
+                writer.record_provenance({"budget_cut": cut})
             freq = token_frequencies(samples, cfg.model.vocab_size)
             size = min(cfg.train.draft_vocab_size, cfg.model.vocab_size)
             # this run's wall time, added to an earlier run's (a repair): what a time budget counts
@@ -247,9 +273,32 @@ def capture_route(backend_name: str, backend: CaptureBackend) -> str:
     return f"{backend_name}/{route}" if route else backend_name
 
 
-def _capture(backend: CaptureBackend, todo, writer: ShardWriter) -> None:
+def interleaved(train: list, val: list) -> list:
+    """train and val in one list, each in its own order, val spread evenly through it: a
+    capture cut short at any point keeps about the split's share of validation samples."""
+    keyed = [((i + 0.5) / len(train), 0, s) for i, s in enumerate(train)]
+    keyed += [((j + 0.5) / len(val), 1, s) for j, s in enumerate(val)]
+    return [s for _, _, s in sorted(keyed, key=lambda k: (k[0], k[1]))]
+
+
+def _budget_cut(cfg: RunConfig, regen_stop: str | None, capture_stop: str | None, samples: int) -> dict | None:
+    """The provenance of a dataset a time budget cut short (None when nothing was cut)."""
+    if regen_stop is None and capture_stop is None:
+        return None
+    return {
+        "planned_conversations": cfg.data.max_samples,
+        "rendered_samples": samples,
+        "regeneration": regen_stop,
+        "capture": capture_stop,
+    }
+
+
+def _capture(backend: CaptureBackend, todo, writer: ShardWriter, deadline: Deadline | None = None) -> str | None:
+    """Capture ``todo`` into ``writer``; stops at ``deadline`` and says why (None: all captured)."""
     feed = ((s.id, s.input_ids, s.loss_mask) for s in todo)
-    t0, tokens = time.perf_counter(), 0
+    t0, tokens, count, cut = time.perf_counter(), 0, 0, None
+    if deadline is not None:
+        console.print(f"capture ends by the time budget's deadline: within {minutes(max(0.0, deadline.left()))}")
     with _progress() as bar:
         task = bar.add_task("capture", total=len(todo), tok_s=0.0)
         # records come back per batch (longest first), paired with the id they were sent with
@@ -257,8 +306,17 @@ def _capture(backend: CaptureBackend, todo, writer: ShardWriter) -> None:
             writer.add(sample_id, record)
             fault("capture")
             tokens += int(record.token_ids.numel())
+            count += 1
             bar.update(task, advance=1, tok_s=tokens / max(1e-9, time.perf_counter() - t0))
+            if deadline is not None and count < len(todo) and deadline.passed():
+                cut = (
+                    f"{deadline.what} deadline (time_budget): {count} of {len(todo)} samples captured "
+                    f"in {time.perf_counter() - t0:.0f} s"
+                )
+                break
     seconds = time.perf_counter() - t0
+    if cut is not None:
+        console.print(f"[yellow]capture stopped early: {cut}; the dataset is finished with them", soft_wrap=True)
     stats = getattr(backend, "stats", None)
     read = getattr(stats, "read_seconds", None)
     console.print(
@@ -266,3 +324,4 @@ def _capture(backend: CaptureBackend, todo, writer: ShardWriter) -> None:
         + (f"; reading the connector's files: {read:.1f} s" if read is not None else ""),
         soft_wrap=True,  # one line in a log too: scripts grep it
     )
+    return cut

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from eagle3.config.schema import RegenBackend, RunConfig
 from eagle3.stages import cost
-from eagle3.util.clock import StageClock
+from eagle3.util.clock import Deadline, StageClock
 from eagle3.util.report import minutes
 
 # mean tokens per ShareGPT conversation rendered by SmolLM2's template, cut at max_length
@@ -59,6 +59,16 @@ class Split:
     eval_s: float
     passes: float  # training passes over the training split at the rate assumed
     capped_by: str | None  # the data preset's own cap, when it bound
+    start_s: float = 0.0  # one stage's start (imports, the target's load)
+    regen_start_s: float = 0.0  # the regeneration engine's start (0 without regeneration)
+
+    def regen_end_s(self) -> float:
+        """When extract.py's regeneration should be done, on its clock: its share's end."""
+        return self.start_s + self.regen_start_s + self.regen_s
+
+    def extract_end_s(self) -> float:
+        """When extract.py should be done, on its clock: regeneration's and capture's shares."""
+        return self.regen_end_s() + self.capture_s
 
     def lines(self) -> list[str]:
         data = f"capture ~{minutes(self.capture_s)}"
@@ -128,7 +138,7 @@ def plan(cfg: RunConfig) -> Split | None:
     tokens = mean_sample_tokens(cfg)
     eval_s = _eval_seconds(cfg, rate)
     fixed = 2 * rate.start_s + _end_reserve(cfg, rate)
-    per_conv_regen = 0.0
+    per_conv_regen, regen_start = 0.0, 0.0
     if cfg.data.regenerate:
         regen_tok_s, regen_start = _regen_rate(cfg, rate)
         fixed += regen_start
@@ -152,7 +162,21 @@ def plan(cfg: RunConfig) -> Split | None:
     train_s = left - regen_s - capture_s
     samples = conversations * answers
     passes = train_s * cost.train_tok_s(cfg) / (samples * tokens * (1 - cfg.data.val_fraction))
-    return Split(total, conversations, samples, tokens, fixed, regen_s, capture_s, train_s, eval_s, passes, capped_by)
+    return Split(
+        total,
+        conversations,
+        samples,
+        tokens,
+        fixed,
+        regen_s,
+        capture_s,
+        train_s,
+        eval_s,
+        passes,
+        capped_by,
+        start_s=rate.start_s,
+        regen_start_s=regen_start,
+    )
 
 
 def sized(cfg: RunConfig) -> tuple[RunConfig, Split | None]:
@@ -161,6 +185,17 @@ def sized(cfg: RunConfig) -> tuple[RunConfig, Split | None]:
     if split is None:
         return cfg, None
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_samples=split.conversations)), split
+
+
+def extract_deadlines(split: Split | None, clock: StageClock) -> tuple[Deadline | None, Deadline | None]:
+    """extract.py's deadlines under a budget (None, None without one): regeneration starts no
+    batch it cannot end by its share's end; capture stops at the end of the extraction's share.
+    A machine slower than the rates then loses data, not training's minutes: the dataset is
+    finished with what was captured (its provenance says where it was cut)."""
+    if split is None:
+        return None, None
+    regen = Deadline(clock, split.regen_end_s(), "regeneration") if split.regen_s else None
+    return regen, Deadline(clock, split.extract_end_s(), "capture")
 
 
 @dataclass(frozen=True)

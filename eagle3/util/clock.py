@@ -39,3 +39,18 @@ class StageClock:
 
     def seconds(self) -> float:
         return self.startup + time.monotonic() - self.entered
+
+
+class Deadline:
+    """A point on a stage's clock (``at_s`` seconds of ``StageClock.seconds()``) after which a
+    part of the stage starts no new work: a time budget's share of it."""
+
+    def __init__(self, clock: StageClock, at_s: float, what: str) -> None:
+        self.clock, self.at_s, self.what = clock, float(at_s), what
+
+    def left(self) -> float:
+        """Seconds until the deadline (negative once it has passed)."""
+        return self.at_s - self.clock.seconds()
+
+    def passed(self) -> bool:
+        return self.left() <= 0.0

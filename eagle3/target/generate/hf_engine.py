@@ -56,6 +56,7 @@ class HFRegenerator(Regenerator):
 
     def _load(self):
         if self._model is None:
+            started = time.monotonic()
             import torch
             from transformers import AutoModelForCausalLM
 
@@ -81,6 +82,7 @@ class HFRegenerator(Regenerator):
                 .to(device)
                 .eval()
             )
+            self.engine_start_s += time.monotonic() - started
         return self._model
 
     def close(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from eagle3.target.generate.common import Regenerator
@@ -30,6 +31,7 @@ class VLLMRegenerator(Regenerator):
 
     def _engine(self):
         if self._llm is None:
+            started = time.monotonic()
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_space))
             import torch
             from vllm import LLM
@@ -46,6 +48,7 @@ class VLLMRegenerator(Regenerator):
                 enforce_eager=not torch.cuda.is_available(),
                 **self.engine_args,
             )
+            self.engine_start_s += time.monotonic() - started
         return self._llm
 
     def close(self) -> None:
