@@ -142,7 +142,12 @@ stage_ranking() {
 stage_budget_extract() {
   ensure_gguf
   (time python3 extract.py "${BUDGET[@]}") 2>&1 | quiet | grep -vE "^\s*(│|┃|┏|┗|└|┌|├)" | tail -25 | tee "$OUTD/budget_extract.log"
-  grep -ho '"extract_seconds": [0-9.]*' /tmp/data_budget/*/manifest.json || true
+  python3 - <<'PY' || true
+import glob, json
+for m in glob.glob("/tmp/data_budget/*/manifest.json"):
+    p = json.load(open(m)).get("provenance", {})
+    print("extract_seconds", p.get("extract_seconds"), "budget_cut", json.dumps(p.get("budget_cut")))
+PY
 }
 
 stage_budget_train() {
