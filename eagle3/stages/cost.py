@@ -139,21 +139,23 @@ RATES = (
         "SmolLM2-135M",
         _SMOLLM2,
         capture_tok_s=98_982,
-        train_tok_s=79_400,
-        train_flops=head_flops(576, 1536, 32000, 5),
-        # CUDA vLLM 0.26.0 inside extract.py (experiment=smollm2_budget: two user turns of 11,391
-        # conversations, 3,731,486 new tokens in ~300 s after the engine start, section 12). One
-        # turn of 1,024 first turns alone runs at 28,523 new tok/s; the second turn waits for
-        # the first and its prompts are longer (section 7). Engine start: 69-91 s
-        regen_tok_s=12_000,
+        # the fit of experiment=smollm2_budget time_budget.minutes=17 (section 12): 11.2 passes over
+        # 5.82M training tokens in 364.8 s of train.max_time, validations and compilation included
+        train_tok_s=178_700,
+        train_flops=head_flops(576, 6144, 32000, 3),
+        # CUDA vLLM 0.26.0 inside extract.py (experiment=smollm2_budget: two user turns; 3.73M new
+        # tokens of 11,391 conversations in ~300 s and 4.09M of 12,484 in ~285 s after the engine
+        # start, section 12). One turn of 1,024 first turns alone runs at 28,523 new tok/s; the
+        # second turn waits for the first and its prompts are longer (section 7). Engine start: 69-91 s
+        regen_tok_s=13_000,
         regen_start_s=90.0,
         regen_hf_tok_s=22_000,
         regen_hf_start_s=6.0,
         start_s=45.0,
         eval_s=180.0,  # both eager engines of train.py's check: 109 s + 62 s (section 12)
-        measured="experiment=smollm2_full on one H200 (docs/results.md sections 7 and 9: capture 98,982 tok/s, "
-        "training ~79,400 tok/s at ttt 5 and 8,192-token rows; section 12: regeneration of two turns by "
-        "CUDA vLLM ~12k new tok/s inside extract.py; fast decode ~22k on first turns, section 7)",
+        measured="experiment=smollm2_full on one H200 (docs/results.md sections 7 and 9: capture 98,982 tok/s; "
+        "section 12: training 178,700 tok/s over a budget's fit at ttt 3, regeneration of two turns by "
+        "CUDA vLLM ~13k new tok/s inside extract.py; fast decode ~22k on first turns, section 7)",
     ),
     Rate(
         "gpu",
