@@ -110,7 +110,7 @@ def test_a_capture_past_its_deadline_finishes_the_dataset_with_what_it_captured(
     built from them, the cut recorded; running the command again finds it complete."""
     clock = _TickingClock()
     # reads of the clock: one for the "ends by" line, then one per captured sample
-    monkeypatch.setattr(time_budget, "extract_deadlines", lambda split, _: (None, Deadline(clock, 13.0, "capture")))
+    monkeypatch.setattr(time_budget, "capture_deadline", lambda split, _, n: Deadline(clock, 13.0, "capture"))
     args = ["experiment=tiny_test", "time_budget.minutes=1.5", f"paths.data_dir={tmp_path}"]
     ds = Manifest.read_complete(extract(compose("extract", args)))
     assert ds is not None
@@ -138,6 +138,23 @@ def test_the_shares_end_where_the_plan_says():
     assert split.total_s - split.extract_end_s() == pytest.approx(
         split.train_s + split.fixed_s - split.start_s - split.regen_start_s
     )
-    regen, capture = time_budget.extract_deadlines(split, StageClock())
-    assert regen is not None and capture is not None and regen.at_s < capture.at_s
-    assert time_budget.extract_deadlines(None, StageClock()) == (None, None)
+    clock = StageClock()
+    regen = time_budget.regen_deadline(split, clock)
+    capture = time_budget.capture_deadline(split, clock, split.samples)
+    assert regen is not None and capture is not None
+    assert (regen.at_s, capture.at_s) == (split.regen_end_s(), split.extract_end_s())
+    assert time_budget.regen_deadline(None, clock) is None and time_budget.capture_deadline(None, clock, 5) is None
+
+
+def test_a_regeneration_that_overran_leaves_capture_its_own_share():
+    """Its first batch always runs: when regeneration ends past the extraction's share, capture
+    still gets the minutes its samples were planned to take, from now."""
+    from eagle3.config.schema import run_config
+
+    split = time_budget.plan(run_config(compose("extract", ["experiment=smollm2_budget"])))
+    assert split is not None
+    late = _TickingClock()
+    late.reads = int(split.extract_end_s()) + 100  # regeneration ended 100 s past the extraction's share
+    half = time_budget.capture_deadline(split, late, split.samples // 2)
+    assert half is not None
+    assert half.at_s == pytest.approx(late.reads + split.capture_s * (split.samples // 2) / split.samples)

@@ -77,7 +77,6 @@ def run(composed: DictConfig) -> str:
     cfg, split = time_budget.sized(run_config(composed))
     if split is not None:
         report(split.lines())
-    deadlines = time_budget.extract_deadlines(split, clock)
     model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
     recipe = dataset_recipe(cfg, model_dir)
     if cfg.train.hidden_states == HiddenStates.online:
@@ -85,7 +84,7 @@ def run(composed: DictConfig) -> str:
         from eagle3.extraction.tokens import prepare_token_dataset
 
         ds_dir = prepare_token_dataset(
-            recipe, regen_machine(cfg), cfg.train.draft_vocab_size, clock, regen_deadline=deadlines[0]
+            recipe, regen_machine(cfg), cfg.train.draft_vocab_size, clock, time_budget.regen_deadline(split, clock)
         )
         print(ds_dir)
         return str(ds_dir)
@@ -118,7 +117,7 @@ def run(composed: DictConfig) -> str:
         return str(ds_dir)
     # one extraction per dataset, from here on: a second is refused at once, naming this one
     with DirLock(ds_dir / LOCK, f"{ds_dir}: another extraction is writing this dataset") as lock:
-        return _extract(cfg, recipe, inputs, ds_dir, num_shards, shard_index, verify, damaged, lock, clock, deadlines)
+        return _extract(cfg, recipe, inputs, ds_dir, num_shards, shard_index, verify, damaged, lock, clock, split)
 
 
 def _extract(
@@ -132,10 +131,10 @@ def _extract(
     damaged: list[tuple[str, str]],
     lock: DirLock,
     clock: StageClock,
-    deadlines: tuple[Deadline | None, Deadline | None],
+    split: time_budget.Split | None,
 ) -> str:
-    """Regenerate, render, capture and write the dataset, holding its lock. ``deadlines``:
-    the time budget's ends of regeneration and of capture (None: no budget)."""
+    """Regenerate, render, capture and write the dataset, holding its lock. ``split``: the time
+    budget's plan, whose shares end regeneration and capture (None: no budget)."""
     from transformers import AutoTokenizer
 
     report(extract_lines(cfg))  # what this run will cost, before any work
@@ -147,7 +146,7 @@ def _extract(
     regenerator = regenerator_for(recipe, regen_machine(cfg))
     engine = regenerator.backend if regenerator is not None else None
     check_regen_engine(ds_dir, engine)  # before any answer is generated
-    regen_deadline, capture_deadline = deadlines
+    regen_deadline = time_budget.regen_deadline(split, clock)
     data = prepare(
         cfg.data, tokenizer, regenerator, chat_template=cfg.model.chat_template, regen_deadline=regen_deadline
     )
@@ -210,7 +209,8 @@ def _extract(
                 try:
                     writer.record_provenance({"capture": capture_route(cfg.capture.backend.value, backend)})
                     # a repair captures every sample it lost: no deadline
-                    capture_cut = _capture(backend, todo, writer, None if damaged else capture_deadline)
+                    deadline = None if damaged else time_budget.capture_deadline(split, clock, len(todo))
+                    capture_cut = _capture(backend, todo, writer, deadline)
                 finally:
                     backend.close()
             cut = _budget_cut(cfg, data.report.deadline_stop, capture_cut if todo else None, len(samples))

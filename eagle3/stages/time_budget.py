@@ -187,15 +187,24 @@ def sized(cfg: RunConfig) -> tuple[RunConfig, Split | None]:
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_samples=split.conversations)), split
 
 
-def extract_deadlines(split: Split | None, clock: StageClock) -> tuple[Deadline | None, Deadline | None]:
-    """extract.py's deadlines under a budget (None, None without one): regeneration starts no
-    batch it cannot end by its share's end; capture stops at the end of the extraction's share.
-    A machine slower than the rates then loses data, not training's minutes: the dataset is
-    finished with what was captured (its provenance says where it was cut)."""
+def regen_deadline(split: Split | None, clock: StageClock) -> Deadline | None:
+    """extract.py's regeneration under a budget: no batch starts that would end past the end of
+    its share (None without a budget or without regeneration)."""
+    if split is None or not split.regen_s:
+        return None
+    return Deadline(clock, split.regen_end_s(), "regeneration")
+
+
+def capture_deadline(split: Split | None, clock: StageClock, samples: int) -> Deadline | None:
+    """extract.py's capture of ``samples`` under a budget (None without one): it stops at the end
+    of the extraction's share, so a machine slower than the rates loses data, not training's
+    minutes (the dataset is finished with what was captured; its provenance says where it was
+    cut). No sooner than the capture share of these samples from now, though: a regeneration
+    that overran (its first batch always runs) leaves capture its minutes, not an empty dataset."""
     if split is None:
-        return None, None
-    regen = Deadline(clock, split.regen_end_s(), "regeneration") if split.regen_s else None
-    return regen, Deadline(clock, split.extract_end_s(), "capture")
+        return None
+    own = split.capture_s * min(1.0, samples / max(1, split.samples))
+    return Deadline(clock, max(split.extract_end_s(), clock.seconds() + own), "capture")
 
 
 @dataclass(frozen=True)
