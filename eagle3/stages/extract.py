@@ -192,6 +192,7 @@ def _extract(
             f"capture x {len(capture_ids)} layers x {cfg.model.hidden_size} x {dtype}: needs {format_bytes(need)}, "
             f"free {format_bytes(free)}"
         )
+        capture_cut: str | None = None  # why the time budget stopped the capture, if it did
         secs = capture_seconds(cfg, todo_tokens)
         if todo and secs is not None:
             report([f"extract: {todo_tokens:,} tokens to capture (rendered): ~{minutes(secs)}"])
@@ -213,7 +214,7 @@ def _extract(
                     capture_cut = _capture(backend, todo, writer, deadline)
                 finally:
                     backend.close()
-            cut = _budget_cut(cfg, data.report.deadline_stop, capture_cut if todo else None, len(samples))
+            cut = _budget_cut(cfg, data.report.deadline_stop, capture_cut, len(samples))
             if cut is not None:  # the samples done in time make the dataset
                 writer.flush()  # the queued ones are durable, then counted
                 done_ids = writer.done_ids()
