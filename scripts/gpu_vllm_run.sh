@@ -25,7 +25,8 @@
 #   bash scripts/gpu_vllm_run.sh budget_train   train.py's part (what the extraction left; its check in CUDA vLLM);
 #                                               the two parts in two calls when together they pass the 10-minute cap
 #   bash scripts/gpu_vllm_run.sh budget_peer    speculators 0.9 trained on the same data for the minutes our training
-#                                               had, then both heads measured by evaluate.py on the same prompts
+#                                               had, then measured by evaluate.py on the prompts of our check
+#   bash scripts/gpu_vllm_run.sh budget_serving both budget heads by bench/serving_speedup.py (LOADS, DRAFT_TOKENS)
 # Several stages may share one call: bash scripts/gpu_vllm_run.sh train serving
 # Results (JSON, figures, logs' tails) go to $OUT; nothing else comes back.
 set -euo pipefail
@@ -171,8 +172,12 @@ stage_budget_peer() {
     --cache-dir /tmp/cache --minutes "$minutes" --out /tmp/run-peer > "$OUTD/peer_train.log" 2>&1 || true
   tail -8 "$OUTD/peer_train.log"
   cp /tmp/run-peer/peer_train.json "$OUTD/" 2>/dev/null || true
-  # both heads by the same evaluate.py run settings: the validation split's opening turns + HumanEval
-  for run in brun run-peer; do
+  # the peer's head by evaluate.py with the settings of train.py's check of ours (eval.*'s defaults:
+  # 32 prompts, the validation split's opening turns + 16 HumanEval, 128 new tokens, eager engines),
+  # so the check's acceptance.json is ours on the same prompts; EVAL_OURS=1 measures ours again here
+  local runs=(run-peer); [ "${EVAL_OURS:-0}" = 1 ] && runs=(brun run-peer)
+  cp /tmp/brun/export/acceptance.json "$OUTD/eval_brun_check.json" 2>/dev/null || true
+  for run in "${runs[@]}"; do
     python3 evaluate.py export_dir=/tmp/$run/export dataset_dir="$ds" verifier="$model" out_dir=/tmp/eval-$run \
       eval.max_prompts=32 eval.humaneval_prompts=16 eval.max_new_tokens=128 engine.enforce_eager=true baseline=false \
       2>&1 | quiet | tail -4
@@ -180,11 +185,23 @@ stage_budget_peer() {
   done
 }
 
+stage_budget_serving() {
+  # both budget heads in serving (bench/serving_speedup.py); one work dir, so the target-alone
+  # engine (the same request for both) runs once and the second head reuses its result
+  local model ds; model=$(smollm2_dir)
+  ds=$(python3 -c 'import json; print(json.load(open("/tmp/brun/summary.json"))["dataset_dir"])')
+  for run in brun run-peer; do
+    python3 bench/serving_speedup.py --export-dir /tmp/$run/export --verifier "$model" --dataset-dir "$ds" \
+      --loads ${LOADS:-1,8} --draft-tokens ${DRAFT_TOKENS:-3} --max-new-tokens 128 \
+      --out "$OUTD/serving_$run.json" --work-dir /tmp/budget_serving 2>&1 | quiet | tail -12
+  done
+}
+
 [ "$#" -gt 0 ] || { echo "usage: gpu_vllm_run.sh carry K | capture | dataset | train | ranking | serving | regen | tests ..." >&2; exit 2; }
 while [ "$#" -gt 0 ]; do
   case "$1" in
     carry) stage_carry "$2"; shift 2 ;;
-    capture|dataset|train|ranking|serving|regen|tests|budget_extract|budget_train|budget_peer) echo "=== $1"; "stage_$1"; shift ;;
+    capture|dataset|train|ranking|serving|regen|tests|budget_extract|budget_train|budget_peer|budget_serving) echo "=== $1"; "stage_$1"; shift ;;
     *) echo "unknown stage $1" >&2; exit 2 ;;
   esac
 done
