@@ -11,8 +11,8 @@ import pytest
 from conftest import compose
 
 from eagle3.data import prepare_samples
+from eagle3.data.split import interleaved
 from eagle3.stages import time_budget
-from eagle3.stages.extract import interleaved
 from eagle3.stages.extract import run as extract
 from eagle3.store import Manifest
 from eagle3.target.generate.hf_engine import HFRegenerator
@@ -158,3 +158,27 @@ def test_a_regeneration_that_overran_leaves_capture_its_own_share():
     half = time_budget.capture_deadline(split, late, split.samples // 2)
     assert half is not None
     assert half.at_s == pytest.approx(late.reads + split.capture_s * (split.samples // 2) / split.samples)
+
+
+def test_an_online_dataset_records_its_cut_as_a_stored_one_does(tmp_path, monkeypatch):
+    """extract.py train.hidden_states=online whose regeneration deadline passes after the first
+    batch: the token dataset holds what was answered in time, and provenance.budget_cut has the
+    stored dataset's fields (one shape for both kinds of dataset)."""
+    monkeypatch.setattr(time_budget, "regen_deadline", lambda split, clock: _ScriptedDeadline([1e6, 0.0]))
+    args = [
+        "experiment=tiny_test",
+        "train.hidden_states=online",
+        "data.regenerate=true",
+        "data.regen_backend=hf",
+        "data.regen_max_tokens=4",
+        "data.regen_batch_size=8",
+        f"paths.data_dir={tmp_path}",
+        f"paths.cache_dir={tmp_path / 'cache'}",
+    ]
+    ds = Manifest.read_complete(extract(compose("extract", args)))
+    assert ds is not None and ds.hidden_states == "online"
+    cut = ds.provenance["budget_cut"]
+    assert set(cut) == {"planned_conversations", "rendered_samples", "regeneration", "capture", "samples"}
+    assert cut["planned_conversations"] == 40 and cut["capture"] is None
+    assert "8 conversations regenerated" in cut["regeneration"]
+    assert ds.num_samples == cut["samples"] == cut["rendered_samples"] <= 8

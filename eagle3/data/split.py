@@ -26,3 +26,11 @@ def check_val_fraction(val_fraction: float) -> None:
 def is_validation(sample_id: str, val_fraction: float, seed: int) -> bool:
     check_val_fraction(val_fraction)
     return split_score(sample_id, seed) < val_fraction
+
+
+def interleaved(train: list, val: list) -> list:
+    """train and val in one list, each in its own order, val spread evenly through it: a
+    capture cut short at any point keeps about the split's share of validation samples."""
+    keyed = [((i + 0.5) / len(train), 0, s) for i, s in enumerate(train)]
+    keyed += [((j + 0.5) / len(val), 1, s) for j, s in enumerate(val)]
+    return [s for _, _, s in sorted(keyed, key=lambda k: (k[0], k[1]))]

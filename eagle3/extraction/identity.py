@@ -175,6 +175,26 @@ def provenance(recipe: DatasetRecipe, regen_engine: str | None) -> dict[str, Any
     }
 
 
+def budget_cut(
+    planned_conversations: int | None,
+    rendered_samples: int,
+    samples: int,
+    *,
+    regeneration: str | None,
+    capture: str | None = None,
+) -> dict[str, Any]:
+    """What the manifest records of a dataset a time budget cut short (``provenance.budget_cut``):
+    the conversations the plan asked, the samples rendered from what was answered in time, why
+    regeneration and capture each stopped (None: that part was not cut) and the samples kept."""
+    return {
+        "planned_conversations": planned_conversations,
+        "rendered_samples": rendered_samples,
+        "regeneration": regeneration,
+        "capture": capture,
+        "samples": samples,
+    }
+
+
 def check_regen_engine(ds_dir: Path, engine: str | None) -> None:
     """An unfinished dataset whose answers so far came from one engine is not resumed with
     another's (the engine is no part of the fingerprint)."""

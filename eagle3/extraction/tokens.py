@@ -9,7 +9,13 @@ from pathlib import Path
 from rich.console import Console
 
 from eagle3.data.vocab import build_draft_vocab, token_frequencies
-from eagle3.extraction.identity import DatasetRecipe, provenance, token_dataset_path, token_fingerprint_inputs
+from eagle3.extraction.identity import (
+    DatasetRecipe,
+    budget_cut,
+    provenance,
+    token_dataset_path,
+    token_fingerprint_inputs,
+)
 from eagle3.extraction.samples import RegenMachine, prepare, regenerator_for
 from eagle3.store import Manifest, format_bytes, write_token_dataset
 from eagle3.store.layout import LOCK
@@ -68,8 +74,9 @@ def _write(
     )
     samples = data.train + data.val
     cut = data.report.deadline_stop
-    # a time budget that stopped regeneration early: where (the dataset has what was answered in time)
-    budget_cut = {"budget_cut": {"regeneration": cut, "samples": len(samples)}} if cut else {}
+    # a time budget that stopped regeneration early (the dataset has what was answered in time)
+    rendered = len(samples)
+    cut_note = {"budget_cut": budget_cut(recipe.data.max_samples, rendered, rendered, regeneration=cut)} if cut else {}
     freq = token_frequencies(samples, model.vocab_size)
     size = min(draft_vocab_size, model.vocab_size)
     manifest = write_token_dataset(
@@ -83,7 +90,7 @@ def _write(
         token_freq=freq,
         vocabs={size: build_draft_vocab(freq, size)},
         # its wall time: what a time budget counts
-        provenance={**provenance(recipe, engine), **budget_cut, "extract_seconds": round(clock.seconds(), 1)},
+        provenance={**provenance(recipe, engine), **cut_note, "extract_seconds": round(clock.seconds(), 1)},
         lock=lock,
     )
     stored = (

@@ -23,9 +23,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from eagle3.config.schema import HiddenStates, RunConfig, VerifyMode, run_config
+from eagle3.data.split import interleaved
 from eagle3.data.vocab import build_draft_vocab, token_frequencies
 from eagle3.extraction.identity import (
     DatasetRecipe,
+    budget_cut,
     check_regen_engine,
     dataset_path,
     fingerprint_inputs,
@@ -214,13 +216,20 @@ def _extract(
                     capture_cut = _capture(backend, todo, writer, deadline)
                 finally:
                     backend.close()
-            cut = _budget_cut(cfg, data.report.deadline_stop, capture_cut, len(samples))
-            if cut is not None:  # the samples done in time make the dataset
+            if data.report.deadline_stop is not None or capture_cut is not None:
+                # the samples done in time make the dataset
                 writer.flush()  # the queued ones are durable, then counted
                 done_ids = writer.done_ids()
+                rendered = len(samples)
                 samples = [s for s in samples if s.id in done_ids]
                 val_ids = [i for i in val_ids if i in done_ids]
-                cut["samples"] = len(samples)
+                cut = budget_cut(
+                    cfg.data.max_samples,
+                    rendered,
+                    len(samples),
+                    regeneration=data.report.deadline_stop,
+                    capture=capture_cut,
+                )
                 writer.record_provenance({"budget_cut": cut})
             freq = token_frequencies(samples, cfg.model.vocab_size)
             size = min(cfg.train.draft_vocab_size, cfg.model.vocab_size)
@@ -272,26 +281,6 @@ def capture_route(backend_name: str, backend: CaptureBackend) -> str:
     ``vllm/native_host_copy`` (the route the vLLM backend resolved at start)."""
     route = getattr(backend, "route", None)
     return f"{backend_name}/{route}" if route else backend_name
-
-
-def interleaved(train: list, val: list) -> list:
-    """train and val in one list, each in its own order, val spread evenly through it: a
-    capture cut short at any point keeps about the split's share of validation samples."""
-    keyed = [((i + 0.5) / len(train), 0, s) for i, s in enumerate(train)]
-    keyed += [((j + 0.5) / len(val), 1, s) for j, s in enumerate(val)]
-    return [s for _, _, s in sorted(keyed, key=lambda k: (k[0], k[1]))]
-
-
-def _budget_cut(cfg: RunConfig, regen_stop: str | None, capture_stop: str | None, samples: int) -> dict | None:
-    """The provenance of a dataset a time budget cut short (None when nothing was cut)."""
-    if regen_stop is None and capture_stop is None:
-        return None
-    return {
-        "planned_conversations": cfg.data.max_samples,
-        "rendered_samples": samples,
-        "regeneration": regen_stop,
-        "capture": capture_stop,
-    }
 
 
 def _capture(backend: CaptureBackend, todo, writer: ShardWriter, deadline: Deadline | None = None) -> str | None:
