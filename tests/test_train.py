@@ -427,9 +427,10 @@ def test_the_best_metric_is_printed_with_its_measured_error_against_vllm():
     line = best_metric_line("val/replay_accept_len", 1.5)
     assert line is not None and line.startswith("best val/replay_accept_len: 1.500 (against vLLM")
     assert f"over {replay.heads} heads" in line and f"{replay.mean_error:+.3f} on average" in line
-    # where the errors were measured, and the one head measured beyond it
+    # where the errors were measured, and each head measured beyond that range with its own error
     low, high = replay.vllm_range
-    assert f"measuring {low:.2f}-{high:.2f}" in line and replay.beyond is not None
-    assert f"a head measuring {replay.beyond[0]:.2f}: error {replay.beyond[1]:+.2f}" in line
+    assert f"measuring {low:.2f}-{high:.2f}" in line and replay.beyond
+    for measured, error in replay.beyond:
+        assert f"{measured:.2f} (error {error:+.2f})" in line
     assert best_metric_line("val/loss", 2.0) == "best val/loss: 2.000"  # nothing measured for it
     assert best_metric_line("val/replay_accept_len", None) is None  # no validation ran

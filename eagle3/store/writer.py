@@ -3,7 +3,7 @@
 Order of durability: a shard is written to a temp name, fsynced and renamed; only then is
 the manifest (also temp + rename) updated. So at any kill point the directory holds valid
 shards, maybe one renamed shard the manifest does not list yet (adopted on reopen), and
-maybe temp files (removed on reopen). Reopening verifies every shard; a listed one found
+maybe temp files (removed on reopen). Reopening (``store/reopen.py``) verifies every shard; a listed one found
 missing, short or corrupt is deleted and redone in place (``store/redo.py``: its samples
 leave ``done_ids()``, and once captured again they are that shard again). extract.py repairs
 a complete dataset this way. One writer per dataset (a lock naming its pid and host, from
@@ -36,18 +36,16 @@ from eagle3.store.layout import (
     LOCK,
     MANIFEST,
     SHARD_RE,
-    TMP_MARK,
     TOKEN_FREQ,
-    FingerprintMismatchError,
     Manifest,
     ShardInfo,
     StoreError,
-    dtype_name,
     shard_name,
     vocab_name,
 )
 from eagle3.store.redo import RedoSlots
-from eagle3.store.shard_file import ShardIdentity, inspect_shard, write_shard
+from eagle3.store.reopen import open_manifest, recover
+from eagle3.store.shard_file import ShardIdentity, write_shard
 from eagle3.store.vocab_files import save_token_freq, save_vocab
 from eagle3.store.writer_threads import BackgroundWrites
 from eagle3.util.locks import DirLock, LockHeldError
@@ -116,7 +114,7 @@ class ShardWriter(BackgroundWrites):
         self._owns_lock = lock is None
         self._lock: DirLock | None = self._acquire_lock() if lock is None else lock
         try:
-            self.manifest = self._open_manifest(fingerprint_inputs)
+            self.manifest = open_manifest(self.directory, self.ident, fingerprint_inputs)
             # how this run makes the dataset (Manifest.provenance): recorded before any shard
             self.record_provenance(provenance or {})
             self._recover(verify, set(redo))
@@ -146,101 +144,12 @@ class ShardWriter(BackgroundWrites):
             self._lock.release()
         self._lock = None
 
-    def _open_manifest(self, fingerprint_inputs: Mapping[str, Any]) -> Manifest:
-        ident = self.ident
-        if not (self.directory / MANIFEST).exists():
-            m = Manifest(
-                fingerprint=ident.fingerprint,
-                fingerprint_inputs=canonical(fingerprint_inputs),
-                layer_ids=list(ident.layer_ids),
-                hidden_size=ident.hidden_size,
-                dtype=dtype_name(ident.dtype),
-            )
-            m.write(self.directory)  # record identity first: a later run with other inputs refuses
-            return m
-        m = Manifest.read(self.directory)
-        if m.fingerprint != ident.fingerprint:
-            theirs, ours = m.fingerprint_inputs, canonical(fingerprint_inputs)
-            diff = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
-            raise FingerprintMismatchError(
-                f"{self.directory}: fingerprint: expected {ident.fingerprint} (this config), got "
-                f"{m.fingerprint} (the dataset there); inputs that differ: {diff}. Refusing to mix "
-                "two datasets: use another directory or delete this one."
-            )
-        for field, want, got in (
-            ("layer_ids", list(ident.layer_ids), m.layer_ids),
-            ("hidden_size", ident.hidden_size, m.hidden_size),
-            ("dtype", dtype_name(ident.dtype), m.dtype),
-        ):
-            if want != got:
-                raise FingerprintMismatchError(
-                    f"{self.directory / MANIFEST}: {field}: expected {want}, got {got} (same fingerprint: "
-                    "the fingerprint inputs must include layer ids, hidden size and dtype)"
-                )
-        return m
-
-    def _recover(self, verify: str, redo: set[str]) -> None:
-        for p in sorted(self.directory.iterdir()):
-            if TMP_MARK in p.name:  # a crash's half-written file; we hold the lock, so nobody owns it
-                p.unlink()
-                self.removed_temp.append(p.name)
-                log.warning("%s: removed leftover temp file %s", self.directory, p.name)
-        m = self.manifest
-        before = (list(m.sample_ids), [s.file for s in m.shards], m.complete)
-        kept, ids, seen = [], [], set()
-        listed = {s.file for s in m.shards}
-        listed_ids = m.ids_by_shard()
-
-        def keep(info: ShardInfo, sample_ids: list[str]) -> None:
-            kept.append(info)
-            ids.extend(sample_ids)
-            seen.update(sample_ids)
-            self._ids_by_file[info.file] = list(sample_ids)
-
-        for info in m.shards:
-            try:
-                if info.file in redo:  # the caller's own check found it damaged: not inspected twice
-                    raise StoreError(f"{info.file}: found damaged before opening")
-                info, sample_ids = inspect_shard(self.directory / info.file, self.ident, info, verify)
-                if seen & set(sample_ids):
-                    raise StoreError(f"{info.file}: sample ids already in an earlier shard")
-            except StoreError as e:
-                self._drop(info.file, str(e))
-                slot = listed_ids.get(info.file)
-                if slot and not seen & set(slot):  # its samples are known: redo it in place
-                    keep(info, slot)
-                    self._redo.add(info.file, slot)
-                continue
-            keep(info, sample_ids)
-        for p in sorted(self.directory.glob("shard-*.safetensors")):
-            if p.name in listed or not SHARD_RE.match(p.name):
-                continue
-            try:  # renamed into place, then killed before the manifest update
-                info, sample_ids = inspect_shard(p, self.ident, None, verify)
-                if seen & set(sample_ids):
-                    raise StoreError(f"{p.name}: sample ids already in another shard")
-            except StoreError as e:
-                self._drop(p.name, f"unlisted shard: {e}")
-                continue
-            keep(info, sample_ids)
-            self.adopted.append(p.name)
-            log.warning(
-                "%s: adopted shard %s (written before a crash, not yet in the manifest)", self.directory, p.name
-            )
-        m.shards, m.sample_ids = kept, ids
-        if self.dropped or self.adopted:
-            m.complete = False
-        m.recount()
-        if (list(m.sample_ids), [s.file for s in m.shards], m.complete) != before:
-            m.write(self.directory)
-        indices = [_index(s.file) for s in m.shards]
-        self._next_index = max(indices, default=-1) + 1
-        self._done = set(m.sample_ids) - self._redo.waiting()
-
-    def _drop(self, file: str, why: str) -> None:
-        log.warning("%s: dropping shard %s, its samples will be captured again: %s", self.directory, file, why)
-        self.dropped.append((file, why))
-        (self.directory / file).unlink(missing_ok=True)
+    def _recover(self, verify: str, damaged: set[str]) -> None:
+        found = recover(self.directory, self.manifest, self.ident, verify, damaged)
+        self.removed_temp, self.dropped, self.adopted = found.removed_temp, found.dropped, found.adopted
+        self._ids_by_file, self._redo = found.ids_by_file, found.redo
+        self._next_index = max((_index(s.file) for s in self.manifest.shards), default=-1) + 1
+        self._done = set(self.manifest.sample_ids) - self._redo.waiting()
 
     # ------------------------------------------------------------------ writing
 
