@@ -43,7 +43,6 @@ from eagle3.store.layout import (
     shard_name,
     vocab_name,
 )
-from eagle3.store.redo import RedoSlots
 from eagle3.store.reopen import open_manifest, recover
 from eagle3.store.shard_file import ShardIdentity, write_shard
 from eagle3.store.vocab_files import save_token_freq, save_vocab
@@ -88,16 +87,11 @@ class ShardWriter(BackgroundWrites):
         self.shard_max_tokens = int(shard_max_tokens)
         self.fingerprint = dataset_fingerprint(fingerprint_inputs)
         self.ident = ShardIdentity(self.fingerprint, tuple(int(i) for i in layer_ids), int(hidden_size), dtype)
-        self.dropped: list[tuple[str, str]] = []  # (file, why) of shards found broken on open
-        self.adopted: list[str] = []  # shards found renamed but not yet in the manifest
-        self.removed_temp: list[str] = []
         self._pending: list[tuple[str, Any]] = []
         self._pending_ids: set[str] = set()
         self._pending_tokens = 0
         self.background = bool(background)
         self.writer_threads = int(writer_threads)
-        self._ids_by_file: dict[str, list[str]] = {}  # each listed shard's sample ids, in shard order
-        self._redo = RedoSlots()  # listed shards found broken, rewritten once their samples are back
         self._state = threading.Lock()  # manifest, _done, _inflight_ids: shared with the writer thread
         self._inflight_ids: set[str] = set()  # handed to the writer thread, not durable yet
         self._jobs: queue.Queue[tuple[int, list[str], list[Any]] | None] | None = None
@@ -145,9 +139,11 @@ class ShardWriter(BackgroundWrites):
         self._lock = None
 
     def _recover(self, verify: str, damaged: set[str]) -> None:
+        # what reopening found (store/reopen.py: Reopened) is the writer's state from here on
         found = recover(self.directory, self.manifest, self.ident, verify, damaged)
         self.removed_temp, self.dropped, self.adopted = found.removed_temp, found.dropped, found.adopted
-        self._ids_by_file, self._redo = found.ids_by_file, found.redo
+        self._ids_by_file = found.ids_by_file  # each listed shard's sample ids, in shard order
+        self._redo = found.redo  # listed shards found broken, rewritten once their samples are back
         self._next_index = max((_index(s.file) for s in self.manifest.shards), default=-1) + 1
         self._done = set(self.manifest.sample_ids) - self._redo.waiting()
 
