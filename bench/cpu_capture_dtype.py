@@ -1,6 +1,6 @@
 """Capture on a CPU: the target forward in bf16 against fp32, both storing bf16 records, on the
 same real SmolLM2 and ShareGPT samples in one run, and which one eagle3 picks on this CPU
-(eagle3/target/compute_dtype.py). A CPU without native bf16 matmuls (no avx512_bf16 / AMX)
+(eagle3/target_model/compute_dtype.py). A CPU without native bf16 matmuls (no avx512_bf16 / AMX)
 emulates bf16; ``--emulate-no-bf16`` re-runs the measurement in a subprocess with oneDNN and
 ATen capped to AVX2 (ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2), which is how such a
 CPU computes, so both kinds are measured on one machine.
@@ -34,9 +34,9 @@ def measure(samples: int, max_length: int) -> dict:
     from transformers import AutoTokenizer
 
     from eagle3.data.pipeline import prepare_samples
-    from eagle3.target.capture_hf import HFCaptureBackend, _load_base_model
-    from eagle3.target.compute_dtype import compute_dtype, cpu_flags
-    from eagle3.target.resolve import materialize_smollm2
+    from eagle3.target_model.capture_hf import HFCaptureBackend, _load_base_model
+    from eagle3.target_model.compute_dtype import compute_dtype, cpu_flags
+    from eagle3.target_model.resolve import materialize_smollm2
 
     model_dir = materialize_smollm2(ROOT / ".cache")
     tok = AutoTokenizer.from_pretrained(model_dir)

@@ -24,7 +24,7 @@ Runs (each over the same --batches x --batch-size x --seq random-token prompts, 
                  the capture loop (no overlap)
     disk         the disk alone: the same bytes in shard-sized files, written + fsynced by
                  --writer-threads threads, no hashing: the tokens/s this disk allows
-    vllm         VLLMCaptureBackend -> ShardWriter (CPU; only if eagle3/target/capture_vllm.py
+    vllm         VLLMCaptureBackend -> ShardWriter (CPU; only if eagle3/target_model/capture_vllm.py
                  exists and vLLM imports; engine start-up is reported, not timed)
 
 Compute limit = measured bf16 matmul peak / (2 x parameters): tokens/s if every parameter
@@ -125,7 +125,7 @@ def build_model(args, device: torch.device):
         with torch.device(device):
             model = AutoModel.from_config(cfg, dtype=torch.bfloat16)
         return model.eval(), cfg.num_hidden_layers, LLAMA_8B_PARAMS, None
-    from eagle3.target.resolve import materialize_smollm2
+    from eagle3.target_model.resolve import materialize_smollm2
 
     model_dir = str(materialize_smollm2(args.cache_dir))
     model = AutoModel.from_pretrained(model_dir, dtype=torch.bfloat16).to(device).eval()
@@ -202,10 +202,10 @@ def run_plain(model, prompts, keep: list[int], args, device, to_host: bool) -> R
     return res
 
 
-def hf_backend(model, model_dir, capture_ids, device, args):
+def hf_backend(model, model_dir, layer_ids, device, args):
     """HFCaptureBackend; for a random model, its loader returns the in-memory model instead of
     reading a checkpoint (the only change; capture, hooks and checks are the backend's own)."""
-    import eagle3.target.capture_hf as hb
+    import eagle3.target_model.capture_hf as hb
 
     original = hb._load_base_model
     if model_dir is None:
@@ -213,7 +213,7 @@ def hf_backend(model, model_dir, capture_ids, device, args):
     try:
         return hb.HFCaptureBackend(
             model_dir or "<random llama3-8b in memory>",
-            capture_ids,
+            layer_ids,
             dtype=torch.bfloat16,
             device=str(device),
             max_tokens_per_batch=args.batch_size * args.seq,
@@ -223,17 +223,17 @@ def hf_backend(model, model_dir, capture_ids, device, args):
         hb._load_base_model = original
 
 
-def open_writer(root: str, capture_ids, hidden: int, name: str, background: bool, args):
+def open_writer(root: str, layer_ids, hidden: int, name: str, background: bool, args):
     shutil.rmtree(os.path.join(root, name), ignore_errors=True)
     threads = 1 if name == "hf_1thread" else args.writer_threads
     return open_writer_existing(
-        root, capture_ids, hidden, name, args, verify="fast", background=background, writer_threads=threads
+        root, layer_ids, hidden, name, args, verify="fast", background=background, writer_threads=threads
     )
 
 
 def open_writer_existing(
     root: str,
-    capture_ids,
+    layer_ids,
     hidden: int,
     name: str,
     args,
@@ -246,7 +246,7 @@ def open_writer_existing(
     directory = os.path.join(root, name)
     return ShardWriter(
         directory,
-        layer_ids=capture_ids,
+        layer_ids=layer_ids,
         hidden_size=hidden,
         dtype=torch.bfloat16,
         fingerprint_inputs={"bench": "extract_throughput", "run": name},
@@ -299,7 +299,7 @@ def run_capture(
     device,
     name: str,
     root: str | None,
-    capture_ids,
+    layer_ids,
     hidden,
     background: bool = False,
     instrument: bool = False,
@@ -312,7 +312,7 @@ def run_capture(
     warm = prompts[: args.batch_size]
     for _ in backend.capture_with_ids(warm):  # warm-up batch, not timed
         pass
-    writer = open_writer(root, capture_ids, hidden, name, background, args) if root else None
+    writer = open_writer(root, layer_ids, hidden, name, background, args) if root else None
     timers = Timers(device)
     if instrument:
         # syncs after each forward: the overlap of the host copy is lost in this run
@@ -342,9 +342,9 @@ def run_capture(
         b["stack + checks + copy queued (launch - forward)"] = launch - b.get("forward", 0.0)
         res.breakdown_s.update({k: round(v, 3) for k, v in b.items()})
     if root:
-        res.notes.append(f"wrote {res.tokens * len(capture_ids) * hidden * 2 / 2**30:.2f} GiB of hidden states")
+        res.notes.append(f"wrote {res.tokens * len(layer_ids) * hidden * 2 / 2**30:.2f} GiB of hidden states")
         if verify_after:  # the digests taken while writing must match the files: full verification
-            check = open_writer_existing(root, capture_ids, hidden, name, args)
+            check = open_writer_existing(root, layer_ids, hidden, name, args)
             res.notes.append(
                 f"reopened with verify=full: {len(check.manifest.shards)} shards, {len(check.dropped)} dropped"
             )
@@ -353,14 +353,14 @@ def run_capture(
     return res
 
 
-def run_vllm(model_dir, prompts, args, capture_ids, hidden, root) -> RunResult:
+def run_vllm(model_dir, prompts, args, layer_ids, hidden, root) -> RunResult:
     res = RunResult("vllm")
-    from eagle3.target.capture_vllm import VLLMCaptureBackend
+    from eagle3.target_model.capture_vllm import VLLMCaptureBackend
 
     t0 = time.perf_counter()
     backend = VLLMCaptureBackend(
         model_dir,
-        capture_ids,
+        layer_ids,
         dtype=torch.bfloat16,
         cpu_kvcache_space_gb=2,
         max_num_seqs=args.batch_size,
@@ -369,7 +369,7 @@ def run_vllm(model_dir, prompts, args, capture_ids, hidden, root) -> RunResult:
     )
     res.notes.append(f"engine start-up {time.perf_counter() - t0:.1f} s (not timed)")
     try:
-        r = run_capture(backend, prompts, args, torch.device("cpu"), "vllm", root, capture_ids, hidden)
+        r = run_capture(backend, prompts, args, torch.device("cpu"), "vllm", root, layer_ids, hidden)
     finally:
         backend.close()
     r.notes = res.notes + r.notes
@@ -442,7 +442,7 @@ def main() -> None:
     best = max(peak.values())
     model, n_layers, params, model_dir = build_model(args, device)
     hidden = int(model.config.hidden_size)
-    capture_ids = sorted({2, n_layers // 2, n_layers - 3, n_layers})
+    layer_ids = sorted({2, n_layers // 2, n_layers - 3, n_layers})
     limit = best * 1e12 / (2 * params)
     prompts = make_prompts(args, int(model.config.vocab_size))
     print(
@@ -462,7 +462,7 @@ def main() -> None:
             "params_for_limit": params,
             "matmul_peak_tflops": peak,
             "compute_limit_tokens_per_s": limit,
-            "capture_ids": capture_ids,
+            "layer_ids": layer_ids,
             "args": vars(args),
             "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
             "results": [asdict(r) for r in results],
@@ -472,13 +472,13 @@ def main() -> None:
             json.dump(doc, f, indent=1)
 
     want_hf = "hf" in args.backends
-    backend = hf_backend(model, model_dir, capture_ids, device, args) if want_hf else None
+    backend = hf_backend(model, model_dir, layer_ids, device, args) if want_hf else None
     for run in args.runs if want_hf else []:
         try:
             if run == "disk":
-                r = run_disk(args, root, len(capture_ids) * hidden * 2)
+                r = run_disk(args, root, len(layer_ids) * hidden * 2)
             elif run.startswith("plain"):
-                r = run_plain(model, prompts, capture_ids, args, device, run == "plain_d2h")
+                r = run_plain(model, prompts, layer_ids, args, device, run == "plain_d2h")
             else:
                 backend.overlap_host_copy = run == "hf_overlap"
                 r = run_capture(
@@ -488,7 +488,7 @@ def main() -> None:
                     device,
                     run,
                     None if run == "hf_nowrite" else root,
-                    capture_ids,
+                    layer_ids,
                     hidden,
                     background=run in ("hf", "hf_overlap", "hf_breakdown", "hf_1thread"),
                     instrument=run == "hf_breakdown",
@@ -509,11 +509,11 @@ def main() -> None:
     del model, backend
     gc.collect()
     if "vllm" in args.backends:
-        results.append(vllm_or_skip(model_dir, prompts, args, capture_ids, hidden, root, gpu))
+        results.append(vllm_or_skip(model_dir, prompts, args, layer_ids, hidden, root, gpu))
         finish(results[-1], limit)
     header = (
         f"Device: {device_name(device)}; model {args.model} ({params / 1e9:.2f}B params for the limit); "
-        f"{args.batches} x {args.batch_size} x {args.seq} tokens; capture ids {capture_ids}; "
+        f"{args.batches} x {args.batch_size} x {args.seq} tokens; capture ids {layer_ids}; "
         f"bf16 matmul peak {best:.2f} TFLOP/s -> limit {limit:,.0f} tok/s"
     )
     print(markdown(results, header))
@@ -528,10 +528,10 @@ def finish(r: RunResult, limit: float) -> None:
         r.fraction_of_limit = r.tokens_per_s / limit
 
 
-def vllm_or_skip(model_dir, prompts, args, capture_ids, hidden, root, gpu) -> RunResult:
+def vllm_or_skip(model_dir, prompts, args, layer_ids, hidden, root, gpu) -> RunResult:
     here = os.path.dirname(os.path.abspath(__file__))
     if not os.path.exists(os.path.join(here, "..", "eagle3", "target", "capture_vllm.py")):
-        return RunResult("vllm", status="skipped: eagle3/target/capture_vllm.py does not exist yet")
+        return RunResult("vllm", status="skipped: eagle3/target_model/capture_vllm.py does not exist yet")
     if model_dir is None:
         return RunResult("vllm", status="skipped: vLLM needs a model directory (random in-memory model given)")
     try:
@@ -539,7 +539,7 @@ def vllm_or_skip(model_dir, prompts, args, capture_ids, hidden, root, gpu) -> Ru
     except Exception as e:
         return RunResult("vllm", status=f"skipped: vllm does not import here ({type(e).__name__})")
     try:
-        return run_vllm(model_dir, prompts, args, capture_ids, hidden, root)
+        return run_vllm(model_dir, prompts, args, layer_ids, hidden, root)
     except Exception as e:
         return RunResult("vllm", status=f"failed: {type(e).__name__}: {str(e)[:300]}")
 

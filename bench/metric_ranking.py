@@ -89,13 +89,13 @@ def head_figures(i: int, overrides: list[str], args: argparse.Namespace) -> dict
             f"export_dir={summary['export_dir']}",
             f"out_dir={acceptance_file.parent}",
         ]
-        cmd += [f"dataset_dir={summary['dataset_dir']}", f"verifier={summary['verifier_dir']}", "baseline=false"]
+        cmd += [f"dataset_dir={summary['dataset_dir']}", f"target={summary['target_dir']}", "baseline=false"]
         cmd += [f"eval.max_prompts={args.eval_prompts}", f"eval.humaneval_prompts={args.humaneval}", *args.eval_args]
         run(cmd, run_dir.parent / f"head{i}.eval.log")
         print(f"head {i}: measured by vLLM in {time.perf_counter() - t0:.0f} s", flush=True)
     if not replay_file.is_file():
         cmd = [sys.executable, "-m", "eagle3.stages.replay_export", f"export_dir={summary['export_dir']}"]
-        cmd += [f"dataset_dir={summary['dataset_dir']}", f"verifier={summary['verifier_dir']}", f"out={replay_file}"]
+        cmd += [f"dataset_dir={summary['dataset_dir']}", f"target={summary['target_dir']}", f"out={replay_file}"]
         run(cmd, run_dir.parent / f"head{i}.replay.log")
     replay = json.loads(replay_file.read_text())
     vllm = json.loads(acceptance_file.read_text())

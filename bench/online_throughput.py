@@ -41,8 +41,8 @@ from eagle3.data.vocab import build_draft_vocab  # noqa: E402
 from eagle3.draft.config import DraftConfig  # noqa: E402
 from eagle3.draft.head import Eagle3DraftHead  # noqa: E402
 from eagle3.store import ShardWriter, write_token_dataset  # noqa: E402
-from eagle3.target.capture_hf import HFCaptureBackend  # noqa: E402
-from eagle3.target.layer_ids import capture_ids, default_aux_ids  # noqa: E402
+from eagle3.target_model.capture_hf import HFCaptureBackend  # noqa: E402
+from eagle3.target_model.layer_ids import aux_and_final, default_aux_ids  # noqa: E402
 from eagle3.training.callbacks import TokenThroughput  # noqa: E402
 from eagle3.training.datamodule import Eagle3DataModule  # noqa: E402
 from eagle3.training.module import Eagle3LitModule  # noqa: E402
@@ -258,7 +258,7 @@ def main() -> None:
     vocab = (freq, build_draft_vocab(freq, p["draft_vocab"]))
     root = Path(args.dir or tempfile.mkdtemp(prefix="online_bench_"))
     n = hf["num_hidden_layers"]
-    layer_ids = capture_ids(default_aux_ids(n), n)  # EAGLE-3's default aux layers + the final state
+    layer_ids = aux_and_final(default_aux_ids(n), n)  # EAGLE-3's default aux layers + the final state
     tokens_dir = root / "tokens"
     write_token_dataset(
         tokens_dir,

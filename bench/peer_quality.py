@@ -5,12 +5,12 @@ training on one GPU, then the same measurements of both exports.
     python bench/peer_quality.py replay --export-dir <run>/export --dataset-dir <dir> --out <run>/replay.json
     python bench/peer_quality.py tokens --run-dir <train.py run dir> --out <run>/tokens.json         # GPU
     python bench/peer_quality.py table --run ours=<run> --run peer=<run> --dataset-dir <dir with manifest.json> \
-        --verifier .cache/targets/<target>                                                           # CPU, vLLM
+        --target .cache/targets/<target>                                                           # CPU, vLLM
 
 train-peer is bench/peer_train.py (speculators' model and loss, its recipe); ours is train.py with
 train.max_time (scripts/gpu_peer_quality.sh runs both side by side and packs the results).
 
-replay: the val-split replay of any export (eagle3.evaluation.diagnostics.replay_export.measure: rounds as
+replay: the val-split replay of any export (eagle3.evaluation.diagnostics.head_replay.train_side_figures: rounds as
 serving runs them, K draft tokens, answers cut at --max-answer-tokens). Our head cannot represent
 speculators' EAGLE-3.1 norms (norm_output, norm_before_residual) or sliding windows, so an export
 that uses them is replayed by speculators' own model behind eagle3's head interface
@@ -45,7 +45,7 @@ import peer_train  # noqa: E402
 
 class SpeculatorsHead:
     """A speculators Eagle3DraftModel behind eagle3's head interface (forward on our aligned
-    packed rows, target_logits), for replay_export.measure. At our position t it gets what its
+    packed rows, target_logits), for head_replay.train_side_figures. At our position t it gets what its
     shift_batch would give it (input x_{t+1}, aux g_t, position + 1), so its step logits at t are
     ours at t (eagle3/draft/head.py); positions whose chain runs past a sample's end read other
     tokens in the two models, and are never counted."""
@@ -100,27 +100,27 @@ def replay(
     export_dir: str | Path,
     dataset_dir: str,
     *,
-    verifier: str | None = None,
+    target: str | None = None,
     impl: str = "auto",
     num_draft_tokens: int = 3,
     max_answer_tokens: int | None = 128,
     device: str | None = None,
 ) -> dict:
-    from eagle3.evaluation.diagnostics.replay_export import load_exported_head, measure
+    from eagle3.evaluation.diagnostics.head_replay import load_exported_head, train_side_figures
     from eagle3.evaluation.export_info import read_export
 
     cfg = json.loads((Path(export_dir) / "config.json").read_text())
-    # an export names its verifier as the serving machine knows it (a hub id); read_export finds
+    # an export names its target as the serving machine knows it (a hub id); read_export finds
     # the local copy the run recorded (summary.json), as evaluate does
-    verifier = verifier or read_export(export_dir).verifier
+    target = target or read_export(export_dir).target
     if impl == "auto":
         impl = "speculators" if eagle3_lacks(cfg) else "eagle3"
     if impl == "eagle3":
-        head, _ = load_exported_head(export_dir, verifier)
+        head, _ = load_exported_head(export_dir, target)
     else:
         peer_train.import_speculators()
-        head = SpeculatorsHead(peer_train.load_peer_export(export_dir, verifier))
-    figures = measure(
+        head = SpeculatorsHead(peer_train.load_peer_export(export_dir, target))
+    figures = train_side_figures(
         head,
         dataset_dir,
         num_draft_tokens=num_draft_tokens,
@@ -214,7 +214,7 @@ def acceptance(run: Path, args) -> dict:
             f"eval.num_draft_tokens={args.num_draft_tokens}",
             f"baseline={str(args.baseline).lower()}",
         ]
-        cmd += [f"verifier={args.verifier}"] if args.verifier else []
+        cmd += [f"target={args.target}"] if args.target else []
         print("+ " + " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True)
     return json.loads((out / "acceptance.json").read_text())
@@ -229,7 +229,7 @@ def replay_of(run: Path, args) -> dict | None:
         found = replay(
             run / "export",
             args.dataset_dir,
-            verifier=args.verifier,
+            target=args.target,
             num_draft_tokens=args.num_draft_tokens,
             max_answer_tokens=args.max_new_tokens,
         )
@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> None:
     rp = sub.add_parser("replay", help="val-split replay of an export (needs the dataset's shards)")
     rp.add_argument("--export-dir", required=True)
     rp.add_argument("--dataset-dir", required=True)
-    rp.add_argument("--verifier", default=None, help="target dir (default: the export's)")
+    rp.add_argument("--target", default=None, help="target dir (default: the export's)")
     rp.add_argument("--impl", choices=("auto", "eagle3", "speculators"), default="auto")
     rp.add_argument("--num-draft-tokens", type=int, default=3)
     rp.add_argument("--max-answer-tokens", type=int, default=128, help="0: whole answers")
@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> None:
     tb = sub.add_parser("table", help="measure the runs in vLLM here and print the side-by-side table")
     tb.add_argument("--run", action="append", required=True, help="NAME=DIR, first the one ratios are taken of")
     tb.add_argument("--dataset-dir", required=True, help="the dataset (its manifest.json at least: the val prompts)")
-    tb.add_argument("--verifier", default=None, help="target dir here (default: each export's)")
+    tb.add_argument("--target", default=None, help="target dir here (default: each export's)")
     tb.add_argument("--num-draft-tokens", type=int, default=3)
     tb.add_argument("--max-prompts", type=int, default=48)
     tb.add_argument("--humaneval-prompts", type=int, default=24)
@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> None:
         doc = replay(
             args.export_dir,
             args.dataset_dir,
-            verifier=args.verifier,
+            target=args.target,
             impl=args.impl,
             num_draft_tokens=args.num_draft_tokens,
             max_answer_tokens=args.max_answer_tokens or None,

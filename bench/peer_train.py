@@ -17,8 +17,8 @@ its linear decay over epochs.
 
 Data: our dataset through Eagle3DataModule (same training split, same packer as train.py). Each
 sample is fed as speculators' `shift_batch` feeds one (input ids x[1:], aux states g[:-1],
-verifier states z[1:], positions 1..T-1), with the loss mask of the token each position predicts
-(tests/test_model_parity.py): both sides supervise the same tokens.
+target states z[1:], positions 1..T-1), with the loss mask of the token each position predicts
+(tests/test_draft_parity.py): both sides supervise the same tokens.
 
 Output: <out>/export (config.json + model.safetensors in bf16; embed_tokens, the target's frozen
 copy, left out unless --keep-embed: vLLM then shares the target's) and <out>/peer_train.json
@@ -42,7 +42,7 @@ from speculators_peer import import_speculators  # noqa: E402
 
 from eagle3.store import HiddenStateDataset  # noqa: E402
 from eagle3.store.packing import PackedBatchSampler, collate_packed  # noqa: E402
-from eagle3.target.resolve import load_target_head_weights  # noqa: E402
+from eagle3.target_model.resolve import load_target_head_weights  # noqa: E402
 from eagle3.training.builder import draft_vocab  # noqa: E402
 from eagle3.training.datamodule import Eagle3DataModule  # noqa: E402
 from eagle3.training.schedule import BudgetedCosine  # noqa: E402
@@ -59,7 +59,7 @@ def recipe_defaults() -> dict:
     return TrainConfig().flatten()
 
 
-def verifier_of(dataset: HiddenStateDataset, cache_dir: str) -> str:
+def target_of(dataset: HiddenStateDataset, cache_dir: str) -> str:
     """The target the dataset was extracted from, materialised under <cache_dir>/targets."""
     m = dataset.manifest
     # provenance.model_dir: where extraction read the target (first-scheme datasets: model.dir)
@@ -68,16 +68,16 @@ def verifier_of(dataset: HiddenStateDataset, cache_dir: str) -> str:
     path = Path(cache_dir).resolve() / "targets" / name
     if not (path / "config.json").is_file():
         raise SystemExit(
-            f"{path}: no target here (the directory extraction read: {read or name}); pass --verifier or --cache-dir"
+            f"{path}: no target here (the directory extraction read: {read or name}); pass --target or --cache-dir"
         )
     return str(path)
 
 
-def load_frozen_parts(model, verifier: str, *, init_lm_head: bool) -> None:
+def load_frozen_parts(model, target: str, *, init_lm_head: bool) -> None:
     """The target's pieces a speculators draft holds, as its load_verifier_weights copies them:
     embeddings, the draft-vocab rows of lm_head (verifier_lm_head, and lm_head at init), the
     final norm. All frozen (speculators 0.9 trains with lm_head frozen)."""
-    w = load_target_head_weights(verifier)
+    w = load_target_head_weights(target)
     rows = w["lm_head"][model.t2d.cpu()] if model.use_draft_vocab else w["lm_head"]
     pieces = [(model.embed_tokens, w["embed"]), (model.verifier_lm_head, rows), (model.verifier_norm, w["norm"])]
     if init_lm_head:
@@ -89,7 +89,7 @@ def load_frozen_parts(model, verifier: str, *, init_lm_head: bool) -> None:
         module.weight.requires_grad_(False)
 
 
-def build_peer(dataset: HiddenStateDataset, verifier: str, r: dict, attn: str):
+def build_peer(dataset: HiddenStateDataset, target: str, r: dict, attn: str):
     """Eagle3DraftModel as speculators' CLI builds it (create_transformer_layer_config +
     from_training_args), with our dataset's aux layer ids and draft vocabulary."""
     from speculators.config import SpeculatorsConfig, VerifierConfig
@@ -98,7 +98,7 @@ def build_peer(dataset: HiddenStateDataset, verifier: str, r: dict, attn: str):
     from speculators.train.cli import create_transformer_layer_config
 
     tl = create_transformer_layer_config(
-        verifier,
+        target,
         r["num_layers"],
         r["draft_arch"],
         r["draft_hidden_act"],
@@ -121,24 +121,24 @@ def build_peer(dataset: HiddenStateDataset, verifier: str, r: dict, attn: str):
             algorithm="eagle3",
             default_proposal_method="greedy",
             proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=int(r["ttt_steps"]))],
-            verifier=VerifierConfig.from_pretrained(verifier),
+            verifier=VerifierConfig.from_pretrained(target),
         ),
     )
     model = Eagle3DraftModel(config)
     model.load_vocab_mappings(t2d, d2t)
-    load_frozen_parts(model, verifier, init_lm_head=True)
+    load_frozen_parts(model, target, init_lm_head=True)
     return model
 
 
-def load_peer_export(export_dir: str | Path, verifier: str, attn: str = "sdpa"):
-    """A saved peer draft (speculators' from_pretrained), frozen parts from the verifier, fp32."""
+def load_peer_export(export_dir: str | Path, target: str, attn: str = "sdpa"):
+    """A saved peer draft (speculators' from_pretrained), frozen parts from the target, fp32."""
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
     config = Eagle3SpeculatorConfig.from_pretrained(str(export_dir))
     config.transformer_layer_config._attn_implementation = attn
-    config.speculators_config.verifier.name_or_path = str(verifier)  # the path it was trained with may not exist here
+    config.speculators_config.verifier.name_or_path = str(target)  # the path it was trained with may not exist here
     model = Eagle3DraftModel.from_pretrained(str(export_dir), config=config)
-    load_frozen_parts(model, verifier, init_lm_head=False)
+    load_frozen_parts(model, target, init_lm_head=False)
     return model.float().eval()
 
 
@@ -237,8 +237,8 @@ def train(args) -> dict:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     attn = r["draft_attn_impl"] if device.type == "cuda" else "sdpa"  # flex has no backward on CPU
     dm = Eagle3DataModule(args.dataset_dir, max_tokens_per_batch=args.seq_len, seed=int(r["seed"]))
-    verifier = str(Path(args.verifier).resolve()) if args.verifier else verifier_of(dm.dataset, args.cache_dir)
-    model = build_peer(dm.dataset, verifier, r, attn).to(device)
+    target = str(Path(args.target).resolve()) if args.target else target_of(dm.dataset, args.cache_dir)
+    model = build_peer(dm.dataset, target, r, attn).to(device)
     loss_impl, loss_note = pick_loss_impl(device)
     from speculators.losses import resolve_loss_config
     from speculators.train.optimizers import build_optimizers
@@ -302,7 +302,7 @@ def train(args) -> dict:
     doc = {
         "side": "peer (speculators Eagle3DraftModel)",
         "dataset_dir": str(Path(args.dataset_dir).resolve()),
-        "verifier": verifier,
+        "verifier": target,
         "export_dir": str((out / "export").resolve()),
         "device": str(device),
         "attention": attn,
@@ -360,7 +360,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", required=True, help="run directory: export/ and peer_train.json go here")
     ap.add_argument("--minutes", type=float, default=None, help="wall-clock budget of the training loop")
     ap.add_argument("--max-steps", type=int, default=None, help="step cap (smoke runs); with --minutes, both")
-    ap.add_argument("--verifier", default=None, help="target dir (default: <cache-dir>/targets/<dataset's model>)")
+    ap.add_argument("--target", default=None, help="target dir (default: <cache-dir>/targets/<dataset's model>)")
     ap.add_argument("--cache-dir", default=".cache")
     ap.add_argument("--draft-vocab", type=int, default=32000)
     ap.add_argument("--seq-len", type=int, default=8192, help="tokens per packed row (its total_seq_len)")

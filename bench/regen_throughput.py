@@ -1,5 +1,5 @@
 """Regeneration (data.regenerate=true) answers/s by engine on the same first user turns:
-vLLM against transformers' fast decode (eagle3.target.generate), the engines extract.py
+vLLM against transformers' fast decode (eagle3.target_model.generate), the engines extract.py
 picks between with data.regen_backend.
 
     python bench/regen_throughput.py --model-dir DIR --chat sharegpt.jsonl --n 2048 \
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from eagle3.data.loaders import load_conversations
-from eagle3.target.generate.dispatch import make_regenerator
+from eagle3.target_model.generate.dispatch import make_regenerator
 
 WARMUP = 8  # conversations answered first, while the engine loads (not in the rate)
 

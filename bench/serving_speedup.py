@@ -1,7 +1,7 @@
 """What a head buys in serving: the target alone against the target with the head in vLLM,
 at several loads (concurrent requests) and numbers of draft tokens K, greedy, on held-out prompts.
 
-    python bench/serving_speedup.py --export-dir DIR --verifier DIR [--dataset-dir DIR] \
+    python bench/serving_speedup.py --export-dir DIR --target DIR [--dataset-dir DIR] \
         [--prompts-jsonl FILE] [--loads 1,8,32,64] [--draft-tokens 1,2,3,5] [--prompts 64] \
         [--max-new-tokens 128] --out results.json [--write-advice]
 
@@ -57,7 +57,7 @@ def engine_request(
 ) -> EngineRequest:
     largest = max(plan)
     return EngineRequest(
-        model=args.verifier,
+        model=args.target,
         head=args.export_dir if k else None,
         num_draft_tokens=k,
         max_new_tokens=args.max_new_tokens,
@@ -177,7 +177,7 @@ def jsonl_prompts(path: str, n: int, tokenizer: Any, max_tokens: int) -> tuple[l
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--export-dir", required=True)
-    ap.add_argument("--verifier", required=True, help="the target's directory or hub id")
+    ap.add_argument("--target", required=True, help="the target's directory or hub id")
     ap.add_argument("--dataset-dir", default=None, help="its validation split's opening turns are prompts")
     ap.add_argument("--prompts-jsonl", default=None, help="chat lines instead of the val split + HumanEval")
     ap.add_argument("--loads", default="1,8,32,64")
@@ -203,7 +203,7 @@ def main() -> None:
 
     # the engine runs as `python -m eagle3.evaluation.engine`: it must find eagle3 from any cwd
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    tok = AutoTokenizer.from_pretrained(args.verifier)
+    tok = AutoTokenizer.from_pretrained(args.target)
     max_prompt = args.max_model_len - args.max_new_tokens - 8
     if args.prompts_jsonl:
         prompts, counts = jsonl_prompts(args.prompts_jsonl, args.prompts, tok, max_prompt)
@@ -254,7 +254,7 @@ def main() -> None:
     advice.head_sha256 = serving_advice.head_sha256(args.export_dir)
     if args.write_advice:
         print(f"wrote {advice.write(args.export_dir)}")
-    for line in serving_advice.serving_lines(args.export_dir, args.verifier, max(ks), advice):
+    for line in serving_advice.serving_lines(args.export_dir, args.target, max(ks), advice):
         print(line)
 
 

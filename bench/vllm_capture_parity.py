@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from eagle3.data.pipeline import prepare_samples
-from eagle3.target.capture_hf import HFCaptureBackend
-from eagle3.target.capture_vllm import VLLMCaptureBackend
+from eagle3.target_model.capture_hf import HFCaptureBackend
+from eagle3.target_model.capture_vllm import VLLMCaptureBackend
 
 CAPTURE_IDS = (2, 15, 27, 30)  # SmolLM2: aux [2, 15, 27] + N = 30
 
@@ -128,7 +128,7 @@ def main() -> None:
             kept = dict(vb.capture_with_ids(feed_keep))
             vb.keep_files_dir = None
             for sid, rec in kept.items():
-                side = {"sample_id": sid, "loss_mask": rec.loss_mask.int().tolist(), "capture_ids": list(CAPTURE_IDS)}
+                side = {"sample_id": sid, "loss_mask": rec.loss_mask.int().tolist(), "layer_ids": list(CAPTURE_IDS)}
                 (Path(args.keep_files) / f"{sid}.json").write_text(json.dumps(side))
         v = dict(vb.capture_with_ids(feed))
         vllm_stats = {"tokens": vb.stats.tokens, "seconds": vb.stats.seconds, "read_seconds": vb.stats.read_seconds}
@@ -143,7 +143,7 @@ def main() -> None:
     report: dict = {
         "route": route,
         "device": device,
-        "capture_ids": list(CAPTURE_IDS),
+        "layer_ids": list(CAPTURE_IDS),
         "vllm": vllm_stats,
         "vllm_wall_s": vllm_s,
     }

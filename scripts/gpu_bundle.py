@@ -53,7 +53,7 @@ def main() -> None:
     ap.add_argument("--max-conversations", type=int, default=None, help="the first N usable conversations only")
     args = ap.parse_args()
     from eagle3.data.loaders import load_conversations
-    from eagle3.target.resolve import smollm2_gguf_path
+    from eagle3.target_model.resolve import smollm2_gguf_path
 
     for old in ("site", "parts", "tok"):  # its own outputs only: .gpu/vllm (CUDA vLLM) stays
         shutil.rmtree(OUT / old, ignore_errors=True)
@@ -65,7 +65,7 @@ def main() -> None:
         for dist in src.parent.glob(f"{DISTS[name]}-*.dist-info") if DISTS[name] else ():
             shutil.copytree(dist, OUT / "site" / dist.name)
     # the tokenizer alone (random-weight models borrow it: scripts/gpu2_dp_run.sh)
-    from eagle3.target.resolve import materialize_smollm2
+    from eagle3.target_model.resolve import materialize_smollm2
 
     smol = Path(materialize_smollm2(ROOT / ".cache"))
     (OUT / "tok").mkdir()

@@ -17,7 +17,7 @@
 # cannot resume, so the budget is one call's.) Here:
 #   bash scripts/gpu_unpack.sh outputs/peerq <sha256> <parts>     # -> ours/ peer/ dataset/manifest.json
 #   python bench/peer_quality.py table --run ours=outputs/peerq/ours --run peer=outputs/peerq/peer \
-#       --dataset-dir outputs/peerq/dataset --verifier .cache/targets/smollm2_135m-bf16-98362432
+#       --dataset-dir outputs/peerq/dataset --target .cache/targets/smollm2_135m-bf16-98362432
 #   (with /tmp/sharegpt.jsonl recreated from .gpu/sharegpt.jsonl.xz: the val prompts are read from it)
 set -uo pipefail
 MINUTES=${MINUTES:-5}

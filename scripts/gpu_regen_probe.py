@@ -6,7 +6,7 @@ full --max-tokens) answers --n synthetic prompts in batches of --batch.
         [--engine fast generate] [--static]
 
 --engine: which HFRegenerator engines to time on the same prompts, in order: fast (the
-default: eagle3.target.generate.fast_decode) and/or generate (transformers generate, dynamic cache);
+default: eagle3.target_model.generate.fast_decode) and/or generate (transformers generate, dynamic cache);
 each engine's answers are compared with the first engine's. --static: also time the
 static-cache generate engine (data.regen_static_cache=true) the same way.
 
@@ -29,7 +29,7 @@ import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from eagle3.data.conversation import Conversation
-from eagle3.target.generate.hf_engine import HFRegenerator
+from eagle3.target_model.generate.hf_engine import HFRegenerator
 
 
 def main() -> None:

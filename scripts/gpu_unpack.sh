@@ -12,4 +12,4 @@ cat "$@" > "$DIR/pack.tar.tmp"
 echo "$SHA  $DIR/pack.tar.tmp" | sha256sum -c - || { echo "parts missing or out of order: $*" >&2; exit 1; }
 tar -C "$DIR" -xf "$DIR/pack.tar.tmp" && rm "$DIR/pack.tar.tmp"
 mv "$DIR/dataset_manifest.json" "$DIR/dataset/manifest.json"
-echo "python evaluate.py export_dir=$DIR/export dataset_dir=$DIR/dataset verifier=<the bf16 SmolLM2 dir in .cache/targets>"
+echo "python evaluate.py export_dir=$DIR/export dataset_dir=$DIR/dataset target=<the bf16 SmolLM2 dir in .cache/targets>"

@@ -71,7 +71,7 @@ stage_capture() {
   df -h /tmp /dev/shm | tail -2
   # the target's bf16 directory (materialised from the GGUF) and the parity run
   local model
-  model=$(python3 -c 'from eagle3.target.resolve import materialize_smollm2; print(materialize_smollm2("/tmp/cache"))' | tail -1)
+  model=$(python3 -c 'from eagle3.target_model.resolve import materialize_smollm2; print(materialize_smollm2("/tmp/cache"))' | tail -1)
   rm -rf /tmp/native_files; mkdir -p /tmp/native_files
   python3 bench/vllm_capture_parity.py --model-dir "$model" --chat /tmp/sharegpt.jsonl --n "$PARITY_N" \
     --out "$OUTD/parity.json" --keep-files /tmp/native_files --keep-n 3 --keep-max-tokens 40 2>&1 | quiet | tail -70
@@ -101,7 +101,7 @@ stage_train() {
 stage_serving() {
   local model ds; model=$(smollm2_dir)
   ds=$(python3 -c 'import json; print(json.load(open("/tmp/run/summary.json"))["dataset_dir"])')
-  python3 bench/serving_speedup.py --export-dir /tmp/run/export --verifier "$model" --dataset-dir "$ds" \
+  python3 bench/serving_speedup.py --export-dir /tmp/run/export --target "$model" --dataset-dir "$ds" \
     --loads ${LOADS:-1,8,32,64} --draft-tokens ${DRAFT_TOKENS:-1,2,3,5} --max-new-tokens 128 \
     --out "$OUTD/serving.json" --write-advice --work-dir /tmp/serving_work 2>&1 | quiet | tail -40
   cp /tmp/run/export/serving.json "$OUTD/export_serving.json" 2>/dev/null || true
@@ -119,7 +119,7 @@ stage_regen() {
 
 stage_tests() {
   # the tests that need CUDA or vLLM; SmolLM2 comes from the cache the earlier stages filled
-  python3 -m pytest -q -p no:cacheprovider -x tests/test_gpu_batches.py tests/test_model_flex.py \
+  python3 -m pytest -q -p no:cacheprovider -x tests/test_gpu_batches.py tests/test_draft_flex.py \
     tests/test_hf_capture.py tests/test_vllm_connector_files.py tests/test_serving_speedup.py tests/test_vllm_capture.py 2>&1 | tail -25 \
     | tee "$OUTD/tests.txt" || true
 }
@@ -178,7 +178,7 @@ stage_budget_peer() {
   local runs=(run-peer); [ "${EVAL_OURS:-0}" = 1 ] && runs=(brun run-peer)
   cp /tmp/brun/export/acceptance.json "$OUTD/eval_brun_check.json" 2>/dev/null || true
   for run in "${runs[@]}"; do
-    python3 evaluate.py export_dir=/tmp/$run/export dataset_dir="$ds" verifier="$model" out_dir=/tmp/eval-$run \
+    python3 evaluate.py export_dir=/tmp/$run/export dataset_dir="$ds" target="$model" out_dir=/tmp/eval-$run \
       eval.max_prompts=32 eval.humaneval_prompts=16 eval.max_new_tokens=128 engine.enforce_eager=true baseline=false \
       2>&1 | quiet | tail -4
     cp /tmp/eval-$run/acceptance.json "$OUTD/eval_$run.json" 2>/dev/null || true
@@ -191,7 +191,7 @@ stage_budget_serving() {
   local model ds; model=$(smollm2_dir)
   ds=$(python3 -c 'import json; print(json.load(open("/tmp/brun/summary.json"))["dataset_dir"])')
   for run in brun run-peer; do
-    python3 bench/serving_speedup.py --export-dir /tmp/$run/export --verifier "$model" --dataset-dir "$ds" \
+    python3 bench/serving_speedup.py --export-dir /tmp/$run/export --target "$model" --dataset-dir "$ds" \
       --loads ${LOADS:-1,8} --draft-tokens ${DRAFT_TOKENS:-3} --max-new-tokens 128 \
       --out "$OUTD/serving_$run.json" --work-dir /tmp/budget_serving 2>&1 | quiet | tail -12
   done

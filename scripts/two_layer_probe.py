@@ -11,11 +11,11 @@ import torch
 
 from eagle3.draft.head import Eagle3DraftHead
 from eagle3.draft.serving_format import DraftMeta, save_head
-from eagle3.evaluation.diagnostics.replay_export import load_exported_head
-from eagle3.target.resolve import read_hf_config
+from eagle3.evaluation.diagnostics.head_replay import load_exported_head
+from eagle3.target_model.resolve import read_hf_config
 
-src, verifier, out, scale = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
-one, aux = load_exported_head(src, verifier)
+src, target, out, scale = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+one, aux = load_exported_head(src, target)
 cfg = dataclasses.replace(one.cfg, num_layers=2)
 torch.manual_seed(0)
 two = Eagle3DraftHead(cfg)
@@ -24,6 +24,6 @@ assert not unexpected and all(m.startswith("layers.1.") for m in missing), (miss
 with torch.no_grad():
     two.layers[1].self_attn.o_proj.weight.mul_(scale)
     two.layers[1].mlp.down_proj.weight.mul_(scale)
-hf = read_hf_config(verifier)
-meta = DraftMeta(cfg, aux, verifier, list(hf["architectures"]), 3)
+hf = read_hf_config(target)
+meta = DraftMeta(cfg, aux, target, list(hf["architectures"]), 3)
 print(save_head(two.eval(), meta, out))

@@ -35,6 +35,6 @@ def compose(config_name: str = "train", overrides: list[str] | None = None, outp
 
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
-    from eagle3.target.resolve import materialize_smollm2
+    from eagle3.target_model.resolve import materialize_smollm2
 
     return Path(materialize_smollm2(CACHE))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle3.target.adapter import (
+from eagle3.target_model.adapter import (
     CapturedSample,
     CaptureError,
     CaptureSpec,

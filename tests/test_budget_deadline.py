@@ -15,7 +15,7 @@ from eagle3.data.split import interleaved
 from eagle3.stages import time_budget
 from eagle3.stages.extract import run as extract
 from eagle3.store import Manifest
-from eagle3.target.generate.hf_engine import HFRegenerator
+from eagle3.target_model.generate.hf_engine import HFRegenerator
 from eagle3.util.clock import Deadline, StageClock
 
 
@@ -130,7 +130,7 @@ def test_a_capture_past_its_deadline_finishes_the_dataset_with_what_it_captured(
 def test_the_shares_end_where_the_plan_says():
     from eagle3.config.schema import run_config
 
-    split = time_budget.plan(run_config(compose("extract", ["experiment=smollm2_budget"])))
+    split = time_budget.time_shares(run_config(compose("extract", ["experiment=smollm2_budget"])))
     assert split is not None and split.regen_s > 0
     assert split.regen_end_s() == pytest.approx(split.start_s + split.regen_start_s + split.regen_s)
     assert split.extract_end_s() == pytest.approx(split.regen_end_s() + split.capture_s)
@@ -151,7 +151,7 @@ def test_a_regeneration_that_overran_leaves_capture_its_own_share():
     still gets the minutes its samples were planned to take, from now."""
     from eagle3.config.schema import run_config
 
-    split = time_budget.plan(run_config(compose("extract", ["experiment=smollm2_budget"])))
+    split = time_budget.time_shares(run_config(compose("extract", ["experiment=smollm2_budget"])))
     assert split is not None
     late = _TickingClock()
     late.reads = int(split.extract_end_s()) + 100  # regeneration ended 100 s past the extraction's share

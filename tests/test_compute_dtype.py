@@ -17,8 +17,8 @@ import torch
 from conftest import compose
 from test_hf_capture import CHATS, chat_samples
 
-from eagle3.target import compute_dtype as cd
-from eagle3.target.capture_hf import HFCaptureBackend
+from eagle3.target_model import compute_dtype as cd
+from eagle3.target_model.capture_hf import HFCaptureBackend
 
 NATIVE = frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
 EMULATED = frozenset({"avx2", "fma"})  # e.g. an AMD EPYC before Zen 4
@@ -70,7 +70,7 @@ def test_a_cpu_without_the_instructions_is_not_called_capped(monkeypatch):
 
 def test_the_real_onednn_check_reads_the_isa_cap():
     """In a fresh process, oneDNN capped to AVX2 refuses bf16 whatever the CPU."""
-    code = "from eagle3.target.compute_dtype import onednn_allows_bf16 as f; print(f())"
+    code = "from eagle3.target_model.compute_dtype import onednn_allows_bf16 as f; print(f())"
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
@@ -139,7 +139,7 @@ def test_the_online_target_computes_in_fp32_where_bf16_is_emulated(cpu, smollm2_
 
 
 def test_regeneration_loads_the_target_in_the_compute_dtype(cpu, smollm2_dir, tmp_path):
-    from eagle3.target.generate.hf_engine import HFRegenerator
+    from eagle3.target_model.generate.hf_engine import HFRegenerator
 
     regen = HFRegenerator(smollm2_dir, tmp_path, max_tokens=4, max_model_len=64, dtype="bfloat16")
     try:

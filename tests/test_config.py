@@ -39,10 +39,10 @@ def test_every_preset_composes_and_resolves(entry, group, preset):
 def test_layer_defaults_smollm2_and_kimi():
     cfg = compose("extract")
     assert list(cfg.layers.resolved_aux_ids) == [2, 15, 27]
-    assert list(cfg.layers.capture_ids) == [2, 15, 27, 30]
+    assert list(cfg.layers.layer_ids) == [2, 15, 27, 30]
     kimi = compose("extract", ["model=kimi_k2_5", "topology=gpu8_tp8", "capture=vllm"])
     assert list(kimi.layers.resolved_aux_ids) == [2, 30, 58]
-    assert list(kimi.layers.capture_ids) == [2, 30, 58, 61]
+    assert list(kimi.layers.layer_ids) == [2, 30, 58, 61]
     assert kimi.topology.extract_tp == 8 and kimi.model.hidden_size == 7168
     assert kimi.capture.dtype == "bfloat16"  # INT4 weights never become the hidden-state dtype
     validate_run_config(kimi)
@@ -81,17 +81,17 @@ def _sizes(cfg) -> dict:
 
 @pytest.mark.parametrize("entry", ["train", "extract"])
 def test_the_topology_picks_the_sizes_and_presets_and_keys_win(entry):
-    """budget: CPU sizes on the CPU topologies, GPU sizes on the GPU ones; budget=..., an
+    """budget: CPU sizes on the CPU topologies, GPU sizes on the GPU ones; sizes=..., an
     experiment preset, debug=fast and a key on the command line each win over it."""
     assert compose(entry).budget == "cpu" and _sizes(compose(entry)) == CPU_SIZES
     assert _sizes(compose(entry, ["topology=cpu_ddp2"])) == CPU_SIZES
     for gpu in ("gpu1", "gpu2_dp2", "gpu8_tp8"):
         cfg = compose(entry, [f"topology={gpu}"])
         assert cfg.budget == "gpu" and _sizes(cfg) == GPU_SIZES, gpu
-    assert _sizes(compose(entry, ["topology=gpu1", "budget=cpu"])) == CPU_SIZES
-    assert _sizes(compose(entry, ["budget=gpu"])) == GPU_SIZES
+    assert _sizes(compose(entry, ["topology=gpu1", "sizes=cpu"])) == CPU_SIZES
+    assert _sizes(compose(entry, ["sizes=gpu"])) == GPU_SIZES
     assert compose(entry, ["topology=gpu1", "train.max_steps=7"]).train.max_steps == 7
-    full = compose(entry, ["experiment=smollm2_full"])  # a GPU preset: its own sizes over budget=gpu
+    full = compose(entry, ["experiment=smollm2_full"])  # a GPU preset: its own sizes over sizes=gpu
     assert full.budget == "gpu" and (full.train.max_steps, full.train.max_tokens_per_batch, full.data.max_length) == (
         8800,
         8192,
@@ -109,21 +109,21 @@ def test_the_topology_picks_the_sizes_and_presets_and_keys_win(entry):
 
 @pytest.mark.parametrize("entry", ["train", "extract"])
 def test_the_composed_config_names_the_budget_and_why(entry):
-    """`budget` names the preset that supplied the sizes and `budget_source` whether the topology's
-    accelerator picked it; budget=cpu on a GPU topology is honoured and says so; a preset's value
+    """`budget` names the preset that supplied the sizes and `sizes_source` whether the topology's
+    accelerator picked it; sizes=cpu on a GPU topology is honoured and says so; a preset's value
     wins over its budget's."""
     cpu = compose(entry)
-    assert (cpu.budget, cpu.budget_source) == ("cpu", "topology.accelerator=cpu")
+    assert (cpu.budget, cpu.sizes_source) == ("cpu", "topology.accelerator=cpu")
     gpu = compose(entry, ["topology=gpu1"])
-    assert (gpu.budget, gpu.budget_source) == ("gpu", "topology.accelerator=gpu")
-    picked = compose(entry, ["budget=cpu", "topology=gpu1"])
+    assert (gpu.budget, gpu.sizes_source) == ("gpu", "topology.accelerator=gpu")
+    picked = compose(entry, ["sizes=cpu", "topology=gpu1"])
     assert picked.topology.accelerator == "gpu" and _sizes(picked) == CPU_SIZES
-    assert (picked.budget, picked.budget_source) == ("cpu", "budget=cpu picked over topology.accelerator=gpu")
+    assert (picked.budget, picked.sizes_source) == ("cpu", "sizes=cpu picked over topology.accelerator=gpu")
     validate_run_config(picked)
-    tiny = compose(entry, ["experiment=tiny_test"])  # its overrides of budget=cpu win
+    tiny = compose(entry, ["experiment=tiny_test"])  # its overrides of sizes=cpu win
     assert tiny.budget == "cpu" and (tiny.train.lr, tiny.train.max_steps, tiny.data.max_length) == (3e-4, 6, 128)
-    full = compose(entry, ["experiment=smollm2_full"])  # budget=gpu through topology=gpu1, its steps win
-    assert (full.budget, full.budget_source, full.train.max_steps) == ("gpu", "topology.accelerator=gpu", 8800)
+    full = compose(entry, ["experiment=smollm2_full"])  # sizes=gpu through topology=gpu1, its steps win
+    assert (full.budget, full.sizes_source, full.train.max_steps) == ("gpu", "topology.accelerator=gpu", 8800)
     assert full.train.lr == GPU_SIZES["train.lr"]  # the budget's, not repeated by the preset
 
 
@@ -136,7 +136,7 @@ def test_cfg_job_prints_the_budget():
         timeout=300,
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "\nbudget: gpu\n" in out.stdout and "\nbudget_source: topology.accelerator=gpu\n" in out.stdout
+    assert "\nbudget: gpu\n" in out.stdout and "\nsizes_source: topology.accelerator=gpu\n" in out.stdout
 
 
 def test_the_run_sizes_have_no_schema_default():
@@ -181,13 +181,13 @@ def test_wrong_enum_fails():
 def test_bad_layer_ids_fail_clearly(ids, needle):
     cfg = compose("extract", [f"layers.aux_ids={ids}"])
     with pytest.raises(InterpolationResolutionError) as e:
-        list(cfg.layers.capture_ids)
+        list(cfg.layers.layer_ids)
     assert needle in str(e.value) and "layers.aux_ids" in str(e.value)
 
 
 def test_explicit_ids_and_output_of_layer_numbering():
     cfg = compose("extract", ["layers.aux_ids=[3,15,26]"])
-    assert list(cfg.layers.capture_ids) == [3, 15, 26, 30]
+    assert list(cfg.layers.layer_ids) == [3, 15, 26, 30]
     # SpecForge/EAGLE "output of layer j" ids are vLLM ids j+1
     cfg = compose("extract", ["layers.aux_ids=[1,14,26]", "layers.numbering=output_of_layer"])
     assert list(cfg.layers.resolved_aux_ids) == [2, 15, 27]
@@ -213,7 +213,7 @@ def test_model_hf_reads_facts_from_config_json():
     cfg = compose("extract", ["model=hf", f"model.path={path}"])
     assert cfg.model.num_layers == 4 and cfg.model.hidden_size == 64
     assert cfg.model.architecture == "LlamaForCausalLM"
-    assert list(cfg.layers.capture_ids) == [1, 2, 3, 4]
+    assert list(cfg.layers.layer_ids) == [1, 2, 3, 4]
 
 
 @pytest.mark.parametrize("entry", ["train.py", "extract.py"])
@@ -227,7 +227,7 @@ def test_cli_cfg_job_resolve(entry):
     )
     assert out.returncode == 0, out.stderr
     resolved = OmegaConf.create(out.stdout)
-    assert list(resolved.layers.capture_ids) == [2, 30, 58, 61]
+    assert list(resolved.layers.layer_ids) == [2, 30, 58, 61]
     assert resolved.topology.extract_tp == 8
     assert resolved.capture.vllm_route == "native"  # the 8-GPU plan names vLLM's own connector
 

@@ -1,5 +1,5 @@
 """What a run will cost, said before it starts: the figures follow from the config (samples x
-max_length, steps x tokens per step, ranks, disk from eagle3/stages/plan.py, time from the measured
+max_length, steps x tokens per step, ranks, disk from eagle3/stages/disk_plan.py, time from the measured
 rates), and both stages print them and write them to the run's log."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from conftest import ROOT, compose
 
 from eagle3.stages.cost import RATES, capture_seconds, extract_lines, head_flops, rate_for, target_params, train_lines
-from eagle3.stages.plan import disk_bytes
+from eagle3.stages.disk_plan import disk_bytes
 from eagle3.store.disk import format_bytes
 
 CPU_RATE = next(r for r in RATES if r.accelerator == "cpu")
@@ -24,7 +24,7 @@ AVX512_BF16 = frozenset({"avx2", "avx512f", "avx512_bf16"})
 def cpu_with_native_bf16_without_amx(monkeypatch):
     """The estimates below do not depend on the machine the suite runs on: its CPU is faked as
     one with bf16 dot products and no AMX (the rate `capture_tok_s` stands for)."""
-    from eagle3.target import compute_dtype as cd
+    from eagle3.target_model import compute_dtype as cd
 
     monkeypatch.setattr(cd, "cpu_flags", lambda: AVX512_BF16)
     monkeypatch.setattr(cd, "onednn_allows_bf16", lambda: True)
@@ -65,7 +65,7 @@ def test_extract_estimate_follows_the_config():
 )
 def test_the_capture_rate_follows_how_this_cpu_runs_the_forward(monkeypatch, flags, onednn, forward):
     from eagle3.stages.cost import cpu_forward
-    from eagle3.target import compute_dtype as cd
+    from eagle3.target_model import compute_dtype as cd
 
     monkeypatch.setattr(cd, "cpu_flags", lambda: flags)
     monkeypatch.setattr(cd, "onednn_allows_bf16", lambda: onednn)

@@ -106,7 +106,7 @@ def test_data_hf_preset_feeds_the_pipeline(tmp_path):
     """conf/data/hf.yaml composes (typed fields, source hf) and its settings reach the samples."""
     from transformers import AutoTokenizer
 
-    from eagle3.target.resolve import materialize_smollm2
+    from eagle3.target_model.resolve import materialize_smollm2
 
     rows = [{"id": f"c{n}", "prompt": f"question {n}", "answer": f"answer {n}"} for n in range(12)]
     file = _parquet(tmp_path / "qa.parquet", rows)

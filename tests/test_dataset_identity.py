@@ -37,7 +37,7 @@ TINY = ["experiment=tiny_test"]
 
 @pytest.fixture(scope="module")
 def model_dir() -> Path:
-    from eagle3.target.resolve import resolve_target
+    from eagle3.target_model.resolve import resolve_target
 
     return Path(resolve_target(compose("extract", TINY).model, ROOT / ".cache"))
 

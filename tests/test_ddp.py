@@ -108,7 +108,7 @@ def test_validation_covers_every_val_sample_once(ddp_run, data_dir):
 def test_val_metrics_equal_one_process_validation(ddp_run, data_dir):
     """The DDP run's val metrics are sums of counts over ranks: a single process validating
     the same checkpoint on the same val set must get the same numbers."""
-    from eagle3.target.resolve import resolve_target
+    from eagle3.target_model.resolve import resolve_target
     from eagle3.training.builder import build_head
     from eagle3.training.datamodule import Eagle3DataModule
     from eagle3.training.module import Eagle3LitModule
@@ -125,7 +125,7 @@ def test_val_metrics_equal_one_process_validation(ddp_run, data_dir):
         model_dir,
         dm.dataset,
         attention=path.attention,
-        verifier=model_dir,
+        target=model_dir,
         num_speculative_tokens=cfg.eval.num_draft_tokens,
     )
     module = Eagle3LitModule(head, OmegaConf.to_object(cfg.train))

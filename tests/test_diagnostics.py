@@ -32,7 +32,7 @@ def _fake_engine(request: EngineRequest, work_dir, label):
 @pytest.fixture
 def harness(monkeypatch, smollm2_dir, tmp_path):
     """evaluate() on two HumanEval prompts with fake engines; returns the calls each diagnostic made."""
-    import eagle3.evaluation.diagnostics.replay_export as replay_export
+    import eagle3.evaluation.diagnostics.head_replay as replay_export
     import eagle3.evaluation.diagnostics.served_replay as served_replay
     import eagle3.evaluation.export_info as export_info
     import eagle3.evaluation.measure as measure
@@ -40,7 +40,7 @@ def harness(monkeypatch, smollm2_dir, tmp_path):
     calls: dict[str, list] = {"explain": [], "train_side": [], "served": []}
     info = ExportInfo(tmp_path / "export", str(smollm2_dir), [2, 15, 27], 8, None)
 
-    def explain(verifier, cases, trust_remote_code=False):
+    def explain(target, cases, trust_remote_code=False):
         calls["explain"].append(cases)
         return [
             MismatchVerdict(c.id, len(c.prefix_ids), c.with_head_token, c.without_head_token, 0.1, 6, True)
@@ -51,11 +51,11 @@ def harness(monkeypatch, smollm2_dir, tmp_path):
         calls["train_side"].append(args)
         return None, "train-side replay skipped: no dataset"
 
-    def replay_served(export_dir, verifier, served, **kwargs):
+    def replay_served(export_dir, target, served, **kwargs):
         calls["served"].append(served)
         return {"all": {"replay_accept_len": 1.5, "samples": 2.0}}, None
 
-    monkeypatch.setattr(export_info, "read_export", lambda export_dir, verifier=None: info)
+    monkeypatch.setattr(export_info, "read_export", lambda export_dir, target=None: info)
     monkeypatch.setattr(measure, "run_engine_process", _fake_engine)
     monkeypatch.setattr(measure, "explain", explain)
     monkeypatch.setattr(replay_export, "replay_for_prompts", replay_for_prompts)

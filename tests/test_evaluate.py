@@ -137,7 +137,7 @@ def test_humaneval_prompts_come_from_the_package_file(tokenizer):
         heldout_prompts(None, max_prompts=2, humaneval_prompts=0, tokenizer=tokenizer)
 
 
-def test_export_finds_its_verifier_and_dataset_from_relative_paths(tmp_path, monkeypatch):
+def test_export_finds_its_target_and_dataset_from_relative_paths(tmp_path, monkeypatch):
     """train.py records paths relative to where it ran (<project>/.cache/..., <project>/data/...);
     the evaluation finds them from the export's location, wherever it is started from."""
     project = tmp_path / "project"
@@ -159,17 +159,17 @@ def test_export_finds_its_verifier_and_dataset_from_relative_paths(tmp_path, mon
     (export.parent / "summary.json").write_text(json.dumps({"dataset_dir": "data/ds"}))
     monkeypatch.chdir(tmp_path)  # not the project root
     info = read_export(export)
-    assert Path(info.verifier) == target.resolve() and info.dataset_dir == (project / "data" / "ds").resolve()
+    assert Path(info.target) == target.resolve() and info.dataset_dir == (project / "data" / "ds").resolve()
     assert info.aux_layer_ids == [2, 15, 27]
     config["speculators_config"]["verifier"]["name_or_path"] = ".cache/targets/gone"
     (export / "config.json").write_text(json.dumps(config))
     with pytest.raises(ExportError, match="verifier.name_or_path='.cache/targets/gone'"):
         read_export(export)
-    assert read_export(export, verifier=str(target)).verifier == str(target.resolve())
+    assert read_export(export, target=str(target)).target == str(target.resolve())
     config["speculators_model_type"] = "eagle"
     (export / "config.json").write_text(json.dumps(config))
     with pytest.raises(ExportError, match="expected 'eagle3'"):
-        read_export(export, verifier=str(target))
+        read_export(export, target=str(target))
 
 
 # ------------------------------------------------------------------ counters and figures
@@ -348,7 +348,7 @@ def _random_head_export(out_dir: Path, target_dir: Path, layers: int = 1, **norm
     from eagle3.draft.config import DraftConfig
     from eagle3.draft.head import Eagle3DraftHead
     from eagle3.draft.serving_format import DraftMeta, save_head
-    from eagle3.target.resolve import load_target_head_weights, read_hf_config
+    from eagle3.target_model.resolve import load_target_head_weights, read_hf_config
 
     hf = read_hf_config(target_dir)
     vocab = 4096

@@ -1,4 +1,4 @@
-"""eagle3.target.generate.fast_decode: the preallocated-cache decoder must answer exactly as
+"""eagle3.target_model.generate.fast_decode: the preallocated-cache decoder must answer exactly as
 transformers' generate does for each prompt alone (greedy), whatever the batch, padding,
 compaction and prefill chunking."""
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from eagle3.target.generate.fast_decode import _chunks, decode, unsupported_reason
+from eagle3.target_model.generate.fast_decode import _chunks, decode, unsupported_reason
 
 PROMPTS = [[5, 17, 3], [9, 8, 7, 6, 5, 4, 3], list(range(10, 22)), [42], [3 * i % 120 + 4 for i in range(20)]]
 ROOMS = [12, 7, 16, 1, 10]
@@ -203,7 +203,7 @@ def test_generate_settings_follow_the_generation_config(tiny):
     nothing decode lacks; sampling then uses generate's top_k (transformers' default 50)."""
     from transformers import GenerationConfig
 
-    from eagle3.target.generate.fast_decode import generate_settings
+    from eagle3.target_model.generate.fast_decode import generate_settings
 
     saved = tiny.generation_config
     try:

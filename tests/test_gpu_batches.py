@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from eagle3.store import ShardWriter
-from eagle3.target.adapter import CapturedSample
+from eagle3.target_model.adapter import CapturedSample
 from eagle3.training.datamodule import Eagle3DataModule
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="the side-stream copy is CUDA only")

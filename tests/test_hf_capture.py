@@ -12,9 +12,9 @@ import torch
 import yaml
 
 from eagle3.config.schema import ModelConfig
-from eagle3.target.adapter import CaptureError
-from eagle3.target.capture_hf import HFCaptureBackend
-from eagle3.target.resolve import materialize_smollm2, materialize_tiny
+from eagle3.target_model.adapter import CaptureError
+from eagle3.target_model.capture_hf import HFCaptureBackend
+from eagle3.target_model.resolve import materialize_smollm2, materialize_tiny
 
 CACHE = Path(__file__).resolve().parents[1] / ".cache"
 CONF = Path(__file__).resolve().parents[1] / "conf" / "model"
@@ -70,16 +70,16 @@ def check_convention(backend: HFCaptureBackend, samples):
     backend.batch_size = 1  # exact comparison: same shapes as the reference forward
     assert not hasattr(backend.model, "lm_head")  # the base model: no vocab projection computed
     for (sid, ids, mask), s in zip(samples, backend.capture(samples)):
-        assert s.hidden.shape == (len(ids), len(backend.capture_ids), backend.hidden_size)
+        assert s.hidden.shape == (len(ids), len(backend.layer_ids), backend.hidden_size)
         assert torch.equal(s.token_ids, ids) and torch.equal(s.loss_mask, mask)
         hs = reference_states(backend, ids)
         assert len(hs) == N + 1
         # the records hold the forward's states rounded once to the stored dtype (a CPU without
         # native bf16 computes in fp32): the reference, rounded the same way, is equal bit for bit
-        for j, k in enumerate(backend.capture_ids):
+        for j, k in enumerate(backend.layer_ids):
             if k < N:
                 assert torch.equal(s.hidden[:, j], hs[k][0].to(backend.dtype)), f"{sid}: layer id {k}"
-        final = s.hidden[:, backend.capture_ids.index(N)]
+        final = s.hidden[:, backend.layer_ids.index(N)]
         with torch.inference_mode():
             renormed = backend.model.norm(final.to(backend.compute_dtype))
         if backend.compute_dtype == backend.dtype:
@@ -106,7 +106,7 @@ def check_padded_batch(backend: HFCaptureBackend, samples):
         a = alone[sid]
         assert b.hidden.shape == a.hidden.shape  # no pad rows
         assert torch.equal(b.token_ids, a.token_ids) and torch.equal(b.loss_mask, a.loss_mask)
-        for j, k in enumerate(backend.capture_ids):
+        for j, k in enumerate(backend.layer_ids):
             assert rel_err(b.hidden[:, j], a.hidden[:, j]) < BATCHED_REL_TOL, f"{sid}: layer id {k}"
     # a token budget below two samples' padded size splits batches; results still match
     backend.batch_size, backend.max_tokens_per_batch = 4, max(len(s[1]) for s in samples) + 1
@@ -155,9 +155,9 @@ def test_tiny_deepseek_v3_padded_batch_equals_one_by_one(tiny_deepseek):
 
 def test_capture_ids_out_of_range_are_refused(tiny_deepseek):
     backend, _ = tiny_deepseek
-    with pytest.raises(CaptureError, match=r"capture_ids: expected unique ascending ids in 0..4 \(N=4"):
+    with pytest.raises(CaptureError, match=r"layer_ids: expected unique ascending ids in 0..4 \(N=4"):
         HFCaptureBackend(backend.model_dir, [2, 5])
-    with pytest.raises(CaptureError, match="capture_ids"):
+    with pytest.raises(CaptureError, match="layer_ids"):
         HFCaptureBackend(backend.model_dir, [3, 2, 4])
 
 
@@ -172,8 +172,8 @@ def test_both_backends_offer_what_extraction_calls():
     """extraction calls CaptureBackend's methods alone: both backends take the same arguments."""
     import inspect
 
-    from eagle3.target.backend import CaptureBackend
-    from eagle3.target.capture_vllm import VLLMCaptureBackend  # vLLM itself is imported at construction
+    from eagle3.target_model.backend import CaptureBackend
+    from eagle3.target_model.capture_vllm import VLLMCaptureBackend  # vLLM itself is imported at construction
 
     for cls in (HFCaptureBackend, VLLMCaptureBackend):
         for name in ("capture_with_ids", "capture", "close"):
@@ -220,7 +220,7 @@ def test_nan_in_the_model_is_refused_by_the_adapter(tiny_deepseek):
 
 
 # ---------------------------------------------------------------------------- CUDA: the host copy
-# overlaps the next forward (eagle3/target/host_copy.py); run on a GPU machine with
+# overlaps the next forward (eagle3/target_model/host_copy.py); run on a GPU machine with
 #   python -m pytest tests/test_hf_capture.py -k cuda
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -16,8 +16,8 @@ import torch
 from conftest import CACHE, compose
 from omegaconf.errors import InterpolationResolutionError
 
-from eagle3.target.hub import HubError, resolve_model_dir
-from eagle3.target.resolve import materialize_tiny, resolve_target
+from eagle3.target_model.hub import HubError, resolve_model_dir
+from eagle3.target_model.resolve import materialize_tiny, resolve_target
 
 MAIN, V2, REMOTE = "a" * 40, "b" * 40, "c" * 40
 REPO, REMOTE_REPO = "my-org/tiny-llama", "my-org/tiny-remote"
@@ -82,18 +82,18 @@ def test_hub_id_facts_at_compose_time_and_snapshot_at_materialisation(offline_hu
     cfg = compose("extract", ["model=hf", f"model.path={REPO}"])
     assert (cfg.model.num_layers, cfg.model.hidden_size, cfg.model.vocab_size) == (4, 64, 49152)
     assert cfg.model.architecture == "LlamaForCausalLM"
-    assert list(cfg.layers.capture_ids) == [1, 2, 3, 4]  # tiny_llama N=4: [1, 2, 3] + 4
+    assert list(cfg.layers.layer_ids) == [1, 2, 3, 4]  # tiny_llama N=4: [1, 2, 3] + 4
     assert resolve_target(cfg.model, tmp_path) == str(offline_hub["main"])
     # the export names the target by its hub id, never this machine's snapshot directory
-    from eagle3.training.builder import verifier_name
+    from eagle3.training.builder import target_name
 
-    assert verifier_name(compose("train", ["model=hf", f"model.path={REPO}"]).model, str(offline_hub["main"])) == REPO
+    assert target_name(compose("train", ["model=hf", f"model.path={REPO}"]).model, str(offline_hub["main"])) == REPO
 
 
 @pytest.mark.parametrize("revision", ["v2", V2])
 def test_revision_selects_another_snapshot(offline_hub, tmp_path, revision):
     cfg = compose("extract", ["model=hf", f"model.path={REPO}", f"model.revision={revision}"])
-    assert cfg.model.num_layers == 2 and list(cfg.layers.capture_ids) == [1, 2]  # facts of that snapshot
+    assert cfg.model.num_layers == 2 and list(cfg.layers.layer_ids) == [1, 2]  # facts of that snapshot
     assert resolve_target(cfg.model, tmp_path) == str(offline_hub["v2"])
 
 
@@ -123,7 +123,7 @@ def test_hub_errors_name_the_id_revision_and_the_remedy(offline_hub, tmp_path):
 
 def test_trust_remote_code_reaches_transformers(offline_hub, tmp_path):
     """A hub model with its own code loads only with model.trust_remote_code=true."""
-    from eagle3.target.backend import make_backend
+    from eagle3.target_model.backend import make_backend
 
     cfg = compose("extract", ["model=hf", f"model.path={REMOTE_REPO}", "capture=hf"])
     model_dir = resolve_target(cfg.model, tmp_path)

@@ -17,8 +17,8 @@ from test_train import TINY, data_dir  # noqa: F401 - the tiny extracted dataset
 from eagle3.stages.train import find_dataset
 from eagle3.stages.train import run as train
 from eagle3.store import HiddenStateDataset
-from eagle3.target.hub import HubError
-from eagle3.target.resolve import load_target_head_weights, resolve_target
+from eagle3.target_model.hub import HubError
+from eagle3.target_model.resolve import load_target_head_weights, resolve_target
 from eagle3.training.builder import build_head
 from eagle3.training.init_from import InitFromError
 from eagle3.training.step_path import resolve_step_path
@@ -47,7 +47,7 @@ def _build(data_dir: Path, extra: list[str]):
         model_dir,
         HiddenStateDataset(find_dataset(cfg, model_dir)),
         attention=resolve_step_path(cfg.train, cfg.topology).attention,
-        verifier=str(model_dir),
+        target=str(model_dir),
         num_speculative_tokens=cfg.eval.num_draft_tokens,
     )
 

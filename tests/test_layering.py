@@ -21,7 +21,7 @@ from conftest import ROOT
 
 PACKAGE = ROOT / "eagle3"
 
-LAYERS = ["util", "config", "data", "draft", "target", "store", "extraction", "training", "evaluation", "stages"]
+LAYERS = ["util", "config", "data", "draft", "target_model", "store", "extraction", "training", "evaluation", "stages"]
 
 # layer -> the layers it may import (itself included)
 ALLOWED = {
@@ -29,11 +29,11 @@ ALLOWED = {
     "config": {"config"},
     "data": {"data", "config", "util"},
     "draft": {"draft", "config", "util"},
-    "target": {"target", "data", "config", "util"},
+    "target_model": {"target_model", "data", "config", "util"},
     "store": {"store", "data", "config", "util"},
-    "extraction": {"extraction", "target", "store", "draft", "data", "config", "util"},
-    "training": {"training", "target", "store", "draft", "data", "config", "util"},
-    "evaluation": {"evaluation", "target", "store", "draft", "data", "config", "util"},
+    "extraction": {"extraction", "target_model", "store", "draft", "data", "config", "util"},
+    "training": {"training", "target_model", "store", "draft", "data", "config", "util"},
+    "evaluation": {"evaluation", "target_model", "store", "draft", "data", "config", "util"},
     "stages": set(LAYERS),
 }
 

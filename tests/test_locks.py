@@ -23,7 +23,7 @@ from eagle3.stages.extract import run as extract
 from eagle3.stages.recipes import dataset_recipe
 from eagle3.stages.train import run as train
 from eagle3.store.layout import LOCK
-from eagle3.target.resolve import resolve_target
+from eagle3.target_model.resolve import resolve_target
 from eagle3.training.run_dir import LOCK as TRAIN_LOCK
 from eagle3.util.locks import DirLock, LockHeldError
 

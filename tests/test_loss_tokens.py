@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from test_model_head import VT, H, make_head
+from test_draft_head import VT, H, make_head
 
 from eagle3.config.schema import LossTokens, TrainConfig
 from eagle3.training.module import Eagle3LitModule

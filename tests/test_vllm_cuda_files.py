@@ -17,8 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagle3.target.adapter import CaptureError, CaptureSpec
-from eagle3.target.capture_vllm import read_native_file
+from eagle3.target_model.adapter import CaptureError, CaptureSpec
+from eagle3.target_model.capture_vllm import read_native_file
 
 DATA = Path(__file__).parent / "data" / "vllm_cuda_0.26"
 FILES = sorted(DATA.glob("*.safetensors"))
@@ -52,7 +52,7 @@ def test_the_committed_files_are_the_connectors_format():
         data = load_file(str(path))
         assert set(data) == {"hidden_states", "token_ids"}, path.name
         assert data["hidden_states"].shape == (40, len(IDS), HIDDEN) and data["hidden_states"].dtype == torch.bfloat16
-        assert _side(path)["capture_ids"] == list(IDS)
+        assert _side(path)["layer_ids"] == list(IDS)
         rec = _read(path)
         assert torch.equal(rec.token_ids, data["token_ids"]) and rec.hidden.shape == (40, len(IDS), HIDDEN)
         assert rec.loss_mask.tolist() == [bool(m) for m in _side(path)["loss_mask"]]
@@ -62,7 +62,7 @@ def test_the_committed_files_are_the_connectors_format():
 def test_they_hold_the_states_transformers_computes_here(smollm2_dir):
     """Per layer, the mean cosine against our HF backend on this CPU, id 30 included (the state
     before the final norm), and a neighbouring layer is far (the ids are not off by one)."""
-    from eagle3.target.capture_hf import HFCaptureBackend
+    from eagle3.target_model.capture_hf import HFCaptureBackend
 
     feed = [(p.stem, load_file(str(p))["token_ids"], torch.ones(40, dtype=torch.bool)) for p in FILES]
     with HFCaptureBackend(str(smollm2_dir), IDS) as hf:

@@ -37,7 +37,7 @@ class CaptureBackend(str, Enum):
 
 
 class VLLMRoute(str, Enum):
-    """How capture=vllm gets the states out of the engine (eagle3/target/vllm_internals.py)."""
+    """How capture=vllm gets the states out of the engine (eagle3/target_model/vllm_internals.py)."""
 
     native = "native"  # vLLM's own ExampleHiddenStatesConnector (needs CUDA)
     native_host_copy = "native_host_copy"  # the same connector copying on the host: vLLM's CPU build

@@ -29,7 +29,7 @@ class EngineOptions:
     max_prompt_tokens: int = 1024
     dtype: str = "auto"
     seed: int = 0
-    # the verifier's own code from its repository (its tokenizer and vLLM load); train.py passes
+    # the target's own code from its repository (its tokenizer and vLLM load); train.py passes
     # model.trust_remote_code
     trust_remote_code: bool = False
     # each engine runs in its own subprocess; the caller kills it (and reports it) after this long

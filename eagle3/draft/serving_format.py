@@ -21,12 +21,12 @@ Our module uses the same names; the frozen target copies (target_norm, target_lm
 training-only and never exported (speculators drops its verifier_* copies the same way).
 
 config.json: what speculators' Eagle3SpeculatorConfig serialises (checked in
-tests/test_model_parity.py), with the norm flags vLLM reads (config.NORM_OPTIONS) written
+tests/test_draft_parity.py), with the norm flags vLLM reads (config.NORM_OPTIONS) written
 from the head's config. vLLM assumes norm_before_residual=True when the key is missing, so
 every flag is always written, and load_head reads a missing one as vLLM does.
 
-Plain torch and safetensors (no lightning, no hydra): the verifier's config and frozen
-weights come in as arguments, read by the caller (eagle3.target).
+Plain torch and safetensors (no lightning, no hydra): the target's config and frozen
+weights come in as arguments, read by the caller (eagle3.target_model).
 """
 
 from __future__ import annotations
@@ -109,10 +109,10 @@ def transformer_layer_config_dict(cfg: DraftConfig) -> dict[str, Any]:
 def speculators_config_dict(
     draft_cfg: DraftConfig,
     aux_layer_ids: list[int],
-    verifier_name_or_path: str,
+    target_name_or_path: str,
     num_speculative_tokens: int,
     *,
-    verifier_architectures: list[str] | None = None,
+    target_architectures: list[str] | None = None,
 ) -> dict[str, Any]:
     """config.json for the export directory.
 
@@ -149,8 +149,8 @@ def speculators_config_dict(
                 }
             ],
             "verifier": {
-                "name_or_path": str(verifier_name_or_path),
-                "architectures": list(verifier_architectures or []),
+                "name_or_path": str(target_name_or_path),
+                "architectures": list(target_architectures or []),
             },
         },
     }
@@ -162,8 +162,8 @@ class DraftMeta:
 
     draft_config: DraftConfig
     aux_layer_ids: list[int]
-    verifier_name_or_path: str
-    verifier_architectures: list[str]
+    target_name_or_path: str
+    target_architectures: list[str]
     num_speculative_tokens: int
 
     def to_dict(self) -> dict[str, Any]:
@@ -185,9 +185,9 @@ def save_head(head: Eagle3DraftHead, meta: DraftMeta, out_dir: str | Path) -> Pa
     config = speculators_config_dict(
         meta.draft_config,
         meta.aux_layer_ids,
-        meta.verifier_name_or_path,
+        meta.target_name_or_path,
         meta.num_speculative_tokens,
-        verifier_architectures=meta.verifier_architectures,
+        target_architectures=meta.target_architectures,
     )
     with atomic_dir(out_dir, point="export_write") as tmp:
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
@@ -228,9 +228,9 @@ def load_head(
     export_dir: str | Path, target_config: Mapping[str, Any], target_weights: Mapping[str, torch.Tensor]
 ) -> LoadedHead:
     """The reverse of save_head: the export as an Eagle3DraftHead. Sizes the export does not
-    record (hidden size, target vocabulary, rope) come from the verifier's HF config
+    record (hidden size, target vocabulary, rope) come from the target's HF config
     (``target_config``); its frozen pieces from ``target_weights`` (embed [Vt, H], norm [H],
-    lm_head [Vt, H], as eagle3.target's load_target_head_weights returns them)."""
+    lm_head [Vt, H], as eagle3.target_model's load_target_head_weights returns them)."""
     export_dir = Path(export_dir)
     cfg = json.loads((export_dir / "config.json").read_text())
     layer = cfg["transformer_layer_config"]

@@ -10,7 +10,7 @@ greedy outputs agree. Writes acceptance.json and acceptance.png (into the export
 unless out_dir=...), prints a table on stderr.
 
 eval.diagnostics=true adds what explains a gap, at a cost: each greedy mismatch rerun through
-the verifier in fp32, and two train-side estimates beside vLLM's figure (the head replayed on
+the target in fp32, and two train-side estimates beside vLLM's figure (the head replayed on
 the dataset's answers to the same val prompts, and on vLLM's own with-head outputs).
 """
 
@@ -58,7 +58,7 @@ def evaluate(
     *,
     eval_cfg: EvalConfig | Any | None = None,
     dataset_dir: str | Path | None = None,
-    verifier: str | None = None,
+    target: str | None = None,
     out_dir: str | Path | None = None,
     chat_template: str | None = None,
     baseline: bool = True,
@@ -72,7 +72,7 @@ def evaluate(
         diagnostics (cfg.eval of train.py's config); None: EvalConfig() defaults.
     dataset_dir: the hidden-state dataset whose validation split gives the chat prompts;
         None: summary.json beside the export, else HumanEval prompts only.
-    verifier: the target directory; None: the export's speculators_config verifier.
+    target: the target directory; None: the export's speculators_config target.
     out_dir: where acceptance.json/.png and the engine logs (acceptance-logs/) go; None: export_dir.
     chat_template: the dataset's model.chat_template override, if any (None: the tokenizer's).
     baseline: also run the target alone (tokens/s without the head, greedy-output check).
@@ -94,10 +94,10 @@ def evaluate(
 
     settings = eval_cfg if eval_cfg is not None else EvalConfig()
     options = _engine_options(engine)
-    info = read_export(export_dir, verifier)
+    info = read_export(export_dir, target)
     out_dir = Path(out_dir) if out_dir is not None else info.export_dir
     dataset = Path(dataset_dir).expanduser().resolve() if dataset_dir is not None else info.dataset_dir
-    tokenizer = AutoTokenizer.from_pretrained(info.verifier, trust_remote_code=bool(options.trust_remote_code))
+    tokenizer = AutoTokenizer.from_pretrained(info.target, trust_remote_code=bool(options.trust_remote_code))
     prompts = heldout_prompts(
         dataset,
         int(settings.max_prompts),
@@ -130,19 +130,19 @@ def evaluate(
 def _add_replays(report: AcceptanceReport, info: Any, dataset: Path | None, prompts: Any, settings: Any) -> None:
     """The two train-side estimates beside vLLM's figure (eval.diagnostics): the head replayed on
     the dataset's answers to the val prompts served, and on vLLM's own with-head outputs. Each
-    runs the verifier (or reads its shards) again; a gap to vLLM points at a train/serve mismatch."""
-    from eagle3.evaluation.diagnostics.replay_export import replay_for_prompts
+    runs the target (or reads its shards) again; a gap to vLLM points at a train/serve mismatch."""
+    from eagle3.evaluation.diagnostics.head_replay import replay_for_prompts
     from eagle3.evaluation.diagnostics.served_replay import replay_served
     from eagle3.evaluation.prompts import VAL
 
     k, answer = int(settings.num_draft_tokens), int(settings.max_new_tokens)
     val_ids = [p.id for p in prompts.by_source(VAL)]
     replay, note = replay_for_prompts(
-        info.export_dir, info.verifier, dataset, val_ids, num_draft_tokens=k, max_answer_tokens=answer
+        info.export_dir, info.target, dataset, val_ids, num_draft_tokens=k, max_answer_tokens=answer
     )
     report.train_side_replay = replay or {}
     report.prompt_notes += [note] if note else []
     report.served_replay, note = replay_served(
-        info.export_dir, info.verifier, report.served, num_draft_tokens=k, max_answer_tokens=answer
+        info.export_dir, info.target, report.served, num_draft_tokens=k, max_answer_tokens=answer
     )
     report.prompt_notes += [note] if note else []

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from eagle3.config.engine import EngineOptions
-from eagle3.target.vllm_versions import check_vllm_version
+from eagle3.target_model.vllm_versions import check_vllm_version
 from eagle3.util.atomic import write_text
 
 
@@ -40,7 +40,7 @@ class PromptBatch:
 
 @dataclass
 class EngineRequest:
-    model: str  # the verifier (target) directory or hub id
+    model: str  # the target directory or hub id
     head: Optional[str]  # the EAGLE-3 export directory; None: the target alone
     num_draft_tokens: int
     max_new_tokens: int

@@ -1,5 +1,5 @@
 """What the evaluation needs to know about an export directory: that it is an EAGLE-3 head
-(eagle3/draft/serving_format.py reads its config.json), which verifier (target) it was trained
+(eagle3/draft/serving_format.py reads its config.json), which target it was trained
 against on this machine, and which dataset its training read (summary.json beside it)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ __all__ = ["ExportError", "ExportInfo", "read_export"]
 @dataclass
 class ExportInfo:
     export_dir: Path
-    verifier: str  # a local directory (resolved) or a hub id
+    target: str  # a local directory (resolved) or a hub id
     aux_layer_ids: list[int]
     draft_vocab_size: int
     dataset_dir: Optional[Path]  # from summary.json beside the export, if train.py wrote one
@@ -31,7 +31,7 @@ def _find_relative(path: Path, export_dir: Path, marker: str) -> Optional[Path]:
     return None
 
 
-def _resolve_verifier(given: str, export_dir: Path, config_file: Path) -> str:
+def _resolve_target(given: str, export_dir: Path, config_file: Path) -> str:
     """An absolute path is used as is. A relative one was written relative to the directory
     train.py ran in: try the current directory, then each parent of the export (the run dir
     sits under <project>/outputs/...). A name that is no directory anywhere is a hub id."""
@@ -40,7 +40,7 @@ def _resolve_verifier(given: str, export_dir: Path, config_file: Path) -> str:
         if not path.is_dir():
             raise ExportError(
                 f"{config_file}: speculators_config.verifier.name_or_path={given!r} does not exist; "
-                "pass verifier=<target dir>"
+                "pass target=<target dir>"
             )
         return str(path)
     found = _find_relative(path, export_dir, "config.json")
@@ -50,29 +50,29 @@ def _resolve_verifier(given: str, export_dir: Path, config_file: Path) -> str:
         return given  # hub id, e.g. "HuggingFaceTB/SmolLM2-135M-Instruct"
     raise ExportError(
         f"{config_file}: speculators_config.verifier.name_or_path={given!r} is relative and no directory "
-        f"with a config.json matches it from {Path.cwd()} or any parent of {export_dir}; pass verifier=<target dir>"
+        f"with a config.json matches it from {Path.cwd()} or any parent of {export_dir}; pass target=<target dir>"
     )
 
 
-def read_export(export_dir: str | Path, verifier: str | None = None) -> ExportInfo:
+def read_export(export_dir: str | Path, target: str | None = None) -> ExportInfo:
     export_dir = Path(export_dir).expanduser()
     config_file = export_dir / "config.json"
     cfg = read_config(export_dir)
     summary_file = export_dir.parent / "summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
-    if verifier is None:
+    if target is None:
         given = ((cfg.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
         if not given:
-            raise ExportError(f"{config_file}: no speculators_config.verifier.name_or_path; pass verifier=<target dir>")
-        local = Path(summary.get("verifier_dir") or "").expanduser()
-        if summary.get("verifier_dir") and local.is_dir() and not Path(given).expanduser().is_dir():
+            raise ExportError(f"{config_file}: no speculators_config.verifier.name_or_path; pass target=<target dir>")
+        local = Path(summary.get("target_dir") or "").expanduser()
+        if summary.get("target_dir") and local.is_dir() and not Path(given).expanduser().is_dir():
             # the export names the target as the serving machine knows it (a hub id); the run
             # that trained it recorded the local copy it read, the same weights, usable offline
-            verifier = str(local.resolve())
+            target = str(local.resolve())
         else:
-            verifier = _resolve_verifier(str(given), export_dir, config_file)
-    elif Path(verifier).expanduser().is_dir():
-        verifier = str(Path(verifier).expanduser().resolve())
+            target = _resolve_target(str(given), export_dir, config_file)
+    elif Path(target).expanduser().is_dir():
+        target = str(Path(target).expanduser().resolve())
     dataset_dir = None
     recorded = summary.get("dataset_dir")
     if recorded:
@@ -82,7 +82,7 @@ def read_export(export_dir: str | Path, verifier: str | None = None) -> ExportIn
         )
     return ExportInfo(
         export_dir=export_dir.resolve(),
-        verifier=str(verifier),
+        target=str(target),
         aux_layer_ids=[int(i) for i in cfg.get("eagle_aux_hidden_state_layer_ids") or []],
         draft_vocab_size=int(cfg.get("draft_vocab_size") or 0),
         dataset_dir=dataset_dir,

@@ -20,7 +20,7 @@ from eagle3.evaluation.prompts import SOURCES, PromptSet
 from eagle3.evaluation.report import AcceptanceReport
 from eagle3.evaluation.subprocess_engine import run_engine_process
 
-# draft tokens the verifier may append past the answer budget in its last step
+# draft tokens the target may append past the answer budget in its last step
 _SPEC_SLACK = 8
 
 
@@ -36,7 +36,7 @@ def measure(
     diagnostics: bool = False,
 ) -> AcceptanceReport:
     """vLLM's acceptance (with-head engine), speed and greedy agreement (with the baseline).
-    diagnostics: also explain each greedy mismatch with an fp32 verifier forward (costly)."""
+    diagnostics: also explain each greedy mismatch with an fp32 target forward (costly)."""
     if num_draft_tokens < 1:
         raise ValueError(f"eval.num_draft_tokens must be >= 1, got {num_draft_tokens}")
     if max_new_tokens < 1:
@@ -45,7 +45,7 @@ def measure(
     batches = [PromptBatch(s, [p.token_ids for p in prompts.by_source(s)]) for s in sources]
     longest = max(len(p.token_ids) for p in prompts.prompts)
     common: dict[str, Any] = dict(
-        model=info.verifier,
+        model=info.target,
         num_draft_tokens=num_draft_tokens,
         max_new_tokens=max_new_tokens,
         max_model_len=longest + max_new_tokens + num_draft_tokens + _SPEC_SLACK,
@@ -97,7 +97,7 @@ def measure(
     problems += [f"greedy mismatch: {v['description']}" for v in verdicts if not v["near_tie"]]
     report = AcceptanceReport(
         export_dir=str(info.export_dir),
-        verifier=info.verifier,
+        target=info.target,
         num_draft_tokens=num_draft_tokens,
         max_new_tokens=max_new_tokens,
         overall=overall,
@@ -122,7 +122,7 @@ def _explain_mismatches(
     info: ExportInfo, prompts: PromptSet, with_head, without_head, trust_remote_code: bool, diagnostics: bool
 ):
     """fp32 verdicts on every greedy mismatch (a near tie, or a real problem), when asked for
-    (eval.diagnostics) and the verifier is small enough for a transformers fp32 forward here."""
+    (eval.diagnostics) and the target is small enough for a transformers fp32 forward here."""
     if without_head is None:
         return [], []
     cases = []
@@ -133,11 +133,11 @@ def _explain_mismatches(
         return [], []
     if not diagnostics:
         return [], [f"{len(cases)} greedy mismatches not explained (eval.diagnostics=true reruns them in fp32)"]
-    size = weights_bytes(info.verifier)
+    size = weights_bytes(info.target)
     if size > MAX_REFERENCE_BYTES:
         return [], [
-            f"{len(cases)} greedy mismatches not explained: the verifier ({size / 2**30:.1f} GiB) is "
+            f"{len(cases)} greedy mismatches not explained: the target ({size / 2**30:.1f} GiB) is "
             f"too large for the fp32 reference forward"
         ]
-    verdicts = explain(info.verifier, cases, trust_remote_code=trust_remote_code)
+    verdicts = explain(info.target, cases, trust_remote_code=trust_remote_code)
     return [dict(v.__dict__, description=v.describe()) for v in verdicts], []

@@ -25,7 +25,7 @@ PNG_NAME = "acceptance.png"
 @dataclass
 class AcceptanceReport:
     export_dir: str
-    verifier: str
+    target: str
     num_draft_tokens: int
     max_new_tokens: int
     overall: Figures
@@ -59,7 +59,7 @@ class AcceptanceReport:
         return {
             "measured_by": self.measured_by,
             "export_dir": self.export_dir,
-            "verifier": self.verifier,
+            "verifier": self.target,
             "dataset_dir": self.dataset_dir,
             "max_new_tokens": self.max_new_tokens,
             **top,

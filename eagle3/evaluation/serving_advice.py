@@ -210,25 +210,25 @@ def read_acceptance(path: str | Path | None) -> Optional[dict[str, Any]]:
     return json.loads(Path(path).read_text()) if path and Path(path).is_file() else None
 
 
-def serve_command(export_dir: str | Path, verifier: str, num_draft_tokens: int) -> str:
+def serve_command(export_dir: str | Path, target: str, num_draft_tokens: int) -> str:
     """``vllm serve``, with the head at K draft tokens, or the target alone for K = 0."""
     if num_draft_tokens <= 0:
-        return f"vllm serve {verifier}"
+        return f"vllm serve {target}"
     spec = json.dumps({"model": str(export_dir), "method": "eagle3", "num_speculative_tokens": int(num_draft_tokens)})
-    return f"vllm serve {verifier} --speculative-config '{spec}'"
+    return f"vllm serve {target} --speculative-config '{spec}'"
 
 
-def serving_lines(export_dir: str | Path, verifier: str, trained_k: int, advice: Optional[ServingAdvice]) -> list[str]:
+def serving_lines(export_dir: str | Path, target: str, trained_k: int, advice: Optional[ServingAdvice]) -> list[str]:
     """What train.py and ``python export.py`` print: the command with the advised K and
     the loads at which the head pays off (the trained K, and no verdict, without advice)."""
     if advice is None or not advice.loads:
         return [
-            f"serve it: {serve_command(export_dir, verifier, trained_k)}",
+            f"serve it: {serve_command(export_dir, target, trained_k)}",
             "serving advice: none for this head (measure it: python bench/serving_speedup.py --write-advice, "
             "or its acceptance: python evaluate.py); K is the trained one",
         ]
     k = advice.serve_k()
-    head = serve_command(export_dir, verifier, k or trained_k)
+    head = serve_command(export_dir, target, k or trained_k)
     per_load = "; ".join(
         f"{a.load}: K={a.num_speculative_tokens} ({a.speedup:.2f}x)" if a.num_speculative_tokens else f"{a.load}: none"
         for a in sorted(advice.loads, key=lambda a: a.load)
@@ -245,6 +245,6 @@ def serving_lines(export_dir: str | Path, verifier: str, trained_k: int, advice:
         else "the head pays off at no load measured"
     )
     if not_pays:
-        verdict += f"; at {', '.join(map(str, not_pays))} serve the target alone ({serve_command('', verifier, 0)})"
-    first = f"serve it: {head}" if k else f"serve it: {serve_command('', verifier, 0)} (with the head: {head})"
+        verdict += f"; at {', '.join(map(str, not_pays))} serve the target alone ({serve_command('', target, 0)})"
+    first = f"serve it: {head}" if k else f"serve it: {serve_command('', target, 0)} (with the head: {head})"
     return [first, f"serving advice ({how}), K per load: {per_load}", verdict]

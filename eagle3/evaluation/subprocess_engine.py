@@ -88,7 +88,7 @@ def run_engine_process(request: EngineRequest, work_dir: Path, label: str) -> tu
     log_file = work_dir / f"engine-{label}.log"
     res_file.unlink(missing_ok=True)
     req_file.write_text(request.to_json())
-    print(f"[eagle3.evaluate] vLLM engine {label}: starting (log: {log_file})", file=sys.stderr, flush=True)
+    print(f"[eagle3.evaluation] vLLM engine {label}: starting (log: {log_file})", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     with open(log_file, "w") as log:
         proc = subprocess.Popen(
@@ -115,5 +115,5 @@ def run_engine_process(request: EngineRequest, work_dir: Path, label: str) -> tu
             f"vLLM engine {label} (model={request.model}, head={request.head}) failed with exit code {rc}; "
             f"last lines of {log_file}:\n{_tail(log_file)}"
         )
-    print(f"[eagle3.evaluate] vLLM engine {label}: done in {wall:.0f} s", file=sys.stderr, flush=True)
+    print(f"[eagle3.evaluation] vLLM engine {label}: done in {wall:.0f} s", file=sys.stderr, flush=True)
     return EngineResult.from_json(res_file.read_text()), wall

@@ -59,7 +59,7 @@ class DatasetRecipe:
     model: ModelConfig
     model_dir: str
     data: DataConfig
-    capture_ids: tuple[int, ...]
+    layer_ids: tuple[int, ...]
     capture_dtype: str
     data_dir: str
     cache_dir: str
@@ -139,7 +139,7 @@ def _capture_and_tokenizer(recipe: DatasetRecipe) -> dict[str, Any]:
     """The inputs both schemes share: layers, dtype, tokenizer files, a chat template override."""
     d, template = Path(recipe.model_dir), recipe.model.chat_template
     return {
-        "capture_ids": [int(i) for i in recipe.capture_ids],
+        "layer_ids": [int(i) for i in recipe.layer_ids],
         "capture_dtype": recipe.capture_dtype,
         "tokenizer": {f: file_short_sha(d / f) for f in _TOKENIZER_FILES if (d / f).is_file()},
         "chat_template_override": short_sha(template.encode()) if template else None,
@@ -218,7 +218,7 @@ def regen_note(manifest: Manifest) -> str:
 def legacy_fingerprint_inputs(recipe: DatasetRecipe) -> dict[str, Any]:
     """The first scheme's inputs (model directory name, chat path and resolved engine in them),
     to find datasets it named."""
-    from eagle3.target.generate.common import resolve_backend
+    from eagle3.target_model.generate.common import resolve_backend
 
     d = Path(recipe.model_dir)
     data: dict[str, Any] = plain(recipe.data)

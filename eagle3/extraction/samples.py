@@ -33,7 +33,7 @@ def regenerator_for(recipe: DatasetRecipe, machine: RegenMachine) -> Any:
     data, model = recipe.data, recipe.model
     if not data.regenerate:
         return None
-    from eagle3.target.generate.dispatch import make_regenerator
+    from eagle3.target_model.generate.dispatch import make_regenerator
 
     return make_regenerator(
         data.regen_backend,

@@ -84,7 +84,7 @@ def _write(
         [(s.id, s.input_ids, s.loss_mask) for s in samples],
         val_ids=[s.id for s in data.val],
         fingerprint_inputs=inputs,
-        layer_ids=list(recipe.capture_ids),
+        layer_ids=list(recipe.layer_ids),
         hidden_size=model.hidden_size,
         dtype=torch_dtype(recipe.capture_dtype),
         token_freq=freq,

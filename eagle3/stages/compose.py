@@ -8,9 +8,9 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import ListConfig, OmegaConf
 
 from eagle3.config import schema
-from eagle3.stages import plan
-from eagle3.target import layer_ids
-from eagle3.target.hub import model_config_file
+from eagle3.stages import disk_plan
+from eagle3.target_model import layer_ids
+from eagle3.target_model.hub import model_config_file
 from eagle3.util import launch
 
 _GROUPS = {
@@ -48,12 +48,12 @@ def _model_fact(path: str, key: str, revision: str | None = None):
     return value[0] if key == "architectures" and isinstance(value, list) else value
 
 
-def budget_source(budget: str, accelerator: str) -> str:
-    """The `budget_source` entry: whether `budget` is the topology's own (the gpu* topologies
-    select budget=gpu, the cpu* ones keep the primary configs' budget=cpu) or one picked over it."""
-    if budget == accelerator:
+def sizes_source(sizes: str, accelerator: str) -> str:
+    """The `sizes_source` entry: whether `sizes` is the topology's own (the gpu* topologies
+    select sizes=gpu, the cpu* ones keep the primary configs' sizes=cpu) or one picked over it."""
+    if sizes == accelerator:
         return f"topology.accelerator={accelerator}"
-    return f"budget={budget} picked over topology.accelerator={accelerator}"
+    return f"sizes={sizes} picked over topology.accelerator={accelerator}"
 
 
 def register_resolvers() -> None:
@@ -63,23 +63,23 @@ def register_resolvers() -> None:
         replace=True,
     )
     OmegaConf.register_new_resolver(
-        "eagle3.capture_ids",
-        lambda ids, n: ListConfig(layer_ids.capture_ids(_plain(ids), n)),
+        "eagle3.layer_ids",
+        lambda ids, n: ListConfig(layer_ids.aux_and_final(_plain(ids), n)),
         replace=True,
     )
     OmegaConf.register_new_resolver("eagle3.model_fact", _model_fact, replace=True)
-    OmegaConf.register_new_resolver("eagle3.budget_source", budget_source, replace=True)
+    OmegaConf.register_new_resolver("eagle3.sizes_source", sizes_source, replace=True)
     # the run dir's name: one value per process (cached), shared by all ranks of a launch
     OmegaConf.register_new_resolver("eagle3.run_id", lambda: launch.launch_run_id(), use_cache=True, replace=True)
     OmegaConf.register_new_resolver("eagle3.tasks_per_node", launch.tasks_per_node, replace=True)
-    # what the capture stores, shown by --cfg job --resolve (eagle3/stages/plan.py)
+    # what the capture stores, shown by --cfg job --resolve (eagle3/stages/disk_plan.py)
     OmegaConf.register_new_resolver(
-        "eagle3.hidden_layout", lambda dtype, ids, h: plan.hidden_layout(dtype, _plain(ids), h), replace=True
+        "eagle3.hidden_layout", lambda dtype, ids, h: disk_plan.hidden_layout(dtype, _plain(ids), h), replace=True
     )
-    OmegaConf.register_new_resolver("eagle3.vllm_capture_route", plan.vllm_capture_route, replace=True)
+    OmegaConf.register_new_resolver("eagle3.vllm_capture_route", disk_plan.vllm_capture_route, replace=True)
     OmegaConf.register_new_resolver(
         "eagle3.disk_per_million_tokens",
-        lambda ids, h, dtype, shard: plan.disk_per_million_tokens(_plain(ids), h, dtype, shard),
+        lambda ids, h, dtype, shard: disk_plan.disk_per_million_tokens(_plain(ids), h, dtype, shard),
         replace=True,
     )
 

@@ -20,9 +20,9 @@ import math
 from dataclasses import dataclass
 
 from eagle3.config.schema import CaptureBackend, RunConfig
-from eagle3.stages import plan
-from eagle3.stages.plan import MILLION
-from eagle3.target.compute_dtype import compute_dtype, cpu_bf16_on_amx
+from eagle3.stages import disk_plan
+from eagle3.stages.disk_plan import MILLION
+from eagle3.target_model.compute_dtype import compute_dtype, cpu_bf16_on_amx
 from eagle3.util.hidden_dtypes import torch_dtype
 from eagle3.util.report import minutes
 
@@ -65,7 +65,7 @@ class Rate:
     regen_tok_s: float | None  # new tokens/s of data.regenerate (None: not measured)
     measured: str  # the command, the machine and where the figure is recorded
     # capture tok/s with the forward in fp32, as on a CPU without native bf16 matmuls
-    # (eagle3/target/compute_dtype.py); None: every capture on this accelerator runs capture_tok_s
+    # (eagle3/target_model/compute_dtype.py); None: every capture on this accelerator runs capture_tok_s
     capture_fp32_tok_s: float | None = None
     # capture tok/s of a bf16 forward on a CPU with AMX tiles (amx_bf16); None: capture_tok_s
     capture_amx_tok_s: float | None = None
@@ -206,7 +206,7 @@ def rate_of(cfg: RunConfig) -> tuple[Rate | None, str]:
 def cpu_forward(cfg: RunConfig) -> str:
     """How this config's capture runs its target forward, for its rate: ``fp32`` (the
     transformers backend on a CPU that would emulate the stored dtype, or an fp32 capture.dtype:
-    the backend's own check, eagle3/target/compute_dtype.py), ``amx`` (bf16 on AMX tiles) or
+    the backend's own check, eagle3/target_model/compute_dtype.py), ``amx`` (bf16 on AMX tiles) or
     ``native`` (anything else, GPUs included)."""
     if str(cfg.topology.accelerator) != "cpu" or cfg.capture.backend != CaptureBackend.hf:
         return "native"
@@ -242,7 +242,7 @@ def extract_lines(cfg: RunConfig) -> list[str]:
     """Before any work, from the config alone: samples, a token bound, disk, time."""
     from eagle3.store.disk import format_bytes
 
-    data, ids = cfg.data, [int(i) for i in cfg.layers.capture_ids]
+    data, ids = cfg.data, [int(i) for i in cfg.layers.layer_ids]
     length = data.max_length
     rate, basis = rate_of(cfg)
     tok_s = capture_tok_s(cfg)
@@ -251,7 +251,7 @@ def extract_lines(cfg: RunConfig) -> list[str]:
     if tok_s and forward != "native":
         at += " (the forward in fp32: this CPU would emulate bf16)" if forward == "fp32" else " (bf16 on AMX tiles)"
     if data.max_samples is None:
-        per_m = plan.disk_per_million_tokens(
+        per_m = disk_plan.disk_per_million_tokens(
             ids, cfg.model.hidden_size, cfg.capture.dtype, cfg.capture.shard_max_tokens
         )
         line = f"extract: every sample of data={data.name} (counted once read), <= {length:,} tokens each; {per_m} per 1M tokens"
@@ -260,7 +260,7 @@ def extract_lines(cfg: RunConfig) -> list[str]:
         return [line, basis]
     samples = data.max_samples
     tokens = samples * length
-    disk = plan.disk_bytes(tokens, ids, cfg.model.hidden_size, cfg.capture.dtype, cfg.capture.shard_max_tokens)
+    disk = disk_plan.disk_bytes(tokens, ids, cfg.model.hidden_size, cfg.capture.dtype, cfg.capture.shard_max_tokens)
     line = f"extract: {samples:,} samples x <= {length:,} tokens = <= {tokens:,} tokens; disk <= {format_bytes(disk)}"
     if tok_s:
         line += f"; capture <= ~{minutes(tokens / tok_s)}{at}"

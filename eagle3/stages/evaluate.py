@@ -3,7 +3,7 @@ by vLLM (eagle3/evaluation/acceptance.py), as a stage with its own config (conf/
 
     python evaluate.py export_dir=outputs/train/runs/<run>/export
     python evaluate.py export_dir=<dir> eval.num_draft_tokens=5 eval.max_prompts=64 logger=wandb
-    python evaluate.py export_dir=<dir> verifier=<target dir> dataset_dir=<dataset dir>
+    python evaluate.py export_dir=<dir> target=<target dir> dataset_dir=<dataset dir>
 
 Prints the acceptance table on stderr and the JSON path as the last stdout line. train.py
 calls `evaluate_trained(...)` (`evaluate` with its config) at the end of training.
@@ -35,7 +35,7 @@ def evaluate_trained(cfg: RunConfig, export_dir: Path, ds_dir: Path, model_dir: 
             export_dir,
             eval_cfg=cfg.eval,
             dataset_dir=ds_dir,
-            verifier=model_dir,
+            target=model_dir,
             chat_template=cfg.model.chat_template,
             engine=EngineOptions(
                 enforce_eager=cfg.eval.enforce_eager,
@@ -87,7 +87,7 @@ def run(cfg: Any) -> float:
             c.export_dir,
             eval_cfg=c.eval,
             dataset_dir=c.dataset_dir,
-            verifier=c.verifier,
+            target=c.target,
             out_dir=out_dir,
             chat_template=c.chat_template,
             baseline=c.baseline,

@@ -28,7 +28,7 @@ class EvaluateConfig:
     task_name: str = "evaluate"
     export_dir: str = MISSING
     # null: the export's speculators_config.verifier.name_or_path
-    verifier: Optional[str] = None
+    target: Optional[str] = None
     # the hidden-state dataset whose validation split gives the chat prompts;
     # null: the `dataset_dir` recorded in summary.json beside the export (train.py writes it)
     dataset_dir: Optional[str] = None
@@ -66,7 +66,7 @@ class ReplayExportConfig:
     # the hidden-state dataset whose answers the head is replayed on (its shards must be here)
     dataset_dir: str = MISSING
     # null: the export's speculators_config.verifier.name_or_path
-    verifier: Optional[str] = None
+    target: Optional[str] = None
     split: ReplaySplit = ReplaySplit.val
     num_draft_tokens: int = 3
     # answers cut at this many tokens, as eval.max_new_tokens cuts served ones; 0: whole answers

@@ -39,14 +39,14 @@ from eagle3.extraction.samples import prepare, regenerator_for
 from eagle3.stages import time_budget
 from eagle3.stages.cost import capture_seconds, extract_lines
 from eagle3.stages.recipes import dataset_recipe, regen_machine
-from eagle3.stages.validate import torch_dtype, validate_run_config
+from eagle3.stages.validate import config_torch_dtype, validate_run_config
 from eagle3.store import DiskSpaceError, Manifest, ShardWriter, check_free_disk, disk_needed_bytes, format_bytes
 from eagle3.store.disk import free_bytes
 from eagle3.store.layout import LOCK
 from eagle3.store.merge import merge_parts, owner_shard, part_dir
 from eagle3.store.reader import damaged_shards
-from eagle3.target.backend import CaptureBackend, make_backend
-from eagle3.target.resolve import resolve_target
+from eagle3.target_model.backend import CaptureBackend, make_backend
+from eagle3.target_model.resolve import resolve_target
 from eagle3.util.clock import Deadline, StageClock
 from eagle3.util.faults import fault
 from eagle3.util.launch import extraction_shard
@@ -133,7 +133,7 @@ def _extract(
     damaged: list[tuple[str, str]],
     lock: DirLock,
     clock: StageClock,
-    split: time_budget.Split | None,
+    split: time_budget.TimeShares | None,
 ) -> str:
     """Regenerate, render, capture and write the dataset, holding its lock. ``split``: the time
     budget's plan, whose shares end regeneration and capture (None: no budget)."""
@@ -142,8 +142,8 @@ def _extract(
     report(extract_lines(cfg))  # what this run will cost, before any work
 
     model_dir = recipe.model_dir
-    capture_ids = list(recipe.capture_ids)
-    dtype = torch_dtype(cfg.capture.dtype)
+    layer_ids = list(recipe.layer_ids)
+    dtype = config_torch_dtype(cfg.capture.dtype)
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=cfg.model.trust_remote_code)
     regenerator = regenerator_for(recipe, regen_machine(cfg))
     engine = regenerator.backend if regenerator is not None else None
@@ -160,7 +160,7 @@ def _extract(
 
     writer = ShardWriter(
         ds_dir,
-        layer_ids=capture_ids,
+        layer_ids=layer_ids,
         hidden_size=cfg.model.hidden_size,
         dtype=dtype,
         fingerprint_inputs=inputs,
@@ -182,7 +182,7 @@ def _extract(
         todo_tokens = sum(int(s.input_ids.numel()) for s in todo)
         need = disk_needed_bytes(
             todo_tokens,
-            len(capture_ids),
+            len(layer_ids),
             cfg.model.hidden_size,
             dtype,
             len(todo),
@@ -191,7 +191,7 @@ def _extract(
         free = check_free_disk(ds_dir, need, cfg.capture.disk_margin)
         console.print(
             f"dataset {ds_dir}\n  {len(samples)} samples ({len(done_ids)} already done), {todo_tokens} tokens to "
-            f"capture x {len(capture_ids)} layers x {cfg.model.hidden_size} x {dtype}: needs {format_bytes(need)}, "
+            f"capture x {len(layer_ids)} layers x {cfg.model.hidden_size} x {dtype}: needs {format_bytes(need)}, "
             f"free {format_bytes(free)}"
         )
         capture_cut: str | None = None  # why the time budget stopped the capture, if it did
@@ -204,7 +204,7 @@ def _extract(
                     cfg.capture,
                     cfg.topology,
                     model_dir,
-                    capture_ids,
+                    layer_ids,
                     dtype,
                     cfg.data.max_length,
                     trust_remote_code=cfg.model.trust_remote_code,
@@ -238,7 +238,7 @@ def _extract(
             vocabs = {size: build_draft_vocab(freq, size)}
             manifest = writer.finish(freq, vocabs, val_ids=val_ids, provenance={"extract_seconds": round(seconds, 1)})
         except DiskSpaceError as e:  # the disk filled up during the run (another job, a bad estimate)
-            raise DiskSpaceError(_disk_full_message(e, cfg, ds_dir, todo, writer, capture_ids, dtype)) from e
+            raise DiskSpaceError(_disk_full_message(e, cfg, ds_dir, todo, writer, layer_ids, dtype)) from e
     finally:
         writer.close()
     console.print(
@@ -261,13 +261,13 @@ def _merge(cfg: RunConfig, ds_dir: Path, num_shards: int) -> str:
 
 
 def _disk_full_message(
-    e: DiskSpaceError, cfg: RunConfig, ds_dir: Path, todo, writer: ShardWriter, capture_ids: list[int], dtype
+    e: DiskSpaceError, cfg: RunConfig, ds_dir: Path, todo, writer: ShardWriter, layer_ids: list[int], dtype
 ) -> str:
     done = writer.done_ids()
     left = [s for s in todo if s.id not in done]
     tokens = sum(int(s.input_ids.numel()) for s in left)
     need = disk_needed_bytes(
-        tokens, len(capture_ids), cfg.model.hidden_size, dtype, len(left), cfg.capture.shard_max_tokens
+        tokens, len(layer_ids), cfg.model.hidden_size, dtype, len(left), cfg.capture.shard_max_tokens
     )
     return (
         f"{e}\n  {ds_dir}: {len(left)} samples are still to be written: about {format_bytes(need)} ({need} bytes) "

@@ -14,7 +14,7 @@ def dataset_recipe(cfg: RunConfig, model_dir: str) -> DatasetRecipe:
         model=cfg.model,
         model_dir=str(model_dir),
         data=cfg.data,
-        capture_ids=tuple(int(i) for i in cfg.layers.capture_ids),
+        layer_ids=tuple(int(i) for i in cfg.layers.layer_ids),
         capture_dtype=cfg.capture.dtype,
         data_dir=str(cfg.paths.data_dir),
         cache_dir=str(cfg.paths.cache_dir),

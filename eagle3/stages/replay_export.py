@@ -1,9 +1,9 @@
 """`python -m eagle3.stages.replay_export export_dir=<export> dataset_dir=<dataset>`: train-side
 acceptance of an exported head on a hidden-state dataset, with no vLLM
-(eagle3/evaluation/diagnostics/replay_export.py).
+(eagle3/evaluation/diagnostics/head_replay.py).
 
     python -m eagle3.stages.replay_export export_dir=outputs/run/export dataset_dir=data/<fingerprint> \\
-        [verifier=<target dir>] [split=val|all] [num_draft_tokens=3] [max_answer_tokens=128] [out=<file>]
+        [target=<target dir>] [split=val|all] [num_draft_tokens=3] [max_answer_tokens=128] [out=<file>]
 
 Keys: conf/replay_export.yaml and its schema ReplayExportConfig (eagle3/stages/evaluate_config.py).
 Prints both train-side figures for the same positions: the uniform estimate and the
@@ -20,7 +20,7 @@ import torch
 
 from eagle3.config.errors import ConfigError
 from eagle3.config.schema import typed
-from eagle3.evaluation.diagnostics.replay_export import load_exported_head, measure
+from eagle3.evaluation.diagnostics.head_replay import load_exported_head, train_side_figures
 from eagle3.evaluation.export_info import read_export
 from eagle3.stages.evaluate_config import ReplayExportConfig, register_replay_export_config
 
@@ -37,9 +37,9 @@ def run(cfg: Any) -> dict[str, float]:
             f"export_dir=<export dir> dataset_dir=<hidden-state dataset dir>"
         )
     c = typed(cfg, ReplayExportConfig)
-    verifier = c.verifier or read_export(c.export_dir).verifier
-    head, _ = load_exported_head(c.export_dir, verifier)
-    out = measure(
+    target = c.target or read_export(c.export_dir).target
+    head, _ = load_exported_head(c.export_dir, target)
+    out = train_side_figures(
         head,
         c.dataset_dir,
         num_draft_tokens=c.num_draft_tokens,

@@ -45,7 +45,7 @@ TRAIN_FINISH_S = {"cpu": 30.0, "gpu": 20.0}
 
 
 @dataclass(frozen=True)
-class Split:
+class TimeShares:
     """How ``minutes`` are spent: seconds per part, the conversations it sizes the data to."""
 
     total_s: float
@@ -120,7 +120,7 @@ def _end_reserve(cfg: RunConfig, rate: cost.Rate | None) -> float:
     return TRAIN_FINISH_S.get(str(cfg.topology.accelerator), 30.0) + _eval_seconds(cfg, rate)
 
 
-def plan(cfg: RunConfig) -> Split | None:
+def time_shares(cfg: RunConfig) -> TimeShares | None:
     """The split of cfg.time_budget.minutes, or None without a budget (or without a measured
     rate for this accelerator and model size: cost.py's RATES)."""
     budget = cfg.time_budget
@@ -162,7 +162,7 @@ def plan(cfg: RunConfig) -> Split | None:
     train_s = left - regen_s - capture_s
     samples = conversations * answers
     passes = train_s * cost.train_tok_s(cfg) / (samples * tokens * (1 - cfg.data.val_fraction))
-    return Split(
+    return TimeShares(
         total,
         conversations,
         samples,
@@ -179,15 +179,15 @@ def plan(cfg: RunConfig) -> Split | None:
     )
 
 
-def sized(cfg: RunConfig) -> tuple[RunConfig, Split | None]:
+def sized(cfg: RunConfig) -> tuple[RunConfig, TimeShares | None]:
     """cfg with data.max_samples set by the plan (both stages: it names the dataset)."""
-    split = plan(cfg)
+    split = time_shares(cfg)
     if split is None:
         return cfg, None
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_samples=split.conversations)), split
 
 
-def regen_deadline(split: Split | None, clock: StageClock) -> Deadline | None:
+def regen_deadline(split: TimeShares | None, clock: StageClock) -> Deadline | None:
     """extract.py's regeneration under a budget: no batch starts that would end past the end of
     its share (None without a budget or without regeneration)."""
     if split is None or not split.regen_s:
@@ -195,7 +195,7 @@ def regen_deadline(split: Split | None, clock: StageClock) -> Deadline | None:
     return Deadline(clock, split.regen_end_s(), "regeneration")
 
 
-def capture_deadline(split: Split | None, clock: StageClock, samples: int) -> Deadline | None:
+def capture_deadline(split: TimeShares | None, clock: StageClock, samples: int) -> Deadline | None:
     """extract.py's capture of ``samples`` under a budget (None without one): it stops at the end
     of the extraction's share, so a machine slower than the rates loses data, not training's
     minutes (the dataset is finished with what was captured; its provenance says where it was

@@ -20,11 +20,11 @@ from eagle3.extraction.identity import DatasetNotFound, dataset_path, locate_dat
 from eagle3.stages import time_budget
 from eagle3.stages.cost import train_lines
 from eagle3.stages.recipes import dataset_recipe, regen_machine
-from eagle3.stages.validate import torch_dtype, validate_run_config
+from eagle3.stages.validate import config_torch_dtype, validate_run_config
 from eagle3.store import DamagedDatasetError, Manifest
-from eagle3.target.resolve import resolve_target
+from eagle3.target_model.resolve import resolve_target
 from eagle3.training import run_dir
-from eagle3.training.builder import build_head, verifier_name
+from eagle3.training.builder import build_head, target_name
 from eagle3.training.callbacks import build_callbacks
 from eagle3.training.checkpoint_io import AtomicCheckpointIO, export_checkpoint, newest_whole_checkpoint
 from eagle3.training.datamodule import Eagle3DataModule
@@ -75,7 +75,10 @@ def run(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> float:
                 dataset_recipe(run_cfg, resolve_target(run_cfg.model, run_cfg.paths.cache_dir))
             ).name
             raise DamagedDatasetError(
-                e.directory, e.problem, e.needs_hash, repair_command(run_cfg, e.directory, expected, e.needs_hash)
+                e.directory,
+                e.problem,
+                e.needs_hash,
+                run_dir.repair_command(run_cfg.dataset_dir, e.directory, expected, e.needs_hash),
             ) from None
 
 
@@ -151,7 +154,7 @@ def _build(
         model_dir,
         datamodule.dataset,
         attention=path.attention,
-        verifier=verifier_name(cfg.model, model_dir, cfg.export.verifier_name_or_path),
+        target=target_name(cfg.model, model_dir, cfg.export.target_name_or_path),
         num_speculative_tokens=cfg.eval.num_draft_tokens,
     )
     module = Eagle3LitModule(
@@ -259,7 +262,7 @@ def _summary(
     best = checkpoint.best_model_score
     return {
         "dataset_dir": str(ds_dir),
-        "verifier_dir": str(model_dir),
+        "target_dir": str(model_dir),
         "global_step": parts.trainer.global_step,
         "initial": initial,
         "regen_engine": parts.datamodule.dataset.manifest.provenance.get("regen_engine"),
@@ -275,8 +278,8 @@ def _export_and_evaluate(
     cfg: RunConfig, parts: _Parts, output_dir: Path, ds_dir: Path, model_dir: str, summary: dict[str, Any]
 ) -> Path:
     """The export of the best checkpoint (else last.ckpt), and vLLM's acceptance of it, into
-    ``summary``. From the checkpoint file, not the live module: the same path as `python -m
-    eagle3.export`, and correct under FSDP (whose live parameters are shards)."""
+    ``summary``. From the checkpoint file, not the live module: the same path as `python
+    export.py`, and correct under FSDP (whose live parameters are shards)."""
     best = parts.checkpoint.best_model_path or output_dir / "checkpoints" / "last.ckpt"
     export_dir = export_checkpoint(best, output_dir / "export")
     summary["export_dir"] = str(export_dir)
@@ -293,7 +296,7 @@ def _write_summary(output_dir: Path, export_dir: Path, draft_meta: DraftMeta, su
     line = best_metric_line(summary.get("best_metric"), summary.get("best_metric_value"))
     if line:
         print(line)
-    for line in serve_lines(export_dir, draft_meta.verifier_name_or_path, draft_meta.num_speculative_tokens, summary):
+    for line in serve_lines(export_dir, draft_meta.target_name_or_path, draft_meta.num_speculative_tokens, summary):
         print(line)
     print(str(export_dir))
 
@@ -312,25 +315,19 @@ def _finish_logger(parts: _Parts, initial: Mapping[str, float]) -> None:
         parts.logger.experiment.finish()  # one W&B run per job: close it before the next multirun job
 
 
-def repair_command(cfg: RunConfig, directory: Path, expected_name: str, needs_hash: bool) -> str:
-    """The extract.py command that repairs this run's damaged dataset ``directory``
-    (eagle3.training.run_dir.repair_command, given this config's dataset_dir)."""
-    return run_dir.repair_command(cfg.dataset_dir, directory, expected_name, needs_hash)
-
-
 def trainer_arguments(trainer_cfg: TrainerConfig) -> dict[str, Any]:
     """trainer.* as L.Trainer keyword arguments: the set ones."""
     return {k: v for k, v in dataclasses.asdict(trainer_cfg).items() if v is not None}
 
 
-def serve_lines(export_dir: Path, verifier: str, trained_k: int, summary: Mapping[str, Any]) -> list[str]:
+def serve_lines(export_dir: Path, target: str, trained_k: int, summary: Mapping[str, Any]) -> list[str]:
     """The `vllm serve` command with the advised number of draft tokens, and the loads at which
     the head pays off: the rule on the acceptance per position just measured in vLLM
     (eagle3/evaluation/serving_advice.py; written to the export's serving.json)."""
     from eagle3.evaluation.serving_advice import advice_for, read_acceptance, serving_lines
 
     acceptance = read_acceptance((summary.get("acceptance") or {}).get("json"))
-    return serving_lines(export_dir, verifier, trained_k, advice_for(export_dir, acceptance))
+    return serving_lines(export_dir, target, trained_k, advice_for(export_dir, acceptance))
 
 
 def online_target(cfg: RunConfig, model_dir: str, fixed_shape: bool, row_tokens: int | None) -> OnlineHiddenStates:
@@ -345,9 +342,9 @@ def online_target(cfg: RunConfig, model_dir: str, fixed_shape: bool, row_tokens:
     print(f"hidden states: online, the target ({model_dir}) runs with transformers on each training device")
     return OnlineHiddenStates(
         model_dir,
-        [int(i) for i in cfg.layers.capture_ids],
+        [int(i) for i in cfg.layers.layer_ids],
         cfg.model.hidden_size,
-        torch_dtype(cfg.capture.dtype),
+        config_torch_dtype(cfg.capture.dtype),
         max_tokens_per_batch=cfg.train.max_tokens_per_batch,
         row_tokens=row_tokens,
         fixed_shape=fixed_shape,
@@ -386,7 +383,7 @@ def find_dataset(cfg: RunConfig, model_dir: str) -> Path:
             f"dataset_dir={cfg.dataset_dir}: no manifest.json there (expected a directory extract.py wrote)"
         )
     manifest = Manifest.read(ds_dir)
-    want_ids, want_hidden = [int(i) for i in cfg.layers.capture_ids], cfg.model.hidden_size
+    want_ids, want_hidden = [int(i) for i in cfg.layers.layer_ids], cfg.model.hidden_size
     if list(manifest.layer_ids) != want_ids or int(manifest.hidden_size) != want_hidden:
         raise ValueError(
             f"dataset_dir={cfg.dataset_dir}: holds layers {list(manifest.layer_ids)} of hidden size "

@@ -13,7 +13,7 @@ from eagle3.draft.config import NORM_OPTIONS, DraftConfigError, check_norm_optio
 from eagle3.util import hidden_dtypes
 
 
-def torch_dtype(name: str, key: str = "capture.dtype") -> torch.dtype:
+def config_torch_dtype(name: str, key: str = "capture.dtype") -> torch.dtype:
     """eagle3.util.hidden_dtypes.torch_dtype, failing as a ConfigError."""
     try:
         return hidden_dtypes.torch_dtype(name, key)
@@ -36,9 +36,9 @@ def validate_topology(topology: DictConfig) -> None:
         raise ConfigError(f"topology.accelerator: expected cpu|gpu|auto, got {topology.accelerator!r}")
 
 
-# what every budget (conf/budget/*.yaml) sets and the schema leaves unset
-_BUDGET_KEYS = (
-    "budget",
+# what every sizes preset (conf/sizes/*.yaml) sets and the schema leaves unset
+_SIZE_KEYS = (
+    "sizes",
     "data.max_length",
     "train.draft_vocab_size",
     "train.lr",
@@ -59,17 +59,17 @@ def _missing(cfg: DictConfig, key: str) -> bool:
 
 def validate_run_config(cfg: DictConfig) -> None:
     """Everything a stage checks before doing any work."""
-    # the run sizes have no schema default: without a budget the first of them would fail alone
-    unset = [k for k in _BUDGET_KEYS if _missing(cfg, k)]
+    # the run sizes have no schema default: without a sizes preset the first of them would fail alone
+    unset = [k for k in _SIZE_KEYS if _missing(cfg, k)]
     if unset:
         raise ConfigError(
-            f"no run size for {', '.join(unset)}: they come from conf/budget/<name>.yaml "
-            f"(budget=cpu or budget=gpu), or set each on the command line"
+            f"no run size for {', '.join(unset)}: they come from conf/sizes/<name>.yaml "
+            f"(sizes=cpu or sizes=gpu), or set each on the command line"
         )
     validate_topology(cfg.topology)
-    torch_dtype(cfg.capture.dtype)
+    config_torch_dtype(cfg.capture.dtype)
     # resolving these runs the layer-id validation (range, unique, sorted)
-    list(cfg.layers.capture_ids)
+    list(cfg.layers.layer_ids)
     if not 0.0 <= float(cfg.data.val_fraction) < 1.0:
         raise ConfigError(f"data.val_fraction: expected in [0, 1), got {cfg.data.val_fraction}")
     answers = int(cfg.data.regen_num_answers)

@@ -9,7 +9,7 @@ from eagle3.draft.config import NORM_OPTIONS, DraftConfig
 from eagle3.draft.head import Eagle3DraftHead
 from eagle3.draft.serving_format import DraftMeta
 from eagle3.store import HiddenStateDataset, TokenDataset, add_vocab
-from eagle3.target.resolve import load_target_head_weights, read_hf_config
+from eagle3.target_model.resolve import load_target_head_weights, read_hf_config
 from eagle3.training.init_from import check_compatible, head_vocab, load_init_weights, read_init_head
 
 
@@ -21,9 +21,9 @@ def draft_vocab(dataset: HiddenStateDataset | TokenDataset, size: int):
     return dataset.load_vocab(size)
 
 
-def verifier_name(model: ModelConfig, model_dir: str, given: str | None = None) -> str:
-    """The verifier as the export names it: a name the serving machine can resolve (``given``,
-    export.verifier_name_or_path; else the hub id, or the path the user gave), not this
+def target_name(model: ModelConfig, model_dir: str, given: str | None = None) -> str:
+    """The target as the export names it: a name the serving machine can resolve (``given``,
+    export.target_name_or_path; else the hub id, or the path the user gave), not this
     machine's materialised cache directory."""
     if given:
         return given
@@ -41,12 +41,12 @@ def build_head(
     dataset: HiddenStateDataset | TokenDataset,
     *,
     attention: AttentionKind,
-    verifier: str,
+    target: str,
     num_speculative_tokens: int,
 ) -> tuple[Eagle3DraftHead, DraftMeta]:
     """The head train.* describes for the target ``model`` (its files in ``model_dir``) and
     ``dataset``, with the settled ``attention`` kernel (never auto), and the DraftMeta its
-    export carries: ``verifier`` as the export names it, ``num_speculative_tokens`` advised."""
+    export carries: ``target`` as the export names it, ``num_speculative_tokens`` advised."""
     hf = read_hf_config(model_dir)
     target_vocab = int(hf["vocab_size"])
     size = min(train.draft_vocab_size, target_vocab)
@@ -89,8 +89,8 @@ def build_head(
     meta = DraftMeta(
         draft_config=draft_cfg,
         aux_layer_ids=aux_ids,
-        verifier_name_or_path=verifier,
-        verifier_architectures=list(hf.get("architectures") or [model.architecture]),
+        target_name_or_path=target,
+        target_architectures=list(hf.get("architectures") or [model.architecture]),
         num_speculative_tokens=num_speculative_tokens,
     )
     return head, meta

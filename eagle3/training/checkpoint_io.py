@@ -6,7 +6,7 @@ the previous checkpoint whole, and resuming picks the newest whole one.
 
 A training checkpoint also exports as a vLLM/speculators eagle3 directory
 (eagle3/draft/serving_format.py): it carries everything needed (draft config, aux layer ids,
-verifier path, the trained weights and d2t/t2d), so the target is not loaded."""
+target path, the trained weights and d2t/t2d), so the target is not loaded."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`train.init_from`: warm-start the draft head from an existing EAGLE-3 head in the
 speculators format (config.json + model.safetensors, eagle3/draft/serving_format.py):
-an export directory, or a hub id resolved through the local HF cache (eagle3/target/hub.py).
+an export directory, or a hub id resolved through the local HF cache (eagle3/target_model/hub.py).
 
 The head must fit this run: hidden and vocabulary sizes, draft layers, attention and MLP
 sizes, the norm flags and the aux layer ids it reads. Any difference is an error naming the
@@ -31,7 +31,7 @@ from safetensors.torch import load_file
 from eagle3.draft.config import NORM_OPTIONS, VLLM_NORM_DEFAULTS, DraftConfig
 from eagle3.draft.head import Eagle3DraftHead
 from eagle3.draft.serving_format import load_export_state_dict
-from eagle3.target.hub import resolve_model_dir
+from eagle3.target_model.hub import resolve_model_dir
 
 
 class InitFromError(ValueError):

@@ -4,8 +4,8 @@ samples into the batch the offline path would have read from disk for the same s
 Each training process holds its own full copy of the target on its device (DDP: one per
 rank), in inference mode. Its hidden states come in the capture dtype, as offline; the forward
 computes in it too, except on a CPU without native bf16 matmuls, where the capture backend runs
-it in fp32 and rounds the states to the capture dtype (eagle3/target/compute_dtype.py). Its
-records pass through the same typed adapter as extraction (eagle3/target/adapter.py): a wrong
+it in fp32 and rounds the states to the capture dtype (eagle3/target_model/compute_dtype.py). Its
+records pass through the same typed adapter as extraction (eagle3/target_model/adapter.py): a wrong
 layer count, hidden size or token count fails the step with the sample named, as it fails an
 extraction. A target too large for one device is refused (train.hidden_states=online with
 topology.strategy=fsdp): train it from an extracted dataset (vLLM with tensor parallelism), see
@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from eagle3.store.packing import collate_rows
-from eagle3.target.capture_hf import HFCaptureBackend
-from eagle3.target.records import CaptureError
+from eagle3.target_model.capture_hf import HFCaptureBackend
+from eagle3.target_model.records import CaptureError
 
 # samples per target forward: the token budget (capture.max_tokens_per_batch) is the real limit
 _MAX_SAMPLES_PER_FORWARD = 4096

@@ -12,7 +12,7 @@ from eagle3.config.schema import AttentionKind, TopologyConfig, TrainConfig
 from eagle3.draft.flex import FLEX_BLOCK
 
 # the one CPU capability check, shared with every target forward (capture, online, regeneration)
-from eagle3.target.compute_dtype import cpu_has_native_bf16
+from eagle3.target_model.compute_dtype import cpu_has_native_bf16
 
 
 @dataclass(frozen=True)

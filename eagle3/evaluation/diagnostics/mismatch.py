@@ -1,10 +1,10 @@
-"""Why did a greedy output change when the head was on? Ask the verifier in fp32.
+"""Why did a greedy output change when the head was on? Ask the target in fp32.
 
 Speculative decoding with greedy verification should reproduce the target's own greedy
 output token for token; in practice vLLM verifies K+1 positions in one bf16 forward where
 plain decoding runs one position per step, and a near tie between the top two tokens can
 flip. A real bug (a wrong verification, a broken KV cache) instead picks a token the target
-clearly does not prefer. So for each mismatch we rerun the verifier in fp32 (transformers)
+clearly does not prefer. So for each mismatch we rerun the target in fp32 (transformers)
 on the prompt plus the shared prefix and read the logits of the two tokens the engines
 chose: a small gap is numerics, a large one is a problem worth a red line in the report.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 NEAR_TIE_LOGITS = 1.0  # |fp32 logit(with) - logit(without)| below this: a numerics flip
-MAX_REFERENCE_BYTES = 8 << 30  # fp32 reference forwards only for verifiers up to ~2B params
+MAX_REFERENCE_BYTES = 8 << 30  # fp32 reference forwards only for targets up to ~2B params
 
 
 @dataclass
@@ -62,9 +62,9 @@ def weights_bytes(model_dir: str | Path) -> int:
 
 
 def explain(
-    verifier: str | Path, cases: list[MismatchCase], device: Optional[str] = None, trust_remote_code: bool = False
+    target: str | Path, cases: list[MismatchCase], device: Optional[str] = None, trust_remote_code: bool = False
 ) -> list[MismatchVerdict]:
-    """One fp32 forward per case (prompt + shared prefix) through the verifier."""
+    """One fp32 forward per case (prompt + shared prefix) through the target."""
     if not cases:
         return []
     import torch
@@ -72,7 +72,7 @@ def explain(
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = (
-        AutoModelForCausalLM.from_pretrained(str(verifier), dtype=torch.float32, trust_remote_code=trust_remote_code)
+        AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32, trust_remote_code=trust_remote_code)
         .to(device)
         .eval()
     )

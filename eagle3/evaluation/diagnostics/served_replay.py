@@ -1,7 +1,7 @@
 """The head replayed on exactly what vLLM served: its own with-head greedy outputs.
 
 `evaluate` measures acceptance from vLLM's counters. Here the same prompt + output token
-sequences go through the verifier with transformers (hidden states captured as for
+sequences go through the target with transformers (hidden states captured as for
 training, through the capture adapter), and the exported head replays serving's drafting
 rounds on them (eagle3/draft/replay.py). Same tokens, same rounds: the two figures differ
 only by numerics (vLLM's batched bf16 kernels against a transformers forward), so a gap
@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 
 from eagle3.draft.loss import StepCounts
-from eagle3.evaluation.diagnostics.replay_export import add_batch, figures, load_exported_head, replay_device
+from eagle3.evaluation.diagnostics.head_replay import add_batch, figures, load_exported_head, replay_device
 from eagle3.store.packing import collate_packed
-from eagle3.target.capture_hf import HFCaptureBackend
-from eagle3.target.resolve import read_hf_config
+from eagle3.target_model.capture_hf import HFCaptureBackend
+from eagle3.target_model.resolve import read_hf_config
 
 ALL = "all"
 
@@ -27,7 +27,7 @@ ALL = "all"
 @torch.no_grad()
 def replay_served(
     export_dir: str | Path,
-    verifier: str,
+    target: str,
     served: dict[str, list[tuple[list[int], list[int]]]],
     *,
     num_draft_tokens: int,
@@ -38,13 +38,13 @@ def replay_served(
     pairs = {s: [(p, o) for p, o in v if o] for s, v in served.items()}
     if not any(pairs.values()):
         return {}, None
-    device, note = replay_device(verifier, "replay of the served outputs")
+    device, note = replay_device(target, "replay of the served outputs")
     if device is None:
         return {}, note
-    head, aux_ids = load_exported_head(export_dir, verifier)
+    head, aux_ids = load_exported_head(export_dir, target)
     head = head.to(device)
-    num_layers = int(read_hf_config(verifier)["num_hidden_layers"])  # id N: the final state before the norm
-    backend = HFCaptureBackend(str(verifier), [*aux_ids, num_layers], dtype=torch.bfloat16, device=device)
+    num_layers = int(read_hf_config(target)["num_hidden_layers"])  # id N: the final state before the norm
+    backend = HFCaptureBackend(str(target), [*aux_ids, num_layers], dtype=torch.bfloat16, device=device)
     empty = (StepCounts.zeros(num_draft_tokens), torch.zeros(2 + num_draft_tokens, dtype=torch.float64))
     total, out = empty, {}
     try:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from eagle3.target.records import CapturedSample, CaptureError, CaptureSpec
+from eagle3.target_model.records import CapturedSample, CaptureError, CaptureSpec
 
 __all__ = ["CaptureError", "CaptureSpec", "CapturedSample", "is_rpc_tensor", "to_captured_sample"]
 

@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from eagle3.target.generate.common import Regenerator
+from eagle3.target_model.generate.common import Regenerator
 
 
 class VLLMRegenerator(Regenerator):

@@ -7,7 +7,7 @@ final norm (a forward hook; HF's last ``output_hidden_states`` entry is after th
 would disagree with vLLM). The base model is run, not the CausalLM head: no lm_head
 matmul over the vocabulary, which for large vocabularies costs more than a decoder layer.
 
-The forward runs in ``compute_dtype(dtype, device)`` (eagle3/target/compute_dtype.py): the
+The forward runs in ``compute_dtype(dtype, device)`` (eagle3/target_model/compute_dtype.py): the
 stored dtype, or fp32 on a CPU that would emulate it; the hidden states are cast to the stored
 dtype before the adapter sees them, so records (and datasets) are the same either way.
 """
@@ -22,9 +22,9 @@ from typing import Any, cast
 
 import torch
 
-from eagle3.target.adapter import CapturedSample, CaptureError, CaptureSpec, to_captured_sample
-from eagle3.target.compute_dtype import compute_dtype, compute_note
-from eagle3.target.host_copy import BatchToHost
+from eagle3.target_model.adapter import CapturedSample, CaptureError, CaptureSpec, to_captured_sample
+from eagle3.target_model.compute_dtype import compute_dtype, compute_note
+from eagle3.target_model.host_copy import BatchToHost
 
 log = logging.getLogger(__name__)
 
@@ -93,12 +93,12 @@ def _load_base_model(model_dir: str, dtype: torch.dtype, trust_remote_code: bool
 
 
 class HFCaptureBackend:
-    """Capture hidden states for ``capture_ids`` (vLLM numbering) with transformers."""
+    """Capture hidden states for ``layer_ids`` (vLLM numbering) with transformers."""
 
     def __init__(
         self,
         model_dir: str,
-        capture_ids: Sequence[int],
+        layer_ids: Sequence[int],
         dtype: torch.dtype = torch.bfloat16,
         device: str = "cpu",
         max_tokens_per_batch: int = 16384,
@@ -135,12 +135,12 @@ class HFCaptureBackend:
         self.model = cast(Any, model.to(self.device).eval())
         layers = _decoder_layers(self.model)
         n = len(layers)
-        ids = [int(i) for i in capture_ids]
+        ids = [int(i) for i in layer_ids]
         if not ids or ids != sorted(set(ids)) or ids[0] < 0 or ids[-1] > n:
             raise CaptureError(
-                "capture_ids", f"unique ascending ids in 0..{n} (N={n} decoder layers in {self.model_dir})", ids
+                "layer_ids", f"unique ascending ids in 0..{n} (N={n} decoder layers in {self.model_dir})", ids
             )
-        self.capture_ids = tuple(ids)
+        self.layer_ids = tuple(ids)
         self.num_layers = n
         self.hidden_size = int(self.model.config.get_text_config().hidden_size)
         self._captured: dict[int, torch.Tensor] = {}
@@ -206,11 +206,11 @@ class HFCaptureBackend:
         else:
             ids_dev, attn_dev = ids, attn
         self.model(input_ids=ids_dev, attention_mask=attn_dev, use_cache=False)
-        missing = [lid for lid in self.capture_ids if lid not in self._captured]
+        missing = [lid for lid in self.layer_ids if lid not in self._captured]
         if missing:
-            raise CaptureError("captured layer ids", list(self.capture_ids), f"no output for {missing}")
+            raise CaptureError("captured layer ids", list(self.layer_ids), f"no output for {missing}")
         # [B, T, L, H] on the model's device: each row's prefix is then the stored [t, L, H] layout
-        stacked = torch.stack([self._captured[lid] for lid in self.capture_ids], dim=2)
+        stacked = torch.stack([self._captured[lid] for lid in self.layer_ids], dim=2)
         self._captured = {}
         if stacked.device.type == "cuda" and not self.keep_on_device:
             to_host = BatchToHost(stacked, attn_dev.bool(), lengths, self.dtype)  # casts on the device
@@ -230,7 +230,7 @@ class HFCaptureBackend:
         out = []
         for row, (p, (hidden, finite)) in enumerate(zip(flight.batch, rows)):
             t = flight.lengths[row]
-            spec = CaptureSpec(self.capture_ids, self.hidden_size, self.dtype, p.input_ids.shape[0])
+            spec = CaptureSpec(self.layer_ids, self.hidden_size, self.dtype, p.input_ids.shape[0])
             out.append(
                 to_captured_sample(
                     hidden,

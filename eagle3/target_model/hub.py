@@ -2,7 +2,7 @@
 Hugging Face hub id resolved through the local hub cache (downloaded when online).
 
 One resolver for every reader: compose-time facts (eagle3/stages/compose.py reads only
-config.json), the target's materialisation (eagle3/target/resolve.py) and `train.init_from`
+config.json), the target's materialisation (eagle3/target_model/resolve.py) and `train.init_from`
 (eagle3/training/init_from.py). Everything downstream (transformers, vLLM) then loads the
 returned local directory, so a pinned revision holds for every stage.
 

@@ -59,7 +59,7 @@ def resolve_aux_ids(aux_ids: Sequence[int] | None, numbering: str, num_layers: i
     return validate_aux_ids(aux_ids, num_layers)
 
 
-def capture_ids(aux_ids: Sequence[int], num_layers: int) -> list[int]:
+def aux_and_final(aux_ids: Sequence[int], num_layers: int) -> list[int]:
     """What extraction captures: the aux ids plus N (training targets)."""
     ids = [int(i) for i in aux_ids]
     n = int(num_layers)

@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 
-from eagle3.target.records import CONNECTOR_HIDDEN_KEY, CONNECTOR_TOKENS_KEY, CaptureError
-from eagle3.target.vllm_versions import VLLMVersionError, check_vllm_version
+from eagle3.target_model.records import CONNECTOR_HIDDEN_KEY, CONNECTOR_TOKENS_KEY, CaptureError
+from eagle3.target_model.vllm_versions import VLLMVersionError, check_vllm_version
 
 NATIVE_CONNECTOR = "ExampleHiddenStatesConnector"
 HOST_COPY_CONNECTOR = "HostCopyHiddenStatesConnector"
@@ -100,7 +100,7 @@ def capture_route(requested: str) -> str:
 
 
 def engine_capture_kwargs(
-    capture_ids: tuple[int, ...], route: str, storage_dir: str, connector_module: str = __name__
+    layer_ids: tuple[int, ...], route: str, storage_dir: str, connector_module: str = __name__
 ) -> dict[str, Any]:
     """The LLM(...) arguments that turn on hidden-state capture through ``route``'s connector,
     writing its files into ``storage_dir``."""
@@ -115,7 +115,7 @@ def engine_capture_kwargs(
         "speculative_config": {
             "method": "extract_hidden_states",
             "num_speculative_tokens": 1,
-            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(capture_ids)}},
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}},
         },
         "kv_transfer_config": transfer,
     }

@@ -4,7 +4,7 @@
   bf16 HF directory (vLLM and transformers both load that).
 - ``tiny``: random weights built from a transformers config, seeded, cached by content.
 - ``hf``: ``model.path``: a local dir, or a hub id's snapshot at ``model.revision`` from the
-  local HF cache (downloaded when online; eagle3/target/hub.py), checked against the preset.
+  local HF cache (downloaded when online; eagle3/target_model/hub.py), checked against the preset.
 
 Every path returns a directory holding config.json, weights and the tokenizer, and the
 preset's architecture facts are checked against the model's own config.json.
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.config.schema import ModelConfig, ModelSource
-from eagle3.target.hub import resolve_model_dir
+from eagle3.target_model.hub import resolve_model_dir
 from eagle3.util.atomic import atomic_dir
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

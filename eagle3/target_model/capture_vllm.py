@@ -5,7 +5,7 @@ vLLM's `extract_hidden_states` method makes the engine cache the states of the c
 a KV connector writes one safetensors file per request from TP rank 0; this module reads each
 file back and hands it to the typed adapter, which checks layers, hidden size, token count,
 token ids and finiteness. The data plane is the file system: no tensor crosses vLLM's RPC.
-Two connectors write that file (eagle3/target/vllm_internals.py, the one module that touches
+Two connectors write that file (eagle3/target_model/vllm_internals.py, the one module that touches
 vLLM internals, says why): vLLM's own `ExampleHiddenStatesConnector` (``native``: CUDA) and the
 same connector with a host copy in place of its CUDA-stream copy (``native_host_copy``: the
 CPU build). The files land in ``spill_dir`` (default: /dev/shm where it has room, so they
@@ -36,8 +36,8 @@ from pathlib import Path
 
 import torch
 
-from eagle3.target.adapter import CapturedSample, CaptureError, CaptureSpec, to_captured_sample
-from eagle3.target.records import CONNECTOR_HIDDEN_KEY, CONNECTOR_TOKENS_KEY
+from eagle3.target_model.adapter import CapturedSample, CaptureError, CaptureSpec, to_captured_sample
+from eagle3.target_model.records import CONNECTOR_HIDDEN_KEY, CONNECTOR_TOKENS_KEY
 from eagle3.util.hidden_dtypes import names_by_torch_dtype
 
 FILE_WAIT_S = 60.0  # the writer is the rank whose output the engine returns, so this is a guard
@@ -182,12 +182,12 @@ def default_spill_dir() -> str | None:
 
 
 class VLLMCaptureBackend:
-    """Capture hidden states for ``capture_ids`` (vLLM numbering, ascending) with a vLLM engine."""
+    """Capture hidden states for ``layer_ids`` (vLLM numbering, ascending) with a vLLM engine."""
 
     def __init__(
         self,
         model_dir: str,
-        capture_ids: Sequence[int],
+        layer_ids: Sequence[int],
         dtype: torch.dtype = torch.bfloat16,
         tensor_parallel_size: int = 1,
         data_parallel_size: int = 1,
@@ -231,23 +231,23 @@ class VLLMCaptureBackend:
             raise CaptureError("dtype", f"one of {list(dtype_names)}", dtype)
         self.model_dir = str(model_dir)
         self.num_layers, self.hidden_size = _model_facts(self.model_dir)
-        ids = [int(i) for i in capture_ids]
+        ids = [int(i) for i in layer_ids]
         # vLLM returns the states in layer order whatever order the ids are listed in:
         # anything but unique ascending ids would label layers wrongly, so refuse it
         if not ids or ids != sorted(set(ids)) or ids[0] < 0 or ids[-1] > self.num_layers:
             raise CaptureError(
-                "capture_ids",
+                "layer_ids",
                 f"unique ascending ids in 0..{self.num_layers} "
                 f"(N={self.num_layers} decoder layers in {self.model_dir})",
                 ids,
             )
-        self.capture_ids = tuple(ids)
+        self.layer_ids = tuple(ids)
         self.dtype = dtype
         self.max_model_len = int(max_model_len)
         self.prompts_per_call = int(prompts_per_call or 4 * max_num_seqs)
         self.stats = CaptureStats()
 
-        from eagle3.target import vllm_internals  # checks the vLLM version first
+        from eagle3.target_model import vllm_internals  # checks the vLLM version first
 
         self.route = vllm_internals.capture_route(route)  # refused here, before the engine starts
         self.keep_files_dir = keep_files_dir
@@ -280,7 +280,7 @@ class VLLMCaptureBackend:
             enable_prefix_caching=False,
             enforce_eager=bool(enforce_eager),
             trust_remote_code=bool(trust_remote_code),
-            **vllm_internals.engine_capture_kwargs(self.capture_ids, self.route, self._spill),
+            **vllm_internals.engine_capture_kwargs(self.layer_ids, self.route, self._spill),
         )
         if max_num_batched_tokens is not None:
             kwargs["max_num_batched_tokens"] = int(max_num_batched_tokens)
@@ -332,7 +332,7 @@ class VLLMCaptureBackend:
                     f"{len(out.prompt_token_ids or [])} ids (outputs out of order?)",
                     sample_id=p.sample_id,
                 )
-            spec = CaptureSpec(self.capture_ids, self.hidden_size, self.dtype, int(p.input_ids.shape[0]))
+            spec = CaptureSpec(self.layer_ids, self.hidden_size, self.dtype, int(p.input_ids.shape[0]))
             path = (out.kv_transfer_params or {}).get(self._internals.NATIVE_PATH_KEY)
             if not path:
                 raise CaptureError(

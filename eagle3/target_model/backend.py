@@ -9,7 +9,7 @@ from typing import Protocol
 import torch
 
 from eagle3.config import schema
-from eagle3.target.records import CapturedSample
+from eagle3.target_model.records import CapturedSample
 
 Feed = Iterable[tuple[str, torch.Tensor, torch.Tensor]]  # (sample_id, input_ids [T], loss_mask [T])
 
@@ -34,7 +34,7 @@ def make_backend(
     capture: schema.CaptureConfig,
     topology: schema.TopologyConfig,
     model_dir: str,
-    capture_ids: list[int],
+    layer_ids: list[int],
     dtype: torch.dtype,
     max_length: int,
     *,
@@ -44,12 +44,12 @@ def make_backend(
     GPU; vLLM with its extraction TP/DP), for prompts of at most ``max_length`` tokens."""
     backend = capture.backend
     if backend == schema.CaptureBackend.hf:
-        from eagle3.target.capture_hf import HFCaptureBackend
+        from eagle3.target_model.capture_hf import HFCaptureBackend
 
         device = "cuda" if topology.accelerator in ("gpu", "cuda") and torch.cuda.is_available() else "cpu"
         return HFCaptureBackend(
             model_dir,
-            capture_ids,
+            layer_ids,
             dtype=dtype,
             device=device,
             max_tokens_per_batch=capture.max_tokens_per_batch,
@@ -57,11 +57,11 @@ def make_backend(
             trust_remote_code=trust_remote_code,
         )
     if backend == schema.CaptureBackend.vllm:
-        from eagle3.target.capture_vllm import VLLMCaptureBackend
+        from eagle3.target_model.capture_vllm import VLLMCaptureBackend
 
         return VLLMCaptureBackend(
             model_dir,
-            capture_ids,
+            layer_ids,
             dtype=dtype,
             tensor_parallel_size=topology.extract_tp,
             data_parallel_size=topology.extract_dp,

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from eagle3.config.errors import ConfigError
-from eagle3.stages.plan import disk_bytes
+from eagle3.stages.disk_plan import disk_bytes
 from eagle3.stages.validate import validate_run_config
 from eagle3.store.disk import disk_needed_bytes, format_bytes
 
@@ -39,13 +39,13 @@ def test_kimi_plan_shows_the_8_gpu_layout(kimi_resolved):
     assert (cfg.topology.devices, cfg.topology.extract_tp, cfg.topology.extract_dp) == (8, 8, 1)
     assert cfg.topology.strategy == "ddp" and cfg.topology.precision == "bf16-mixed"
     assert list(cfg.layers.resolved_aux_ids) == [2, 30, 58]
-    assert list(cfg.layers.capture_ids) == [2, 30, 58, 61]
+    assert list(cfg.layers.layer_ids) == [2, 30, 58, 61]
     assert cfg.model.hidden_size == 7168 and cfg.model.num_layers == 61
     assert cfg.capture.backend == "vllm" and cfg.capture.enable_prefix_caching is False
     # the INT4 weight format stays in model.quantization; hidden states are bf16
     assert cfg.model.quantization == "int4"
     assert cfg.capture.dtype == "bfloat16"
-    assert cfg.capture.hidden_states == "bfloat16 [T, 4, 7168]"
+    assert cfg.capture.hidden_layout == "bfloat16 [T, 4, 7168]"
 
 
 def test_kimi_disk_per_million_tokens_is_what_extract_checks(kimi_resolved):
@@ -56,13 +56,13 @@ def test_kimi_disk_per_million_tokens_is_what_extract_checks(kimi_resolved):
 
 def test_smollm2_plan_follows_the_model():
     cfg = compose("extract")
-    assert cfg.capture.hidden_states == "bfloat16 [T, 4, 576]"
+    assert cfg.capture.hidden_layout == "bfloat16 [T, 4, 576]"
     assert disk_bytes(1_000_000, [2, 15, 27, 30], 576, "bfloat16") == disk_needed_bytes(
         1_000_000, 4, 576, torch.bfloat16, 0, 65536
     )
     # more layers, wider dtype: the plan follows the config, never a hard-coded figure
     wide = compose("extract", ["layers.aux_ids=[1,5,9,15,27]", "capture.dtype=float32"])
-    assert wide.capture.hidden_states == "float32 [T, 6, 576]"
+    assert wide.capture.hidden_layout == "float32 [T, 6, 576]"
     assert wide.capture.disk_per_1m_tokens == format_bytes(
         disk_needed_bytes(1_000_000, 6, 576, torch.float32, 0, 65536)
     )

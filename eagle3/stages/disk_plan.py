@@ -2,7 +2,7 @@
 shows it before a GPU is booked:
 
     python extract.py model=kimi_k2_5 topology=gpu8_tp8 capture=vllm --cfg job --resolve
-      capture.hidden_states:      bfloat16 [T, 4, 7168]    (aux ids [2, 30, 58] + final 61)
+      capture.hidden_layout:      bfloat16 [T, 4, 7168]    (aux ids [2, 30, 58] + final 61)
       capture.disk_per_1m_tokens: 53.4 GiB
 
 The dtype is the capture dtype (the target's compute dtype), never its weight format: an
@@ -27,19 +27,19 @@ def _check_dtype(dtype: str) -> str:
     )
 
 
-def hidden_layout(dtype: str, capture_ids: Sequence[int], hidden_size: int) -> str:
+def hidden_layout(dtype: str, layer_ids: Sequence[int], hidden_size: int) -> str:
     """The stored hidden tensor per sample, e.g. ``bfloat16 [T, 4, 7168]``."""
-    return f"{_check_dtype(dtype)} [T, {len(capture_ids)}, {int(hidden_size)}]"
+    return f"{_check_dtype(dtype)} [T, {len(layer_ids)}, {int(hidden_size)}]"
 
 
 def disk_bytes(
-    num_tokens: int, capture_ids: Sequence[int], hidden_size: int, dtype: str, shard_max_tokens: int = 65536
+    num_tokens: int, layer_ids: Sequence[int], hidden_size: int, dtype: str, shard_max_tokens: int = 65536
 ) -> int:
     from eagle3.store.disk import disk_needed_bytes  # only when resolved: composing a config stays light
 
     return disk_needed_bytes(
         int(num_tokens),
-        len(capture_ids),
+        len(layer_ids),
         int(hidden_size),
         hidden_dtypes.torch_dtype(_check_dtype(dtype)),
         0,
@@ -48,15 +48,15 @@ def disk_bytes(
 
 
 def disk_per_million_tokens(
-    capture_ids: Sequence[int], hidden_size: int, dtype: str, shard_max_tokens: int = 65536
+    layer_ids: Sequence[int], hidden_size: int, dtype: str, shard_max_tokens: int = 65536
 ) -> str:
     from eagle3.store.disk import format_bytes
 
-    return format_bytes(disk_bytes(MILLION, capture_ids, hidden_size, dtype, shard_max_tokens))
+    return format_bytes(disk_bytes(MILLION, layer_ids, hidden_size, dtype, shard_max_tokens))
 
 
 def vllm_capture_route(accelerator: str) -> str:
     """capture.vllm_route for a topology: vLLM's own connector on a GPU; on the CPU build the
     same connector with a host copy (its CUDA-stream copy fails there:
-    eagle3/target/vllm_internals.py); decided at start by the installed vLLM for accelerator=auto."""
+    eagle3/target_model/vllm_internals.py); decided at start by the installed vLLM for accelerator=auto."""
     return {"gpu": "native", "cuda": "native", "cpu": "native_host_copy"}.get(str(accelerator), "auto")

@@ -20,17 +20,17 @@ from eagle3.draft.replay import replay_counts, replay_metrics
 from eagle3.draft.serving_format import load_head
 from eagle3.store import HiddenStateDataset, shards_on_disk
 from eagle3.store.packing import unshuffled_loader
-from eagle3.target.resolve import load_target_head_weights, read_hf_config
+from eagle3.target_model.resolve import load_target_head_weights, read_hf_config
 
 
-def load_exported_head(export_dir: str | Path, verifier: str | Path) -> tuple[Eagle3DraftHead, list[int]]:
-    """The exported head as an Eagle3DraftHead (frozen parts from the verifier), and its aux ids."""
-    loaded = load_head(export_dir, read_hf_config(str(verifier)), load_target_head_weights(str(verifier)))
+def load_exported_head(export_dir: str | Path, target: str | Path) -> tuple[Eagle3DraftHead, list[int]]:
+    """The exported head as an Eagle3DraftHead (frozen parts from the target), and its aux ids."""
+    loaded = load_head(export_dir, read_hf_config(str(target)), load_target_head_weights(str(target)))
     return loaded.head, loaded.aux_layer_ids
 
 
 @torch.no_grad()
-def measure(
+def train_side_figures(
     head: Eagle3DraftHead,
     dataset_dir: str,
     *,
@@ -106,22 +106,22 @@ def figures(counts: StepCounts, replay: torch.Tensor, num_draft_tokens: int, sam
     return out
 
 
-def replay_device(verifier: str, what: str) -> tuple[str | None, str | None]:
-    """(device, None) where a replay needing the verifier's forward/weights can run here, else
-    (None, why not): a verifier over the fp32 reference limit needs a GPU."""
+def replay_device(target: str, what: str) -> tuple[str | None, str | None]:
+    """(device, None) where a replay needing the target's forward/weights can run here, else
+    (None, why not): a target over the fp32 reference limit needs a GPU."""
     from eagle3.evaluation.diagnostics.mismatch import MAX_REFERENCE_BYTES, weights_bytes
 
     if torch.cuda.is_available():
         return "cuda", None
-    size = weights_bytes(verifier)
+    size = weights_bytes(target)
     if size > MAX_REFERENCE_BYTES:
-        return None, f"{what} skipped: the verifier ({size / 2**30:.1f} GiB) is too large for a CPU replay"
+        return None, f"{what} skipped: the target ({size / 2**30:.1f} GiB) is too large for a CPU replay"
     return "cpu", None
 
 
 def replay_for_prompts(
     export_dir: str | Path,
-    verifier: str,
+    target: str,
     dataset_dir: str | Path | None,
     sample_ids: list[str],
     *,
@@ -135,11 +135,11 @@ def replay_for_prompts(
         return None, None
     if not shards_on_disk(dataset_dir):
         return None, f"train-side replay skipped: {dataset_dir} has no shards here (manifest only)"
-    device, note = replay_device(verifier, "train-side replay")
+    device, note = replay_device(target, "train-side replay")
     if device is None:
         return None, f"{note}; run python -m eagle3.stages.replay_export export_dir=... dataset_dir=... on a GPU"
-    head, _ = load_exported_head(export_dir, verifier)
-    return measure(
+    head, _ = load_exported_head(export_dir, target)
+    return train_side_figures(
         head,
         str(dataset_dir),
         num_draft_tokens=num_draft_tokens,

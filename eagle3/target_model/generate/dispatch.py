@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eagle3.target.generate.common import Regenerator, resolve_backend
-from eagle3.target.generate.hf_engine import HFRegenerator
-from eagle3.target.generate.vllm_engine import VLLMRegenerator
+from eagle3.target_model.generate.common import Regenerator, resolve_backend
+from eagle3.target_model.generate.hf_engine import HFRegenerator
+from eagle3.target_model.generate.vllm_engine import VLLMRegenerator
 
 
 def make_regenerator(backend: str, model_dir: str, cache_dir: str | Path, **kwargs) -> Regenerator:

@@ -1,5 +1,5 @@
 """data.regen_backend=hf: the target answers through transformers, for machines without vLLM
-(the GPU image). Llama-family targets decode with ``eagle3.target.generate.fast_decode`` (a KV cache
+(the GPU image). Llama-family targets decode with ``eagle3.target_model.generate.fast_decode`` (a KV cache
 read once per step, finished rows dropped); any other target with ``generate``."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eagle3.target.generate.common import Regenerator
+from eagle3.target_model.generate.common import Regenerator
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +19,7 @@ class HFRegenerator(Regenerator):
     fp32 on a CPU that would emulate it; on the GPU when there is one), each cut at its own room
     and its first end-of-turn token, so batching never changes an answer's length limit.
 
-    ``fast_decode`` (default): ``eagle3.target.generate.fast_decode.decode`` for Llama-family targets, a
+    ``fast_decode`` (default): ``eagle3.target_model.generate.fast_decode.decode`` for Llama-family targets, a
     preallocated KV cache read once per step (H200: 1.95x ``generate`` on a random-weight probe;
     all 17,295 ShareGPT first turns in ~2.5 min, ~4x ``generate``), the same greedy
     answers in fp32 (bf16 near ties may flip); ``generate`` for any other target, with
@@ -60,7 +60,7 @@ class HFRegenerator(Regenerator):
             import torch
             from transformers import AutoModelForCausalLM
 
-            from eagle3.target.compute_dtype import compute_dtype, compute_note
+            from eagle3.target_model.compute_dtype import compute_dtype, compute_note
 
             device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
             # only token ids leave this engine: a CPU that would emulate bf16 decodes in fp32
@@ -104,7 +104,7 @@ class HFRegenerator(Regenerator):
 
     def _use_fast(self) -> bool:
         if self._fast is None:
-            from eagle3.target.generate.fast_decode import generate_settings, unsupported_reason
+            from eagle3.target_model.generate.fast_decode import generate_settings, unsupported_reason
 
             reason: str | None
             if not self.fast_decode:
@@ -126,7 +126,7 @@ class HFRegenerator(Regenerator):
 
         model, stop = self._load(), self._stop_ids()
         if self._use_fast():
-            from eagle3.target.generate.fast_decode import decode
+            from eagle3.target_model.generate.fast_decode import decode
 
             # seeded like generate's global generator: _complete seeds each batch with manual_seed
             gen = torch.Generator(device=model.device).manual_seed(torch.initial_seed())

@@ -2,7 +2,7 @@
 
 Same weights, same inputs: per-step logits, loss and "full" accuracy counts agree (fp32).
 speculators is fed what its `shift_batch` would produce from our aligned sample:
-input_ids x[1:], hidden g[:-1], verifier states z[1:], position ids 1..T-1.
+input_ids x[1:], hidden g[:-1], target states z[1:], position ids 1..T-1.
 Its loss mask at index i is the mask of the token the step-0 draft at i predicts; ours is
 given per token (x_t) and the loss shifts it (loss.py), so we hand it mask[i + 2].
 """
@@ -33,7 +33,7 @@ H, VT, AUX_IDS = 64, 300, [1, 2, 3]
 LOGIT_TOL = dict(rtol=1e-5, atol=1e-5)  # measured: max |diff| <= 1.5e-7 in fp32; loss rel. diff ~2e-6
 
 
-def _verifier_config() -> LlamaConfig:
+def _target_config() -> LlamaConfig:
     return LlamaConfig(
         hidden_size=H,
         intermediate_size=128,
@@ -48,21 +48,21 @@ def _verifier_config() -> LlamaConfig:
     )
 
 
-def _head_from_verifier(
-    verifier: LlamaForCausalLM, draft_vocab: int, seed: int, layers: int = 1, **norms: bool
+def _head_from_target(
+    target: LlamaForCausalLM, draft_vocab: int, seed: int, layers: int = 1, **norms: bool
 ) -> Eagle3DraftHead:
     torch.manual_seed(seed)
     cfg = DraftConfig.from_target_config(
-        verifier.config.to_dict(), draft_vocab_size=draft_vocab, num_aux_layers=3, num_layers=layers, **norms
+        target.config.to_dict(), draft_vocab_size=draft_vocab, num_aux_layers=3, num_layers=layers, **norms
     )
     head = Eagle3DraftHead(cfg)
     t2d = torch.zeros(VT, dtype=torch.bool)
     t2d[torch.randperm(VT)[:draft_vocab]] = True
     d2t = t2d.nonzero().squeeze(1) - torch.arange(draft_vocab)
     head.load_target_weights(
-        verifier.model.embed_tokens.weight,
-        verifier.model.norm.weight,
-        verifier.lm_head.weight,
+        target.model.embed_tokens.weight,
+        target.model.norm.weight,
+        target.lm_head.weight,
         d2t,
         t2d,
         init_lm_head_from_target=True,
@@ -75,9 +75,9 @@ def _head_from_verifier(
 
 
 @pytest.fixture(scope="module")
-def verifier(tmp_path_factory):
+def target(tmp_path_factory):
     torch.manual_seed(0)
-    model = LlamaForCausalLM(_verifier_config())
+    model = LlamaForCausalLM(_target_config())
     with torch.no_grad():
         model.model.norm.weight.add_(0.2 * torch.randn(H))
     path = tmp_path_factory.mktemp("verifier")
@@ -112,19 +112,19 @@ def _speculators_logits(ref: Eagle3DraftModel, g, ids, z=None, spec_mask=None, s
 
 
 def _export_and_load_in_speculators(head: Eagle3DraftHead, vpath, out_dir, steps: int) -> Eagle3DraftModel:
-    # embed_tokens goes in the file: speculators 0.9 copies the verifier's embeddings only when
+    # embed_tokens goes in the file: speculators 0.9 copies the target's embeddings only when
     # its own (uninitialised, not NaN-filled under transformers 5) tensor holds a NaN, which
     # is luck; vLLM shares the target's embeddings when the file has none
     save_file(export_state_dict(head, include_embed_tokens=True, dtype=None), out_dir / "model.safetensors")
-    config = speculators_config_dict(head.cfg, AUX_IDS, str(vpath), steps, verifier_architectures=["LlamaForCausalLM"])
+    config = speculators_config_dict(head.cfg, AUX_IDS, str(vpath), steps, target_architectures=["LlamaForCausalLM"])
     (out_dir / "config.json").write_text(json.dumps(config))
     ref = Eagle3DraftModel.from_pretrained(str(out_dir)).float().eval()  # its default flex attention
     assert len(ref.layers) == head.cfg.num_layers
     for ours, theirs in (
         (head.lm_head, ref.lm_head),
-        (head.target_lm_head, ref.verifier_lm_head),
+        (head.verifier_lm_head, ref.verifier_lm_head),
         (head.embed_tokens, ref.embed_tokens),
-        (head.target_norm, ref.verifier_norm),
+        (head.verifier_norm, ref.verifier_norm),
     ):
         assert torch.equal(ours.weight, theirs.weight)
     assert torch.equal(ref.d2t, head.d2t) and torch.equal(ref.t2d, head.t2d)
@@ -151,9 +151,9 @@ def _assert_same_logits(ours, theirs, steps: int) -> None:
 
 
 @pytest.mark.parametrize("steps,layers", [(1, 1), (3, 1), (3, 2), (3, 3)])
-def test_our_export_loads_in_speculators_and_gives_the_same_logits(verifier, tmp_path, steps, layers):
-    model, vpath = verifier
-    head = _head_from_verifier(model, draft_vocab=120, seed=1, layers=layers)
+def test_our_export_loads_in_speculators_and_gives_the_same_logits(target, tmp_path, steps, layers):
+    model, vpath = target
+    head = _head_from_target(model, draft_vocab=120, seed=1, layers=layers)
     ref = _export_and_load_in_speculators(head, vpath, tmp_path, steps)
     ids, g = _random_sample()
     theirs, _ = _speculators_logits(ref, g, ids, steps=steps)
@@ -171,16 +171,16 @@ def test_our_export_loads_in_speculators_and_gives_the_same_logits(verifier, tmp
     ],
     ids=lambda v: "+".join(v) if isinstance(v, dict) else f"{v}layers",
 )
-def test_norm_options_give_the_same_logits_in_speculators_and_after_our_reload(verifier, tmp_path, norms, layers):
+def test_norm_options_give_the_same_logits_in_speculators_and_after_our_reload(target, tmp_path, norms, layers):
     """Each EAGLE-3.1 norm option, on, in our head and in speculators' Eagle3DraftModel built
-    from our export: same per-step logits. The head's norms are off 1 (_head_from_verifier),
+    from our export: same per-step logits. The head's norms are off 1 (_head_from_target),
     so a side that ignored an option would differ, which the same head with the option off
     shows. load_exported_head (the evaluation's reader) rebuilds the same head."""
-    from eagle3.evaluation.diagnostics.replay_export import load_exported_head
+    from eagle3.evaluation.diagnostics.head_replay import load_exported_head
 
-    model, vpath = verifier
+    model, vpath = target
     steps = 3  # norm_output only acts from the second step on
-    head = _head_from_verifier(model, draft_vocab=120, seed=5, layers=layers, **norms)
+    head = _head_from_target(model, draft_vocab=120, seed=5, layers=layers, **norms)
     ref = _export_and_load_in_speculators(head, vpath, tmp_path, steps)
     for name, value in norms.items():
         assert getattr(ref.config, name) is value
@@ -217,12 +217,12 @@ def test_per_position_losses_equal_speculators_eager_implementation(kind):
     "steps,kind",
     [(1, "forward_kl"), (3, "forward_kl")] + [(3, kind) for kind in ("reverse_kl", "jsd", "tv", "ce_argmax")],
 )
-def test_loss_and_full_accuracy_match_speculators_eager_loss(verifier, steps, kind):
-    model, vpath = verifier
+def test_loss_and_full_accuracy_match_speculators_eager_loss(target, steps, kind):
+    model, vpath = target
     draft_vocab = 2  # tiny draft vocab: random drafts agree with the target often enough that
     # every step has correct chains to count (measured: 14, 7, 4 at 3 steps)
-    head = _head_from_verifier(model, draft_vocab=draft_vocab, seed=3)
-    tl = _verifier_config()
+    head = _head_from_target(model, draft_vocab=draft_vocab, seed=3)
+    tl = _target_config()
     tl.num_hidden_layers = 1
     tl._attn_implementation = "eager"  # a second attention path: eager softmax with a float mask
     spec_cfg = Eagle3SpeculatorConfig(
@@ -239,8 +239,8 @@ def test_loss_and_full_accuracy_match_speculators_eager_loss(verifier, steps, ki
     )
     ref = Eagle3DraftModel(spec_cfg).float().eval()
     state = export_state_dict(head, include_embed_tokens=True, dtype=None)
-    state["verifier_lm_head.weight"] = head.target_lm_head.weight
-    state["verifier_norm.weight"] = head.target_norm.weight
+    state["verifier_lm_head.weight"] = head.verifier_lm_head.weight
+    state["verifier_norm.weight"] = head.verifier_norm.weight
     missing, unexpected = ref.load_state_dict(state, strict=False)
     assert missing == [] and unexpected == []
 
@@ -293,7 +293,7 @@ def test_config_matches_what_speculators_itself_writes(smollm2_dir):
     for key, value in ours_tl.items():
         assert their_tl_dict[key] == value, key
 
-    ours = speculators_config_dict(cfg, [2, 15, 27], SMOLLM2, 3, verifier_architectures=["LlamaForCausalLM"])
+    ours = speculators_config_dict(cfg, [2, 15, 27], SMOLLM2, 3, target_architectures=["LlamaForCausalLM"])
     theirs = Eagle3SpeculatorConfig(
         transformer_layer_config=theirs_tl,
         draft_vocab_size=32000,
