@@ -7,9 +7,12 @@ python extract.py --cfg job --resolve
 import hydra
 from omegaconf import DictConfig
 
-from eagle3.stages.compose import register_configs
+from pathlib import Path
+
+from eagle3.stages.compose import follow_the_machine, register_configs
 
 register_configs()
+follow_the_machine(Path(__file__).parent / "conf")  # topology and sizes default to this machine's
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="extract")

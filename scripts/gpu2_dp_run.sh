@@ -7,7 +7,7 @@ set -euo pipefail
 export PYTHONPATH=$PWD/.gpu/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # NVLink multicast stays off (device notes)
 PY=${PYTHON:-python3}; TORCHRUN=${TORCHRUN:-torchrun}
-TOPO1=${TOPO1:-gpu1}; TOPO2=${TOPO2:-gpu2_dp2}; W=${W:-/tmp/dp}
+TOPO1=${TOPO1:-gpu1}; TOPO2=${TOPO2:-gpu2_tp2}; W=${W:-/tmp/dp}
 OUTD=${OUT:-$W/out}; mkdir -p "$OUTD" "$W"
 [ -f $W/sharegpt.jsonl ] || xz -dc .gpu/sharegpt.jsonl.xz > $W/sharegpt.jsonl
 # a random Llama (SmolLM2's tokenizer) big enough for GPU work to dominate overheads

@@ -59,7 +59,7 @@ if [ "$STAGE" = extract ] || [ "$STAGE" = run ]; then
   df -h /tmp | tail -1
   [ "$STAGE" = extract ] && exit 0
 fi
-# TRAIN_LAUNCH="torchrun --standalone --nproc_per_node 2" (+ topology=gpu2_dp2): DDP ranks.
+# TRAIN_LAUNCH="torchrun --standalone --nproc_per_node 2" (+ topology=gpu2_tp2): DDP ranks.
 # RUN_DIR (default /tmp/run): one per concurrent run, e.g. two configs, one per GPU
 # (CUDA_VISIBLE_DEVICES=0 / 1), each with its own OUT subfolder: scripts/gpu_ab_train.sh
 RUN_DIR=${RUN_DIR:-/tmp/run}

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import ListConfig, OmegaConf
@@ -82,6 +87,74 @@ def register_resolvers() -> None:
         lambda ids, h, dtype, shard: disk_plan.disk_per_million_tokens(_plain(ids), h, dtype, shard),
         replace=True,
     )
+
+
+def visible_gpus() -> int:
+    """How many NVIDIA GPUs this process may use: CUDA_VISIBLE_DEVICES where it is set, else
+    nvidia-smi's list (no torch import: `--help` and `--cfg job` stay fast)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU ")) if out.returncode == 0 else 0
+
+
+def _given(args: list[str], key: str) -> str | None:
+    """The value of ``key=...`` (or ``+key=`` / ``++key=``) among command-line overrides."""
+    for a in args:
+        name, sep, value = a.lstrip("+").partition("=")
+        if sep and name == key:
+            return value
+    return None
+
+
+def _accelerator(conf_dir: Path, topology: str) -> str | None:
+    """conf/topology/<name>.yaml's accelerator, read without composing (None: not one file)."""
+    from omegaconf import OmegaConf
+
+    path = conf_dir / "topology" / f"{topology}.yaml"
+    if "," in topology or not path.is_file():
+        return None
+    return str(OmegaConf.load(path).get("accelerator", "")) or None
+
+
+def machine_overrides(args: list[str], conf_dir: str | Path, gpus: int | None = None) -> list[str]:
+    """The overrides that make the defaults follow the machine, for a command line ``args``:
+    ``topology=gpu1`` where a GPU answers and neither a topology nor an experiment preset is
+    given (an experiment picks its own), and ``sizes=gpu`` where the topology runs on a GPU and
+    neither sizes nor an experiment is given. Each choice is printed with why; anything on the
+    command line wins."""
+    if any(a in ("--help", "-h", "--hydra-help") or a.startswith("--info") for a in args):
+        return []
+    if _given(args, "experiment") is not None:
+        return []
+    added: list[str] = []
+    topology = _given(args, "topology")
+    if topology is None:
+        n = visible_gpus() if gpus is None else gpus
+        if n > 0:
+            topology = "gpu1"
+            added.append("topology=gpu1")
+            more = f"; topology=gpu{n}_tp{n} for all {n}" if n in (2, 4, 8) else ""
+            print(
+                f"[eagle3] {n} GPU(s) answered: topology=gpu1 (one GPU{more}; topology=cpu for the CPU)",
+                file=sys.stderr,
+            )
+    if topology is not None and _given(args, "sizes") is None and _accelerator(Path(conf_dir), topology) == "gpu":
+        added.append("sizes=gpu")
+        print(f"[eagle3] sizes=gpu: topology={topology} runs on a GPU (sizes=cpu for the CPU sizes)", file=sys.stderr)
+    return added
+
+
+def follow_the_machine(conf_dir: str | Path) -> None:
+    """Put machine_overrides on this process's command line (the entrypoints call it before
+    Hydra parses sys.argv), first: overrides after a flag such as --resolve would not parse."""
+    sys.argv[1:1] = machine_overrides(sys.argv[1:], conf_dir)
 
 
 def register_configs() -> None:
