@@ -5,6 +5,7 @@ taken over, even while a forked child still holds it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -125,3 +126,108 @@ def test_a_lock_kept_alive_by_an_orphaned_child_is_taken_over(tmp_path):
                 DirLock(path, "a second test").acquire()  # the new lock is a real one
     finally:
         os.kill(orphan, signal.SIGKILL)
+
+
+# ---------------------------------------------------------------- bounded, reported waits
+
+
+@contextlib.contextmanager
+def _at_most(seconds: int):
+    """Fail (instead of hanging the suite) if the block runs past ``seconds``."""
+
+    def _late(*_):
+        raise TimeoutError(f"still waiting after {seconds} s: the lock wait is unbounded")
+
+    old = signal.signal(signal.SIGALRM, _late)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_a_lock_wait_names_the_holder_and_gives_up_naming_it(tmp_path, capsys):
+    path = tmp_path / ".lock"
+    proc = _holder(path, "hold", 60)
+    try:
+        pid = int(proc.stdout.readline())
+        t0 = time.monotonic()
+        with _at_most(30), pytest.raises(LockHeldError) as err:
+            DirLock(path, "a test", wait_s=1.5).acquire()
+        assert 1.4 < time.monotonic() - t0 < 10
+        msg = str(err.value)
+        assert f"a test: {path} is held by pid {pid} on host {socket.gethostname()}" in msg
+        assert "gave up after waiting 2 s" in msg and "EAGLE3_LOCK_WAIT_S" in msg
+        printed = capsys.readouterr().err
+        assert f"waiting for {path} (a test): held by pid {pid} on host {socket.gethostname()}" in printed
+        assert _recorded(path)["pid"] == pid  # the waiter never emptied the holder's record
+    finally:
+        proc.kill()
+        proc.wait(30)
+
+
+def test_the_wait_bound_is_configured_by_the_environment(monkeypatch):
+    from eagle3.util.locks import DEFAULT_WAIT_S, lock_wait_s
+
+    monkeypatch.delenv("EAGLE3_LOCK_WAIT_S", raising=False)
+    assert lock_wait_s() == DEFAULT_WAIT_S == 1800
+    monkeypatch.setenv("EAGLE3_LOCK_WAIT_S", "inf")
+    assert lock_wait_s() == float("inf")
+    monkeypatch.setenv("EAGLE3_LOCK_WAIT_S", "soon")
+    with pytest.raises(ValueError, match="EAGLE3_LOCK_WAIT_S: expected seconds"):
+        lock_wait_s()
+
+
+def test_the_vocabulary_and_merge_waits_give_up_naming_the_holder(tmp_path, monkeypatch, capsys):
+    """add_vocab waits for a running extraction, merge_parts for another merge: both print whom
+    they wait for and give up after EAGLE3_LOCK_WAIT_S."""
+    import torch
+
+    from eagle3.store.merge import merge_parts
+    from eagle3.store.vocab_files import add_vocab
+
+    monkeypatch.setenv("EAGLE3_LOCK_WAIT_S", "1")
+    ds = tmp_path / "ds"
+    for lock_path, call in (
+        (ds / LOCK, lambda: add_vocab(ds, 4, torch.zeros(4, dtype=torch.int64), torch.zeros(8, dtype=torch.bool))),
+        (tmp_path / "ds.merge.lock", lambda: merge_parts(ds, 2)),
+    ):
+        proc = _holder(lock_path, "hold", 60)
+        try:
+            pid = int(proc.stdout.readline())
+            with _at_most(30), pytest.raises(LockHeldError, match=f"held by pid {pid} .* gave up after waiting 1 s"):
+                call()
+            assert f"waiting for {lock_path}" in capsys.readouterr().err
+        finally:
+            proc.kill()
+            proc.wait(30)
+
+
+def test_the_online_pre_pass_wait_gives_up_naming_the_holder(tmp_path, monkeypatch):
+    from eagle3.extraction.identity import token_dataset_path, token_fingerprint_inputs
+    from eagle3.extraction.tokens import prepare_token_dataset
+    from eagle3.stages.recipes import regen_machine
+
+    cfg = compose("train", ARGS + [f"paths.data_dir={tmp_path}", "train.hidden_states=online"])
+    recipe = dataset_recipe(cfg, resolve_target(cfg.model, cfg.paths.cache_dir))
+    ds = token_dataset_path(recipe, token_fingerprint_inputs(recipe))
+    monkeypatch.setenv("EAGLE3_LOCK_WAIT_S", "1")
+    proc = _holder(ds / LOCK, "hold", 60)  # rank 0 writing the token dataset
+    try:
+        pid = int(proc.stdout.readline())
+        with _at_most(60), pytest.raises(LockHeldError, match=f"online dataset is being written: .* held by pid {pid}"):
+            prepare_token_dataset(recipe, regen_machine(cfg), cfg.train.draft_vocab_size)
+    finally:
+        proc.kill()
+        proc.wait(30)
+
+
+def test_a_symlinked_lock_file_is_refused_and_its_target_left_alone(tmp_path):
+    victim = tmp_path / "precious.txt"
+    victim.write_text("keep me")
+    path = tmp_path / ".lock"
+    path.symlink_to(victim)
+    with pytest.raises(OSError, match="must not be a symlink"):
+        DirLock(path, "a test").acquire()
+    assert victim.read_text() == "keep me"  # not truncated, not written through

@@ -21,7 +21,7 @@ from eagle3.store import Manifest, format_bytes, write_token_dataset
 from eagle3.store.layout import LOCK
 from eagle3.util.clock import Deadline, StageClock
 from eagle3.util.hidden_dtypes import torch_dtype
-from eagle3.util.locks import DirLock
+from eagle3.util.locks import DirLock, lock_wait_s
 
 console = Console(stderr=True)
 
@@ -43,7 +43,7 @@ def prepare_token_dataset(
     if Manifest.read_complete(ds_dir) is None:
         # one writer; the others (DDP ranks started together) wait for it and then read its dataset
         ds_dir.mkdir(parents=True, exist_ok=True)
-        with DirLock(ds_dir / LOCK, f"{ds_dir}: the online dataset is being written", wait_s=float("inf")) as lock:
+        with DirLock(ds_dir / LOCK, f"{ds_dir}: the online dataset is being written", wait_s=lock_wait_s()) as lock:
             if Manifest.read_complete(ds_dir) is None:
                 _write(recipe, machine, draft_vocab_size, ds_dir, inputs, lock, clock, regen_deadline)
                 return ds_dir

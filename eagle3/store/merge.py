@@ -15,7 +15,6 @@ and renamed into place, so a killed merge leaves no half dataset; re-running it 
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import os
 import shutil
@@ -38,6 +37,7 @@ from eagle3.store.layout import (
 from eagle3.store.shard_file import ShardIdentity, inspect_shard
 from eagle3.store.vocab_files import check_token_freq, load_tensors, save_token_freq, save_vocab
 from eagle3.util.atomic import replace_dir
+from eagle3.util.locks import DirLock, lock_wait_s
 
 MERGING_SUFFIX = ".merging"
 
@@ -117,8 +117,9 @@ def merge_parts(
     final = Path(dataset_dir)
     parts = [part_dir(final, i, num_shards) for i in range(int(num_shards))]
     final.parent.mkdir(parents=True, exist_ok=True)
-    with open(final.with_name(f"{final.name}.merge.lock"), "a+") as lock:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # one merge at a time; a second waits, then finds it done
+    # one merge at a time; a second waits (naming the first, bounded), then finds it done
+    lock_path = final.with_name(f"{final.name}.merge.lock")
+    with DirLock(lock_path, f"{final}: another merge of its {num_shards} parts is running", wait_s=lock_wait_s()):
         done = Manifest.read_complete(final)
         if done is None:
             if final.exists() and any(final.glob("shard-*.safetensors")):
@@ -133,7 +134,7 @@ def merge_parts(
                 if p.exists() and (m is None or m.fingerprint == done.fingerprint):
                     shutil.rmtree(p)
         # safe while held: anyone blocked on this lock finds the dataset complete when they get it
-        Path(lock.name).unlink(missing_ok=True)
+        lock_path.unlink(missing_ok=True)
     return done
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from eagle3.store.layout import LOCK, Manifest, StoreError, save_tensors_atomic, vocab_name
-from eagle3.util.locks import DirLock
+from eagle3.util.locks import DirLock, lock_wait_s
 
 
 def check_token_freq(freq: torch.Tensor) -> torch.Tensor:
@@ -65,7 +65,7 @@ def add_vocab(directory: str | Path, draft_vocab_size: int, d2t: torch.Tensor, t
     """Add a draft vocabulary of another size to a complete dataset (e.g. a train-time V)."""
     directory = Path(directory)
     # the dataset writer's lock: waits for a running extraction (or repair) to finish
-    with DirLock(directory / LOCK, f"{directory}: an extraction is writing this dataset", wait_s=float("inf")):
+    with DirLock(directory / LOCK, f"{directory}: an extraction is writing this dataset", wait_s=lock_wait_s()):
         m = Manifest.read(directory)
         if not m.complete:
             raise StoreError(f"{directory}: incomplete dataset; finish extract.py before adding vocabularies")

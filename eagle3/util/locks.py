@@ -7,12 +7,24 @@ when the process holding it dies, so a crashed holder's lock is free at once. On
 survives that: a child that inherited the descriptor (a forked worker of a killed run) keeps
 the lock alive after its parent. When the recorded holder pid is dead on this host, the lock
 is taken over: the file is replaced by a fresh one and locked.
+
+Waiting (``wait_s`` > 0) prints who holds the lock when the wait starts, again when the holder
+changes and every ``WAIT_REPORT_S``, and gives up after ``wait_s`` with ``LockHeldError``
+naming the holder. The waits that follow another run (a vocabulary added to a dataset being
+written, the ranks waiting for the online pre-pass, a second merge) use ``lock_wait_s()``:
+``EAGLE3_LOCK_WAIT_S`` seconds (``inf`` waits for ever), by default ``DEFAULT_WAIT_S`` (30 min).
+
+The lock file is opened with ``O_NOFOLLOW`` (a symlink planted in a group-writable data dir is
+refused, never written through) and without ``O_TRUNC``: it is emptied and rewritten only once
+the lock is held.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
+import math
 import os
 import socket
 import sys
@@ -21,6 +33,10 @@ from pathlib import Path
 from typing import IO
 
 from eagle3.util.atomic import pid_alive
+
+WAIT_ENV = "EAGLE3_LOCK_WAIT_S"
+DEFAULT_WAIT_S = 1800.0  # 30 min: longer than any merge, vocabulary or token pre-pass of a usual run
+WAIT_REPORT_S = 60.0  # a waiting process says again who it waits for this often
 
 
 class LockHeldError(RuntimeError):
@@ -31,9 +47,44 @@ class LockHeldError(RuntimeError):
         self.holder = holder
 
 
+def lock_wait_s() -> float:
+    """How long a lock wait lasts before giving up: ``$EAGLE3_LOCK_WAIT_S`` seconds (``inf``:
+    no bound), else ``DEFAULT_WAIT_S``."""
+    raw = os.environ.get(WAIT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_WAIT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{WAIT_ENV}: expected seconds (a number, or inf), got {raw!r}") from None
+    if math.isnan(value) or value < 0:
+        raise ValueError(f"{WAIT_ENV}: expected seconds >= 0 (or inf), got {raw!r}")
+    return value
+
+
+def _open_nofollow(path: Path) -> IO[str]:
+    """``path`` opened read-write, created (mode 0666 less the umask) if absent, never through a
+    symlink and never truncated."""
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP or path.is_symlink():
+            raise OSError(
+                e.errno, f"{path}: a lock file must not be a symlink (points to {os.readlink(path)!r}); remove it"
+            ) from None
+        raise
+    return os.fdopen(fd, "r+")
+
+
 def _read_holder(path: Path) -> dict:
     try:
-        return dict(json.loads(path.read_text() or "{}"))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK)
+    except OSError:
+        return {}
+    try:
+        with os.fdopen(fd) as f:
+            return dict(json.loads(f.read(65536) or "{}"))
     except (OSError, ValueError, TypeError):
         return {}
 
@@ -45,9 +96,16 @@ def describe(holder: dict) -> str:
     return f"pid {holder['pid']} on host {holder.get('host', '?')} since {started} ({holder.get('command', '?')})"
 
 
+def _duration(seconds: float) -> str:
+    if math.isinf(seconds):
+        return "for ever"
+    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
+
+
 class DirLock:
     """``with DirLock(dir / ".lock", "another run is writing dir"):`` or ``acquire()`` /
-    ``release()``; ``what`` opens the refusal a second process gets."""
+    ``release()``; ``what`` opens the refusal a second process gets. ``wait_s``: how long to
+    wait for the holder (0: refuse at once), telling the user whom it waits for."""
 
     def __init__(self, path: str | Path, what: str, wait_s: float = 0.0):
         self.path, self.what, self.wait_s = Path(path), what, float(wait_s)
@@ -59,9 +117,11 @@ class DirLock:
 
     def acquire(self) -> "DirLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        deadline = time.monotonic() + self.wait_s
+        t0 = time.monotonic()
+        deadline = t0 + self.wait_s
+        reported: tuple | None = None  # the holder last printed, and when
         while True:
-            f = open(self.path, "a+")
+            f = _open_nofollow(self.path)
             try:
                 fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -69,17 +129,30 @@ class DirLock:
                 holder = _read_holder(self.path)
                 if self._take_over(holder):
                     continue
-                if time.monotonic() >= deadline:
+                now = time.monotonic()
+                if now >= deadline:
+                    waited = f"; gave up after waiting {_duration(self.wait_s)} ({WAIT_ENV} sets how long)"
                     raise LockHeldError(
-                        f"{self.what}: {self.path} is held by {describe(holder)}; wait for it or stop it", holder
+                        f"{self.what}: {self.path} is held by {describe(holder)}"
+                        f"{waited if self.wait_s > 0 else ''}; wait for it or stop it",
+                        holder,
                     ) from None
-                time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+                key = (holder.get("pid"), holder.get("host"))
+                if reported is None or reported[0] != key or now - reported[1] >= WAIT_REPORT_S:
+                    print(
+                        f"[eagle3] waiting for {self.path} ({self.what}): held by {describe(holder)}; "
+                        f"waited {now - t0:.0f} s, giving up after {_duration(self.wait_s)} ({WAIT_ENV})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    reported = (key, now)
+                time.sleep(min(0.2, max(0.0, deadline - now)))
                 continue
             if not self._names_this_file(f):  # replaced by a takeover between open and flock
                 f.close()
                 continue
             f.seek(0)
-            f.truncate()
+            f.truncate()  # held now: the previous holder's record is replaced
             f.write(
                 json.dumps(
                     {
@@ -98,7 +171,7 @@ class DirLock:
 
     def _names_this_file(self, f) -> bool:
         try:
-            return os.stat(self.path).st_ino == os.fstat(f.fileno()).st_ino
+            return os.stat(self.path, follow_symlinks=False).st_ino == os.fstat(f.fileno()).st_ino
         except FileNotFoundError:
             return False
 
@@ -108,7 +181,7 @@ class DirLock:
         pid = holder.get("pid")
         if not isinstance(pid, int) or holder.get("host") != socket.gethostname() or pid_alive(pid):
             return False
-        with open(self.path.with_name(self.path.name + ".takeover"), "a+") as guard:
+        with _open_nofollow(self.path.with_name(self.path.name + ".takeover")) as guard:
             fcntl.flock(guard.fileno(), fcntl.LOCK_EX)
             if _read_holder(self.path).get("pid") != pid:  # someone else took it over meanwhile
                 return True
