@@ -185,6 +185,30 @@ def test_bad_layer_ids_fail_clearly(ids, needle):
     assert needle in str(e.value) and "layers.aux_ids" in str(e.value)
 
 
+@pytest.mark.parametrize("ids,numbering", [("[2,15,30]", "vllm"), ("[30]", "vllm"), ("[1,14,29]", "output_of_layer")])
+def test_aux_id_n_is_refused_not_absorbed(ids, numbering):
+    """N (= model.num_layers, 30 for SmolLM2) is always captured as the training target: among the
+    aux ids it used to be dropped without a word (the head then read one layer fewer than asked)."""
+    cfg = compose("extract", [f"layers.aux_ids={ids}", f"layers.numbering={numbering}"])
+    with pytest.raises(InterpolationResolutionError) as e:
+        list(cfg.layers.layer_ids)
+    msg = str(e.value)
+    assert "layers.aux_ids: id 30 (= model.num_layers" in msg and "expected ids in 1..29" in msg
+    assert "always captured as the training target" in msg
+
+
+def test_aux_and_final_refuses_n_and_shallow_models_have_no_default():
+    from eagle3.target_model.layer_ids import LayerIdError, aux_and_final, default_aux_ids, validate_aux_ids
+
+    assert aux_and_final([2, 15, 27], 30) == [2, 15, 27, 30]
+    with pytest.raises(LayerIdError, match=r"contain 30 .* expected aux ids in 1\.\.29"):
+        aux_and_final([2, 15, 30], 30)
+    assert validate_aux_ids(default_aux_ids(4), 4) == [1, 2, 3]
+    assert validate_aux_ids(default_aux_ids(2), 2) == [1]
+    with pytest.raises(LayerIdError, match=r"model.num_layers=1: no aux layer id exists"):
+        default_aux_ids(1)
+
+
 def test_explicit_ids_and_output_of_layer_numbering():
     cfg = compose("extract", ["layers.aux_ids=[3,15,26]"])
     assert list(cfg.layers.layer_ids) == [3, 15, 26, 30]

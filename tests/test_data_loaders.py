@@ -4,11 +4,13 @@ bad records for every skip reason, JSONL and `datasets` directories, cut-off str
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
 
 from eagle3.data import DataError, load_conversations
+from eagle3.data.conversation import DataWarning
 from eagle3.data.json_stream import JsonRecordStream
 from eagle3.data.loaders import iter_conversations, packaged_sharegpt_path
 
@@ -100,26 +102,131 @@ def test_stream_yields_exactly_the_whole_records_before_any_cut(tmp_path):
 
 
 def test_stream_jsonl_and_cut_last_line(tmp_path):
+    """A JSONL's last line cut short is one bad line, skipped and counted like any other (only a
+    JSON array file reads as cut off)."""
     lines = [json.dumps(_good(i, f"j{i}", "openai")) for i in range(4)]
     path = tmp_path / "data.jsonl"
     path.write_text("\n".join(lines) + "\n")
     stream = JsonRecordStream(path)
     assert [r["id"] for r in stream] == ["j0", "j1", "j2", "j3"] and stream.end.complete
+    assert stream.end.jsonl and stream.end.lines == 4 and stream.end.bad_lines == 0
     path.write_text("\n".join(lines)[:-5])
     stream = JsonRecordStream(path)
     assert [r["id"] for r in stream] == ["j0", "j1", "j2"]
-    assert stream.end.cut_off and "cut off" in stream.end.stop_reason
+    assert stream.end.complete and not stream.end.cut_off
+    assert stream.end.bad_lines == 1 and [n for n, _ in stream.end.first_bad] == [4]
 
 
-def test_stream_reports_broken_json_in_the_middle(tmp_path):
+def test_stream_refuses_broken_json_in_the_middle_of_an_array(tmp_path):
+    """Invalid JSON before the end of a JSON array file is an error naming the file and the
+    offset, not a cut (it used to end the data there, silently)."""
     path = tmp_path / "broken.json"
     path.write_text(
-        '[{"id": "a", "conversations": []}, {"id": "b", "conversations": [}, ' + json.dumps(_good(1)) * 50 + "]"
+        '[{"id": "a", "conversations": []},\n {"id": "b", "conversations": [}, ' + json.dumps(_good(1)) * 50 + "]"
     )
     stream = JsonRecordStream(path)
-    assert [r["id"] for r in stream] == ["a"]
-    assert stream.end.cut_off and stream.end.stop_reason.startswith("invalid JSON at byte")
-    assert stream.end.stop_offset_bytes == path.read_text().index('{"id": "b"')
+    got = []
+    with pytest.raises(DataError) as e:
+        got.extend(r["id"] for r in stream)
+    assert got == ["a"]
+    at = path.read_text().index("[}") + 1
+    assert str(e.value).startswith(f"{path}: invalid JSON at byte {at} (line 2): Expecting value")
+    for bad, at, where in [
+        ('[{"id": "a"} {"id": "b"}]', 13, "expected ',' or ']' after a record, got '{'"),
+        ('[{"id": "a"}] {"id": "b"}', 14, "unexpected text after the closing ']'"),
+    ]:
+        path.write_text(bad)
+        with pytest.raises(DataError, match=f"{path}: invalid JSON at byte {at} \\(line 1\\): {re.escape(where)}"):
+            list(JsonRecordStream(path))
+
+
+class _CountingFile:
+    """A text file that counts the characters handed out (read, readline, iteration)."""
+
+    def __init__(self, fh, counter: list[int]) -> None:
+        self._fh, self._counter = fh, counter
+
+    def read(self, n: int = -1) -> str:
+        text = self._fh.read(n)
+        self._counter[0] += len(text)
+        return text
+
+    def __iter__(self):
+        for line in self._fh:
+            self._counter[0] += len(line)
+            yield line
+
+    def seek(self, *a):
+        return self._fh.seek(*a)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._fh.close()
+
+
+def test_a_broken_record_is_decided_without_reading_the_rest_of_the_file(tmp_path, monkeypatch):
+    """~4 MB after the error: neither layout reads it to decide (the old reader read on until the
+    end of the file, growing one string, before calling a mid-file error a cut)."""
+    import eagle3.data.json_stream as json_stream
+
+    counter = [0]
+    monkeypatch.setattr(json_stream, "open", lambda *a, **k: _CountingFile(open(*a, **k), counter), raising=False)
+    filler = [json.dumps(_good(i, f"f{i}")) for i in range(40_000)]
+    array = tmp_path / "broken.json"
+    array.write_text('[{"id": "a", "conversations": [}, ' + ", ".join(filler) + "]")
+    size = array.stat().st_size
+    assert size > 3_000_000
+    with pytest.raises(DataError, match="invalid JSON at byte 31"):
+        list(JsonRecordStream(array, chunk_chars=4096))
+    assert counter[0] < 3 * 4096, f"read {counter[0]} of {size} characters to find an error at byte 31"
+
+    counter[0] = 0
+    jsonl = tmp_path / "broken.jsonl"
+    jsonl.write_text(json.dumps(_good(0, "g0")) + "\n{broken\n" + "\n".join(filler) + "\n")
+    stream = iter_conversations("sharegpt", str(jsonl))
+    assert [next(stream).id, next(stream).id] == ["g0", "f0"]  # line 2 skipped, line 3 read
+    assert counter[0] < 100_000, f"read {counter[0]} characters for three lines"
+    stream.close()
+
+
+def test_a_bad_jsonl_line_in_the_middle_is_skipped_and_counted(tmp_path):
+    """A JSONL with two broken lines in the middle: the records after them are read (the old
+    reader ended the data at the first one, exit 0), and a warning names the file and the lines."""
+    lines = [json.dumps(_good(i, f"k{i}", "openai")) for i in range(10)]
+    lines[2] = lines[2][:-3]  # line 3: cut short
+    lines[6] = "{'id': 'single quotes'}"  # line 7: not JSON
+    path = tmp_path / "chats.jsonl"
+    path.write_text("\n".join(lines[:5]) + "\n\n" + "\n".join(lines[5:]) + "\n")  # a blank line 6
+    with pytest.warns(DataWarning) as caught:
+        result = load_conversations("jsonl", str(path))
+    assert [c.id for c in result.conversations] == [f"k{i}" for i in (0, 1, 3, 4, 5, 7, 8, 9)]
+    (warning,) = [str(w.message) for w in caught if issubclass(w.category, DataWarning)]
+    assert warning.startswith(f"{path}: skipped 2 of 10 non-blank lines are not valid JSON: line 3 (")
+    assert "line 8 (Expecting property name enclosed in double quotes" in warning
+    report = result.report
+    assert report.complete and not report.cut_off and report.bad_json_lines == 2
+    assert "skipped lines: 2 of 10" in report.summary()
+
+
+def test_a_mostly_bad_jsonl_fails_naming_the_file_and_lines(tmp_path):
+    """More than half of the non-blank lines bad: not a JSONL of records; fail, naming the file
+    and the first lines -- at the end of the file, and where a limit stopped the reading."""
+    good = [json.dumps(_good(i, f"m{i}", "openai")) for i in range(20)]
+    path = tmp_path / "pretty.jsonl"
+    path.write_text(json.dumps([_good(0, "m0", "openai")], indent=2)[2:-2] + "\n" + good[1] + "\n")
+    with pytest.raises(DataError) as e:
+        load_conversations("jsonl", str(path))
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: ") and "13 of 14 non-blank lines are not valid JSON: line 1 (" in msg
+    assert "more than half of the lines read are bad" in msg
+
+    path.write_text("\n".join(["not json"] * 4 + good) + "\n")
+    with pytest.raises(DataError, match=r"4 of 7 non-blank lines are not valid JSON: line 1 \(.*line 4 \("):
+        load_conversations("jsonl", str(path), limit=3)
+    with pytest.warns(DataWarning, match="4 of 24 non-blank lines"):
+        assert len(load_conversations("jsonl", str(path)).conversations) == 20
 
 
 # --- skip reasons, repairs, role names ----------------------------------------------
@@ -259,7 +366,8 @@ def test_jsonl_ids_fall_back_to_stem_and_index_and_repeats_are_numbered(tmp_path
     assert [c.id for c in result.conversations] == ["chats:0", "dup", "dup#2", "chats:4"]
     assert result.report.skipped == {"missing_field": 1}
     assert result.conversations[1].messages[1] == {"role": "assistant", "content": "answer 1"}
-    assert all(c.split_key == c.id for c in result.conversations)  # no ShareGPT part grouping
+    # no ShareGPT part grouping; the repeats of one id split as one
+    assert [c.split_key for c in result.conversations] == ["chats:0", "dup", "dup", "chats:4"]
 
 
 def test_hf_disk_dataset_and_dataset_dict(tmp_path):
@@ -291,5 +399,6 @@ def test_iter_conversations_is_lazy(tmp_path):
     path.write_text("\n".join(json.dumps(_good(i, f"l{i}")) for i in range(5)) + "\n{broken")
     stream = iter_conversations("sharegpt", str(path))
     assert next(stream).id == "l0"  # nothing after the first record needed to be read
-    rest = list(stream)
+    with pytest.warns(DataWarning, match=r"lazy.jsonl: skipped 1 of 6 non-blank lines .*line 6 \("):
+        rest = list(stream)
     assert [c.id for c in rest] == ["l1", "l2", "l3", "l4"]

@@ -58,3 +58,40 @@ def test_split_is_stable_when_max_samples_grows(tokenizer):
     assert not {s.split_key for s in large.train} & {s.split_key for s in large.val}
     for s in large.train + large.val:
         assert is_validation(s.split_key, 0.2, 3) == (s.id in large_val)
+
+
+def test_repeated_ids_of_a_jsonl_land_in_one_split(tmp_path, tokenizer):
+    """A JSONL whose records repeat ids ("x", "x#2", ...: copies, or a conversation and its
+    edit): every record sharing a source id sits on one side, never one copy in val and another
+    in train (they used to be split as "x" and "x#2", independently)."""
+    import json
+
+    lines = []
+    for copy in range(3):
+        for i in range(40):
+            messages = [
+                {"role": "user", "content": f"question {i} (copy {copy})"},
+                {"role": "assistant", "content": f"answer {i}"},
+            ]
+            lines.append(json.dumps({"id": f"conv-{i}", "messages": messages}))
+    path = tmp_path / "dups.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    data = prepare_samples(
+        "jsonl",
+        str(path),
+        tokenizer,
+        max_samples=None,
+        max_length=128,
+        overflow="truncate",
+        val_fraction=0.5,
+        seed=0,
+        progress=False,
+    )
+    assert len(data.train) + len(data.val) == 120 and data.val and data.train
+    side: dict[str, set[str]] = {}
+    for name, samples in (("train", data.train), ("val", data.val)):
+        for s in samples:
+            side.setdefault(s.id.split("#")[0], set()).add(name)
+    assert len(side) == 40
+    assert {k: v for k, v in side.items() if len(v) > 1} == {}
+    assert {s.id for s in data.val} >= {"conv-%d#3" % int(s.id.split("-")[1]) for s in data.val if "#" not in s.id}

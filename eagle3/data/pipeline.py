@@ -78,6 +78,8 @@ class PrepareReport:
             rows.append(("stopped early", f"max_samples={self.max_samples} reached"))
         if self.deadline_stop:
             rows.append(("stopped early", self.deadline_stop))
+        if load.bad_json_lines:
+            rows.append(("skipped (load): lines not JSON", load.bad_lines_row()))
         rows += [(f"skipped (load): {k}", str(n)) for k, n in sorted(load.skipped.items())]
         rows += [(f"repaired (load): {k}", str(n)) for k, n in sorted(load.repaired.items())]
         rows.append(("conversations rendered", str(self.conversations_rendered)))
@@ -261,6 +263,7 @@ def prepare_samples(
                 break
 
     report.train_samples, report.val_samples = len(train), len(val)
+    load_report.check_json_lines()  # the lines read, when max_samples or the deadline stopped the reading
     if load_report.usable == 0:
         raise no_usable_data_error(load_report)
     if kept() == 0:
