@@ -131,7 +131,12 @@ class Manifest:
         except FileNotFoundError:
             raise StoreError(f"{path}: no manifest; not a dataset directory (run extract.py)") from None
         except json.JSONDecodeError as e:
-            raise StoreError(f"{path}: corrupt manifest ({e}); delete the directory and re-run extract.py") from None
+            # the shards are whole on their own (each names its samples): only the manifest is lost
+            raise StoreError(
+                f"{path}: corrupt manifest ({e}); do not delete the dataset: delete only this file "
+                f"(rm {path}) and re-run the same extract.py command: it adopts every whole shard "
+                "beside it and captures only the samples none of them holds"
+            ) from None
         if raw.get("format") != FORMAT:
             raise StoreError(f"{path}: format: expected {FORMAT!r}, got {raw.get('format')!r}")
         if raw.get("schema_version") != SCHEMA_VERSION:

@@ -49,6 +49,15 @@ def open_manifest(directory: Path, ident: ShardIdentity, fingerprint_inputs: Map
     m = Manifest.read(directory)
     if m.fingerprint != ident.fingerprint:
         theirs, ours = m.fingerprint_inputs, canonical(fingerprint_inputs)
+        if theirs.get("schema_version") != ours.get("schema_version"):
+            # a dataset named by an older fingerprint scheme: readable as it is, but this version
+            # writes only datasets of its own scheme, so a damaged one is not repaired in place
+            raise FingerprintMismatchError(
+                f"{directory}: cannot be repaired or extended in place: it was written under fingerprint "
+                f"scheme {theirs.get('schema_version')} (this version writes scheme {ours.get('schema_version')}); "
+                "nothing in it was changed. Move it aside (or delete it) and re-run the same extract.py "
+                "command: it captures the dataset again under this version's name"
+            )
         diff = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
         raise FingerprintMismatchError(
             f"{directory}: fingerprint: expected {ident.fingerprint} (this config), got "
