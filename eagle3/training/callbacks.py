@@ -106,6 +106,11 @@ class TokenThroughput(L.Callback):
             frac = torch.tensor(waited / (waited + sum(t for _, t in timed)))
             pl_module.log("train/data_wait_frac", frac, on_step=True, batch_size=1)
             pl_module.log("wait", frac, prog_bar=True, logger=False, batch_size=1)  # in logs without W&B
+        if self._on_cuda(pl_module):
+            # the allocator's high-water mark (a host-side counter: no wait on the GPU), the figure
+            # that says whether a larger batch or target fits beside the head
+            peak = torch.cuda.max_memory_allocated(pl_module.device) / 2**30
+            pl_module.log("train/peak_gpu_memory_gib", torch.tensor(peak), on_step=True, batch_size=1)
 
 
 class SparseProgressBar(RichProgressBar):
