@@ -354,6 +354,9 @@ class RunConfig:
     seed: int = 0
     # train.py: null | last | a checkpoint path
     ckpt_path: Optional[str] = None
+    # train.py: resume a run dir whose recorded config differs from this one in what changes the
+    # trained head (refused otherwise, naming the keys: eagle3/training/run_dir.py, check_run_config)
+    resume_anyway: bool = False
     # train.py: the dataset to train on; null: the one extract.py wrote for this config (found by
     # its fingerprint under paths.data_dir). A dataset moved from another machine goes here.
     dataset_dir: Optional[str] = None

@@ -69,6 +69,28 @@ def export_state_dict(
     return out
 
 
+class NonFiniteWeightsError(ValueError):
+    """A tensor about to be exported holds a NaN or an Inf (a diverged training, or a weight
+    beyond bf16's range): the export is refused and the previous one left in place."""
+
+
+def check_finite(weights: Mapping[str, torch.Tensor], where: str) -> None:
+    """Raise NonFiniteWeightsError naming the first floating tensor of ``weights`` (as it would be
+    written, bf16 included) that holds a NaN or an Inf; ``where``: the file it was for."""
+    for name, t in weights.items():
+        if not t.is_floating_point():
+            continue
+        finite = torch.isfinite(t)
+        if bool(finite.all()):
+            continue
+        bad = int((~finite).sum())
+        first = float(t.flatten()[int((~finite).flatten().nonzero()[0, 0])])
+        raise NonFiniteWeightsError(
+            f"{where}: {name}: expected finite weights, got {bad} non-finite of {t.numel()} ({first} first, "
+            f"{t.dtype}); the training diverged (or a weight overflows {t.dtype}): nothing was exported"
+        )
+
+
 def load_export_state_dict(head: nn.Module, weights: dict[str, torch.Tensor], where: str) -> None:
     """The reverse of export_state_dict: copy an export's tensors into `head` (float ones as
     fp32). Refuses a tensor the head lacks, a trained one the export lacks, and a wrong shape,
@@ -189,9 +211,11 @@ def save_head(head: Eagle3DraftHead, meta: DraftMeta, out_dir: str | Path) -> Pa
         meta.num_speculative_tokens,
         target_architectures=meta.target_architectures,
     )
+    weights = export_state_dict(head)
+    check_finite(weights, f"{out_dir / 'model.safetensors'}")
     with atomic_dir(out_dir, point="export_write") as tmp:
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        save_file(export_state_dict(head), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "eagle3_meta.json").write_text(
             json.dumps({"draft_config": asdict(meta.draft_config), "aux_layer_ids": meta.aux_layer_ids}, indent=2)
         )

@@ -17,7 +17,10 @@ and CUDA vLLM 0.26.0.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -203,10 +206,65 @@ def _preemptions(llm: Any) -> int:
     )
 
 
+# the pid of the process that started this engine (set by subprocess_engine.run_engine_process)
+PARENT_ENV = "EAGLE3_ENGINE_PARENT"
+PARENT_POLL_S = 0.5  # how often the engine checks that its parent is alive
+STOP_GRACE_S = 10.0  # vLLM's processes get this long to end on SIGTERM before SIGKILL
+
+
+def watch_parent(parent: int | None = None, poll_s: float = PARENT_POLL_S) -> threading.Thread | None:
+    """End this engine, and every process it started (vLLM's engine core and workers), as soon
+    as the process that started it is gone: the engine runs in a session of its own, so a
+    parent killed by SIGKILL (or the OOM killer) would otherwise leave it holding the GPU while
+    the resumed run starts a second one. ``parent``: default ``$EAGLE3_ENGINE_PARENT`` (no
+    watch without it: the engine run by hand). A daemon thread polls ``os.getppid()``."""
+    if parent is None:
+        raw = os.environ.get(PARENT_ENV, "")
+        if not raw.isdigit():
+            return None
+        parent = int(raw)
+    if os.getppid() != parent:  # gone before we got here
+        _end_self_and_children(parent)
+    thread = threading.Thread(target=_watch, args=(parent, poll_s), name="eagle3-parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def _watch(parent: int, poll_s: float) -> None:
+    while os.getppid() == parent:
+        time.sleep(poll_s)
+    _end_self_and_children(parent)
+
+
+def _end_self_and_children(parent: int) -> None:
+    import psutil  # a vLLM dependency
+
+    print(
+        f"[eagle3.evaluation] engine {os.getpid()}: its parent {parent} is gone; ending its processes and itself",
+        file=sys.stderr,
+        flush=True,
+    )
+    children = psutil.Process().children(recursive=True)
+    for c in children:
+        try:
+            c.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(children, timeout=STOP_GRACE_S)
+    for c in alive:
+        try:
+            c.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=STOP_GRACE_S)
+    os._exit(128 + signal.SIGTERM)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: python -m eagle3.evaluation.engine <request.json> <result.json>", file=sys.stderr)
         return 2
+    watch_parent()  # before vLLM starts anything
     req = EngineRequest.from_json(Path(argv[0]).read_text())
     result = run_engine(req)
     out = Path(argv[1])

@@ -3,6 +3,11 @@
 The engine's own output (vLLM logs thousands of lines) goes to a log file; on failure
 the error quotes its tail. The process gets a session of its own so that a timeout can
 stop it together with the engine-core and worker processes vLLM started under it.
+
+Nothing is left behind when the caller is killed: on SIGTERM (or Ctrl-C) while it waits, the
+caller stops the engine's process group, then dies of that signal as it would have; after a
+SIGKILL (or the OOM killer) the engine notices that its parent is gone (it watches
+``$EAGLE3_ENGINE_PARENT``, ``engine.watch_parent``) and ends its processes and itself.
 """
 
 from __future__ import annotations
@@ -11,10 +16,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
-from eagle3.evaluation.engine import EngineRequest, EngineResult
+from eagle3.evaluation.engine import PARENT_ENV, EngineRequest, EngineResult
 
 _TORCH_DIST_VARS = (
     "RANK",
@@ -78,9 +86,45 @@ def _stop_group(proc: subprocess.Popen) -> None:
             continue
 
 
-def run_engine_process(request: EngineRequest, work_dir: Path, label: str) -> tuple[EngineResult, float]:
+class _Terminated(BaseException):
+    """SIGTERM reached the caller while it waited for the engine."""
+
+
+@contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """While the block runs, SIGTERM raises ``_Terminated`` in it (so the engine is stopped on
+    the way out); afterwards the previous handler is back. Only where a handler can be set (the
+    main thread) and SIGTERM is not ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous == signal.SIG_IGN:
+        yield
+        return
+
+    fired = False
+
+    def _raise(signum, frame):
+        nonlocal fired
+        if not fired:  # once: a second SIGTERM does not cut the engine's stop short
+            fired = True
+            raise _Terminated()
+
+    signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_engine_process(
+    request: EngineRequest, work_dir: Path, label: str, command: Sequence[str] | None = None
+) -> tuple[EngineResult, float]:
     """(result, wall seconds including process start and model load). The request's
-    options.timeout_s bounds the process, options.cpu_kvcache_space_gb goes into its environment."""
+    options.timeout_s bounds the process, options.cpu_kvcache_space_gb goes into its environment.
+    ``command``: what to run in place of ``python -m eagle3.evaluation.engine`` (tests), given
+    the request and result files as its last two arguments."""
     timeout_s = int(request.options.timeout_s)
     work_dir.mkdir(parents=True, exist_ok=True)
     req_file = work_dir / f"engine-{label}.request.json"
@@ -90,12 +134,16 @@ def run_engine_process(request: EngineRequest, work_dir: Path, label: str) -> tu
     req_file.write_text(request.to_json())
     print(f"[eagle3.evaluation] vLLM engine {label}: starting (log: {log_file})", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    with open(log_file, "w") as log:
+    env = engine_env(request.options.cpu_kvcache_space_gb)
+    env[PARENT_ENV] = str(os.getpid())  # the engine ends itself when this process is gone
+    argv = list(command) if command is not None else [sys.executable, "-m", "eagle3.evaluation.engine"]
+    terminated = False
+    with open(log_file, "w") as log, _sigterm_raises():
         proc = subprocess.Popen(
-            [sys.executable, "-m", "eagle3.evaluation.engine", str(req_file), str(res_file)],
+            [*argv, str(req_file), str(res_file)],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=engine_env(request.options.cpu_kvcache_space_gb),
+            env=env,
             start_new_session=True,
         )
         try:
@@ -106,9 +154,16 @@ def run_engine_process(request: EngineRequest, work_dir: Path, label: str) -> tu
                 f"vLLM engine {label}: still running after engine.timeout_s={timeout_s} s, stopped; "
                 f"last lines of {log_file}:\n{_tail(log_file)}"
             ) from None
+        except _Terminated:
+            print(f"[eagle3.evaluation] SIGTERM: stopping vLLM engine {label}", file=sys.stderr, flush=True)
+            _stop_group(proc)
+            terminated = True
         except BaseException:  # KeyboardInterrupt: do not leave vLLM processes behind
             _stop_group(proc)
             raise
+    if terminated:  # the previous handler is back: it decides (the default one ends this process)
+        signal.raise_signal(signal.SIGTERM)
+        raise EngineRunError(f"vLLM engine {label}: stopped by SIGTERM")
     wall = time.perf_counter() - t0
     if rc != 0 or not res_file.is_file():
         raise EngineRunError(

@@ -20,6 +20,7 @@ from omegaconf import MISSING
 
 from eagle3.config.schema import typed
 from eagle3.training.checkpoint_io import export_checkpoint
+from eagle3.util.atomic import write_text
 
 __all__ = ["ExportCliConfig", "export_checkpoint", "register_export_config", "run"]
 
@@ -49,7 +50,7 @@ def run(cfg: Any) -> str:
     out = export_checkpoint(c.ckpt, c.out, c.num_draft_tokens)
     if sha is not None and sha == head_sha256(out):  # the directory was replaced; same weights: same figures
         for name, text in kept.items():
-            (out / name).write_text(text)
+            write_text(out / name, text)  # whole or absent: a torn one would break every later export here
     for line in serving_report(out):
         print(line)
     print(out)

@@ -68,6 +68,8 @@ def run(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> float:
         validate_run_config(cfg)
         # time_budget.minutes: extract.py's plan names the dataset (data.max_samples)
         run_cfg, _ = time_budget.sized(run_config(cfg))
+        if global_rank() == 0:  # a rerun under another config does not resume this run dir's checkpoints
+            run_dir.check_run_config(output_dir, run_cfg)
         try:
             return _run(run_cfg, output_dir, extra_callbacks, stage)
         except DamagedDatasetError as e:
@@ -291,7 +293,7 @@ def _export_and_evaluate(
 
 def _write_summary(output_dir: Path, export_dir: Path, draft_meta: DraftMeta, summary: Mapping[str, Any]) -> None:
     """summary.json, then the serving advice and, last, the export directory (scripts read it)."""
-    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_text(output_dir / "summary.json", json.dumps(summary, indent=2))  # never a torn one (sweep tables read it)
     print(f"summary: {output_dir / 'summary.json'}")
     line = best_metric_line(summary.get("best_metric"), summary.get("best_metric_value"))
     if line:

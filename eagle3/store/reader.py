@@ -203,7 +203,30 @@ class HiddenStateDataset(SampleFiles):
             raise DamagedDatasetError(self.directory, str(e), needs_hash=verify == "full") from None
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return self._rows(i, ("input_ids", "loss_mask", "hidden"))
+        rows = self._rows(i, ("input_ids", "loss_mask", "hidden"))
+        self._check_finite(i, rows["hidden"])
+        return rows
+
+    def _check_finite(self, i: int, hidden: torch.Tensor) -> None:
+        """Refuse a sample whose stored hidden states hold a NaN or an Inf (one pass over its
+        rows, as they are read): trained on, it turns the head's weights, and then its
+        checkpoints and export, into NaN. The capture adapter refuses them when they are made;
+        this finds them in a dataset written before that check, or damaged since."""
+        finite = torch.isfinite(hidden)
+        if bool(finite.all()):
+            return
+        bad = (~finite).nonzero()
+        t, layer, h = (int(x) for x in bad[0])
+        i %= len(self)
+        shard = self.directory / self.manifest.shards[int(self._shard_of[i])].file
+        layer_id = self.layer_ids[layer] if layer < len(self.layer_ids) else layer
+        raise DamagedDatasetError(
+            self.directory,
+            f"{shard}: sample {self.sample_id(i)!r}: hidden: expected finite values, got {bad.shape[0]} "
+            f"non-finite of {hidden.numel()} (the first, {float(hidden[t, layer, h])}, at token {t}, "
+            f"layer id {layer_id}, channel {h})",
+            needs_hash=True,
+        )
 
 
 def damaged_shards(directory: str | Path, manifest: Manifest, verify: str = "fast") -> list[tuple[str, str]]:

@@ -10,6 +10,7 @@ target path, the trained weights and d2t/t2d), so the target is not loaded."""
 
 from __future__ import annotations
 
+import pickle
 import zipfile
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +32,37 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(path, point="checkpoint_write") as tmp:
             torch.save(checkpoint, tmp)
+
+    def load_checkpoint(self, path, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+        """A resume reads tensors and plain data only (``weights_only=True`` whatever the caller
+        or TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD says): a checkpoint is never a program."""
+        return super().load_checkpoint(path, map_location=map_location or _cpu_storage, weights_only=True)
+
+
+def _cpu_storage(storage: Any, location: Any) -> Any:  # Lightning's default map_location
+    return storage
+
+
+class UnsafeCheckpointError(ValueError):
+    """A checkpoint file holding more than tensors and plain data (a pickled object: code that
+    ``torch.load(weights_only=False)`` would run)."""
+
+
+def load_checkpoint_file(ckpt: Path) -> dict[str, Any]:
+    """A training checkpoint's contents as tensors and plain data (``weights_only=True``): a file
+    that carries any other pickled object is refused before anything in it runs."""
+    try:
+        state = torch.load(ckpt, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        first = next((line for line in lines if "GLOBAL" in line), lines[0] if lines else type(e).__name__)
+        raise UnsafeCheckpointError(
+            f"{ckpt}: expected a checkpoint of tensors and plain data, got other pickled objects, which "
+            f"are not loaded (they could run code): {first}"
+        ) from None
+    if not isinstance(state, dict):
+        raise ValueError(f"{ckpt}: expected a checkpoint dict, got {type(state).__name__}")
+    return state
 
 
 def whole_checkpoint(path: Path) -> bool:
@@ -58,7 +90,7 @@ def export_checkpoint(ckpt: str | Path, out: str | Path | None = None, num_draft
     ckpt = Path(ckpt)
     if not ckpt.is_file():
         raise FileNotFoundError(f"ckpt={ckpt}: no such checkpoint file")
-    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    state = load_checkpoint_file(ckpt)
     if "eagle3_meta" not in state:
         raise ValueError(f"{ckpt}: not an eagle3 training checkpoint (no 'eagle3_meta' entry)")
     meta = DraftMeta.from_dict(state["eagle3_meta"])

@@ -21,6 +21,12 @@ from eagle3.draft.loss import StepCounts, eagle3_loss, step_weighted
 from eagle3.draft.replay import replay_counts, replay_metrics
 from eagle3.training.schedule import BudgetedCosine
 
+NO_BAD_STEP = 2**62  # _first_bad_step when every loss so far was finite (above any step: a min over ranks)
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN or Inf at a named step (a diverged run)."""
+
 
 def _compiled_graphs() -> int:
     from torch._dynamo.utils import counters
@@ -69,12 +75,16 @@ class Eagle3LitModule(L.LightningModule):
         self._step = self._forward_loss
         self.lr_schedule: BudgetedCosine | None = None
         self._restored_schedule: dict | None = None  # from a checkpoint, applied when the schedule is built
+        # the first step whose training loss was NaN or Inf (NO_BAD_STEP: none), kept on the
+        # device so a step never waits for it; read every log_every_n_steps and before a save
+        self._first_bad_step: torch.Tensor | None = None
 
     # ---- frozen weights stay out of checkpoints (Kimi's embeddings alone are 4.7 GB fp32)
     def _frozen_keys(self) -> set[str]:
         return {f"head.{n}" for n, p in self.head.named_parameters() if not p.requires_grad}
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        self.raise_if_diverged()  # before a checkpoint holds weights a non-finite loss stepped with
         frozen = self._frozen_keys()
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k not in frozen}
         checkpoint["eagle3_meta"] = self.export_meta
@@ -135,8 +145,40 @@ class Eagle3LitModule(L.LightningModule):
         out[f"{prefix}/sim_accept_len"] = 1 + acc_k.sum()
         return {k: v.float() for k, v in out.items()}
 
+    def _note_loss(self, loss: torch.Tensor) -> None:
+        """Remember, on the device, the first step whose loss is not finite (no wait for the device)."""
+        step = torch.tensor(self.global_step, device=loss.device, dtype=torch.int64)
+        if self._first_bad_step is None or self._first_bad_step.device != loss.device:
+            self._first_bad_step = torch.full((), NO_BAD_STEP, device=loss.device, dtype=torch.int64)
+        bad_now = ~torch.isfinite(loss.detach()) & (self._first_bad_step == NO_BAD_STEP)
+        self._first_bad_step = torch.where(bad_now, step, self._first_bad_step)
+
+    def raise_if_diverged(self) -> None:
+        """NonFiniteLossError naming the first step whose loss was NaN or Inf (on any rank), if
+        one was; every rank calls it at the same step (it reduces across ranks)."""
+        if self._first_bad_step is None:
+            return
+        first = self._first_bad_step
+        trainer = self._trainer
+        if trainer is not None and trainer.world_size > 1:
+            first = trainer.strategy.reduce(first.clone(), reduce_op="min")
+        step = int(first)
+        if step != NO_BAD_STEP:
+            raise NonFiniteLossError(
+                f"train/loss: expected a finite value, got a non-finite one at step {step} (global_step; "
+                f"stopped at step {self.global_step}): the training diverged, and no checkpoint holds the "
+                "weights it stepped to (lower train.lr, keep train.grad_clip on, check the dataset)"
+            )
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        trainer = self._trainer
+        every = max(1, int(getattr(trainer, "log_every_n_steps", 1) or 1))
+        if self.global_step % every == 0 or self.device.type == "cpu":  # a device wait on GPU: not each step
+            self.raise_if_diverged()
+
     def training_step(self, batch, batch_idx):
         loss, counts = self._step(batch)
+        self._note_loss(loss)
         logs = self._metrics(counts, "train")
         logs["train/loss"] = loss.detach().float()
         if self._step is not self._forward_loss:

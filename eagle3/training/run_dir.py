@@ -1,18 +1,23 @@
 """Guards of train.py around one run: one training per run directory, leftovers of a killed
-one cleared, and a damaged dataset answered with the command that repairs it."""
+one cleared, a rerun under another config refused, and a damaged dataset answered with the
+command that repairs it."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from eagle3.util.atomic import remove_stale_temps
+from eagle3.config.schema import RunConfig, plain
+from eagle3.training.checkpoint_io import newest_whole_checkpoint
+from eagle3.util.atomic import remove_stale_temps, write_text
 from eagle3.util.locks import DirLock
 
 LOCK = ".train.lock"
+RUN_CONFIG = "run_config.json"  # the config the run dir's checkpoints were trained under
 # train.py keys that extract.py does not take, or that point at the dataset another way
 _NOT_FOR_EXTRACT = ("ckpt_path", "dataset_dir", "hparams_search")
 
@@ -37,6 +42,147 @@ def run_dir_lock(output_dir: Path) -> Iterator[None]:
     with DirLock(Path(output_dir) / LOCK, f"another training is writing the run dir {output_dir}"):
         remove_stale_temps(Path(output_dir) / "checkpoints")
         yield
+
+
+# Keys of the run config that do not change the trained head (nor which checkpoint is
+# exported): a rerun may change them and still resume. Every other key counts, new ones too.
+# A name ending in "." is a whole group.
+NOT_THE_RESULT = (
+    "task_name",
+    "tags",
+    "logger.",  # where the metrics go
+    "paths.",  # where things live: the dataset is found by its fingerprint, not its place
+    "ckpt_path",  # how to resume, not what
+    "resume_anyway",
+    "dataset_other_weights",  # a permission: the dataset itself counts (dataset_dir, data.*, model.*)
+    "sizes",  # the preset's name: its values are compared under train.*, data.*, eval.*
+    "sizes_source",
+    # extract.py only
+    "shard_index",
+    "num_shards",
+    "merge",
+    "topology.extract_tp",
+    "topology.extract_dp",
+    # how extraction runs, not what it stores (the dataset fingerprint leaves them out too;
+    # capture.dtype, which it keeps, counts)
+    "capture.backend",
+    "capture.batch_size",
+    "capture.max_tokens_per_batch",
+    "capture.shard_max_tokens",
+    "capture.writer_threads",
+    "capture.vllm_route",
+    "capture.enable_prefix_caching",
+    "capture.gpu_memory_utilization",
+    "capture.cpu_kvcache_space_gb",
+    "capture.max_num_seqs",
+    "capture.disk_margin",
+    "capture.verify",
+    "capture.disk_per_1m_tokens",
+    "data.regen_backend",
+    "data.regen_batch_size",
+    "data.regen_static_cache",
+    # vLLM's check after training, on the exported head (eval.num_draft_tokens and
+    # eval.max_new_tokens count: the validation replay's K and answer cut pick the exported
+    # checkpoint, and K is in its config.json)
+    "eval.enabled",
+    "eval.max_prompts",
+    "eval.humaneval_prompts",
+    "eval.diagnostics",
+    "eval.enforce_eager",
+    # what is shown or kept, not what is trained
+    "trainer.enable_progress_bar",
+    "trainer.profiler",
+    "callbacks.lr_monitor",
+    "callbacks.model_checkpoint.save_last",
+    "callbacks.model_checkpoint.save_top_k",
+    # the run's length: a rerun may extend a run (or stop it sooner) from where it is. The cosine's
+    # length, which max_steps gives when lr_decay_steps is null, counts as SCHEDULE_STEPS
+    "train.max_steps",
+    "train.max_time",
+    "train.max_epochs",
+    "train.lr_decay_steps",
+)
+SCHEDULE_STEPS = "train.lr_decay_steps (null: train.max_steps)"
+
+
+class RunConfigChangedError(ValueError):
+    """A rerun into a run dir whose checkpoints were trained under another config."""
+
+
+def _flat(node: object, prefix: str = "") -> dict[str, object]:
+    if isinstance(node, dict):
+        out: dict[str, object] = {}
+        for k, v in node.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+def _counts(key: str) -> bool:
+    return not any(key == n or (n.endswith(".") and key.startswith(n)) for n in NOT_THE_RESULT)
+
+
+def result_keys(cfg: RunConfig | Mapping[str, object]) -> dict[str, object]:
+    """The config's values that change the trained head, by dotted key (as JSON stores them)."""
+    data = plain(cfg) if isinstance(cfg, RunConfig) else dict(cfg)
+    data = json.loads(json.dumps(data, default=str))
+    flat = _flat(data)
+    out = {k: v for k, v in flat.items() if _counts(k)}
+    if "train.max_steps" in flat or "train.lr_decay_steps" in flat:
+        out[SCHEDULE_STEPS] = flat.get("train.lr_decay_steps") or flat.get("train.max_steps")
+    return out
+
+
+def config_changes(old: Mapping[str, object], new: Mapping[str, object]) -> list[tuple[str, object, object]]:
+    """(key, old value, new value) for each key of what changes the result that differs; a key
+    one side lacks is ``"<absent>"`` there."""
+    a, b = result_keys(old), result_keys(new)
+    absent = "<absent>"
+    return [
+        (k, a.get(k, absent), b.get(k, absent)) for k in sorted(set(a) | set(b)) if a.get(k, absent) != b.get(k, absent)
+    ]
+
+
+def check_run_config(output_dir: Path, cfg: RunConfig) -> None:
+    """Refuse to resume the run dir's checkpoints under another config than theirs.
+
+    ``<run dir>/run_config.json`` records the config the run dir's training started under (Hydra's
+    ``.hydra/config.yaml`` cannot: a rerun overwrites it before train.py starts). A rerun that
+    would resume from a checkpoint here (ckpt_path null, auto or last, and a whole checkpoint in
+    checkpoints/) with a config that differs in a key that changes the result
+    (``NOT_THE_RESULT`` lists those that do not) raises RunConfigChangedError naming each key
+    with its old and new value: resuming would restore the old run's weights, optimizer and
+    schedule and ignore the new values (a finished run would re-export its old head as the new
+    config's). ``resume_anyway=true`` resumes it all the same, and the record then holds the new
+    config. Otherwise (nothing to resume, the same config) the record is (re)written; a run dir
+    whose checkpoints predate the record is resumed as before, and recorded."""
+    output_dir = Path(output_dir)
+    record = output_dir / RUN_CONFIG
+    ckpt = newest_whole_checkpoint(output_dir / "checkpoints") if (output_dir / "checkpoints").is_dir() else None
+    resumes = cfg.ckpt_path in (None, "", "auto", "last") and ckpt is not None
+    new = plain(cfg)
+    if resumes and record.is_file():
+        try:
+            old = json.loads(record.read_text())["config"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise RunConfigChangedError(
+                f"{record}: unreadable ({type(e).__name__}: {e}); it records the config this run dir's "
+                f"checkpoints were trained under: add resume_anyway=true to resume {ckpt} with this "
+                "config, or train into another run dir (hydra.run.dir=...)"
+            ) from None
+        changes = config_changes(old, new)
+        if changes and not cfg.resume_anyway:
+            listed = "; ".join(f"{k}: {o!r} -> {n!r}" for k, o, n in changes)
+            raise RunConfigChangedError(
+                f"{record}: the run dir {output_dir} was trained under another config: {listed} (recorded -> "
+                f"now). Resuming it ({ckpt}) would restore the old run's weights, optimizer and schedule "
+                "and ignore the new values. Train into another run dir (hydra.run.dir=<new dir>) for this "
+                "config, or add resume_anyway=true to resume this run all the same"
+            )
+        if changes:
+            print(f"resume_anyway=true: resuming {ckpt} under a changed config: {len(changes)} keys differ")
+    output_dir.mkdir(parents=True, exist_ok=True)
+    write_text(record, json.dumps({"config": new}, indent=1, default=str))
 
 
 def _task_overrides() -> list[str] | None:

@@ -1,0 +1,351 @@
+"""Nothing silently wrong in what training reads and writes (issue 37): non-finite values refused
+where they enter (shard read, loss, export), checkpoints loaded as data only, a rerun under
+another config refused, summary.json and the export's metadata written whole or not at all."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import compose
+from safetensors.torch import load_file
+
+from eagle3.config.schema import run_config
+from eagle3.draft.config import DraftConfig
+from eagle3.draft.head import Eagle3DraftHead
+from eagle3.draft.serving_format import DraftMeta, NonFiniteWeightsError, save_head
+from eagle3.store import HiddenStateDataset, ShardWriter
+from eagle3.store.reader import DamagedDatasetError
+from eagle3.target_model.adapter import CapturedSample
+from eagle3.training import run_dir
+from eagle3.training.checkpoint_io import AtomicCheckpointIO, UnsafeCheckpointError, export_checkpoint
+
+TINY = ["experiment=tiny_test"]
+LAYER_IDS = (1, 2, 4)
+H, VT, V = 8, 50, 5
+
+
+# ---- shard read: a NaN stored in a shard is refused as the sample is read, naming shard and sample
+
+
+def _sample(i: int) -> CapturedSample:
+    g = torch.Generator().manual_seed(i)
+    T = 4 + i
+    return CapturedSample(
+        token_ids=torch.randint(0, VT, (T,), generator=g),
+        loss_mask=torch.ones(T, dtype=torch.bool),
+        hidden=torch.randn(T, len(LAYER_IDS), H, generator=g).to(torch.bfloat16),
+    )
+
+
+def _dataset(path: Path, n: int = 6) -> None:
+    w = ShardWriter(
+        path,
+        layer_ids=LAYER_IDS,
+        hidden_size=H,
+        dtype=torch.bfloat16,
+        fingerprint_inputs={"model": "tiny"},
+        shard_max_tokens=20,
+    )
+    for i in range(n):
+        w.add(f"s{i}", _sample(i))
+    t2d = torch.zeros(VT, dtype=torch.bool)
+    t2d[[3, 7, 8, 20, 41]] = True
+    w.finish(torch.arange(VT), {V: (torch.tensor([3, 7, 8, 20, 41]) - torch.arange(V), t2d)})
+
+
+def _poke_hidden(shard: Path, element: int, value: bytes) -> None:
+    """Overwrite one bf16 element of ``hidden`` in place (same size, valid header: what a flipped
+    bit or a capture without the finite check leaves)."""
+    raw = shard.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + n])
+    start = 8 + n + header["hidden"]["data_offsets"][0] + 2 * element
+    with open(shard, "r+b") as f:
+        f.seek(start)
+        f.write(value)
+
+
+def test_a_non_finite_stored_hidden_state_is_refused_naming_shard_and_sample(tmp_path):
+    _dataset(tmp_path)
+    ds = HiddenStateDataset(tmp_path)
+    shard_k = int(ds._shard_of[3])
+    shard = tmp_path / ds.manifest.shards[shard_k].file
+    # sample 3's token 1, layer 2 (id 4), channel 5: its place in the shard's concatenated rows
+    token = int(ds._start[3]) + 1
+    _poke_hidden(shard, (token * len(LAYER_IDS) + 2) * H + 5, b"\xc0\x7f")  # bf16 NaN
+    ds = HiddenStateDataset(tmp_path)  # the cheap open check (sizes) still passes
+    for i in range(len(ds)):
+        if i != 3:
+            assert torch.isfinite(ds[i]["hidden"]).all()
+    with pytest.raises(DamagedDatasetError) as e:
+        ds[3]
+    msg = str(e.value)
+    assert str(shard) in msg and "sample 's3'" in msg and "hidden: expected finite values, got 1 non-finite" in msg
+    assert "at token 1, layer id 4, channel 5" in msg and "nan" in msg
+    _poke_hidden(shard, (token * len(LAYER_IDS) + 2) * H + 5, b"\x80\x7f")  # bf16 +Inf
+    with pytest.raises(DamagedDatasetError, match=r"got 1 non-finite .*\(the first, inf,"):
+        HiddenStateDataset(tmp_path)[3]
+
+
+# ---- export: non-finite weights are refused naming the tensor, the previous export left whole
+
+
+def _head(seed: int = 0) -> tuple[Eagle3DraftHead, DraftMeta]:
+    torch.manual_seed(seed)
+    cfg = DraftConfig(
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        target_vocab_size=97,
+        draft_vocab_size=40,
+        rope_theta=10000.0,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+    )
+    head = Eagle3DraftHead(cfg)
+    t2d = torch.zeros(97, dtype=torch.bool)
+    t2d[:40] = True
+    head.load_target_weights(
+        torch.randn(97, 32), torch.ones(32), torch.randn(97, 32), torch.zeros(40, dtype=torch.int64), t2d, True
+    )
+    return head, DraftMeta(cfg, [1, 2, 3], "tiny-target", ["LlamaForCausalLM"], 3)
+
+
+def test_export_of_non_finite_weights_is_refused_and_the_previous_one_kept(tmp_path):
+    head, meta = _head()
+    out = save_head(head, meta, tmp_path / "export")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with torch.no_grad():
+        head.layers[0].mlp.down_proj.weight[3, 4] = float("nan")
+    with pytest.raises(NonFiniteWeightsError) as e:
+        save_head(head, meta, out)
+    msg = str(e.value)
+    assert "model.safetensors: layers.0.mlp.down_proj.weight: expected finite weights, got 1 non-finite" in msg
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]  # no temp left
+    # fp32 weights beyond bf16's range become Inf when exported: refused too
+    head, meta = _head()
+    with torch.no_grad():
+        head.fc.weight[0, 0] = 3.4e38  # fp32 max 3.403e38, bf16 max 3.390e38
+    with pytest.raises(NonFiniteWeightsError, match=r"fc\.weight: expected finite weights, got 1 non-finite"):
+        save_head(head, meta, tmp_path / "other")
+    assert not (tmp_path / "other").exists()
+
+
+# ---- checkpoints are data: a pickled object in one is refused and never runs
+
+
+class _SideEffect:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.makedirs, (str(self.marker),))
+
+
+def _checkpoint(path: Path, extra: dict | None = None) -> Path:
+    head, meta = _head()
+    state = {f"head.{k}": v for k, v in head.state_dict().items()}
+    torch.save({"state_dict": state, "eagle3_meta": meta.to_dict(), **(extra or {})}, path)
+    return path
+
+
+def test_a_checkpoint_carrying_a_pickled_object_is_refused_and_its_code_never_runs(tmp_path):
+    marker = tmp_path / "the-pickle-ran"
+    evil = _checkpoint(tmp_path / "evil.ckpt", {"callbacks": {"x": _SideEffect(marker)}})
+    with pytest.raises(UnsafeCheckpointError) as e:
+        export_checkpoint(evil, tmp_path / "export")
+    assert str(evil) in str(e.value) and "expected a checkpoint of tensors and plain data" in str(e.value)
+    assert "os.makedirs" in str(e.value)  # the global it refused
+    with pytest.raises(Exception, match="os.makedirs"):  # a resume (Lightning's load) refuses it too
+        AtomicCheckpointIO().load_checkpoint(evil, weights_only=False)
+    assert not marker.exists() and not (tmp_path / "export").exists()
+    # a checkpoint of tensors and plain data still exports
+    out = export_checkpoint(_checkpoint(tmp_path / "good.ckpt"), tmp_path / "export")
+    assert set(load_file(str(out / "model.safetensors"))) >= {"fc.weight", "d2t", "t2d"}
+
+
+# ---- summary.json and the export's metadata: a write that fails midway leaves the previous file
+
+
+@pytest.fixture
+def torn_writes(monkeypatch):
+    """Every Path.write_text/write_bytes writes half its data, then fails as a full disk does."""
+    import errno
+
+    def half(self, data, *args, **kwargs):
+        raw = data.encode() if isinstance(data, str) else data
+        with open(self, "wb") as f:
+            f.write(raw[: len(raw) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+    monkeypatch.setattr(Path, "write_text", half)
+    monkeypatch.setattr(Path, "write_bytes", half)
+
+
+def test_a_summary_write_that_fails_midway_leaves_the_previous_summary(tmp_path, torn_writes):
+    from eagle3.stages.train import _write_summary
+
+    previous = json.dumps({"final": {"val/replay_accept_len": 1.5}}, indent=2)
+    with open(tmp_path / "summary.json", "w") as f:
+        f.write(previous)
+    _, meta = _head()
+    with pytest.raises(OSError, match="No space left"):
+        _write_summary(tmp_path, tmp_path / "export", meta, {"final": {"val/replay_accept_len": 2.0}, "x": "y" * 100})
+    assert (tmp_path / "summary.json").read_text() == previous
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
+
+
+def test_re_export_keeps_serving_and_acceptance_whole_when_their_write_fails(tmp_path, monkeypatch):
+    from eagle3.evaluation.serving_advice import head_sha256
+    from eagle3.stages import export as export_stage
+
+    ckpt = _checkpoint(tmp_path / "a.ckpt")
+    out = export_checkpoint(ckpt, tmp_path / "export")
+    serving = json.dumps({"source": "rule", "loads": [], "head_sha256": head_sha256(out)}, indent=2)
+    acceptance = json.dumps({"acceptance_length": 2.0, "per_position": [0.6, 0.3]}, indent=2)
+    (out / "serving.json").write_text(serving)
+    (out / "acceptance.json").write_text(acceptance)
+    monkeypatch.setattr(export_stage, "serving_report", lambda _: [])
+
+    real_export = export_stage.export_checkpoint
+
+    def export_then_tear(*args, **kwargs):  # the swap in happened; the metadata writes fail midway
+        result = real_export(*args, **kwargs)
+
+        def half(self, data, *a, **k):
+            raw = data.encode() if isinstance(data, str) else data
+            with open(self, "wb") as f:
+                f.write(raw[: len(raw) // 2])
+            raise OSError(28, "No space left on device", str(self))
+
+        monkeypatch.setattr(Path, "write_text", half)
+        monkeypatch.setattr(Path, "write_bytes", half)
+        return result
+
+    monkeypatch.setattr(export_stage, "export_checkpoint", export_then_tear)
+    with pytest.raises(OSError, match="No space left"):
+        export_stage.run(export_stage.ExportCliConfig(ckpt=str(ckpt), out=str(out)))
+    monkeypatch.undo()
+    # each file whole (the one not yet rewritten absent at worst), never a torn JSON
+    for name, text in (("serving.json", serving), ("acceptance.json", acceptance)):
+        if (out / name).exists():
+            assert (out / name).read_text() == text
+    assert not [p for p in out.iterdir() if ".tmp-" in p.name]
+
+
+# ---- a rerun into a run dir under another config is refused, naming the keys
+
+
+def _cfg(tmp_path: Path, extra: list[str] = ()):
+    return run_config(compose("train", TINY + [f"paths.data_dir={tmp_path / 'data'}", *extra], str(tmp_path / "run")))
+
+
+def test_a_rerun_under_another_config_is_refused_naming_the_keys(tmp_path):
+    run = tmp_path / "run"
+    run_dir.check_run_config(run, _cfg(tmp_path))  # a fresh run dir: recorded
+    assert json.loads((run / run_dir.RUN_CONFIG).read_text())["config"]["train"]["lr"] == 3e-4
+    # nothing to resume yet: another config starts afresh (and is recorded)
+    run_dir.check_run_config(run, _cfg(tmp_path, ["train.lr=1e-3"]))
+    run_dir.check_run_config(run, _cfg(tmp_path))
+    (run / "checkpoints").mkdir()
+    torch.save({"global_step": 6}, run / "checkpoints" / "last.ckpt")
+    run_dir.check_run_config(run, _cfg(tmp_path))  # the same config resumes
+    # what does not change the head: still resumes
+    run_dir.check_run_config(
+        run,
+        _cfg(tmp_path, ["eval.max_prompts=3", "logger.log_every_n_steps=1", "capture.batch_size=2", "tags=[x]"]),
+    )
+    # a longer run on the same schedule resumes; a schedule of another length does not
+    run_dir.check_run_config(run, _cfg(tmp_path, ["train.max_steps=12", "train.lr_decay_steps=6"]))
+    with pytest.raises(
+        run_dir.RunConfigChangedError, match=r"train\.lr_decay_steps \(null: train\.max_steps\): 6 -> 12"
+    ):
+        run_dir.check_run_config(run, _cfg(tmp_path, ["train.max_steps=12"]))
+    with pytest.raises(run_dir.RunConfigChangedError) as e:
+        run_dir.check_run_config(run, _cfg(tmp_path, ["train.lr=1e-3", "data.max_samples=20"]))
+    msg = str(e.value)
+    assert str(run / run_dir.RUN_CONFIG) in msg
+    assert "train.lr: 0.0003 -> 0.001" in msg and "data.max_samples: 40 -> 20" in msg
+    assert "eval.max_prompts" not in msg and "resume_anyway=true" in msg and "hydra.run.dir=" in msg
+    with pytest.raises(run_dir.RunConfigChangedError, match=r"train\.lr: 0\.0003 -> 0\.001"):
+        run_dir.check_run_config(run, _cfg(tmp_path, ["train.lr=1e-3", "ckpt_path=last"]))
+    # asked for: resumed, and the new config is the record
+    run_dir.check_run_config(run, _cfg(tmp_path, ["train.lr=1e-3", "resume_anyway=true"]))
+    assert json.loads((run / run_dir.RUN_CONFIG).read_text())["config"]["train"]["lr"] == 1e-3
+    run_dir.check_run_config(run, _cfg(tmp_path, ["train.lr=1e-3"]))
+
+
+def test_which_keys_count(tmp_path):
+    """Every key of the run config counts unless NOT_THE_RESULT names it (new keys count)."""
+    keys = run_dir.result_keys(_cfg(tmp_path))
+    for k in ("train.lr", run_dir.SCHEDULE_STEPS, "data.max_samples", "model.name", "layers.aux_ids", "seed"):
+        assert k in keys
+    for k in ("eval.num_draft_tokens", "eval.max_new_tokens", "topology.devices", "capture.dtype", "dataset_dir"):
+        assert k in keys
+    for k in ("paths.output_dir", "logger.backend", "eval.max_prompts", "ckpt_path", "resume_anyway", "tags"):
+        assert k not in keys
+    assert run_dir.config_changes({"a": {"b": 1}}, {"a": {"b": 1, "c": 2}}) == [("a.c", "<absent>", 2)]
+
+
+# ---- integration (heavy: run under flock /tmp/eagle3_heavy.lock): a diverging loss stops training
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    from eagle3.stages.extract import run as extract
+
+    d = tmp_path_factory.mktemp("data")
+    extract(compose("extract", TINY + [f"paths.data_dir={d}"]))
+    return d
+
+
+def test_a_non_finite_loss_stops_training_naming_the_step_before_a_checkpoint_holds_it(data_dir, tmp_path, monkeypatch):
+    from eagle3.stages.train import run as train
+    from eagle3.training.module import Eagle3LitModule, NonFiniteLossError
+
+    real = Eagle3LitModule._loss
+
+    def loss_nan_from_step_4(self, *args, **kwargs):
+        loss, counts = real(self, *args, **kwargs)
+        if self.training and self.global_step >= 4:
+            loss = loss * float("nan")
+        return loss, counts
+
+    monkeypatch.setattr(Eagle3LitModule, "_loss", loss_nan_from_step_4)
+    out = tmp_path / "run"
+    with pytest.raises(NonFiniteLossError) as e:
+        train(compose("train", TINY + [f"paths.data_dir={data_dir}"], output_dir=str(out)))
+    assert "train/loss: expected a finite value, got a non-finite one at step 4" in str(e.value)
+    last = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert last["global_step"] == 3  # the validation's save; none after the NaN
+    assert all(torch.isfinite(v).all() for v in last["state_dict"].values() if v.is_floating_point())
+    assert not (out / "export").exists() and not (out / "summary.json").exists()
+    # without the per-step check, the save itself refuses (the check before every checkpoint)
+    monkeypatch.setattr(Eagle3LitModule, "on_train_batch_end", lambda *a, **k: None)
+    out2 = tmp_path / "run2"
+    with pytest.raises(NonFiniteLossError, match="at step 4"):
+        train(compose("train", TINY + [f"paths.data_dir={data_dir}"], output_dir=str(out2)))
+    assert torch.load(out2 / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["global_step"] == 3
+    assert os.path.isfile(out2 / run_dir.RUN_CONFIG)
+
+
+def test_train_py_rerun_with_a_new_lr_is_refused_before_any_work(data_dir, tmp_path):
+    """The real train.py: a finished run rerun with another train.lr would resume (and re-export
+    the old head as the new config's): refused, naming the key, its checkpoints untouched."""
+    from eagle3.stages.train import run as train
+
+    out = tmp_path / "run"
+    args = TINY + [f"paths.data_dir={data_dir}"]
+    train(compose("train", args, output_dir=str(out)))
+    last = out / "checkpoints" / "last.ckpt"
+    before = (last.stat().st_mtime_ns, (out / "summary.json").read_bytes())
+    with pytest.raises(run_dir.RunConfigChangedError, match=r"train\.lr: 0\.0003 -> 0\.001.*resume_anyway=true"):
+        train(compose("train", [*args, "train.lr=1e-3"], output_dir=str(out)))
+    assert (last.stat().st_mtime_ns, (out / "summary.json").read_bytes()) == before
