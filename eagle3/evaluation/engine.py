@@ -237,7 +237,7 @@ def _watch(parent: int, poll_s: float) -> None:
 
 
 def _end_self_and_children(parent: int) -> None:
-    import psutil  # a vLLM dependency
+    import psutil  # type: ignore[import-untyped]  # a vLLM dependency, without type stubs
 
     print(
         f"[eagle3.evaluation] engine {os.getpid()}: its parent {parent} is gone; ending its processes and itself",
