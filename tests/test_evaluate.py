@@ -74,22 +74,59 @@ def tokenizer(smollm2_dir):
     return AutoTokenizer.from_pretrained(smollm2_dir)
 
 
-def _dataset_with_val_split(directory: Path, val_ids: list[str]) -> Path:
-    """A dataset manifest over a JSONL chat file: the validation prompts come from the chat
-    source the manifest records, picked by its val_ids (the shards are never read)."""
+def _dataset_with_val_split(
+    directory: Path,
+    val_ids: list[str],
+    tokenizer=None,
+    conversations: list[dict] = CONVERSATIONS,
+    answer: str | None = None,
+) -> Path:
+    """A dataset over a JSONL chat file: the validation prompts come from the chat source the
+    manifest records, picked by its val_ids. With ``tokenizer``, a token dataset (as extract.py
+    writes one for online training) of the conversations rendered as extraction renders them
+    (``answer``: every assistant turn replaced, as a regeneration does), against which the
+    prompts are checked by content; without, the manifest alone, holding the chat file's
+    content hash as the fingerprint does."""
+    from eagle3.data.conversation import normalise_record
+    from eagle3.data.render import ChatRenderer
+    from eagle3.store import write_token_dataset
+    from eagle3.util.hashing import file_sha256
+
     directory.mkdir(parents=True, exist_ok=True)
     chats = directory / "chats.jsonl"
-    chats.write_text("".join(json.dumps(c) + "\n" for c in CONVERSATIONS))
+    chats.write_text("".join(json.dumps(c) + "\n" for c in conversations))
     data = {"name": "test", "source": "jsonl", "path": str(chats), "max_samples": None, "max_length": 2048}
-    Manifest(
-        fingerprint="test",
+    ids = [c.get("id", f"chats:{n}") for n, c in enumerate(conversations)]
+    if tokenizer is None:
+        data["content_sha"] = file_sha256(chats)[:16]
+        Manifest(
+            fingerprint="test",
+            fingerprint_inputs={"data": data},
+            layer_ids=[2, 15, 27, 30],
+            hidden_size=576,
+            dtype="bfloat16",
+            sample_ids=ids,
+            val_ids=val_ids,
+        ).write(directory)
+        return directory
+    renderer, samples = ChatRenderer(tokenizer), []
+    for sid, conv in zip(ids, conversations):
+        messages = normalise_record(conv).messages
+        if answer is not None:
+            messages = [m if m["role"] != "assistant" else {**m, "content": answer} for m in messages]
+        sample = renderer(messages, 2048).sample
+        samples.append((sid, sample.input_ids, sample.loss_mask))
+    write_token_dataset(
+        directory,
+        samples,
+        val_ids=val_ids,
         fingerprint_inputs={"data": data},
         layer_ids=[2, 15, 27, 30],
         hidden_size=576,
-        dtype="bfloat16",
-        sample_ids=[c["id"] for c in CONVERSATIONS],
-        val_ids=val_ids,
-    ).write(directory)
+        dtype=torch.bfloat16,
+        token_freq=torch.zeros(len(tokenizer), dtype=torch.int64),
+        vocabs={},
+    )
     return directory
 
 
@@ -102,7 +139,7 @@ def _served_prompt(tokenizer, messages) -> list[int]:
 
 
 def test_val_prompts_are_the_opening_turns_of_the_split_in_order(tmp_path, tokenizer):
-    ds = _dataset_with_val_split(tmp_path / "ds", ["c1", "c3", "c4", "c5"])
+    ds = _dataset_with_val_split(tmp_path / "ds", ["c1", "c3", "c4", "c5"], tokenizer)
     got = heldout_prompts(ds, max_prompts=3, humaneval_prompts=0, tokenizer=tokenizer, max_prompt_tokens=256)
     assert [(p.source, p.id) for p in got.prompts] == [("val", "c1"), ("val", "c3"), ("val", "c5")]
     # system + first user turn only; later turns and all answers are left out
@@ -112,11 +149,52 @@ def test_val_prompts_are_the_opening_turns_of_the_split_in_order(tmp_path, token
         assert p.token_ids == _served_prompt(tokenizer, p.messages)
         assert tokenizer.decode(p.token_ids).endswith("<|im_start|>assistant\n")
     assert got.skipped_too_long == {"val": 1}  # c4: 600 words > 256 tokens, skipped not cut
-    assert got.counts() == {"val": 3, "humaneval": 0}
+    assert got.counts() == {"val": 3, "humaneval": 0} and not got.notes
+
+
+def test_val_prompts_are_checked_by_content_against_the_dataset(tmp_path, tokenizer):
+    """An id-less JSONL edited after extraction (one conversation added at its top): its ids are
+    line positions, so "chats:1" now names another conversation. That used to be evaluated
+    without a word; it is refused, naming the file, the id, expected and got. Regenerated
+    answers (other assistant turns than the file's) are no mismatch: the prompt is the same."""
+    convs = [{"messages": c["messages"]} for c in CONVERSATIONS]  # no ids: "chats:<line>"
+    regenerated = _dataset_with_val_split(tmp_path / "regen", ["chats:1", "chats:3"], tokenizer, convs, "Regenerated.")
+    got = heldout_prompts(regenerated, max_prompts=2, humaneval_prompts=0, tokenizer=tokenizer)
+    assert [p.id for p in got.prompts] == ["chats:1", "chats:3"] and not got.notes
+    assert got.prompts[1].messages == CONVERSATIONS[3]["messages"][:1]
+
+    ds = _dataset_with_val_split(tmp_path / "ds", ["chats:1", "chats:3"], tokenizer, convs)
+    chats = ds / "chats.jsonl"
+    added = {"messages": [{"role": "user", "content": "A new first line."}, {"role": "assistant", "content": "Ok."}]}
+    chats.write_text(json.dumps(added) + "\n" + chats.read_text())
+    with pytest.raises(PromptError) as e:
+        heldout_prompts(ds, max_prompts=2, humaneval_prompts=0, tokenizer=tokenizer)
+    msg = str(e.value)
+    assert msg.startswith(f"{chats}: validation conversation 'chats:1': its opening turn as read now is not the prompt")
+    assert f"the dataset {ds} stored for it (sample 'chats:1')" in msg
+    assert "expected " in msg and "You answer briefly." in msg  # c1's system turn, as stored
+    assert "got " in msg and "What is a hash map?" in msg  # c0's, now on line 1
+    assert "the chat data changed since extraction" in msg
+
+
+def test_a_manifest_alone_is_checked_by_the_chat_files_content_hash(tmp_path, tokenizer):
+    """Without the dataset's sample files (its manifest copied alone) the prompts cannot be
+    checked one by one: the chat file as a whole must be the one extracted from."""
+    ds = _dataset_with_val_split(tmp_path / "ds", ["c1", "c3"])
+    got = heldout_prompts(ds, max_prompts=2, humaneval_prompts=0, tokenizer=tokenizer)
+    assert [p.id for p in got.prompts] == ["c1", "c3"] and not got.notes
+    chats = ds / "chats.jsonl"
+    recorded = Manifest.read(ds).fingerprint_inputs["data"]["content_sha"]
+    chats.write_text(chats.read_text().replace("Name three primary colors.", "Name three animals."))
+    with pytest.raises(PromptError) as e:
+        heldout_prompts(ds, max_prompts=2, humaneval_prompts=0, tokenizer=tokenizer)
+    msg = str(e.value)
+    assert msg.startswith(f"{chats}: content_sha: expected {recorded} (the chat data ")
+    assert "got " in msg and "the dataset's samples cannot be read" in msg and "changed since extraction" in msg
 
 
 def test_short_split_and_missing_ids_are_reported(tmp_path, tokenizer):
-    ds = _dataset_with_val_split(tmp_path / "ds", ["c3"])
+    ds = _dataset_with_val_split(tmp_path / "ds", ["c3"], tokenizer)
     got = heldout_prompts(ds, max_prompts=4, humaneval_prompts=2, tokenizer=tokenizer)
     assert got.counts() == {"val": 1, "humaneval": 2}  # the mix is not refilled with HumanEval
     assert any("val: 1 of 2" in n for n in got.notes)

@@ -142,6 +142,10 @@ class SampleFiles:
     def sample_id(self, i: int) -> str:
         return self.manifest.sample_ids[i]
 
+    def tokens(self, i: int) -> dict[str, torch.Tensor]:
+        """Sample i's input_ids and loss_mask only (no hidden states read)."""
+        return self._rows(i, ("input_ids", "loss_mask"))
+
     @property
     def sample_ids(self) -> list[str]:
         return list(self.manifest.sample_ids)
