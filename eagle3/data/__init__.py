@@ -2,7 +2,7 @@
 
     loaders.py       sources (sharegpt, jsonl, hf_disk) -> Conversation, with a skip report
     conversation.py  what a usable conversation is (role names, skip reasons, repairs)
-    json_stream.py   streaming JSON/JSONL reader that stops cleanly at a cut-off file
+    json_stream.py   streaming JSON/JSONL reader: a JSON array cut at its end stops cleanly, bad JSONL lines are skipped
     render.py        chat template -> input_ids + loss_mask (generated assistant tokens)
     split.py         hash-based train/val split (stable when max_samples grows)
     vocab.py         token frequencies over loss-masked tokens, draft vocab (d2t, t2d)
