@@ -272,3 +272,38 @@ def test_one_answer_per_conversation_keeps_the_fingerprint_more_answers_change_i
     assert _changed(one, three) == ["data.regen_num_answers"] and three["data"]["regen_num_answers"] == 3
     legacy = legacy_fingerprint_inputs(dataset_recipe(_cfg(tmp_path, chats, *regen), str(model_dir)))
     assert "regen_num_answers" not in legacy["data"]
+
+
+def test_dataset_dir_of_other_weights_is_refused_unless_accepted(tmp_path, model_dir, capsys):
+    """dataset_dir= of a dataset extracted from another target of the same shape (tiny Llama,
+    model.seed=1: other weights, same config and tokenizer) is refused by train.py, stored or
+    online, naming the manifest, the field, expected and got, and the flag that accepts it;
+    dataset_other_weights=true accepts it with a line saying so; the same target passes."""
+    from eagle3.stages.extract import run as extract
+    from eagle3.stages.train import find_dataset, find_token_dataset
+    from eagle3.target_model.resolve import resolve_target
+
+    chats = _chats(tmp_path / "chats.jsonl", n=8)
+    stored = Path(extract(_cfg(tmp_path, chats)))
+    tokens = Path(extract(_cfg(tmp_path, chats, "train.hidden_states=online")))
+    other = ["model.seed=1"]
+    other_dir = resolve_target(compose("train", TINY + other).model, ROOT / ".cache")
+    assert Path(other_dir) != model_dir
+    assert (Path(other_dir) / "config.json").read_bytes() == (model_dir / "config.json").read_bytes()
+
+    def train_cfg(ds: Path, *more: str):
+        return compose("train", TINY + [f"dataset_dir={ds}", f"paths.data_dir={tmp_path / 'data'}", *more])
+
+    for ds, find, online in ((stored, find_dataset, []), (tokens, find_token_dataset, ["train.hidden_states=online"])):
+        assert find(train_cfg(ds, *online), str(model_dir)) == ds.resolve()  # its own target
+        with pytest.raises(
+            FingerprintMismatchError,
+            match=rf"dataset_dir={ds}: {ds.resolve()}/manifest.json: fingerprint_inputs.model.weights: expected "
+            r"\{'model.safetensors': '[0-9a-f]{16}'\} \(the target's, .*\), got \{'model.safetensors': "
+            r"'[0-9a-f]{16}'\}: it was extracted from another model's weights.*dataset_other_weights=true",
+        ):
+            find(train_cfg(ds, *online, *other), other_dir)
+        capsys.readouterr()
+        accepted = train_cfg(ds, *online, *other, "dataset_other_weights=true")
+        assert find(accepted, other_dir) == ds.resolve()
+        assert "accepted (dataset_other_weights=true)" in capsys.readouterr().out

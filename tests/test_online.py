@@ -196,7 +196,7 @@ def test_online_records_pass_the_capture_adapter(tmp_path):
 def test_online_refuses_a_sharded_target(tmp_path):
     cfg = compose("train", TINY + ONLINE + [f"paths.data_dir={tmp_path}", "topology.strategy=fsdp"])
     with pytest.raises(ValueError, match="expected topology.strategy auto or ddp"):
-        online_target(cfg, "unused", False, None)
+        online_target(cfg, "unused", False, None, [1, 2, 3, 4])
 
 
 def _torchrun_train(args: list[str], run_dir: Path) -> None:
@@ -228,3 +228,26 @@ def test_online_ddp_equals_offline_ddp(tmp_path):
     _torchrun_train(common + ONLINE, tmp_path / "online")
     _assert_same_weights(tmp_path / "offline", tmp_path / "online")
     assert len(list((tmp_path / "data").glob("*-tokens-*"))) == 1
+
+
+def test_a_token_dataset_of_other_layers_is_refused_naming_both(tmp_path):
+    """dataset_dir= of a token dataset captured at layers [2, 3] + 4 under a config whose layers
+    are [1, 2, 3] + 4: refused naming both (a head trained on one set would be exported as
+    reading the other); the online target captures the layer ids it is given (the dataset's)."""
+    from eagle3.stages.train import find_token_dataset
+    from eagle3.target_model.resolve import resolve_target
+
+    ds_dir = Path(extract(compose("extract", TINY + ONLINE + [f"paths.data_dir={tmp_path}", "layers.aux_ids=[2,3]"])))
+    assert Manifest.read(ds_dir).layer_ids == [2, 3, 4]
+    cfg = compose("train", TINY + ONLINE + [f"paths.data_dir={tmp_path}", f"dataset_dir={ds_dir}"])
+    model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
+    with pytest.raises(
+        ValueError,
+        match=r"manifest.json: layer_ids, hidden_size: expected \[1, 2, 3, 4\], 64, got \[2, 3, 4\], 64",
+    ):
+        find_token_dataset(cfg, model_dir)
+    same = compose(
+        "train", TINY + ONLINE + [f"paths.data_dir={tmp_path}", f"dataset_dir={ds_dir}", "layers.aux_ids=[2,3]"]
+    )
+    assert find_token_dataset(same, model_dir) == ds_dir
+    assert online_target(same, model_dir, False, None, [2, 3, 4]).layer_ids == [2, 3, 4]

@@ -111,3 +111,59 @@ def test_the_pipeline_keeps_every_answer_of_a_conversation_on_one_side(smollm2_d
     for side, group in (("train", data.train), ("val", data.val)):
         for s in group:
             assert sides.setdefault(conversation_of(s.id), side) == side
+
+
+def _tiny_target(seed: int) -> str:
+    from conftest import CACHE
+
+    from eagle3.config.schema import run_config
+    from eagle3.target_model.resolve import resolve_target
+
+    cfg = run_config(compose("extract", ["model=tiny_llama", f"model.seed={seed}"]))
+    return resolve_target(cfg.model, str(CACHE))
+
+
+def test_the_answer_cache_is_keyed_by_the_weights_and_the_generation_settings(tmp_path):
+    """Two tiny random Llamas that differ only in their weights (model.seed): the second is not
+    answered from the first one's cache; the same target is. generation_config.json and
+    max_model_len change the key too."""
+    import shutil
+    from pathlib import Path
+
+    from eagle3.target_model.generate.common import cache_key
+
+    first, second = _tiny_target(0), _tiny_target(1)
+    same = ("config.json", "tokenizer.json", "tokenizer_config.json")
+    assert all((Path(first) / f).read_bytes() == (Path(second) / f).read_bytes() for f in same)
+    kw = dict(max_tokens=4, max_model_len=128, gen_batch_size=4)
+    convs = [_conv(f"c{i}", q) for i, q in enumerate(["What is 2+2?", "Name a colour."])]
+
+    a = HFRegenerator(first, tmp_path, **kw)
+    a(convs)
+    assert a.generated == 2
+    again = HFRegenerator(first, tmp_path, **kw)  # the same target: every answer from the cache
+    again(convs)
+    assert again.generated == 0 and again.cache_file == a.cache_file
+    other = HFRegenerator(second, tmp_path, **kw)  # other weights, same config and tokenizer
+    assert other.cache_file != a.cache_file
+    other(convs)
+    assert other.generated == 2
+
+    # generation_config.json and max_model_len are in the key
+    edited = tmp_path / "edited"
+    shutil.copytree(first, edited)
+    gen = edited / "generation_config.json"
+    gen.write_text(json.dumps({**json.loads(gen.read_text()), "repetition_penalty": 1.3}))
+    assert cache_key(str(edited), 0.0, 4, 0, None, "hf") != cache_key(first, 0.0, 4, 0, None, "hf")
+    assert HFRegenerator(str(edited), tmp_path, **kw).cache_file != a.cache_file
+    assert HFRegenerator(first, tmp_path, **{**kw, "max_model_len": 256}).cache_file != a.cache_file
+
+
+def test_a_restricted_regenerator_answers_only_the_named_samples(tmp_path):
+    """restrict_to (a repair: the samples the dataset holds): the others come back with no
+    answered turn, nothing generated or cached for them."""
+    regen = HFRegenerator(_tiny_target(0), tmp_path, max_tokens=4, max_model_len=128)
+    regen.restrict_to(["c0"])
+    out = regen([_conv("c0", "What is 2+2?"), _conv("c1", "Name a colour.")])
+    assert regen.generated == 1 and set(regen.cache) == {"c0"}
+    assert [m["role"] for m in out[1].messages] == ["user"] and out[0].messages[-1]["content"] != "IGNORED"

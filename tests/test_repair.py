@@ -115,3 +115,88 @@ def _without_seconds(files: dict[str, bytes]) -> dict:
     manifest = json.loads(files["manifest.json"])
     manifest["provenance"].pop("extract_seconds", None)
     return {**files, "manifest.json": manifest}
+
+
+@pytest.fixture(scope="module")
+def merged(tmp_path_factory) -> Path:
+    """A dataset extracted in two parts (shard_index=0/1 num_shards=2) and merged."""
+    from eagle3.store.merge import part_dir
+
+    root = tmp_path_factory.mktemp("merged")
+    args = ARGS + [f"paths.data_dir={root}"]
+    for i in range(2):
+        extract(compose("extract", args + [f"shard_index={i}", "num_shards=2"]))
+    ds = Path(extract(compose("extract", args + ["num_shards=2", "merge=true"])))
+    assert not part_dir(ds, 0, 2).exists()
+    return ds
+
+
+@pytest.mark.parametrize("damaged_parts", [[1], [0, 1]])
+def test_one_nodes_command_repairs_a_merged_dataset_changing_only_the_damaged_shards(
+    merged, tmp_path, damaged_parts, capsys
+):
+    """A dataset extracted in two parts and merged, a shard of node 1's part (and one of node
+    0's) cut short: node 1's command (shard_index=1 num_shards=2) redoes them, and the dataset
+    is the merged one byte for byte: its validation ids, token counts and vocabulary those of
+    the whole, not rebuilt from node 1's part."""
+    from eagle3.store.merge import part_dir
+
+    root = tmp_path / "data"
+    ds = _copy(merged, root)
+    args = ARGS + [f"paths.data_dir={root}"]
+    before = file_bytes(ds)
+    manifest = Manifest.read(ds)
+    owners = _owners(manifest)
+    by_part = {owner: [s.file for s in manifest.shards if owners[s.file] == owner] for owner in range(2)}
+    victims = [by_part[part][-1] for part in damaged_parts]
+    for file in victims:
+        _damage(ds / file, "truncate")
+    capsys.readouterr()
+
+    extract(compose("extract", args + ["shard_index=1", "num_shards=2"]))
+    err = capsys.readouterr().err
+    assert all(f"repairing {f}" in err for f in victims) and err.count("repairing") == len(victims)
+    assert _without_seconds(file_bytes(ds)) == _without_seconds(before)
+    assert not part_dir(ds, 1, 2).exists()  # the merged dataset was repaired, no part written
+    extract(compose("extract", args + ["shard_index=0", "num_shards=2"]))
+    assert "nothing to do" in capsys.readouterr().err
+
+
+def _owners(manifest: Manifest) -> dict[str, int]:
+    """{shard file: the part (of 2) whose samples it holds} of a merged dataset."""
+    from eagle3.store.merge import owner_shard
+
+    out, first = {}, 0
+    for shard in manifest.shards:
+        owners = {owner_shard(s, 2) for s in manifest.sample_ids[first : first + shard.num_samples]}
+        assert len(owners) == 1
+        out[shard.file], first = owners.pop(), first + shard.num_samples
+    return out
+
+
+def test_repairing_a_budget_cut_dataset_keeps_its_cut(tmp_path, monkeypatch, capsys):
+    """A dataset a time budget cut at 12 of 40 samples, one shard deleted: the repair captures
+    that shard's samples and nothing the budget cut; the dataset, provenance.budget_cut included,
+    is the one before the damage byte for byte."""
+    from test_budget_deadline import _TickingClock
+
+    from eagle3.stages import time_budget
+    from eagle3.util.clock import Deadline
+
+    clock = _TickingClock()
+    monkeypatch.setattr(time_budget, "capture_deadline", lambda split, _, n: Deadline(clock, 13.0, "capture"))
+    args = ARGS + ["time_budget.minutes=1.5", f"paths.data_dir={tmp_path}"]
+    ds = Path(extract(compose("extract", args)))
+    cut = Manifest.read(ds)
+    assert cut.num_samples == cut.provenance["budget_cut"]["samples"] == 12 and len(cut.shards) >= 2
+    before = file_bytes(ds)
+    victim = ds / cut.shards[-1].file
+    _damage(victim, "delete")
+    capsys.readouterr()
+
+    extract(compose("extract", args))
+    err = capsys.readouterr().err
+    assert f"repairing {victim.name}" in err
+    repaired = Manifest.read(ds)
+    assert repaired.num_samples == 12 and repaired.provenance["budget_cut"] == cut.provenance["budget_cut"]
+    assert _without_seconds(file_bytes(ds)) == _without_seconds(before)

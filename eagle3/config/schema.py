@@ -360,6 +360,10 @@ class RunConfig:
     # train.py: the dataset to train on; null: the one extract.py wrote for this config (found by
     # its fingerprint under paths.data_dir). A dataset moved from another machine goes here.
     dataset_dir: Optional[str] = None
+    # train.py: accept a dataset_dir= extracted from other weights than this target's (its
+    # manifest's weights hashes differ: base vs instruct, another revision or fine-tune of the
+    # same shape). false: refused, naming the dataset, expected and got
+    dataset_other_weights: bool = False
     # extract.py: multi-node split of the samples (rank i of n), merged afterwards
     shard_index: int = 0
     num_shards: int = 1

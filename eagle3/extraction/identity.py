@@ -33,12 +33,12 @@ from eagle3.data.conversation import DataError
 from eagle3.data.hf_source import HF_FIELDS
 from eagle3.store import FingerprintMismatchError, Manifest, StoreError, dataset_dir, dataset_fingerprint
 from eagle3.store.layout import MANIFEST
-from eagle3.util.hashing import ContentShaCache, file_sha256, file_short_sha, sampled_file_sha, short_sha, tree_sha
+from eagle3.target_model.generate.common import content_cache, weights_identity
+from eagle3.util.hashing import ContentShaCache, file_sha256, file_short_sha, short_sha, tree_sha
 
 FINGERPRINT_VERSION = 2
 LEGACY_VERSION = 1
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "tokenizer.model")
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 # how answers are generated, not what they are: the engine (recorded in the manifest instead),
 # the batch, the KV-cache shape
 _REGEN_HOW = ("regen_backend", "regen_batch_size", "regen_static_cache")
@@ -70,24 +70,45 @@ class DatasetRecipe:
         return f"{self.model.name}-{self.data.name}"
 
 
-def content_cache(cache_dir: str | Path) -> ContentShaCache:
-    return ContentShaCache(Path(cache_dir) / "content_sha.json")
-
-
 def _content_sha(path: Path) -> str:
     return file_sha256(path)[:16]
 
 
 def model_identity(model_dir: str | Path, cache: ContentShaCache, *, regenerate: bool) -> dict[str, Any]:
     d = Path(model_dir)
-    weights = sorted(p for p in d.iterdir() if p.is_file() and p.suffix in _WEIGHT_SUFFIXES) if d.is_dir() else []
     ident: dict[str, Any] = {
         "config_sha": file_short_sha(d / "config.json"),
-        "weights": {p.name: cache.sha(p, "sampled", sampled_file_sha) for p in weights},
+        "weights": weights_identity(d, cache),  # the one hash of the weights (the answer cache keys by it too)
     }
     if regenerate:  # generate's defaults (penalties, end tokens) come from this file
         ident["generation_config_sha"] = file_short_sha(d / "generation_config.json")
     return ident
+
+
+def weights_mismatch(ds_dir: Path, manifest: Manifest, model_dir: str | Path, cache_dir: str | Path) -> str | None:
+    """How the weights a dataset was extracted from (the sampled hashes its manifest holds,
+    ``fingerprint_inputs.model.weights``) differ from the target's in ``model_dir``: the file,
+    the field, expected and got, for the weight files that differ. None: the same weights, or a
+    manifest of the first scheme, which holds no weights (``recorded_weights`` says which)."""
+    theirs = recorded_weights(manifest)
+    if theirs is None:
+        return None
+    ours = weights_identity(model_dir, content_cache(cache_dir))
+    if theirs == ours:
+        return None
+    names = sorted(n for n in set(ours) | set(theirs) if ours.get(n) != theirs.get(n))
+    expected, got = ({n: w.get(n) for n in names} for w in (ours, theirs))
+    return (
+        f"{Path(ds_dir) / MANIFEST}: fingerprint_inputs.model.weights: expected {expected} "
+        f"(the target's, {model_dir}), got {got}"
+    )
+
+
+def recorded_weights(manifest: Manifest) -> dict[str, str] | None:
+    """The weights' sampled hashes a dataset's manifest holds (None: a first-scheme manifest)."""
+    model = manifest.fingerprint_inputs.get("model")
+    weights = model.get("weights") if isinstance(model, dict) else None
+    return dict(weights) if isinstance(weights, dict) else None
 
 
 def chat_identity(source: str, path: str | None, cache: ContentShaCache) -> dict[str, Any]:

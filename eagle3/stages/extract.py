@@ -145,18 +145,31 @@ def _extract(
     layer_ids = list(recipe.layer_ids)
     dtype = config_torch_dtype(cfg.capture.dtype)
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=cfg.model.trust_remote_code)
+    # a repair (damaged shards of a complete dataset) changes only what was damaged: the dataset
+    # keeps its samples, validation ids, counts and budget cut, whichever node's command (a merged
+    # dataset) or time budget runs it; only the samples it holds are answered, with no deadline
+    repair = Manifest.read(ds_dir) if damaged else None
     regenerator = regenerator_for(recipe, regen_machine(cfg))
     engine = regenerator.backend if regenerator is not None else None
     check_regen_engine(ds_dir, engine)  # before any answer is generated
-    regen_deadline = time_budget.regen_deadline(split, clock)
+    if repair is not None and regenerator is not None:
+        regenerator.restrict_to(repair.sample_ids)
+    regen_deadline = None if repair is not None else time_budget.regen_deadline(split, clock)
     data = prepare(
         cfg.data, tokenizer, regenerator, chat_template=cfg.model.chat_template, regen_deadline=regen_deadline
     )
-    samples = [
-        s for s in interleaved(data.train, data.val) if num_shards == 1 or owner_shard(s.id, num_shards) == shard_index
-    ]
-    kept = {s.id for s in samples}
-    val_ids = sorted(s.id for s in data.val if s.id in kept)
+    if repair is not None:
+        listed = set(repair.sample_ids)
+        samples = [s for s in interleaved(data.train, data.val) if s.id in listed]
+        val_ids = list(repair.val_ids)
+    else:
+        samples = [
+            s
+            for s in interleaved(data.train, data.val)
+            if num_shards == 1 or owner_shard(s.id, num_shards) == shard_index
+        ]
+        kept = {s.id for s in samples}
+        val_ids = sorted(s.id for s in data.val if s.id in kept)
 
     writer = ShardWriter(
         ds_dir,

@@ -16,12 +16,19 @@ from omegaconf import DictConfig
 from eagle3.config.schema import HiddenStates, RunConfig, Strategy, TrainerConfig, plain, run_config
 from eagle3.draft.replay import MEASURED_AGAINST_VLLM
 from eagle3.draft.serving_format import DraftMeta
-from eagle3.extraction.identity import DatasetNotFound, dataset_path, locate_dataset, regen_note
+from eagle3.extraction.identity import (
+    DatasetNotFound,
+    dataset_path,
+    locate_dataset,
+    recorded_weights,
+    regen_note,
+    weights_mismatch,
+)
 from eagle3.stages import time_budget
 from eagle3.stages.cost import train_lines
 from eagle3.stages.recipes import dataset_recipe, regen_machine
 from eagle3.stages.validate import config_torch_dtype, validate_run_config
-from eagle3.store import DamagedDatasetError, Manifest
+from eagle3.store import DamagedDatasetError, FingerprintMismatchError, Manifest
 from eagle3.target_model.resolve import resolve_target
 from eagle3.training import run_dir
 from eagle3.training.builder import build_head, target_name
@@ -189,6 +196,9 @@ def _build(
 
 def _datamodule(cfg: RunConfig, path: StepPath, model_dir: str, ds_dir: Path) -> Eagle3DataModule:
     online = cfg.train.hidden_states == HiddenStates.online
+    # the dataset's layer ids are the one source: the head and the export declare them, the
+    # online target captures them
+    layer_ids = Manifest.read(ds_dir).layer_ids if online else []
     return Eagle3DataModule(
         str(ds_dir),
         max_tokens_per_batch=cfg.train.max_tokens_per_batch,
@@ -196,7 +206,7 @@ def _datamodule(cfg: RunConfig, path: StepPath, model_dir: str, ds_dir: Path) ->
         num_workers=cfg.train.num_workers,
         fixed_shape=path.fixed_shape,
         row_tokens=path.row_tokens,
-        online=online_target(cfg, model_dir, path.fixed_shape, path.row_tokens) if online else None,
+        online=online_target(cfg, model_dir, path.fixed_shape, path.row_tokens, layer_ids) if online else None,
         pin_memory=path.cuda,
     )
 
@@ -332,9 +342,12 @@ def serve_lines(export_dir: Path, target: str, trained_k: int, summary: Mapping[
     return serving_lines(export_dir, target, trained_k, advice_for(export_dir, acceptance))
 
 
-def online_target(cfg: RunConfig, model_dir: str, fixed_shape: bool, row_tokens: int | None) -> OnlineHiddenStates:
+def online_target(
+    cfg: RunConfig, model_dir: str, fixed_shape: bool, row_tokens: int | None, layer_ids: Sequence[int]
+) -> OnlineHiddenStates:
     """train.hidden_states=online: the frozen target each training process runs (a full copy
-    per process), capturing the layers and dtype the dataset names."""
+    per process), capturing ``layer_ids``: the token dataset's (its manifest's), the ids the
+    head and the export declare."""
     if cfg.topology.strategy == Strategy.fsdp:
         raise ValueError(
             "train.hidden_states=online: expected topology.strategy auto or ddp (each process holds a "
@@ -344,7 +357,7 @@ def online_target(cfg: RunConfig, model_dir: str, fixed_shape: bool, row_tokens:
     print(f"hidden states: online, the target ({model_dir}) runs with transformers on each training device")
     return OnlineHiddenStates(
         model_dir,
-        [int(i) for i in cfg.layers.layer_ids],
+        [int(i) for i in layer_ids],
         cfg.model.hidden_size,
         config_torch_dtype(cfg.capture.dtype),
         max_tokens_per_batch=cfg.train.max_tokens_per_batch,
@@ -356,16 +369,19 @@ def online_target(cfg: RunConfig, model_dir: str, fixed_shape: bool, row_tokens:
 
 
 def find_token_dataset(cfg: RunConfig, model_dir: str) -> Path:
-    """dataset_dir= as given (a token dataset), else this config's, written now if missing
+    """dataset_dir= as given (a token dataset), checked against the config and the target (layer
+    ids, hidden size, weights: ``check_given_dataset``), else this config's, written now if missing
     (the pre-pass: samples, split and vocabulary; `extract.py train.hidden_states=online`
     runs it alone)."""
     if cfg.dataset_dir:
         ds_dir = Path(cfg.dataset_dir).expanduser().resolve()
-        if Manifest.read(ds_dir).hidden_states != "online":
+        manifest = Manifest.read(ds_dir)
+        if manifest.hidden_states != "online":
             raise ValueError(
                 f"dataset_dir={cfg.dataset_dir}: holds stored hidden states; train.hidden_states=online "
                 "reads a token dataset (python extract.py train.hidden_states=online <same overrides>)"
             )
+        check_given_dataset(cfg, ds_dir, manifest, model_dir)
         return ds_dir
     from eagle3.extraction.tokens import prepare_token_dataset
 
@@ -373,8 +389,9 @@ def find_token_dataset(cfg: RunConfig, model_dir: str) -> Path:
 
 
 def find_dataset(cfg: RunConfig, model_dir: str) -> Path:
-    """dataset_dir= as given, checked against the config; else the fingerprinted directory
-    (eagle3.extraction.identity.locate_dataset). Prints which engine wrote its answers."""
+    """dataset_dir= as given, checked against the config and the target (``check_given_dataset``);
+    else the fingerprinted directory (eagle3.extraction.identity.locate_dataset). Prints which
+    engine wrote its answers."""
     if not cfg.dataset_dir:
         ds_dir, note = locate_dataset(dataset_recipe(cfg, model_dir))
         print(f"dataset {ds_dir}: {regen_note(Manifest.read(ds_dir))}" + (f" ({note})" if note else ""))
@@ -385,12 +402,38 @@ def find_dataset(cfg: RunConfig, model_dir: str) -> Path:
             f"dataset_dir={cfg.dataset_dir}: no manifest.json there (expected a directory extract.py wrote)"
         )
     manifest = Manifest.read(ds_dir)
-    want_ids, want_hidden = [int(i) for i in cfg.layers.layer_ids], cfg.model.hidden_size
-    if list(manifest.layer_ids) != want_ids or int(manifest.hidden_size) != want_hidden:
-        raise ValueError(
-            f"dataset_dir={cfg.dataset_dir}: holds layers {list(manifest.layer_ids)} of hidden size "
-            f"{manifest.hidden_size}, but model={cfg.model.name} with these layers expects layers "
-            f"{want_ids} of hidden size {want_hidden}"
-        )
+    check_given_dataset(cfg, ds_dir, manifest, model_dir)
     print(f"dataset {ds_dir}: {regen_note(manifest)}")
     return ds_dir
+
+
+def check_given_dataset(cfg: RunConfig, ds_dir: Path, manifest: Manifest, model_dir: str) -> None:
+    """A dataset named by dataset_dir= holds this config's layer ids and hidden size, and was
+    extracted from this target's weights (the sampled hashes its manifest holds), unless
+    dataset_other_weights=true accepts other weights on purpose."""
+    want_ids, want_hidden = [int(i) for i in cfg.layers.layer_ids], cfg.model.hidden_size
+    got_ids, got_hidden = list(manifest.layer_ids), int(manifest.hidden_size)
+    if got_ids != want_ids or got_hidden != want_hidden:
+        raise ValueError(
+            f"dataset_dir={cfg.dataset_dir}: {ds_dir / 'manifest.json'}: layer_ids, hidden_size: expected "
+            f"{want_ids}, {want_hidden}, got {got_ids}, {got_hidden}: it holds layers {got_ids} of hidden size "
+            f"{got_hidden}, but model={cfg.model.name} with these layers expects layers {want_ids} of hidden size "
+            f"{want_hidden}; pass the layers it holds (layers.aux_ids=...) or extract this config's dataset"
+        )
+    if recorded_weights(manifest) is None:
+        print(
+            f"dataset_dir={cfg.dataset_dir}: its manifest holds no weights hashes (first fingerprint scheme): "
+            "not checked against the target's weights"
+        )
+        return
+    problem = weights_mismatch(ds_dir, manifest, model_dir, cfg.paths.cache_dir)
+    if problem is None:
+        return
+    if cfg.dataset_other_weights:
+        print(f"dataset_dir={cfg.dataset_dir}: {problem}; accepted (dataset_other_weights=true)")
+        return
+    raise FingerprintMismatchError(
+        f"dataset_dir={cfg.dataset_dir}: {problem}: it was extracted from another model's weights (of the same "
+        "shape: base vs instruct, another revision or fine-tune). Extract this target's dataset, or pass "
+        "dataset_other_weights=true to train on it anyway"
+    )

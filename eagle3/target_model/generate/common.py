@@ -13,9 +13,13 @@ such as the GPU image); ``dispatch.make_regenerator`` picks one. This module is 
 share: the ``Regenerator`` base (turns, cache, seeds) and the engine name.
 ``data.regen_backend=auto`` takes vLLM when it imports.
 
-Answers are cached on disk, keyed by the target (config + tokenizer files), the engine,
-the sampling settings, the turn limit and the chat template, one JSON line per
-conversation id, so a rerun (or a resumed extraction) regenerates nothing it already has.
+Answers are cached on disk, one JSON line per conversation id, so a rerun (or a resumed
+extraction) regenerates nothing it already has. The cache is keyed by everything that changes
+an answer (``cache_key``): the target by content (its weights' sampled hashes, as a dataset's
+fingerprint holds them: ``weights_identity``, its config, generation_config.json, tokenizer
+files and any remote code), the engine, the sampling settings, max_model_len (an answer's
+room), the turn limit and the chat template. A fine-tuned checkpoint or another revision
+with the same config and tokenizer answers afresh.
 """
 
 from __future__ import annotations
@@ -23,15 +27,26 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from eagle3.data.conversation import Conversation, answer_id
 from eagle3.util.faults import fault
-from eagle3.util.hashing import file_short_sha, short_sha
+from eagle3.util.hashing import ContentShaCache, file_short_sha, sampled_file_sha, short_sha
 
-_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+# the target's files whose content changes an answer, beside its weights: generate's defaults
+# (penalties, end tokens, top-k) come from generation_config.json
+_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "tokenizer.model",
+)
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 BACKENDS = ("vllm", "hf")
 SEED_MAX_TURNS = 16  # data.regen_max_turns=null (all turns) is seeded by limits below this
 
@@ -46,6 +61,30 @@ def resolve_backend(backend: str) -> str:
     return backend
 
 
+def content_cache(cache_dir: str | Path) -> ContentShaCache:
+    """The content-hash cache under ``paths.cache_dir`` (a large file is hashed once per machine)."""
+    return ContentShaCache(Path(cache_dir) / "content_sha.json")
+
+
+def weights_identity(model_dir: str | Path, cache: ContentShaCache) -> dict[str, str]:
+    """{file name: sampled hash} of each weight file of the target (``hashing.sampled_file_sha``):
+    the target's weights by content, as a dataset's fingerprint (``model.weights``) and the
+    answer cache's key hold them. Empty for a hub id that is not a directory here."""
+    d = Path(model_dir)
+    weights = sorted(p for p in d.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES) if d.is_dir() else []
+    return {p.name: cache.sha(p, "sampled", sampled_file_sha) for p in weights}
+
+
+def target_identity(model_dir: str | Path, content: ContentShaCache | None = None) -> dict[str, Any]:
+    """The target by content, as far as its answers go: its weights (``weights_identity``),
+    config, generation_config.json, tokenizer files and any remote code (``*.py``)."""
+    d = Path(model_dir)
+    parts: dict[str, Any] = {f: file_short_sha(d / f) for f in _FILES if (d / f).is_file()}
+    parts["weights"] = weights_identity(d, content or ContentShaCache(None))
+    parts["code"] = {p.name: file_short_sha(p) for p in sorted(d.glob("*.py"))} if d.is_dir() else {}
+    return parts
+
+
 def cache_key(
     model_dir: str,
     temperature: float,
@@ -54,12 +93,17 @@ def cache_key(
     chat_template: str | None,
     backend: str = "vllm",
     max_turns: int | None = None,
+    *,
+    max_model_len: int = 4096,
+    target: dict[str, Any] | None = None,
 ) -> str:
-    d = Path(model_dir)
-    parts: dict[str, Any] = {f: file_short_sha(d / f) for f in _FILES if (d / f).is_file()}
+    """The answer cache's key: the target by content (``target_identity``; ``target``: it,
+    computed already) and every setting that changes an answer."""
+    parts = dict(target if target is not None else target_identity(model_dir))
     parts.update(
         temperature=float(temperature),
         max_tokens=int(max_tokens),
+        max_model_len=int(max_model_len),
         seed=int(seed),
         chat_template=short_sha(chat_template) if chat_template else None,
         backend=backend,
@@ -124,8 +168,20 @@ class Regenerator:
             raise ValueError(f"data.regen_max_turns: expected null or >= 1, got {max_turns}")
         self.max_turns = None if max_turns is None else int(max_turns)
 
+        target = target_identity(model_dir, content_cache(cache_dir))  # hashed once, for every key below
+
         def cache_file(turns: int | None) -> Path:
-            key = cache_key(model_dir, temperature, max_tokens, seed, chat_template, self.backend, turns)
+            key = cache_key(
+                model_dir,
+                temperature,
+                max_tokens,
+                seed,
+                chat_template,
+                self.backend,
+                turns,
+                max_model_len=self.max_model_len,
+                target=target,
+            )
             return Path(cache_dir) / "regenerated" / f"{key}.jsonl"
 
         self.cache_file = cache_file(self.max_turns)
@@ -140,7 +196,14 @@ class Regenerator:
         self.generated = 0  # conversations generated (not from cache) by this instance
         self.new_tokens = 0  # tokens generated by this instance
         self.engine_start_s = 0.0  # seconds spent starting the engine (a time budget's pace leaves them out)
+        self.only: set[str] | None = None  # restrict_to's sample ids (None: answer every conversation)
         self._tokenizer = None
+
+    def restrict_to(self, sample_ids: Iterable[str]) -> None:
+        """Answer only the copies (``answer_id``) named here, from the cache or generated; any
+        other comes back with no answered turn (the pipeline drops and counts it) and nothing is
+        generated for it. A repair: the samples the dataset holds, not those a budget cut."""
+        self.only = {str(i) for i in sample_ids}
 
     def tokenizer(self):
         if self._tokenizer is None:
@@ -202,7 +265,17 @@ class Regenerator:
         copies = [(replace(c, id=answer_id(c.id, k)), k) for c in batch for k in range(self.num_answers)]
         batch = [c for c, _ in copies]
         answer_of = {c.id: k for c, k in copies}
-        todo = [c for c in batch if self.cache.get(c.id, {}).get("user_sha") != _user_turns_sha(c.messages)]
+        # restrict_to: the others come back with their turns unanswered, nothing generated
+        unasked = set() if self.only is None else {c.id for c in batch if c.id not in self.only}
+        batch = [
+            replace(c, messages=[m for m in c.messages if m["role"] != "assistant"]) if c.id in unasked else c
+            for c in batch
+        ]
+        todo = [
+            c
+            for c in batch
+            if c.id not in unasked and self.cache.get(c.id, {}).get("user_sha") != _user_turns_sha(c.messages)
+        ]
         if todo:
             fresh = self._generate(todo, [answer_of[c.id] for c in todo])
             self.cache_file.parent.mkdir(parents=True, exist_ok=True)
@@ -217,4 +290,4 @@ class Regenerator:
             fault("regen")  # crash tests: killed with this batch's answers durable, the rest not
         # a conversation with no answered turn (prompt too long) renders with no loss
         # tokens and is dropped and counted by the pipeline
-        return [replace(c, messages=self.cache[c.id]["messages"]) for c in batch]
+        return [c if c.id in unasked else replace(c, messages=self.cache[c.id]["messages"]) for c in batch]
