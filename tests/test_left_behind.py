@@ -5,7 +5,9 @@ removed on SIGTERM and found and removed by the next run after a SIGKILL."""
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -72,3 +74,116 @@ def test_killing_the_caller_ends_the_evaluation_engine_and_its_processes(tmp_pat
         for pid in (engine, grandchild):
             if pid is not None and not _gone(pid):
                 psutil.Process(pid).kill()
+
+
+# ---------------------------------------------------------------- vLLM capture's spill directories
+
+# a capture process at the point where it holds its spill directory: made the backend's way
+SPILL_OWNER = textwrap.dedent("""
+    import os, sys, time
+    from eagle3.target_model.capture_vllm import make_spill_dir
+    path = make_spill_dir(sys.argv[1])
+    open(os.path.join(path, "req-1.safetensors"), "wb").write(b"x" * 4096)  # a file in flight
+    print(path, flush=True)
+    time.sleep(300)
+""")
+
+
+def _spill_owner(parent) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SPILL_OWNER, str(parent)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    return proc, proc.stdout.readline().strip()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_a_killed_captures_spill_dir_is_removed_by_it_or_by_the_next_capture(tmp_path, sig):
+    from eagle3.target_model.capture_vllm import SPILL_PREFIX, make_spill_dir, release_spill_dir
+
+    killed, path = _spill_owner(tmp_path)
+    live, live_path = _spill_owner(tmp_path)  # another capture, still running
+    try:
+        assert os.path.isdir(path) and f"{SPILL_PREFIX}{killed.pid}@" in path
+        killed.send_signal(sig)
+        assert killed.wait(30) == -sig
+        if sig == signal.SIGTERM:
+            assert not os.path.exists(path)  # its handler removed it, then SIGTERM ended it
+        else:
+            assert os.path.isdir(path)  # nothing ran: the next capture finds it
+        mine = make_spill_dir(str(tmp_path))  # what the next VLLMCaptureBackend does first
+        assert not os.path.exists(path) and os.path.isdir(live_path)  # the live one is kept
+        release_spill_dir(mine)
+    finally:
+        for p in (killed, live):
+            p.kill()
+            p.wait(30)
+
+
+def test_only_spill_dirs_of_dead_processes_of_this_host_are_removed(tmp_path):
+    from eagle3.target_model.capture_vllm import SPILL_PREFIX, remove_stale_spill_dirs
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # its pid is free now
+    host = socket.gethostname()
+    made = {
+        "dead": tmp_path / f"{SPILL_PREFIX}{dead.pid}@{host}-ab_c12",
+        "alive": tmp_path / f"{SPILL_PREFIX}{os.getppid()}@{host}-xyz9",
+        "other host": tmp_path / f"{SPILL_PREFIX}{dead.pid}@not-{host}-q1w2",
+        "no pid (older name)": tmp_path / f"{SPILL_PREFIX}k3j4h5",
+        "someone else's": tmp_path / f"other-{dead.pid}@{host}-abc",
+    }
+    for d in made.values():
+        d.mkdir()
+        (d / "f.safetensors").write_bytes(b"x")
+    symlink = tmp_path / f"{SPILL_PREFIX}{dead.pid}@{host}-link"
+    symlink.symlink_to(made["someone else's"])
+    assert remove_stale_spill_dirs(tmp_path) == [str(made["dead"])]
+    assert [k for k, d in made.items() if not d.exists()] == ["dead"] and symlink.is_symlink()
+    assert remove_stale_spill_dirs(tmp_path / "absent") == []
+
+
+# a real capture: SmolLM2 through vLLM, one sample captured, then waiting with its engine up
+VLLM_CAPTURE = textwrap.dedent("""
+    import sys, time, torch
+    from eagle3.target_model.capture_vllm import VLLMCaptureBackend
+    backend = VLLMCaptureBackend(sys.argv[1], (2, 15, 27, 30), max_model_len=256, max_num_seqs=2,
+                                 cpu_kvcache_space_gb=1, enforce_eager=True, spill_dir=sys.argv[2])
+    ids = torch.arange(1, 20)
+    assert len(list(backend.capture([("s0", ids, torch.ones_like(ids, dtype=torch.bool))]))) == 1
+    print("SPILL", backend._spill, flush=True)  # vLLM logs to stdout too
+    time.sleep(600)
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_sigterm_of_a_real_vllm_capture_removes_its_spill_dir(tmp_path, smollm2_dir):
+    pytest.importorskip("vllm")
+    spill_parent = tmp_path / "spill"
+    spill_parent.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", VLLM_CAPTURE, str(smollm2_dir), str(spill_parent)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    children: list[psutil.Process] = []
+    try:
+        path = ""
+        for line in proc.stdout:
+            if line.startswith("SPILL "):
+                path = line.split(" ", 1)[1].strip()
+                break
+        assert path and os.path.isdir(path), f"the capture did not start (exit {proc.poll()})"
+        children = psutil.Process(proc.pid).children(recursive=True)  # vLLM's engine core
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == -signal.SIGTERM
+        assert not os.path.exists(path)
+        _wait_for(lambda: all(_gone(c.pid) for c in children), 60, "vLLM's processes outlived the capture")
+        assert list(spill_parent.iterdir()) == []  # and none of them wrote it back
+    finally:
+        proc.kill()
+        proc.wait(30)
+        for c in children:
+            if not _gone(c.pid):
+                c.kill()
