@@ -12,11 +12,19 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, compose
 
-from eagle3.stages.cost import RATES, capture_seconds, extract_lines, head_flops, rate_for, target_params, train_lines
+from eagle3.stages.cost import (
+    capture_seconds,
+    extract_lines,
+    head_flops,
+    measured_rates,
+    rate_for,
+    target_params,
+    train_lines,
+)
 from eagle3.stages.disk_plan import disk_bytes
 from eagle3.store.disk import format_bytes
 
-CPU_RATE = next(r for r in RATES if r.accelerator == "cpu")
+CPU_RATE = next(r for r in measured_rates() if r.accelerator == "cpu")
 AVX512_BF16 = frozenset({"avx2", "avx512f", "avx512_bf16"})
 
 
@@ -109,7 +117,7 @@ def test_train_estimate_is_steps_times_tokens_per_step_over_ranks():
     assert rates["bf16-mixed"] == pytest.approx(CPU_RATE.train_tok_s, rel=0.01)
     assert rates["32-true"] == pytest.approx(CPU_RATE.train_fp32_tok_s, rel=0.01)
     assert rates["32-true"] < rates["bf16-mixed"]
-    ddp = train_lines(compose("train", ["experiment=smollm2_full", "topology=gpu2_dp2"]))[0]
+    ddp = train_lines(compose("train", ["experiment=smollm2_full", "topology=gpu2_tp2"]))[0]
     assert "8,800 steps x <= 16,384 tokens (8,192 x 2 ranks) = <= 144,179,200 tokens" in ddp
 
 
@@ -117,7 +125,7 @@ def test_rates_scale_with_the_model_and_pick_the_accelerator():
     smol = target_params(30, 576, 1536, 49152, 9, 3)
     assert 1.2e8 < smol < 1.6e8  # SmolLM2-135M
     assert rate_for("gpu", target_params(32, 4096, 14336, 128256, 32, 8)).model == "Llama-3.1-8B"
-    assert rate_for("cpu", smol) is CPU_RATE and rate_for("tpu", smol) is None
+    assert rate_for("cpu", smol) == CPU_RATE and rate_for("tpu", smol) is None
     assert head_flops(576, 1536, 4096, 5) > head_flops(576, 1536, 4096, 3)
     kimi = compose("extract", ["model=kimi_k2_5", "topology=gpu8_tp8", "capture=vllm"])
     llama = compose("extract", ["model=llama3_1_8b", "topology=gpu1"])
@@ -151,3 +159,50 @@ def test_both_stages_print_the_estimate_and_write_it_to_the_run_log(tmp_path):
     stdout = _run("train.py", data + ["train.max_steps=2", "train.val_check_interval=2"], tmp_path / "train")
     line = "train: 2 steps x <= 512 tokens = <= 1,024 tokens"
     assert line in stdout and line in (tmp_path / "train" / "train.log").read_text()
+
+
+def test_every_measured_figure_says_what_measured_it():
+    """rates.yaml: each figure with a source (the command and what it counted), each entry's
+    shapes in it, the file shipped with the package."""
+    from eagle3.stages.cost import RATES_FILE
+
+    rates = measured_rates()
+    assert {(r.accelerator, r.model) for r in rates} >= {("cpu", "SmolLM2-135M"), ("gpu", "Llama-3.1-8B")}
+    for r in rates:
+        assert {"capture_tok_s", "train_tok_s"} <= set(r.sources)
+        assert all(len(source) > 20 for source in r.sources.values())
+    assert CPU_RATE.params == target_params(30, 576, 1536, 49152, 9, 3)
+    assert CPU_RATE.train_flops == head_flops(576, 1536, 4096, 3)
+    assert 'rates.yaml"]' in (ROOT / "pyproject.toml").read_text() and RATES_FILE.parent.name == "stages"
+
+
+def test_a_figure_without_its_source_is_refused(tmp_path):
+    import yaml
+
+    from eagle3.stages.cost import RATES_FILE
+
+    entries = yaml.safe_load(RATES_FILE.read_text())
+    entries[0]["capture_tok_s"] = 906
+    bad = tmp_path / "rates.yaml"
+    bad.write_text(yaml.safe_dump(entries))
+    with pytest.raises(ValueError, match=r"entry 0: capture_tok_s: expected \{value: <number>, source"):
+        measured_rates(bad)
+
+
+def test_a_recalibration_is_an_edit_of_the_rates_file(tmp_path, monkeypatch):
+    """The estimates follow the file: a copy with another capture rate gives another time."""
+    import yaml
+
+    from eagle3.stages import cost
+
+    entries = yaml.safe_load(cost.RATES_FILE.read_text())
+    entries[0]["capture_tok_s"]["value"] = 2 * CPU_RATE.capture_tok_s
+    copy = tmp_path / "rates.yaml"
+    copy.write_text(yaml.safe_dump(entries))
+    cfg = compose("extract", ["data.max_samples=100", "data.max_length=100"])
+    before = capture_seconds(cfg, 10_000)
+    monkeypatch.setattr(cost, "RATES_FILE", copy)
+    assert capture_seconds(cfg, 10_000) == pytest.approx(before / 2)
+    rates = cost.run_rates(cfg)  # derived once, passed down: the same figures as from the config
+    assert capture_seconds(cfg, 10_000, rates) == capture_seconds(cfg, 10_000)
+    assert extract_lines(cfg, rates) == extract_lines(cfg)

@@ -63,6 +63,9 @@ class DatasetRecipe:
     capture_dtype: str
     data_dir: str
     cache_dir: str
+    # data fields named otherwise than by their value, where the stages sized the data (a time
+    # budget: by the budget asked, not the count planned from rates; eagle3/stages/recipes.py)
+    named_by: dict[str, Any] | None = None
 
     @property
     def prefix(self) -> str:
@@ -144,6 +147,7 @@ def fingerprint_inputs(recipe: DatasetRecipe, *, chat_content: bool = True) -> d
     if source != "hf":
         data = {k: v for k, v in data.items() if k not in HF_FIELDS}
     data.update(chat_identity(source, path, cache) if chat_content else dict.fromkeys(_CHAT_LOCATION))
+    data.update(recipe.named_by or {})
     return {
         "schema_version": FINGERPRINT_VERSION,
         "model": {

@@ -5,19 +5,26 @@
     train: 800 steps x <= 1,024 tokens = <= 819,200 tokens (batches hold ~775 per rank: ~620,373
            tokens, ~2.2 passes over 280,719 train tokens); ~7.8 min at ~1,325 tok/s
 
-Times divide those token counts by RATES: throughputs measured on real runs (each entry names
-the command and the machine), scaled to the run's shapes where they differ from the measured
-ones (capture by the target's parameters, training by the draft's FLOPs per token, both by the
-devices used). Most were measured on a machine running nothing else: other jobs on its cores
-slow a run down.
+Times divide those token counts by the rates of ``rates.yaml`` beside this file: throughputs
+measured on real runs (each figure with the command that measured it), scaled to the run's
+shapes where they differ from the measured ones (capture by the target's parameters, training by
+the draft's FLOPs per token, both by the devices used). They are read once per estimate or plan
+(``run_rates``) and passed down. Most were measured on a machine running nothing else: other jobs
+on its cores slow a run down.
 Training logs an updated ETA from its own step times once a few steps have run
 (eagle3/training/callbacks.py, TrainEta).
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
 
 from eagle3.config.schema import CaptureBackend, RunConfig
 from eagle3.stages import disk_plan
@@ -54,7 +61,8 @@ def head_flops(hidden: int, intermediate: int | None, draft_vocab: int, ttt_step
 
 @dataclass(frozen=True)
 class Rate:
-    """Throughputs of one measured run, per device, with the shapes they were measured at."""
+    """Throughputs of one measured run (an entry of rates.yaml), per device, with the shapes they
+    were measured at. Defaults stand where an entry leaves a figure out."""
 
     accelerator: str  # cpu | gpu
     model: str
@@ -62,25 +70,26 @@ class Rate:
     capture_tok_s: float  # extract.py's capture, shards written
     train_tok_s: float  # train.py's tok/s, in train_precision
     train_flops: float  # head_flops() of the run measured
-    regen_tok_s: float | None  # new tokens/s of data.regenerate (None: not measured)
-    measured: str  # the command, the machine and where the figure is recorded
-    # capture tok/s with the forward in fp32, as on a CPU without native bf16 matmuls
-    # (eagle3/target_model/compute_dtype.py); None: every capture on this accelerator runs capture_tok_s
+    regen_tok_s: float | None = None  # new tokens/s of data.regenerate (None: not measured)
+    # capture with the forward in fp32, as on a CPU without native bf16 matmuls
+    # (eagle3/target_model/compute_dtype.py); None: every capture here runs at capture_tok_s
     capture_fp32_tok_s: float | None = None
-    # capture tok/s of a bf16 forward on a CPU with AMX tiles (amx_bf16); None: capture_tok_s
-    capture_amx_tok_s: float | None = None
+    capture_amx_tok_s: float | None = None  # a bf16 forward on AMX tiles (None: capture_tok_s)
     train_precision: str = "bf16-mixed"  # the topology.precision train_tok_s was measured in
-    # train tok/s in bf16 autocast over fp32 where both were measured: a run in the other
-    # precision (a CPU without native bf16 resolves precision=auto to fp32) is scaled by it
+    # bf16 autocast over fp32: a run in the other precision (a CPU without native bf16 resolves
+    # precision=auto to fp32) is scaled by it where no rate of its own was measured
     bf16_speedup: float = 1.0
-    train_amx_tok_s: float | None = None  # train tok/s in bf16 autocast on AMX tiles (CPU)
-    train_fp32_tok_s: float | None = None  # train tok/s in fp32 where measured (else / bf16_speedup)
-    # what a time budget (eagle3/stages/time_budget.py) sets aside besides the work itself, seconds:
+    train_amx_tok_s: float | None = None  # bf16 autocast on AMX tiles (CPU)
+    train_fp32_tok_s: float | None = None  # fp32 where measured (else train_tok_s / bf16_speedup)
+    # what a time budget (eagle3/stages/time_budget.py) sets aside besides the work itself, seconds;
+    # the defaults are guesses for an entry that measured only the throughputs:
     start_s: float = 30.0  # one stage's start: imports, tokenizer, the target loaded
     regen_start_s: float = 0.0  # the regeneration engine's start, where regen_tok_s leaves it out
     regen_hf_tok_s: float | None = None  # regeneration by transformers where vLLM is absent
     regen_hf_start_s: float = 0.0
     eval_s: float = 180.0  # train.py's vLLM check at the budget's evaluation sizes
+    # figure -> what measured it (the command, the machine, what it counted): rates.yaml's sources
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     def capture_rate(self, params: float, parallel: int, forward: str = "native") -> float:
         """``forward``: how the target runs (``cpu_forward()``): native, amx or fp32."""
@@ -98,87 +107,50 @@ class Rate:
         return (self.train_fp32_tok_s or self.train_tok_s / self.bf16_speedup) * scale
 
 
-_SMOLLM2 = target_params(30, 576, 1536, 49152, 9, 3)
-_LLAMA_8B = target_params(32, 4096, 14336, 128256, 32, 8)
-RATES = (
-    Rate(
-        "cpu",
-        "SmolLM2-135M",
-        _SMOLLM2,
-        # extract.py experiment=demo_cpu (290,568 tokens, shards written), a quiet 2-core host:
-        # 906-933 tok/s on the host measured first (bf16 dot products); 2,369 with AMX tiles;
-        # 867 with the forward in fp32 where bf16 would be emulated (oneDNN and ATen capped to
-        # AVX2; bf16 there: 117 tok/s, bench/cpu_capture_dtype.py). docs/results.md section 1
-        capture_tok_s=906,
-        capture_amx_tok_s=2_369,
-        capture_fp32_tok_s=867,
-        # bf16 autocast (topology.precision=auto on a CPU with avx512_bf16): 704 tok/s in fp32
-        # times 1.88, the fp32 / bf16 step-time ratio measured back to back (1.28 / 0.68 s) on
-        # the host measured first. On a quiet host with AMX tiles: 0.44 s per demo_cpu step
-        # (~775 tokens: 1,761 tok/s) in bf16, 0.71 s (1,092 tok/s) in fp32 with oneDNN and ATen
-        # capped to AVX2, as a CPU without native bf16 runs it (docs/results.md section 1)
-        train_tok_s=1_325,
-        train_flops=head_flops(576, 1536, 4096, 3),
-        train_precision="bf16-mixed",
-        bf16_speedup=1.88,
-        train_amx_tok_s=1_761,
-        train_fp32_tok_s=1_092,
-        regen_tok_s=166,
-        start_s=25.0,
-        # the vLLM check, both engines: ~3 min on a quiet host (docs/results.md section 1), 3.75 min
-        # (130 s + 95 s) and ~4.6 min (165 s + ~110 s) in make demo on a CPU without native bf16
-        # (section 12)
-        eval_s=300.0,
-        measured="make demo on this project's 2-core CPU with nothing else running (docs/results.md, "
-        "section 1): capture 906 tok/s (AMX: 2,369; fp32 forward: 867), training 1,325 tok/s in bf16 "
-        "(AMX: 1,761; fp32: 1,092); regeneration (vLLM, "
-        "engine start included) from `python extract.py experiment=demo_cpu` with an empty cache on the "
-        "same CPU shared with other jobs (load 4-5): 45,556 new tokens in 4 min 35 s",
-    ),
-    Rate(
-        "gpu",
-        "SmolLM2-135M",
-        _SMOLLM2,
-        # HF capture inside extract.py experiment=smollm2_budget (two answered turns, ~500-token
-        # samples): 174,621 and 172,782 tok/s over 11,736 and 5,533 samples (section 12); 98,982 in
-        # section 6's bench with other samples
-        capture_tok_s=172_000,
-        # the fit of experiment=smollm2_budget time_budget.minutes=17 (section 12): 11.2 passes over
-        # 5.82M training tokens in 364.8 s of train.max_time, validations and compilation included
-        train_tok_s=178_700,
-        train_flops=head_flops(576, 6144, 32000, 3),
-        # CUDA vLLM 0.26.0 inside extract.py (experiment=smollm2_budget: two user turns; 3.73M new
-        # tokens of 11,391 conversations in ~300 s, 4.09M of 12,484 in ~285 s and 1.93M of 5,913 in
-        # ~140 s after the engine start, section 12). One turn of 1,024 first turns alone runs at
-        # 28,523 new tok/s; the second turn waits for the first and its prompts are longer (section
-        # 7). Engine start: 69-91 s
-        regen_tok_s=14_000,
-        regen_start_s=90.0,
-        regen_hf_tok_s=22_000,
-        regen_hf_start_s=6.0,
-        start_s=45.0,
-        eval_s=180.0,  # both eager engines of train.py's check: 109 s + 62 s (section 12)
-        measured="experiment=smollm2_budget on one H200 (docs/results.md section 12: capture ~172k tok/s, "
-        "training 178,700 tok/s over a budget's fit at ttt 3, regeneration of two turns by CUDA vLLM "
-        "~14k new tok/s inside extract.py; fast decode ~22k on first turns, section 7)",
-    ),
-    Rate(
-        "gpu",
-        "Llama-3.1-8B",
-        _LLAMA_8B,
-        capture_tok_s=33_062,
-        train_tok_s=52_515,
-        train_flops=head_flops(4096, 14336, 32000, 3),
-        regen_tok_s=None,
-        measured="bench/extract_throughput.py and bench/train_throughput.py --preset llama3-8b on one H200 "
-        "(docs/results.md sections 3 and 6: capture 33,062 tok/s, compiled step 52,515 tok/s at ttt 3)",
-    ),
-)
+# the measured runs, as data: a recalibration is an edit of this file and no code
+RATES_FILE = Path(__file__).with_name("rates.yaml")
+_ENTRY_KEYS = frozenset({"accelerator", "model", "target", "head", "train_precision"})
 
 
-def rate_for(accelerator: str, params: float) -> Rate | None:
-    """The measured run on this accelerator whose target is nearest in size."""
-    same = [r for r in RATES if r.accelerator == str(accelerator)]
+def measured_rates(path: str | Path | None = None) -> tuple[Rate, ...]:
+    """The measured runs of ``path`` (default RATES_FILE), parsed once per version of the file."""
+    file = Path(path or RATES_FILE)
+    return _load_rates(file, file.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_rates(file: Path, _mtime_ns: int) -> tuple[Rate, ...]:
+    entries = OmegaConf.to_container(OmegaConf.load(file))
+    if not isinstance(entries, list):
+        raise ValueError(f"{file}: expected a list of measured runs, got {type(entries).__name__}")
+    return tuple(_rate(entry, f"{file} entry {i}") for i, entry in enumerate(entries))
+
+
+def _rate(entry: dict[str, Any], where: str) -> Rate:
+    """One entry of rates.yaml: shapes and labels, then ``<figure>: {value, source}`` each (a
+    figure without the command that measured it is refused: it could not be checked again)."""
+    figures = {k: v for k, v in entry.items() if k not in _ENTRY_KEYS}
+    for name, fig in figures.items():
+        if not isinstance(fig, dict) or set(fig) != {"value", "source"} or not str(fig["source"] or "").strip():
+            raise ValueError(f"{where}: {name}: expected {{value: <number>, source: <what measured it>}}, got {fig!r}")
+    try:
+        return Rate(
+            accelerator=str(entry["accelerator"]),
+            model=str(entry["model"]),
+            params=target_params(**entry["target"]),
+            train_flops=head_flops(**entry["head"]),
+            train_precision=str(entry.get("train_precision", "bf16-mixed")),
+            sources={name: str(fig["source"]) for name, fig in figures.items()},
+            **{name: float(fig["value"]) for name, fig in figures.items()},
+        )
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{where} ({entry.get('model')} on {entry.get('accelerator')}): {e}") from None
+
+
+def rate_for(accelerator: str, params: float, rates: Sequence[Rate] | None = None) -> Rate | None:
+    """The measured run on this accelerator whose target is nearest in size (``rates``: the
+    measured runs, default measured_rates())."""
+    same = [r for r in (measured_rates() if rates is None else rates) if r.accelerator == str(accelerator)]
     return min(same, key=lambda r: abs(math.log(r.params / params)), default=None)
 
 
@@ -194,13 +166,41 @@ def _cfg_params(cfg: RunConfig) -> float:
     )
 
 
-def rate_of(cfg: RunConfig) -> tuple[Rate | None, str]:
-    """The measured rate this config's times come from, and a line saying which."""
-    rate = rate_for(cfg.topology.accelerator, _cfg_params(cfg))
+@dataclass(frozen=True)
+class RunRates:
+    """One config's throughputs, derived once from the measured runs: what its cost lines and its
+    time budget's plan divide by. Derive them once (run_rates) and pass them down: every figure
+    of a plan then comes from the same reading of the rates."""
+
+    measured: Rate | None  # the measured run they are scaled from (None: none on this accelerator)
+    basis: str  # a line saying which
+    forward: str  # how the capture runs its target forward: cpu_forward()
+    capture_tok_s: float | None  # over the config's replicas and extraction shards
+    train_tok_s: float | None  # over all its ranks
+
+
+def run_rates(cfg: RunConfig, rates: Sequence[Rate] | None = None) -> RunRates:
+    """``cfg``'s rates, scaled from the measured run nearest its target (``rates``: the measured
+    runs, default measured_rates()). Capture: data-parallel replicas and extraction shards
+    (nodes) add up; tensor parallelism gets no credit (it mostly makes a large target fit)."""
+    params, accelerator = _cfg_params(cfg), str(cfg.topology.accelerator)
+    rate, forward = rate_for(accelerator, params, rates), cpu_forward(cfg)
     if rate is None:
-        return None, f"  (no rate measured on accelerator={cfg.topology.accelerator}: eagle3/stages/cost.py RATES)"
-    scaled = "" if abs(math.log(rate.params / _cfg_params(cfg))) < 0.05 else ", scaled to this model"
-    return rate, f"  (rates measured with {rate.model} on {rate.accelerator}{scaled}: eagle3/stages/cost.py)"
+        basis = f"  (no rate measured on accelerator={accelerator}: {RATES_FILE.name})"
+        return RunRates(None, basis, forward, None, None)
+    scaled = "" if abs(math.log(rate.params / params)) < 0.05 else ", scaled to this model"
+    basis = f"  (rates measured with {rate.model} on {rate.accelerator}{scaled}: eagle3/stages/{RATES_FILE.name})"
+    m, t, topo = cfg.model, cfg.train, cfg.topology
+    capture = rate.capture_rate(params, topo.extract_dp * max(1, cfg.num_shards), forward)
+    flops = head_flops(
+        m.hidden_size,
+        t.intermediate_size or m.intermediate_size,
+        min(t.draft_vocab_size, m.vocab_size),
+        t.ttt_steps,
+        t.num_draft_layers,
+    )
+    train = rate.train_rate(flops, str(topo.precision), amx=cpu_amx(cfg)) * topo.devices * topo.num_nodes
+    return RunRates(rate, basis, forward, capture, train)
 
 
 def cpu_forward(cfg: RunConfig) -> str:
@@ -223,31 +223,22 @@ def cpu_amx(cfg: RunConfig) -> bool:
     return str(cfg.topology.accelerator) == "cpu" and cpu_bf16_on_amx()
 
 
-def capture_tok_s(cfg: RunConfig) -> float | None:
-    """Capture tokens/s of this config: data-parallel replicas and extraction shards (nodes)
-    add up; tensor parallelism gets no credit (it mostly makes a large target fit)."""
-    rate, _ = rate_of(cfg)
-    if rate is None:
-        return None
-    return rate.capture_rate(_cfg_params(cfg), cfg.topology.extract_dp * max(1, cfg.num_shards), cpu_forward(cfg))
-
-
-def capture_seconds(cfg: RunConfig, tokens: int) -> float | None:
-    """Seconds to capture ``tokens`` (None: no rate for this accelerator)."""
-    tok_s = capture_tok_s(cfg)
+def capture_seconds(cfg: RunConfig, tokens: int, rates: RunRates | None = None) -> float | None:
+    """Seconds to capture ``tokens`` (None: no rate for this accelerator). ``rates``: cfg's, when
+    the caller has them (default run_rates(cfg))."""
+    tok_s = (rates or run_rates(cfg)).capture_tok_s
     return None if tok_s is None else tokens / tok_s
 
 
-def extract_lines(cfg: RunConfig) -> list[str]:
+def extract_lines(cfg: RunConfig, rates: RunRates | None = None) -> list[str]:
     """Before any work, from the config alone: samples, a token bound, disk, time."""
     from eagle3.store.disk import format_bytes
 
     data, ids = cfg.data, [int(i) for i in cfg.layers.layer_ids]
     length = data.max_length
-    rate, basis = rate_of(cfg)
-    tok_s = capture_tok_s(cfg)
+    rates = rates or run_rates(cfg)
+    rate, basis, tok_s, forward = rates.measured, rates.basis, rates.capture_tok_s, rates.forward
     at = f" at ~{tok_s:,.0f} tok/s" if tok_s else ""
-    forward = cpu_forward(cfg)
     if tok_s and forward != "native":
         at += " (the forward in fp32: this CPU would emulate bf16)" if forward == "fp32" else " (bf16 on AMX tiles)"
     if data.max_samples is None:
@@ -276,7 +267,12 @@ def extract_lines(cfg: RunConfig) -> list[str]:
     return lines + [basis]
 
 
-def train_lines(cfg: RunConfig, train_tokens: int | None = None, train_batches: int | None = None) -> list[str]:
+def train_lines(
+    cfg: RunConfig,
+    train_tokens: int | None = None,
+    train_batches: int | None = None,
+    rates: RunRates | None = None,
+) -> list[str]:
     """Steps x tokens per step, the passes over the data, and the time at the measured rate.
     ``train_tokens``/``train_batches``: the training split and its packed batches, when known.
     Under train.max_time the steps are those the clock allows at that rate, where fewer."""
@@ -286,8 +282,9 @@ def train_lines(cfg: RunConfig, train_tokens: int | None = None, train_batches: 
     fill: float = per_rank  # tokens a rank trains on per step
     if train_tokens and train_batches:
         fill = min(per_rank, train_tokens / train_batches * t.accumulate_grad_batches)
-    rate, basis = rate_of(cfg)
-    tok_s = train_tok_s(cfg) / world if rate is not None else None
+    rates = rates or run_rates(cfg)
+    basis = rates.basis
+    tok_s = rates.train_tok_s / world if rates.train_tok_s else None
     steps, by_clock = t.max_steps, False
     if tok_s and t.max_time and max_time_seconds(t.max_time) * tok_s / fill < steps:
         steps, by_clock = max(1, int(max_time_seconds(t.max_time) * tok_s / fill)), True
@@ -316,19 +313,3 @@ def max_time_seconds(max_time: str) -> float:
     """Lightning's "DD:HH:MM:SS" in seconds."""
     days, hours, mins, secs = (float(x) for x in max_time.split(":"))
     return ((days * 24 + hours) * 60 + mins) * 60 + secs
-
-
-def train_tok_s(cfg: RunConfig) -> float:
-    """Training tokens/s of this config over all its ranks (1.0 without a measured rate)."""
-    rate, _ = rate_of(cfg)
-    if rate is None:
-        return 1.0
-    m, t, topo = cfg.model, cfg.train, cfg.topology
-    flops = head_flops(
-        m.hidden_size,
-        t.intermediate_size or m.intermediate_size,
-        min(t.draft_vocab_size, m.vocab_size),
-        t.ttt_steps,
-        t.num_draft_layers,
-    )
-    return rate.train_rate(flops, str(topo.precision), amx=cpu_amx(cfg)) * topo.devices * topo.num_nodes

@@ -6,10 +6,13 @@ from __future__ import annotations
 from eagle3.config.schema import RunConfig
 from eagle3.extraction.identity import DatasetRecipe
 from eagle3.extraction.samples import RegenMachine
+from eagle3.stages import time_budget
 
 
 def dataset_recipe(cfg: RunConfig, model_dir: str) -> DatasetRecipe:
-    """``cfg``'s dataset: its target (materialised in ``model_dir``), data, layers and dtype."""
+    """``cfg``'s dataset: its target (materialised in ``model_dir``), data, layers and dtype.
+    Under a time budget the data holds the plan's count (what is rendered) but the name holds
+    the budget as asked (time_budget.asked): the same name from either stage, whatever the rates."""
     return DatasetRecipe(
         model=cfg.model,
         model_dir=str(model_dir),
@@ -18,6 +21,7 @@ def dataset_recipe(cfg: RunConfig, model_dir: str) -> DatasetRecipe:
         capture_dtype=cfg.capture.dtype,
         data_dir=str(cfg.paths.data_dir),
         cache_dir=str(cfg.paths.cache_dir),
+        named_by=time_budget.asked(cfg),
     )
 
 

@@ -1,7 +1,9 @@
 """One wall-clock budget for the whole pipeline: ``time_budget.minutes``.
 
 extract.py and train.py are two commands; the budget spans both. Both compose the same config,
-so both compute the same plan from it (and so find the same dataset):
+and the dataset is named by the budget as asked (its minutes and passes, the data preset's own
+cap: ``asked``), never by the count the plan derives from the rates, so a recalibrated rate (or
+another machine) renames no dataset and train.py finds what extract.py wrote:
 
 - **extract.py** sizes the data: ``data.max_samples`` becomes the number of conversations whose
   regeneration (when ``data.regenerate``), capture and ``time_budget.passes`` training passes fit
@@ -26,8 +28,9 @@ import dataclasses
 import importlib.util
 import math
 from dataclasses import dataclass
+from typing import Any
 
-from eagle3.config.schema import RegenBackend, RunConfig
+from eagle3.config.schema import RegenBackend, RunConfig, TimeBudgetConfig
 from eagle3.stages import cost
 from eagle3.util.clock import Deadline, StageClock
 from eagle3.util.report import minutes
@@ -49,7 +52,7 @@ class TimeShares:
     """How ``minutes`` are spent: seconds per part, the conversations it sizes the data to."""
 
     total_s: float
-    conversations: int  # data.max_samples of the plan
+    conversations: int  # data.max_samples of the plan (what extract.py renders; not in the name)
     samples: int  # conversations x answers per conversation
     sample_tokens: float  # the mean tokens per sample assumed
     fixed_s: float  # stage starts, the regeneration engine's start, finish and evaluation
@@ -120,9 +123,10 @@ def _end_reserve(cfg: RunConfig, rate: cost.Rate | None) -> float:
     return TRAIN_FINISH_S.get(str(cfg.topology.accelerator), 30.0) + _eval_seconds(cfg, rate)
 
 
-def time_shares(cfg: RunConfig) -> TimeShares | None:
+def time_shares(cfg: RunConfig, rates: cost.RunRates | None = None) -> TimeShares | None:
     """The split of cfg.time_budget.minutes, or None without a budget (or without a measured
-    rate for this accelerator and model size: cost.py's RATES)."""
+    rate for this accelerator: eagle3/stages/rates.yaml). ``rates``: cfg's (default
+    cost.run_rates(cfg)): every share of one plan comes from one reading of the rates."""
     budget = cfg.time_budget
     if budget.minutes is None:
         return None
@@ -130,8 +134,9 @@ def time_shares(cfg: RunConfig) -> TimeShares | None:
         raise ValueError(
             f"time_budget: expected minutes > 0 and passes > 0, got minutes={budget.minutes}, passes={budget.passes}"
         )
-    rate, _ = cost.rate_of(cfg)
-    if rate is None:
+    rates = rates or cost.run_rates(cfg)
+    rate, capture_tok_s, train_tok_s = rates.measured, rates.capture_tok_s, rates.train_tok_s
+    if rate is None or not capture_tok_s or not train_tok_s:
         return None
     total = float(budget.minutes) * 60.0
     answers = cfg.data.regen_num_answers if cfg.data.regenerate else 1
@@ -144,8 +149,8 @@ def time_shares(cfg: RunConfig) -> TimeShares | None:
         fixed += regen_start
         turns = cfg.data.regen_max_turns or 2  # all turns: about two answered turns per conversation
         per_conv_regen = answers * turns * min(MEAN_ANSWER_TOKENS, cfg.data.regen_max_tokens) / regen_tok_s
-    per_conv_capture = answers * tokens / (cost.capture_tok_s(cfg) or 1.0)
-    per_conv_train = answers * tokens * (1 - cfg.data.val_fraction) * budget.passes / cost.train_tok_s(cfg)
+    per_conv_capture = answers * tokens / capture_tok_s
+    per_conv_train = answers * tokens * (1 - cfg.data.val_fraction) * budget.passes / train_tok_s
     left = total - fixed
     if left <= 0:
         raise ValueError(
@@ -161,7 +166,7 @@ def time_shares(cfg: RunConfig) -> TimeShares | None:
     capture_s = conversations * per_conv_capture
     train_s = left - regen_s - capture_s
     samples = conversations * answers
-    passes = train_s * cost.train_tok_s(cfg) / (samples * tokens * (1 - cfg.data.val_fraction))
+    passes = train_s * train_tok_s / (samples * tokens * (1 - cfg.data.val_fraction))
     return TimeShares(
         total,
         conversations,
@@ -179,12 +184,44 @@ def time_shares(cfg: RunConfig) -> TimeShares | None:
     )
 
 
-def sized(cfg: RunConfig) -> tuple[RunConfig, TimeShares | None]:
-    """cfg with data.max_samples set by the plan (both stages: it names the dataset)."""
-    split = time_shares(cfg)
+@dataclass
+class AskedBudget(TimeBudgetConfig):
+    """cfg.time_budget once ``sized`` has set data.max_samples to the plan's count: the budget as
+    asked, with the data preset's own cap that count replaced (``asked`` names the dataset by it)."""
+
+    data_max_samples: int | None = None
+
+
+def sized(cfg: RunConfig, rates: cost.RunRates | None = None) -> tuple[RunConfig, TimeShares | None]:
+    """cfg with data.max_samples set by the plan: the conversations extract.py renders (train.py
+    sizes an online dataset it writes the same way). The dataset's name does not follow it: see
+    ``asked``."""
+    split = time_shares(cfg, rates)
     if split is None:
         return cfg, None
-    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_samples=split.conversations)), split
+    budget = AskedBudget(cfg.time_budget.minutes, cfg.time_budget.passes, data_max_samples=_data_cap(cfg))
+    data = dataclasses.replace(cfg.data, max_samples=split.conversations)
+    return dataclasses.replace(cfg, data=data, time_budget=budget), split
+
+
+def _data_cap(cfg: RunConfig) -> int | None:
+    """The data preset's own data.max_samples, sized or not."""
+    budget = cfg.time_budget
+    return budget.data_max_samples if isinstance(budget, AskedBudget) else cfg.data.max_samples
+
+
+def asked(cfg: RunConfig) -> dict[str, Any] | None:
+    """What names a budgeted dataset in place of data.max_samples (eagle3/stages/recipes.py):
+    the data preset's own cap and the budget as asked. Not the count the plan derives from the
+    rates and the machine: a new rate, or another machine, would rename the dataset and train.py
+    would look for one extract.py never wrote. None without a budget (data.max_samples names it)."""
+    budget = cfg.time_budget
+    if budget.minutes is None:
+        return None
+    return {
+        "max_samples": _data_cap(cfg),
+        "time_budget": {"minutes": float(budget.minutes), "passes": float(budget.passes)},
+    }
 
 
 def regen_deadline(split: TimeShares | None, clock: StageClock) -> Deadline | None:
@@ -245,13 +282,17 @@ class TrainClock:
         }
 
 
-def train_clock(cfg: RunConfig, extract_s: float | None, stage: StageClock | None = None) -> TrainClock | None:
-    """train.py's clock under cfg.time_budget.minutes (``stage``: the stage's, from its call);
-    None without a budget."""
+def train_clock(
+    cfg: RunConfig,
+    extract_s: float | None,
+    stage: StageClock | None = None,
+    rates: cost.RunRates | None = None,
+) -> TrainClock | None:
+    """train.py's clock under cfg.time_budget.minutes (``stage``: the stage's, from its call;
+    ``rates``: cfg's, default cost.run_rates(cfg)); None without a budget."""
     if cfg.time_budget.minutes is None:
         return None
-    rate, _ = cost.rate_of(cfg)
-    reserve = _end_reserve(cfg, rate)
+    reserve = _end_reserve(cfg, (rates or cost.run_rates(cfg)).measured)
     total = float(cfg.time_budget.minutes) * 60.0
     stage = stage or StageClock()
     started = stage.seconds()
