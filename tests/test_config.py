@@ -8,13 +8,14 @@ import sys
 import pytest
 from conftest import ROOT, compose
 from hydra.errors import ConfigCompositionException
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from eagle3.config.errors import ConfigError
+from eagle3.stages.compose import machine_overrides
 from eagle3.stages.validate import validate_run_config
 
-GROUPS = ["model", "topology", "budget", "layers", "data", "capture", "train", "logger", "experiment", "debug"]
+GROUPS = ["model", "topology", "sizes", "layers", "data", "capture", "train", "logger", "experiment", "debug"]
 NEEDS_PATH = {("model", "hf"), ("data", "jsonl"), ("data", "hf_disk")}
 
 
@@ -79,20 +80,36 @@ def _sizes(cfg) -> dict:
     return {k: OmegaConf.select(cfg, k) for k in CPU_SIZES}
 
 
+def _as_run(entry: str, args: list[str], gpus: int) -> DictConfig:
+    """Compose as `python <entry>.py <args>` does on a machine with ``gpus`` GPUs."""
+    return compose(entry, args + machine_overrides(args, ROOT / "conf", gpus=gpus))
+
+
 @pytest.mark.parametrize("entry", ["train", "extract"])
-def test_the_topology_picks_the_sizes_and_presets_and_keys_win(entry):
-    """budget: CPU sizes on the CPU topologies, GPU sizes on the GPU ones; sizes=..., an
-    experiment preset, debug=fast and a key on the command line each win over it."""
-    assert compose(entry).budget == "cpu" and _sizes(compose(entry)) == CPU_SIZES
-    assert _sizes(compose(entry, ["topology=cpu_ddp2"])) == CPU_SIZES
-    for gpu in ("gpu1", "gpu2_dp2", "gpu8_tp8"):
-        cfg = compose(entry, [f"topology={gpu}"])
-        assert cfg.budget == "gpu" and _sizes(cfg) == GPU_SIZES, gpu
-    assert _sizes(compose(entry, ["topology=gpu1", "sizes=cpu"])) == CPU_SIZES
+def test_the_machine_picks_topology_and_sizes_and_presets_and_keys_win(entry, capsys):
+    """No flags: topology=cpu with the CPU sizes where no GPU answers, topology=gpu1 with the GPU
+    sizes where one does (printed); a topology, sizes=..., an experiment preset, debug=fast and a
+    key on the command line each win over it. A topology sets devices and precision only."""
+    assert compose(entry).sizes == "cpu" and _sizes(_as_run(entry, [], gpus=0)) == CPU_SIZES
+    on_gpu = _as_run(entry, [], gpus=8)
+    assert on_gpu.topology.accelerator == "gpu" and on_gpu.topology.devices == 1
+    assert on_gpu.sizes == "gpu" and _sizes(on_gpu) == GPU_SIZES
+    said = capsys.readouterr().err
+    assert "8 GPU(s) answered: topology=gpu1" in said and "topology=gpu8_tp8 for all 8" in said
+    assert _as_run(entry, ["topology=cpu"], gpus=1).topology.accelerator == "cpu"
+    assert _sizes(_as_run(entry, ["topology=cpu"], gpus=1)) == CPU_SIZES
+    assert _sizes(_as_run(entry, ["topology=cpu_ddp2"], gpus=0)) == CPU_SIZES
+    for gpu, n in (("gpu1", 1), ("gpu2_tp2", 2), ("gpu4_tp4", 4), ("gpu8_tp8", 8)):
+        cfg = _as_run(entry, [f"topology={gpu}"], gpus=0)  # composing a plan on a CPU machine
+        assert cfg.sizes == "gpu" and _sizes(cfg) == GPU_SIZES, gpu
+        assert (cfg.topology.devices, cfg.topology.extract_tp, cfg.topology.extract_dp) == (n, n, 1), gpu
+        # the topology alone (composed without the entrypoint's overrides) leaves the sizes be
+        assert compose(entry, [f"topology={gpu}"]).sizes == "cpu", gpu
+    assert _sizes(_as_run(entry, ["topology=gpu1", "sizes=cpu"], gpus=1)) == CPU_SIZES
     assert _sizes(compose(entry, ["sizes=gpu"])) == GPU_SIZES
-    assert compose(entry, ["topology=gpu1", "train.max_steps=7"]).train.max_steps == 7
-    full = compose(entry, ["experiment=smollm2_full"])  # a GPU preset: its own sizes over sizes=gpu
-    assert full.budget == "gpu" and (full.train.max_steps, full.train.max_tokens_per_batch, full.data.max_length) == (
+    assert _as_run(entry, ["train.max_steps=7"], gpus=1).train.max_steps == 7
+    full = _as_run(entry, ["experiment=smollm2_full"], gpus=0)  # a GPU preset: its own sizes over sizes=gpu
+    assert full.sizes == "gpu" and (full.train.max_steps, full.train.max_tokens_per_batch, full.data.max_length) == (
         8800,
         8192,
         1024,
@@ -103,31 +120,33 @@ def test_the_topology_picks_the_sizes_and_presets_and_keys_win(entry):
     assert _sizes(demo) == {**CPU_SIZES, "data.max_samples": None} and demo.time_budget.minutes == 20
     assert not demo.data.regenerate and demo.tags == ["demo_cpu"]
     assert (
-        compose(entry, ["data=jsonl", "data.path=x.jsonl", "topology=gpu1"]).data.max_samples is None
+        _as_run(entry, ["data=jsonl", "data.path=x.jsonl", "topology=gpu1"], gpus=1).data.max_samples is None
     )  # all of a file
 
 
 @pytest.mark.parametrize("entry", ["train", "extract"])
-def test_the_composed_config_names_the_budget_and_why(entry):
-    """`budget` names the preset that supplied the sizes and `sizes_source` whether the topology's
-    accelerator picked it; sizes=cpu on a GPU topology is honoured and says so; a preset's value
-    wins over its budget's."""
+def test_the_composed_config_names_the_sizes_and_why(entry):
+    """`sizes` names the preset that supplied the sizes and `sizes_source` whether it matches the
+    topology's accelerator; sizes=cpu on a GPU topology is honoured and says so; a preset's value
+    wins over its sizes preset's."""
     cpu = compose(entry)
-    assert (cpu.budget, cpu.sizes_source) == ("cpu", "topology.accelerator=cpu")
-    gpu = compose(entry, ["topology=gpu1"])
-    assert (gpu.budget, gpu.sizes_source) == ("gpu", "topology.accelerator=gpu")
+    assert (cpu.sizes, cpu.sizes_source) == ("cpu", "topology.accelerator=cpu")
+    gpu = _as_run(entry, ["topology=gpu1"], gpus=1)
+    assert (gpu.sizes, gpu.sizes_source) == ("gpu", "topology.accelerator=gpu")
     picked = compose(entry, ["sizes=cpu", "topology=gpu1"])
     assert picked.topology.accelerator == "gpu" and _sizes(picked) == CPU_SIZES
-    assert (picked.budget, picked.sizes_source) == ("cpu", "sizes=cpu picked over topology.accelerator=gpu")
+    assert (picked.sizes, picked.sizes_source) == ("cpu", "sizes=cpu picked over topology.accelerator=gpu")
     validate_run_config(picked)
     tiny = compose(entry, ["experiment=tiny_test"])  # its overrides of sizes=cpu win
-    assert tiny.budget == "cpu" and (tiny.train.lr, tiny.train.max_steps, tiny.data.max_length) == (3e-4, 6, 128)
-    full = compose(entry, ["experiment=smollm2_full"])  # sizes=gpu through topology=gpu1, its steps win
-    assert (full.budget, full.sizes_source, full.train.max_steps) == ("gpu", "topology.accelerator=gpu", 8800)
+    assert tiny.sizes == "cpu" and (tiny.train.lr, tiny.train.max_steps, tiny.data.max_length) == (3e-4, 6, 128)
+    full = compose(entry, ["experiment=smollm2_full"])  # the preset picks sizes=gpu, its steps win
+    assert (full.sizes, full.sizes_source, full.train.max_steps) == ("gpu", "topology.accelerator=gpu", 8800)
     assert full.train.lr == GPU_SIZES["train.lr"]  # the budget's, not repeated by the preset
 
 
-def test_cfg_job_prints_the_budget():
+def test_cfg_job_prints_the_sizes_and_why():
+    """The real entrypoint: a GPU topology on the command line brings the GPU sizes, says so on
+    stderr, and --cfg job names both."""
     out = subprocess.run(
         [sys.executable, "train.py", "topology=gpu1", "--cfg", "job", "--resolve"],
         cwd=ROOT,
@@ -136,16 +155,17 @@ def test_cfg_job_prints_the_budget():
         timeout=300,
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "\nbudget: gpu\n" in out.stdout and "\nsizes_source: topology.accelerator=gpu\n" in out.stdout
+    assert "\nsizes: gpu\n" in out.stdout and "\nsizes_source: topology.accelerator=gpu\n" in out.stdout
+    assert "sizes=gpu: topology=gpu1 runs on a GPU" in out.stderr
 
 
 def test_the_run_sizes_have_no_schema_default():
-    """Only a budget (or the command line) sizes a run: without one the stage stops naming the keys."""
+    """Only a sizes preset (or the command line) sizes a run: without one the stage stops naming the keys."""
     from eagle3.config.schema import TrainConfig
 
     assert OmegaConf.is_missing(OmegaConf.structured(TrainConfig), "lr")
-    cfg = compose("train", ["~budget"])
-    with pytest.raises(ConfigError, match="train.lr.*conf/budget"):
+    cfg = compose("train", ["~sizes"])
+    with pytest.raises(ConfigError, match="train.lr.*conf/sizes"):
         validate_run_config(cfg)
 
 

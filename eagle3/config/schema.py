@@ -370,8 +370,8 @@ class RunConfig:
     merge: bool = False  # extract.py: merge the num_shards finished parts into the dataset
     tags: List[str] = field(default_factory=list)
     # the size profile that supplied the run sizes, conf/sizes/<name>.yaml (each sets its own
-    # name). The topology picks it: cpu on the cpu* topologies, gpu on the gpu* ones; `sizes=...`
-    # on the command line or in an experiment preset picks another
+    # name): cpu by default, gpu where extract.py/train.py see a GPU topology (they add sizes=gpu
+    # to the command line and say so); `sizes=...` on the command line or an experiment picks
     sizes: str = MISSING
     # whether the sizes preset is the one the topology's accelerator selects or another was picked over
     # it (computed from sizes and topology.accelerator; never set by hand)
