@@ -4,10 +4,10 @@ python extract.py --help            # config groups and overrides
 python extract.py --cfg job --resolve
 """
 
+from pathlib import Path
+
 import hydra
 from omegaconf import DictConfig
-
-from pathlib import Path
 
 from eagle3.stages.compose import follow_the_machine, register_configs
 

@@ -4,10 +4,10 @@ python train.py --help            # config groups and overrides
 python train.py --cfg job --resolve
 """
 
+from pathlib import Path
+
 import hydra
 from omegaconf import DictConfig
-
-from pathlib import Path
 
 from eagle3.stages.compose import follow_the_machine, register_configs
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from eagle3.config import schema
 from eagle3.stages import disk_plan
@@ -120,7 +120,8 @@ def _accelerator(conf_dir: Path, topology: str) -> str | None:
     path = conf_dir / "topology" / f"{topology}.yaml"
     if "," in topology or not path.is_file():
         return None
-    return str(OmegaConf.load(path).get("accelerator", "")) or None
+    node = OmegaConf.load(path)
+    return str(node.get("accelerator", "")) or None if isinstance(node, DictConfig) else None
 
 
 def machine_overrides(args: list[str], conf_dir: str | Path, gpus: int | None = None) -> list[str]:
