@@ -22,7 +22,7 @@ token for token (bf16 kernels differ with the batch shape, so on a GPU a few may
 tie of the logits; the target alone at load c against itself at the first load shows that
 floor). The best K per load (0: none beats the target alone) is printed and, with
 --write-advice, written into the export as serving.json (eagle3/evaluation/serving_advice.py)
-together with the step costs it implies, printed in the form of serving_advice.STEP_COSTS.
+together with the step costs it implies, printed in the form of a class's costs in eagle3/evaluation/step_costs.yaml.
 """
 
 from __future__ import annotations
@@ -238,7 +238,7 @@ def main() -> None:
     speedups = {load: {k: v["speedup"] for k, v in row["by_k"].items()} for load, row in table.items()}
     per_step = {load: {k: v["acceptance_length"] for k, v in row["by_k"].items()} for load, row in table.items()}
     costs = serving_advice.step_costs(speedups, per_step)
-    print(f"step costs c(K, load) in plain decode steps (serving_advice.STEP_COSTS form): {costs}")
+    print(f"step costs c(K, load) in plain decode steps (the costs form of eagle3/evaluation/step_costs.yaml): {costs}")
     device = f"{alone.platform}, vLLM {alone.vllm_version}, eager={alone.enforce_eager}"
     result = {
         "device": device,

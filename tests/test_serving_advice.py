@@ -112,9 +112,86 @@ def test_the_printed_command_uses_the_advised_k_and_names_the_loads(tmp_path):
     none = sa.ServingAdvice("rule", [sa.LoadAdvice(1, 0, 1.0)])
     first, _, verdict = sa.serving_lines(export, "org/target", 3, none)
     assert first.startswith("serve it: vllm serve org/target (with the head:") and "no load measured" in verdict
-    # a predicted advice names the machine its step costs were measured on
+    # a predicted advice names the size class its step costs were measured on (unknown size: the smallest)
     _, per_load, _ = sa.serving_lines(export, "org/target", 3, sa.from_rule(RATES, loads=(1,)))
-    assert f"predicted from acceptance and the step costs of {sa.STEP_COSTS_SOURCE}" in per_load
+    assert "predicted from acceptance and the step costs of the SmolLM2-135M class (target: unknown;" in per_load
     # no advice at all: the trained K, and how to get advice
     lines = sa.serving_lines(export, "org/target", 3, None)
     assert '"num_speculative_tokens": 3' in lines[0] and "bench/serving_speedup.py" in lines[1]
+
+
+LLAMA_8B = {  # Llama-3.1-8B's config.json, the fields a size needs
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "vocab_size": 128256,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "tie_word_embeddings": False,
+}
+
+
+def test_the_advice_for_an_8b_target_uses_the_8b_class_worked_by_hand(tmp_path):
+    """Acceptance 0.6 / 0.4 / 0.25 per position on an 8B target: with the 8B class's step costs
+    (c(K, 1) = 1.086, 1.184, 1.156; c(K, 64) = 1.119, 1.28, 1.372) K=3 wins at every load, where
+    the 135M class's costs would advise the target alone at 8 requests."""
+    from eagle3.target_model.size import target_size
+
+    size = target_size(LLAMA_8B)
+    assert size.params == size.active_params and 8.0e9 < size.params < 8.1e9  # 8.03B: the published count
+    assert sa.step_cost_class(size).name == "Llama-3.1-8B"
+    advice = sa.from_rule(RATES, size=size)
+    # load 1: L(K) / c(K, 1) = 1.6 / 1.086 = 1.473, 2.0 / 1.184 = 1.689, 2.25 / 1.156 = 1.946
+    assert advice.at(1).num_speculative_tokens == 3 and advice.at(1).speedup == pytest.approx(2.25 / 1.156)
+    # load 64: 1.6 / 1.119 = 1.430, 2.0 / 1.28 = 1.5625, 2.25 / 1.372 = 1.640
+    assert advice.at(64).num_speculative_tokens == 3 and advice.at(64).speedup == pytest.approx(2.25 / 1.372)
+    assert advice.pays_off() == [1, 8, 32, 64]
+    assert advice.inputs["step_costs_class"] == "Llama-3.1-8B" and advice.inputs["target_size"] == "8.03B parameters"
+    small = sa.from_rule(
+        RATES,
+        size=target_size(
+            {
+                **LLAMA_8B,
+                "hidden_size": 576,
+                "num_hidden_layers": 30,
+                "vocab_size": 49152,
+                "num_attention_heads": 9,
+                "num_key_value_heads": 3,
+                "intermediate_size": 1536,
+                "tie_word_embeddings": True,
+            }
+        ),
+    )
+    assert small.inputs["step_costs_class"] == "SmolLM2-135M"
+    assert small.at(8).num_speculative_tokens == 0  # 2.25 / 2.238 = 1.005 < 1.05: the target alone
+    # the printed lines name the class and the target's size, and the command carries the run's flags
+    export = _export(tmp_path, 0)
+    first, per_load, _ = sa.serving_lines(export, "org/kimi", 3, advice, tensor_parallel_size=8, trust_remote_code=True)
+    assert first.startswith(
+        "serve it: vllm serve org/kimi --tensor-parallel-size 8 --trust-remote-code --speculative-config"
+    )
+    assert "the step costs of the Llama-3.1-8B class (target: 8.03B parameters;" in per_load
+
+
+def test_an_moe_target_is_sized_by_total_and_active_parameters():
+    """Qwen3-30B-A3B: 128 experts of 768, 8 per token: 30.5B in all, 3.3B active (the published
+    figures); its nearest class is the 8B one, not the 135M."""
+    from eagle3.target_model.size import target_size
+
+    qwen = {
+        "hidden_size": 2048,
+        "num_hidden_layers": 48,
+        "vocab_size": 151936,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "intermediate_size": 6144,
+        "moe_intermediate_size": 768,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "tie_word_embeddings": False,
+    }
+    size = target_size(qwen)
+    assert 30.3e9 < size.params < 30.7e9 and 3.2e9 < size.active_params < 3.5e9
+    assert sa.step_cost_class(size).name == "Llama-3.1-8B"
+    assert sa.step_cost_class(None).name == "SmolLM2-135M"

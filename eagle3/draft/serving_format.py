@@ -187,6 +187,10 @@ class DraftMeta:
     target_name_or_path: str
     target_architectures: list[str]
     num_speculative_tokens: int
+    # how the target ran in extraction, so the printed `vllm serve` command starts it the same way
+    # (--tensor-parallel-size, --trust-remote-code); a checkpoint without them: 1 and false
+    serve_tensor_parallel_size: int = 1
+    serve_trust_remote_code: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -217,7 +221,15 @@ def save_head(head: Eagle3DraftHead, meta: DraftMeta, out_dir: str | Path) -> Pa
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "eagle3_meta.json").write_text(
-            json.dumps({"draft_config": asdict(meta.draft_config), "aux_layer_ids": meta.aux_layer_ids}, indent=2)
+            json.dumps(
+                {
+                    "draft_config": asdict(meta.draft_config),
+                    "aux_layer_ids": meta.aux_layer_ids,
+                    "serve_tensor_parallel_size": meta.serve_tensor_parallel_size,
+                    "serve_trust_remote_code": meta.serve_trust_remote_code,
+                },
+                indent=2,
+            )
         )
     return out_dir
 

@@ -29,8 +29,12 @@ import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any, Optional
+
+from eagle3.target_model.resolve import read_hf_config
+from eagle3.target_model.size import TargetSize, target_size
 
 FILE_NAME = "serving.json"
 ADVICE_LOADS = (1, 8, 32, 64)  # the loads the rule advises for (the bench's default loads)
@@ -38,19 +42,59 @@ ADVICE_LOADS = (1, 8, 32, 64)  # the loads the rule advises for (the bench's def
 # timing noise (measured) or the rule's model error (rule) could make the head a slow-down.
 MIN_SPEEDUP = {"measured": 1.02, "rule": 1.05}
 
-# c(K, load) in plain decode steps, measured by bench/serving_speedup.py (c = acceptance length /
-# speed-up): SmolLM2-135M target and a head trained 4 minutes on 6,000 ShareGPT conversations, one
-# H200, CUDA vLLM 0.26.0 with CUDA graphs, greedy, 64 held-out prompts (val + HumanEval), 128 new
-# tokens, waves of exactly `load` requests. At one request a verify step with K drafts costs
-# 1.5-2.1 plain steps: on a 135M target every step is launch-bound, so each drafter pass weighs
-# as much as a target pass. The bench prints this table for a new target or GPU.
-STEP_COSTS: dict[int, dict[int, float]] = {
-    1: {1: 1.477, 2: 1.646, 3: 2.12, 5: 2.039},
-    8: {1: 1.726, 2: 2.399, 3: 2.238, 5: 2.593},
-    32: {1: 1.8, 2: 2.239, 3: 2.069, 5: 2.657},
-    64: {1: 1.702, 2: 2.421, 3: 2.138, 5: 2.742},
-}
-STEP_COSTS_SOURCE = "SmolLM2-135M, one H200, CUDA vLLM 0.26.0, K=1,2,3,5 (bench/serving_speedup.py)"
+STEP_COSTS_FILE = Path(__file__).with_name("step_costs.yaml")
+
+
+@dataclass(frozen=True)
+class StepCostClass:
+    """c(K, load) in plain decode steps measured for one size of target (step_costs.yaml). On a
+    135M target every step is launch-bound, so a drafter pass weighs as much as a target pass
+    (c(3, 1) = 2.1); on an 8B target the drafter is a small share of the step (c(3, 1) = 1.16),
+    so the same acceptance pays off at loads where the small target's does not."""
+
+    name: str
+    params: float
+    active_params: float
+    source: str
+    costs: dict[int, dict[int, float]]
+
+    def distance(self, size: TargetSize) -> float:
+        """How far a target is from this class: log-ratios of total and active parameters."""
+        return abs(math.log(size.params / self.params)) + abs(math.log(size.active_params / self.active_params))
+
+
+@cache
+def step_cost_classes() -> tuple[StepCostClass, ...]:
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(OmegaConf.load(STEP_COSTS_FILE))
+    assert isinstance(raw, list), f"{STEP_COSTS_FILE}: expected a list of classes"
+    return tuple(
+        StepCostClass(
+            str(c["name"]),
+            float(c["params"]),
+            float(c["active_params"]),
+            " ".join(str(c["source"]).split()),
+            {int(load): {int(k): float(v) for k, v in by_k.items()} for load, by_k in c["costs"].items()},
+        )
+        for c in raw
+    )
+
+
+def step_cost_class(size: Optional[TargetSize]) -> StepCostClass:
+    """The measured class nearest the target; the smallest (the costliest drafting relative to a
+    target step, so the most cautious advice) when the target's size is unknown."""
+    classes = step_cost_classes()
+    if size is None:
+        return min(classes, key=lambda c: c.params)
+    return min(classes, key=lambda c: c.distance(size))
+
+
+def target_dir_size(target_dir: Optional[str | Path]) -> Optional[TargetSize]:
+    """The size of a local target directory from its config.json (None: not a local directory)."""
+    if not target_dir or not (Path(target_dir) / "config.json").is_file():
+        return None
+    return target_size(read_hf_config(target_dir))
 
 
 @dataclass
@@ -175,32 +219,41 @@ def from_rule(
     table: Optional[dict[int, dict[int, float]]] = None,
     loads: tuple[int, ...] = ADVICE_LOADS,
     draft_tokens: tuple[int, ...] = (1, 2, 3, 5),
+    size: Optional[TargetSize] = None,
 ) -> ServingAdvice:
-    """Predicted advice for a head measured only for acceptance (the module doc's rule)."""
-    costs = STEP_COSTS if table is None else table
+    """Predicted advice for a head measured only for acceptance (the module doc's rule), with the
+    step costs ``table`` or else those of the class nearest the target's ``size``."""
+    cls = step_cost_class(size) if table is None else None
+    costs = cls.costs if cls is not None else table
+    assert costs is not None
     usable = [k for k in draft_tokens if k <= len(per_position_rate)]
     advice = []
     for load in loads:
         predicted = {k: expected_tokens_per_step(per_position_rate, k) / cost(k, load, costs) for k in usable}
         advice.append(LoadAdvice(load, *best_k(predicted, MIN_SPEEDUP["rule"])))
-    inputs = {
+    inputs: dict[str, Any] = {
         "per_position_acceptance_rate": [round(r, 4) for r in per_position_rate],
         "step_costs": {str(k): v for k, v in costs.items()},
-        "step_costs_source": STEP_COSTS_SOURCE if table is None else "given",
+        "step_costs_class": cls.name if cls is not None else "given",
+        "step_costs_source": cls.source if cls is not None else "given",
+        "target_size": size.describe() if size is not None else "unknown",
     }
     return ServingAdvice("rule", advice, inputs=inputs)
 
 
-def advice_for(export_dir: str | Path, acceptance: Optional[dict[str, Any]] = None) -> Optional[ServingAdvice]:
+def advice_for(
+    export_dir: str | Path, acceptance: Optional[dict[str, Any]] = None, target_dir: Optional[str | Path] = None
+) -> Optional[ServingAdvice]:
     """The export's serving.json when it holds one for these weights; else the rule on
-    ``acceptance`` (an acceptance.json dict), written as serving.json; else None."""
+    ``acceptance`` (an acceptance.json dict) with the step costs of the class nearest the target
+    (its size read from ``target_dir``'s config.json), written as serving.json; else None."""
     stored = ServingAdvice.read(export_dir)
     if stored is not None:
         return stored
     rates = [float(r) for r in (acceptance or {}).get("per_position_acceptance_rate") or []]
     if not rates or any(math.isnan(r) for r in rates):
         return None
-    advice = from_rule(rates)
+    advice = from_rule(rates, size=target_dir_size(target_dir))
     advice.head_sha256 = head_sha256(export_dir)
     advice.write(export_dir)
     return advice
@@ -210,25 +263,45 @@ def read_acceptance(path: str | Path | None) -> Optional[dict[str, Any]]:
     return json.loads(Path(path).read_text()) if path and Path(path).is_file() else None
 
 
-def serve_command(export_dir: str | Path, target: str, num_draft_tokens: int) -> str:
-    """``vllm serve``, with the head at K draft tokens, or the target alone for K = 0."""
+def serve_command(
+    export_dir: str | Path,
+    target: str,
+    num_draft_tokens: int,
+    tensor_parallel_size: int = 1,
+    trust_remote_code: bool = False,
+) -> str:
+    """``vllm serve``, with the head at K draft tokens, or the target alone for K = 0; with the
+    tensor parallelism and remote code the target ran with in extraction."""
+    flags = f" --tensor-parallel-size {int(tensor_parallel_size)}" if int(tensor_parallel_size) > 1 else ""
+    flags += " --trust-remote-code" if trust_remote_code else ""
     if num_draft_tokens <= 0:
-        return f"vllm serve {target}"
+        return f"vllm serve {target}{flags}"
     spec = json.dumps({"model": str(export_dir), "method": "eagle3", "num_speculative_tokens": int(num_draft_tokens)})
-    return f"vllm serve {target} --speculative-config '{spec}'"
+    return f"vllm serve {target}{flags} --speculative-config '{spec}'"
 
 
-def serving_lines(export_dir: str | Path, target: str, trained_k: int, advice: Optional[ServingAdvice]) -> list[str]:
+def serving_lines(
+    export_dir: str | Path,
+    target: str,
+    trained_k: int,
+    advice: Optional[ServingAdvice],
+    tensor_parallel_size: int = 1,
+    trust_remote_code: bool = False,
+) -> list[str]:
     """What train.py and ``python export.py`` print: the command with the advised K and
     the loads at which the head pays off (the trained K, and no verdict, without advice)."""
+
+    def command(directory: str | Path, k: int) -> str:
+        return serve_command(directory, target, k, tensor_parallel_size, trust_remote_code)
+
     if advice is None or not advice.loads:
         return [
-            f"serve it: {serve_command(export_dir, target, trained_k)}",
+            f"serve it: {command(export_dir, trained_k)}",
             "serving advice: none for this head (measure it: python bench/serving_speedup.py --write-advice, "
             "or its acceptance: python evaluate.py); K is the trained one",
         ]
     k = advice.serve_k()
-    head = serve_command(export_dir, target, k or trained_k)
+    head = command(export_dir, k or trained_k)
     per_load = "; ".join(
         f"{a.load}: K={a.num_speculative_tokens} ({a.speedup:.2f}x)" if a.num_speculative_tokens else f"{a.load}: none"
         for a in sorted(advice.loads, key=lambda a: a.load)
@@ -236,7 +309,8 @@ def serving_lines(export_dir: str | Path, target: str, trained_k: int, advice: O
     how = (
         "measured by bench/serving_speedup.py"
         if advice.source == "measured"
-        else f"predicted from acceptance and the step costs of {advice.inputs.get('step_costs_source', 'a measured GPU')}"
+        else f"predicted from acceptance and the step costs of the {advice.inputs.get('step_costs_class', 'measured')} "
+        f"class (target: {advice.inputs.get('target_size', 'unknown')}; {advice.inputs.get('step_costs_source', '')})"
     )
     pays, not_pays = advice.pays_off(), advice.does_not_pay()
     verdict = (
@@ -245,6 +319,6 @@ def serving_lines(export_dir: str | Path, target: str, trained_k: int, advice: O
         else "the head pays off at no load measured"
     )
     if not_pays:
-        verdict += f"; at {', '.join(map(str, not_pays))} serve the target alone ({serve_command('', target, 0)})"
-    first = f"serve it: {head}" if k else f"serve it: {serve_command('', target, 0)} (with the head: {head})"
+        verdict += f"; at {', '.join(map(str, not_pays))} serve the target alone ({command('', 0)})"
+    first = f"serve it: {head}" if k else f"serve it: {command('', 0)} (with the head: {head})"
     return [first, f"serving advice ({how}), K per load: {per_load}", verdict]

@@ -166,6 +166,7 @@ def _build(
         target=target_name(cfg.model, model_dir, cfg.export.target_name_or_path),
         num_speculative_tokens=cfg.eval.num_draft_tokens,
     )
+    draft_meta.serve_tensor_parallel_size = int(cfg.topology.extract_tp)  # the target's TP in extraction
     module = Eagle3LitModule(
         head,
         cfg.train,  # settled: the step compiles by it, and the checkpoint records it
@@ -308,7 +309,7 @@ def _write_summary(output_dir: Path, export_dir: Path, draft_meta: DraftMeta, su
     line = best_metric_line(summary.get("best_metric"), summary.get("best_metric_value"))
     if line:
         print(line)
-    for line in serve_lines(export_dir, draft_meta.target_name_or_path, draft_meta.num_speculative_tokens, summary):
+    for line in serve_lines(export_dir, draft_meta, summary):
         print(line)
     print(str(export_dir))
 
@@ -332,14 +333,24 @@ def trainer_arguments(trainer_cfg: TrainerConfig) -> dict[str, Any]:
     return {k: v for k, v in dataclasses.asdict(trainer_cfg).items() if v is not None}
 
 
-def serve_lines(export_dir: Path, target: str, trained_k: int, summary: Mapping[str, Any]) -> list[str]:
+def serve_lines(export_dir: Path, meta: DraftMeta, summary: Mapping[str, Any]) -> list[str]:
     """The `vllm serve` command with the advised number of draft tokens, and the loads at which
-    the head pays off: the rule on the acceptance per position just measured in vLLM
-    (eagle3/evaluation/serving_advice.py; written to the export's serving.json)."""
+    the head pays off: the rule on the acceptance per position just measured in vLLM and the step
+    costs of the size class nearest the target (eagle3/evaluation/serving_advice.py; written to the
+    export's serving.json)."""
     from eagle3.evaluation.serving_advice import advice_for, read_acceptance, serving_lines
 
     acceptance = read_acceptance((summary.get("acceptance") or {}).get("json"))
-    return serving_lines(export_dir, target, trained_k, advice_for(export_dir, acceptance))
+    target_dir = summary.get("target_dir")
+    advice = advice_for(export_dir, acceptance, target_dir=target_dir)
+    return serving_lines(
+        export_dir,
+        meta.target_name_or_path,
+        meta.num_speculative_tokens,
+        advice,
+        tensor_parallel_size=meta.serve_tensor_parallel_size,
+        trust_remote_code=meta.serve_trust_remote_code,
+    )
 
 
 def online_target(

@@ -92,5 +92,6 @@ def build_head(
         target_name_or_path=target,
         target_architectures=list(hf.get("architectures") or [model.architecture]),
         num_speculative_tokens=num_speculative_tokens,
+        serve_trust_remote_code=bool(model.trust_remote_code),
     )
     return head, meta
