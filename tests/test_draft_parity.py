@@ -122,9 +122,9 @@ def _export_and_load_in_speculators(head: Eagle3DraftHead, vpath, out_dir, steps
     assert len(ref.layers) == head.cfg.num_layers
     for ours, theirs in (
         (head.lm_head, ref.lm_head),
-        (head.verifier_lm_head, ref.verifier_lm_head),
+        (head.target_lm_head, ref.verifier_lm_head),
         (head.embed_tokens, ref.embed_tokens),
-        (head.verifier_norm, ref.verifier_norm),
+        (head.target_norm, ref.verifier_norm),
     ):
         assert torch.equal(ours.weight, theirs.weight)
     assert torch.equal(ref.d2t, head.d2t) and torch.equal(ref.t2d, head.t2d)
@@ -239,8 +239,8 @@ def test_loss_and_full_accuracy_match_speculators_eager_loss(target, steps, kind
     )
     ref = Eagle3DraftModel(spec_cfg).float().eval()
     state = export_state_dict(head, include_embed_tokens=True, dtype=None)
-    state["verifier_lm_head.weight"] = head.verifier_lm_head.weight
-    state["verifier_norm.weight"] = head.verifier_norm.weight
+    state["verifier_lm_head.weight"] = head.target_lm_head.weight
+    state["verifier_norm.weight"] = head.target_norm.weight
     missing, unexpected = ref.load_state_dict(state, strict=False)
     assert missing == [] and unexpected == []
 
