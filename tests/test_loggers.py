@@ -35,3 +35,22 @@ def test_asking_wins_over_credentials(clean_env, monkeypatch):
     assert wandb_mode_and_reason("offline") == ("offline", "logger.mode=offline")
     monkeypatch.setenv("WANDB_MODE", "disabled")
     assert wandb_mode_and_reason(None) == ("disabled", "WANDB_MODE=disabled")
+
+
+def test_say_prints_once_and_writes_the_run_log(tmp_path, capsys):
+    """say(): each line on stdout as it is (scripts read the last one) and in the run's log file
+    (the root logger's file handler, as Hydra sets it up), never twice on the console."""
+    import logging
+
+    from eagle3.util.report import say
+
+    handler = logging.FileHandler(tmp_path / "train.log")
+    logging.getLogger().addHandler(handler)
+    try:
+        say(["serve it: vllm serve org/target", "eval failed: RuntimeError: boom"])
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["serve it: vllm serve org/target", "eval failed: RuntimeError: boom"]
+    assert (tmp_path / "train.log").read_text().splitlines() == out

@@ -80,6 +80,9 @@ def test_grid_sweep_runs_dirs_wandb_and_table(data_dir, tmp_path):
         # main() returned the metric Hydra's sweepers optimise
         status = json.loads((job / "job_status.json").read_text())
         assert status["return_value"] == pytest.approx(summary["final"][METRIC])
+        # the serve command and the export path reach the job's log file, not only the console
+        log = (job / "train.log").read_text()
+        assert "serve it: vllm serve" in log and summary["export_dir"] in log
         (wandb_dir,) = list((job / "wandb").glob("offline-run-*"))  # one W&B run per job, in its dir
         run = read_run(wandb_dir)
         assert run["group"] == sweep.name  # grouped by the sweep

@@ -19,6 +19,7 @@ from eagle3.config.engine import EngineOptions
 from eagle3.config.schema import RunConfig, plain, typed
 from eagle3.evaluation.acceptance import evaluate, vllm_available
 from eagle3.stages.evaluate_config import EvaluateConfig, register_evaluate_config
+from eagle3.util.report import say
 
 
 def evaluate_trained(cfg: RunConfig, export_dir: Path, ds_dir: Path, model_dir: str, logger) -> dict | None:
@@ -28,7 +29,7 @@ def evaluate_trained(cfg: RunConfig, export_dir: Path, ds_dir: Path, model_dir: 
     if not cfg.eval.enabled:
         return None
     if not vllm_available():
-        print("eval: vLLM is not installed; skipping the acceptance measurement")
+        say(["eval: vLLM is not installed; skipping the acceptance measurement"])
         return None
     try:
         result = evaluate(
@@ -47,7 +48,7 @@ def evaluate_trained(cfg: RunConfig, export_dir: Path, ds_dir: Path, model_dir: 
             wandb_run=logger.experiment if logger else None,
         )
     except Exception as e:  # noqa: BLE001 - reported in summary.json and on stderr
-        print(f"eval failed: {type(e).__name__}: {e}")
+        say([f"eval failed: {type(e).__name__}: {e}"])  # stdout and train.log: summary.json keeps it too
         return {"error": f"{type(e).__name__}: {e}"}
     return {"json": str(result.json_path), "mean_acceptance_length": result.mean_acceptance_length}
 

@@ -43,7 +43,7 @@ from eagle3.training.step_path import StepPath, resolve_step_path
 from eagle3.util.atomic import write_text
 from eagle3.util.clock import StageClock
 from eagle3.util.launch import check_external_launch
-from eagle3.util.report import report
+from eagle3.util.report import report, say
 
 
 def _resolve_ckpt(ckpt_path: str | None, ckpt_dir: Path) -> str | None:
@@ -305,13 +305,14 @@ def _export_and_evaluate(
 def _write_summary(output_dir: Path, export_dir: Path, draft_meta: DraftMeta, summary: Mapping[str, Any]) -> None:
     """summary.json, then the serving advice and, last, the export directory (scripts read it)."""
     write_text(output_dir / "summary.json", json.dumps(summary, indent=2))  # never a torn one (sweep tables read it)
-    print(f"summary: {output_dir / 'summary.json'}")
     line = best_metric_line(summary.get("best_metric"), summary.get("best_metric_value"))
-    if line:
-        print(line)
-    for line in serve_lines(export_dir, draft_meta, summary):
-        print(line)
-    print(str(export_dir))
+    # to stdout and train.log alike: the serve command is what a reader of the log looks for
+    say(
+        [f"summary: {output_dir / 'summary.json'}"]
+        + ([line] if line else [])
+        + serve_lines(export_dir, draft_meta, summary)
+        + [str(export_dir)]
+    )
 
 
 def best_metric_line(name: str | None, value: float | None) -> str | None:

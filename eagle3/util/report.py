@@ -18,3 +18,14 @@ def report(lines: list[str]) -> None:
     """Each line to the log: Hydra prints it and writes it to the run's log file."""
     for line in lines:
         log.info(line)
+
+
+def say(lines: list[str]) -> None:
+    """Each line to stdout as it is (scripts read it: the export path is train.py's last line)
+    and to the run's log file (Hydra's file handler on the root logger), not twice to the console."""
+    files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    for line in lines:
+        print(line, flush=True)
+        record = log.makeRecord(log.name, logging.INFO, __file__, 0, line, (), None)
+        for handler in files:
+            handler.handle(record)
