@@ -29,6 +29,7 @@ from typing import Any, Optional
 from eagle3.config.engine import EngineOptions
 from eagle3.target_model.vllm_versions import check_vllm_version
 from eagle3.util.atomic import write_text
+from eagle3.util.processes import end_descendants
 
 
 @dataclass
@@ -237,26 +238,12 @@ def _watch(parent: int, poll_s: float) -> None:
 
 
 def _end_self_and_children(parent: int) -> None:
-    import psutil  # type: ignore[import-untyped]  # a vLLM dependency, without type stubs
-
     print(
         f"[eagle3.evaluation] engine {os.getpid()}: its parent {parent} is gone; ending its processes and itself",
         file=sys.stderr,
         flush=True,
     )
-    children = psutil.Process().children(recursive=True)
-    for c in children:
-        try:
-            c.send_signal(signal.SIGTERM)
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(children, timeout=STOP_GRACE_S)
-    for c in alive:
-        try:
-            c.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=STOP_GRACE_S)
+    end_descendants(STOP_GRACE_S)
     os._exit(128 + signal.SIGTERM)
 
 

@@ -50,6 +50,7 @@ from eagle3.target_model.adapter import CapturedSample, CaptureError, CaptureSpe
 from eagle3.target_model.records import CONNECTOR_HIDDEN_KEY, CONNECTOR_TOKENS_KEY
 from eagle3.util.atomic import pid_alive
 from eagle3.util.hidden_dtypes import names_by_torch_dtype
+from eagle3.util.processes import end_descendants
 
 FILE_WAIT_S = 60.0  # the writer is the rank whose output the engine returns, so this is a guard
 SHM_DIR = "/dev/shm"
@@ -274,7 +275,7 @@ def _on_sigterm(signum, frame) -> None:
     owner = _sigterm.get("owner") == os.getpid()  # not a forked child that inherited the handler
     ending = not callable(previous)
     if owner and ending:
-        _end_children()  # first: none of them writes into the spill once it is removed
+        end_descendants()  # first: none of them writes into the spill once it is removed
     if owner:
         for path in list(_LIVE_SPILLS):
             shutil.rmtree(path, ignore_errors=True)
@@ -284,26 +285,6 @@ def _on_sigterm(signum, frame) -> None:
         return
     signal.signal(signum, signal.SIG_DFL if previous is None else previous)
     os.kill(os.getpid(), signum)
-
-
-def _end_children(grace_s: float = 10.0) -> None:
-    """SIGTERM to this process's descendants (vLLM's engine core and workers: each shuts down on
-    it), SIGKILL to those still there after ``grace_s``."""
-    import psutil  # type: ignore[import-untyped]  # a vLLM dependency, without type stubs
-
-    children = psutil.Process().children(recursive=True)
-    for c in children:
-        try:
-            c.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(children, timeout=grace_s)
-    for c in alive:
-        try:
-            c.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=grace_s)
 
 
 class VLLMCaptureBackend:
