@@ -31,10 +31,10 @@ CAP_AVX2 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 
 def measure(samples: int, max_length: int) -> dict:
     import torch
-    from transformers import AutoTokenizer
+    from transformers import AutoModel, AutoTokenizer
 
     from eagle3.data.pipeline import prepare_samples
-    from eagle3.target_model.capture_hf import HFCaptureBackend, _load_base_model
+    from eagle3.target_model.capture_hf import HFCaptureBackend
     from eagle3.target_model.compute_dtype import compute_dtype, cpu_flags
     from eagle3.target_model.resolve import materialize_smollm2
 
@@ -48,7 +48,7 @@ def measure(samples: int, max_length: int) -> dict:
     tokens = sum(int(s.input_ids.numel()) for s in data.train)
     rates = {}
     for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
-        model = _load_base_model(model_dir, dtype)
+        model = AutoModel.from_pretrained(model_dir, dtype=dtype)  # the base model, as capture loads it
         with HFCaptureBackend(model_dir, CAPTURE_IDS, dtype=torch.bfloat16, model=model) as backend:
             list(backend.capture_with_ids(feed[:2]))  # first-call costs out of the timing
             t0 = time.perf_counter()

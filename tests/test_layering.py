@@ -10,7 +10,10 @@ folder under eagle3/ is the layer:
               -> util
 
 training and evaluation never import each other: what both need (batching, the serving
-format, W&B's mode) lives below both. draft/ is plain torch: no lightning, no hydra."""
+format, W&B's mode) lives below both. draft/ is plain torch: no lightning, no hydra.
+
+bench/ and scripts/ stand outside the package: they may import eagle3's public names only (no
+module or name starting with `_`), and nothing in eagle3 imports them."""
 
 from __future__ import annotations
 
@@ -107,3 +110,60 @@ def test_training_and_evaluation_never_import_each_other():
     # each layer imports only layers listed before it in LAYERS (and itself): no cycle possible
     for layer, allowed in ALLOWED.items():
         assert all(LAYERS.index(a) <= LAYERS.index(layer) for a in allowed), layer
+
+
+# ---------------------------------------------------------------- bench/ and scripts/
+
+OUTSIDE = sorted([*(ROOT / "bench").rglob("*.py"), *(ROOT / "scripts").rglob("*.py")])
+
+
+def private_imports(source: str, filename: str = "<source>") -> list[str]:
+    """Every eagle3 import in ``source`` that reaches a private module or name (a part starting
+    with `_`, dunders such as __version__ aside), as "line: what"."""
+
+    def private(part: str) -> bool:
+        return part.startswith("_") and not (part.startswith("__") and part.endswith("__"))
+
+    bad = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names if a.name.split(".")[0] == "eagle3"]
+            bad += [f"{node.lineno}: import {n}" for n in names if any(map(private, n.split(".")))]
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "eagle3":
+            module = node.module or ""
+            for alias in node.names:
+                if any(map(private, module.split("."))) or private(alias.name):
+                    bad.append(f"{node.lineno}: from {module} import {alias.name}")
+    return bad
+
+
+def test_the_private_import_check_sees_private_names():
+    assert private_imports("from eagle3.target_model.capture_hf import HFCaptureBackend, _load_base_model") == [
+        "1: from eagle3.target_model.capture_hf import _load_base_model"
+    ]
+    assert private_imports("import eagle3.store._shards as s\nfrom eagle3._x import y") == [
+        "1: import eagle3.store._shards",
+        "2: from eagle3._x import y",
+    ]
+    assert private_imports("from eagle3 import __version__\nfrom eagle3.draft import DraftConfig") == []
+    assert private_imports("from other._lib import _thing\nfrom . import _sibling") == []
+
+
+def test_bench_and_scripts_import_only_public_names():
+    assert OUTSIDE, "bench/ and scripts/ hold no Python file"
+    bad = [
+        f"{path.relative_to(ROOT)}:{hit}" for path in OUTSIDE for hit in private_imports(path.read_text(), str(path))
+    ]
+    assert bad == [], "bench/ and scripts/ may import eagle3's public names only:\n" + "\n".join(bad)
+
+
+def test_eagle3_never_imports_bench_or_scripts():
+    # bench files import each other by their bare names (bench/ on sys.path): those count too
+    outside = {"bench", "scripts"} | {p.stem for p in OUTSIDE}
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}: imports {imported}"
+        for module, path in MODULES.items()
+        for imported, line in imports_of(module, path)
+        if imported.split(".")[0] in outside
+    ]
+    assert bad == [], "eagle3 imports bench/ or scripts/:\n" + "\n".join(bad)
