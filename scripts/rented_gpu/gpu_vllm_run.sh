@@ -4,54 +4,55 @@
 # CUDA vLLM, its serving speed-up, regeneration throughput, and the GPU parts of the suite.
 #
 # Here, once:  bash ../shared/gpu/vllm_cuda_bundle.sh .gpu/vllm      (CUDA vLLM in 6 chunks)
-#              python scripts/gpu_bundle.py --max-conversations 8000 (GGUF parts, packages, chat data)
+#              python scripts/rented_gpu/gpu_bundle.py --max-conversations 8000 (GGUF parts, packages, chat data)
 # There, call after call (the machine keeps /tmp only while warm, ~30 s between calls):
-#   bash scripts/gpu_vllm_run.sh carry K        K = 0..5, carrying .gpu/vllm/cK; K = 5 installs vLLM
-#   bash scripts/gpu_quality_run.sh part 0      carrying .gpu/parts/gguf.0 .gpu/site .gpu/gguf.sha256
-#   bash scripts/gpu_quality_run.sh part 1      carrying .gpu/parts/gguf.1 .gpu/sharegpt.jsonl.xz
-#   bash scripts/gpu_vllm_run.sh capture        parity HF vs vLLM (+ a few files as vLLM's connector wrote them),
+#   bash scripts/rented_gpu/gpu_vllm_run.sh carry K        K = 0..5, carrying .gpu/vllm/cK; K = 5 installs vLLM
+#   bash scripts/rented_gpu/gpu_quality_run.sh part 0      carrying .gpu/parts/gguf.0 .gpu/site .gpu/gguf.sha256
+#   bash scripts/rented_gpu/gpu_quality_run.sh part 1      carrying .gpu/parts/gguf.1 .gpu/sharegpt.jsonl.xz
+#   bash scripts/rented_gpu/gpu_vllm_run.sh capture        parity HF vs vLLM (+ a few files as vLLM's connector wrote them),
 #                                               then extract.py with capture=hf and capture=vllm
-#   bash scripts/gpu_vllm_run.sh train          train.py on the vLLM-captured dataset for MINUTES,
+#   bash scripts/rented_gpu/gpu_vllm_run.sh train          train.py on the vLLM-captured dataset for MINUTES,
 #                                               its end-of-run evaluation in CUDA vLLM
-#   bash scripts/gpu_vllm_run.sh serving        bench/serving_speedup.py on that head
-#   bash scripts/gpu_vllm_run.sh regen          bench/regen_throughput.py: vLLM vs fast decode
-#   bash scripts/gpu_vllm_run.sh tests          the CUDA and vLLM tests of the suite
-#   bash scripts/gpu_vllm_run.sh dataset        extract.py (HF capture) of the N conversations alone
-#   bash scripts/gpu_vllm_run.sh ranking        bench/metric_ranking.py: HEADS heads on that dataset, each
+#   bash scripts/rented_gpu/gpu_vllm_run.sh serving        bench/serving_speedup.py on that head
+#   bash scripts/rented_gpu/gpu_vllm_run.sh regen          bench/regen_throughput.py: vLLM vs fast decode
+#   bash scripts/rented_gpu/gpu_vllm_run.sh tests          the CUDA and vLLM tests of the suite
+#   bash scripts/rented_gpu/gpu_vllm_run.sh dataset        extract.py (HF capture) of the N conversations alone
+#   bash scripts/rented_gpu/gpu_vllm_run.sh ranking        bench/metric_ranking.py: HEADS heads on that dataset, each
 #                                               measured by CUDA vLLM; resumable, so HEADS=3 then HEADS=6
 #                                               in two calls (each call stops itself before the 10-minute cap)
-#   bash scripts/gpu_vllm_run.sh budget_extract the whole pipeline inside BUDGET_MINUTES (experiment=smollm2_budget):
+#   bash scripts/rented_gpu/gpu_vllm_run.sh budget_extract the whole pipeline inside BUDGET_MINUTES (experiment=smollm2_budget):
 #                                               extract.py's part (regeneration by vLLM, capture)
-#   bash scripts/gpu_vllm_run.sh budget_train   train.py's part (what the extraction left; its check in CUDA vLLM);
+#   bash scripts/rented_gpu/gpu_vllm_run.sh budget_train   train.py's part (what the extraction left; its check in CUDA vLLM);
 #                                               the two parts in two calls when together they pass the 10-minute cap
-#   bash scripts/gpu_vllm_run.sh budget_peer    speculators 0.9 trained on the same data for the minutes our training
+#   bash scripts/rented_gpu/gpu_vllm_run.sh budget_peer    speculators 0.9 trained on the same data for the minutes our training
 #                                               had, then measured by evaluate.py on the prompts of our check
-#   bash scripts/gpu_vllm_run.sh budget_serving both budget heads by bench/serving_speedup.py (LOADS, DRAFT_TOKENS)
-# Several stages may share one call: bash scripts/gpu_vllm_run.sh train serving
+#   bash scripts/rented_gpu/gpu_vllm_run.sh budget_serving both budget heads by bench/serving_speedup.py (LOADS, DRAFT_TOKENS)
+# Several stages may share one call: bash scripts/rented_gpu/gpu_vllm_run.sh train serving
 # Results (JSON, figures, logs' tails) go to $OUT; nothing else comes back.
+TMPD=${TMPD:-/tmp}  # the rented machine's scratch disk: everything these calls leave lives here
 set -euo pipefail
-PKG=/tmp/eagle3_pkgs
-OUTD=${OUT:-/tmp/out}; mkdir -p "$OUTD"
+PKG=$TMPD/eagle3_pkgs
+OUTD=${OUT:-$TMPD/out}; mkdir -p "$OUTD"
 N=${N:-6000}                       # conversations of the training dataset (their own answers)
 MINUTES=${MINUTES:-4}              # training budget
 PARITY_N=${PARITY_N:-200}
-export PYTHONPATH=/tmp/vllm_site:$PKG/site:$PKG:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export PYTHONPATH=$TMPD/vllm_site:$PKG/site:$PKG:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export VLLM_USE_FLASHINFER_SAMPLER=0  # flashinfer is not carried
 export VLLM_WORKER_MULTIPROC_METHOD=spawn  # the parity run has CUDA up before vLLM starts
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # the smollm2_full recipe on the first N conversations with their own answers
-COMMON=(experiment=smollm2_full data=jsonl data.path=/tmp/sharegpt.jsonl data.max_samples="$N"
-        data.regenerate=false paths.cache_dir=/tmp/cache logger=none)
+COMMON=(experiment=smollm2_full data=jsonl data.path=$TMPD/sharegpt.jsonl data.max_samples="$N"
+        data.regenerate=false paths.cache_dir=$TMPD/cache logger=none)
 # the time-budget pipeline; BUDGET_SAMPLES caps the conversations (the chat file's count)
-BUDGET=(experiment=smollm2_budget data=jsonl data.path=/tmp/sharegpt.jsonl data.max_samples="${BUDGET_SAMPLES:-null}"
-        time_budget.minutes="${BUDGET_MINUTES:-20}" paths.cache_dir=/tmp/cache paths.data_dir=/tmp/data_budget logger=none)
+BUDGET=(experiment=smollm2_budget data=jsonl data.path=$TMPD/sharegpt.jsonl data.max_samples="${BUDGET_SAMPLES:-null}"
+        time_budget.minutes="${BUDGET_MINUTES:-20}" paths.cache_dir=$TMPD/cache paths.data_dir=$TMPD/data_budget logger=none)
 quiet() { grep -vE "Loading weights|it/s\]|s/it\]" | tr '\r' '\n' | grep -vE "it/s\]$|^\s*$" || true; }
-smollm2_dir() { ls -d /tmp/cache/targets/smollm2_135m-bf16-* 2>/dev/null | head -1; }
+smollm2_dir() { ls -d $TMPD/cache/targets/smollm2_135m-bf16-* 2>/dev/null | head -1; }
 
 stage_carry() {
   local k=$1
   bash ".gpu/vllm/c$k/stage.sh"
-  if [ "$k" = 5 ]; then bash /tmp/vllm_stage/install.sh; fi
+  if [ "$k" = 5 ]; then bash $TMPD/vllm_stage/install.sh; fi
 }
 
 ensure_gguf() {  # the two GGUF parts the part calls left in $PKG, reassembled and checked once
@@ -68,51 +69,51 @@ ensure_gguf() {  # the two GGUF parts the part calls left in $PKG, reassembled a
 stage_capture() {
   ensure_gguf
   nvidia-smi --query-gpu=name,memory.used --format=csv,noheader || true
-  df -h /tmp /dev/shm | tail -2
+  df -h $TMPD /dev/shm | tail -2
   # the target's bf16 directory (materialised from the GGUF) and the parity run
   local model
   model=$(python3 -c 'from eagle3.target_model.resolve import materialize_smollm2; print(materialize_smollm2("/tmp/cache"))' | tail -1)
-  rm -rf /tmp/native_files; mkdir -p /tmp/native_files
-  python3 bench/vllm_capture_parity.py --model-dir "$model" --chat /tmp/sharegpt.jsonl --n "$PARITY_N" \
-    --out "$OUTD/parity.json" --keep-files /tmp/native_files --keep-n 3 --keep-max-tokens 40 2>&1 | quiet | tail -70
-  tar -C /tmp -cf "$OUTD/native_files.tar" native_files
+  rm -rf $TMPD/native_files; mkdir -p $TMPD/native_files
+  python3 bench/vllm_capture_parity.py --model-dir "$model" --chat $TMPD/sharegpt.jsonl --n "$PARITY_N" \
+    --out "$OUTD/parity.json" --keep-files $TMPD/native_files --keep-n 3 --keep-max-tokens 40 2>&1 | quiet | tail -70
+  tar -C $TMPD -cf "$OUTD/native_files.tar" native_files
   # capture throughput, the same samples: HF then vLLM (each into its own data dir: the
   # backend is no part of a dataset's fingerprint). The HF one is deleted after.
   for be in hf vllm; do
     echo "== extract capture=$be"
-    (time python3 extract.py "${COMMON[@]}" capture=$be paths.data_dir=/tmp/data_$be \
+    (time python3 extract.py "${COMMON[@]}" capture=$be paths.data_dir=$TMPD/data_$be \
        capture.max_num_seqs=${MAX_NUM_SEQS:-256} capture.gpu_memory_utilization=0.6) 2>&1 | quiet \
        | tee "$OUTD/extract_$be.log" | grep -E "^captured|^done|^real|tok/s\)" || true
-    df -h /tmp | tail -1
+    df -h $TMPD | tail -1
   done
-  grep -h '"capture"' /tmp/data_vllm/*/manifest.json | head -2 || true
-  rm -rf /tmp/data_hf
+  grep -h '"capture"' $TMPD/data_vllm/*/manifest.json | head -2 || true
+  rm -rf $TMPD/data_hf
 }
 
 stage_train() {
-  rm -rf /tmp/run
-  (time python3 train.py "${COMMON[@]}" capture=vllm paths.data_dir=/tmp/data_vllm hydra.run.dir=/tmp/run \
+  rm -rf $TMPD/run
+  (time python3 train.py "${COMMON[@]}" capture=vllm paths.data_dir=$TMPD/data_vllm hydra.run.dir=$TMPD/run \
      train.max_time="00:00:0$MINUTES:00" eval.enabled=${EVAL:-true} eval.max_prompts=32 eval.humaneval_prompts=16 \
      eval.max_new_tokens=128) 2>&1 | quiet | tail -45
-  cp /tmp/run/summary.json "$OUTD/train_summary.json"
-  cp /tmp/run/acceptance.json /tmp/run/acceptance.png "$OUTD/" 2>/dev/null || true
+  cp $TMPD/run/summary.json "$OUTD/train_summary.json"
+  cp $TMPD/run/acceptance.json $TMPD/run/acceptance.png "$OUTD/" 2>/dev/null || true
 }
 
 stage_serving() {
   local model ds; model=$(smollm2_dir)
   ds=$(python3 -c 'import json; print(json.load(open("/tmp/run/summary.json"))["dataset_dir"])')
-  python3 bench/serving_speedup.py --export-dir /tmp/run/export --target "$model" --dataset-dir "$ds" \
+  python3 bench/serving_speedup.py --export-dir $TMPD/run/export --target "$model" --dataset-dir "$ds" \
     --loads ${LOADS:-1,8,32,64} --draft-tokens ${DRAFT_TOKENS:-1,2,3,5} --max-new-tokens 128 \
-    --out "$OUTD/serving.json" --write-advice --work-dir /tmp/serving_work 2>&1 | quiet | tail -40
-  cp /tmp/run/export/serving.json "$OUTD/export_serving.json" 2>/dev/null || true
+    --out "$OUTD/serving.json" --write-advice --work-dir $TMPD/serving_work 2>&1 | quiet | tail -40
+  cp $TMPD/run/export/serving.json "$OUTD/export_serving.json" 2>/dev/null || true
   # how each engine ran (scheduling, CUDA graphs, drafter), from vLLM's own log lines
   grep -hoE "(async_scheduling|cudagraph_mode|Capturing CUDA graphs|Graph capturing finished|init engine)[^,]{0,80}" \
-    /tmp/serving_work/engine-k*.log 2>/dev/null | sort | uniq -c | head -20 || true
+    $TMPD/serving_work/engine-k*.log 2>/dev/null | sort | uniq -c | head -20 || true
 }
 
 stage_regen() {
   local model; model=$(smollm2_dir)
-  python3 bench/regen_throughput.py --model-dir "$model" --chat /tmp/sharegpt.jsonl --n ${REGEN_N:-2048} \
+  python3 bench/regen_throughput.py --model-dir "$model" --chat $TMPD/sharegpt.jsonl --n ${REGEN_N:-2048} \
     --max-tokens 256 --engines ${REGEN_ENGINES:-vllm hf} --hf-batch 2048 --num-answers ${REGEN_ANSWERS:-1} \
     --temperature ${REGEN_TEMPERATURE:-0} --out "$OUTD/regen.json" 2>&1 | quiet | tail -20
 }
@@ -126,7 +127,7 @@ stage_tests() {
 
 stage_dataset() {
   ensure_gguf
-  python3 extract.py "${COMMON[@]}" capture=hf paths.data_dir=/tmp/data 2>&1 | quiet \
+  python3 extract.py "${COMMON[@]}" capture=hf paths.data_dir=$TMPD/data 2>&1 | quiet \
     | grep -E "^captured|^done|tok/s\)|Error" || true
 }
 
@@ -134,10 +135,10 @@ stage_ranking() {
   # heads of a spread of quality on one dataset; vLLM measures each with the head alone, eager
   # (acceptance does not depend on CUDA graphs, and an eager engine starts in a fraction of the time)
   timeout "${RANKING_SECONDS:-540}" python3 bench/metric_ranking.py --variants gpu --heads "${HEADS:-6}" \
-    --base "${COMMON[@]}" capture=hf paths.data_dir=/tmp/data --work-dir /tmp/ranking \
+    --base "${COMMON[@]}" capture=hf paths.data_dir=$TMPD/data --work-dir $TMPD/ranking \
     --eval-prompts 32 --humaneval 16 --eval-args engine.enforce_eager=true eval.max_new_tokens=128 \
     --out "$OUTD/ranking.json" 2>&1 | quiet | tail -30 || true
-  tail -3 /tmp/ranking/head*.train.log 2>/dev/null | tail -12 || true
+  tail -3 $TMPD/ranking/head*.train.log 2>/dev/null | tail -12 || true
 }
 
 stage_budget_extract() {
@@ -152,12 +153,12 @@ PY
 }
 
 stage_budget_train() {
-  rm -rf /tmp/brun
-  (time python3 train.py "${BUDGET[@]}" hydra.run.dir=/tmp/brun) 2>&1 | quiet | grep -vE "^\s*(│|┃|┏|┗|└|┌|├)" \
+  rm -rf $TMPD/brun
+  (time python3 train.py "${BUDGET[@]}" hydra.run.dir=$TMPD/brun) 2>&1 | quiet | grep -vE "^\s*(│|┃|┏|┗|└|┌|├)" \
     | tail -30 | tee "$OUTD/budget_train.log"
-  cp /tmp/brun/summary.json "$OUTD/budget_summary.json"
-  cp /tmp/brun/export/acceptance.json "$OUTD/budget_acceptance.json" 2>/dev/null || true
-  cp /tmp/brun/export/acceptance.png "$OUTD/budget_acceptance.png" 2>/dev/null || true
+  cp $TMPD/brun/summary.json "$OUTD/budget_summary.json"
+  cp $TMPD/brun/export/acceptance.json "$OUTD/budget_acceptance.json" 2>/dev/null || true
+  cp $TMPD/brun/export/acceptance.png "$OUTD/budget_acceptance.png" 2>/dev/null || true
 }
 
 stage_budget_peer() {
@@ -169,19 +170,19 @@ stage_budget_peer() {
   [ -d $PKG/spec ] || python3 -m pip install -q --no-index --no-deps --target $PKG/spec .whl/*.whl
   echo "peer: $minutes min on $ds"
   PYTHONPATH=$PKG/spec:$PYTHONPATH timeout 480 python3 bench/peer_quality.py train-peer --dataset-dir "$ds" \
-    --cache-dir /tmp/cache --minutes "$minutes" --out /tmp/run-peer > "$OUTD/peer_train.log" 2>&1 || true
+    --cache-dir $TMPD/cache --minutes "$minutes" --out $TMPD/run-peer > "$OUTD/peer_train.log" 2>&1 || true
   tail -8 "$OUTD/peer_train.log"
-  cp /tmp/run-peer/peer_train.json "$OUTD/" 2>/dev/null || true
+  cp $TMPD/run-peer/peer_train.json "$OUTD/" 2>/dev/null || true
   # the peer's head by evaluate.py with the settings of train.py's check of ours (eval.*'s defaults:
   # 32 prompts, the validation split's opening turns + 16 HumanEval, 128 new tokens, eager engines),
   # so the check's acceptance.json is ours on the same prompts; EVAL_OURS=1 measures ours again here
   local runs=(run-peer); [ "${EVAL_OURS:-0}" = 1 ] && runs=(brun run-peer)
-  cp /tmp/brun/export/acceptance.json "$OUTD/eval_brun_check.json" 2>/dev/null || true
+  cp $TMPD/brun/export/acceptance.json "$OUTD/eval_brun_check.json" 2>/dev/null || true
   for run in "${runs[@]}"; do
-    python3 evaluate.py export_dir=/tmp/$run/export dataset_dir="$ds" target="$model" out_dir=/tmp/eval-$run \
+    python3 evaluate.py export_dir=$TMPD/$run/export dataset_dir="$ds" target="$model" out_dir=$TMPD/eval-$run \
       eval.max_prompts=32 eval.humaneval_prompts=16 eval.max_new_tokens=128 engine.enforce_eager=true baseline=false \
       2>&1 | quiet | tail -4
-    cp /tmp/eval-$run/acceptance.json "$OUTD/eval_$run.json" 2>/dev/null || true
+    cp $TMPD/eval-$run/acceptance.json "$OUTD/eval_$run.json" 2>/dev/null || true
   done
 }
 
@@ -191,9 +192,9 @@ stage_budget_serving() {
   local model ds; model=$(smollm2_dir)
   ds=$(python3 -c 'import json; print(json.load(open("/tmp/brun/summary.json"))["dataset_dir"])')
   for run in brun run-peer; do
-    python3 bench/serving_speedup.py --export-dir /tmp/$run/export --target "$model" --dataset-dir "$ds" \
+    python3 bench/serving_speedup.py --export-dir $TMPD/$run/export --target "$model" --dataset-dir "$ds" \
       --loads ${LOADS:-1,8} --draft-tokens ${DRAFT_TOKENS:-3} --max-new-tokens 128 \
-      --out "$OUTD/serving_$run.json" --work-dir /tmp/budget_serving 2>&1 | quiet | tail -12
+      --out "$OUTD/serving_$run.json" --work-dir $TMPD/budget_serving 2>&1 | quiet | tail -12
   done
 }
 

@@ -2,12 +2,13 @@
 # Issue 8 on one host with 2 GPUs: data-parallel extraction (one process per GPU, then the
 # merge) vs a 1-GPU extraction of the same samples, and 2-rank DDP (torchrun) vs 1 GPU with
 # the same global batch (accumulate 2). Carry .gpu/site .gpu/tok .gpu/sharegpt.jsonl.xz.
-#   bash scripts/gpu2_dp_run.sh            (TOPO1/TOPO2/DEV0/DEV1 let it run on CPU too)
+#   bash scripts/rented_gpu/gpu2_dp_run.sh            (TOPO1/TOPO2/DEV0/DEV1 let it run on CPU too)
+TMPD=${TMPD:-/tmp}  # the rented machine's scratch disk: everything these calls leave lives here
 set -euo pipefail
 export PYTHONPATH=$PWD/.gpu/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # NVLink multicast stays off (device notes)
 PY=${PYTHON:-python3}; TORCHRUN=${TORCHRUN:-torchrun}
-TOPO1=${TOPO1:-gpu1}; TOPO2=${TOPO2:-gpu2_tp2}; W=${W:-/tmp/dp}
+TOPO1=${TOPO1:-gpu1}; TOPO2=${TOPO2:-gpu2_tp2}; W=${W:-$TMPD/dp}
 OUTD=${OUT:-$W/out}; mkdir -p "$OUTD" "$W"
 [ -f $W/sharegpt.jsonl ] || xz -dc .gpu/sharegpt.jsonl.xz > $W/sharegpt.jsonl
 # a random Llama (SmolLM2's tokenizer) big enough for GPU work to dominate overheads

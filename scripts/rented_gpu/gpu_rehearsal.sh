@@ -6,26 +6,27 @@
 # acceptance is real: shapes, memory, disk, throughput, engine start and serving step costs.
 #
 # Here, once:  bash ../shared/gpu/vllm_cuda_bundle.sh .gpu/vllm     (CUDA vLLM in 6 chunks)
-#              python scripts/gpu_bundle.py --max-conversations 4000 (packages, chat data, tokenizer)
+#              python scripts/rented_gpu/gpu_bundle.py --max-conversations 4000 (packages, chat data, tokenizer)
 # There, call after call, with no pause between calls (/tmp lives only while the machine is warm):
-#   bash scripts/gpu_vllm_run.sh carry K         K = 0..5, carrying .gpu/vllm/cK (5 installs vLLM)
-#   bash scripts/gpu_rehearsal.sh stage extract  carrying .gpu/site .gpu/tok .gpu/sharegpt.jsonl.xz:
+#   bash scripts/rented_gpu/gpu_vllm_run.sh carry K         K = 0..5, carrying .gpu/vllm/cK (5 installs vLLM)
+#   bash scripts/rented_gpu/gpu_rehearsal.sh stage extract  carrying .gpu/site .gpu/tok .gpu/sharegpt.jsonl.xz:
 #                                                the random target, extract.py with capture=vllm
 #                                                (the target's own answers) and with capture=hf
-#   bash scripts/gpu_rehearsal.sh train          train.py for MINUTES (the recipe's head), its export
-#   bash scripts/gpu_rehearsal.sh serve          bench/serving_speedup.py: step costs per K and load
+#   bash scripts/rented_gpu/gpu_rehearsal.sh train          train.py for MINUTES (the recipe's head), its export
+#   bash scripts/rented_gpu/gpu_rehearsal.sh serve          bench/serving_speedup.py: step costs per K and load
 # TARGET=llama3_1_8b (default) | qwen3_8b | qwen3_30b_a3b | kimi_k2_5 (cut to LAYERS layers and
 # EXPERTS experts to fit one GPU); N conversations (default 600); HF_N (150) of them for capture=hf.
 # Each stage writes rehearsal_<stage>.json and its log's tail to $OUT.
+TMPD=${TMPD:-/tmp}  # the rented machine's scratch disk: everything these calls leave lives here
 set -euo pipefail
-PKG=/tmp/eagle3_pkgs
-OUTD=${OUT:-/tmp/out}; mkdir -p "$OUTD"
+PKG=$TMPD/eagle3_pkgs
+OUTD=${OUT:-$TMPD/out}; mkdir -p "$OUTD"
 TARGET=${TARGET:-llama3_1_8b}
 N=${N:-600}
 HF_N=${HF_N:-150}
 MINUTES=${MINUTES:-3}
-W=/tmp/rehearsal
-export PYTHONPATH=/tmp/vllm_site:$PKG/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+W=$TMPD/rehearsal
+export PYTHONPATH=$TMPD/vllm_site:$PKG/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_WORKER_MULTIPROC_METHOD=spawn
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
@@ -35,19 +36,19 @@ if [ "$TARGET" = kimi_k2_5 ]; then  # one GPU: the first dense layer + MoE layer
   CUT=(model.num_layers="${LAYERS:-4}" model.extra_config.n_routed_experts="${EXPERTS:-32}"
        model.quantization=null topology=gpu1)
 fi
-RECIPE=(experiment="$TARGET" model.source=tiny model.tokenizer_from=/tmp/tok "${CUT[@]}"
-        data=jsonl data.path=/tmp/sharegpt.jsonl data.max_samples="$N" data.val_fraction=0.05
+RECIPE=(experiment="$TARGET" model.source=tiny model.tokenizer_from=$TMPD/tok "${CUT[@]}"
+        data=jsonl data.path=$TMPD/sharegpt.jsonl data.max_samples="$N" data.val_fraction=0.05
         paths.cache_dir=$W/cache paths.data_dir=$W/data logger=none)
 quiet() { grep -vE "Loading weights|it/s\]|s/it\]" | tr '\r' '\n' | grep -vE "it/s\]$|^\s*$" || true; }
 gpu_mem() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1; }
 now() { date +%s.%N; }
 
 stage_stage() {  # the packages, the tokenizer and the chat data carried in this call
-  mkdir -p $PKG /tmp/tok
+  mkdir -p $PKG $TMPD/tok
   rm -rf $PKG/site && cp -r .gpu/site $PKG/site
-  cp .gpu/tok/* /tmp/tok/
-  xz -dc .gpu/sharegpt.jsonl.xz > /tmp/sharegpt.jsonl
-  wc -l /tmp/sharegpt.jsonl; df -h /tmp | tail -1; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  cp .gpu/tok/* $TMPD/tok/
+  xz -dc .gpu/sharegpt.jsonl.xz > $TMPD/sharegpt.jsonl
+  wc -l $TMPD/sharegpt.jsonl; df -h $TMPD | tail -1; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 }
 
 stage_extract() {
