@@ -22,41 +22,39 @@ import argparse
 import gc
 import json
 import math
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import lightning as L
 import torch
+from harness import target_config, write_json  # beside this file; puts the checkout on sys.path
+from step_profile import StepProfile  # beside this file
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+from eagle3.config.schema import TrainConfig
+from eagle3.data.vocab import build_draft_vocab
+from eagle3.draft.config import DraftConfig
+from eagle3.draft.head import Eagle3DraftHead
+from eagle3.store import ShardWriter, write_token_dataset
+from eagle3.target_model.capture_hf import HFCaptureBackend
+from eagle3.target_model.layer_ids import aux_and_final, default_aux_ids
+from eagle3.training.callbacks import TokenThroughput
+from eagle3.training.datamodule import Eagle3DataModule
+from eagle3.training.module import Eagle3LitModule
+from eagle3.training.online import OnlineHiddenStates
 
-from step_profile import StepProfile  # noqa: E402  (beside this file)
-
-from eagle3.config.schema import TrainConfig  # noqa: E402
-from eagle3.data.vocab import build_draft_vocab  # noqa: E402
-from eagle3.draft.config import DraftConfig  # noqa: E402
-from eagle3.draft.head import Eagle3DraftHead  # noqa: E402
-from eagle3.store import ShardWriter, write_token_dataset  # noqa: E402
-from eagle3.target_model.capture_hf import HFCaptureBackend  # noqa: E402
-from eagle3.target_model.layer_ids import aux_and_final, default_aux_ids  # noqa: E402
-from eagle3.training.callbacks import TokenThroughput  # noqa: E402
-from eagle3.training.datamodule import Eagle3DataModule  # noqa: E402
-from eagle3.training.module import Eagle3LitModule  # noqa: E402
-from eagle3.training.online import OnlineHiddenStates  # noqa: E402
-
+SHAPES = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+)
 PRESETS = {
-    # Llama-3.1-8B
+    # Llama-3.1-8B: its shapes from conf/model/llama3_1_8b.yaml
     "llama3-8b": dict(
-        hidden_size=4096,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        intermediate_size=14336,
-        vocab_size=128256,
+        **{k: v for k, v in target_config("llama3_1_8b").items() if k in SHAPES},
         tokens_per_batch=8192,
         lengths=(256, 2048),
         draft_vocab=32000,
@@ -302,9 +300,7 @@ def main() -> None:
         print(f"offline num_workers={n}", json.dumps(runs[n]), flush=True)
     result["offline_by_workers"] = {str(n): r for n, r in runs.items()}
     result["offline"] = max(runs.values(), key=lambda r: r["tokens_per_s"])
-    print(json.dumps(result, indent=1))
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1))
+    write_json(args.out, result, indent=1, echo=True)
     if args.skip_online:
         return
     tokens = result["extract"]["tokens"]
@@ -315,9 +311,7 @@ def main() -> None:
     # k * D / on  >  E + k * D / off   <=>   k > E / (D / on - D / off)
     gain = tokens / on - tokens / off
     result["offline_wins_from_epochs"] = math.ceil(ext / gain + 1e-9) if gain > 0 else None
-    print(json.dumps(result, indent=1))
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1))
+    write_json(args.out, result, indent=1, echo=True)
 
 
 if __name__ == "__main__":

@@ -14,26 +14,22 @@ where the lm_head would otherwise hide everything else), random weights.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch
+from harness import target_config, write_json
 
 from eagle3.draft import DraftConfig, Eagle3DraftHead, eagle3_loss
 from eagle3.store.packing import collate_rows, pack_rows
 
-SMOLLM2 = dict(
-    model_type="llama",
-    hidden_size=576,
-    intermediate_size=1536,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    head_dim=64,
-    vocab_size=49152,
-    rms_norm_eps=1e-5,
-    max_position_embeddings=8192,
-    rope_theta=100000.0,
-)
+# SmolLM2-135M's shapes from conf/model/smollm2_135m.yaml, and the config.json fields it lacks
+SMOLLM2 = {
+    **target_config("smollm2_135m"),
+    "head_dim": 64,
+    "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 8192,
+    "rope_theta": 100000.0,
+}
 
 
 def _batches(lengths, max_tokens, row_tokens, hidden, n_batches, device):
@@ -135,18 +131,14 @@ def main() -> None:
             }
         )
         print(f"{name:>14}: {tps:>10,.0f} tok/s  {tps / base:.2f}x")
-    with open(args.out, "w") as f:
-        json.dump(
-            {
-                "device": str(torch.cuda.get_device_name() if gpu else "cpu"),
-                "max_tokens": max_tokens,
-                "ttt": args.ttt,
-                "draft_vocab": vocab,
-                "results": results,
-            },
-            f,
-            indent=2,
-        )
+    doc = {
+        "device": str(torch.cuda.get_device_name() if gpu else "cpu"),
+        "max_tokens": max_tokens,
+        "ttt": args.ttt,
+        "draft_vocab": vocab,
+        "results": results,
+    }
+    write_json(args.out, doc)
 
 
 if __name__ == "__main__":

@@ -56,7 +56,9 @@ def import_speculators() -> list[str]:
     return sorted(missing)
 
 
-def build_spec(s, x: dict, device: torch.device, ttt: int, attn: str, *, eps: float, rope_theta: float):
+def build_spec(
+    s, x: dict, device: torch.device, ttt: int, attn: str, *, eps: float, rope_theta: float, max_positions: int
+):
     """speculators' Eagle3DraftModel with the bench's shapes `s` and the weights in `x`."""
     from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
@@ -73,7 +75,7 @@ def build_spec(s, x: dict, device: torch.device, ttt: int, attn: str, *, eps: fl
         num_hidden_layers=1,
         rms_norm_eps=eps,
         rope_theta=rope_theta,
-        max_position_embeddings=131072,
+        max_position_embeddings=max_positions,
     )
     tl._attn_implementation = attn  # its trainer's default is simple_flex_attention
     config = Eagle3SpeculatorConfig(

@@ -37,11 +37,27 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import torch
+from harness import target_config
 from speculators_peer import build_spec, import_speculators, spec_loss_fn
+
+
+def _preset(model: str, draft_vocab: int, seq: int) -> dict:
+    """A target's shapes from conf/model/<model>.yaml (bench/harness.py) and the bench's sizes."""
+    t = target_config(model)
+    return dict(
+        hidden=t["hidden_size"],
+        heads=t["num_attention_heads"],
+        kv_heads=t["num_key_value_heads"],
+        intermediate=t["intermediate_size"],
+        vocab=t["vocab_size"],
+        draft_vocab=draft_vocab,
+        seq=seq,
+    )
+
 
 PRESETS = {
     "cpu-small": dict(hidden=256, heads=4, kv_heads=2, intermediate=1024, vocab=8192, draft_vocab=2048, seq=512),
-    "llama3-8b": dict(hidden=4096, heads=32, kv_heads=8, intermediate=14336, vocab=128256, draft_vocab=32000, seq=2048),
+    "llama3-8b": _preset("llama3_1_8b", draft_vocab=32000, seq=2048),
 }
 ALL_VARIANTS = (
     "ours",
@@ -54,8 +70,10 @@ ALL_VARIANTS = (
     "ours_flex_compiled",
 )
 COMPILED = {"ours_compiled", "ours_flex", "ours_flex_compiled", "spec", "spec_fused"}
+LLAMA = target_config("llama3_1_8b")  # both heads' norm and positions are Llama-3.1-8B's, every preset
 ROPE_THETA = 500000.0
-EPS = 1e-5
+EPS = LLAMA["rms_norm_eps"]
+MAX_POSITIONS = LLAMA["max_position_embeddings"]
 
 
 @dataclass
@@ -150,7 +168,7 @@ def build_ours(s: Shapes, x: dict, device: torch.device, frozen_lm: bool):
         target_vocab_size=s.vocab,
         draft_vocab_size=s.draft_vocab,
         rope_theta=ROPE_THETA,
-        max_position_embeddings=131072,
+        max_position_embeddings=MAX_POSITIONS,
         rms_norm_eps=EPS,
     )
     with torch.device(device):
@@ -312,7 +330,7 @@ def prepare(variant: str, ttt: int, s: Shapes, x: dict, device: torch.device, ar
             )
             if attn != "simple_flex_attention":
                 res.notes.append(f"attention {attn} (flex attention has no backward on CPU)")
-            p.model = build_spec(s, x, device, ttt, attn, eps=EPS, rope_theta=ROPE_THETA)
+            p.model = build_spec(s, x, device, ttt, attn, eps=EPS, rope_theta=ROPE_THETA, max_positions=MAX_POSITIONS)
             eager = variant == "spec_eager"
             fl = spec_loss_fn(p.model, ttt, "fused" if variant == "spec_fused" else "eager", eager)
             if device.type == "cpu" and not eager:  # its decorator compiles on CUDA only
