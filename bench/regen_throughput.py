@@ -18,7 +18,8 @@ import argparse
 import json
 import tempfile
 import time
-from pathlib import Path
+
+from harness import write_json  # beside this file; puts the checkout on sys.path
 
 from eagle3.data.loaders import load_conversations
 from eagle3.target_model.generate.dispatch import make_regenerator
@@ -90,8 +91,7 @@ def main() -> None:
             row["answers_equal_to_first_engine"] = sum(a == b for a, b in zip(answers, first_answers)) / len(answers)
         results["engines"][engine] = row
         print(engine, json.dumps(row), flush=True)
-    Path(args.out).write_text(json.dumps(results, indent=2))
-    print(json.dumps(results, indent=2))
+    write_json(args.out, results, echo=True)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+from harness import write_json  # beside this file; puts the checkout on sys.path
 
 from eagle3.data.pipeline import prepare_samples
 from eagle3.target_model.capture_hf import HFCaptureBackend
@@ -159,8 +160,7 @@ def main() -> None:
             "min_cosine_per_layer": {str(k): float(cos[:, j].min()) for j, k in enumerate(CAPTURE_IDS)},
         }
     report["final_layer_id"] = final_norm_check(args.model_dir, feed, v, device)
-    Path(args.out).write_text(json.dumps(report, indent=2))
-    print(json.dumps(report, indent=2))
+    write_json(args.out, report, echo=True)
 
 
 if __name__ == "__main__":
