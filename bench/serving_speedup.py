@@ -1,177 +1,30 @@
-"""What a head buys in serving: the target alone against the target with the head in vLLM,
-at several loads (concurrent requests) and numbers of draft tokens K, greedy, on held-out prompts.
+"""What a head buys in serving, as a bench: the measurement of eagle3/evaluation/serving_speedup.py
+(the target alone against the target with the head in vLLM, per load and number of draft tokens K,
+greedy, held-out prompts) with the target and prompts given by hand. It prints the table, the
+step costs and the best K per load, and writes the result JSON; it leaves the export as it is.
 
     python bench/serving_speedup.py --export-dir DIR --target DIR [--dataset-dir DIR] \
         [--prompts-jsonl FILE] [--loads 1,8,32,64] [--draft-tokens 1,2,3,5] [--prompts 64] \
-        [--max-new-tokens 128] --out results.json [--write-advice]
+        [--max-new-tokens 128] --out results.json
 
-Prompts: the dataset's validation split plus HumanEval, as ``python evaluate.py`` takes
-them (a third HumanEval; HumanEval alone without --dataset-dir), or a JSONL of chats
-(``{"messages": [...]}`` per line, the opening turns served).
+Prompts: the dataset's validation split plus HumanEval (a third HumanEval; HumanEval alone
+without --dataset-dir), or a JSONL of chats (``{"messages": [...]}`` per line).
 
-One engine per K (the target alone first), each in a process of its own
-(eagle3/evaluation/engine.py: its GPU memory is gone before the next loads, counters start at
-zero), built once with max_num_seqs = the largest load. A load of c runs its requests in waves
-of exactly c (one generate() call each), all with ``ignore_eos`` and the same ``max_tokens``:
-every request of a wave runs to the same length, so c requests are in flight from its first
-step to its last (the result records each wave's size and vLLM's preemption count, which must
-be 0). Per (load, K): generated tokens / the waves' wall time, the speed-up over the target
-alone at that load, acceptance length and per-position acceptance from vLLM's spec-decode
-counters around the load, and the share of requests whose output equals the target alone's
-token for token (bf16 kernels differ with the batch shape, so on a GPU a few may part at a near
-tie of the logits; the target alone at load c against itself at the first load shows that
-floor). The best K per load (0: none beats the target alone) is printed and, with
---write-advice, written into the export as serving.json (eagle3/evaluation/serving_advice.py)
-together with the step costs it implies, printed in the form of a class's costs in eagle3/evaluation/step_costs.yaml.
+To write the advice into the export (serving.json, which train.py and export.py print), run the
+product command instead:
+
+    python evaluate.py export_dir=DIR serving.measure=true serving.loads=[1,8,32,64] serving.draft_tokens=[1,2,3,5]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import tempfile
-from pathlib import Path
-from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # `python bench/serving_speedup.py` from anywhere, no install needed
-    sys.path.insert(0, str(ROOT))
+from harness import ints  # beside this file; puts the checkout on sys.path
 
-from eagle3.config.engine import EngineOptions  # noqa: E402
-from eagle3.evaluation import serving_advice  # noqa: E402
-from eagle3.evaluation.engine import EngineRequest, EngineResult, PromptBatch  # noqa: E402
-
-
-def wave_requests(n_prompts: int, load: int, min_waves: int) -> list[int]:
-    """Prompt indices for a load of c: every prompt at least once and ``min_waves`` waves at
-    least, rounded up to whole waves of c (prompts repeat in turn to fill them)."""
-    n = max(n_prompts, min_waves * load)
-    n = -(-n // load) * load
-    return [i % n_prompts for i in range(n)]
-
-
-def engine_request(
-    args: argparse.Namespace, k: int, prompts: list[list[int]], plan: dict[int, list[int]]
-) -> EngineRequest:
-    largest = max(plan)
-    return EngineRequest(
-        model=args.target,
-        head=args.export_dir if k else None,
-        num_draft_tokens=k,
-        max_new_tokens=args.max_new_tokens,
-        max_model_len=args.max_model_len,
-        batches=[
-            PromptBatch(f"load-{c}", [prompts[i] for i in idx], wave_size=c, ignore_eos=True) for c, idx in plan.items()
-        ],
-        options=EngineOptions(
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            max_num_seqs=largest,  # one engine for every load: it must admit the largest wave at once
-            cpu_kvcache_space_gb=args.cpu_kvcache_space_gb,
-            timeout_s=args.timeout_s,
-        ),
-        warmup_prompts=largest,
-    )
-
-
-def engine_key(request: EngineRequest) -> dict[str, Any]:
-    """What makes two engine runs the same: the request and the head's weights (a retrained head
-    exported to the same directory is a different engine). options.timeout_s is left out: how long
-    the bench waits for an engine does not change what the engine measures."""
-    sha = serving_advice.head_sha256(request.head) if request.head else None
-    raw = json.loads(request.to_json())
-    del raw["options"]["timeout_s"]
-    return {"request": raw, "head_sha256": sha}
-
-
-def finished_engine(work: Path, label: str, request: EngineRequest) -> EngineResult | None:
-    """The result an earlier run of exactly this engine left in ``work``, or None: an engine start
-    costs minutes on a GPU, so a bench cut off by a time limit goes on where it stopped."""
-    key_file, res_file = work / f"engine-{label}.key.json", work / f"engine-{label}.result.json"
-    if not (key_file.is_file() and res_file.is_file()):
-        return None
-    if json.loads(key_file.read_text()) != engine_key(request):
-        return None
-    return EngineResult.from_json(res_file.read_text())
-
-
-def summarise(
-    alone: EngineResult, with_head: dict[int, EngineResult], plan: dict[int, list[int]], max_new_tokens: int
-) -> dict[int, dict[str, Any]]:
-    """Per load: the target alone's tok/s, per K tok/s, speed-up, acceptance and equality."""
-    first = min(plan)
-    base_first = {i: o for i, o in zip(plan[first], alone.batches[0].outputs)}  # prompt -> output at the first load
-    table: dict[int, dict[str, Any]] = {}
-    for b, (load, idx) in enumerate(plan.items()):
-        base = alone.batches[b]
-        base_tps = base.generated_tokens / base.seconds
-        row: dict[str, Any] = {
-            "requests": len(idx),
-            "target_alone_tok_s": base_tps,
-            "target_alone_wave_sizes": sorted(set(base.wave_sizes or [])),
-            "target_alone_preemptions": base.preemptions,
-            # batch-shape numerics alone: the target at this load against itself at the first
-            "target_alone_equal_to_first_load": sum(o == base_first[i] for i, o in zip(idx, base.outputs)) / len(idx),
-            "by_k": {},
-        }
-        for k, res in sorted(with_head.items()):
-            r = res.batches[b]
-            c = r.counters or {}
-            drafts = c.get("drafts", 0)
-            tps = r.generated_tokens / r.seconds
-            row["by_k"][k] = {
-                "tok_s": tps,
-                "speedup": tps / base_tps,
-                "acceptance_length": 1.0 + c.get("accepted_tokens", 0) / drafts if drafts else float("nan"),
-                "per_position": [a / drafts for a in c.get("accepted_per_position", [])] if drafts else [],
-                "outputs_equal": sum(a == o for a, o in zip(r.outputs, base.outputs)) / len(idx),
-                "wave_sizes": sorted(set(r.wave_sizes or [])),
-                "preemptions": r.preemptions,
-                "all_full_length": all(len(o) == max_new_tokens for o in r.outputs),
-            }
-        best, speedup = serving_advice.best_k(
-            {k: v["speedup"] for k, v in row["by_k"].items()}, serving_advice.MIN_SPEEDUP["measured"]
-        )
-        row["best_k"], row["best_speedup"] = best, speedup
-        table[load] = row
-    return table
-
-
-def print_table(table: dict[int, dict[str, Any]]) -> None:
-    print("| load | K | tok/s | speed-up | acceptance length | per position | outputs equal |")
-    print("|---|---|---|---|---|---|---|")
-    for load, row in table.items():
-        print(f"| {load} | 0 | {row['target_alone_tok_s']:,.1f} | 1.00x | | | "
-              f"{row['target_alone_equal_to_first_load']:.2f} (vs load {min(table)}) |")  # fmt: skip
-        for k, v in row["by_k"].items():
-            pos = " / ".join(f"{p:.2f}" for p in v["per_position"])
-            print(
-                f"| {load} | {k} | {v['tok_s']:,.1f} | {v['speedup']:.2f}x | {v['acceptance_length']:.2f} | {pos} | "
-                f"{v['outputs_equal']:.2f} |"
-            )
-    print()
-    for load, row in table.items():
-        verdict = f"K={row['best_k']} ({row['best_speedup']:.2f}x)" if row["best_k"] else "0 (the target alone)"
-        print(f"best K at {load} concurrent requests: {verdict}")
-
-
-def jsonl_prompts(path: str, n: int, tokenizer: Any, max_tokens: int) -> tuple[list[list[int]], dict[str, int]]:
-    """The opening turns (a leading system turn, then the first user turn) of chat lines."""
-    from eagle3.evaluation.prompts import render_prompt
-
-    out: list[list[int]] = []
-    for line in Path(path).read_text().splitlines():
-        if len(out) == n:
-            break
-        if not line.strip():
-            continue
-        messages = json.loads(line)["messages"]
-        opening = messages[: 2 if messages[0]["role"] == "system" else 1]
-        ids = render_prompt(tokenizer, opening, None)
-        if len(ids) <= max_tokens:
-            out.append(ids)
-    return out, {"jsonl": len(out)}
+from eagle3.config.engine import EngineOptions
+from eagle3.evaluation.serving_speedup import ServingCheck, measure_serving
 
 
 def main() -> None:
@@ -193,69 +46,28 @@ def main() -> None:
         "--work-dir", default=None, help="engine requests, results and logs; a rerun reuses finished engines"
     )
     ap.add_argument("--out", required=True)
-    ap.add_argument("--write-advice", action="store_true", help="write the export's serving.json")
     args = ap.parse_args()
-
-    from transformers import AutoTokenizer
-
-    from eagle3.evaluation.prompts import heldout_prompts
-    from eagle3.evaluation.subprocess_engine import run_engine_process
-
-    # the engine runs as `python -m eagle3.evaluation.engine`: it must find eagle3 from any cwd
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    tok = AutoTokenizer.from_pretrained(args.target)
-    max_prompt = args.max_model_len - args.max_new_tokens - 8
-    if args.prompts_jsonl:
-        prompts, counts = jsonl_prompts(args.prompts_jsonl, args.prompts, tok, max_prompt)
-    else:
-        n_he = args.prompts // 3 if args.dataset_dir else args.prompts
-        held = heldout_prompts(args.dataset_dir, args.prompts, n_he, tok, max_prompt_tokens=max_prompt)
-        prompts, counts = [p.token_ids for p in held.prompts], held.counts()
-    if not prompts:
-        sys.exit("no held-out prompts")
-    loads = [int(x) for x in args.loads.split(",")]
-    ks = [int(x) for x in args.draft_tokens.split(",")]
-    plan = {c: wave_requests(len(prompts), c, args.min_waves) for c in loads}
-
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(args.work_dir or tmp)
-
-        def engine(k: int) -> EngineResult:
-            request = engine_request(args, k, prompts, plan)
-            reused = finished_engine(work, f"k{k}", request)
-            if reused is not None:  # a bench stopped part-way and run again with the same --work-dir
-                print(f"K={k}: result of an earlier run of the same request in {work}", flush=True)
-                return reused
-            result, wall = run_engine_process(request, work, f"k{k}")
-            (work / f"engine-k{k}.key.json").write_text(json.dumps(engine_key(request)))
-            print(f"K={k}: engine up in {result.load_seconds:.0f} s, {wall:.0f} s in all", flush=True)
-            return result
-
-        alone = engine(0)
-        with_head = {k: engine(k) for k in ks}
-    table = summarise(alone, with_head, plan, args.max_new_tokens)
-    print_table(table)
-    speedups = {load: {k: v["speedup"] for k, v in row["by_k"].items()} for load, row in table.items()}
-    per_step = {load: {k: v["acceptance_length"] for k, v in row["by_k"].items()} for load, row in table.items()}
-    costs = serving_advice.step_costs(speedups, per_step)
-    print(f"step costs c(K, load) in plain decode steps (the costs form of eagle3/evaluation/step_costs.yaml): {costs}")
-    device = f"{alone.platform}, vLLM {alone.vllm_version}, eager={alone.enforce_eager}"
-    result = {
-        "device": device,
-        "prompts": counts,
-        "loads": loads,
-        "draft_tokens": ks,
-        "max_new_tokens": args.max_new_tokens,
-        "table": table,
-        "step_costs": costs,
-    }
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    advice = serving_advice.from_measurements(speedups, device=device, step_costs=costs, prompts=counts)
-    advice.head_sha256 = serving_advice.head_sha256(args.export_dir)
-    if args.write_advice:
-        print(f"wrote {advice.write(args.export_dir)}")
-    for line in serving_advice.serving_lines(args.export_dir, args.target, max(ks), advice):
-        print(line)
+    check = ServingCheck(
+        measure=True,
+        loads=ints(args.loads),
+        draft_tokens=ints(args.draft_tokens),
+        prompts=args.prompts,
+        prompts_jsonl=args.prompts_jsonl,
+        max_new_tokens=args.max_new_tokens,
+        max_model_len=args.max_model_len,
+        min_waves=args.min_waves,
+        work_dir=args.work_dir,
+        write_advice=False,  # the export is the product's: python evaluate.py ... serving.measure=true
+    )
+    engine = EngineOptions(
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        cpu_kvcache_space_gb=args.cpu_kvcache_space_gb,
+        timeout_s=args.timeout_s,
+    )
+    try:
+        measure_serving(args.export_dir, args.target, args.dataset_dir, check, engine, args.out)
+    except ValueError as e:
+        sys.exit(str(e))
 
 
 if __name__ == "__main__":

@@ -106,7 +106,10 @@ def test_the_printed_command_uses_the_advised_k_and_names_the_loads(tmp_path):
     spec = json.loads(first.split("--speculative-config ", 1)[1].strip("'"))
     assert first.startswith("serve it: vllm serve org/target") and spec["num_speculative_tokens"] == 2
     assert spec["model"] == str(export) and spec["method"] == "eagle3"
-    assert "1: K=2 (1.40x); 8: K=1 (1.10x); 64: none" in per_load and "measured by bench/serving_speedup.py" in per_load
+    assert (
+        "1: K=2 (1.40x); 8: K=1 (1.10x); 64: none" in per_load
+        and "measured by python evaluate.py serving.measure=true" in per_load
+    )
     assert "pays off at 1, 8 concurrent requests" in verdict and "at 64 serve the target alone" in verdict
     # no load pays: the command is the target alone, the head's command beside it
     none = sa.ServingAdvice("rule", [sa.LoadAdvice(1, 0, 1.0)])
@@ -117,7 +120,10 @@ def test_the_printed_command_uses_the_advised_k_and_names_the_loads(tmp_path):
     assert "predicted from acceptance and the step costs of the SmolLM2-135M class (target: unknown;" in per_load
     # no advice at all: the trained K, and how to get advice
     lines = sa.serving_lines(export, "org/target", 3, None)
-    assert '"num_speculative_tokens": 3' in lines[0] and "bench/serving_speedup.py" in lines[1]
+    assert (
+        '"num_speculative_tokens": 3' in lines[0]
+        and "python evaluate.py export_dir=<dir> serving.measure=true" in lines[1]
+    )
 
 
 LLAMA_8B = {  # Llama-3.1-8B's config.json, the fields a size needs

@@ -1,12 +1,13 @@
-"""bench/serving_speedup.py on the real vLLM (the CPU build) with a random-init SmolLM2 head:
-the waves hold exactly c requests, none is preempted, every request runs to the same length,
-the head's acceptance is measured near 1.0 from vLLM's counters, and the advice written into
-the export (serving.json, for these weights) is what the table says. The speed-ups themselves
-are CPU figures and say nothing about serving on a GPU; the structure is what is checked."""
+"""The serving measurement (eagle3/evaluation/serving_speedup.py), run as the product command
+`python evaluate.py export_dir=<dir> serving.measure=true ...` on the real vLLM (the CPU build)
+with a random-init SmolLM2 head: the waves hold exactly c requests, none is preempted, every
+request runs to the same length, the head's acceptance is measured near 1.0 from vLLM's
+counters, and the advice written into the export (serving.json, for these weights) is what the
+table says. The speed-ups themselves are CPU figures and say nothing about serving on a GPU; the
+structure is what is checked. bench/serving_speedup.py is a CLI over the same functions."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 from test_evaluate import _random_head_export
 
 from eagle3.evaluation import serving_advice as sa
+from eagle3.evaluation import serving_speedup as ss
 from eagle3.evaluation.engine import EngineRequest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,23 +29,27 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_serving_speedup_on_the_cpu_build(tmp_path, smollm2_dir):
     pytest.importorskip("vllm")
     export = _random_head_export(tmp_path / "export", smollm2_dir)
-    out = tmp_path / "serving.json"
+    out_dir = tmp_path / "out"
+    out = out_dir / "serving_speedup.json"
     cmd = [
         sys.executable,
-        "bench/serving_speedup.py",
-        f"--export-dir={export}",
-        f"--target={smollm2_dir}",
-        "--loads=1,2",
-        "--draft-tokens=2",
-        "--prompts=3",
-        "--max-new-tokens=12",
-        f"--out={out}",
-        "--write-advice",
-        f"--work-dir={tmp_path / 'work'}",
+        str(ROOT / "evaluate.py"),
+        f"export_dir={export}",
+        f"target={smollm2_dir}",
+        "serving.measure=true",
+        "serving.loads=[1,2]",
+        "serving.draft_tokens=[2]",
+        "serving.prompts=3",
+        "serving.max_new_tokens=12",
+        f"serving.work_dir={tmp_path / 'work'}",
+        "engine.cpu_kvcache_space_gb=4",
+        f"out_dir={out_dir}",
+        f"hydra.run.dir={tmp_path / 'run'}",
     ]
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "0-1")}
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert Path(proc.stdout.strip().splitlines()[-1]) == out  # the contract: last stdout line
     result = json.loads(out.read_text())
     assert result["prompts"] == {"val": 0, "humaneval": 3} and result["draft_tokens"] == [2]
     table = {int(k): v for k, v in result["table"].items()}
@@ -62,7 +68,7 @@ def test_serving_speedup_on_the_cpu_build(tmp_path, smollm2_dir):
     advice = sa.ServingAdvice.read(export)
     assert advice is not None and advice.source == "measured" and advice.head_sha256 == sa.head_sha256(export)
     assert {a.load: a.num_speculative_tokens for a in advice.loads} == {load: table[load]["best_k"] for load in table}
-    assert "serving advice (measured by bench/serving_speedup.py)" in proc.stdout
+    assert "serving advice (measured by python evaluate.py serving.measure=true)" in proc.stdout
 
     # run again with the same --work-dir: no engine starts, the same table
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
@@ -71,7 +77,6 @@ def test_serving_speedup_on_the_cpu_build(tmp_path, smollm2_dir):
     assert "vLLM engine" not in again.stderr
     assert json.loads(out.read_text())["table"] == result["table"]
     # a head retrained into the same directory is a different engine; the target alone is not
-    bench = _bench_module()
     work = tmp_path / "work"
     requests = {
         k: EngineRequest.from_json(json.dumps(json.loads((work / f"engine-k{k}.key.json").read_text())["request"]))
@@ -79,28 +84,45 @@ def test_serving_speedup_on_the_cpu_build(tmp_path, smollm2_dir):
     }
     weights = export / "model.safetensors"
     weights.write_bytes(weights.read_bytes() + b" ")
-    assert bench.finished_engine(work, "k2", requests[2]) is None
-    assert bench.finished_engine(work, "k0", requests[0]) is not None
+    assert ss.finished_engine(work, "k2", requests[2]) is None
+    assert ss.finished_engine(work, "k0", requests[0]) is not None
 
 
-def _bench_module():
-    spec = importlib.util.spec_from_file_location("serving_speedup_bench", ROOT / "bench" / "serving_speedup.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_the_engine_key_is_the_request_but_how_long_the_bench_waits():
-    """A rerun with another --timeout-s reuses a finished engine; other options make another engine."""
+def test_the_engine_key_is_the_request_but_how_long_the_caller_waits():
+    """A rerun with another engine.timeout_s reuses a finished engine; other options make another engine."""
     import dataclasses
 
     from eagle3.config.engine import EngineOptions
     from eagle3.evaluation.engine import PromptBatch
 
-    bench = _bench_module()
     request = EngineRequest("m", None, 0, 8, 64, [PromptBatch("load-1", [[1]], 1, True)], EngineOptions(timeout_s=60))
     longer = dataclasses.replace(request, options=dataclasses.replace(request.options, timeout_s=600))
     wider = dataclasses.replace(request, options=dataclasses.replace(request.options, max_num_seqs=2))
-    assert bench.engine_key(longer) == bench.engine_key(request) != bench.engine_key(wider)
-    key = bench.engine_key(request)["request"]
+    assert ss.engine_key(longer) == ss.engine_key(request) != ss.engine_key(wider)
+    key = ss.engine_key(request)["request"]
     assert EngineRequest.from_json(json.dumps(key)).options.max_num_seqs == request.options.max_num_seqs
+
+
+def test_the_bench_is_a_cli_over_the_measurement_that_leaves_the_export(monkeypatch, tmp_path):
+    """bench/serving_speedup.py hands its arguments to measure_serving with write_advice off:
+    serving.json is written by the product command only."""
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location("serving_speedup_bench", ROOT / "bench" / "serving_speedup.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    calls = []
+    monkeypatch.setattr(bench, "measure_serving", lambda *a: calls.append(a))
+    out = str(tmp_path / "r.json")
+    argv = ["serving_speedup.py", "--export-dir=E", "--target=T", "--loads=1,2", "--draft-tokens=2", f"--out={out}"]
+    monkeypatch.setattr(sys, "argv", argv)
+    bench.main()
+    ((export, target, dataset, check, engine, written),) = calls
+    assert (export, target, dataset, written) == ("E", "T", None, out)
+    assert check.loads == [1, 2] and check.draft_tokens == [2] and not check.write_advice
+    assert engine.cpu_kvcache_space_gb == 4 and engine.timeout_s == 1800
+    monkeypatch.setattr(sys, "argv", [*argv, "--write-advice"])
+    with pytest.raises(SystemExit):
+        bench.main()

@@ -5,8 +5,9 @@ from it.
 
 Two sources, the measured one winning:
 
-- ``measured``: bench/serving_speedup.py ran the target alone and with the head at each load
-  and K on a GPU (``--write-advice``). Per load, the K with the highest measured speed-up, or
+- ``measured``: ``python evaluate.py export_dir=<dir> serving.measure=true``
+  (eagle3/evaluation/serving_speedup.py) ran the target alone and with the head at each load
+  and K on a GPU. Per load, the K with the highest measured speed-up, or
   0 (serve the target alone) where none beats the target alone by ``MIN_SPEEDUP["measured"]``.
 - ``rule``: the head was measured for acceptance only (train.py's end-of-run evaluation or
   ``python evaluate.py``: vLLM's per-position acceptance rates a_j). A verify step with
@@ -16,7 +17,7 @@ Two sources, the measured one winning:
   K up to the positions measured are considered (a_j beyond them is unknown).
 
 The step cost ``c(K, load)`` belongs to the target, the GPU and the engine, not to the head, so
-it is measured once by the bench: there ``c = L / speed-up`` (tokens/s with the head = L verify
+it is measured once by the serving measurement (eagle3/evaluation/serving_speedup.py): there ``c = L / speed-up`` (tokens/s with the head = L verify
 steps' tokens per step time; the target alone emits one token per step). Between measured K it
 is the line ``c = 1 + f + s*K`` fitted per load (``f``: the fixed cost of speculating at all,
 ``s``: the cost of one more draft token; ``f = 0`` when the table has one K at that load), and
@@ -297,7 +298,7 @@ def serving_lines(
     if advice is None or not advice.loads:
         return [
             f"serve it: {command(export_dir, trained_k)}",
-            "serving advice: none for this head (measure it: python bench/serving_speedup.py --write-advice, "
+            "serving advice: none for this head (measure it: python evaluate.py export_dir=<dir> serving.measure=true, "
             "or its acceptance: python evaluate.py); K is the trained one",
         ]
     k = advice.serve_k()
@@ -307,7 +308,7 @@ def serving_lines(
         for a in sorted(advice.loads, key=lambda a: a.load)
     )
     how = (
-        "measured by bench/serving_speedup.py"
+        "measured by python evaluate.py serving.measure=true"
         if advice.source == "measured"
         else f"predicted from acceptance and the step costs of the {advice.inputs.get('step_costs_class', 'measured')} "
         f"class (target: {advice.inputs.get('target_size', 'unknown')}; {advice.inputs.get('step_costs_source', '')})"

@@ -4,6 +4,11 @@ by vLLM (eagle3/evaluation/acceptance.py), as a stage with its own config (conf/
     python evaluate.py export_dir=outputs/train/runs/<run>/export
     python evaluate.py export_dir=<dir> eval.num_draft_tokens=5 eval.max_prompts=64 logger=wandb
     python evaluate.py export_dir=<dir> target=<target dir> dataset_dir=<dataset dir>
+    python evaluate.py export_dir=<dir> serving.measure=true serving.loads=[1,8,32,64] serving.draft_tokens=[1,2,3,5]
+
+The last one measures serving instead (eagle3/evaluation/serving_speedup.py): tok/s of the target
+alone and with the head per load and K, the best K per load written into the export as
+serving.json (serving.write_advice=false leaves it), the table in serving_speedup.json.
 
 Prints the acceptance table on stderr and the JSON path as the last stdout line. train.py
 calls `evaluate_trained(...)` (`evaluate` with its config) at the end of training.
@@ -65,6 +70,8 @@ def run(cfg: Any) -> float:
 
     c = typed(cfg, EvaluateConfig)
     out_dir = Path(c.out_dir) if c.out_dir else None
+    if c.serving.measure:
+        return run_serving(c, out_dir)
     run_ = None
     if c.logger.backend == "wandb":
         import wandb
@@ -101,3 +108,20 @@ def run(cfg: Any) -> float:
     sys.stdout.flush()
     print(str(result.json_path))  # the last stdout line, for scripts
     return result.mean_acceptance_length
+
+
+def run_serving(c: EvaluateConfig, out_dir: Path | None) -> float:
+    """`serving.measure=true`: the serving measurement of the export; returns the best speed-up
+    at the first load (1.0: none beats the target alone there)."""
+    from eagle3.evaluation.export_info import read_export
+    from eagle3.evaluation.serving_speedup import measure_serving
+
+    info = read_export(c.export_dir, c.target)
+    dataset = Path(c.dataset_dir).expanduser().resolve() if c.dataset_dir else info.dataset_dir
+    out = (out_dir or info.export_dir) / "serving_speedup.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result, _ = measure_serving(info.export_dir, str(info.target), dataset, c.serving, c.engine, out)
+    sys.stdout.flush()
+    print(str(out))  # the last stdout line, for scripts
+    first = result["table"][min(result["table"])]
+    return float(first["best_speedup"]) if first["best_k"] else 1.0

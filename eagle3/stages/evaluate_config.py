@@ -19,6 +19,7 @@ from omegaconf import MISSING
 
 from eagle3.config.engine import EngineOptions
 from eagle3.config.schema import EvalConfig, LoggerConfig, PathsConfig
+from eagle3.evaluation.serving_speedup import ServingCheck
 
 
 @dataclass
@@ -40,6 +41,8 @@ class EvaluateConfig:
     baseline: bool = True
     eval: EvalConfig = field(default_factory=EvalConfig)
     engine: EngineOptions = field(default_factory=EngineOptions)
+    # serving.measure=true: the serving measurement (loads x K, the export's serving.json) instead
+    serving: ServingCheck = field(default_factory=ServingCheck)
     logger: LoggerConfig = MISSING
     paths: PathsConfig = MISSING
 

@@ -74,7 +74,7 @@ def _kept_metadata(c: ExportCliConfig) -> tuple[str | None, dict[str, str]]:
 
 def serving_report(export_dir: str | Path) -> list[str]:
     """The ``vllm serve`` command and the loads at which the head pays off: serving.json when
-    bench/serving_speedup.py measured this head, else the rule on its acceptance.json (the step
+    `python evaluate.py serving.measure=true` measured this head, else the rule on its acceptance.json (the step
     costs of the size class nearest the target, where its directory is here to be read)."""
     from eagle3.evaluation.serving_advice import advice_for, read_acceptance, serving_lines
 

@@ -13,7 +13,7 @@
 #                                               then extract.py with capture=hf and capture=vllm
 #   bash scripts/rented_gpu/gpu_vllm_run.sh train          train.py on the vLLM-captured dataset for MINUTES,
 #                                               its end-of-run evaluation in CUDA vLLM
-#   bash scripts/rented_gpu/gpu_vllm_run.sh serving        bench/serving_speedup.py on that head
+#   bash scripts/rented_gpu/gpu_vllm_run.sh serving        python evaluate.py serving.measure=true on that head
 #   bash scripts/rented_gpu/gpu_vllm_run.sh regen          bench/regen_throughput.py: vLLM vs fast decode
 #   bash scripts/rented_gpu/gpu_vllm_run.sh tests          the CUDA and vLLM tests of the suite
 #   bash scripts/rented_gpu/gpu_vllm_run.sh dataset        extract.py (HF capture) of the N conversations alone
@@ -102,9 +102,11 @@ stage_train() {
 stage_serving() {
   local model ds; model=$(smollm2_dir)
   ds=$(python3 -c 'import json; print(json.load(open("/tmp/run/summary.json"))["dataset_dir"])')
-  python3 bench/serving_speedup.py --export-dir $TMPD/run/export --target "$model" --dataset-dir "$ds" \
-    --loads ${LOADS:-1,8,32,64} --draft-tokens ${DRAFT_TOKENS:-1,2,3,5} --max-new-tokens 128 \
-    --out "$OUTD/serving.json" --write-advice --work-dir $TMPD/serving_work 2>&1 | quiet | tail -40
+  # the product command: the table in $OUTD/serving_speedup.json, the advice in the export's serving.json
+  python3 evaluate.py export_dir=$TMPD/run/export target="$model" dataset_dir="$ds" serving.measure=true \
+    "serving.loads=[${LOADS:-1,8,32,64}]" "serving.draft_tokens=[${DRAFT_TOKENS:-1,2,3,5}]" serving.max_new_tokens=128 \
+    serving.work_dir=$TMPD/serving_work engine.cpu_kvcache_space_gb=4 engine.timeout_s=1800 \
+    out_dir="$OUTD" hydra.run.dir=$TMPD/serving_run 2>&1 | quiet | tail -40
   cp $TMPD/run/export/serving.json "$OUTD/export_serving.json" 2>/dev/null || true
   # how each engine ran (scheduling, CUDA graphs, drafter), from vLLM's own log lines
   grep -hoE "(async_scheduling|cudagraph_mode|Capturing CUDA graphs|Graph capturing finished|init engine)[^,]{0,80}" \
