@@ -10,9 +10,10 @@ Runs (each over the same --batches x --batch-size x --seq random-token prompts, 
 
     plain        model(..., output_hidden_states=True), keep the 4 layers on the device
     plain_d2h    the same, then copy the 4 layers to host memory
-    hf_nowrite   HFCaptureBackend.capture (forward + hooks + copy + typed adapter), no disk
-    hf           HFCaptureBackend.capture_with_ids (records per batch) -> ShardWriter(background=True)
-                 on local disk: shards written on the writer thread, sha256 taken while writing;
+    hf_nowrite   extract.py's capture loop into DropRecords (forward + hooks + copy + adapter), no disk
+    hf           extract.py's capture loop (eagle3/extraction/capture_loop.py: capture_into):
+                 HFCaptureBackend.capture_with_ids -> ShardWriter(background=True) on local disk:
+                 shards written on the writer thread, sha256 taken while writing;
                  reopened with verify="full" afterwards (untimed) to prove every digest
     hf_overlap   hf with HFCaptureBackend.overlap_host_copy: batch i finished (host copy waited
                  for) only after forward i+1 is queued, so the copy runs beside it (CUDA; off by
@@ -305,8 +306,10 @@ def run_capture(
     instrument: bool = False,
     verify_after: bool = False,
 ) -> RunResult:
-    """backend.capture -> ShardWriter.add (root None: records are dropped, nothing written)."""
+    """extract.py's capture loop: backend -> ShardWriter.add (root None: records are dropped,
+    nothing written)."""
     import eagle3.store.writer as sw
+    from eagle3.extraction.capture_loop import DropRecords, capture_into
 
     res = RunResult(name)
     warm = prompts[: args.batch_size]
@@ -323,10 +326,8 @@ def run_capture(
     sync(device)
     t0 = time.perf_counter()
     try:
-        for sample_id, record in backend.capture_with_ids(prompts):
-            res.tokens += record.num_tokens
-            if writer is not None:
-                writer.add(sample_id, record)
+        # extract.py's own capture loop (progress bar and throughput line included)
+        res.tokens = capture_into(backend, prompts, writer if writer is not None else DropRecords()).tokens
         if writer is not None:
             t_close = time.perf_counter()
             writer.close()  # the last flush is part of the work

@@ -1,0 +1,218 @@
+"""A dataset of stored hidden states, written: the samples rendered (and answered again by the
+target when data.regenerate), this node's part of them captured by the backend the capture
+group names, the shards and the draft vocabulary written, holding the dataset's lock.
+
+Resumable: samples already in valid shards are skipped. A repair (damaged shards of a complete
+dataset) captures only the samples those shards held, with no deadline. A disk that fills up
+mid-run stops it with the bytes still needed; the shards written so far are kept. Under a time
+budget the dataset is finished with the samples done by its deadlines (``budget_cut``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from eagle3.data.pipeline import PreparedData, PreparedSample
+from eagle3.data.split import interleaved
+from eagle3.data.vocab import build_draft_vocab, token_frequencies
+from eagle3.extraction.capture_loop import capture_into, capture_route
+from eagle3.extraction.identity import budget_cut, check_regen_engine, provenance
+from eagle3.extraction.job import CaptureSetup, ExtractionJob, ExtractionTiming
+from eagle3.extraction.samples import prepare, regenerator_for
+from eagle3.store import DiskSpaceError, Manifest, ShardWriter, check_free_disk, disk_needed_bytes, format_bytes
+from eagle3.store.disk import free_bytes
+from eagle3.store.merge import owner_shard
+from eagle3.target_model.backend import make_backend
+from eagle3.util.locks import DirLock
+from eagle3.util.report import minutes, report
+
+console = Console(stderr=True)
+
+
+def extract_dataset(job: ExtractionJob, setup: CaptureSetup, timing: ExtractionTiming, lock: DirLock) -> Manifest:
+    """Regenerate, render, capture and write ``job``'s dataset, holding its ``lock``."""
+    data, engine = _render(job, setup, timing)
+    samples, val_ids = _select(job, data)
+    writer = _open_writer(job, setup, engine, lock)
+    try:
+        todo = _todo(job, setup, writer, samples)
+        try:
+            cut = _capture(job, setup, timing, writer, todo) if todo else None
+            if data.report.deadline_stop is not None or cut is not None:
+                # the samples done in time make the dataset
+                samples, val_ids = _keep_done(job, writer, samples, val_ids, data.report.deadline_stop, cut)
+            manifest = _finish(job, setup, timing, writer, samples, val_ids)
+        except DiskSpaceError as e:  # the disk filled up during the run (another job, a bad estimate)
+            raise DiskSpaceError(_disk_full_message(e, job, setup, todo, writer)) from e
+    finally:
+        writer.close()
+    console.print(
+        f"[green]done: {manifest.num_samples} samples, {manifest.num_tokens} tokens "
+        f"({manifest.num_loss_tokens} loss tokens) in {len(manifest.shards)} shards"
+    )
+    return manifest
+
+
+def _render(job: ExtractionJob, setup: CaptureSetup, timing: ExtractionTiming) -> tuple[PreparedData, str | None]:
+    """The config's samples, and the engine that answered them (None: the chat data's own). A
+    repair changes only what was damaged: the dataset keeps its samples, validation ids, counts
+    and budget cut, whichever node's command (a merged dataset) or time budget runs it; only the
+    samples it holds are answered, with no deadline."""
+    from transformers import AutoTokenizer
+
+    recipe, ds_dir = job.recipe, job.found.ds_dir
+    tokenizer = AutoTokenizer.from_pretrained(recipe.model_dir, trust_remote_code=recipe.model.trust_remote_code)
+    repair = Manifest.read(ds_dir) if job.repair else None
+    regenerator = regenerator_for(recipe, setup.regen)
+    engine = regenerator.backend if regenerator is not None else None
+    check_regen_engine(ds_dir, engine)  # before any answer is generated
+    if repair is not None and regenerator is not None:
+        regenerator.restrict_to(repair.sample_ids)
+    regen_deadline = None if repair is not None else timing.regen_deadline
+    data = prepare(
+        recipe.data, tokenizer, regenerator, chat_template=recipe.model.chat_template, regen_deadline=regen_deadline
+    )
+    return data, engine
+
+
+def _select(job: ExtractionJob, data: PreparedData) -> tuple[list[PreparedSample], list[str]]:
+    """The samples this run writes (validation ones spread through the capture order, so a cut
+    keeps the split's proportions) and its validation ids: a repair's as its manifest lists
+    them, otherwise this node's part."""
+    if job.repair:
+        repair = Manifest.read(job.found.ds_dir)
+        listed = set(repair.sample_ids)
+        return [s for s in interleaved(data.train, data.val) if s.id in listed], list(repair.val_ids)
+    n, index = job.num_shards, job.shard_index
+    samples = [s for s in interleaved(data.train, data.val) if n == 1 or owner_shard(s.id, n) == index]
+    kept = {s.id for s in samples}
+    return samples, sorted(s.id for s in data.val if s.id in kept)
+
+
+def _open_writer(job: ExtractionJob, setup: CaptureSetup, engine: str | None, lock: DirLock) -> ShardWriter:
+    found = job.found
+    return ShardWriter(
+        found.ds_dir,
+        layer_ids=list(job.recipe.layer_ids),
+        hidden_size=job.recipe.model.hidden_size,
+        dtype=setup.dtype,
+        fingerprint_inputs=job.inputs,
+        shard_max_tokens=setup.capture.shard_max_tokens,
+        background=True,  # shards hash+write on threads while the next batch runs
+        writer_threads=setup.capture.writer_threads,
+        provenance=provenance(job.recipe, engine),
+        # the shards found damaged are redone; the others were just checked
+        verify="fast" if found.damaged else found.verify,
+        redo=[file for file, _ in found.damaged],
+        lock=lock,
+    )
+
+
+def _disk_need(job: ExtractionJob, setup: CaptureSetup, samples: list[PreparedSample]) -> tuple[int, int]:
+    """(tokens, bytes on disk) of capturing ``samples``."""
+    tokens = sum(int(s.input_ids.numel()) for s in samples)
+    hidden = job.recipe.model.hidden_size
+    layers = len(job.recipe.layer_ids)
+    shard = setup.capture.shard_max_tokens
+    return tokens, disk_needed_bytes(tokens, layers, hidden, setup.dtype, len(samples), shard)
+
+
+def _todo(
+    job: ExtractionJob, setup: CaptureSetup, writer: ShardWriter, samples: list[PreparedSample]
+) -> list[PreparedSample]:
+    """The samples not yet in a valid shard, once the disk was found to hold them."""
+    damaged = dict(job.found.damaged)
+    for file, why in writer.dropped:
+        if file not in damaged:  # those were reported when found
+            console.print(f"[yellow]{file}: {why}; its samples will be captured again")
+    done_ids = writer.done_ids()
+    todo = [s for s in samples if s.id not in done_ids]
+    todo_tokens, need = _disk_need(job, setup, todo)
+    ds_dir = job.found.ds_dir
+    free = check_free_disk(ds_dir, need, setup.capture.disk_margin)
+    console.print(
+        f"dataset {ds_dir}\n  {len(samples)} samples ({len(done_ids)} already done), {todo_tokens} tokens to "
+        f"capture x {len(job.recipe.layer_ids)} layers x {job.recipe.model.hidden_size} x {setup.dtype}: needs "
+        f"{format_bytes(need)}, free {format_bytes(free)}"
+    )
+    return todo
+
+
+def _capture(
+    job: ExtractionJob, setup: CaptureSetup, timing: ExtractionTiming, writer: ShardWriter, todo: list[PreparedSample]
+) -> str | None:
+    """Capture ``todo`` into ``writer``; why a time budget stopped it (None: all captured)."""
+    todo_tokens = sum(int(s.input_ids.numel()) for s in todo)
+    secs = timing.capture_estimate(todo_tokens)
+    if secs is not None:
+        report([f"extract: {todo_tokens:,} tokens to capture (rendered): ~{minutes(secs)}"])
+    recipe = job.recipe
+    backend = make_backend(
+        setup.capture,
+        setup.topology,
+        recipe.model_dir,
+        list(recipe.layer_ids),
+        setup.dtype,
+        recipe.data.max_length,
+        trust_remote_code=recipe.model.trust_remote_code,
+    )
+    try:
+        writer.record_provenance({"capture": capture_route(setup.capture.backend.value, backend)})
+        # a repair captures every sample it lost: no deadline
+        deadline = None if job.repair else timing.capture_deadline(len(todo))
+        prompts = [(s.id, s.input_ids, s.loss_mask) for s in todo]
+        return capture_into(backend, prompts, writer, deadline).cut
+    finally:
+        backend.close()
+
+
+def _keep_done(
+    job: ExtractionJob,
+    writer: ShardWriter,
+    samples: list[PreparedSample],
+    val_ids: list[str],
+    regeneration_cut: str | None,
+    capture_cut: str | None,
+) -> tuple[list[PreparedSample], list[str]]:
+    """The samples (and validation ids) written by a time budget's deadlines; the cut recorded."""
+    writer.flush()  # the queued ones are durable, then counted
+    done_ids = writer.done_ids()
+    kept = [s for s in samples if s.id in done_ids]
+    cut = budget_cut(
+        job.recipe.data.max_samples, len(samples), len(kept), regeneration=regeneration_cut, capture=capture_cut
+    )
+    writer.record_provenance({"budget_cut": cut})
+    return kept, [i for i in val_ids if i in done_ids]
+
+
+def _finish(
+    job: ExtractionJob,
+    setup: CaptureSetup,
+    timing: ExtractionTiming,
+    writer: ShardWriter,
+    samples: list[PreparedSample],
+    val_ids: list[str],
+) -> Manifest:
+    """The token frequencies and draft vocabulary of ``samples``, and the manifest: complete."""
+    model = job.recipe.model
+    freq = token_frequencies(samples, model.vocab_size)
+    size = min(setup.draft_vocab_size, model.vocab_size)
+    # this run's wall time, added to an earlier run's (a repair): what a time budget counts
+    seconds = float(writer.manifest.provenance.get("extract_seconds", 0.0)) + timing.clock.seconds()
+    vocabs = {size: build_draft_vocab(freq, size)}
+    return writer.finish(freq, vocabs, val_ids=val_ids, provenance={"extract_seconds": round(seconds, 1)})
+
+
+def _disk_full_message(
+    e: DiskSpaceError, job: ExtractionJob, setup: CaptureSetup, todo: list[PreparedSample], writer: ShardWriter
+) -> str:
+    ds_dir: Path = job.found.ds_dir
+    done = writer.done_ids()
+    left = [s for s in todo if s.id not in done]
+    _, need = _disk_need(job, setup, left)
+    return (
+        f"{e}\n  {ds_dir}: {len(left)} samples are still to be written: about {format_bytes(need)} ({need} bytes) "
+        f"more, {format_bytes(free_bytes(ds_dir))} free now. The {len(done)} samples already written are kept "
+        "(nothing half-written is listed): free space, then re-run the same command to resume"
+    )
