@@ -204,24 +204,19 @@ def run_plain(model, prompts, keep: list[int], args, device, to_host: bool) -> R
 
 
 def hf_backend(model, model_dir, layer_ids, device, args):
-    """HFCaptureBackend; for a random model, its loader returns the in-memory model instead of
-    reading a checkpoint (the only change; capture, hooks and checks are the backend's own)."""
-    import eagle3.target_model.capture_hf as hb
+    """HFCaptureBackend; for a random model, the in-memory model is handed to it (its ``model=``)
+    instead of a checkpoint to read (capture, hooks and checks are the backend's own)."""
+    from eagle3.target_model.capture_hf import HFCaptureBackend
 
-    original = hb._load_base_model
-    if model_dir is None:
-        hb._load_base_model = lambda _dir, _dtype: model
-    try:
-        return hb.HFCaptureBackend(
-            model_dir or "<random llama3-8b in memory>",
-            layer_ids,
-            dtype=torch.bfloat16,
-            device=str(device),
-            max_tokens_per_batch=args.batch_size * args.seq,
-            batch_size=args.batch_size,
-        )
-    finally:
-        hb._load_base_model = original
+    return HFCaptureBackend(
+        model_dir or "<random llama3-8b in memory>",
+        layer_ids,
+        dtype=torch.bfloat16,
+        device=str(device),
+        max_tokens_per_batch=args.batch_size * args.seq,
+        batch_size=args.batch_size,
+        model=model if model_dir is None else None,
+    )
 
 
 def open_writer(root: str, layer_ids, hidden: int, name: str, background: bool, args):
@@ -531,7 +526,7 @@ def finish(r: RunResult, limit: float) -> None:
 
 def vllm_or_skip(model_dir, prompts, args, layer_ids, hidden, root, gpu) -> RunResult:
     here = os.path.dirname(os.path.abspath(__file__))
-    if not os.path.exists(os.path.join(here, "..", "eagle3", "target", "capture_vllm.py")):
+    if not os.path.exists(os.path.join(here, "..", "eagle3", "target_model", "capture_vllm.py")):
         return RunResult("vllm", status="skipped: eagle3/target_model/capture_vllm.py does not exist yet")
     if model_dir is None:
         return RunResult("vllm", status="skipped: vLLM needs a model directory (random in-memory model given)")
