@@ -30,6 +30,15 @@ def _train(data_dir: Path, out: Path, extra: list[str] = ()) -> float:
     return train(compose("train", TINY + [f"paths.data_dir={data_dir}"] + list(extra), output_dir=str(out)))
 
 
+def test_the_summary_keeps_the_train_figures_when_a_last_validation_runs(data_dir, tmp_path):
+    """5 steps with validation every 3: train.py validates once more after fit, which resets
+    Lightning's metrics; summary.json still holds the last train/* figures (tokens/s, loss)."""
+    _train(data_dir, tmp_path, ["train.max_steps=5"])
+    final = json.loads((tmp_path / "summary.json").read_text())["final"]
+    assert {"train/loss_k0", "train/tokens_per_s", "val/replay_accept_len"} <= set(final)
+    assert final["train/tokens_per_s"] > 0
+
+
 def test_train_writes_summary_export_and_checkpoints(data_dir, tmp_path, caplog):
     with caplog.at_level("INFO", logger="eagle3.util.report"):
         metric = _train(data_dir, tmp_path)

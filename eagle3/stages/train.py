@@ -257,11 +257,13 @@ def _fit_and_validate(cfg: RunConfig, parts: _Parts, ckpt_dir: Path) -> tuple[di
     if resume is None and datamodule.val_idx:
         initial = _scalars(trainer.validate(module, datamodule=datamodule, verbose=False)[0])
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
+    # the last train/* figures (tokens/s, peak GPU memory, loss): a validate() below resets them
+    trained = {k: v for k, v in _scalars(trainer.callback_metrics).items() if k.startswith("train/")}
     # a rerun resumed at its last step trained nothing: validate, so the summary is this head's
     stale = trainer.global_step % cfg.train.val_check_interval != 0
     if datamodule.val_idx and (stale or cfg.optimized_metric not in trainer.callback_metrics):
         trainer.validate(module, datamodule=datamodule, verbose=False)
-    final = _scalars(trainer.callback_metrics)
+    final = {**trained, **_scalars(trainer.callback_metrics)}
     trainer.save_checkpoint(ckpt_dir / "last.ckpt")
     if datamodule.online is not None:
         datamodule.online.close()
