@@ -41,6 +41,11 @@ def main() -> None:
     ap.add_argument("--min-waves", type=int, default=2, help="waves per load at least")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     ap.add_argument("--cpu-kvcache-space-gb", type=int, default=4)
+    ap.add_argument(
+        "--load-format",
+        default="auto",
+        help="dummy: random weights from the target's config.json (step costs without the weights)",
+    )
     ap.add_argument("--timeout-s", type=int, default=1800, help="per engine")
     ap.add_argument(
         "--work-dir", default=None, help="engine requests, results and logs; a rerun reuses finished engines"
@@ -63,6 +68,7 @@ def main() -> None:
         gpu_memory_utilization=args.gpu_memory_utilization,
         cpu_kvcache_space_gb=args.cpu_kvcache_space_gb,
         timeout_s=args.timeout_s,
+        load_format=args.load_format,
     )
     try:
         measure_serving(args.export_dir, args.target, args.dataset_dir, check, engine, args.out)

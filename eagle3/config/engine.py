@@ -32,5 +32,9 @@ class EngineOptions:
     # the target's own code from its repository (its tokenizer and vLLM load); train.py passes
     # model.trust_remote_code
     trust_remote_code: bool = False
+    # vLLM's load format. "dummy": random weights of the target's config.json, no weight files
+    # read (the head's too): the step costs of a target whose weights are not on this machine,
+    # whose acceptance and outputs then mean nothing
+    load_format: str = "auto"
     # each engine runs in its own subprocess; the caller kills it (and reports it) after this long
     timeout_s: int = 3600

@@ -129,6 +129,7 @@ def run_engine(req: EngineRequest) -> EngineResult:
         max_num_seqs=opts.max_num_seqs,
         enforce_eager=eager,
         trust_remote_code=opts.trust_remote_code,
+        load_format=opts.load_format,
         # timing must count every prompt token, and the two engines must do the same work
         enable_prefix_caching=False,
         disable_log_stats=False,  # the spec-decode counters live in the stats loggers

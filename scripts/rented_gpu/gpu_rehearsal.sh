@@ -14,8 +14,11 @@
 #                                                (the target's own answers) and with capture=hf
 #   bash scripts/rented_gpu/gpu_rehearsal.sh train          train.py for MINUTES (the recipe's head), its export
 #   bash scripts/rented_gpu/gpu_rehearsal.sh serve          bench/serving_speedup.py: step costs per K and load
-# TARGET=llama3_1_8b (default) | qwen3_8b | qwen3_30b_a3b | kimi_k2_5 (cut to LAYERS layers and
-# EXPERTS experts to fit one GPU); N conversations (default 600); HF_N (150) of them for capture=hf.
+#   bash scripts/rented_gpu/gpu_rehearsal.sh clean          the disk for the next target
+# TARGET=llama3_1_8b (default) | qwen3_8b | qwen3_30b_a3b (LAYERS cuts it: its 61 GB outgrow a 64 GiB
+# disk) | kimi_k2_5 (cut to LAYERS layers and EXPERTS experts to fit one GPU); N conversations
+# (default 600); HF_N (150) of them for capture=hf (0: none). FULL="num_hidden_layers=48 ..." serves
+# the uncut shapes: the cut target's config.json with those fields, vLLM dummy weights.
 # Each stage writes rehearsal_<stage>.json and its log's tail to $OUT.
 TMPD=${TMPD:-/tmp}  # the rented machine's scratch disk: everything these calls leave lives here
 set -euo pipefail
@@ -35,6 +38,8 @@ CUT=()
 if [ "$TARGET" = kimi_k2_5 ]; then  # one GPU: the first dense layer + MoE layers, fewer experts
   CUT=(model.num_layers="${LAYERS:-4}" model.extra_config.n_routed_experts="${EXPERTS:-32}"
        model.quantization=null topology=gpu1)
+elif [ "$TARGET" = qwen3_30b_a3b ] && [ -n "${LAYERS:-}" ]; then  # 61 GB of weights outgrow the disk
+  CUT=(model.num_layers="$LAYERS")
 fi
 RECIPE=(experiment="$TARGET" model.source=tiny model.tokenizer_from=$TMPD/tok "${CUT[@]}"
         data=jsonl data.path=$TMPD/sharegpt.jsonl data.max_samples="$N" data.val_fraction=0.05
@@ -75,7 +80,7 @@ PY
   local ds; ds=$(tail -1 $W/extract_vllm.log)
   du -sb "$ds" | tee $W/ds_bytes
   # capture=hf on the first HF_N conversations (their answers come from the regeneration cache)
-  python3 extract.py "${RECIPE[@]}" capture=hf data.max_samples="$HF_N" paths.data_dir=$W/data_hf \
+  [ "$HF_N" -gt 0 ] && python3 extract.py "${RECIPE[@]}" capture=hf data.max_samples="$HF_N" paths.data_dir=$W/data_hf \
     2>&1 | quiet | tee $W/extract_hf.log | tail -8 || true
   t3=$(now)
   rm -rf $W/data_hf
@@ -127,7 +132,26 @@ PY
 stage_serve() {
   local target; target=$(python3 -c 'import json; print(json.load(open("/tmp/rehearsal/run/summary.json"))["target_dir"])')
   local ds; ds=$(python3 -c 'import json; print(json.load(open("/tmp/rehearsal/run/summary.json"))["dataset_dir"])')
+  local load=auto
+  if [ -n "${FULL:-}" ]; then
+    # the uncut target for serving: the cut one's config.json with FULL ("key=value ...") set, no
+    # weight files, vLLM's dummy weights (the head's too): step costs at the real depth and width
+    rm -rf $W/full_target && mkdir -p $W/full_target
+    find "$target" -maxdepth 1 -type f ! -name "*.safetensors" ! -name "*.index.json" -exec cp {} $W/full_target/ \;
+    python3 - $W/full_target/config.json $FULL <<'PY'
+import json, sys
+path, pairs = sys.argv[1], sys.argv[2:]
+cfg = json.load(open(path))
+for pair in pairs:
+    key, value = pair.split("=")
+    cfg[key] = int(value)
+json.dump(cfg, open(path, "w"), indent=1)
+print("serving target:", {k: cfg[k] for k in [p.split("=")[0] for p in pairs]})
+PY
+    target=$W/full_target load=dummy
+  fi
   python3 bench/serving_speedup.py --export-dir $W/run/export --target "$target" --dataset-dir "$ds" \
+    --load-format $load \
     --loads "${LOADS:-1,8,32,64}" --draft-tokens "${DRAFT_TOKENS:-1,2,3,5}" --prompts "${PROMPTS:-32}" \
     --max-new-tokens "${NEW_TOKENS:-64}" --gpu-memory-utilization 0.85 --max-model-len 2048 \
     --out "$OUTD/rehearsal_serving.json" --work-dir $W/serving_work 2>&1 | quiet | tail -40
@@ -135,6 +159,11 @@ stage_serve() {
     $W/serving_work/engine-k*.log 2>/dev/null | sort | uniq -c | head -20 || true
 }
 
-[ $# -ge 1 ] || { sed -n 2,22p "$0"; exit 2; }
+stage_clean() {  # the disk for the next target: its weights, datasets and runs go
+  rm -rf $W/cache $W/data $W/data_hf $W/run $W/serving_work $W/full_target
+  df -h $TMPD | tail -1
+}
+
+[ $# -ge 1 ] || { sed -n 2,26p "$0"; exit 2; }
 mkdir -p $W
 for s in "$@"; do "stage_$s"; done
