@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT, compose
 from omegaconf import OmegaConf
 
-from eagle3.target_model.resolve import _tiny_config
+from eagle3.target_model.resolve import tiny_config
 from eagle3.target_model.size import target_size
 
 # recipe -> (topology, extraction TP, hidden layout, published total / active parameters in billions)
@@ -35,7 +35,7 @@ def test_each_recipe_composes_for_its_class(recipe):
         assert cfg.capture.hidden_layout == layout
         assert cfg.data.regenerate and cfg.data.max_length == 2048 and cfg.train.draft_vocab_size == 32000
     # the preset's facts and extra_config are the real config.json's: a random build has its size
-    hf = _tiny_config(OmegaConf.to_object(compose("extract", [f"experiment={recipe}", "model.source=tiny"]).model))
+    hf = tiny_config(OmegaConf.to_object(compose("extract", [f"experiment={recipe}", "model.source=tiny"]).model))
     size = target_size(hf.to_dict())
     assert size.params / 1e9 == pytest.approx(total_b, rel=0.01)
     assert size.active_params / 1e9 == pytest.approx(active_b, rel=0.02)

@@ -201,3 +201,32 @@ def test_an_moe_target_is_sized_by_total_and_active_parameters():
     assert 30.3e9 < size.params < 30.7e9 and 3.2e9 < size.active_params < 3.5e9
     assert sa.step_cost_class(size).name == "Llama-3.1-8B"
     assert sa.step_cost_class(None).name == "SmolLM2-135M"
+
+
+def test_the_lines_train_and_export_print_read_the_export_as_it_lies(tmp_path):
+    """export_serving_lines: target, trained K, TP and remote code from the export's own files, the
+    acceptance from the file train.py names (or the export's acceptance.json), the size class from
+    the local target directory train.py used (the export names the hub id, not a directory here)."""
+    export = _export(tmp_path, 0)
+    config = {"speculators_config": {"verifier": {"name_or_path": "org/llama"},
+                                     "proposal_methods": [{"speculative_tokens": 3}]}}  # fmt: skip
+    (export / "config.json").write_text(json.dumps(config))
+    (export / "eagle3_meta.json").write_text(
+        json.dumps({"serve_tensor_parallel_size": 2, "serve_trust_remote_code": True})
+    )
+    # no acceptance anywhere: the trained K, no verdict
+    first, second = sa.export_serving_lines(export)
+    assert first.startswith("serve it: vllm serve org/llama --tensor-parallel-size 2 --trust-remote-code")
+    assert '"num_speculative_tokens": 3' in first and "serving advice: none" in second
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps(LLAMA_8B))
+    measured = tmp_path / "acceptance.json"
+    measured.write_text(json.dumps({"per_position_acceptance_rate": RATES}))
+    first, per_load, verdict = sa.export_serving_lines(export, measured, target_dir=target)
+    # worked by hand in test_the_advice_for_an_8b_target_uses_the_8b_class_worked_by_hand: K=3 everywhere
+    assert first.startswith("serve it: vllm serve org/llama --tensor-parallel-size 2 --trust-remote-code")
+    assert "1: K=3 (1.95x)" in per_load and "the Llama-3.1-8B class (target: 8.03B parameters;" in per_load
+    assert verdict == "the head pays off at 1, 8, 32, 64 concurrent requests"
+    # written as serving.json for these weights: export.py's later report reads it back alone
+    assert sa.export_serving_lines(export)[1] == per_load

@@ -323,3 +323,31 @@ def serving_lines(
         verdict += f"; at {', '.join(map(str, not_pays))} serve the target alone ({command('', 0)})"
     first = f"serve it: {head}" if k else f"serve it: {command('', 0)} (with the head: {head})"
     return [first, f"serving advice ({how}), K per load: {per_load}", verdict]
+
+
+def export_serving_lines(
+    export_dir: str | Path,
+    acceptance_file: str | Path | None = None,
+    target_dir: str | Path | None = None,
+) -> list[str]:
+    """serving_lines for an export as it lies on disk (train.py and export.py print these): the
+    target, the trained K and how the target ran (TP, remote code) from its config.json and
+    eagle3_meta.json; serving.json where `python evaluate.py serving.measure=true` measured this
+    head, else the rule on the acceptance (``acceptance_file``, default its acceptance.json) and the
+    step costs of the size class nearest the target (read from ``target_dir``, default the export's
+    verifier where that is a directory here)."""
+    export_dir = Path(export_dir)
+    config = json.loads((export_dir / "config.json").read_text())["speculators_config"]
+    meta_file = export_dir / "eagle3_meta.json"
+    meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+    target = config["verifier"]["name_or_path"]
+    acceptance = read_acceptance(acceptance_file or export_dir / "acceptance.json")
+    advice = advice_for(export_dir, acceptance, target_dir=target_dir or target)
+    return serving_lines(
+        export_dir,
+        target,
+        int(config["proposal_methods"][0]["speculative_tokens"]),
+        advice,
+        tensor_parallel_size=int(meta.get("serve_tensor_parallel_size", 1)),
+        trust_remote_code=bool(meta.get("serve_trust_remote_code", False)),
+    )

@@ -73,23 +73,8 @@ def _kept_metadata(c: ExportCliConfig) -> tuple[str | None, dict[str, str]]:
 
 
 def serving_report(export_dir: str | Path) -> list[str]:
-    """The ``vllm serve`` command and the loads at which the head pays off: serving.json when
-    `python evaluate.py serving.measure=true` measured this head, else the rule on its acceptance.json (the step
-    costs of the size class nearest the target, where its directory is here to be read)."""
-    from eagle3.evaluation.serving_advice import advice_for, read_acceptance, serving_lines
+    """The ``vllm serve`` command and the loads at which the head pays off (serving.json, or the
+    rule on the export's acceptance.json): eagle3/evaluation/serving_advice.py."""
+    from eagle3.evaluation.serving_advice import export_serving_lines
 
-    export_dir = Path(export_dir)
-    config = json.loads((export_dir / "config.json").read_text())["speculators_config"]
-    meta_file = export_dir / "eagle3_meta.json"
-    meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
-    target = config["verifier"]["name_or_path"]
-    advice = advice_for(export_dir, read_acceptance(export_dir / "acceptance.json"), target_dir=target)
-    k = int(config["proposal_methods"][0]["speculative_tokens"])
-    return serving_lines(
-        export_dir,
-        target,
-        k,
-        advice,
-        tensor_parallel_size=int(meta.get("serve_tensor_parallel_size", 1)),
-        trust_remote_code=bool(meta.get("serve_trust_remote_code", False)),
-    )
+    return export_serving_lines(export_dir)

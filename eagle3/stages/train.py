@@ -129,7 +129,7 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
         if clock is not None:
             summary["time_budget"] = clock.outcome()
             report([time_budget.outcome_line(summary["time_budget"])])
-        _write_summary(output_dir, export_dir, parts.draft_meta, summary)
+        _write_summary(output_dir, export_dir, summary)
     _finish_logger(parts, initial)
     return final.get(cfg.optimized_metric, float("nan"))
 
@@ -304,7 +304,7 @@ def _export_and_evaluate(
     return export_dir
 
 
-def _write_summary(output_dir: Path, export_dir: Path, draft_meta: DraftMeta, summary: Mapping[str, Any]) -> None:
+def _write_summary(output_dir: Path, export_dir: Path, summary: Mapping[str, Any]) -> None:
     """summary.json, then the serving advice and, last, the export directory (scripts read it)."""
     write_text(output_dir / "summary.json", json.dumps(summary, indent=2))  # never a torn one (sweep tables read it)
     line = best_metric_line(summary.get("best_metric"), summary.get("best_metric_value"))
@@ -312,7 +312,7 @@ def _write_summary(output_dir: Path, export_dir: Path, draft_meta: DraftMeta, su
     say(
         [f"summary: {output_dir / 'summary.json'}"]
         + ([line] if line else [])
-        + serve_lines(export_dir, draft_meta, summary)
+        + serve_lines(export_dir, summary)
         + [str(export_dir)]
     )
 
@@ -336,23 +336,15 @@ def trainer_arguments(trainer_cfg: TrainerConfig) -> dict[str, Any]:
     return {k: v for k, v in dataclasses.asdict(trainer_cfg).items() if v is not None}
 
 
-def serve_lines(export_dir: Path, meta: DraftMeta, summary: Mapping[str, Any]) -> list[str]:
+def serve_lines(export_dir: Path, summary: Mapping[str, Any]) -> list[str]:
     """The `vllm serve` command with the advised number of draft tokens, and the loads at which
     the head pays off: the rule on the acceptance per position just measured in vLLM and the step
-    costs of the size class nearest the target (eagle3/evaluation/serving_advice.py; written to the
-    export's serving.json)."""
-    from eagle3.evaluation.serving_advice import advice_for, read_acceptance, serving_lines
+    costs of the size class nearest the target (the local target directory this run used;
+    eagle3/evaluation/serving_advice.py, written to the export's serving.json)."""
+    from eagle3.evaluation.serving_advice import export_serving_lines
 
-    acceptance = read_acceptance((summary.get("acceptance") or {}).get("json"))
-    target_dir = summary.get("target_dir")
-    advice = advice_for(export_dir, acceptance, target_dir=target_dir)
-    return serving_lines(
-        export_dir,
-        meta.target_name_or_path,
-        meta.num_speculative_tokens,
-        advice,
-        tensor_parallel_size=meta.serve_tensor_parallel_size,
-        trust_remote_code=meta.serve_trust_remote_code,
+    return export_serving_lines(
+        export_dir, (summary.get("acceptance") or {}).get("json"), target_dir=summary.get("target_dir")
     )
 
 

@@ -97,7 +97,9 @@ def _size(model_cfg: ModelConfig, key: str) -> int:
     return int(value)
 
 
-def _tiny_config(model_cfg: ModelConfig):
+def tiny_config(model_cfg: ModelConfig):
+    """The transformers config of a random-weight target built from the preset (model.source=tiny):
+    its facts and extra_config."""
     from transformers import AutoConfig
 
     arch = model_cfg.architecture
@@ -123,11 +125,19 @@ def _tiny_config(model_cfg: ModelConfig):
     return AutoConfig.for_model(model_type, **kwargs)
 
 
+def tokenizer_source(tokenizer_from: str, cache_dir: str | Path) -> str:
+    """Where a random-weight target's tokenizer loads from: model.tokenizer_from, a directory or
+    hub id, or ``smollm2_135m`` (the embedded SmolLM2's, materialised in ``cache_dir``)."""
+    if tokenizer_from == "smollm2_135m":
+        return str(materialize_smollm2(cache_dir))
+    return tokenizer_from
+
+
 def materialize_tiny(model_cfg: ModelConfig, cache_dir: str | Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    hf_config = _tiny_config(model_cfg)
+    hf_config = tiny_config(model_cfg)
     seed = model_cfg.seed
     # random draws differ between a CPU and a GPU generator: a GPU-built model is another model
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -144,11 +154,8 @@ def materialize_tiny(model_cfg: ModelConfig, cache_dir: str | Path) -> Path:
             model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16)
         model.save_pretrained(tmp, safe_serialization=True)
         del model
-        if tok_src == "smollm2_135m":
-            src = materialize_smollm2(cache_dir)
-            AutoTokenizer.from_pretrained(src).save_pretrained(tmp)
-        elif tok_src:
-            AutoTokenizer.from_pretrained(tok_src).save_pretrained(tmp)
+        if tok_src:
+            AutoTokenizer.from_pretrained(tokenizer_source(tok_src, cache_dir)).save_pretrained(tmp)
 
     return _build_once(final, build)
 

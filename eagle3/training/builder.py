@@ -34,6 +34,30 @@ def target_name(model: ModelConfig, model_dir: str, given: str | None = None) ->
     return str(model_dir)
 
 
+def draft_vocab_size(train: TrainConfig, hf: dict) -> int:
+    """train.draft_vocab_size, or the target's whole vocabulary where that is smaller."""
+    return min(train.draft_vocab_size, int(hf["vocab_size"]))
+
+
+def draft_config(train: TrainConfig, hf: dict, num_aux_layers: int) -> DraftConfig:
+    """The head's architecture: the target's sizes (``hf``, its config.json) with train.*'s
+    overrides and norm flags."""
+    overrides = {
+        k: getattr(train, k)
+        for k in ("num_attention_heads", "num_key_value_heads", "intermediate_size")
+        if getattr(train, k) is not None
+    }
+    norms = {name: bool(getattr(train, name)) for name in NORM_OPTIONS}  # train.<name>, same names as DraftConfig
+    return DraftConfig.from_target_config(
+        hf,
+        draft_vocab_size=draft_vocab_size(train, hf),
+        num_aux_layers=num_aux_layers,
+        num_layers=train.num_draft_layers,
+        **norms,
+        **overrides,
+    )
+
+
 def build_head(
     train: TrainConfig,
     model: ModelConfig,
@@ -48,27 +72,13 @@ def build_head(
     ``dataset``, with the settled ``attention`` kernel (never auto), and the DraftMeta its
     export carries: ``target`` as the export names it, ``num_speculative_tokens`` advised."""
     hf = read_hf_config(model_dir)
-    target_vocab = int(hf["vocab_size"])
-    size = min(train.draft_vocab_size, target_vocab)
+    size = draft_vocab_size(train, hf)
     layer_ids = list(dataset.layer_ids)
     final_id = model.num_layers
     if layer_ids[-1] != final_id:
         raise ValueError(f"{dataset.directory}: last layer id {layer_ids[-1]} is not the final state {final_id}")
     aux_ids = layer_ids[:-1]
-    overrides = {
-        k: getattr(train, k)
-        for k in ("num_attention_heads", "num_key_value_heads", "intermediate_size")
-        if getattr(train, k) is not None
-    }
-    norms = {name: bool(getattr(train, name)) for name in NORM_OPTIONS}  # train.<name>, same names as DraftConfig
-    draft_cfg = DraftConfig.from_target_config(
-        hf,
-        draft_vocab_size=size,
-        num_aux_layers=len(aux_ids),
-        num_layers=train.num_draft_layers,
-        **norms,
-        **overrides,
-    )
+    draft_cfg = draft_config(train, hf, len(aux_ids))
     head = Eagle3DraftHead(draft_cfg, attention=AttentionKind(attention).value)
     d2t, t2d = draft_vocab(dataset, size)
     init = read_init_head(train.init_from, train.init_from_revision) if train.init_from else None

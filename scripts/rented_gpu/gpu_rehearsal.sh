@@ -14,11 +14,17 @@
 #                                                (the target's own answers) and with capture=hf
 #   bash scripts/rented_gpu/gpu_rehearsal.sh train          train.py for MINUTES (the recipe's head), its export
 #   bash scripts/rented_gpu/gpu_rehearsal.sh serve          bench/serving_speedup.py: step costs per K and load
+#   bash scripts/rented_gpu/gpu_rehearsal.sh costs          step costs at the uncut shapes without weights
+#                                                (shapes_only.py + bench/serving_speedup.py --load-format
+#                                                dummy; SHAPES: overrides, e.g. Kimi's
+#                                                "model.extra_config.n_routed_experts=8 topology=gpu1
+#                                                model.quantization=null"); resumes a cut-off run
 #   bash scripts/rented_gpu/gpu_rehearsal.sh clean          the disk for the next target
 # TARGET=llama3_1_8b (default) | qwen3_8b | qwen3_30b_a3b (LAYERS cuts it: its 61 GB outgrow a 64 GiB
 # disk) | kimi_k2_5 (cut to LAYERS layers and EXPERTS experts to fit one GPU); N conversations
-# (default 600); HF_N (150) of them for capture=hf (0: none). FULL="num_hidden_layers=48 ..." serves
-# the uncut shapes: the cut target's config.json with those fields, vLLM dummy weights.
+# (default 600); HF_N (150) of them for capture=hf (0: none). An engine start at these sizes takes
+# 1-2 minutes: five engines (alone, K = 1, 2, 3, 5) outlast one 10-minute call, so run serve and
+# costs detached or call them again (finished engines are kept in the work dir).
 # Each stage writes rehearsal_<stage>.json and its log's tail to $OUT.
 TMPD=${TMPD:-/tmp}  # the rented machine's scratch disk: everything these calls leave lives here
 set -euo pipefail
@@ -95,12 +101,12 @@ def rate(log):
     return {"tokens": int(hits[-1][0].replace(",", "")), "seconds": float(hits[-1][1]),
             "tok_s": int(hits[-1][2].replace(",", ""))} if hits else None
 size = sum(f.stat().st_size for f in Path(ds).glob("shard-*.safetensors"))
-counts = m.get("counts", {})
+counts = m.get("counts") or {k: m[k] for k in ("num_samples", "num_tokens", "num_loss_tokens") if k in m}
 print(json.dumps({
     "target_build_s": t1 - t0, "extract_vllm_wall_s": t2 - t1, "extract_hf_wall_s": t3 - t2,
     "capture_vllm": rate("/tmp/rehearsal/extract_vllm.log"), "capture_hf": rate("/tmp/rehearsal/extract_hf.log"),
     "counts": counts, "shard_bytes": size,
-    "disk_bytes_per_token": size / max(1, counts.get("tokens", 1)),
+    "disk_bytes_per_token": size / max(1, counts.get("tokens", counts.get("num_tokens", 1))),
     "regen_lines": [l for l in Path("/tmp/rehearsal/extract_vllm.log").read_text().splitlines() if "regenerat" in l.lower()][-6:],
     "dataset_dir": ds,
 }, indent=1))
@@ -122,6 +128,7 @@ t0, t1 = map(float, sys.argv[1:])
 s = json.loads(Path("/tmp/rehearsal/run/summary.json").read_text())
 export = Path(s["export_dir"])
 keep = {k: v for k, v in s.items() if not isinstance(v, (dict, list)) or k in ("time_budget",)}
+keep.update({k: v for k, v in (s.get("final") or {}).items() if k.startswith("train/")})  # tok/s, peak GPU memory
 print(json.dumps({"train_wall_s": t1 - t0, "export_bytes": sum(f.stat().st_size for f in export.iterdir()),
                   "export_files": sorted(f.name for f in export.iterdir()), "summary": keep}, indent=1))
 PY
@@ -132,26 +139,7 @@ PY
 stage_serve() {
   local target; target=$(python3 -c 'import json; print(json.load(open("/tmp/rehearsal/run/summary.json"))["target_dir"])')
   local ds; ds=$(python3 -c 'import json; print(json.load(open("/tmp/rehearsal/run/summary.json"))["dataset_dir"])')
-  local load=auto
-  if [ -n "${FULL:-}" ]; then
-    # the uncut target for serving: the cut one's config.json with FULL ("key=value ...") set, no
-    # weight files, vLLM's dummy weights (the head's too): step costs at the real depth and width
-    rm -rf $W/full_target && mkdir -p $W/full_target
-    find "$target" -maxdepth 1 -type f ! -name "*.safetensors" ! -name "*.index.json" -exec cp {} $W/full_target/ \;
-    python3 - $W/full_target/config.json $FULL <<'PY'
-import json, sys
-path, pairs = sys.argv[1], sys.argv[2:]
-cfg = json.load(open(path))
-for pair in pairs:
-    key, value = pair.split("=")
-    cfg[key] = int(value)
-json.dump(cfg, open(path, "w"), indent=1)
-print("serving target:", {k: cfg[k] for k in [p.split("=")[0] for p in pairs]})
-PY
-    target=$W/full_target load=dummy
-  fi
   python3 bench/serving_speedup.py --export-dir $W/run/export --target "$target" --dataset-dir "$ds" \
-    --load-format $load \
     --loads "${LOADS:-1,8,32,64}" --draft-tokens "${DRAFT_TOKENS:-1,2,3,5}" --prompts "${PROMPTS:-32}" \
     --max-new-tokens "${NEW_TOKENS:-64}" --gpu-memory-utilization 0.85 --max-model-len 2048 \
     --out "$OUTD/rehearsal_serving.json" --work-dir $W/serving_work 2>&1 | quiet | tail -40
@@ -159,11 +147,22 @@ PY
     $W/serving_work/engine-k*.log 2>/dev/null | sort | uniq -c | head -20 || true
 }
 
+stage_costs() {  # step costs at the uncut shapes, no weights: config files only, vLLM dummy weights
+  python3 scripts/rented_gpu/shapes_only.py $W/shapes experiment="$TARGET" model.tokenizer_from=$TMPD/tok ${SHAPES:-}
+  tail -n "${PROMPTS:-32}" $TMPD/sharegpt.jsonl > $W/heldout.jsonl  # the rehearsal trains on the first N
+  python3 bench/serving_speedup.py --load-format dummy --export-dir $W/shapes/head --target $W/shapes/target \
+    --prompts-jsonl $W/heldout.jsonl --loads "${LOADS:-1,8,32,64}" --draft-tokens "${DRAFT_TOKENS:-1,2,3,5}" \
+    --prompts "${PROMPTS:-32}" --max-new-tokens "${NEW_TOKENS:-64}" --gpu-memory-utilization 0.85 \
+    --max-model-len 2048 --out "$OUTD/rehearsal_costs.json" --work-dir $W/costs_work > $W/costs.log 2>&1 || true
+  grep -vE "it/s\]|INFO|WARNING" $W/costs.log | tail -30
+  cp $W/costs_work/*.result.json "$OUTD/" 2>/dev/null || true
+}
+
 stage_clean() {  # the disk for the next target: its weights, datasets and runs go
-  rm -rf $W/cache $W/data $W/data_hf $W/run $W/serving_work $W/full_target
+  rm -rf $W/cache $W/data $W/data_hf $W/run $W/serving_work
   df -h $TMPD | tail -1
 }
 
-[ $# -ge 1 ] || { sed -n 2,26p "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n 2,31p "$0"; exit 2; }
 mkdir -p $W
 for s in "$@"; do "stage_$s"; done
