@@ -24,7 +24,7 @@
 # disk) | kimi_k2_5 (cut to LAYERS layers and EXPERTS experts to fit one GPU); N conversations
 # (default 600); HF_N (150) of them for capture=hf (0: none). An engine start at these sizes takes
 # 1-2 minutes: five engines (alone, K = 1, 2, 3, 5) outlast one 10-minute call, so run serve and
-# costs detached or call them again (finished engines are kept in the work dir).
+# costs with DETACH_S (below) or call them again (finished engines are kept in the work dir).
 # Each stage writes rehearsal_<stage>.json and its log's tail to $OUT.
 TMPD=${TMPD:-/tmp}  # the rented machine's scratch disk: everything these calls leave lives here
 set -euo pipefail
@@ -163,6 +163,38 @@ stage_clean() {  # the disk for the next target: its weights, datasets and runs 
   df -h $TMPD | tail -1
 }
 
+# DETACH_S=480: a stage runs in the background of the machine (setsid; its output and results kept
+# in $W) and the call returns when it ends or after DETACH_S seconds, whichever comes first, so a
+# stage longer than one call's limit survives it; `wait_<stage>` in the next call (no pause
+# between calls) waits again and brings its results back.
+detached() {
+  local s=$1
+  if [ -f $W/$s.pid ] && kill -0 "$(cat $W/$s.pid)" 2>/dev/null && [ ! -f $W/$s.done ]; then
+    echo "$s: already running (pid $(cat $W/$s.pid))"
+  else
+    rm -f $W/$s.done; mkdir -p $W/out_$s
+    # its own session: the end of this call (or its time limit) does not reach it
+    OUT=$W/out_$s DETACH_S='' setsid bash -c 'bash "$0" "$1" > "$2" 2>&1; touch "$3"' \
+      "$0" "$s" $W/$s.out $W/$s.done < /dev/null > /dev/null 2>&1 &
+    echo $! > $W/$s.pid
+  fi
+  wait_for "$s"
+}
+wait_for() {
+  local s=$1 t0=$SECONDS
+  while [ ! -f $W/$s.done ] && [ $((SECONDS - t0)) -lt "${DETACH_S:-480}" ]; do sleep 5; done
+  if [ -f $W/$s.done ]; then
+    tail -40 $W/$s.out; cp $W/out_$s/* "$OUTD/" 2>/dev/null || true
+  else
+    grep -hE "engine k[0-9]+: (starting|done)|K=[0-9]+: engine up" $W/$s.out | tail -8 || true
+    echo "$s: still running after $((SECONDS - t0)) s: call again with: bash $0 wait_$s"
+  fi
+}
+stage_wait_serve() { wait_for serve; }
+stage_wait_costs() { wait_for costs; }
+
 [ $# -ge 1 ] || { sed -n 2,31p "$0"; exit 2; }
 mkdir -p $W
-for s in "$@"; do "stage_$s"; done
+for s in "$@"; do
+  if [ -n "${DETACH_S:-}" ] && [[ $s == serve || $s == costs ]]; then detached "$s"; else "stage_$s"; fi
+done
