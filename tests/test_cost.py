@@ -18,6 +18,7 @@ from eagle3.stages.cost import (
     head_flops,
     measured_rates,
     rate_for,
+    run_rates,
     target_params,
     train_lines,
 )
@@ -136,6 +137,40 @@ def test_rates_scale_with_the_model_and_pick_the_accelerator():
     )
 
 
+def test_an_moe_target_takes_capture_from_the_moe_entry_and_training_from_the_dense_one(tmp_path):
+    """Qwen3-30B-A3B at 24 of 48 layers captured at 24,599 tok/s on the H200, where the dense
+    8B entry scaled to it said ~117,782: an MoE run takes the MoE entry's capture and regeneration,
+    and its training (which sees only the head) from the dense entry; a dense run never sees the
+    MoE entry."""
+    import yaml
+
+    from eagle3.stages import cost
+
+    moe = compose("extract", ["experiment=qwen3_30b_a3b", "model.num_layers=24"])
+    rates = run_rates(moe)
+    assert rates.capture_tok_s == pytest.approx(24599)  # the measured shapes: no scaling
+    assert rates.measured.regen_tok_s == 13900 and rates.measured.regen_start_s == 59
+    without = run_rates(moe, [r for r in measured_rates() if not r.moe])  # the dense entries alone
+    assert without.capture_tok_s / rates.capture_tok_s > 4  # what the plan said before the MoE entry
+    assert rates.train_tok_s == without.train_tok_s  # training: the dense entry's, for this head
+    assert rates.measured.sources["train_tok_s"] == without.measured.sources["train_tok_s"]
+    assert "Qwen3-30B-A3B (24 of 48 layers) (capture) and Llama-3.1-8B (training)" in rates.basis
+    # the uncut target: scaled from the cut by size, half the layers, about half the rate
+    assert 0.4 < run_rates(compose("extract", ["experiment=qwen3_30b_a3b"])).capture_tok_s / 24599 < 0.6
+    # a dense target of the same size class never takes the MoE entry
+    small_dense = compose("extract", ["experiment=llama3_1_8b", "model.num_layers=6"])
+    assert run_rates(small_dense).measured.model == "Llama-3.1-8B"
+    assert rate_for("gpu", cost._cfg_params(moe)).model == "Llama-3.1-8B"  # dense by default
+    # an MoE entry with a training figure is refused: training is the dense entries'
+    entries = yaml.safe_load(cost.RATES_FILE.read_text())
+    entry = next(e for e in entries if e.get("moe"))
+    entry["train_tok_s"] = {"value": 1.0, "source": "a training figure in an MoE entry"}
+    bad = tmp_path / "rates.yaml"
+    bad.write_text(yaml.safe_dump(entries))
+    with pytest.raises(ValueError, match="an MoE entry holds .* only, got .*train_tok_s"):
+        measured_rates(bad)
+
+
 def _run(entry: str, args: list[str], run_dir: Path) -> str:
     out = subprocess.run(
         [sys.executable, entry, "experiment=tiny_test", *args, f"hydra.run.dir={run_dir}"],
@@ -169,7 +204,7 @@ def test_every_measured_figure_says_what_measured_it():
     rates = measured_rates()
     assert {(r.accelerator, r.model) for r in rates} >= {("cpu", "SmolLM2-135M"), ("gpu", "Llama-3.1-8B")}
     for r in rates:
-        assert {"capture_tok_s", "train_tok_s"} <= set(r.sources)
+        assert {"capture_tok_s", "train_tok_s"} - ({"train_tok_s"} if r.moe else set()) <= set(r.sources)
         assert all(len(source) > 20 for source in r.sources.values())
     assert CPU_RATE.params == target_params(30, 576, 1536, 49152, 9, 3)
     assert CPU_RATE.train_flops == head_flops(576, 1536, 4096, 3)

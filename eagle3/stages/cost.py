@@ -17,6 +17,7 @@ Training logs an updated ETA from its own step times once a few steps have run
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Mapping, Sequence
@@ -68,8 +69,13 @@ class Rate:
     model: str
     params: float  # target_params() of the model measured
     capture_tok_s: float  # extract.py's capture, shards written
-    train_tok_s: float  # train.py's tok/s, in train_precision
+    train_tok_s: float  # train.py's tok/s, in train_precision (0 in an MoE entry: see moe)
     train_flops: float  # head_flops() of the run measured
+    # a mixture-of-experts target: an entry of capture and regeneration figures only, which runs
+    # of MoE targets take those from (target_params sizes an MoE as if dense, and its fused-expert
+    # prefill costs more per parameter so counted than a dense one's); training, which does not
+    # see the target's kind, scales from the nearest dense entry
+    moe: bool = False
     regen_tok_s: float | None = None  # new tokens/s of data.regenerate (None: not measured)
     # capture with the forward in fp32, as on a CPU without native bf16 matmuls
     # (eagle3/target_model/compute_dtype.py); None: every capture here runs at capture_tok_s
@@ -109,7 +115,8 @@ class Rate:
 
 # the measured runs, as data: a recalibration is an edit of this file and no code
 RATES_FILE = Path(__file__).with_name("rates.yaml")
-_ENTRY_KEYS = frozenset({"accelerator", "model", "target", "head", "train_precision"})
+_ENTRY_KEYS = frozenset({"accelerator", "model", "target", "head", "train_precision", "moe"})
+_MOE_FIGURES = frozenset({"capture_tok_s", "regen_tok_s", "regen_start_s", "start_s"})
 
 
 def measured_rates(path: str | Path | None = None) -> tuple[Rate, ...]:
@@ -133,12 +140,18 @@ def _rate(entry: dict[str, Any], where: str) -> Rate:
     for name, fig in figures.items():
         if not isinstance(fig, dict) or set(fig) != {"value", "source"} or not str(fig["source"] or "").strip():
             raise ValueError(f"{where}: {name}: expected {{value: <number>, source: <what measured it>}}, got {fig!r}")
+    moe = bool(entry.get("moe", False))
+    if moe and not set(figures) <= _MOE_FIGURES:
+        raise ValueError(f"{where}: an MoE entry holds {sorted(_MOE_FIGURES)} only, got {sorted(figures)}")
     try:
         return Rate(
             accelerator=str(entry["accelerator"]),
             model=str(entry["model"]),
             params=target_params(**entry["target"]),
-            train_flops=head_flops(**entry["head"]),
+            # an MoE entry's training figures are the dense entries' (run_rates)
+            train_flops=head_flops(**entry["head"]) if not moe else 0.0,
+            moe=moe,
+            **({"train_tok_s": 0.0} if moe else {}),
             train_precision=str(entry.get("train_precision", "bf16-mixed")),
             sources={name: str(fig["source"]) for name, fig in figures.items()},
             **{name: float(fig["value"]) for name, fig in figures.items()},
@@ -147,11 +160,31 @@ def _rate(entry: dict[str, Any], where: str) -> Rate:
         raise ValueError(f"{where} ({entry.get('model')} on {entry.get('accelerator')}): {e}") from None
 
 
-def rate_for(accelerator: str, params: float, rates: Sequence[Rate] | None = None) -> Rate | None:
+def rate_for(accelerator: str, params: float, rates: Sequence[Rate] | None = None, moe: bool = False) -> Rate | None:
     """The measured run on this accelerator whose target is nearest in size (``rates``: the
-    measured runs, default measured_rates())."""
+    measured runs, default measured_rates()): a dense one, or with ``moe`` an MoE one (None
+    where none was measured)."""
     same = [r for r in (measured_rates() if rates is None else rates) if r.accelerator == str(accelerator)]
-    return min(same, key=lambda r: abs(math.log(r.params / params)), default=None)
+    return min((r for r in same if r.moe == moe), key=lambda r: abs(math.log(r.params / params)), default=None)
+
+
+def _cfg_moe(cfg: RunConfig) -> bool:
+    """A mixture-of-experts target: its preset's extra_config routes tokens to experts."""
+    extra = cfg.model.extra_config or {}
+    return any(int(extra.get(k) or 0) > 1 for k in ("num_experts", "n_routed_experts", "num_local_experts"))
+
+
+def _with_moe_capture(dense: Rate, moe: Rate) -> Rate:
+    """``dense`` with the capture and regeneration figures of the MoE entry ``moe``."""
+    capture = {k: getattr(moe, k) for k in ("params", "capture_tok_s", *(_MOE_FIGURES & set(moe.sources)))}
+    return dataclasses.replace(
+        dense,
+        model=f"{moe.model} (capture) and {dense.model} (training)",
+        capture_fp32_tok_s=None,
+        capture_amx_tok_s=None,
+        sources={**dense.sources, **moe.sources},
+        **capture,
+    )
 
 
 def _cfg_params(cfg: RunConfig) -> float:
@@ -185,6 +218,9 @@ def run_rates(cfg: RunConfig, rates: Sequence[Rate] | None = None) -> RunRates:
     (nodes) add up; tensor parallelism gets no credit (it mostly makes a large target fit)."""
     params, accelerator = _cfg_params(cfg), str(cfg.topology.accelerator)
     rate, forward = rate_for(accelerator, params, rates), cpu_forward(cfg)
+    moe = rate_for(accelerator, params, rates, moe=True) if _cfg_moe(cfg) and rate is not None else None
+    if rate is not None and moe is not None:
+        rate = _with_moe_capture(rate, moe)
     if rate is None:
         basis = f"  (no rate measured on accelerator={accelerator}: {RATES_FILE.name})"
         return RunRates(None, basis, forward, None, None)
