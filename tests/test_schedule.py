@@ -131,7 +131,10 @@ def test_a_time_capped_run_ends_at_the_floor_learning_rate(tmp_path):
     )
     lrs = recorder.lrs
     assert len(lrs) > 20, f"too few steps in 25 s to test the schedule: {len(lrs)}"
-    assert lrs[-1] == pytest.approx(lr * floor, rel=1e-6)
+    # at the floor to 1%: the steps left are estimated from the mean step time, so a last step
+    # slower than the mean (a loaded machine) can end the clock one or two steps early, a hair
+    # above the floor (seen: 5.0005e-05 for 5e-05); a schedule blind to the clock ends near lr
+    assert lrs[-1] == pytest.approx(lr * floor, rel=1e-2)
     assert max(lrs) == pytest.approx(lr, rel=1e-6)
     # the decay used the budget: not sitting at the floor for more than a few steps
     assert sum(math.isclose(x, lr * floor, rel_tol=1e-6) for x in lrs) <= max(3, len(lrs) // 20)
