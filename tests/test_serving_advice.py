@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from eagle3.evaluation import serving_advice as sa
+from eagle3.target_model.size import TargetSize
 
 RATES = [0.6, 0.4, 0.25]  # per-position acceptance rates a_0..a_2
 TABLE = {1: {3: 1.669}, 8: {3: 2.058}, 64: {3: 3.029}}  # c(3, load): one K per load, so f = 0
@@ -181,7 +182,7 @@ def test_the_advice_for_an_8b_target_uses_the_8b_class_worked_by_hand(tmp_path):
 
 def test_an_moe_target_is_sized_by_total_and_active_parameters():
     """Qwen3-30B-A3B: 128 experts of 768, 8 per token: 30.5B in all, 3.3B active (the published
-    figures); its nearest class is the 8B one, not the 135M."""
+    figures); its nearest class is the measured MoE one, not the 8B or the 135M."""
     from eagle3.target_model.size import target_size
 
     qwen = {
@@ -199,8 +200,30 @@ def test_an_moe_target_is_sized_by_total_and_active_parameters():
     }
     size = target_size(qwen)
     assert 30.3e9 < size.params < 30.7e9 and 3.2e9 < size.active_params < 3.5e9
-    assert sa.step_cost_class(size).name == "Llama-3.1-8B"
+    assert sa.step_cost_class(size).name == "Qwen3-30B-A3B (MoE)"
     assert sa.step_cost_class(None).name == "SmolLM2-135M"
+
+
+def test_the_advice_for_an_moe_target_worked_by_hand():
+    """Acceptance 0.6 / 0.4 / 0.25 on a 30.5B / 3.3B-active target: the MoE class measured K=3 only
+    (c = 1.47 at load 1, 1.589 at 32), so c(K) = 1 + (c(3) - 1) * K / 3 for the other K.
+    Load 1: K=3 gives 2.25 / 1.47 = 1.53x (K=2: 2.0 / 1.313 = 1.52x). Load 32: K=2 gives
+    2.0 / (1 + 0.589 * 2 / 3) = 1.44x, above K=3's 2.25 / 1.589 = 1.42x: a verify step that routes
+    more tokens to more experts makes a shorter draft the better one where an 8B takes K=3."""
+    advice = sa.from_rule([0.6, 0.4, 0.25], size=TargetSize(30.5e9, 3.3e9))
+    assert advice.inputs["step_costs_class"] == "Qwen3-30B-A3B (MoE)"
+    at1, at32 = advice.at(1), advice.at(32)
+    assert at1 is not None and at32 is not None
+    assert (at1.num_speculative_tokens, round(at1.speedup, 2)) == (3, 1.53)
+    assert (at32.num_speculative_tokens, round(at32.speedup, 2)) == (2, 1.44)
+
+
+def test_a_kimi_sized_target_takes_the_class_of_its_active_path():
+    """Kimi-K2.5: ~1T parameters, ~32.9B through which a token runs. Its nearest class is the one
+    measured on its architecture's active path (61 layers, MLA, 8 experts all active: 32.7B)."""
+    kimi = TargetSize(1.03e12, 3.29e10)
+    assert sa.step_cost_class(kimi).name.startswith("DeepSeek-V3 architecture, 32.7B active")
+    assert sa.step_cost_class(TargetSize(8.03e9, 8.03e9)).name == "Llama-3.1-8B"
 
 
 def test_the_lines_train_and_export_print_read_the_export_as_it_lies(tmp_path):

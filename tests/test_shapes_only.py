@@ -62,6 +62,9 @@ def test_a_cut_is_an_override_and_a_missing_tokenizer_is_named(tmp_path):
     # every routed expert active: Kimi-K2.5's active path (32.7B per token) in what one GPU holds
     assert hf["n_routed_experts"] == 8 and hf["num_hidden_layers"] == 61
     assert target_size(hf).params / 1e9 == pytest.approx(32.7, rel=0.02)
+    # vLLM builds the router's e_score_correction_bias (which the weights hold) only for this
+    # method: without it, loading stops on a KeyError for layers.1.mlp.gate.e_score_correction_bias
+    assert hf["topk_method"] == "noaux_tc" and hf["scoring_func"] == "sigmoid"
 
 
 @pytest.mark.slow

@@ -148,14 +148,18 @@ stage_serve() {
 }
 
 stage_costs() {  # step costs at the uncut shapes, no weights: config files only, vLLM dummy weights
+  # a work dir per target and SHAPES: finished engines are kept for a resumed call, and must never
+  # stand in for another target's
+  local cw; cw=$W/costs_work_$(echo "$TARGET ${SHAPES:-}" | md5sum | cut -c1-8)
+  rm -rf $W/shapes
   python3 scripts/rented_gpu/shapes_only.py $W/shapes experiment="$TARGET" model.tokenizer_from=$TMPD/tok ${SHAPES:-}
   tail -n "${PROMPTS:-32}" $TMPD/sharegpt.jsonl > $W/heldout.jsonl  # the rehearsal trains on the first N
   python3 bench/serving_speedup.py --load-format dummy --export-dir $W/shapes/head --target $W/shapes/target \
     --prompts-jsonl $W/heldout.jsonl --loads "${LOADS:-1,8,32,64}" --draft-tokens "${DRAFT_TOKENS:-1,2,3,5}" \
     --prompts "${PROMPTS:-32}" --max-new-tokens "${NEW_TOKENS:-64}" --gpu-memory-utilization 0.85 \
-    --max-model-len 2048 --out "$OUTD/rehearsal_costs.json" --work-dir $W/costs_work > $W/costs.log 2>&1 || true
+    --max-model-len 2048 --out "$OUTD/rehearsal_costs.json" --work-dir "$cw" > $W/costs.log 2>&1 || true
   grep -vE "it/s\]|INFO|WARNING" $W/costs.log | tail -30
-  cp $W/costs_work/*.result.json "$OUTD/" 2>/dev/null || true
+  cp "$cw"/*.result.json "$OUTD/" 2>/dev/null || true
 }
 
 stage_clean() {  # the disk for the next target: its weights, datasets and runs go
