@@ -22,7 +22,9 @@
 #   bash scripts/rented_gpu/gpu_rehearsal.sh clean          the disk for the next target
 # TARGET=llama3_1_8b (default) | qwen3_8b | qwen3_30b_a3b (LAYERS cuts it: its 61 GB outgrow a 64 GiB
 # disk) | kimi_k2_5 (cut to LAYERS layers and EXPERTS experts to fit one GPU); N conversations
-# (default 600); HF_N (150) of them for capture=hf (0: none). An engine start at these sizes takes
+# (default 600); HF_N (150) of them for capture=hf (0: none). serve and costs: LOADS, DRAFT_TOKENS,
+# PROMPTS, NEW_TOKENS, WAVES (waves per load at least, default 2; two waves of ~2 s at load 64 gave
+# an MoE target's figure no trust). An engine start at these sizes takes
 # 1-2 minutes: five engines (alone, K = 1, 2, 3, 5) outlast one 10-minute call, so run serve and
 # costs with DETACH_S (below) or call them again (finished engines are kept in the work dir).
 # Each stage writes rehearsal_<stage>.json and its log's tail to $OUT.
@@ -141,7 +143,7 @@ stage_serve() {
   local ds; ds=$(python3 -c 'import json; print(json.load(open("/tmp/rehearsal/run/summary.json"))["dataset_dir"])')
   python3 bench/serving_speedup.py --export-dir $W/run/export --target "$target" --dataset-dir "$ds" \
     --loads "${LOADS:-1,8,32,64}" --draft-tokens "${DRAFT_TOKENS:-1,2,3,5}" --prompts "${PROMPTS:-32}" \
-    --max-new-tokens "${NEW_TOKENS:-64}" --gpu-memory-utilization 0.85 --max-model-len 2048 \
+    --min-waves "${WAVES:-2}" --max-new-tokens "${NEW_TOKENS:-64}" --gpu-memory-utilization 0.85 --max-model-len 2048 \
     --out "$OUTD/rehearsal_serving.json" --work-dir $W/serving_work 2>&1 | quiet | tail -40
   grep -hoE "(Model loading took|init engine|Graph capturing finished|Capturing CUDA graphs)[^,]{0,80}" \
     $W/serving_work/engine-k*.log 2>/dev/null | sort | uniq -c | head -20 || true
@@ -156,8 +158,8 @@ stage_costs() {  # step costs at the uncut shapes, no weights: config files only
   tail -n "${PROMPTS:-32}" $TMPD/sharegpt.jsonl > $W/heldout.jsonl  # the rehearsal trains on the first N
   python3 bench/serving_speedup.py --load-format dummy --export-dir $W/shapes/head --target $W/shapes/target \
     --prompts-jsonl $W/heldout.jsonl --loads "${LOADS:-1,8,32,64}" --draft-tokens "${DRAFT_TOKENS:-1,2,3,5}" \
-    --prompts "${PROMPTS:-32}" --max-new-tokens "${NEW_TOKENS:-64}" --gpu-memory-utilization 0.85 \
-    --max-model-len 2048 --out "$OUTD/rehearsal_costs.json" --work-dir "$cw" > $W/costs.log 2>&1 || true
+    --prompts "${PROMPTS:-32}" --min-waves "${WAVES:-2}" --max-new-tokens "${NEW_TOKENS:-64}" \
+    --gpu-memory-utilization 0.85 --max-model-len 2048 --out "$OUTD/rehearsal_costs.json" --work-dir "$cw" > $W/costs.log 2>&1 || true
   grep -vE "it/s\]|INFO|WARNING" $W/costs.log | tail -30
   cp "$cw"/*.result.json "$OUTD/" 2>/dev/null || true
 }
@@ -197,7 +199,7 @@ wait_for() {
 stage_wait_serve() { wait_for serve; }
 stage_wait_costs() { wait_for costs; }
 
-[ $# -ge 1 ] || { sed -n 2,31p "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n 2,30p "$0"; exit 2; }
 mkdir -p $W
 for s in "$@"; do
   if [ -n "${DETACH_S:-}" ] && [[ $s == serve || $s == costs ]]; then detached "$s"; else "stage_$s"; fi
