@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from eagle3.evaluation import serving_advice as sa
-from eagle3.target_model.size import TargetSize
+from eagle3.target_model.size import TargetSize, target_size
 
 RATES = [0.6, 0.4, 0.25]  # per-position acceptance rates a_0..a_2
 TABLE = {1: {3: 1.669}, 8: {3: 2.058}, 64: {3: 3.029}}  # c(3, load): one K per load, so f = 0
@@ -142,7 +142,6 @@ def test_the_advice_for_an_8b_target_uses_the_8b_class_worked_by_hand(tmp_path):
     """Acceptance 0.6 / 0.4 / 0.25 per position on an 8B target: with the 8B class's step costs
     (c(K, 1) = 1.086, 1.184, 1.156; c(K, 64) = 1.119, 1.28, 1.372) K=3 wins at every load, where
     the 135M class's costs would advise the target alone at 8 requests."""
-    from eagle3.target_model.size import target_size
 
     size = target_size(LLAMA_8B)
     assert size.params == size.active_params and 8.0e9 < size.params < 8.1e9  # 8.03B: the published count
@@ -183,8 +182,6 @@ def test_the_advice_for_an_8b_target_uses_the_8b_class_worked_by_hand(tmp_path):
 def test_an_moe_target_is_sized_by_total_and_active_parameters():
     """Qwen3-30B-A3B: 128 experts of 768, 8 per token: 30.5B in all, 3.3B active (the published
     figures); its nearest class is the measured MoE one, not the 8B or the 135M."""
-    from eagle3.target_model.size import target_size
-
     qwen = {
         "hidden_size": 2048,
         "num_hidden_layers": 48,
