@@ -179,6 +179,19 @@ def test_the_advice_for_an_8b_target_uses_the_8b_class_worked_by_hand(tmp_path):
     assert "the step costs of the Llama-3.1-8B class (target: 8.03B parameters;" in per_load
 
 
+def test_a_strong_head_on_an_8b_target_takes_k5_at_its_measured_cost():
+    """Acceptance 0.85 / 0.8 / 0.75 / 0.7 / 0.65 per position on an 8B target: K=5's measured step
+    costs (c(5, 1) = 1.502, c(5, 64) = 1.748) make five drafts the faster chain at 1 and 64
+    requests, and the advice reads c(5) from the table, not from the line through K = 1, 2, 3."""
+
+    advice = sa.from_rule([0.85, 0.8, 0.75, 0.7, 0.65], size=target_size(LLAMA_8B))
+    # load 1: L(3) / c(3, 1) = 3.4 / 1.156 = 2.941; L(5) / c(5, 1) = 4.75 / 1.502 = 3.162
+    assert advice.at(1).num_speculative_tokens == 5 and advice.at(1).speedup == pytest.approx(4.75 / 1.502)
+    # load 64: 3.4 / 1.372 = 2.478; 4.75 / 1.748 = 2.717
+    assert advice.at(64).num_speculative_tokens == 5 and advice.at(64).speedup == pytest.approx(4.75 / 1.748)
+    assert sa.cost(5, 8, sa.step_cost_class(target_size(LLAMA_8B)).costs) == pytest.approx(1.535)
+
+
 def test_an_moe_target_is_sized_by_total_and_active_parameters():
     """Qwen3-30B-A3B: 128 experts of 768, 8 per token: 30.5B in all, 3.3B active (the published
     figures); its nearest class is the measured MoE one, not the 8B or the 135M."""
