@@ -126,3 +126,18 @@ def test_the_bench_is_a_cli_over_the_measurement_that_leaves_the_export(monkeypa
     monkeypatch.setattr(sys, "argv", [*argv, "--write-advice"])
     with pytest.raises(SystemExit):
         bench.main()
+
+
+def test_the_bench_warms_every_load_before_timing_it():
+    """vLLM compiles some kernels (Triton's fused MoE) at the first batch of a new size: every wave
+    size gets one warm-up call before any wave is timed, the largest first (it sizes the engine)."""
+    from eagle3.config.engine import EngineOptions
+    from eagle3.evaluation.engine import PromptBatch
+
+    prompts = [[1, 2], [3], [4, 5, 6]]
+    plan = {c: ss.wave_requests(len(prompts), c, 2) for c in (1, 8, 32)}
+    request = ss.engine_request("m", "h", 3, prompts, plan, ss.ServingCheck(), EngineOptions())
+    assert request.warmup_sizes() == [32, 1, 8]
+    # an evaluation request (no waves) warms up once, at its warm-up size
+    plain = EngineRequest("m", "h", 3, 16, 256, [PromptBatch("val", [[1, 2], [3]])], EngineOptions(), 1)
+    assert plain.warmup_sizes() == [1]

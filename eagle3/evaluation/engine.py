@@ -56,7 +56,16 @@ class EngineRequest:
     # (VLLM_CPU_KVCACHE_SPACE, set before the engine starts) are read by run_engine_process, and
     # max_prompt_tokens chose the prompts before the request was built
     options: EngineOptions = field(default_factory=EngineOptions)
-    warmup_prompts: int = 1  # the warm-up call's size (a bench warms up at its largest wave)
+    warmup_prompts: int = 1  # the first warm-up call's size (a bench warms up at its largest wave)
+
+    def warmup_sizes(self) -> list[int]:
+        """Requests per warm-up call: ``warmup_prompts``, then each other wave size of the batches.
+        vLLM compiles some kernels at the first batch of a new size (Triton's fused-MoE kernel,
+        one config per token-count range): a load measured cold pays that compilation inside its
+        timed waves, which made an MoE target's figures at a load seen for the first time noise."""
+        first = max(1, self.warmup_prompts)
+        waves = sorted({b.wave_size for b in self.batches if b.wave_size and b.prompts} - {first})
+        return [first, *waves]
 
     @classmethod
     def from_json(cls, text: str) -> "EngineRequest":
@@ -104,7 +113,7 @@ class EngineResult:
 
 
 def run_engine(req: EngineRequest) -> EngineResult:
-    """Build the engine, warm it up on the first prompt(s), then generate each batch greedily
+    """Build the engine, warm it up at each wave size, then generate each batch greedily
     (in waves of ``wave_size`` where set), snapshotting the spec-decode counters around it.
     Must run under `if __name__ == "__main__"` (vLLM spawns workers)."""
     import vllm
@@ -158,12 +167,14 @@ def run_engine(req: EngineRequest) -> EngineResult:
             return None
         return SpecDecodeCounters.from_metrics(engine.get_metrics(), req.num_draft_tokens)
 
-    warm = [p for b in req.batches for p in b.prompts][: max(1, req.warmup_prompts)]
+    pool = [p for b in req.batches for p in b.prompts]
     t0 = time.perf_counter()
-    if warm:  # first-call costs (allocation, kernel selection) stay out of the timing
+    # first-call costs (allocation, kernel compilation) stay out of the timing
+    for size in req.warmup_sizes() if pool else []:
+        warm = [pool[i % len(pool)] for i in range(size)]
         llm.generate(
             [TokensPrompt(prompt_token_ids=p) for p in warm],
-            SamplingParams(temperature=0.0, max_tokens=8),
+            SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
             use_tqdm=False,
         )
     warmup_seconds = time.perf_counter() - t0
