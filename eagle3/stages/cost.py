@@ -7,7 +7,7 @@
 
 Times divide those token counts by the rates of ``rates.yaml`` beside this file: throughputs
 measured on real runs (each figure with the command that measured it), scaled to the run's
-shapes where they differ from the measured ones (capture by the target's parameters, training by
+shapes where they differ from the measured ones (capture by the target's active parameters, training by
 the draft's FLOPs per token, both by the devices used). They are read once per estimate or plan
 (``run_rates``) and passed down. Most were measured on a machine running nothing else: other jobs
 on its cores slow a run down.
@@ -31,22 +31,26 @@ from eagle3.config.schema import CaptureBackend, RunConfig
 from eagle3.stages import disk_plan
 from eagle3.stages.disk_plan import MILLION
 from eagle3.target_model.compute_dtype import compute_dtype, cpu_bf16_on_amx
+from eagle3.target_model.size import preset_config, target_size
 from eagle3.util.hidden_dtypes import torch_dtype
 from eagle3.util.report import minutes
 
+# rates.yaml's target shape under config.json's names; its other keys (experts, head_dim, tied
+# embeddings) are config.json fields already
+_TARGET_KEYS = {
+    "num_layers": "num_hidden_layers",
+    "hidden": "hidden_size",
+    "intermediate": "intermediate_size",
+    "vocab": "vocab_size",
+    "heads": "num_attention_heads",
+    "kv_heads": "num_key_value_heads",
+}
 
-def target_params(
-    num_layers: int,
-    hidden: int,
-    intermediate: int | None,
-    vocab: int,
-    heads: int | None = None,
-    kv_heads: int | None = None,
-) -> float:
-    """Dense parameters of a Llama-shaped target (an MoE: about its active ones)."""
-    kv = hidden * (kv_heads or heads or 1) // (heads or 1)
-    per_layer = hidden * (2 * hidden + 2 * kv) + 3 * hidden * (intermediate or 4 * hidden)
-    return float(num_layers * per_layer + vocab * hidden)
+
+def measured_params(target: Mapping[str, Any]) -> float:
+    """Active parameters of a rates.yaml entry's ``target`` (eagle3.target_model.size): the size
+    capture scales by and the nearest entry is chosen by."""
+    return target_size({_TARGET_KEYS.get(k, k): v for k, v in target.items()}).active_params
 
 
 def head_flops(hidden: int, intermediate: int | None, draft_vocab: int, ttt_steps: int, draft_layers: int = 1) -> float:
@@ -67,14 +71,14 @@ class Rate:
 
     accelerator: str  # cpu | gpu
     model: str
-    params: float  # target_params() of the model measured
+    params: float  # active parameters of the target measured (measured_params)
     capture_tok_s: float  # extract.py's capture, shards written
     train_tok_s: float  # train.py's tok/s, in train_precision (0 in an MoE entry: see moe)
     train_flops: float  # head_flops() of the run measured
     # a mixture-of-experts target: an entry of capture and regeneration figures only, which runs
-    # of MoE targets take those from (target_params sizes an MoE as if dense, and its fused-expert
-    # prefill costs more per parameter so counted than a dense one's); training, which does not
-    # see the target's kind, scales from the nearest dense entry
+    # of MoE targets take those from (a fused-expert prefill costs more per active parameter than
+    # a dense one's); training, which does not see the target's kind, scales from the nearest
+    # dense entry
     moe: bool = False
     regen_tok_s: float | None = None  # new tokens/s of data.regenerate (None: not measured)
     # capture with the forward in fp32, as on a CPU without native bf16 matmuls
@@ -147,7 +151,7 @@ def _rate(entry: dict[str, Any], where: str) -> Rate:
         return Rate(
             accelerator=str(entry["accelerator"]),
             model=str(entry["model"]),
-            params=target_params(**entry["target"]),
+            params=measured_params(entry["target"]),
             # an MoE entry's training figures are the dense entries' (run_rates)
             train_flops=head_flops(**entry["head"]) if not moe else 0.0,
             moe=moe,
@@ -188,15 +192,8 @@ def _with_moe_capture(dense: Rate, moe: Rate) -> Rate:
 
 
 def _cfg_params(cfg: RunConfig) -> float:
-    m = cfg.model
-    return target_params(
-        m.num_layers,
-        m.hidden_size,
-        m.intermediate_size,
-        m.vocab_size,
-        m.num_attention_heads,
-        m.num_key_value_heads,
-    )
+    """Active parameters of the config's target, from its preset (facts and extra_config)."""
+    return target_size(preset_config(cfg.model)).active_params
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,8 @@ class TargetSize:
 
 
 def _attention(hf: dict[str, Any], hidden: int) -> int:
+    if not hf.get("num_attention_heads"):  # unknown: full multi-head attention (q, k, v, o of H x H)
+        return 4 * hidden * hidden
     heads = int(hf["num_attention_heads"])
     if hf.get("kv_lora_rank"):  # multi-head latent attention (DeepSeek-V3, Kimi)
         rope, nope, v = int(hf["qk_rope_head_dim"]), int(hf["qk_nope_head_dim"]), int(hf["v_head_dim"])
@@ -58,3 +60,22 @@ def target_size(hf: dict[str, Any]) -> TargetSize:
     moe_layers = layers - dense_layers
     base = embeddings + layers * attention + dense_layers * dense_mlp + moe_layers * shared * expert
     return TargetSize(float(base + moe_layers * routed * expert), float(base + moe_layers * per_token * expert))
+
+
+# a preset's facts under their config.json names
+_PRESET_FACTS = {
+    "num_layers": "num_hidden_layers",
+    "hidden_size": "hidden_size",
+    "vocab_size": "vocab_size",
+    "num_attention_heads": "num_attention_heads",
+    "num_key_value_heads": "num_key_value_heads",
+    "intermediate_size": "intermediate_size",
+}
+
+
+def preset_config(model: Any) -> dict[str, Any]:
+    """The config.json fields a model preset states (``model``: conf/model's ModelConfig): its
+    facts and its extra_config (experts, head_dim, MLA ranks, tied embeddings): what
+    ``target_size`` reads, for a target that is not on this machine yet."""
+    hf = {key: getattr(model, fact) for fact, key in _PRESET_FACTS.items() if getattr(model, fact, None) is not None}
+    return {**hf, **dict(getattr(model, "extra_config", None) or {})}
