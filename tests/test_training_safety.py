@@ -90,6 +90,12 @@ def test_a_non_finite_stored_hidden_state_is_refused_naming_shard_and_sample(tmp
     _poke_hidden(shard, (token * len(LAYER_IDS) + 2) * H + 5, b"\x80\x7f")  # bf16 +Inf
     with pytest.raises(DamagedDatasetError, match=r"got 1 non-finite .*\(the first, inf,"):
         HiddenStateDataset(tmp_path)[3]
+    _poke_hidden(shard, (token * len(LAYER_IDS) + 2) * H + 5, b"\x80\xff")  # bf16 -Inf
+    with pytest.raises(DamagedDatasetError, match=r"got 1 non-finite .*\(the first, -inf,"):
+        HiddenStateDataset(tmp_path)[3]
+    # the check reads the sample's extremes first: the largest finite bf16 is no false alarm
+    _poke_hidden(shard, (token * len(LAYER_IDS) + 2) * H + 5, b"\x7f\x7f")  # bf16 max, ~3.39e38
+    assert float(HiddenStateDataset(tmp_path)[3]["hidden"][1, 2, 5]) > 3e38
 
 
 # ---- export: non-finite weights are refused naming the tensor, the previous export left whole
@@ -348,3 +354,22 @@ def test_train_py_rerun_with_a_new_lr_is_refused_before_any_work(data_dir, tmp_p
     with pytest.raises(run_dir.RunConfigChangedError, match=r"train\.lr: 0\.0003 -> 0\.001.*resume_anyway=true"):
         train(compose("train", [*args, "train.lr=1e-3"], output_dir=str(out)))
     assert (last.stat().st_mtime_ns, (out / "summary.json").read_bytes()) == before
+
+
+def test_batches_collated_in_loader_workers_equal_those_of_the_training_process(tmp_path):
+    """A worker builds its batch in shared memory (it crosses to the training process without
+    another copy): the batches are the same, value for value, as those collated in-process."""
+    from eagle3.store.packing import pack_rows, packed_loader
+
+    _dataset(tmp_path, n=6)
+    ds = HiddenStateDataset(tmp_path)
+    batches = pack_rows(ds.lengths, 16, None)
+    runs = [
+        list(packed_loader(ds, list(range(len(ds))), batches, max_tokens=16, num_workers=w, split=False))
+        for w in (0, 2)
+    ]
+    assert len(runs[0]) == len(runs[1]) == len(batches) > 1
+    for here, there in zip(*runs):
+        assert set(here) == set(there)
+        for key in here:
+            assert torch.equal(here[key], there[key]), key

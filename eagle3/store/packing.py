@@ -12,6 +12,7 @@ and the replay of an export); plain torch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import Any, Callable, Protocol
@@ -200,7 +201,10 @@ def _collate(
     pinned = (
         pin and like.device.type == "cpu" and torch.cuda.is_available() and torch.utils.data.get_worker_info() is None
     )
-    hidden = torch.empty((B, W, L, H), dtype=like.dtype, device=like.device, pin_memory=pinned)  # [B, W, L, H]
+    if like.device.type == "cpu" and torch.utils.data.get_worker_info() is not None:
+        hidden = _shared_empty((B, W, L, H), like.dtype)  # [B, W, L, H]
+    else:
+        hidden = torch.empty((B, W, L, H), dtype=like.dtype, device=like.device, pin_memory=pinned)  # [B, W, L, H]
     input_ids = torch.zeros((B, W), dtype=torch.long)  # [B, W]
     loss_mask = torch.zeros((B, W), dtype=torch.bool)  # [B, W]
     position_ids = torch.zeros((B, W), dtype=torch.long)  # [B, W]
@@ -225,6 +229,14 @@ def _collate(
         "num_tokens": torch.tensor(sum(used_per_row)),
     }
     return split_hidden(batch) if split else batch
+
+
+def _shared_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised tensor in shared memory. A DataLoader worker's batch reaches the main
+    process through shared memory: a batch built there crosses without another copy (one built in
+    private memory is copied into shared memory when it is sent), as torch's default collate does."""
+    storage = torch.UntypedStorage._new_shared(math.prod(shape) * dtype.itemsize)
+    return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
 
 
 def split_hidden(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

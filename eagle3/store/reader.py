@@ -216,9 +216,15 @@ class HiddenStateDataset(SampleFiles):
         rows, as they are read): trained on, it turns the head's weights, and then its
         checkpoints and export, into NaN. The capture adapter refuses them when they are made;
         this finds them in a dataset written before that check, or damaged since."""
-        finite = torch.isfinite(hidden)
-        if bool(finite.all()):
+        if hidden.numel() == 0:
             return
+        # the extremes first: a NaN propagates into them and an Inf is one, in a pass that builds no
+        # [T, L, H] mask (35x faster on a CPU at width 7,168, where the mask made the loader slower
+        # than a training step); only a bad sample pays for the mask that locates the value
+        lo, hi = torch.aminmax(hidden)
+        if bool(torch.isfinite(lo)) and bool(torch.isfinite(hi)):
+            return
+        finite = torch.isfinite(hidden)
         bad = (~finite).nonzero()
         t, layer, h = (int(x) for x in bad[0])
         i %= len(self)
