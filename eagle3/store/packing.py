@@ -197,11 +197,11 @@ def _collate(
     B = max(num_rows, len(plan))
     like = plan[0][0][0]["hidden"]  # [T, L, H]
     _, L, H = like.shape
-    # where the states are (the GPU, for online training's target), else host memory, pinned on request
-    pinned = (
-        pin and like.device.type == "cpu" and torch.cuda.is_available() and torch.utils.data.get_worker_info() is None
-    )
-    if like.device.type == "cpu" and torch.utils.data.get_worker_info() is not None:
+    # where the states are (the GPU, for online training's target), else host memory: pinned on
+    # request, or in a DataLoader worker shared memory (_shared_empty; the loader pins it after)
+    in_worker = like.device.type == "cpu" and torch.utils.data.get_worker_info() is not None
+    pinned = pin and like.device.type == "cpu" and torch.cuda.is_available() and not in_worker
+    if in_worker:
         hidden = _shared_empty((B, W, L, H), like.dtype)  # [B, W, L, H]
     else:
         hidden = torch.empty((B, W, L, H), dtype=like.dtype, device=like.device, pin_memory=pinned)  # [B, W, L, H]
