@@ -235,8 +235,11 @@ def _shared_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised tensor in shared memory. A DataLoader worker's batch reaches the main
     process through shared memory: a batch built there crosses without another copy (one built in
     private memory is copied into shared memory when it is sent), as torch's default collate does."""
-    storage = torch.UntypedStorage._new_shared(math.prod(shape) * dtype.itemsize)
-    return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
+    nbytes = math.prod(shape) * dtype.itemsize
+    # torch's own collate allocates so; the method has no annotations
+    storage: torch.UntypedStorage = torch.UntypedStorage._new_shared(nbytes)  # type: ignore[no-untyped-call]
+    stride = [math.prod(shape[i + 1 :]) for i in range(len(shape))]  # contiguous
+    return torch.empty(0, dtype=dtype).set_(storage, 0, shape, stride)
 
 
 def split_hidden(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
