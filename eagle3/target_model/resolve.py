@@ -20,17 +20,10 @@ from typing import Any
 
 from eagle3.config.schema import ModelConfig, ModelSource
 from eagle3.target_model.hub import resolve_model_dir
+from eagle3.target_model.size import PRESET_FACTS
 from eagle3.util.atomic import atomic_dir
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_FACTS = {  # preset field -> HF config.json key
-    "num_layers": "num_hidden_layers",
-    "hidden_size": "hidden_size",
-    "vocab_size": "vocab_size",
-    "num_attention_heads": "num_attention_heads",
-    "num_key_value_heads": "num_key_value_heads",
-    "intermediate_size": "intermediate_size",
-}
 
 
 class TargetError(RuntimeError):
@@ -170,7 +163,7 @@ def check_facts(model_cfg: ModelConfig, model_dir: str | Path) -> None:
     """A preset that contradicts the model's own config is an error, not a silent override."""
     hf = read_hf_config(model_dir)
     wrong = []
-    for field, key in _FACTS.items():
+    for field, key in PRESET_FACTS.items():
         want = getattr(model_cfg, field)
         if want is None or key not in hf:
             continue

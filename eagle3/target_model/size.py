@@ -62,8 +62,8 @@ def target_size(hf: dict[str, Any]) -> TargetSize:
     return TargetSize(float(base + moe_layers * routed * expert), float(base + moe_layers * per_token * expert))
 
 
-# a preset's facts under their config.json names
-_PRESET_FACTS = {
+# a model preset's facts (conf/model's ModelConfig fields) under their config.json names
+PRESET_FACTS = {
     "num_layers": "num_hidden_layers",
     "hidden_size": "hidden_size",
     "vocab_size": "vocab_size",
@@ -77,5 +77,5 @@ def preset_config(model: Any) -> dict[str, Any]:
     """The config.json fields a model preset states (``model``: conf/model's ModelConfig): its
     facts and its extra_config (experts, head_dim, MLA ranks, tied embeddings): what
     ``target_size`` reads, for a target that is not on this machine yet."""
-    hf = {key: getattr(model, fact) for fact, key in _PRESET_FACTS.items() if getattr(model, fact, None) is not None}
+    hf = {key: getattr(model, fact) for fact, key in PRESET_FACTS.items() if getattr(model, fact, None) is not None}
     return {**hf, **dict(getattr(model, "extra_config", None) or {})}
