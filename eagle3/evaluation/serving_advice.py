@@ -21,7 +21,9 @@ it is measured once by the serving measurement (eagle3/evaluation/serving_speedu
 steps' tokens per step time; the target alone emits one token per step). Between measured K it
 is the line ``c = 1 + f + s*K`` fitted per load (``f``: the fixed cost of speculating at all,
 ``s``: the cost of one more draft token; ``f = 0`` when the table has one K at that load), and
-between measured loads ``f`` and ``s`` are interpolated in log(load).
+between measured loads ``f`` and ``s`` are interpolated in log(load). A verify step does at least
+a plain step's work, so c is never taken below 1: a table entry under 1 is the waves' timing
+noise, and taking it would advise a head of any acceptance.
 """
 
 from __future__ import annotations
@@ -200,15 +202,16 @@ def _line(by_k: dict[int, float]) -> tuple[float, float]:
 
 
 def cost(k: int, load: int, table: dict[int, dict[int, float]]) -> float:
-    """c(K, load): measured where the table has it, else the fitted line (see the module doc)."""
+    """c(K, load): measured where the table has it, else the fitted line (see the module doc);
+    never below one plain step."""
     if k in table.get(load, {}):
-        return table[load][k]
+        return max(1.0, table[load][k])
     known = sorted(table)
     lo = max((x for x in known if x <= load), default=known[0])
     hi = min((x for x in known if x >= load), default=known[-1])
     (f_lo, s_lo), (f_hi, s_hi) = _line(table[lo]), _line(table[hi])
     w = 0.0 if hi == lo else (math.log(load) - math.log(lo)) / (math.log(hi) - math.log(lo))
-    return 1.0 + (f_lo + w * (f_hi - f_lo)) + (s_lo + w * (s_hi - s_lo)) * k
+    return max(1.0, 1.0 + (f_lo + w * (f_hi - f_lo)) + (s_lo + w * (s_hi - s_lo)) * k)
 
 
 def expected_tokens_per_step(per_position_rate: list[float], k: int) -> float:
