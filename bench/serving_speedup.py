@@ -25,6 +25,7 @@ from harness import ints  # beside this file; puts the checkout on sys.path
 
 from eagle3.config.engine import EngineOptions
 from eagle3.evaluation.serving_speedup import ServingCheck, measure_serving
+from eagle3.evaluation.subprocess_engine import EngineRunError
 
 
 def main() -> None:
@@ -48,6 +49,12 @@ def main() -> None:
     )
     ap.add_argument("--timeout-s", type=int, default=1800, help="per engine")
     ap.add_argument(
+        "--max-minutes",
+        type=float,
+        default=None,
+        help="start no engine that would end past this (the table: the K that ran)",
+    )
+    ap.add_argument(
         "--work-dir", default=None, help="engine requests, results and logs; a rerun reuses finished engines"
     )
     ap.add_argument("--out", required=True)
@@ -62,6 +69,7 @@ def main() -> None:
         max_model_len=args.max_model_len,
         min_waves=args.min_waves,
         work_dir=args.work_dir,
+        max_minutes=args.max_minutes,
         write_advice=False,  # the export is the product's: python evaluate.py ... serving.measure=true
     )
     engine = EngineOptions(
@@ -72,7 +80,7 @@ def main() -> None:
     )
     try:
         measure_serving(args.export_dir, args.target, args.dataset_dir, check, engine, args.out)
-    except ValueError as e:
+    except (ValueError, EngineRunError) as e:
         sys.exit(str(e))
 
 

@@ -81,7 +81,7 @@ def test_killing_the_caller_ends_the_evaluation_engine_and_its_processes(tmp_pat
 # a capture process at the point where it holds its spill directory: made the backend's way
 SPILL_OWNER = textwrap.dedent("""
     import os, sys, time
-    from eagle3.target_model.capture_vllm import make_spill_dir
+    from eagle3.target_model.spill_dirs import make_spill_dir
     path = make_spill_dir(sys.argv[1])
     open(os.path.join(path, "req-1.safetensors"), "wb").write(b"x" * 4096)  # a file in flight
     print(path, flush=True)
@@ -98,7 +98,7 @@ def _spill_owner(parent) -> tuple[subprocess.Popen, str]:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
 def test_a_killed_captures_spill_dir_is_removed_by_it_or_by_the_next_capture(tmp_path, sig):
-    from eagle3.target_model.capture_vllm import SPILL_PREFIX, make_spill_dir, release_spill_dir
+    from eagle3.target_model.spill_dirs import SPILL_PREFIX, make_spill_dir, release_spill_dir
 
     killed, path = _spill_owner(tmp_path)
     live, live_path = _spill_owner(tmp_path)  # another capture, still running
@@ -120,7 +120,7 @@ def test_a_killed_captures_spill_dir_is_removed_by_it_or_by_the_next_capture(tmp
 
 
 def test_only_spill_dirs_of_dead_processes_of_this_host_are_removed(tmp_path):
-    from eagle3.target_model.capture_vllm import SPILL_PREFIX, remove_stale_spill_dirs
+    from eagle3.target_model.spill_dirs import SPILL_PREFIX, remove_stale_spill_dirs
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # its pid is free now

@@ -76,6 +76,18 @@ def test_serving_speedup_on_the_cpu_build(tmp_path, smollm2_dir):
     assert again.stdout.count("result of an earlier run of the same request") == 2
     assert "vLLM engine" not in again.stderr
     assert json.loads(out.read_text())["table"] == result["table"]
+    # a time budget too short for one more engine: K=3 is not started (an engine here took as
+    # long as the finished ones did), the table and the advice hold the K that ran, exit 0
+    budget = [a for a in cmd if a != "serving.draft_tokens=[2]"] + [
+        "serving.draft_tokens=[2,3]",
+        "serving.max_minutes=0.05",
+    ]
+    short = subprocess.run(budget, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert short.returncode == 0, short.stdout[-3000:] + short.stderr[-3000:]
+    assert "vLLM engine" not in short.stderr and "K=3: not started: " in short.stdout
+    partial = json.loads(out.read_text())
+    assert partial["draft_tokens"] == [2] and list(partial["not_measured"]) == ["3"]
+    assert partial["table"] == result["table"]
     # a head retrained into the same directory is a different engine; the target alone is not
     work = tmp_path / "work"
     requests = {
@@ -86,6 +98,12 @@ def test_serving_speedup_on_the_cpu_build(tmp_path, smollm2_dir):
     weights.write_bytes(weights.read_bytes() + b" ")
     assert ss.finished_engine(work, "k2", requests[2]) is None
     assert ss.finished_engine(work, "k0", requests[0]) is not None
+    # a head vLLM cannot load: its engine fails, the target alone's is kept, and the error says both
+    weights.write_bytes(b"not safetensors")
+    broken = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert broken.returncode != 0
+    assert "no engine with the head finished: K=2 failed: vLLM engine k2" in broken.stderr
+    assert f"serving.work_dir={work}" in broken.stderr and ss.finished_engine(work, "k0", requests[0]) is not None
 
 
 def test_the_engine_key_is_the_request_but_how_long_the_caller_waits():

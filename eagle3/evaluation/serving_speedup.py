@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, List, Optional
@@ -37,6 +37,7 @@ from typing import Any, Callable, List, Optional
 from eagle3.config.engine import EngineOptions
 from eagle3.evaluation import serving_advice
 from eagle3.evaluation.engine import EngineRequest, EngineResult, PromptBatch
+from eagle3.evaluation.subprocess_engine import EngineRunError
 
 
 @dataclass
@@ -54,8 +55,12 @@ class ServingCheck:
     max_model_len: int = 2048
     # waves per load at least
     min_waves: int = 2
-    # engine requests, results and logs; a rerun reuses finished engines. null: a temporary one
+    # engine requests, results and logs; a rerun reuses finished engines. null: serving_work/
+    # beside the result JSON
     work_dir: Optional[str] = None
+    # the whole measurement's wall time: no engine starts that would end past it (an engine is
+    # taken to last as long as the slowest so far); the table holds the K that finished
+    max_minutes: Optional[float] = None
     # write the advice into the export (serving.json), which train.py and export.py then print
     write_advice: bool = True
 
@@ -221,26 +226,60 @@ def run_engines(
     check: ServingCheck,
     engine: EngineOptions,
     work: Path,
-) -> tuple[EngineResult, dict[int, EngineResult]]:
-    """The target alone and one engine per K, each reused from ``work`` where it already ran."""
+) -> tuple[EngineResult, dict[int, EngineResult], dict[int, str]]:
+    """The target alone and one engine per K, each reused from ``work`` where it already ran.
+    Engines cost minutes on a GPU, so one K that fails (out of memory at K=5, a timeout) or that
+    ``check.max_minutes`` leaves no time for does not cost the others: it is returned with its
+    reason, beside the results of the rest. Without the target alone there is nothing to compare
+    with: its failure raises."""
     from eagle3.evaluation.subprocess_engine import run_engine_process
 
     # the engine runs as `python -m eagle3.evaluation.engine`: it must find eagle3 from any cwd
     root = str(Path(__file__).resolve().parents[2])
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    t0, slowest = time.perf_counter(), 0.0
 
-    def one(k: int) -> EngineResult:
+    def one(k: int) -> EngineResult | str:
+        nonlocal slowest
         request = engine_request(target, head, k, prompts, plan, check, engine)
         reused = finished_engine(work, f"k{k}", request)
         if reused is not None:  # a measurement stopped part-way and run again with the same work dir
             print(f"K={k}: result of an earlier run of the same request in {work}", flush=True)
+            # what it took then, process start and teardown aside: the estimate for the next
+            slowest = max(slowest, reused.load_seconds + reused.warmup_seconds + sum(b.seconds for b in reused.batches))
             return reused
-        result, wall = run_engine_process(request, work, f"k{k}")
+        if check.max_minutes is not None and k:
+            left = check.max_minutes * 60 - (time.perf_counter() - t0)
+            if slowest > left:
+                reason = (
+                    f"not started: {left:.0f} s left of serving.max_minutes={check.max_minutes:g}, "
+                    f"an engine takes up to {slowest:.0f} s here"
+                )
+                print(f"K={k}: {reason}", flush=True)
+                return reason
+        try:
+            result, wall = run_engine_process(request, work, f"k{k}")
+        except EngineRunError as e:
+            if not k:
+                raise
+            print(f"K={k}: {e}", flush=True)
+            return f"failed: {str(e).splitlines()[0]}"
+        slowest = max(slowest, wall)
         (work / f"engine-k{k}.key.json").write_text(json.dumps(engine_key(request)))
         print(f"K={k}: engine up in {result.load_seconds:.0f} s, {wall:.0f} s in all", flush=True)
         return result
 
-    return one(0), {k: one(k) for k in check.draft_tokens}
+    alone = one(0)
+    assert isinstance(alone, EngineResult)
+    with_head: dict[int, EngineResult] = {}
+    missing: dict[int, str] = {}
+    for k in check.draft_tokens:
+        res = one(k)
+        if isinstance(res, EngineResult):
+            with_head[k] = res
+        else:
+            missing[k] = res
+    return alone, with_head, missing
 
 
 def measure_serving(
@@ -259,10 +298,16 @@ def measure_serving(
         raise ValueError("no held-out prompts")
     loads, ks = [int(x) for x in check.loads], [int(x) for x in check.draft_tokens]
     plan = {c: wave_requests(len(prompts), c, check.min_waves) for c in loads}
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(check.work_dir or tmp)
-        work.mkdir(parents=True, exist_ok=True)
-        alone, with_head = run_engines(target, str(export_dir), prompts, plan, check, engine, work)
+    work = Path(check.work_dir) if check.work_dir else Path(out).parent / "serving_work"
+    work.mkdir(parents=True, exist_ok=True)
+    alone, with_head, missing = run_engines(target, str(export_dir), prompts, plan, check, engine, work)
+    if not with_head:
+        raise EngineRunError(
+            "no engine with the head finished: "
+            + "; ".join(f"K={k} {why}" for k, why in missing.items())
+            + f" (the target alone's result is kept in {work}: a rerun with serving.work_dir={work} reuses it)"
+        )
+    ks = sorted(with_head)
     table = summarise(alone, with_head, plan, check.max_new_tokens)
     print_table(table)
     speedups = {load: {k: v["speedup"] for k, v in row["by_k"].items()} for load, row in table.items()}
@@ -275,6 +320,7 @@ def measure_serving(
         "prompts": counts,
         "loads": loads,
         "draft_tokens": ks,
+        "not_measured": {str(k): why for k, why in missing.items()},
         "max_new_tokens": check.max_new_tokens,
         "table": table,
         "step_costs": costs,
@@ -289,4 +335,13 @@ def measure_serving(
     )
     for line in lines:
         print(line)
+    failed = {k: why for k, why in missing.items() if why.startswith("failed")}
+    if failed:  # the table and the advice are written; the caller still learns that K went missing
+        raise EngineRunError(
+            f"measured K={ks} only: "
+            + "; ".join(f"K={k} {why}" for k, why in failed.items())
+            + f" (finished engines are kept in {work}: a rerun with serving.work_dir={work} starts only the missing ones)"
+        )
+    if missing:
+        print(f"not measured: {', '.join(f'K={k} ({why})' for k, why in missing.items())}")
     return result, advice

@@ -11,10 +11,8 @@ same connector with a host copy in place of its CUDA-stream copy (``native_host_
 CPU build). The files land in ``spill_dir`` (default: /dev/shm where it has room, so they
 never reach a disk) and are deleted once read.
 
-The spill directory (``eagle3-vllm-capture-<pid>@<host>-<random>``) is removed on close, on
-SIGTERM (a handler ends vLLM's processes, removes it, then lets the signal end the process as
-it would have) and, after a SIGKILL or the OOM killer, by the next capture on this host:
-``make_spill_dir`` removes the directories whose owner pid is no longer running here.
+The spill directory is removed on close, on SIGTERM and, after a SIGKILL, by the next capture on
+this host (eagle3/target_model/spill_dirs.py).
 
 Prefix caching is refused: a hook-based capture misses cached prefix tokens (measured: a hook
 saw 488 of 872 tokens); vLLM's hidden-state cache keeps them, but capture does not depend on
@@ -31,13 +29,7 @@ import fcntl
 import gc
 import json
 import os
-import re
 import shutil
-import signal
-import socket
-import sys
-import tempfile
-import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -48,16 +40,10 @@ import torch
 
 from eagle3.target_model.adapter import CapturedSample, CaptureError, CaptureSpec, to_captured_sample
 from eagle3.target_model.records import CONNECTOR_HIDDEN_KEY, CONNECTOR_TOKENS_KEY
-from eagle3.util.atomic import pid_alive
+from eagle3.target_model.spill_dirs import make_spill_dir, release_spill_dir
 from eagle3.util.hidden_dtypes import names_by_torch_dtype
-from eagle3.util.processes import end_descendants
 
 FILE_WAIT_S = 60.0  # the writer is the rank whose output the engine returns, so this is a guard
-SHM_DIR = "/dev/shm"
-SHM_MIN_FREE = 8 * 2**30  # /dev/shm is used for spill files only with this much room
-SPILL_PREFIX = "eagle3-vllm-capture-"
-# <prefix><owner pid>@<host>-<mkdtemp's random part, no dash in it>
-_SPILL_NAME = re.compile(rf"^{re.escape(SPILL_PREFIX)}(\d+)@(.+)-[^-]+$")
 
 
 @dataclass
@@ -186,107 +172,6 @@ def _remove(path: str) -> None:
             pass
 
 
-def default_spill_dir() -> str | None:
-    """/dev/shm where it exists with room (the files then live in memory only: no second
-    pass over the data on disk), else the system temp dir (None)."""
-    try:
-        st = os.statvfs(SHM_DIR)
-    except OSError:
-        return None
-    return SHM_DIR if st.f_bavail * st.f_frsize >= SHM_MIN_FREE else None
-
-
-def remove_stale_spill_dirs(parent: str | Path) -> list[str]:
-    """Remove the spill directories in ``parent`` left by captures of this host whose process
-    is gone (SIGKILL, OOM); returns their paths. Directories of live processes, of other hosts
-    (a shared ``spill_dir``) and anything not named by ``make_spill_dir`` are left alone."""
-    host, removed = socket.gethostname(), []
-    try:
-        entries = list(os.scandir(str(parent)))
-    except OSError:
-        return []
-    for entry in entries:
-        m = _SPILL_NAME.match(entry.name)
-        if m is None or m.group(2) != host or not entry.is_dir(follow_symlinks=False):
-            continue
-        pid = int(m.group(1))
-        if pid == os.getpid() or pid_alive(pid):
-            continue
-        shutil.rmtree(entry.path, ignore_errors=True)
-        removed.append(entry.path)
-    if removed:
-        print(
-            f"[eagle3] removed {len(removed)} spill dir(s) of vLLM captures that were killed: {', '.join(removed)}",
-            file=sys.stderr,
-            flush=True,
-        )
-    return removed
-
-
-def make_spill_dir(spill_dir: str | None = None) -> str:
-    """A new spill directory named by this process (in ``spill_dir``, else ``default_spill_dir()``,
-    else the system temp dir), after removing those of dead captures there; removed on SIGTERM
-    until ``release_spill_dir``."""
-    parent = spill_dir or default_spill_dir() or tempfile.gettempdir()
-    remove_stale_spill_dirs(parent)
-    path = tempfile.mkdtemp(prefix=f"{SPILL_PREFIX}{os.getpid()}@{socket.gethostname()}-", dir=parent)
-    _LIVE_SPILLS.add(path)
-    _install_sigterm_cleanup()
-    return path
-
-
-def release_spill_dir(path: str) -> None:
-    """Remove a spill directory of ``make_spill_dir`` (and, with none left, the SIGTERM handler)."""
-    shutil.rmtree(path, ignore_errors=True)
-    _LIVE_SPILLS.discard(path)
-    if not _LIVE_SPILLS:
-        _uninstall_sigterm_cleanup()
-
-
-_LIVE_SPILLS: set[str] = set()
-_sigterm: dict = {}  # while installed: {"previous": the handler before ours, "owner": our pid}
-
-
-def _install_sigterm_cleanup() -> None:
-    # Python handlers live in the main thread only; an ignored SIGTERM ends nothing: no handler
-    if _sigterm or threading.current_thread() is not threading.main_thread():
-        return
-    previous = signal.getsignal(signal.SIGTERM)
-    if previous == signal.SIG_IGN:
-        return
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    _sigterm.update(previous=previous, owner=os.getpid())
-
-
-def _uninstall_sigterm_cleanup() -> None:
-    if not _sigterm or threading.current_thread() is not threading.main_thread():
-        return
-    if signal.getsignal(signal.SIGTERM) is _on_sigterm:  # else a later handler may chain to ours: kept
-        previous = _sigterm["previous"]
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-        _sigterm.clear()
-
-
-def _on_sigterm(signum, frame) -> None:
-    """Remove the live spill directories, then do what SIGTERM did before: the previous Python
-    handler, or the default action (the process ends, killed by SIGTERM), after ending vLLM's
-    processes (its engine core has no watch on this process and would outlive it)."""
-    previous = _sigterm.get("previous")
-    owner = _sigterm.get("owner") == os.getpid()  # not a forked child that inherited the handler
-    ending = not callable(previous)
-    if owner and ending:
-        end_descendants()  # first: none of them writes into the spill once it is removed
-    if owner:
-        for path in list(_LIVE_SPILLS):
-            shutil.rmtree(path, ignore_errors=True)
-        _LIVE_SPILLS.clear()
-    if callable(previous):
-        previous(signum, frame)
-        return
-    signal.signal(signum, signal.SIG_DFL if previous is None else previous)
-    os.kill(os.getpid(), signum)
-
-
 class VLLMCaptureBackend:
     """Capture hidden states for ``layer_ids`` (vLLM numbering, ascending) with a vLLM engine."""
 
@@ -311,7 +196,7 @@ class VLLMCaptureBackend:
         keep_files_dir: str | None = None,
     ):
         """``spill_dir``: where per-request files land before being read back (default:
-        ``default_spill_dir()``; it must be visible to TP rank 0, i.e. local for one-node TP).
+        ``spill_dirs.default_spill_dir()``; it must be visible to TP rank 0, i.e. local for one-node TP).
         ``prompts_per_call``: prompts handed to one ``LLM.generate`` (default 4 x max_num_seqs).
         ``route``: the connector (``capture.vllm_route``: auto | native | native_host_copy).
         ``keep_files_dir``: the native connector's files are moved there once read, not deleted

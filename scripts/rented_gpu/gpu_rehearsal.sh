@@ -24,7 +24,8 @@
 # disk) | kimi_k2_5 (cut to LAYERS layers and EXPERTS experts to fit one GPU); N conversations
 # (default 600); HF_N (150) of them for capture=hf (0: none). serve and costs: LOADS, DRAFT_TOKENS,
 # PROMPTS, NEW_TOKENS, WAVES (waves per load at least, default 2; two waves of ~2 s at load 64 gave
-# an MoE target's figure no trust). An engine start at these sizes takes
+# an MoE target's figure no trust), MAX_MINUTES (no engine starts that would end past it: the
+# table holds the K that ran). An engine start at these sizes takes
 # 1-2 minutes: five engines (alone, K = 1, 2, 3, 5) outlast one 10-minute call, so run serve and
 # costs with DETACH_S (below) or call them again (finished engines are kept in the work dir).
 # Each stage writes rehearsal_<stage>.json and its log's tail to $OUT.
@@ -144,22 +145,25 @@ stage_serve() {
   python3 bench/serving_speedup.py --export-dir $W/run/export --target "$target" --dataset-dir "$ds" \
     --loads "${LOADS:-1,8,32,64}" --draft-tokens "${DRAFT_TOKENS:-1,2,3,5}" --prompts "${PROMPTS:-32}" \
     --min-waves "${WAVES:-2}" --max-new-tokens "${NEW_TOKENS:-64}" --gpu-memory-utilization 0.85 --max-model-len 2048 \
+    ${MAX_MINUTES:+--max-minutes "$MAX_MINUTES"} \
     --out "$OUTD/rehearsal_serving.json" --work-dir $W/serving_work 2>&1 | quiet | tail -40
   grep -hoE "(Model loading took|init engine|Graph capturing finished|Capturing CUDA graphs)[^,]{0,80}" \
     $W/serving_work/engine-k*.log 2>/dev/null | sort | uniq -c | head -20 || true
 }
 
+costs_work() { echo "$W/costs_work_$(echo "$TARGET ${SHAPES:-}" | md5sum | cut -c1-8)"; }
 stage_costs() {  # step costs at the uncut shapes, no weights: config files only, vLLM dummy weights
   # a work dir per target and SHAPES: finished engines are kept for a resumed call, and must never
   # stand in for another target's
-  local cw; cw=$W/costs_work_$(echo "$TARGET ${SHAPES:-}" | md5sum | cut -c1-8)
+  local cw; cw=$(costs_work)
   rm -rf $W/shapes
   python3 scripts/rented_gpu/shapes_only.py $W/shapes experiment="$TARGET" model.tokenizer_from=$TMPD/tok ${SHAPES:-}
   tail -n "${PROMPTS:-32}" $TMPD/sharegpt.jsonl > $W/heldout.jsonl  # the rehearsal trains on the first N
   python3 bench/serving_speedup.py --load-format dummy --export-dir $W/shapes/head --target $W/shapes/target \
     --prompts-jsonl $W/heldout.jsonl --loads "${LOADS:-1,8,32,64}" --draft-tokens "${DRAFT_TOKENS:-1,2,3,5}" \
     --prompts "${PROMPTS:-32}" --min-waves "${WAVES:-2}" --max-new-tokens "${NEW_TOKENS:-64}" \
-    --gpu-memory-utilization 0.85 --max-model-len 2048 --out "$OUTD/rehearsal_costs.json" --work-dir "$cw" > $W/costs.log 2>&1 || true
+    --gpu-memory-utilization 0.85 --max-model-len 2048 ${MAX_MINUTES:+--max-minutes "$MAX_MINUTES"} \
+    --out "$OUTD/rehearsal_costs.json" --work-dir "$cw" > $W/costs.log 2>&1 || true
   grep -vE "it/s\]|INFO|WARNING" $W/costs.log | tail -30
   cp "$cw"/*.result.json "$OUTD/" 2>/dev/null || true
 }
@@ -193,6 +197,9 @@ wait_for() {
     tail -40 $W/$s.out; cp $W/out_$s/* "$OUTD/" 2>/dev/null || true
   else
     grep -hE "engine k[0-9]+: (starting|done)|K=[0-9]+: engine up" $W/$s.out | tail -8 || true
+    # the engines that finished come back now: the device time may end before the stage does
+    local work=$W/serving_work; [ "$s" = costs ] && work=$(costs_work)
+    cp "$work"/engine-k*.result.json "$OUTD/" 2>/dev/null || true
     echo "$s: still running after $((SECONDS - t0)) s: call again with: bash $0 wait_$s"
   fi
 }
