@@ -169,7 +169,7 @@ def test_regenerated_dataset_records_its_engine_and_travels(tmp_path, model_dir,
     from eagle3.evaluation.prompts import VAL, heldout_prompts
     from eagle3.stages.evaluate_config import register_evaluate_config
     from eagle3.stages.extract import run as extract
-    from eagle3.stages.train import find_dataset
+    from eagle3.stages.train_inputs import find_dataset
 
     chats = _chats(tmp_path / "chats" / "chats.jsonl")
     regen = [
@@ -280,7 +280,7 @@ def test_dataset_dir_of_other_weights_is_refused_unless_accepted(tmp_path, model
     online, naming the manifest, the field, expected and got, and the flag that accepts it;
     dataset_other_weights=true accepts it with a line saying so; the same target passes."""
     from eagle3.stages.extract import run as extract
-    from eagle3.stages.train import find_dataset, find_token_dataset
+    from eagle3.stages.train_inputs import find_dataset, find_token_dataset
     from eagle3.target_model.resolve import resolve_target
 
     chats = _chats(tmp_path / "chats.jsonl", n=8)

@@ -14,8 +14,8 @@ from safetensors.torch import load_file, save_file
 from test_hub_models import add_snapshot
 from test_train import TINY, data_dir  # noqa: F401 - the tiny extracted dataset fixture
 
-from eagle3.stages.train import find_dataset
 from eagle3.stages.train import run as train
+from eagle3.stages.train_inputs import find_dataset
 from eagle3.store import HiddenStateDataset
 from eagle3.target_model.hub import HubError
 from eagle3.target_model.resolve import load_target_head_weights, resolve_target

@@ -22,8 +22,8 @@ import torch
 from conftest import compose
 
 from eagle3.stages.extract import run as extract
-from eagle3.stages.train import online_target
 from eagle3.stages.train import run as train
+from eagle3.stages.train_inputs import online_target
 from eagle3.store import DamagedDatasetError, HiddenStateDataset, Manifest, StoreError, TokenDataset
 from eagle3.target_model.compute_dtype import cpu_bf16_on_amx
 from eagle3.target_model.records import CaptureError
@@ -234,7 +234,7 @@ def test_a_token_dataset_of_other_layers_is_refused_naming_both(tmp_path):
     """dataset_dir= of a token dataset captured at layers [2, 3] + 4 under a config whose layers
     are [1, 2, 3] + 4: refused naming both (a head trained on one set would be exported as
     reading the other); the online target captures the layer ids it is given (the dataset's)."""
-    from eagle3.stages.train import find_token_dataset
+    from eagle3.stages.train_inputs import find_token_dataset
     from eagle3.target_model.resolve import resolve_target
 
     ds_dir = Path(extract(compose("extract", TINY + ONLINE + [f"paths.data_dir={tmp_path}", "layers.aux_ids=[2,3]"])))

@@ -8,6 +8,7 @@ structure is what is checked. bench/serving_speedup.py is a CLI over the same fu
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -41,7 +42,7 @@ def test_serving_speedup_on_the_cpu_build(tmp_path, smollm2_dir):
         "serving.draft_tokens=[2]",
         "serving.prompts=3",
         "serving.max_new_tokens=12",
-        f"serving.work_dir={tmp_path / 'work'}",
+        f"paths.cache_dir={tmp_path / 'cache'}",  # finished engines: <cache>/serving/<the export's key>
         "engine.cpu_kvcache_space_gb=4",
         f"out_dir={out_dir}",
         f"hydra.run.dir={tmp_path / 'run'}",
@@ -89,7 +90,9 @@ def test_serving_speedup_on_the_cpu_build(tmp_path, smollm2_dir):
     assert partial["draft_tokens"] == [2] and list(partial["not_measured"]) == ["3"]
     assert partial["table"] == result["table"]
     # a head retrained into the same directory is a different engine; the target alone is not
-    work = tmp_path / "work"
+    (work,) = (tmp_path / "cache" / "serving").iterdir()
+    assert work.name == hashlib.sha1(str(export.resolve()).encode()).hexdigest()[:12]
+    assert not (export / "serving_work").exists()
     requests = {
         k: EngineRequest.from_json(json.dumps(json.loads((work / f"engine-k{k}.key.json").read_text())["request"]))
         for k in (0, 2)

@@ -12,8 +12,8 @@ import torch
 from conftest import ROOT, compose
 from safetensors.torch import load_file
 
+from eagle3.extraction.identity import DatasetNotFound
 from eagle3.stages.extract import run as extract
-from eagle3.stages.train import DatasetNotFound
 from eagle3.stages.train import run as train
 
 TINY = ["experiment=tiny_test"]

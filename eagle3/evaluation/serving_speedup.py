@@ -55,8 +55,8 @@ class ServingCheck:
     max_model_len: int = 2048
     # waves per load at least
     min_waves: int = 2
-    # engine requests, results and logs; a rerun reuses finished engines. null: serving_work/
-    # beside the result JSON
+    # engine requests, results and logs; a rerun reuses finished engines. null: evaluate.py
+    # takes <paths.cache_dir>/serving/<the export's key>, other callers serving_work/ beside the JSON
     work_dir: Optional[str] = None
     # the whole measurement's wall time: no engine starts that would end past it (an engine is
     # taken to last as long as the slowest so far); the table holds the K that finished

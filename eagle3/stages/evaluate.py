@@ -16,6 +16,8 @@ calls `evaluate_trained(...)` (`evaluate` with its config) at the end of trainin
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import sys
 from pathlib import Path
 from typing import Any, cast
@@ -120,7 +122,11 @@ def run_serving(c: EvaluateConfig, out_dir: Path | None) -> float:
     dataset = Path(c.dataset_dir).expanduser().resolve() if c.dataset_dir else info.dataset_dir
     out = (out_dir or info.export_dir) / "serving_speedup.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    result, _ = measure_serving(info.export_dir, str(info.target), dataset, c.serving, c.engine, out)
+    serving = c.serving
+    if serving.work_dir is None:  # one per export, outside it: a rerun reuses the engines that finished
+        key = hashlib.sha1(str(Path(info.export_dir).resolve()).encode()).hexdigest()[:12]
+        serving = dataclasses.replace(serving, work_dir=str(Path(c.paths.cache_dir) / "serving" / key))
+    result, _ = measure_serving(info.export_dir, str(info.target), dataset, serving, c.engine, out)
     sys.stdout.flush()
     print(str(out))  # the last stdout line, for scripts
     first = result["table"][min(result["table"])]

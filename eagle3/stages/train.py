@@ -13,22 +13,16 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig
 
-from eagle3.config.schema import HiddenStates, RunConfig, Strategy, TrainerConfig, plain, run_config
+from eagle3.config.schema import HiddenStates, RunConfig, TrainerConfig, plain, run_config
 from eagle3.draft.replay import MEASURED_AGAINST_VLLM
 from eagle3.draft.serving_format import DraftMeta
-from eagle3.extraction.identity import (
-    DatasetNotFound,
-    dataset_path,
-    locate_dataset,
-    recorded_weights,
-    regen_note,
-    weights_mismatch,
-)
+from eagle3.extraction.identity import dataset_path
 from eagle3.stages import time_budget
 from eagle3.stages.cost import train_lines
-from eagle3.stages.recipes import dataset_recipe, regen_machine
-from eagle3.stages.validate import config_torch_dtype, validate_run_config
-from eagle3.store import DamagedDatasetError, FingerprintMismatchError, Manifest
+from eagle3.stages.recipes import dataset_recipe
+from eagle3.stages.train_inputs import find_dataset, find_token_dataset, online_target
+from eagle3.stages.validate import validate_run_config
+from eagle3.store import DamagedDatasetError, Manifest
 from eagle3.target_model.resolve import resolve_target
 from eagle3.training import run_dir
 from eagle3.training.builder import build_head, target_name
@@ -37,7 +31,6 @@ from eagle3.training.checkpoint_io import AtomicCheckpointIO, export_checkpoint,
 from eagle3.training.datamodule import Eagle3DataModule
 from eagle3.training.loggers import build_logger
 from eagle3.training.module import Eagle3LitModule
-from eagle3.training.online import OnlineHiddenStates
 from eagle3.training.run_dir import global_rank, run_dir_lock
 from eagle3.training.step_path import StepPath, resolve_step_path
 from eagle3.util.atomic import write_text
@@ -345,101 +338,4 @@ def serve_lines(export_dir: Path, summary: Mapping[str, Any]) -> list[str]:
 
     return export_serving_lines(
         export_dir, (summary.get("acceptance") or {}).get("json"), target_dir=summary.get("target_dir")
-    )
-
-
-def online_target(
-    cfg: RunConfig, model_dir: str, fixed_shape: bool, row_tokens: int | None, layer_ids: Sequence[int]
-) -> OnlineHiddenStates:
-    """train.hidden_states=online: the frozen target each training process runs (a full copy
-    per process), capturing ``layer_ids``: the token dataset's (its manifest's), the ids the
-    head and the export declare."""
-    if cfg.topology.strategy == Strategy.fsdp:
-        raise ValueError(
-            "train.hidden_states=online: expected topology.strategy auto or ddp (each process holds a "
-            "whole copy of the target), got fsdp; for a target that needs sharding, extract the hidden "
-            "states with capture=vllm and tensor parallelism and train offline (docs/scaling.md)"
-        )
-    print(f"hidden states: online, the target ({model_dir}) runs with transformers on each training device")
-    return OnlineHiddenStates(
-        model_dir,
-        [int(i) for i in layer_ids],
-        cfg.model.hidden_size,
-        config_torch_dtype(cfg.capture.dtype),
-        max_tokens_per_batch=cfg.train.max_tokens_per_batch,
-        row_tokens=row_tokens,
-        fixed_shape=fixed_shape,
-        forward_tokens=cfg.capture.max_tokens_per_batch,
-        trust_remote_code=cfg.model.trust_remote_code,
-    )
-
-
-def find_token_dataset(cfg: RunConfig, model_dir: str) -> Path:
-    """dataset_dir= as given (a token dataset), checked against the config and the target (layer
-    ids, hidden size, weights: ``check_given_dataset``), else this config's, written now if missing
-    (the pre-pass: samples, split and vocabulary; `extract.py train.hidden_states=online`
-    runs it alone)."""
-    if cfg.dataset_dir:
-        ds_dir = Path(cfg.dataset_dir).expanduser().resolve()
-        manifest = Manifest.read(ds_dir)
-        if manifest.hidden_states != "online":
-            raise ValueError(
-                f"dataset_dir={cfg.dataset_dir}: holds stored hidden states; train.hidden_states=online "
-                "reads a token dataset (python extract.py train.hidden_states=online <same overrides>)"
-            )
-        check_given_dataset(cfg, ds_dir, manifest, model_dir)
-        return ds_dir
-    from eagle3.extraction.tokens import prepare_token_dataset
-
-    return prepare_token_dataset(dataset_recipe(cfg, model_dir), regen_machine(cfg), cfg.train.draft_vocab_size)
-
-
-def find_dataset(cfg: RunConfig, model_dir: str) -> Path:
-    """dataset_dir= as given, checked against the config and the target (``check_given_dataset``);
-    else the fingerprinted directory (eagle3.extraction.identity.locate_dataset). Prints which
-    engine wrote its answers."""
-    if not cfg.dataset_dir:
-        ds_dir, note = locate_dataset(dataset_recipe(cfg, model_dir))
-        print(f"dataset {ds_dir}: {regen_note(Manifest.read(ds_dir))}" + (f" ({note})" if note else ""))
-        return ds_dir
-    ds_dir = Path(cfg.dataset_dir).expanduser().resolve()
-    if not (ds_dir / "manifest.json").is_file():
-        raise DatasetNotFound(
-            f"dataset_dir={cfg.dataset_dir}: no manifest.json there (expected a directory extract.py wrote)"
-        )
-    manifest = Manifest.read(ds_dir)
-    check_given_dataset(cfg, ds_dir, manifest, model_dir)
-    print(f"dataset {ds_dir}: {regen_note(manifest)}")
-    return ds_dir
-
-
-def check_given_dataset(cfg: RunConfig, ds_dir: Path, manifest: Manifest, model_dir: str) -> None:
-    """A dataset named by dataset_dir= holds this config's layer ids and hidden size, and was
-    extracted from this target's weights (the sampled hashes its manifest holds), unless
-    dataset_other_weights=true accepts other weights on purpose."""
-    want_ids, want_hidden = [int(i) for i in cfg.layers.layer_ids], cfg.model.hidden_size
-    got_ids, got_hidden = list(manifest.layer_ids), int(manifest.hidden_size)
-    if got_ids != want_ids or got_hidden != want_hidden:
-        raise ValueError(
-            f"dataset_dir={cfg.dataset_dir}: {ds_dir / 'manifest.json'}: layer_ids, hidden_size: expected "
-            f"{want_ids}, {want_hidden}, got {got_ids}, {got_hidden}: it holds layers {got_ids} of hidden size "
-            f"{got_hidden}, but model={cfg.model.name} with these layers expects layers {want_ids} of hidden size "
-            f"{want_hidden}; pass the layers it holds (layers.aux_ids=...) or extract this config's dataset"
-        )
-    if recorded_weights(manifest) is None:
-        print(
-            f"dataset_dir={cfg.dataset_dir}: its manifest holds no weights hashes (first fingerprint scheme): "
-            "not checked against the target's weights"
-        )
-        return
-    problem = weights_mismatch(ds_dir, manifest, model_dir, cfg.paths.cache_dir)
-    if problem is None:
-        return
-    if cfg.dataset_other_weights:
-        print(f"dataset_dir={cfg.dataset_dir}: {problem}; accepted (dataset_other_weights=true)")
-        return
-    raise FingerprintMismatchError(
-        f"dataset_dir={cfg.dataset_dir}: {problem}: it was extracted from another model's weights (of the same "
-        "shape: base vs instruct, another revision or fine-tune). Extract this target's dataset, or pass "
-        "dataset_other_weights=true to train on it anyway"
     )
