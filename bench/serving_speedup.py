@@ -10,6 +10,11 @@ step costs and the best K per load, and writes the result JSON; it leaves the ex
 Prompts: the dataset's validation split plus HumanEval (a third HumanEval; HumanEval alone
 without --dataset-dir), or a JSONL of chats (``{"messages": [...]}`` per line).
 
+The step costs of a measurement cut off part-way, from the engines that finished in its work
+dir (no engine starts):
+
+    python bench/serving_speedup.py --costs-from WORK_DIR
+
 To write the advice into the export (serving.json, which train.py and export.py print), run the
 product command instead:
 
@@ -20,18 +25,20 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from harness import ints  # beside this file; puts the checkout on sys.path
 
 from eagle3.config.engine import EngineOptions
-from eagle3.evaluation.serving_speedup import ServingCheck, measure_serving
+from eagle3.evaluation.serving_speedup import ServingCheck, measure_serving, step_costs_in_work_dir
 from eagle3.evaluation.subprocess_engine import EngineRunError
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--export-dir", required=True)
-    ap.add_argument("--target", required=True, help="the target's directory or hub id")
+    ap.add_argument("--costs-from", default=None, help="a work dir: print the step costs of its finished engines")
+    ap.add_argument("--export-dir")
+    ap.add_argument("--target", help="the target's directory or hub id")
     ap.add_argument("--dataset-dir", default=None, help="its validation split's opening turns are prompts")
     ap.add_argument("--prompts-jsonl", default=None, help="chat lines instead of the val split + HumanEval")
     ap.add_argument("--loads", default="1,8,32,64")
@@ -57,8 +64,18 @@ def main() -> None:
     ap.add_argument(
         "--work-dir", default=None, help="engine requests, results and logs; a rerun reuses finished engines"
     )
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out")
     args = ap.parse_args()
+    if args.costs_from:
+        try:
+            costs = step_costs_in_work_dir(Path(args.costs_from))
+        except ValueError as e:
+            sys.exit(str(e))
+        print(f"step costs c(K, load) of the finished engines in {args.costs_from}: {costs}")
+        return
+    missing = [f"--{a.replace('_', '-')}" for a in ("export_dir", "target", "out") if not getattr(args, a)]
+    if missing:
+        ap.error(f"the measurement needs {', '.join(missing)}")
     check = ServingCheck(
         measure=True,
         loads=ints(args.loads),

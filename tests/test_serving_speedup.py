@@ -77,6 +77,11 @@ def test_serving_speedup_on_the_cpu_build(tmp_path, smollm2_dir):
     assert again.stdout.count("result of an earlier run of the same request") == 2
     assert "vLLM engine" not in again.stderr
     assert json.loads(out.read_text())["table"] == result["table"]
+    # the step costs from the work dir alone, as for a measurement cut off part-way
+    work = tmp_path / "cache" / "serving"
+    (work,) = work.iterdir()
+    costs = ss.step_costs_in_work_dir(work)
+    assert {str(load): {str(k): c for k, c in by_k.items()} for load, by_k in costs.items()} == result["step_costs"]
     # a time budget too short for one more engine: K=3 is not started (an engine here took as
     # long as the finished ones did), the table and the advice hold the K that ran, exit 0
     budget = [a for a in cmd if a != "serving.draft_tokens=[2]"] + [
@@ -90,7 +95,6 @@ def test_serving_speedup_on_the_cpu_build(tmp_path, smollm2_dir):
     assert partial["draft_tokens"] == [2] and list(partial["not_measured"]) == ["3"]
     assert partial["table"] == result["table"]
     # a head retrained into the same directory is a different engine; the target alone is not
-    (work,) = (tmp_path / "cache" / "serving").iterdir()
     assert work.name == hashlib.sha1(str(export.resolve()).encode()).hexdigest()[:12]
     assert not (export / "serving_work").exists()
     requests = {
@@ -162,3 +166,30 @@ def test_the_bench_warms_every_load_before_timing_it():
     # an evaluation request (no waves) warms up once, at its warm-up size
     plain = EngineRequest("m", "h", 3, 16, 256, [PromptBatch("val", [[1, 2], [3]])], EngineOptions(), 1)
     assert plain.warmup_sizes() == [1]
+
+
+def test_step_costs_from_a_work_dir_refuse_engines_of_another_measurement(tmp_path):
+    """--costs-from: engines whose requests differ from the target alone's (another length, other
+    prompts) are not compared with it; without the target alone there is nothing to compare."""
+    from eagle3.config.engine import EngineOptions
+    from eagle3.evaluation.engine import BatchResult, EngineResult, PromptBatch
+
+    def engine(k: int, max_new_tokens: int, seconds: float, accepted: int) -> None:
+        request = EngineRequest(
+            "m", "h" if k else None, k, max_new_tokens, 64, [PromptBatch("load-1", [[1]], 1, True)], EngineOptions()
+        )
+        counters = {"drafts": 4, "draft_tokens": 4 * k, "accepted_tokens": accepted} if k else None
+        batch = BatchResult("load-1", [[7] * 8], seconds, counters, wave_sizes=[1], preemptions=0)
+        (tmp_path / f"engine-k{k}.key.json").write_text(json.dumps(ss.engine_key(request)))
+        (tmp_path / f"engine-k{k}.result.json").write_text(
+            EngineResult("0.26.0", "cuda", False, 1, 1, [batch]).to_json()
+        )
+
+    with pytest.raises(ValueError, match="no finished engine-k0"):
+        ss.step_costs_in_work_dir(tmp_path)
+    engine(0, 8, 1.0, 0)
+    engine(2, 8, 0.8, 2)  # 1.25x at 1.5 tokens per verify step: c = 1.5 / 1.25
+    assert ss.step_costs_in_work_dir(tmp_path) == {1: {2: 1.2}}
+    engine(3, 16, 0.8, 2)
+    with pytest.raises(ValueError, match=r"engine-k3.key.json: max_new_tokens: expected the target alone's"):
+        ss.step_costs_in_work_dir(tmp_path)

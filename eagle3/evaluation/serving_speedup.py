@@ -165,6 +165,38 @@ def _k_row(r: Any, base: Any, base_tps: float, n: int, max_new_tokens: int) -> d
     }
 
 
+def step_costs_in_work_dir(work: Path) -> dict[int, dict[int, float]]:
+    """c(K, load) from the engines that finished in a measurement's work dir, starting none: a
+    measurement cut off part-way (a job or device-time limit) still gives the step costs of the
+    K it reached. The target alone (engine-k0) must be there, and every engine must have run the
+    same prompts, loads and length as it (their key files say)."""
+    keys = {int(f.name[len("engine-k") : -len(".key.json")]): f for f in work.glob("engine-k*.key.json")}
+    if 0 not in keys or not (work / "engine-k0.result.json").is_file():
+        raise ValueError(f"{work}: no finished engine-k0 (the target alone): nothing to compare with")
+    base_req = json.loads(keys[0].read_text())["request"]
+    alone = EngineResult.from_json((work / "engine-k0.result.json").read_text())
+    speedups: dict[int, dict[int, float]] = {}
+    per_step: dict[int, dict[int, float]] = {}
+    for k, key_file in sorted(keys.items()):
+        res_file = work / f"engine-k{k}.result.json"
+        if k == 0 or not res_file.is_file():
+            continue
+        req = json.loads(key_file.read_text())["request"]
+        for field_name in ("model", "batches", "max_new_tokens"):
+            if req[field_name] != base_req[field_name]:
+                raise ValueError(
+                    f"{key_file}: {field_name}: expected the target alone's (engine-k0.key.json), got another: "
+                    "these engines belong to different measurements"
+                )
+        result = EngineResult.from_json(res_file.read_text())
+        for batch, base, with_head in zip(base_req["batches"], alone.batches, result.batches):
+            base_tps = base.generated_tokens / base.seconds
+            row = _k_row(with_head, base, base_tps, len(base.outputs), int(base_req["max_new_tokens"]))
+            speedups.setdefault(int(batch["wave_size"]), {})[k] = row["speedup"]
+            per_step.setdefault(int(batch["wave_size"]), {})[k] = row["acceptance_length"]
+    return serving_advice.step_costs(speedups, per_step)
+
+
 def print_table(table: dict[int, dict[str, Any]]) -> None:
     print("| load | K | tok/s | speed-up | acceptance length | per position | outputs equal |")
     print("|---|---|---|---|---|---|---|")

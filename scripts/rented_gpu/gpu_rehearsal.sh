@@ -165,7 +165,12 @@ stage_costs() {  # step costs at the uncut shapes, no weights: config files only
     --gpu-memory-utilization 0.85 --max-model-len 2048 ${MAX_MINUTES:+--max-minutes "$MAX_MINUTES"} \
     --out "$OUTD/rehearsal_costs.json" --work-dir "$cw" > $W/costs.log 2>&1 || true
   grep -vE "it/s\]|INFO|WARNING" $W/costs.log | tail -30
-  cp "$cw"/*.result.json "$OUTD/" 2>/dev/null || true
+  engines_back "$cw"
+}
+# the finished engines' results and keys as one file (a call returns 8 at most): here,
+# tar xzf engines_<dir>.tgz -C w && python bench/serving_speedup.py --costs-from w
+engines_back() {
+  (cd "$1" 2>/dev/null && tar czf "$OUTD/engines_$(basename "$1").tgz" engine-k*.result.json engine-k*.key.json) 2>/dev/null || true
 }
 
 stage_clean() {  # the disk for the next target: its weights, datasets and runs go
@@ -199,7 +204,7 @@ wait_for() {
     grep -hE "engine k[0-9]+: (starting|done)|K=[0-9]+: engine up" $W/$s.out | tail -8 || true
     # the engines that finished come back now: the device time may end before the stage does
     local work=$W/serving_work; [ "$s" = costs ] && work=$(costs_work)
-    cp "$work"/engine-k*.result.json "$OUTD/" 2>/dev/null || true
+    engines_back "$work"
     echo "$s: still running after $((SECONDS - t0)) s: call again with: bash $0 wait_$s"
   fi
 }
