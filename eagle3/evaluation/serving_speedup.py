@@ -165,6 +165,13 @@ def _k_row(r: Any, base: Any, base_tps: float, n: int, max_new_tokens: int) -> d
     }
 
 
+def table_step_costs(table: dict[int, dict[str, Any]]) -> tuple[dict, dict]:
+    """(speed-ups, step costs c(K, load)) of a ``summarise`` table, per load and K."""
+    speedups = {load: {k: v["speedup"] for k, v in row["by_k"].items()} for load, row in table.items()}
+    per_step = {load: {k: v["acceptance_length"] for k, v in row["by_k"].items()} for load, row in table.items()}
+    return speedups, serving_advice.step_costs(speedups, per_step)
+
+
 def step_costs_in_work_dir(work: Path) -> dict[int, dict[int, float]]:
     """c(K, load) from the engines that finished in a measurement's work dir, starting none: a
     measurement cut off part-way (a job or device-time limit) still gives the step costs of the
@@ -174,9 +181,7 @@ def step_costs_in_work_dir(work: Path) -> dict[int, dict[int, float]]:
     if 0 not in keys or not (work / "engine-k0.result.json").is_file():
         raise ValueError(f"{work}: no finished engine-k0 (the target alone): nothing to compare with")
     base_req = json.loads(keys[0].read_text())["request"]
-    alone = EngineResult.from_json((work / "engine-k0.result.json").read_text())
-    speedups: dict[int, dict[int, float]] = {}
-    per_step: dict[int, dict[int, float]] = {}
+    with_head: dict[int, EngineResult] = {}
     for k, key_file in sorted(keys.items()):
         res_file = work / f"engine-k{k}.result.json"
         if k == 0 or not res_file.is_file():
@@ -188,13 +193,15 @@ def step_costs_in_work_dir(work: Path) -> dict[int, dict[int, float]]:
                     f"{key_file}: {field_name}: expected the target alone's (engine-k0.key.json), got another: "
                     "these engines belong to different measurements"
                 )
-        result = EngineResult.from_json(res_file.read_text())
-        for batch, base, with_head in zip(base_req["batches"], alone.batches, result.batches):
-            base_tps = base.generated_tokens / base.seconds
-            row = _k_row(with_head, base, base_tps, len(base.outputs), int(base_req["max_new_tokens"]))
-            speedups.setdefault(int(batch["wave_size"]), {})[k] = row["speedup"]
-            per_step.setdefault(int(batch["wave_size"]), {})[k] = row["acceptance_length"]
-    return serving_advice.step_costs(speedups, per_step)
+        with_head[k] = EngineResult.from_json(res_file.read_text())
+    # the plan as measure_serving made it: each request's prompt, numbered in order of first use
+    numbers: dict[tuple[int, ...], int] = {}
+    plan = {
+        int(b["wave_size"]): [numbers.setdefault(tuple(p), len(numbers)) for p in b["prompts"]]
+        for b in base_req["batches"]
+    }
+    alone = EngineResult.from_json((work / "engine-k0.result.json").read_text())
+    return table_step_costs(summarise(alone, with_head, plan, int(base_req["max_new_tokens"])))[1]
 
 
 def print_table(table: dict[int, dict[str, Any]]) -> None:
@@ -328,7 +335,7 @@ def measure_serving(
     prompts, counts = prompts_for(target, dataset_dir, check, bool(engine.trust_remote_code))
     if not prompts:
         raise ValueError("no held-out prompts")
-    loads, ks = [int(x) for x in check.loads], [int(x) for x in check.draft_tokens]
+    loads = [int(x) for x in check.loads]
     plan = {c: wave_requests(len(prompts), c, check.min_waves) for c in loads}
     work = Path(check.work_dir) if check.work_dir else Path(out).parent / "serving_work"
     work.mkdir(parents=True, exist_ok=True)
@@ -342,9 +349,7 @@ def measure_serving(
     ks = sorted(with_head)
     table = summarise(alone, with_head, plan, check.max_new_tokens)
     print_table(table)
-    speedups = {load: {k: v["speedup"] for k, v in row["by_k"].items()} for load, row in table.items()}
-    per_step = {load: {k: v["acceptance_length"] for k, v in row["by_k"].items()} for load, row in table.items()}
-    costs = serving_advice.step_costs(speedups, per_step)
+    speedups, costs = table_step_costs(table)
     print(f"step costs c(K, load) in plain decode steps (the costs form of eagle3/evaluation/step_costs.yaml): {costs}")
     device = f"{alone.platform}, vLLM {alone.vllm_version}, eager={alone.enforce_eager}"
     result = {
