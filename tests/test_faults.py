@@ -151,6 +151,38 @@ def test_training_killed_while_saving_a_checkpoint_resumes_from_the_last_whole_o
     _assert_same_run(run_dir, straight_run)
 
 
+def test_full_disk_while_saving_a_checkpoint_names_it_and_the_rerun_resumes(
+    reference, straight_run, tmp_path, monkeypatch
+):
+    """The disk fills while the step-6 checkpoint is written: the error names the file, what the
+    checkpoint needs and what is free, and the whole checkpoints still there; nothing half-written
+    is left, last.ckpt is the step-3 one, and the same command resumes to the uninterrupted run."""
+    run_dir = tmp_path / "run"
+    monkeypatch.setenv(faults.ENV, "checkpoint_write@3:enospc")
+    faults.reset()
+    with pytest.raises(DiskSpaceError) as e:
+        train(compose("train", ARGS + [f"paths.data_dir={reference.parent}"], output_dir=str(run_dir)))
+    monkeypatch.delenv(faults.ENV)
+    ckpts = run_dir / "checkpoints"
+    msg = str(e.value)
+    assert f"{ckpts}/" in msg and "disk full writing this checkpoint" in msg and " free " in msg
+    need = int(msg.split(" bytes)")[0].rsplit("(", 1)[1])
+    assert abs(need - (ckpts / "last.ckpt").stat().st_size) < 0.02 * need  # what one checkpoint holds
+    assert "Whole checkpoints kept: best-step3.ckpt, last.ckpt" in msg and "resumes" in msg
+    assert not temps(run_dir)
+    assert torch.load(ckpts / "last.ckpt", map_location="cpu", weights_only=True)["global_step"] == 3
+    train(compose("train", ARGS + [f"paths.data_dir={reference.parent}"], output_dir=str(run_dir)))
+    _assert_same_run(run_dir, straight_run)
+
+
+def test_the_checkpoint_size_train_plans_for_is_what_it_writes(straight_run):
+    """train.py checks its checkpoints' disk before the first step from the module's own figure
+    (weights kept + AdamW's two moments); the files it then wrote are that size."""
+    planned = json.loads((straight_run / "summary.json").read_text())["checkpoint_bytes"]
+    for ckpt in (straight_run / "checkpoints").glob("*.ckpt"):
+        assert abs(ckpt.stat().st_size - planned) < 0.02 * planned, (ckpt.name, ckpt.stat().st_size, planned)
+
+
 def test_export_killed_leaves_the_previous_one_and_the_rerun_exports(reference, straight_run, tmp_path):
     run_dir = tmp_path / "run"
     assert_killed(_train_cli(reference, run_dir, "export_write"))  # trained, killed while exporting

@@ -19,10 +19,17 @@ from eagle3.draft.config import DraftConfig
 from eagle3.draft.head import Eagle3DraftHead
 from eagle3.draft.serving_format import DraftMeta, NonFiniteWeightsError, save_head
 from eagle3.store import HiddenStateDataset, ShardWriter
+from eagle3.store.disk import DiskSpaceError, free_bytes
 from eagle3.store.reader import DamagedDatasetError
 from eagle3.target_model.adapter import CapturedSample
 from eagle3.training import run_dir
-from eagle3.training.checkpoint_io import AtomicCheckpointIO, UnsafeCheckpointError, export_checkpoint
+from eagle3.training.checkpoint_io import (
+    AtomicCheckpointIO,
+    UnsafeCheckpointError,
+    check_checkpoint_disk,
+    checkpoints_at_once,
+    export_checkpoint,
+)
 
 TINY = ["experiment=tiny_test"]
 LAYER_IDS = (1, 2, 4)
@@ -373,3 +380,24 @@ def test_batches_collated_in_loader_workers_equal_those_of_the_training_process(
         assert set(here) == set(there)
         for key in here:
             assert torch.equal(here[key], there[key]), key
+
+
+def test_checkpoints_that_outgrow_the_disk_are_refused_before_training(tmp_path):
+    """A wide head's checkpoint is large (Kimi-K2.5's width: 13.7 GB) and a run holds up to three
+    at once: the best, last.ckpt and the one being written. Three that cannot fit are refused up
+    front, naming the size and what to change; checkpoints already there count as held."""
+    assert checkpoints_at_once(1, True) == 3 and checkpoints_at_once(2, False) == 3
+    ckpts = tmp_path / "run" / "checkpoints"  # not made yet: its disk is measured
+    each = free_bytes(tmp_path) // 2  # one fits, three cannot
+    with pytest.raises(DiskSpaceError) as e:
+        check_checkpoint_disk(ckpts, each, 3)
+    msg = str(e.value)
+    assert msg.startswith(f"{ckpts}: not enough disk") and "up to 3 at once" in msg
+    assert "callbacks.model_checkpoint.save_last=false" in msg and "hydra.run.dir" in msg
+    assert check_checkpoint_disk(ckpts, each // 4, 3) == 3 * (each // 4)  # three small ones fit
+    # a resumed run: two whole checkpoints already there (sparse files: their size, not the disk)
+    ckpts.mkdir(parents=True)
+    for name in ("last.ckpt", "best-step3.ckpt"):
+        with open(ckpts / name, "wb") as f:
+            f.truncate(each)
+    assert check_checkpoint_disk(ckpts, each, 3) == each  # only the one being written is new

@@ -22,8 +22,10 @@ steps' tokens per step time; the target alone emits one token per step). Between
 is the line ``c = 1 + f + s*K`` fitted per load (``f``: the fixed cost of speculating at all,
 ``s``: the cost of one more draft token; ``f = 0`` when the table has one K at that load), and
 between measured loads ``f`` and ``s`` are interpolated in log(load). A verify step does at least
-a plain step's work, so c is never taken below 1: a table entry under 1 is the waves' timing
-noise, and taking it would advise a head of any acceptance.
+a plain step's work, and a step with K drafts all the work of one with fewer plus more, so c is
+never taken below 1 nor below c of a smaller K at the same load: an entry that breaks this is the
+waves' timing noise (measured at MoE shapes, where one load's waves vary by a third between runs),
+and taking it would advise a head of any acceptance, or a K whose cheapness is noise.
 """
 
 from __future__ import annotations
@@ -201,17 +203,22 @@ def _line(by_k: dict[int, float]) -> tuple[float, float]:
     return mc - s * mk, s
 
 
-def cost(k: int, load: int, table: dict[int, dict[int, float]]) -> float:
-    """c(K, load): measured where the table has it, else the fitted line (see the module doc);
-    never below one plain step."""
+def _table_cost(k: int, load: int, table: dict[int, dict[int, float]]) -> float:
+    """c(K, load) as the table says: measured where it has it, else the fitted line."""
     if k in table.get(load, {}):
-        return max(1.0, table[load][k])
+        return table[load][k]
     known = sorted(table)
     lo = max((x for x in known if x <= load), default=known[0])
     hi = min((x for x in known if x >= load), default=known[-1])
     (f_lo, s_lo), (f_hi, s_hi) = _line(table[lo]), _line(table[hi])
     w = 0.0 if hi == lo else (math.log(load) - math.log(lo)) / (math.log(hi) - math.log(lo))
-    return max(1.0, 1.0 + (f_lo + w * (f_hi - f_lo)) + (s_lo + w * (s_hi - s_lo)) * k)
+    return 1.0 + (f_lo + w * (f_hi - f_lo)) + (s_lo + w * (s_hi - s_lo)) * k
+
+
+def cost(k: int, load: int, table: dict[int, dict[int, float]]) -> float:
+    """c(K, load) (see the module doc): never below one plain step, nor below the cost of fewer
+    drafts at the same load."""
+    return max(1.0, *(_table_cost(j, load, table) for j in range(1, k + 1)))
 
 
 def expected_tokens_per_step(per_position_rate: list[float], k: int) -> float:

@@ -27,7 +27,13 @@ from eagle3.target_model.resolve import resolve_target
 from eagle3.training import run_dir
 from eagle3.training.builder import build_head, target_name
 from eagle3.training.callbacks import build_callbacks
-from eagle3.training.checkpoint_io import AtomicCheckpointIO, export_checkpoint, newest_whole_checkpoint
+from eagle3.training.checkpoint_io import (
+    AtomicCheckpointIO,
+    check_checkpoint_disk,
+    checkpoints_at_once,
+    export_checkpoint,
+    newest_whole_checkpoint,
+)
 from eagle3.training.datamodule import Eagle3DataModule
 from eagle3.training.loggers import build_logger
 from eagle3.training.module import Eagle3LitModule
@@ -246,6 +252,10 @@ def _fit_and_validate(cfg: RunConfig, parts: _Parts, ckpt_dir: Path) -> tuple[di
     given back (before evaluation loads vLLM)."""
     trainer, module, datamodule = parts.trainer, parts.module, parts.datamodule
     resume = _resolve_ckpt(cfg.ckpt_path, ckpt_dir)
+    # the checkpoints' disk before the first step, not after hours of it; on every rank: ranks
+    # that share the disk agree, and none waits at a barrier for one that refused
+    kept = cfg.callbacks.model_checkpoint
+    check_checkpoint_disk(ckpt_dir, module.checkpoint_bytes(), checkpoints_at_once(kept.save_top_k, kept.save_last))
     initial: dict[str, float] = {}
     if resume is None and datamodule.val_idx:
         initial = _scalars(trainer.validate(module, datamodule=datamodule, verbose=False)[0])
@@ -277,6 +287,7 @@ def _summary(
         "hidden_states": cfg.train.hidden_states.value,
         "final": final,
         "best_checkpoint": checkpoint.best_model_path or None,
+        "checkpoint_bytes": parts.module.checkpoint_bytes(),
         "best_metric": cfg.optimized_metric,
         "best_metric_value": float(best) if best is not None else None,
     }

@@ -58,8 +58,14 @@ def free_bytes(path: str | Path) -> int:
     return shutil.disk_usage(_existing_ancestor(Path(path))).free
 
 
-def check_free_disk(path: str | Path, need_bytes: int, margin: float = 1.1) -> int:
-    """Raise ``DiskSpaceError`` unless ``path``'s filesystem has need x margin free.
+_DATASET_HINT = (
+    "Lower data.max_samples or data.max_length, capture fewer layers, or point paths.data_dir at a larger disk."
+)
+
+
+def check_free_disk(path: str | Path, need_bytes: int, margin: float = 1.1, hint: str = _DATASET_HINT) -> int:
+    """Raise ``DiskSpaceError`` unless ``path``'s filesystem has need x margin free; ``hint``
+    says what to change (a dataset's by default).
 
     Returns the free bytes. ``path`` need not exist yet (its nearest existing parent is
     measured).
@@ -69,8 +75,7 @@ def check_free_disk(path: str | Path, need_bytes: int, margin: float = 1.1) -> i
     if free < want:
         raise DiskSpaceError(
             f"{path}: not enough disk: need {format_bytes(want)} ({format_bytes(need_bytes)} x "
-            f"margin {margin}), free {format_bytes(free)}. Lower data.max_samples or "
-            "data.max_length, capture fewer layers, or point paths.data_dir at a larger disk."
+            f"margin {margin}), free {format_bytes(free)}. {hint}"
         )
     return free
 

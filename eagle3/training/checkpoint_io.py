@@ -4,12 +4,18 @@ kill during a save can leave a truncated last.ckpt and no way to resume. Here ev
 temp file beside the final one, fsynced and renamed (``eagle3.util.atomic``): a killed save leaves
 the previous checkpoint whole, and resuming picks the newest whole one.
 
+A checkpoint of a wide head is large (at Kimi-K2.5's width 1.14B trainable parameters: 13.7 GB
+with AdamW's moments), and a run keeps several at once: train.py checks before the first step
+that the disk holds them (``check_checkpoint_disk``), and a save that meets a full disk anyway
+fails naming the file, the checkpoint's size, the free space and the whole checkpoints left.
+
 A training checkpoint also exports as a vLLM/speculators eagle3 directory
 (eagle3/draft/serving_format.py): it carries everything needed (draft config, aux layer ids,
 target path, the trained weights and d2t/t2d), so the target is not loaded."""
 
 from __future__ import annotations
 
+import errno
 import pickle
 import zipfile
 from dataclasses import replace
@@ -21,6 +27,7 @@ from lightning.fabric.plugins import TorchCheckpointIO
 
 from eagle3.draft.head import Eagle3DraftHead
 from eagle3.draft.serving_format import DraftMeta, save_head
+from eagle3.store.disk import DiskSpaceError, check_free_disk, format_bytes, free_bytes
 from eagle3.util.atomic import atomic_path
 
 
@@ -30,8 +37,22 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return super().save_checkpoint(checkpoint, path, storage_options)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(path, point="checkpoint_write") as tmp:
-            torch.save(checkpoint, tmp)
+        try:
+            with atomic_path(path, point="checkpoint_write") as tmp:
+                torch.save(checkpoint, tmp)
+        except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
+            need = _tensor_bytes(checkpoint)
+            free = free_bytes(path.parent)  # the temp is gone: what a retry would find
+            full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+            if not full and free >= need:
+                raise
+            kept = sorted(p.name for p in path.parent.glob("*.ckpt") if whole_checkpoint(p))
+            raise DiskSpaceError(
+                f"{path}: disk full writing this checkpoint: needs {format_bytes(need)} ({need} bytes), "
+                f"{format_bytes(free)} free ({type(e).__name__}: {e}). Whole checkpoints kept: "
+                f"{', '.join(kept) or 'none'}. Free disk (or point hydra.run.dir at a larger one) and rerun "
+                "the same command: it resumes from the newest whole checkpoint."
+            ) from e
 
     def load_checkpoint(self, path, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
         """A resume reads tensors and plain data only (``weights_only=True`` whatever the caller
@@ -41,6 +62,45 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 def _cpu_storage(storage: Any, location: Any) -> Any:  # Lightning's default map_location
     return storage
+
+
+def _tensor_bytes(obj: Any) -> int:
+    """Bytes of the tensors in a checkpoint's nested dicts and lists (what torch.save writes,
+    less its small zip and pickle overhead)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
+
+
+def checkpoints_at_once(save_top_k: int, save_last: bool) -> int:
+    """The most checkpoint files a run holds at one time: the best ``save_top_k``, last.ckpt when
+    the checkpoint callback keeps it during the run, and the one being written beside them (a temp
+    until renamed: eagle3/util/atomic.py). The run's end writes last.ckpt either way."""
+    return int(save_top_k) + int(bool(save_last)) + 1
+
+
+def check_checkpoint_disk(ckpt_dir: Path, checkpoint_bytes: int, at_once: int) -> int:
+    """Raise ``DiskSpaceError`` unless ``ckpt_dir``'s disk holds ``at_once`` checkpoints of
+    ``checkpoint_bytes`` (the checkpoints already there count as held: a resumed run replaces
+    them). Returns the bytes still to be found on the disk."""
+    existing = sum(p.stat().st_size for p in Path(ckpt_dir).glob("*.ckpt") if p.is_file())
+    need = max(int(checkpoint_bytes), at_once * int(checkpoint_bytes) - existing)
+    check_free_disk(
+        ckpt_dir,
+        need,
+        margin=1.05,
+        hint=(
+            f"A checkpoint of this head is {format_bytes(checkpoint_bytes)} (weights and AdamW's moments) and "
+            f"the run holds up to {at_once} at once (callbacks.model_checkpoint.save_top_k best, last.ckpt, the "
+            "one being written): point hydra.run.dir at a larger disk, free space, or keep fewer "
+            "(callbacks.model_checkpoint.save_top_k=1, callbacks.model_checkpoint.save_last=false)."
+        ),
+    )
+    return need
 
 
 class UnsafeCheckpointError(ValueError):

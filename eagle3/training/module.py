@@ -91,6 +91,15 @@ class Eagle3LitModule(L.LightningModule):
         if self.lr_schedule is not None:  # a time-budgeted schedule's progress (schedule.py)
             checkpoint["eagle3_lr_schedule"] = self.lr_schedule.state_dict()
 
+    def checkpoint_bytes(self) -> int:
+        """What one resume checkpoint of this module holds, in bytes: the weights it keeps (the
+        frozen target copies stay out) and AdamW's two moments per trainable parameter, each in its
+        parameter's dtype. At Kimi-K2.5's width the head has 1.14B trainable parameters: 13.7 GB."""
+        frozen = self._frozen_keys()
+        kept = sum(t.numel() * t.element_size() for k, t in self.state_dict().items() if k not in frozen)
+        moments = sum(2 * p.numel() * p.element_size() for p in self.head.parameters() if p.requires_grad)
+        return kept + moments
+
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self._restored_schedule = checkpoint.get("eagle3_lr_schedule")
         if self.lr_schedule is not None and self._restored_schedule is not None:

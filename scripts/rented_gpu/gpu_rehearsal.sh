@@ -22,7 +22,7 @@
 #   bash scripts/rented_gpu/gpu_rehearsal.sh clean          the disk for the next target
 # TARGET=llama3_1_8b (default) | qwen3_8b | qwen3_30b_a3b (LAYERS cuts it: its 61 GB outgrow a 64 GiB
 # disk) | kimi_k2_5 (cut to LAYERS layers and EXPERTS experts to fit one GPU); N conversations
-# (default 600); HF_N (150) of them for capture=hf (0: none). serve and costs: LOADS, DRAFT_TOKENS,
+# (default 600); HF_N (150) of them for capture=hf (0: none); TRAIN_ARGS: train's extra overrides. serve and costs: LOADS, DRAFT_TOKENS,
 # PROMPTS, NEW_TOKENS, WAVES (waves per load at least, default 2; two waves of ~2 s at load 64 gave
 # an MoE target's figure no trust), MAX_MINUTES (no engine starts that would end past it: the
 # table holds the K that ran). An engine start at these sizes takes
@@ -121,8 +121,9 @@ PY
 stage_train() {
   local t0 t1
   t0=$(now)
+  # shellcheck disable=SC2086  # TRAIN_ARGS: extra overrides, e.g. "train.num_workers=0"
   python3 train.py "${RECIPE[@]}" train.max_time="00:00:$(printf %02d "$MINUTES"):00" eval.enabled=false \
-    hydra.run.dir=$W/run 2>&1 | quiet | tee $W/train.log | tail -30
+    hydra.run.dir=$W/run ${TRAIN_ARGS:-} 2>&1 | quiet | tee $W/train.log | tail -30
   t1=$(now)
   python3 - "$t0" "$t1" > "$OUTD/rehearsal_train.json" <<'PY'
 import json, sys
