@@ -202,7 +202,8 @@ wait_for() {
   if [ -f $W/$s.done ]; then
     tail -40 $W/$s.out; cp $W/out_$s/* "$OUTD/" 2>/dev/null || true
   else
-    grep -hE "engine k[0-9]+: (starting|done)|K=[0-9]+: engine up" $W/$s.out | tail -8 || true
+    # (the costs stage writes its bench output to costs.log)
+    grep -hE "engine k[0-9]+: (starting|done)|K=[0-9]+: engine up" $W/$s.out $W/$s.log 2>/dev/null | tail -8 || true
     # the engines that finished come back now: the device time may end before the stage does
     local work=$W/serving_work; [ "$s" = costs ] && work=$(costs_work)
     engines_back "$work"
