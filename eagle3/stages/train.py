@@ -121,9 +121,17 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
     cfg = _as_run(cfg, path)  # auto/null replaced by what runs: what every record below says
     parts = _build(cfg, path, output_dir, model_dir, ds_dir, extra_callbacks)
     _report_cost(cfg, parts)
+    # the checkpoints' disk before the first step, not after hours of it (sized before fit: FSDP
+    # shards the live parameters); on every rank: ranks that share the disk agree, and none
+    # waits at a barrier for one that refused
+    kept, checkpoint_bytes = cfg.callbacks.model_checkpoint, parts.module.checkpoint_bytes()
+    check_checkpoint_disk(
+        output_dir / "checkpoints", checkpoint_bytes, checkpoints_at_once(kept.save_top_k, kept.save_last)
+    )
     initial, final = _fit_and_validate(cfg, parts, output_dir / "checkpoints")
     if parts.trainer.is_global_zero:
         summary = _summary(cfg, parts, ds_dir, model_dir, initial, final)
+        summary["checkpoint_bytes"] = checkpoint_bytes
         export_dir = _export_and_evaluate(cfg, parts, output_dir, ds_dir, model_dir, summary)
         if clock is not None:
             summary["time_budget"] = clock.outcome()
@@ -252,10 +260,6 @@ def _fit_and_validate(cfg: RunConfig, parts: _Parts, ckpt_dir: Path) -> tuple[di
     given back (before evaluation loads vLLM)."""
     trainer, module, datamodule = parts.trainer, parts.module, parts.datamodule
     resume = _resolve_ckpt(cfg.ckpt_path, ckpt_dir)
-    # the checkpoints' disk before the first step, not after hours of it; on every rank: ranks
-    # that share the disk agree, and none waits at a barrier for one that refused
-    kept = cfg.callbacks.model_checkpoint
-    check_checkpoint_disk(ckpt_dir, module.checkpoint_bytes(), checkpoints_at_once(kept.save_top_k, kept.save_last))
     initial: dict[str, float] = {}
     if resume is None and datamodule.val_idx:
         initial = _scalars(trainer.validate(module, datamodule=datamodule, verbose=False)[0])
@@ -287,7 +291,6 @@ def _summary(
         "hidden_states": cfg.train.hidden_states.value,
         "final": final,
         "best_checkpoint": checkpoint.best_model_path or None,
-        "checkpoint_bytes": parts.module.checkpoint_bytes(),
         "best_metric": cfg.optimized_metric,
         "best_metric_value": float(best) if best is not None else None,
     }
