@@ -1,8 +1,10 @@
 """`--cfg job --resolve` shows what a run will do before it books a GPU: the Kimi-K2.5
-8-GPU layout (TP=8, aux ids [2, 30, 58] + 61, bf16 [T, 4, 7168], disk per 1M tokens)."""
+8-GPU layout (TP=8, aux ids [2, 30, 58] + 61, bf16 [T, 4, 7168], disk per 1M tokens, the
+training checkpoints' disk)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -52,6 +54,56 @@ def test_kimi_disk_per_million_tokens_is_what_extract_checks(kimi_resolved):
     need = disk_needed_bytes(1_000_000, 4, 7168, torch.bfloat16, 0, 65536)
     assert need // 1_000_000 == KIMI_BYTES_PER_TOKEN  # the shard overhead is below a byte per token
     assert kimi_resolved.capture.disk_per_1m_tokens == format_bytes(need) == "53.4 GiB"
+
+
+def test_kimi_checkpoint_plan_is_the_size_its_training_wrote(kimi_resolved):
+    """The head at Kimi-K2.5's width (hidden 7,168, one decoder layer of its dense sizes, a
+    32,000-token draft vocabulary) built on the meta device: 1.14B trainable parameters. Its
+    rehearsal on the H200 (docs/results.md, section 15) wrote checkpoints of 13,675,525,472 bytes."""
+    plan = str(kimi_resolved.callbacks.model_checkpoint.disk)
+    assert plan.startswith("12.7 GiB a checkpoint (1.14B trainable parameters), up to 3 at once: 38.2 GiB")
+    assert format_bytes(13_675_525_472) == "12.7 GiB"
+
+
+def test_checkpoint_plan_follows_the_head_and_the_checkpoints_kept():
+    small = compose("train", ["experiment=tiny_test"]).callbacks.model_checkpoint.disk
+    more = compose(
+        "train", ["experiment=tiny_test", "train.num_draft_layers=2", "callbacks.model_checkpoint.save_top_k=3"]
+    ).callbacks.model_checkpoint.disk
+    each = [float(plan.split(" ")[0]) for plan in (small, more)]
+    assert "up to 3 at once" in small and "up to 5 at once" in more and each[1] > each[0]
+
+
+def test_checkpoint_plan_of_your_own_model_reads_its_config_json(tmp_path):
+    """model=hf: the sizes the preset leaves open come from the model's config.json (as its facts
+    do); the plan equals the head train.py builds from that file."""
+    from eagle3.draft.head import Eagle3DraftHead
+    from eagle3.training.builder import draft_config
+    from eagle3.training.checkpoint_io import head_checkpoint_bytes
+
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "num_hidden_layers": 16,
+        "hidden_size": 256,
+        "intermediate_size": 704,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "vocab_size": 32000,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    cfg = compose("train", ["model=hf", f"model.path={tmp_path}"])
+    plan = str(cfg.callbacks.model_checkpoint.disk)
+    with torch.device("meta"):
+        head = Eagle3DraftHead(draft_config(cfg.train, config, 3))
+    assert plan.startswith(f"{format_bytes(head_checkpoint_bytes(head))} a checkpoint"), plan
+    # no config.json to read the sizes from: planned by train.py once it has the target
+    (tmp_path / "config.json").unlink()
+    (tmp_path / "config.json").write_text(
+        json.dumps({k: config[k] for k in ("architectures", "num_hidden_layers", "hidden_size", "vocab_size")})
+    )
+    partial = compose("train", ["model=hf", f"model.path={tmp_path}"]).callbacks.model_checkpoint.disk
+    assert "known once the target's config.json is read" in partial
 
 
 def test_smollm2_plan_follows_the_model():

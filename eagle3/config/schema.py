@@ -265,6 +265,12 @@ class CheckpointCallbackConfig:
     save_top_k: int = 1  # best checkpoints kept by optimized_metric (>= 1: the best is exported)
     save_last: bool = True  # last.ckpt, what ckpt_path=last resumes
     every_n_train_steps: Optional[int] = None  # null: at each validation (train.val_check_interval)
+    # computed (eagle3/stages/disk_plan.py), never set by hand: one checkpoint's size and the disk
+    # a run holds at once, shown by --cfg job --resolve
+    disk: Any = (
+        "${eagle3.checkpoint_disk:${model},${train},${layers.layer_ids},"
+        "${callbacks.model_checkpoint.save_top_k},${callbacks.model_checkpoint.save_last}}"
+    )
 
 
 @dataclass

@@ -83,6 +83,11 @@ def register_resolvers() -> None:
     )
     OmegaConf.register_new_resolver("eagle3.vllm_capture_route", disk_plan.vllm_capture_route, replace=True)
     OmegaConf.register_new_resolver(
+        "eagle3.checkpoint_disk",
+        lambda model, train, ids, top_k, last: disk_plan.checkpoint_disk(model, train, _plain(ids), top_k, last),
+        replace=True,
+    )
+    OmegaConf.register_new_resolver(
         "eagle3.disk_per_million_tokens",
         lambda ids, h, dtype, shard: disk_plan.disk_per_million_tokens(_plain(ids), h, dtype, shard),
         replace=True,

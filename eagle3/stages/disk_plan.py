@@ -1,9 +1,11 @@
-"""What an extraction will store, computed from config alone, so `--cfg job --resolve`
-shows it before a GPU is booked:
+"""What an extraction and a training will store, computed from config alone, so `--cfg job
+--resolve` shows it before a GPU is booked:
 
     python extract.py model=kimi_k2_5 topology=gpu8_tp8 capture=vllm --cfg job --resolve
       capture.hidden_layout:      bfloat16 [T, 4, 7168]    (aux ids [2, 30, 58] + final 61)
       capture.disk_per_1m_tokens: 53.4 GiB
+    python train.py experiment=kimi_k2_5 --cfg job --resolve
+      callbacks.model_checkpoint.disk: 12.7 GiB a checkpoint (1.14B trainable parameters), up to 3 at once: 38.2 GiB
 
 The dtype is the capture dtype (the target's compute dtype), never its weight format: an
 INT4 checkpoint computes, and so stores, bf16 hidden states. The disk figure is the one
@@ -13,6 +15,7 @@ extract.py checks against free space before it starts (eagle3.store.disk).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from eagle3.util import hidden_dtypes
 
@@ -53,6 +56,65 @@ def disk_per_million_tokens(
     from eagle3.store.disk import format_bytes
 
     return format_bytes(disk_bytes(MILLION, layer_ids, hidden_size, dtype, shard_max_tokens))
+
+
+# the model_type a target's config.json would carry, for the draft's sizes (DraftConfig)
+_MODEL_TYPES = {
+    "LlamaForCausalLM": "llama",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+}
+
+
+def checkpoint_disk(model: Any, train: Any, layer_ids: Sequence[int], save_top_k: int, save_last: bool) -> str:
+    """One resume checkpoint of the head this config trains, and the disk a run holds at once
+    (the figure train.py checks before its first step), from the model preset's facts: the head is
+    built on the meta device, so nothing is allocated. A target whose facts are read only from its
+    files says so instead."""
+    try:
+        import torch
+
+        from eagle3.draft.head import Eagle3DraftHead
+        from eagle3.store.disk import format_bytes
+        from eagle3.training.builder import draft_config
+        from eagle3.training.checkpoint_io import checkpoints_at_once, head_checkpoint_bytes
+
+        facts = ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size")
+        hf = {key: getattr(model, key) for key in facts}
+        if any(v is None for v in hf.values()):  # the sizes a preset leaves to the model's config.json
+            hf = _config_json(model) | {k: v for k, v in hf.items() if v is not None}
+            if any(hf.get(key) is None for key in facts):
+                return "known once the target's config.json is read (train.py checks it before the first step)"
+        else:
+            hf.update(dict(model.extra_config or {}), model_type=_MODEL_TYPES.get(str(model.architecture), ""))
+        with torch.device("meta"):
+            head = Eagle3DraftHead(draft_config(train, hf, len(layer_ids) - 1))
+    except Exception as e:  # a plan never stops a compose: the run itself names the problem
+        return f"not planned ({type(e).__name__}: {e})"
+    each = head_checkpoint_bytes(head)
+    trainable = sum(p.numel() for p in head.parameters() if p.requires_grad)
+    at_once = checkpoints_at_once(int(save_top_k), bool(save_last))
+    count = f"{trainable / 1e9:.2f}B" if trainable >= 1e9 else f"{trainable / 1e6:.1f}M"
+    return (
+        f"{format_bytes(each)} a checkpoint ({count} trainable parameters), "
+        f"up to {at_once} at once: {format_bytes(at_once * each)}"
+    )
+
+
+def _config_json(model: Any) -> dict:
+    """A model=hf target's config.json (a hub id's fetched alone, as its facts are), else {}."""
+    import json
+
+    from eagle3.target_model.hub import model_config_file
+
+    if getattr(model.source, "value", model.source) != "hf" or not model.path:
+        return {}
+    cfg_file = model_config_file(str(model.path), model.revision)
+    if not cfg_file.is_file():
+        return {}
+    cfg = json.loads(cfg_file.read_text())
+    return dict(cfg.get("text_config") or cfg)
 
 
 def vllm_capture_route(accelerator: str) -> str:

@@ -19,6 +19,7 @@ from eagle3.config.schema import LossTokens, TrainConfig
 from eagle3.draft.head import Eagle3DraftHead
 from eagle3.draft.loss import StepCounts, eagle3_loss, step_weighted
 from eagle3.draft.replay import replay_counts, replay_metrics
+from eagle3.training.checkpoint_io import head_checkpoint_bytes
 from eagle3.training.schedule import BudgetedCosine
 
 NO_BAD_STEP = 2**62  # _first_bad_step when every loss so far was finite (above any step: a min over ranks)
@@ -92,13 +93,9 @@ class Eagle3LitModule(L.LightningModule):
             checkpoint["eagle3_lr_schedule"] = self.lr_schedule.state_dict()
 
     def checkpoint_bytes(self) -> int:
-        """What one resume checkpoint of this module holds, in bytes: the weights it keeps (the
-        frozen target copies stay out) and AdamW's two moments per trainable parameter, each in its
-        parameter's dtype. At Kimi-K2.5's width the head has 1.14B trainable parameters: 13.7 GB."""
-        frozen = self._frozen_keys()
-        kept = sum(t.numel() * t.element_size() for k, t in self.state_dict().items() if k not in frozen)
-        moments = sum(2 * p.numel() * p.element_size() for p in self.head.parameters() if p.requires_grad)
-        return kept + moments
+        """What one resume checkpoint of this module holds (eagle3/training/checkpoint_io.py): at
+        Kimi-K2.5's width the head has 1.14B trainable parameters, 13.7 GB with AdamW's moments."""
+        return head_checkpoint_bytes(self.head)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self._restored_schedule = checkpoint.get("eagle3_lr_schedule")

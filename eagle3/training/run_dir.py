@@ -95,6 +95,7 @@ NOT_THE_RESULT = (
     "callbacks.lr_monitor",
     "callbacks.model_checkpoint.save_last",
     "callbacks.model_checkpoint.save_top_k",
+    "callbacks.model_checkpoint.disk",
     # the run's length: a rerun may extend a run (or stop it sooner) from where it is. The cosine's
     # length, which max_steps gives when lr_decay_steps is null, counts as SCHEDULE_STEPS
     "train.max_steps",
