@@ -16,7 +16,7 @@ from safetensors.torch import load, load_file
 
 from eagle3.stages.extract import run as extract
 from eagle3.stages.train import run as train
-from eagle3.store import DiskSpaceError, Manifest
+from eagle3.store import DiskSpaceError, Manifest, format_bytes
 from eagle3.store.merge import merge_parts, part_dir
 from eagle3.store.reader import damaged_shards
 from eagle3.training.checkpoint_io import export_checkpoint
@@ -152,7 +152,7 @@ def test_training_killed_while_saving_a_checkpoint_resumes_from_the_last_whole_o
 
 
 def test_full_disk_while_saving_a_checkpoint_names_it_and_the_rerun_resumes(
-    reference, straight_run, tmp_path, monkeypatch
+    reference, straight_run, tmp_path, monkeypatch, caplog
 ):
     """The disk fills while the step-6 checkpoint is written: the error names the file, what the
     checkpoint needs and what is free, and the whole checkpoints still there; nothing half-written
@@ -160,10 +160,14 @@ def test_full_disk_while_saving_a_checkpoint_names_it_and_the_rerun_resumes(
     run_dir = tmp_path / "run"
     monkeypatch.setenv(faults.ENV, "checkpoint_write@3:enospc")
     faults.reset()
-    with pytest.raises(DiskSpaceError) as e:
+    with pytest.raises(DiskSpaceError) as e, caplog.at_level("INFO", logger="eagle3.util.report"):
         train(compose("train", ARGS + [f"paths.data_dir={reference.parent}"], output_dir=str(run_dir)))
     monkeypatch.delenv(faults.ENV)
     ckpts = run_dir / "checkpoints"
+    planned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("checkpoints: ")]
+    size = format_bytes((ckpts / "last.ckpt").stat().st_size)
+    assert len(planned) == 1 and planned[0].startswith(f"checkpoints: {size} each"), (planned, size)
+    assert "up to 3 at once" in planned[0] and " free there" in planned[0]
     msg = str(e.value)
     assert f"{ckpts}/" in msg and "disk full writing this checkpoint" in msg and " free " in msg
     need = int(msg.split(" bytes)")[0].rsplit("(", 1)[1])

@@ -394,10 +394,10 @@ def test_checkpoints_that_outgrow_the_disk_are_refused_before_training(tmp_path)
     msg = str(e.value)
     assert msg.startswith(f"{ckpts}: not enough disk") and "up to 3 at once" in msg
     assert "callbacks.model_checkpoint.save_last=false" in msg and "hydra.run.dir" in msg
-    assert check_checkpoint_disk(ckpts, each // 4, 3) == 3 * (each // 4)  # three small ones fit
+    assert check_checkpoint_disk(ckpts, each // 4, 3)[0] == 3 * (each // 4)  # three small ones fit
     # a resumed run: two whole checkpoints already there (sparse files: their size, not the disk)
     ckpts.mkdir(parents=True)
     for name in ("last.ckpt", "best-step3.ckpt"):
         with open(ckpts / name, "wb") as f:
             f.truncate(each)
-    assert check_checkpoint_disk(ckpts, each, 3) == each  # only the one being written is new
+    assert check_checkpoint_disk(ckpts, each, 3)[0] == each  # only the one being written is new

@@ -22,7 +22,7 @@ from eagle3.stages.cost import train_lines
 from eagle3.stages.recipes import dataset_recipe
 from eagle3.stages.train_inputs import find_dataset, find_token_dataset, online_target
 from eagle3.stages.validate import validate_run_config
-from eagle3.store import DamagedDatasetError, Manifest
+from eagle3.store import DamagedDatasetError, Manifest, format_bytes
 from eagle3.target_model.resolve import resolve_target
 from eagle3.training import run_dir
 from eagle3.training.builder import build_head, target_name
@@ -125,9 +125,15 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
     # shards the live parameters); on every rank: ranks that share the disk agree, and none
     # waits at a barrier for one that refused
     kept, checkpoint_bytes = cfg.callbacks.model_checkpoint, parts.module.checkpoint_bytes()
-    check_checkpoint_disk(
-        output_dir / "checkpoints", checkpoint_bytes, checkpoints_at_once(kept.save_top_k, kept.save_last)
-    )
+    at_once = checkpoints_at_once(kept.save_top_k, kept.save_last)
+    _, free = check_checkpoint_disk(output_dir / "checkpoints", checkpoint_bytes, at_once)
+    if parts.trainer.is_global_zero:
+        report(
+            [
+                f"checkpoints: {format_bytes(checkpoint_bytes)} each (weights and AdamW's moments), up to {at_once} at "
+                f"once: {format_bytes(at_once * checkpoint_bytes)}; {format_bytes(free)} free there"
+            ]
+        )
     initial, final = _fit_and_validate(cfg, parts, output_dir / "checkpoints")
     if parts.trainer.is_global_zero:
         summary = _summary(cfg, parts, ds_dir, model_dir, initial, final)

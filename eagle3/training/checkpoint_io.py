@@ -92,13 +92,13 @@ def checkpoints_at_once(save_top_k: int, save_last: bool) -> int:
     return int(save_top_k) + int(bool(save_last)) + 1
 
 
-def check_checkpoint_disk(ckpt_dir: Path, checkpoint_bytes: int, at_once: int) -> int:
+def check_checkpoint_disk(ckpt_dir: Path, checkpoint_bytes: int, at_once: int) -> tuple[int, int]:
     """Raise ``DiskSpaceError`` unless ``ckpt_dir``'s disk holds ``at_once`` checkpoints of
     ``checkpoint_bytes`` (the checkpoints already there count as held: a resumed run replaces
-    them). Returns the bytes still to be found on the disk."""
+    them). Returns (the bytes still to be found on the disk, the free bytes)."""
     existing = sum(p.stat().st_size for p in Path(ckpt_dir).glob("*.ckpt") if p.is_file())
     need = max(int(checkpoint_bytes), at_once * int(checkpoint_bytes) - existing)
-    check_free_disk(
+    free = check_free_disk(
         ckpt_dir,
         need,
         margin=1.05,
@@ -109,7 +109,7 @@ def check_checkpoint_disk(ckpt_dir: Path, checkpoint_bytes: int, at_once: int) -
             "(callbacks.model_checkpoint.save_top_k=1, callbacks.model_checkpoint.save_last=false)."
         ),
     )
-    return need
+    return need, free
 
 
 class UnsafeCheckpointError(ValueError):
