@@ -58,15 +58,6 @@ def disk_per_million_tokens(
     return format_bytes(disk_bytes(MILLION, layer_ids, hidden_size, dtype, shard_max_tokens))
 
 
-# the model_type a target's config.json would carry, for the draft's sizes (DraftConfig)
-_MODEL_TYPES = {
-    "LlamaForCausalLM": "llama",
-    "DeepseekV3ForCausalLM": "deepseek_v3",
-    "Qwen3ForCausalLM": "qwen3",
-    "Qwen3MoeForCausalLM": "qwen3_moe",
-}
-
-
 def checkpoint_disk(model: Any, train: Any, layer_ids: Sequence[int], save_top_k: int, save_last: bool) -> str:
     """One resume checkpoint of the head this config trains, and the disk a run holds at once
     (the figure train.py checks before its first step), from the model preset's facts: the head is
@@ -77,6 +68,7 @@ def checkpoint_disk(model: Any, train: Any, layer_ids: Sequence[int], save_top_k
 
         from eagle3.draft.head import Eagle3DraftHead
         from eagle3.store.disk import format_bytes
+        from eagle3.target_model.resolve import PRESET_MODEL_TYPES
         from eagle3.training.builder import draft_config
         from eagle3.training.checkpoint_io import checkpoints_at_once, head_checkpoint_bytes
 
@@ -87,7 +79,7 @@ def checkpoint_disk(model: Any, train: Any, layer_ids: Sequence[int], save_top_k
             if any(hf.get(key) is None for key in facts):
                 return "known once the target's config.json is read (train.py checks it before the first step)"
         else:
-            hf.update(dict(model.extra_config or {}), model_type=_MODEL_TYPES.get(str(model.architecture), ""))
+            hf.update(dict(model.extra_config or {}), model_type=PRESET_MODEL_TYPES.get(str(model.architecture), ""))
         with torch.device("meta"):
             head = Eagle3DraftHead(draft_config(train, hf, len(layer_ids) - 1))
     except Exception as e:  # a plan never stops a compose: the run itself names the problem

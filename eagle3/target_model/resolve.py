@@ -90,18 +90,23 @@ def _size(model_cfg: ModelConfig, key: str) -> int:
     return int(value)
 
 
+# the architectures a preset's facts describe whole (model.source=tiny builds them; the training's
+# checkpoint plan sizes their heads), with the model_type their config.json carries
+PRESET_MODEL_TYPES = {
+    "LlamaForCausalLM": "llama",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+}
+
+
 def tiny_config(model_cfg: ModelConfig):
     """The transformers config of a random-weight target built from the preset (model.source=tiny):
     its facts and extra_config."""
     from transformers import AutoConfig
 
     arch = model_cfg.architecture
-    model_type = {
-        "LlamaForCausalLM": "llama",
-        "DeepseekV3ForCausalLM": "deepseek_v3",
-        "Qwen3ForCausalLM": "qwen3",
-        "Qwen3MoeForCausalLM": "qwen3_moe",
-    }.get(arch)
+    model_type = PRESET_MODEL_TYPES.get(arch)
     if model_type is None:
         raise TargetError(f"model.architecture={arch!r}: no tiny builder for it")
     extra = dict(model_cfg.extra_config or {})
