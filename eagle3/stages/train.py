@@ -277,7 +277,7 @@ def _fit_and_validate(cfg: RunConfig, parts: _Parts, ckpt_dir: Path) -> tuple[di
     if datamodule.val_idx and (stale or cfg.optimized_metric not in trainer.callback_metrics):
         trainer.validate(module, datamodule=datamodule, verbose=False)
     final = {**trained, **_scalars(trainer.callback_metrics)}
-    trainer.save_checkpoint(ckpt_dir / "last.ckpt")
+    trainer.save_checkpoint(ckpt_dir / "last.ckpt", weights_only=False)  # a resume point: optimizer state too
     if datamodule.online is not None:
         datamodule.online.close()
     return initial, final
