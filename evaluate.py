@@ -7,7 +7,7 @@ python evaluate.py --cfg job --resolve
 import hydra
 from omegaconf import DictConfig
 
-from eagle3.stages.evaluate_config import register_evaluate_config
+from eagle3.stages.compose import register_evaluate_config
 
 register_evaluate_config()
 

@@ -6,7 +6,7 @@ python export.py ckpt=<run>/checkpoints/last.ckpt [out=<dir>] [num_draft_tokens=
 import hydra
 from omegaconf import DictConfig
 
-from eagle3.stages.export import register_export_config
+from eagle3.stages.compose import register_export_config
 
 register_export_config()
 

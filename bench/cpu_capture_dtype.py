@@ -8,7 +8,7 @@ CPU computes, so both kinds are measured on one machine.
     python bench/cpu_capture_dtype.py [--samples 48] [--emulate-no-bf16] [--out results.json]
 
 Prints tok/s per compute dtype, the ratio, and the dtype `compute_dtype` chooses here; the
-rates in eagle3/stages/cost.py (capture_tok_s, capture_fp32_tok_s) come from this bench.
+rates in eagle3/planning/cost.py (capture_tok_s, capture_fp32_tok_s) come from this bench.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What a head buys in serving, as a bench: the measurement of eagle3/evaluation/serving_speedup.py
+"""What a head buys in serving, as a bench: the measurement of eagle3/serving/speedup.py
 (the target alone against the target with the head in vLLM, per load and number of draft tokens K,
 greedy, held-out prompts) with the target and prompts given by hand. It prints the table, the
 step costs and the best K per load, and writes the result JSON; it leaves the export as it is.
@@ -29,9 +29,10 @@ from pathlib import Path
 
 from harness import ints  # beside this file; puts the checkout on sys.path
 
+from eagle3.config.cli import ServingCheck
 from eagle3.config.engine import EngineOptions
-from eagle3.evaluation.serving_speedup import ServingCheck, measure_serving, step_costs_in_work_dir
 from eagle3.evaluation.subprocess_engine import EngineRunError
+from eagle3.serving.speedup import measure_serving, step_costs_in_work_dir
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ from conftest import compose
 
 from eagle3.data import prepare_samples
 from eagle3.data.split import interleaved
-from eagle3.stages import time_budget
+from eagle3.planning import time_budget
 from eagle3.stages.extract import run as extract
 from eagle3.store import Manifest
 from eagle3.target_model.generate.hf_engine import HFRegenerator

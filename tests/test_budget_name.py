@@ -1,5 +1,5 @@
 """A budgeted dataset (time_budget.minutes) is named by what was asked, the budget and the data
-recipe, never by the count the plan derives from the measured rates (eagle3/stages/rates.yaml):
+recipe, never by the count the plan derives from the measured rates (eagle3/planning/rates.yaml):
 a commit that recalibrates a rate renames no dataset, and train.py still finds the one
 extract.py wrote before it."""
 
@@ -13,7 +13,7 @@ from conftest import compose
 
 from eagle3.config.schema import run_config
 from eagle3.extraction.identity import dataset_path
-from eagle3.stages import cost, time_budget
+from eagle3.planning import cost, time_budget
 from eagle3.stages import train as train_stage
 from eagle3.stages.extract import run as extract
 from eagle3.stages.recipes import dataset_recipe

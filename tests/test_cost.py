@@ -1,5 +1,5 @@
 """What a run will cost, said before it starts: the figures follow from the config (samples x
-max_length, steps x tokens per step, ranks, disk from eagle3/stages/disk_plan.py, time from the measured
+max_length, steps x tokens per step, ranks, disk from eagle3/planning/disk_plan.py, time from the measured
 rates), and both stages print them and write them to the run's log."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, compose
 
-from eagle3.stages.cost import (
+from eagle3.planning.cost import (
     capture_seconds,
     extract_lines,
     head_flops,
@@ -22,7 +22,7 @@ from eagle3.stages.cost import (
     run_rates,
     train_lines,
 )
-from eagle3.stages.disk_plan import disk_bytes
+from eagle3.planning.disk_plan import disk_bytes
 from eagle3.store.disk import format_bytes
 
 CPU_RATE = next(r for r in measured_rates() if r.accelerator == "cpu")
@@ -76,7 +76,7 @@ def test_extract_estimate_follows_the_config():
     ],
 )
 def test_the_capture_rate_follows_how_this_cpu_runs_the_forward(monkeypatch, flags, onednn, forward):
-    from eagle3.stages.cost import cpu_forward
+    from eagle3.planning.cost import cpu_forward
     from eagle3.target_model import compute_dtype as cd
 
     monkeypatch.setattr(cd, "cpu_flags", lambda: flags)
@@ -133,7 +133,7 @@ def test_rates_scale_with_the_model_and_pick_the_accelerator():
     assert rate_for("gpu", measured_params(llama)).model == "Llama-3.1-8B"
     # one counter: a run of the preset measured is sized as its entry is (no scaling), and as the
     # serving advice sizes the target from its config.json (eagle3/target_model/size.py)
-    from eagle3.stages import cost
+    from eagle3.planning import cost
 
     assert cost._cfg_params(compose("extract", [])) == CPU_RATE.params
     assert rate_for("cpu", smol) == CPU_RATE and rate_for("tpu", smol) is None
@@ -154,7 +154,7 @@ def test_an_moe_target_takes_capture_from_the_moe_entry_and_training_from_the_de
     MoE entry."""
     import yaml
 
-    from eagle3.stages import cost
+    from eagle3.planning import cost
 
     moe = compose("extract", ["experiment=qwen3_30b_a3b", "model.num_layers=24"])
     rates = run_rates(moe)
@@ -209,7 +209,7 @@ def test_both_stages_print_the_estimate_and_write_it_to_the_run_log(tmp_path):
 def test_every_measured_figure_says_what_measured_it():
     """rates.yaml: each figure with a source (the command and what it counted), each entry's
     shapes in it, the file shipped with the package."""
-    from eagle3.stages.cost import RATES_FILE
+    from eagle3.planning.cost import RATES_FILE
 
     rates = measured_rates()
     assert {(r.accelerator, r.model) for r in rates} >= {("cpu", "SmolLM2-135M"), ("gpu", "Llama-3.1-8B")}
@@ -218,13 +218,13 @@ def test_every_measured_figure_says_what_measured_it():
         assert all(len(source) > 20 for source in r.sources.values())
     assert CPU_RATE.params == measured_params(SMOL_SHAPE)
     assert CPU_RATE.train_flops == head_flops(576, 1536, 4096, 3)
-    assert 'rates.yaml"]' in (ROOT / "pyproject.toml").read_text() and RATES_FILE.parent.name == "stages"
+    assert 'rates.yaml"]' in (ROOT / "pyproject.toml").read_text() and RATES_FILE.parent.name == "planning"
 
 
 def test_a_figure_without_its_source_is_refused(tmp_path):
     import yaml
 
-    from eagle3.stages.cost import RATES_FILE
+    from eagle3.planning.cost import RATES_FILE
 
     entries = yaml.safe_load(RATES_FILE.read_text())
     entries[0]["capture_tok_s"] = 906
@@ -238,7 +238,7 @@ def test_a_recalibration_is_an_edit_of_the_rates_file(tmp_path, monkeypatch):
     """The estimates follow the file: a copy with another capture rate gives another time."""
     import yaml
 
-    from eagle3.stages import cost
+    from eagle3.planning import cost
 
     entries = yaml.safe_load(cost.RATES_FILE.read_text())
     entries[0]["capture_tok_s"]["value"] = 2 * CPU_RATE.capture_tok_s

@@ -167,7 +167,7 @@ def test_regenerated_dataset_records_its_engine_and_travels(tmp_path, model_dir,
     from transformers import AutoTokenizer
 
     from eagle3.evaluation.prompts import VAL, heldout_prompts
-    from eagle3.stages.evaluate_config import register_evaluate_config
+    from eagle3.stages.compose import register_evaluate_config
     from eagle3.stages.extract import run as extract
     from eagle3.stages.train_inputs import find_dataset
 

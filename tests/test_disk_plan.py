@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from eagle3.config.errors import ConfigError
-from eagle3.stages.disk_plan import disk_bytes
+from eagle3.planning.disk_plan import disk_bytes
 from eagle3.stages.validate import validate_run_config
 from eagle3.store.disk import disk_needed_bytes, format_bytes
 

@@ -2,8 +2,10 @@
 including those inside functions) and each eagle3 import is checked against ALLOWED. The first
 folder under eagle3/ is the layer:
 
-    stages                                    (the root scripts call them)
-      -> training, evaluation, extraction     (never each other)
+    stages                                    (the root scripts call them: the verbs)
+      -> planning                             (what a run costs: rates, time budget, disk)
+        -> serving                            (the speed-up measurement, step costs, advice)
+          -> training, evaluation, extraction (never each other)
         -> target, store                      (target: the model being served; store: the disk)
           -> draft, data                      (the head as plain torch; chat data)
             -> config                         (the typed schemas)
@@ -24,7 +26,20 @@ from conftest import ROOT
 
 PACKAGE = ROOT / "eagle3"
 
-LAYERS = ["util", "config", "data", "draft", "target_model", "store", "extraction", "training", "evaluation", "stages"]
+LAYERS = [
+    "util",
+    "config",
+    "data",
+    "draft",
+    "target_model",
+    "store",
+    "extraction",
+    "training",
+    "evaluation",
+    "serving",
+    "planning",
+    "stages",
+]
 
 # layer -> the layers it may import (itself included)
 ALLOWED = {
@@ -37,6 +52,8 @@ ALLOWED = {
     "extraction": {"extraction", "target_model", "store", "draft", "data", "config", "util"},
     "training": {"training", "target_model", "store", "draft", "data", "config", "util"},
     "evaluation": {"evaluation", "target_model", "store", "draft", "data", "config", "util"},
+    "serving": {"serving", "evaluation", "target_model", "store", "draft", "data", "config", "util"},
+    "planning": {"planning", "training", "extraction", "target_model", "store", "draft", "data", "config", "util"},
     "stages": set(LAYERS),
 }
 

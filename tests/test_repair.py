@@ -180,7 +180,7 @@ def test_repairing_a_budget_cut_dataset_keeps_its_cut(tmp_path, monkeypatch, cap
     is the one before the damage byte for byte."""
     from test_budget_deadline import _TickingClock
 
-    from eagle3.stages import time_budget
+    from eagle3.planning import time_budget
     from eagle3.util.clock import Deadline
 
     clock = _TickingClock()

@@ -1,4 +1,4 @@
-"""Serving advice (eagle3/evaluation/serving_advice.py): the number of draft tokens per load,
+"""Serving advice (eagle3/serving/advice.py): the number of draft tokens per load,
 from measured speed-ups or predicted from acceptance and step costs; its file in the export,
 kept only for the weights it was made for; and the `vllm serve` lines printed from it.
 
@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from eagle3.evaluation import serving_advice as sa
+from eagle3.serving import advice as sa
 from eagle3.target_model.size import TargetSize, target_size
 
 RATES = [0.6, 0.4, 0.25]  # per-position acceptance rates a_0..a_2

@@ -1,4 +1,4 @@
-"""The serving measurement (eagle3/evaluation/serving_speedup.py), run as the product command
+"""The serving measurement (eagle3/serving/speedup.py), run as the product command
 `python evaluate.py export_dir=<dir> serving.measure=true ...` on the real vLLM (the CPU build)
 with a random-init SmolLM2 head: the waves hold exactly c requests, none is preempted, every
 request runs to the same length, the head's acceptance is measured near 1.0 from vLLM's
@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 from test_evaluate import _random_head_export
 
-from eagle3.evaluation import serving_advice as sa
-from eagle3.evaluation import serving_speedup as ss
+from eagle3.config.cli import ServingCheck
 from eagle3.evaluation.engine import EngineRequest
+from eagle3.serving import advice as sa
+from eagle3.serving import speedup as ss
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -161,7 +162,7 @@ def test_the_bench_warms_every_load_before_timing_it():
 
     prompts = [[1, 2], [3], [4, 5, 6]]
     plan = {c: ss.wave_requests(len(prompts), c, 2) for c in (1, 8, 32)}
-    request = ss.engine_request("m", "h", 3, prompts, plan, ss.ServingCheck(), EngineOptions())
+    request = ss.engine_request("m", "h", 3, prompts, plan, ServingCheck(), EngineOptions())
     assert request.warmup_sizes() == [32, 1, 8]
     # an evaluation request (no waves) warms up once, at its warm-up size
     plain = EngineRequest("m", "h", 3, 16, 256, [PromptBatch("val", [[1, 2], [3]])], EngineOptions(), 1)

@@ -14,7 +14,7 @@ from conftest import ROOT, compose
 
 from eagle3.config.schema import run_config
 from eagle3.extraction.identity import dataset_path
-from eagle3.stages import time_budget
+from eagle3.planning import time_budget
 from eagle3.stages.recipes import dataset_recipe
 from eagle3.store import Manifest
 

@@ -215,7 +215,7 @@ def test_a_summary_write_that_fails_midway_leaves_the_previous_summary(tmp_path,
 
 
 def test_re_export_keeps_serving_and_acceptance_whole_when_their_write_fails(tmp_path, monkeypatch):
-    from eagle3.evaluation.serving_advice import head_sha256
+    from eagle3.serving.advice import head_sha256
     from eagle3.stages import export as export_stage
 
     ckpt = _checkpoint(tmp_path / "a.ckpt")
@@ -224,7 +224,7 @@ def test_re_export_keeps_serving_and_acceptance_whole_when_their_write_fails(tmp
     acceptance = json.dumps({"acceptance_length": 2.0, "per_position": [0.6, 0.3]}, indent=2)
     (out / "serving.json").write_text(serving)
     (out / "acceptance.json").write_text(acceptance)
-    monkeypatch.setattr(export_stage, "serving_report", lambda _: [])
+    monkeypatch.setattr("eagle3.serving.advice.export_serving_lines", lambda *_a, **_k: [])
 
     real_export = export_stage.export_checkpoint
 

@@ -151,7 +151,7 @@ class CaptureConfig:
     # how extract.py checks the shards already on disk (a resumed run, a complete dataset); a
     # missing, short or (full) corrupted shard is captured again in place
     verify: VerifyMode = VerifyMode.fast
-    # computed (eagle3/stages/disk_plan.py), never set by hand: shown by --cfg job --resolve
+    # computed (eagle3/planning/disk_plan.py), never set by hand: shown by --cfg job --resolve
     hidden_layout: Any = "${eagle3.hidden_layout:${capture.dtype},${layers.layer_ids},${model.hidden_size}}"
     disk_per_1m_tokens: Any = (
         "${eagle3.disk_per_million_tokens:${layers.layer_ids},${model.hidden_size},${capture.dtype},"
@@ -265,7 +265,7 @@ class CheckpointCallbackConfig:
     save_top_k: int = 1  # best checkpoints kept by optimized_metric (>= 1: the best is exported)
     save_last: bool = True  # last.ckpt, what ckpt_path=last resumes
     every_n_train_steps: Optional[int] = None  # null: at each validation (train.val_check_interval)
-    # computed (eagle3/stages/disk_plan.py), never set by hand: one checkpoint's size and the disk
+    # computed (eagle3/planning/disk_plan.py), never set by hand: one checkpoint's size and the disk
     # a run holds at once, shown by --cfg job --resolve
     disk: Any = (
         "${eagle3.checkpoint_disk:${model},${train},${layers.layer_ids},"
@@ -330,7 +330,7 @@ class EvalConfig:
 
 @dataclass
 class TimeBudgetConfig:
-    """One wall-clock budget for the whole pipeline (eagle3/stages/time_budget.py): extract.py
+    """One wall-clock budget for the whole pipeline (eagle3/planning/time_budget.py): extract.py
     sizes the data so regeneration, capture and training at ``passes`` fit ``minutes``, and
     train.py trains for what the extraction (recorded in the dataset) and the evaluation leave."""
 

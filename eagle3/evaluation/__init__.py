@@ -1,4 +1,5 @@
 """Real acceptance of an exported head, measured by vLLM (its CLI stage: eagle3/stages/evaluate.py).
+The serving speed-up and its advice have a room of their own (eagle3/serving/).
 
 acceptance.py        evaluate(): held-out prompts -> both engines -> report, plot, W&B
 prompts.py           held-out prompts: validation-split opening turns + HumanEval
@@ -8,7 +9,6 @@ counters.py          vLLM's spec-decode counters and the figures they give
 figures.py           per prompt set: acceptance, tokens/s with/without head, greedy match
 measure.py           with-head engine, then without-head engine, same prompts
 report.py            acceptance.json and the table; plot.py the PNG; wandb_log.py W&B
-serving_advice.py    how many draft tokens to serve with, per load (the export's serving.json)
 diagnostics/         train-side figures beside vLLM's: the replays of an export on a dataset
                      and on vLLM's own outputs, and why a greedy output changed
 """

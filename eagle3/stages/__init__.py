@@ -1,7 +1,8 @@
 """The stages: the only code that reads the whole composed config and calls down into
 training, evaluation, extraction, the target, the store and the draft. With them, what only
 composition needs: Hydra's ConfigStore and resolvers (compose), checks across fields
-(validate), the run's cost and plan, the multirun callback (sweep), each CLI's own schema.
+(validate), the multirun callback (sweep). The planner (costs, time budget, disk) is
+eagle3/planning/; each CLI's schema is eagle3/config/cli.py.
 
     extract.py     -> stages.extract.run
     train.py       -> stages.train.run

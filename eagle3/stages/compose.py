@@ -12,8 +12,8 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from eagle3.config import schema
-from eagle3.stages import disk_plan
+from eagle3.config import cli, schema
+from eagle3.planning import disk_plan
 from eagle3.target_model import layer_ids
 from eagle3.target_model.hub import model_config_file
 from eagle3.util import launch
@@ -77,7 +77,7 @@ def register_resolvers() -> None:
     # the run dir's name: one value per process (cached), shared by all ranks of a launch
     OmegaConf.register_new_resolver("eagle3.run_id", lambda: launch.launch_run_id(), use_cache=True, replace=True)
     OmegaConf.register_new_resolver("eagle3.tasks_per_node", launch.tasks_per_node, replace=True)
-    # what the capture stores, shown by --cfg job --resolve (eagle3/stages/disk_plan.py)
+    # what the capture stores, shown by --cfg job --resolve (eagle3/planning/disk_plan.py)
     OmegaConf.register_new_resolver(
         "eagle3.hidden_layout", lambda dtype, ids, h: disk_plan.hidden_layout(dtype, _plain(ids), h), replace=True
     )
@@ -169,3 +169,19 @@ def register_configs() -> None:
     cs.store(name="base_run", node=schema.RunConfig)
     for group, node in _GROUPS.items():
         cs.store(group=group, name=f"base_{group}", node=node)
+
+
+def register_evaluate_config() -> None:
+    """``base_evaluate`` (conf/evaluate.yaml extends it) and the shared groups it uses."""
+    register_configs()  # the shared groups (paths, logger) and resolvers
+    ConfigStore.instance().store(name="base_evaluate", node=cli.EvaluateConfig)
+
+
+def register_export_config() -> None:
+    """``base_export``: conf/export.yaml extends it."""
+    ConfigStore.instance().store(name="base_export", node=cli.ExportCliConfig)
+
+
+def register_replay_export_config() -> None:
+    """``base_replay_export``: conf/replay_export.yaml extends it."""
+    ConfigStore.instance().store(name="base_replay_export", node=cli.ReplayExportConfig)

@@ -6,7 +6,7 @@ by vLLM (eagle3/evaluation/acceptance.py), as a stage with its own config (conf/
     python evaluate.py export_dir=<dir> target=<target dir> dataset_dir=<dataset dir>
     python evaluate.py export_dir=<dir> serving.measure=true serving.loads=[1,8,32,64] serving.draft_tokens=[1,2,3,5]
 
-The last one measures serving instead (eagle3/evaluation/serving_speedup.py): tok/s of the target
+The last one measures serving instead (eagle3/serving/speedup.py): tok/s of the target
 alone and with the head per load and K, the best K per load written into the export as
 serving.json (serving.write_advice=false leaves it), the table in serving_speedup.json.
 
@@ -22,10 +22,11 @@ import sys
 from pathlib import Path
 from typing import Any, cast
 
+from eagle3.config.cli import EvaluateConfig
 from eagle3.config.engine import EngineOptions
 from eagle3.config.schema import RunConfig, plain, typed
 from eagle3.evaluation.acceptance import evaluate, vllm_available
-from eagle3.stages.evaluate_config import EvaluateConfig, register_evaluate_config
+from eagle3.stages.compose import register_evaluate_config
 from eagle3.util.report import say
 
 
@@ -116,7 +117,7 @@ def run_serving(c: EvaluateConfig, out_dir: Path | None) -> float:
     """`serving.measure=true`: the serving measurement of the export; returns the best speed-up
     at the first load (1.0: none beats the target alone there)."""
     from eagle3.evaluation.export_info import read_export
-    from eagle3.evaluation.serving_speedup import measure_serving
+    from eagle3.serving.speedup import measure_serving
 
     info = read_export(c.export_dir, c.target)
     dataset = Path(c.dataset_dir).expanduser().resolve() if c.dataset_dir else info.dataset_dir

@@ -5,53 +5,35 @@
 out: null is the checkpoint's run dir's export/ (where train.py writes it). The checkpoint
 carries everything needed (eagle3/training/checkpoint_io.py); the target is not loaded. Prints the
 `vllm serve` command with the advised number of draft tokens and the loads at which the head
-pays off (eagle3/evaluation/serving_advice.py), then the export directory as its last stdout
+pays off (eagle3/serving/advice.py), then the export directory as its last stdout
 line, for scripts.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-from omegaconf import MISSING
-
+from eagle3.config.cli import ExportCliConfig
 from eagle3.config.schema import typed
 from eagle3.training.checkpoint_io import export_checkpoint
 from eagle3.util.atomic import write_text
 
-__all__ = ["ExportCliConfig", "export_checkpoint", "register_export_config", "run"]
-
-
-@dataclass
-class ExportCliConfig:
-    """Primary schema of `python export.py` (``base_export`` in Hydra's ConfigStore)."""
-
-    ckpt: str = MISSING
-    out: Optional[str] = None
-    num_draft_tokens: Optional[int] = None
-
-
-def register_export_config() -> None:
-    """``base_export`` in Hydra's ConfigStore: conf/export.yaml extends it."""
-    from hydra.core.config_store import ConfigStore
-
-    ConfigStore.instance().store(name="base_export", node=ExportCliConfig)
+__all__ = ["ExportCliConfig", "export_checkpoint", "run"]
 
 
 def run(cfg: Any) -> str:
     """The CLI's stage (cfg: the composed config, or an ExportCliConfig)."""
     c = typed(cfg, ExportCliConfig)
-    from eagle3.evaluation.serving_advice import head_sha256
+    from eagle3.serving.advice import export_serving_lines, head_sha256
 
     sha, kept = _kept_metadata(c)
     out = export_checkpoint(c.ckpt, c.out, c.num_draft_tokens)
     if sha is not None and sha == head_sha256(out):  # the directory was replaced; same weights: same figures
         for name, text in kept.items():
             write_text(out / name, text)  # whole or absent: a torn one would break every later export here
-    for line in serving_report(out):
+    for line in export_serving_lines(out):  # the `vllm serve` command and where the head pays off
         print(line)
     print(out)
     return str(out)
@@ -60,7 +42,7 @@ def run(cfg: Any) -> str:
 def _kept_metadata(c: ExportCliConfig) -> tuple[str | None, dict[str, str]]:
     """(weights' sha256, serving.json and acceptance.json) of the export about to be replaced,
     put back only if the new weights are byte-identical (the same checkpoint exported again)."""
-    from eagle3.evaluation.serving_advice import FILE_NAME, head_sha256
+    from eagle3.serving.advice import FILE_NAME, head_sha256
 
     old = Path(c.out) if c.out else Path(c.ckpt).parent.parent / "export"
     serving = old / FILE_NAME
@@ -70,11 +52,3 @@ def _kept_metadata(c: ExportCliConfig) -> tuple[str | None, dict[str, str]]:
     if not sha or sha != head_sha256(old):
         return None, {}
     return sha, {n: (old / n).read_text() for n in (FILE_NAME, "acceptance.json") if (old / n).is_file()}
-
-
-def serving_report(export_dir: str | Path) -> list[str]:
-    """The ``vllm serve`` command and the loads at which the head pays off (serving.json, or the
-    rule on the export's acceptance.json): eagle3/evaluation/serving_advice.py."""
-    from eagle3.evaluation.serving_advice import export_serving_lines
-
-    return export_serving_lines(export_dir)

@@ -8,7 +8,7 @@ that says so. A disk that fills up mid-run stops it with the bytes still needed;
 written so far are kept and the same command resumes.
 
 Under ``time_budget.minutes`` regeneration and capture each stop at the end of their share of
-the plan (eagle3/stages/time_budget.py): the dataset is finished with the samples done by then,
+the plan (eagle3/planning/time_budget.py): the dataset is finished with the samples done by then,
 validation samples spread through the capture order so a cut keeps the split's proportions, and
 its provenance records the cut (``budget_cut``).
 
@@ -28,8 +28,8 @@ from eagle3.extraction.existing import find_dataset
 from eagle3.extraction.identity import DatasetRecipe, dataset_path, fingerprint_inputs
 from eagle3.extraction.job import CaptureSetup, ExtractionJob, ExtractionTiming
 from eagle3.extraction.write_dataset import extract_dataset
-from eagle3.stages import time_budget
-from eagle3.stages.cost import capture_seconds, extract_lines
+from eagle3.planning import time_budget
+from eagle3.planning.cost import capture_seconds, extract_lines
 from eagle3.stages.recipes import dataset_recipe, regen_machine
 from eagle3.stages.validate import config_torch_dtype, validate_run_config
 from eagle3.store.layout import LOCK

@@ -6,7 +6,7 @@ from __future__ import annotations
 from eagle3.config.schema import RunConfig
 from eagle3.extraction.identity import DatasetRecipe
 from eagle3.extraction.samples import RegenMachine
-from eagle3.stages import time_budget
+from eagle3.planning import time_budget
 
 
 def dataset_recipe(cfg: RunConfig, model_dir: str) -> DatasetRecipe:

@@ -5,7 +5,7 @@ acceptance of an exported head on a hidden-state dataset, with no vLLM
     python -m eagle3.stages.replay_export export_dir=outputs/run/export dataset_dir=data/<fingerprint> \\
         [target=<target dir>] [split=val|all] [num_draft_tokens=3] [max_answer_tokens=128] [out=<file>]
 
-Keys: conf/replay_export.yaml and its schema ReplayExportConfig (eagle3/stages/evaluate_config.py).
+Keys: conf/replay_export.yaml and its schema ReplayExportConfig (eagle3/config/cli.py).
 Prints both train-side figures for the same positions: the uniform estimate and the
 round-structured replay.
 """
@@ -18,11 +18,12 @@ from typing import Any
 
 import torch
 
+from eagle3.config.cli import ReplayExportConfig
 from eagle3.config.errors import ConfigError
 from eagle3.config.schema import typed
 from eagle3.evaluation.diagnostics.head_replay import load_exported_head, train_side_figures
 from eagle3.evaluation.export_info import read_export
-from eagle3.stages.evaluate_config import ReplayExportConfig, register_replay_export_config
+from eagle3.stages.compose import register_replay_export_config
 
 
 def run(cfg: Any) -> dict[str, float]:

@@ -17,8 +17,8 @@ from eagle3.config.schema import HiddenStates, RunConfig, TrainerConfig, plain, 
 from eagle3.draft.replay import MEASURED_AGAINST_VLLM
 from eagle3.draft.serving_format import DraftMeta
 from eagle3.extraction.identity import dataset_path
-from eagle3.stages import time_budget
-from eagle3.stages.cost import train_lines
+from eagle3.planning import time_budget
+from eagle3.planning.cost import train_lines
 from eagle3.stages.recipes import dataset_recipe
 from eagle3.stages.train_inputs import find_dataset, find_token_dataset, online_target
 from eagle3.stages.validate import validate_run_config
@@ -318,14 +318,20 @@ def _export_and_evaluate(
 
 
 def _write_summary(output_dir: Path, export_dir: Path, summary: Mapping[str, Any]) -> None:
-    """summary.json, then the serving advice and, last, the export directory (scripts read it)."""
+    """summary.json, then the `vllm serve` command with the advised number of draft tokens (the
+    rule on the acceptance just measured, eagle3/serving/advice.py) and, last, the export directory
+    (scripts read it)."""
+    from eagle3.serving.advice import export_serving_lines
+
     write_text(output_dir / "summary.json", json.dumps(summary, indent=2))  # never a torn one (sweep tables read it)
     line = best_metric_line(summary.get("best_metric"), summary.get("best_metric_value"))
     # to stdout and train.log alike: the serve command is what a reader of the log looks for
     say(
         [f"summary: {output_dir / 'summary.json'}"]
         + ([line] if line else [])
-        + serve_lines(export_dir, summary)
+        + export_serving_lines(
+            export_dir, (summary.get("acceptance") or {}).get("json"), target_dir=summary.get("target_dir")
+        )
         + [str(export_dir)]
     )
 
@@ -347,15 +353,3 @@ def _finish_logger(parts: _Parts, initial: Mapping[str, float]) -> None:
 def trainer_arguments(trainer_cfg: TrainerConfig) -> dict[str, Any]:
     """trainer.* as L.Trainer keyword arguments: the set ones."""
     return {k: v for k, v in dataclasses.asdict(trainer_cfg).items() if v is not None}
-
-
-def serve_lines(export_dir: Path, summary: Mapping[str, Any]) -> list[str]:
-    """The `vllm serve` command with the advised number of draft tokens, and the loads at which
-    the head pays off: the rule on the acceptance per position just measured in vLLM and the step
-    costs of the size class nearest the target (the local target directory this run used;
-    eagle3/evaluation/serving_advice.py, written to the export's serving.json)."""
-    from eagle3.evaluation.serving_advice import export_serving_lines
-
-    return export_serving_lines(
-        export_dir, (summary.get("acceptance") or {}).get("json"), target_dir=summary.get("target_dir")
-    )

@@ -139,7 +139,7 @@ class SparseProgressBar(RichProgressBar):
 class TrainEta(L.Callback):
     """Logs once, after ``timed`` optimizer steps of this process (past the first ``skip``,
     which compile and fill the loader), the run's own seconds per step and the minutes left
-    to ``max_steps``: the start-of-run estimate (eagle3/stages/cost.py) comes from a table of rates
+    to ``max_steps``: the start-of-run estimate (eagle3/planning/cost.py) comes from a table of rates
     measured on a machine alone, this one from the machine as it is now."""
 
     def __init__(self, max_steps: int, skip: int = 3, timed: int = 10):

@@ -15,7 +15,7 @@ few MiB: they travel to the GPU machine in one call, where
     python bench/serving_speedup.py --load-format dummy --target OUT/target --export-dir OUT/head \
         --prompts-jsonl chats.jsonl --loads 1,8,32,64 --draft-tokens 1,2,3,5 --out costs.json
 
-prints the step costs in the form of eagle3/evaluation/step_costs.yaml.
+prints the step costs in the form of eagle3/serving/step_costs.yaml.
 """
 
 from __future__ import annotations

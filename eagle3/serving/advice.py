@@ -6,7 +6,7 @@ from it.
 Two sources, the measured one winning:
 
 - ``measured``: ``python evaluate.py export_dir=<dir> serving.measure=true``
-  (eagle3/evaluation/serving_speedup.py) ran the target alone and with the head at each load
+  (eagle3/serving/speedup.py) ran the target alone and with the head at each load
   and K on a GPU. Per load, the K with the highest measured speed-up, or
   0 (serve the target alone) where none beats the target alone by ``MIN_SPEEDUP["measured"]``.
 - ``rule``: the head was measured for acceptance only (train.py's end-of-run evaluation or
@@ -17,7 +17,7 @@ Two sources, the measured one winning:
   K up to the positions measured are considered (a_j beyond them is unknown).
 
 The step cost ``c(K, load)`` belongs to the target, the GPU and the engine, not to the head, so
-it is measured once by the serving measurement (eagle3/evaluation/serving_speedup.py): there ``c = L / speed-up`` (tokens/s with the head = L verify
+it is measured once by the serving measurement (eagle3/serving/speedup.py): there ``c = L / speed-up`` (tokens/s with the head = L verify
 steps' tokens per step time; the target alone emits one token per step). Between measured K it
 is the line ``c = 1 + f + s*K`` fitted per load (``f``: the fixed cost of speculating at all,
 ``s``: the cost of one more draft token; ``f = 0`` when the table has one K at that load), and

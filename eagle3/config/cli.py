@@ -1,25 +1,50 @@
-"""Typed settings of the vLLM acceptance evaluation, and the evaluation CLIs' primary schemas.
+"""The primary schemas of the CLIs other than extract.py/train.py (whose ``RunConfig`` is in
+schema.py): `python evaluate.py` (``EvaluateConfig``, with the serving measurement's
+``ServingCheck``), `python export.py` (``ExportCliConfig``) and `python -m
+eagle3.stages.replay_export` (``ReplayExportConfig``). Each is registered in Hydra's ConfigStore
+as ``base_<cli>`` (eagle3/stages/compose.py) and extended by conf/<cli>.yaml, so a typo or a
+wrong type fails at compose time.
 
 `EvalConfig` (what to measure: draft tokens, prompt counts, answer length, diagnostics) lives
-in eagle3/config/schema.py because train.py's config carries it too. What is only
-evaluate's -- how the two vLLM engines are built, where the head and the prompts come
-from -- is here, registered in Hydra's ConfigStore as ``base_evaluate`` (conf/evaluate.yaml
-extends it, so `python evaluate.py engine.max_num_seqs=abc` fails at compose time).
-`python -m eagle3.stages.replay_export` (train-side acceptance of an export, no vLLM) has
-its schema here too: ``base_replay_export``, extended by conf/replay_export.yaml.
+in schema.py because train.py's config carries it too; what is only evaluate's -- how the two
+vLLM engines are built, where the head and the prompts come from -- is here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Optional
+from typing import List, Optional
 
 from omegaconf import MISSING
 
 from eagle3.config.engine import EngineOptions
 from eagle3.config.schema import EvalConfig, LoggerConfig, PathsConfig
-from eagle3.evaluation.serving_speedup import ServingCheck
+
+
+@dataclass
+class ServingCheck:
+    """What the serving measurement runs (the ``serving`` group of conf/evaluate.yaml)."""
+
+    # run the serving measurement (loads x K) instead of the acceptance evaluation
+    measure: bool = False
+    loads: List[int] = field(default_factory=lambda: [1, 8, 32, 64])
+    draft_tokens: List[int] = field(default_factory=lambda: [1, 2, 3, 5])
+    prompts: int = 64
+    # chat lines instead of the validation split + HumanEval
+    prompts_jsonl: Optional[str] = None
+    max_new_tokens: int = 128
+    max_model_len: int = 2048
+    # waves per load at least
+    min_waves: int = 2
+    # engine requests, results and logs; a rerun reuses finished engines. null: evaluate.py
+    # takes <paths.cache_dir>/serving/<the export's key>, other callers serving_work/ beside the JSON
+    work_dir: Optional[str] = None
+    # the whole measurement's wall time: no engine starts that would end past it (an engine is
+    # taken to last as long as the slowest so far); the table holds the K that finished
+    max_minutes: Optional[float] = None
+    # write the advice into the export (serving.json), which train.py and export.py then print
+    write_advice: bool = True
 
 
 @dataclass
@@ -47,13 +72,13 @@ class EvaluateConfig:
     paths: PathsConfig = MISSING
 
 
-def register_evaluate_config() -> None:
-    from hydra.core.config_store import ConfigStore
+@dataclass
+class ExportCliConfig:
+    """Primary schema of `python export.py` (``base_export`` in Hydra's ConfigStore)."""
 
-    from eagle3.stages.compose import register_configs
-
-    register_configs()  # the shared groups (paths, logger) and resolvers
-    ConfigStore.instance().store(name="base_evaluate", node=EvaluateConfig)
+    ckpt: str = MISSING
+    out: Optional[str] = None
+    num_draft_tokens: Optional[int] = None
 
 
 class ReplaySplit(str, Enum):
@@ -80,9 +105,3 @@ class ReplayExportConfig:
     device: Optional[str] = None
     # also write the figures as JSON to this file
     out: Optional[str] = None
-
-
-def register_replay_export_config() -> None:
-    from hydra.core.config_store import ConfigStore
-
-    ConfigStore.instance().store(name="base_replay_export", node=ReplayExportConfig)

@@ -8,7 +8,7 @@ another machine) renames no dataset and train.py finds what extract.py wrote:
 - **extract.py** sizes the data: ``data.max_samples`` becomes the number of conversations whose
   regeneration (when ``data.regenerate``), capture and ``time_budget.passes`` training passes fit
   the minutes left after the fixed costs (each stage's start, the regeneration engine's start, the
-  end-of-run evaluation), at the rates of ``eagle3/stages/cost.py``. A data preset's own cap
+  end-of-run evaluation), at the rates of ``eagle3/planning/cost.py``. A data preset's own cap
   (``data.max_samples``) still applies: a smaller source leaves the spare minutes to training.
   It prints the split before any work, and records its own wall time in the dataset
   (``extract_seconds``), so a resumed extraction adds to it.
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle3.config.schema import RegenBackend, RunConfig, TimeBudgetConfig
-from eagle3.stages import cost
+from eagle3.planning import cost
 from eagle3.util.clock import Deadline, StageClock
 from eagle3.util.report import minutes
 
@@ -125,7 +125,7 @@ def _end_reserve(cfg: RunConfig, rate: cost.Rate | None) -> float:
 
 def time_shares(cfg: RunConfig, rates: cost.RunRates | None = None) -> TimeShares | None:
     """The split of cfg.time_budget.minutes, or None without a budget (or without a measured
-    rate for this accelerator: eagle3/stages/rates.yaml). ``rates``: cfg's (default
+    rate for this accelerator: eagle3/planning/rates.yaml). ``rates``: cfg's (default
     cost.run_rates(cfg)): every share of one plan comes from one reading of the rates."""
     budget = cfg.time_budget
     if budget.minutes is None:

@@ -28,8 +28,8 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from eagle3.config.schema import CaptureBackend, RunConfig
-from eagle3.stages import disk_plan
-from eagle3.stages.disk_plan import MILLION
+from eagle3.planning import disk_plan
+from eagle3.planning.disk_plan import MILLION
 from eagle3.target_model.compute_dtype import compute_dtype, cpu_bf16_on_amx
 from eagle3.target_model.size import preset_config, target_size
 from eagle3.util.hidden_dtypes import torch_dtype
@@ -91,7 +91,7 @@ class Rate:
     bf16_speedup: float = 1.0
     train_amx_tok_s: float | None = None  # bf16 autocast on AMX tiles (CPU)
     train_fp32_tok_s: float | None = None  # fp32 where measured (else train_tok_s / bf16_speedup)
-    # what a time budget (eagle3/stages/time_budget.py) sets aside besides the work itself, seconds;
+    # what a time budget (eagle3/planning/time_budget.py) sets aside besides the work itself, seconds;
     # the defaults are guesses for an entry that measured only the throughputs:
     start_s: float = 30.0  # one stage's start: imports, tokenizer, the target loaded
     regen_start_s: float = 0.0  # the regeneration engine's start, where regen_tok_s leaves it out

@@ -19,9 +19,9 @@ counters around the load, and the share of requests whose output equals the targ
 token for token (bf16 kernels differ with the batch shape, so on a GPU a few may part at a near
 tie of the logits; the target alone at load c against itself at the first load shows that
 floor). The best K per load (0: none beats the target alone) is printed and, by the product
-command, written into the export as serving.json (eagle3/evaluation/serving_advice.py) together
+command, written into the export as serving.json (eagle3/serving/advice.py) together
 with the step costs it implies, printed in the form of a class's costs in
-eagle3/evaluation/step_costs.yaml.
+eagle3/serving/step_costs.yaml.
 """
 
 from __future__ import annotations
@@ -30,39 +30,14 @@ import dataclasses
 import json
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable
 
+from eagle3.config.cli import ServingCheck
 from eagle3.config.engine import EngineOptions
-from eagle3.evaluation import serving_advice
 from eagle3.evaluation.engine import EngineRequest, EngineResult, PromptBatch
 from eagle3.evaluation.subprocess_engine import EngineRunError
-
-
-@dataclass
-class ServingCheck:
-    """What the serving measurement runs (the ``serving`` group of conf/evaluate.yaml)."""
-
-    # run the serving measurement (loads x K) instead of the acceptance evaluation
-    measure: bool = False
-    loads: List[int] = field(default_factory=lambda: [1, 8, 32, 64])
-    draft_tokens: List[int] = field(default_factory=lambda: [1, 2, 3, 5])
-    prompts: int = 64
-    # chat lines instead of the validation split + HumanEval
-    prompts_jsonl: Optional[str] = None
-    max_new_tokens: int = 128
-    max_model_len: int = 2048
-    # waves per load at least
-    min_waves: int = 2
-    # engine requests, results and logs; a rerun reuses finished engines. null: evaluate.py
-    # takes <paths.cache_dir>/serving/<the export's key>, other callers serving_work/ beside the JSON
-    work_dir: Optional[str] = None
-    # the whole measurement's wall time: no engine starts that would end past it (an engine is
-    # taken to last as long as the slowest so far); the table holds the K that finished
-    max_minutes: Optional[float] = None
-    # write the advice into the export (serving.json), which train.py and export.py then print
-    write_advice: bool = True
+from eagle3.serving import advice as advice_rules
 
 
 def wave_requests(n_prompts: int, load: int, min_waves: int) -> list[int]:
@@ -102,7 +77,7 @@ def engine_key(request: EngineRequest) -> dict[str, Any]:
     """What makes two engine runs the same: the request and the head's weights (a retrained head
     exported to the same directory is a different engine). options.timeout_s is left out: how long
     the caller waits for an engine does not change what the engine measures."""
-    sha = serving_advice.head_sha256(request.head) if request.head else None
+    sha = advice_rules.head_sha256(request.head) if request.head else None
     raw = json.loads(request.to_json())
     del raw["options"]["timeout_s"]
     return {"request": raw, "head_sha256": sha}
@@ -141,8 +116,8 @@ def summarise(
                 for k, res in sorted(with_head.items())
             },
         }
-        best, speedup = serving_advice.best_k(
-            {k: v["speedup"] for k, v in row["by_k"].items()}, serving_advice.MIN_SPEEDUP["measured"]
+        best, speedup = advice_rules.best_k(
+            {k: v["speedup"] for k, v in row["by_k"].items()}, advice_rules.MIN_SPEEDUP["measured"]
         )
         row["best_k"], row["best_speedup"] = best, speedup
         table[load] = row
@@ -169,7 +144,7 @@ def table_step_costs(table: dict[int, dict[str, Any]]) -> tuple[dict, dict]:
     """(speed-ups, step costs c(K, load)) of a ``summarise`` table, per load and K."""
     speedups = {load: {k: v["speedup"] for k, v in row["by_k"].items()} for load, row in table.items()}
     per_step = {load: {k: v["acceptance_length"] for k, v in row["by_k"].items()} for load, row in table.items()}
-    return speedups, serving_advice.step_costs(speedups, per_step)
+    return speedups, advice_rules.step_costs(speedups, per_step)
 
 
 def step_costs_in_work_dir(work: Path) -> dict[int, dict[int, float]]:
@@ -329,7 +304,7 @@ def measure_serving(
     engine: EngineOptions,
     out: str | Path,
     prompts_for: Callable[..., tuple[list[list[int]], dict[str, int]]] = held_out,
-) -> tuple[dict[str, Any], serving_advice.ServingAdvice]:
+) -> tuple[dict[str, Any], advice_rules.ServingAdvice]:
     """Measure, print the table and the step costs, write the result JSON to ``out``; the
     advice for the export (serving.json), written there where ``check.write_advice``."""
     prompts, counts = prompts_for(target, dataset_dir, check, bool(engine.trust_remote_code))
@@ -350,7 +325,7 @@ def measure_serving(
     table = summarise(alone, with_head, plan, check.max_new_tokens)
     print_table(table)
     speedups, costs = table_step_costs(table)
-    print(f"step costs c(K, load) in plain decode steps (the costs form of eagle3/evaluation/step_costs.yaml): {costs}")
+    print(f"step costs c(K, load) in plain decode steps (the costs form of eagle3/serving/step_costs.yaml): {costs}")
     device = f"{alone.platform}, vLLM {alone.vllm_version}, eager={alone.enforce_eager}"
     result = {
         "device": device,
@@ -363,11 +338,11 @@ def measure_serving(
         "step_costs": costs,
     }
     Path(out).write_text(json.dumps(result, indent=2))
-    advice = serving_advice.from_measurements(speedups, device=device, step_costs=costs, prompts=counts)
-    advice.head_sha256 = serving_advice.head_sha256(export_dir)
+    advice = advice_rules.from_measurements(speedups, device=device, step_costs=costs, prompts=counts)
+    advice.head_sha256 = advice_rules.head_sha256(export_dir)
     if check.write_advice:
         print(f"wrote {advice.write(export_dir)}")
-    lines = serving_advice.serving_lines(
+    lines = advice_rules.serving_lines(
         export_dir, target, max(ks), advice, engine.tensor_parallel_size, bool(engine.trust_remote_code)
     )
     for line in lines:

@@ -1,0 +1,7 @@
+"""What a run will cost and store, computed before it starts: the planner the stages consult.
+
+cost.py         token counts and times from the measured rates (rates.yaml beside it)
+time_budget.py  one wall-clock budget over extraction, training and the end-of-run check
+disk_plan.py    the dataset's bytes per token and the training checkpoints' disk
+rates.yaml      the measured throughputs, each with the command that measured it
+"""

@@ -1,0 +1,8 @@
+"""What a head buys in serving, and how to serve it: its own room, above the acceptance
+evaluation whose engines it runs.
+
+speedup.py       tok/s of the target alone and with the head, per load and K (serving.measure=true)
+advice.py        how many draft tokens to serve with, per load (the export's serving.json), and
+                 the one `vllm serve` command train.py and export.py print
+step_costs.yaml  a verify step's cost in plain decode steps, per size class of target
+"""
