@@ -42,7 +42,7 @@ from torch import nn
 
 from eagle3.draft.config import VLLM_NORM_DEFAULTS, DraftConfig
 from eagle3.draft.head import Eagle3DraftHead
-from eagle3.util.atomic import atomic_dir
+from eagle3.util.atomic import TMP_MARK, atomic_dir
 
 SPECULATORS_VERSION = "0.9.0"
 _TRAINING_ONLY_PREFIXES = ("target_norm.", "target_lm_head.")
@@ -204,10 +204,69 @@ class DraftMeta:
         return cls(**d)
 
 
+# What an export directory may hold: save_head's three files and what evaluate.py, the serving
+# measurement and the model card write beside them. A directory holding anything else is not
+# ours to replace (save_head swaps the directory whole).
+EXPORT_FILES = frozenset(
+    {
+        "config.json",
+        "model.safetensors",
+        "eagle3_meta.json",
+        "serving.json",
+        "serving_speedup.json",
+        "acceptance.json",
+        "acceptance.png",
+        "acceptance-logs",
+        "README.md",
+    }
+)
+
+
+class ExportDirError(ValueError):
+    """``out`` is a directory that is neither empty nor a previous export: replacing it would
+    delete files the export did not write."""
+
+
+def check_export_dir(out_dir: Path) -> None:
+    """Refuse an ``out_dir`` whose contents an export would destroy: accepted are a missing or
+    empty directory and a previous export (config.json of speculators_model_type eagle3 and
+    model.safetensors) holding only EXPORT_FILES (and atomic writes' temps)."""
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise ExportDirError(f"out={out_dir}: expected a directory (new, empty or a previous export), got a file")
+    names = sorted(p.name for p in out_dir.iterdir())
+    if not names:
+        return
+    foreign = [n for n in names if n not in EXPORT_FILES and TMP_MARK not in n]
+    config = out_dir / "config.json"
+    is_export = (out_dir / "model.safetensors").is_file() and _is_eagle3_config(config)
+    if is_export and not foreign:
+        return
+    what = "a previous export (config.json of speculators_model_type eagle3 + model.safetensors)"
+    got = f"foreign files {foreign[:10]}" + (f" (+{len(foreign) - 10} more)" if len(foreign) > 10 else "")
+    if not is_export:
+        got = f"no export's config.json + model.safetensors; {got if foreign else f'files {names[:10]}'}"
+    raise ExportDirError(
+        f"out={out_dir}: expected a new or empty directory or {what} holding only {sorted(EXPORT_FILES)}, "
+        f"got {got}; the export replaces the directory whole, so nothing was written: pass out=<a new directory> "
+        "(or move those files away)"
+    )
+
+
+def _is_eagle3_config(config: Path) -> bool:
+    try:
+        return json.loads(config.read_text()).get("speculators_model_type") == "eagle3"
+    except (OSError, ValueError, AttributeError):  # missing, unreadable, not JSON, not an object
+        return False
+
+
 def save_head(head: Eagle3DraftHead, meta: DraftMeta, out_dir: str | Path) -> Path:
     """config.json + model.safetensors (bf16), written to a temp dir then swapped into place
-    (``eagle3.util.atomic.atomic_dir``): a killed export leaves the previous one whole."""
+    (``eagle3.util.atomic.atomic_dir``): a killed export leaves the previous one whole. Only
+    into a new or empty directory or over a previous export (check_export_dir)."""
     out_dir = Path(out_dir)
+    check_export_dir(out_dir)
     config = speculators_config_dict(
         meta.draft_config,
         meta.aux_layer_ids,
