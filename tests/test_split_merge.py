@@ -127,7 +127,14 @@ def test_killed_merge_is_redone(extracted, tmp_path):
 
 
 def test_srun_tasks_split_by_their_rank():
-    srun = {"SLURM_NTASKS": "4", "SLURM_PROCID": "2", "SLURM_JOB_NAME": "extract", "SLURM_NTASKS_PER_NODE": "4"}
+    srun = {
+        "SLURM_NTASKS": "4",
+        "SLURM_PROCID": "2",
+        "SLURM_STEP_ID": "0",
+        "SLURM_JOB_ID": "9",
+        "SLURM_JOB_NAME": "extract",
+        "SLURM_NTASKS_PER_NODE": "4",
+    }
     assert extraction_shard(1, 0, srun) == (4, 2)
     assert extraction_shard(3, 1, srun) == (3, 1)  # explicit config wins
     assert extraction_shard(1, 0, {}) == (1, 0)

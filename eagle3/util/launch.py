@@ -38,8 +38,24 @@ def under_torchrun(env: Mapping[str, str]) -> bool:
 
 
 def under_srun(env: Mapping[str, str]) -> bool:
-    # what Lightning's SLURMEnvironment detects: tasks started by srun (not an interactive shell)
-    return "SLURM_NTASKS" in env and "SLURM_PROCID" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive")
+    # a task srun started (not an interactive shell): srun sets the step's id in each task;
+    # sbatch's one copy of the batch script has SLURM_NTASKS (the allocation's) but no step id
+    return (
+        "SLURM_NTASKS" in env
+        and "SLURM_PROCID" in env
+        and "SLURM_STEP_ID" in env
+        and env.get("SLURM_JOB_NAME") not in ("bash", "interactive")
+    )
+
+
+def in_batch_script(env: Mapping[str, str]) -> bool:
+    """sbatch's batch script itself (one process) in an allocation of several tasks: no srun step."""
+    return (
+        _int(env, "SLURM_NTASKS") > 1
+        and "SLURM_STEP_ID" not in env
+        and "SLURM_JOB_ID" in env
+        and env.get("SLURM_JOB_NAME") not in ("bash", "interactive")
+    )
 
 
 def launch_run_id(env: Mapping[str, str] | None = None, now: datetime | None = None) -> str:
@@ -101,6 +117,17 @@ def extraction_shard(num_shards: int, shard_index: int, env: Mapping[str, str] |
     env = os.environ if env is None else env
     if int(num_shards) == 1 and under_srun(env) and _int(env, "SLURM_NTASKS") > 1:
         return _int(env, "SLURM_NTASKS"), _int(env, "SLURM_PROCID", 0)
+    if int(num_shards) == 1 and in_batch_script(env):
+        # one process, whatever the allocation's task count: it extracts the whole dataset (a
+        # single vLLM with extract_tp GPUs is a legitimate sbatch --ntasks=n job); part 0 of n
+        # would leave the other parts to no one
+        print(
+            f"SLURM_NTASKS={env.get('SLURM_NTASKS')} but no SLURM_STEP_ID (SLURM_PROCID="
+            f"{env.get('SLURM_PROCID', '<unset>')}): this is sbatch's one copy of the batch script, not one of "
+            f"{env.get('SLURM_NTASKS')} tasks: extracting the whole dataset as one part. To split it over the "
+            "tasks, start them with srun: srun python extract.py <overrides>, then "
+            f"python extract.py <overrides> num_shards={env.get('SLURM_NTASKS')} merge=true"
+        )
     return int(num_shards), int(shard_index)
 
 
