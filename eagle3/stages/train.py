@@ -112,6 +112,7 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
     model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
     online = cfg.train.hidden_states == HiddenStates.online
     ds_dir = find_token_dataset(cfg, model_dir) if online else find_dataset(cfg, model_dir)
+    run_dir.check_dataset(output_dir, cfg, ds_dir)  # on every rank: a resume on other data is refused by all
     clock = time_budget.train_clock(cfg, Manifest.read(ds_dir).provenance.get("extract_seconds"), stage)
     if clock is not None:  # training gets what the extraction and the end of this run leave
         cfg = time_budget.timed_train(cfg, clock)
@@ -171,6 +172,7 @@ def _build(
     # what was trained on, kept with the run (for an online run, the only record of its samples)
     write_text(output_dir / "dataset_manifest.json", datamodule.dataset.manifest.to_json())
     head, draft_meta = build_head(
+        cfg.head,
         cfg.train,
         cfg.model,
         model_dir,

@@ -54,6 +54,8 @@ NOT_THE_RESULT = (
     "paths.",  # where things live: the dataset is found by its fingerprint, not its place
     "ckpt_path",  # how to resume, not what
     "resume_anyway",
+    "export.push_to_hub",  # where the head is published, not what it is
+    "export.hub_private",
     "dataset_other_weights",  # a permission: the dataset itself counts (dataset_dir, data.*, model.*)
     "sizes",  # the preset's name: its values are compared under train.*, data.*, eval.*
     "sizes_source",
@@ -86,6 +88,8 @@ NOT_THE_RESULT = (
     # checkpoint, and K is in its config.json)
     "eval.enabled",
     "eval.max_prompts",
+    "eval.suite_prompts",
+    "eval.math_prompts",
     "eval.humaneval_prompts",
     "eval.diagnostics",
     "eval.enforce_eager",
@@ -96,14 +100,22 @@ NOT_THE_RESULT = (
     "callbacks.model_checkpoint.save_last",
     "callbacks.model_checkpoint.save_top_k",
     "callbacks.model_checkpoint.disk",
+    "callbacks.model_checkpoint.check_disk",
+    # how the data is fed and checked, not what is trained on (the batches are the sampler's,
+    # whatever the number of loader processes)
+    "train.num_workers",
+    "trainer.num_sanity_val_steps",
+    "trainer.detect_anomaly",
     # the run's length: a rerun may extend a run (or stop it sooner) from where it is. The cosine's
-    # length, which max_steps gives when lr_decay_steps is null, counts as SCHEDULE_STEPS
+    # length counts as SCHEDULE_STEPS only where train.lr_decay_steps sets it on both sides; null
+    # means "follow the run's length", so a longer max_steps stretches the rest of the cosine
+    # (resume_note says so, and how to keep the schedule already followed)
     "train.max_steps",
     "train.max_time",
     "train.max_epochs",
     "train.lr_decay_steps",
 )
-SCHEDULE_STEPS = "train.lr_decay_steps (null: train.max_steps)"
+SCHEDULE_STEPS = "train.lr_decay_steps"
 
 
 class RunConfigChangedError(ValueError):
@@ -123,25 +135,57 @@ def _counts(key: str) -> bool:
     return not any(key == n or (n.endswith(".") and key.startswith(n)) for n in NOT_THE_RESULT)
 
 
+def _same_path(value: object) -> object:
+    """A path-like string in one spelling: ``dir/./c.jsonl``, ``dir//c.jsonl``, ``~/c.jsonl`` and a
+    symlink name the file they point at (an existing one by its real path). Hub ids and other
+    strings come back as they are (normpath leaves ``org/name`` alone)."""
+    if not isinstance(value, str) or not ("/" in value or value.startswith("~")) or "://" in value:
+        return value
+    path = os.path.expanduser(value)
+    return os.path.realpath(path) if os.path.exists(path) else os.path.normpath(path)
+
+
 def result_keys(cfg: RunConfig | Mapping[str, object]) -> dict[str, object]:
-    """The config's values that change the trained head, by dotted key (as JSON stores them)."""
+    """The config's values that change the trained head, by dotted key (as JSON stores them;
+    paths in one spelling)."""
     data = plain(cfg) if isinstance(cfg, RunConfig) else dict(cfg)
     data = json.loads(json.dumps(data, default=str))
     flat = _flat(data)
-    out = {k: v for k, v in flat.items() if _counts(k)}
-    if "train.max_steps" in flat or "train.lr_decay_steps" in flat:
-        out[SCHEDULE_STEPS] = flat.get("train.lr_decay_steps") or flat.get("train.max_steps")
-    return out
+    return {k: _same_path(v) for k, v in flat.items() if _counts(k)}
 
 
 def config_changes(old: Mapping[str, object], new: Mapping[str, object]) -> list[tuple[str, object, object]]:
     """(key, old value, new value) for each key of what changes the result that differs; a key
-    one side lacks is ``"<absent>"`` there."""
+    one side lacks is ``"<absent>"`` there. The schedule's length counts where both set it."""
     a, b = result_keys(old), result_keys(new)
     absent = "<absent>"
-    return [
+    changes = [
         (k, a.get(k, absent), b.get(k, absent)) for k in sorted(set(a) | set(b)) if a.get(k, absent) != b.get(k, absent)
     ]
+    was, now = _schedule(old), _schedule(new)
+    if was[1] is not None and now[1] is not None and was[0] != now[0]:
+        changes.append((SCHEDULE_STEPS, was[0], now[0]))
+    return changes
+
+
+def _schedule(cfg: Mapping[str, object]) -> tuple[object, object]:
+    """(the cosine's length, train.lr_decay_steps as set) of a plain config."""
+    train = cfg.get("train") if isinstance(cfg.get("train"), Mapping) else {}
+    assert isinstance(train, Mapping)
+    decay = train.get("lr_decay_steps")
+    return (decay if decay else train.get("max_steps")), decay
+
+
+def resume_note(old: Mapping[str, object], new: Mapping[str, object]) -> str | None:
+    """What a resume under a longer or shorter run does to the cosine whose length follows
+    max_steps (lr_decay_steps null), and how to keep the one already followed; else None."""
+    (was, _), (now, decay) = _schedule(old), _schedule(new)
+    if decay is not None or was == now or was is None:
+        return None
+    return (
+        f"resuming with train.max_steps={now} (was {was}): the rest of the cosine now spans {now} steps; "
+        f"add train.lr_decay_steps={was} to keep the schedule already followed"
+    )
 
 
 def check_run_config(output_dir: Path, cfg: RunConfig) -> None:
@@ -159,10 +203,9 @@ def check_run_config(output_dir: Path, cfg: RunConfig) -> None:
     whose checkpoints predate the record is resumed as before, and recorded."""
     output_dir = Path(output_dir)
     record = output_dir / RUN_CONFIG
-    ckpt = newest_whole_checkpoint(output_dir / "checkpoints") if (output_dir / "checkpoints").is_dir() else None
-    resumes = cfg.ckpt_path in (None, "", "auto", "last") and ckpt is not None
+    ckpt = resume_point(output_dir, cfg)
     new = plain(cfg)
-    if resumes and record.is_file():
+    if ckpt is not None and record.is_file():
         try:
             old = json.loads(record.read_text())["config"]
         except (OSError, ValueError, KeyError, TypeError) as e:
@@ -182,8 +225,52 @@ def check_run_config(output_dir: Path, cfg: RunConfig) -> None:
             )
         if changes:
             print(f"resume_anyway=true: resuming {ckpt} under a changed config: {len(changes)} keys differ")
+        if (note := resume_note(old, new)) is not None:
+            print(note)
     output_dir.mkdir(parents=True, exist_ok=True)
     write_text(record, json.dumps({"config": new}, indent=1, default=str))
+
+
+def resume_point(output_dir: Path, cfg: RunConfig) -> Path | None:
+    """The checkpoint this run would resume (ckpt_path null, auto or last, and a whole checkpoint
+    in the run dir's checkpoints/); None: it starts afresh (or from a ckpt_path of its own)."""
+    if cfg.ckpt_path not in (None, "", "auto", "last") or not (Path(output_dir) / "checkpoints").is_dir():
+        return None
+    return newest_whole_checkpoint(Path(output_dir) / "checkpoints")
+
+
+def check_dataset(output_dir: Path, cfg: RunConfig, ds_dir: Path) -> None:
+    """Refuse to resume the run dir's checkpoints on another dataset than the one they were trained
+    on: ``<run dir>/dataset_manifest.json`` (written as training starts) holds its fingerprint; a
+    changed chat file (or data settings) makes extract.py write a dataset of another fingerprint,
+    and resuming a finished run would train 0 steps and export the old head as the new data's.
+    ``resume_anyway=true`` resumes all the same. A run dir without the record is not checked."""
+    output_dir, ds_dir = Path(output_dir), Path(ds_dir)
+    record = output_dir / "dataset_manifest.json"
+    ckpt = resume_point(output_dir, cfg)
+    if ckpt is None or not record.is_file() or cfg.resume_anyway:
+        return
+    try:
+        old = str(json.loads(record.read_text())["fingerprint"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # not ours to judge: the record is rewritten as this training starts
+    new = str(json.loads((ds_dir / "manifest.json").read_text())["fingerprint"])
+    if old == new:
+        return
+    summary = output_dir / "summary.json"
+    where = ""
+    if summary.is_file():
+        try:
+            where = f" ({json.loads(summary.read_text()).get('dataset_dir')})"
+        except ValueError:
+            pass
+    raise RunConfigChangedError(
+        f"{record}: fingerprint: expected {old} (the dataset{where} the run dir {output_dir}'s checkpoints were "
+        f"trained on), got {new} ({ds_dir}, the dataset this config names now: the chat data or its settings "
+        f"changed). Resuming {ckpt} would keep training (or, finished, re-export) the old head as this data's. "
+        "Train into a new run dir (hydra.run.dir=<new dir>) for this dataset, or add resume_anyway=true to "
+        "resume this run on it all the same"
+    )
 
 
 def _task_overrides() -> list[str] | None:
