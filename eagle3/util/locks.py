@@ -5,8 +5,12 @@ pid, host, start time and command into it. A second process is refused (or, with
 ``wait_s``, retries until then) with an error naming that holder. The kernel drops an flock
 when the process holding it dies, so a crashed holder's lock is free at once. One case
 survives that: a child that inherited the descriptor (a forked worker of a killed run) keeps
-the lock alive after its parent. When the recorded holder pid is dead on this host, the lock
-is taken over: the file is replaced by a fresh one and locked.
+the lock alive after its parent. The record names the holder beyond pid and host (boot id, PID
+namespace, start time: eagle3/util/owner.py) and the holder refreshes the file's mtime while it
+holds it (a heartbeat). The lock is taken over (the file replaced by a fresh one and locked, with
+a message) only when its holder is provably dead in this PID namespace of this kernel, or silent
+for ``owner.STALE_S``: a holder in another container or on another machine sharing the storage
+is waited for, never taken over while its heartbeat goes on.
 
 Waiting (``wait_s`` > 0) prints who holds the lock when the wait starts, again when the holder
 changes and every ``WAIT_REPORT_S``, and gives up after ``wait_s`` with ``LockHeldError``
@@ -26,13 +30,12 @@ import fcntl
 import json
 import math
 import os
-import socket
 import sys
 import time
 from pathlib import Path
 from typing import IO
 
-from eagle3.util.atomic import pid_alive
+from eagle3.util import owner
 
 WAIT_ENV = "EAGLE3_LOCK_WAIT_S"
 DEFAULT_WAIT_S = 1800.0  # 30 min: longer than any merge, vocabulary or token pre-pass of a usual run
@@ -110,6 +113,7 @@ class DirLock:
     def __init__(self, path: str | Path, what: str, wait_s: float = 0.0):
         self.path, self.what, self.wait_s = Path(path), what, float(wait_s)
         self._file: IO[str] | None = None
+        self._heartbeat: owner.Heartbeat | None = None
 
     @property
     def held(self) -> bool:
@@ -156,8 +160,7 @@ class DirLock:
             f.write(
                 json.dumps(
                     {
-                        "pid": os.getpid(),
-                        "host": socket.gethostname(),
+                        **owner.identity(),
                         "started": time.time(),
                         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:500],
                         "what": self.what,
@@ -167,6 +170,7 @@ class DirLock:
             f.flush()
             os.fsync(f.fileno())
             self._file = f
+            self._heartbeat = owner.Heartbeat(f.fileno(), owner.HEARTBEAT_S)
             return self
 
     def _names_this_file(self, f) -> bool:
@@ -176,20 +180,30 @@ class DirLock:
             return False
 
     def _take_over(self, holder: dict) -> bool:
-        """Replace the lock file of a holder that died on this host (its flock lives on in an
-        inherited descriptor). Serialised by a second lock so two newcomers cannot both do it."""
-        pid = holder.get("pid")
-        if not isinstance(pid, int) or holder.get("host") != socket.gethostname() or pid_alive(pid):
+        """Replace the lock file of a holder that is gone (its flock lives on in an inherited
+        descriptor, or on storage whose locks outlive it): provably dead here, or without a
+        heartbeat for ``owner.STALE_S``. Serialised by a second lock so two newcomers cannot
+        both do it."""
+        why = owner.gone_because(holder, self.path)
+        if why is None:
             return False
         with _open_nofollow(self.path.with_name(self.path.name + ".takeover")) as guard:
             fcntl.flock(guard.fileno(), fcntl.LOCK_EX)
-            if _read_holder(self.path).get("pid") != pid:  # someone else took it over meanwhile
+            if _read_holder(self.path) != holder:  # someone else took it over meanwhile
                 return True
+            print(
+                f"[eagle3] taking over {self.path} ({self.what}): its holder, {describe(holder)}, is gone: {why}",
+                file=sys.stderr,
+                flush=True,
+            )
             self.path.unlink(missing_ok=True)
         return True
 
     def release(self) -> None:
         f, self._file = self._file, None
+        beat, self._heartbeat = self._heartbeat, None
+        if beat is not None:
+            beat.stop()
         if f is not None:
             f.truncate(0)
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
