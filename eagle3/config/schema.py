@@ -134,7 +134,10 @@ class DataConfig:
 @dataclass
 class CaptureConfig:
     backend: CaptureBackend = CaptureBackend.hf
-    dtype: str = "${model.dtype}"  # stored hidden-state dtype
+    dtype: str = "${model.dtype}"  # hidden-state dtype: what the target computes and a reader gets back
+    # the shards' on-disk format: exact (the states in capture.dtype) or fp8 (the aux layers in
+    # float8_e4m3fn with a scale per token and layer, the final layer exact; eagle3/store/storage_format.py)
+    storage: str = "exact"
     batch_size: int = 8  # hf: samples per forward
     max_tokens_per_batch: int = 16384  # hf: padded tokens per forward
     shard_max_tokens: int = 65536  # tokens per shard file
@@ -152,10 +155,19 @@ class CaptureConfig:
     # missing, short or (full) corrupted shard is captured again in place
     verify: VerifyMode = VerifyMode.fast
     # computed (eagle3/planning/disk_plan.py), never set by hand: shown by --cfg job --resolve
-    hidden_layout: Any = "${eagle3.hidden_layout:${capture.dtype},${layers.layer_ids},${model.hidden_size}}"
+    hidden_layout: Any = (
+        "${eagle3.hidden_layout:${capture.dtype},${layers.layer_ids},${model.hidden_size},${capture.storage}}"
+    )
+    bytes_per_token: Any = (
+        "${eagle3.bytes_per_token:${layers.layer_ids},${model.hidden_size},${capture.dtype},${capture.storage}}"
+    )
     disk_per_1m_tokens: Any = (
         "${eagle3.disk_per_million_tokens:${layers.layer_ids},${model.hidden_size},${capture.dtype},"
-        "${capture.shard_max_tokens}}"
+        "${capture.shard_max_tokens},${capture.storage}}"
+    )
+    dataset_disk: Any = (
+        "${eagle3.dataset_disk:${data.max_samples},${data.max_length},${layers.layer_ids},${model.hidden_size},"
+        "${capture.dtype},${capture.shard_max_tokens},${capture.storage}}"
     )
 
 

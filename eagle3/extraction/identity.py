@@ -12,7 +12,8 @@ machine is found on another, and moving the model or the chat file changes nothi
   (rows without an id are named after it), never its path. A hub dataset (``data=hf`` with
   ``data.hf_name``) by name, config, split and revision;
 - the data settings that shape samples, the layer ids, the capture dtype, a chat template
-  override.
+  override, and the storage format when it is not ``exact`` (so the datasets named before the
+  format existed keep their names, and an online dataset, which stores no states, has none).
 
 Which engine regenerated the answers is not in it (``data.regen_backend=auto`` resolves per
 machine): extraction records it in the manifest's ``provenance``, train.py prints it.
@@ -35,6 +36,7 @@ from eagle3.store import FingerprintMismatchError, Manifest, StoreError, dataset
 from eagle3.store.layout import MANIFEST
 from eagle3.target_model.generate.common import content_cache, weights_identity
 from eagle3.util.hashing import ContentShaCache, file_sha256, file_short_sha, short_sha, tree_sha
+from eagle3.util.hidden_dtypes import EXACT
 
 FINGERPRINT_VERSION = 2
 LEGACY_VERSION = 1
@@ -66,6 +68,7 @@ class DatasetRecipe:
     # data fields named otherwise than by their value, where the stages sized the data (a time
     # budget: by the budget asked, not the count planned from rates; eagle3/stages/recipes.py)
     named_by: dict[str, Any] | None = None
+    storage: str = EXACT  # capture.storage: how the shards hold the states (eagle3/store/storage_format.py)
 
     @property
     def prefix(self) -> str:
@@ -157,6 +160,7 @@ def fingerprint_inputs(recipe: DatasetRecipe, *, chat_content: bool = True) -> d
         },
         "data": data,
         **_capture_and_tokenizer(recipe),
+        **({} if recipe.storage == EXACT else {"storage": recipe.storage}),
     }
 
 
@@ -179,7 +183,9 @@ def dataset_path(recipe: DatasetRecipe) -> Path:
 def token_fingerprint_inputs(recipe: DatasetRecipe) -> dict[str, Any]:
     """An online dataset's identity: the stored dataset's inputs (the same samples, layers and
     dtype the trainer will capture), marked as holding token ids only."""
-    return {**fingerprint_inputs(recipe), "hidden_states": "online"}
+    stored = fingerprint_inputs(recipe)
+    stored.pop("storage", None)  # the trainer computes the states: no storage format
+    return {**stored, "hidden_states": "online"}
 
 
 def token_dataset_path(recipe: DatasetRecipe, inputs: dict[str, Any]) -> Path:
@@ -319,7 +325,7 @@ def locate_dataset(recipe: DatasetRecipe) -> tuple[Path, str | None]:
     if missing is None and (where / MANIFEST).is_file():
         return where, None
     old = legacy_dataset_path(recipe)  # needs no chat content: the first scheme named its path
-    if (old / MANIFEST).is_file():
+    if recipe.storage == EXACT and (old / MANIFEST).is_file():  # the first scheme stored states exact
         return old, f"found by the first fingerprint scheme (model directory name and chat file path in it): {old}"
     near = _neighbours(recipe, ours)
     if missing is not None:

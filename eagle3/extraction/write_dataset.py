@@ -106,6 +106,7 @@ def _open_writer(job: ExtractionJob, setup: CaptureSetup, engine: str | None, lo
         verify="fast" if found.damaged else found.verify,
         redo=[file for file, _ in found.damaged],
         lock=lock,
+        storage=setup.capture.storage,
     )
 
 
@@ -115,7 +116,7 @@ def _disk_need(job: ExtractionJob, setup: CaptureSetup, samples: list[PreparedSa
     hidden = job.recipe.model.hidden_size
     layers = len(job.recipe.layer_ids)
     shard = setup.capture.shard_max_tokens
-    return tokens, disk_needed_bytes(tokens, layers, hidden, setup.dtype, len(samples), shard)
+    return tokens, disk_needed_bytes(tokens, layers, hidden, setup.dtype, len(samples), shard, setup.capture.storage)
 
 
 def _todo(
@@ -133,7 +134,8 @@ def _todo(
     free = check_free_disk(ds_dir, need, setup.capture.disk_margin)
     console.print(
         f"dataset {ds_dir}\n  {len(samples)} samples ({len(done_ids)} already done), {todo_tokens} tokens to "
-        f"capture x {len(job.recipe.layer_ids)} layers x {job.recipe.model.hidden_size} x {setup.dtype}: needs "
+        f"capture x {len(job.recipe.layer_ids)} layers x {job.recipe.model.hidden_size} x {setup.dtype} "
+        f"(stored {setup.capture.storage}): needs "
         f"{format_bytes(need)}, free {format_bytes(free)}"
     )
     return todo

@@ -276,7 +276,7 @@ def extract_lines(cfg: RunConfig, rates: RunRates | None = None) -> list[str]:
         at += " (the forward in fp32: this CPU would emulate bf16)" if forward == "fp32" else " (bf16 on AMX tiles)"
     if data.max_samples is None:
         per_m = disk_plan.disk_per_million_tokens(
-            ids, cfg.model.hidden_size, cfg.capture.dtype, cfg.capture.shard_max_tokens
+            ids, cfg.model.hidden_size, cfg.capture.dtype, cfg.capture.shard_max_tokens, cfg.capture.storage
         )
         line = f"extract: every sample of data={data.name} (counted once read), <= {length:,} tokens each; {per_m} per 1M tokens"
         if tok_s:
@@ -284,7 +284,9 @@ def extract_lines(cfg: RunConfig, rates: RunRates | None = None) -> list[str]:
         return [line, basis]
     samples = data.max_samples
     tokens = samples * length
-    disk = disk_plan.disk_bytes(tokens, ids, cfg.model.hidden_size, cfg.capture.dtype, cfg.capture.shard_max_tokens)
+    disk = disk_plan.disk_bytes(
+        tokens, ids, cfg.model.hidden_size, cfg.capture.dtype, cfg.capture.shard_max_tokens, cfg.capture.storage
+    )
     line = f"extract: {samples:,} samples x <= {length:,} tokens = <= {tokens:,} tokens; disk <= {format_bytes(disk)}"
     if tok_s:
         line += f"; capture <= ~{minutes(tokens / tok_s)}{at}"

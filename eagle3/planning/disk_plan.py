@@ -3,7 +3,12 @@
 
     python extract.py model=kimi_k2_5 topology=gpu8_tp8 capture=vllm --cfg job --resolve
       capture.hidden_layout:      bfloat16 [T, 4, 7168]    (aux ids [2, 30, 58] + final 61)
+      capture.bytes_per_token:    57,353 B
       capture.disk_per_1m_tokens: 53.4 GiB
+      capture.dataset_disk:       <= 218.8 GiB (2,000 samples x <= 2,048 tokens)
+    ... capture.storage=fp8 (the aux layers in float8 with a scale per token and layer):
+      capture.bytes_per_token:    35,861 B (0.63x of exact bfloat16: 57,353 B)
+      capture.dataset_disk:       <= 136.8 GiB (2,000 samples x <= 2,048 tokens)
     python train.py experiment=kimi_k2_5 --cfg job --resolve
       callbacks.model_checkpoint.disk: 12.7 GiB a checkpoint (1.14B trainable parameters), up to 3 at once: 38.2 GiB
 
@@ -18,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from eagle3.util import hidden_dtypes
+from eagle3.util.hidden_dtypes import EXACT
 
 MILLION = 1_000_000
 
@@ -30,13 +36,59 @@ def _check_dtype(dtype: str) -> str:
     )
 
 
-def hidden_layout(dtype: str, layer_ids: Sequence[int], hidden_size: int) -> str:
-    """The stored hidden tensor per sample, e.g. ``bfloat16 [T, 4, 7168]``."""
-    return f"{_check_dtype(dtype)} [T, {len(layer_ids)}, {int(hidden_size)}]"
+def hidden_layout(dtype: str, layer_ids: Sequence[int], hidden_size: int, storage: str = EXACT) -> str:
+    """The hidden tensor per sample a reader gets, e.g. ``bfloat16 [T, 4, 7168]``, and how a
+    storage format other than exact holds it on disk."""
+    L, H = len(layer_ids), int(hidden_size)
+    layout = f"{_check_dtype(dtype)} [T, {L}, {H}]"
+    if hidden_dtypes.check_storage(storage) == EXACT:
+        return layout
+    return (
+        f"{layout} stored {storage}: aux float8_e4m3fn [T, {L - 1}, {H}] + float32 scale [T, {L - 1}], "
+        f"final {dtype} [T, 1, {H}]"
+    )
+
+
+def bytes_per_token(layer_ids: Sequence[int], hidden_size: int, dtype: str, storage: str = EXACT) -> str:
+    """Bytes one token takes in the dataset (hidden states, id, mask), and the ratio to exact."""
+    from eagle3.store.disk import disk_needed_bytes
+
+    def per_token(fmt: str) -> int:
+        d = hidden_dtypes.torch_dtype(_check_dtype(dtype))
+        return disk_needed_bytes(1, len(layer_ids), int(hidden_size), d, 0, 1, fmt) - disk_needed_bytes(
+            0, len(layer_ids), int(hidden_size), d, 0, 1, fmt
+        )
+
+    mine, exact = per_token(hidden_dtypes.check_storage(storage)), per_token(EXACT)
+    return f"{mine:,} B" if storage == EXACT else f"{mine:,} B ({mine / exact:.2f}x of exact {dtype}: {exact:,} B)"
+
+
+def dataset_disk(
+    max_samples: int | None,
+    max_length: int,
+    layer_ids: Sequence[int],
+    hidden_size: int,
+    dtype: str,
+    shard_max_tokens: int = 65536,
+    storage: str = EXACT,
+) -> str:
+    """The dataset's bound on disk: every sample at data.max_length (what extract.py's plan says)."""
+    from eagle3.store.disk import format_bytes
+
+    if max_samples is None:
+        return "every sample of the data (counted once read): see disk_per_1m_tokens"
+    tokens = int(max_samples) * int(max_length)
+    size = disk_bytes(tokens, layer_ids, hidden_size, dtype, shard_max_tokens, storage)
+    return f"<= {format_bytes(size)} ({int(max_samples):,} samples x <= {int(max_length):,} tokens)"
 
 
 def disk_bytes(
-    num_tokens: int, layer_ids: Sequence[int], hidden_size: int, dtype: str, shard_max_tokens: int = 65536
+    num_tokens: int,
+    layer_ids: Sequence[int],
+    hidden_size: int,
+    dtype: str,
+    shard_max_tokens: int = 65536,
+    storage: str = EXACT,
 ) -> int:
     from eagle3.store.disk import disk_needed_bytes  # only when resolved: composing a config stays light
 
@@ -47,15 +99,16 @@ def disk_bytes(
         hidden_dtypes.torch_dtype(_check_dtype(dtype)),
         0,
         int(shard_max_tokens),
+        hidden_dtypes.check_storage(storage),
     )
 
 
 def disk_per_million_tokens(
-    layer_ids: Sequence[int], hidden_size: int, dtype: str, shard_max_tokens: int = 65536
+    layer_ids: Sequence[int], hidden_size: int, dtype: str, shard_max_tokens: int = 65536, storage: str = EXACT
 ) -> str:
     from eagle3.store.disk import format_bytes
 
-    return format_bytes(disk_bytes(MILLION, layer_ids, hidden_size, dtype, shard_max_tokens))
+    return format_bytes(disk_bytes(MILLION, layer_ids, hidden_size, dtype, shard_max_tokens, storage))
 
 
 def checkpoint_disk(model: Any, train: Any, layer_ids: Sequence[int], save_top_k: int, save_last: bool) -> str:

@@ -79,7 +79,19 @@ def register_resolvers() -> None:
     OmegaConf.register_new_resolver("eagle3.tasks_per_node", launch.tasks_per_node, replace=True)
     # what the capture stores, shown by --cfg job --resolve (eagle3/planning/disk_plan.py)
     OmegaConf.register_new_resolver(
-        "eagle3.hidden_layout", lambda dtype, ids, h: disk_plan.hidden_layout(dtype, _plain(ids), h), replace=True
+        "eagle3.hidden_layout",
+        lambda dtype, ids, h, *storage: disk_plan.hidden_layout(dtype, _plain(ids), h, *storage),
+        replace=True,
+    )
+    OmegaConf.register_new_resolver(
+        "eagle3.bytes_per_token",
+        lambda ids, h, dtype, *storage: disk_plan.bytes_per_token(_plain(ids), h, dtype, *storage),
+        replace=True,
+    )
+    OmegaConf.register_new_resolver(
+        "eagle3.dataset_disk",
+        lambda n, length, ids, *rest: disk_plan.dataset_disk(n, length, _plain(ids), *rest),
+        replace=True,
     )
     OmegaConf.register_new_resolver("eagle3.vllm_capture_route", disk_plan.vllm_capture_route, replace=True)
     OmegaConf.register_new_resolver(
@@ -89,7 +101,7 @@ def register_resolvers() -> None:
     )
     OmegaConf.register_new_resolver(
         "eagle3.disk_per_million_tokens",
-        lambda ids, h, dtype, shard: disk_plan.disk_per_million_tokens(_plain(ids), h, dtype, shard),
+        lambda ids, h, dtype, shard, *storage: disk_plan.disk_per_million_tokens(_plain(ids), h, dtype, shard, *storage),
         replace=True,
     )
 

@@ -22,6 +22,7 @@ def dataset_recipe(cfg: RunConfig, model_dir: str) -> DatasetRecipe:
         data_dir=str(cfg.paths.data_dir),
         cache_dir=str(cfg.paths.cache_dir),
         named_by=time_budget.asked(cfg),
+        storage=cfg.capture.storage,
     )
 
 

@@ -1,7 +1,7 @@
 """What a dataset will cost on disk, and a refusal to start when it will not fit.
 
 Hidden states dominate: tokens x layers x hidden x bytes (SmolLM2: 4 x 576 x 2 B =
-4.6 KB per token). Running out of disk hours into an extraction is the failure to avoid;
+4.6 KB per token; capture.storage=fp8: 3 x (576 + 4) + 576 x 2 = 2.9 KB). Running out of disk hours into an extraction is the failure to avoid;
 when it happens anyway (another job filled the disk), the write that failed says so.
 """
 
@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from eagle3.store.layout import StoreError
+from eagle3.util.hidden_dtypes import EXACT, hidden_bytes_per_token
 
 _PER_SHARD_OVERHEAD = 4096  # safetensors header + JSON metadata, generously
 
@@ -39,10 +40,12 @@ def disk_needed_bytes(
     dtype: torch.dtype,
     num_samples: int = 0,
     shard_max_tokens: int = 65536,
+    storage: str = EXACT,
 ) -> int:
-    """Bytes for ``num_tokens`` tokens: hidden states + ids (8 B) + mask (1 B) + offsets."""
+    """Bytes for ``num_tokens`` tokens: hidden states in ``storage``'s format (fp8: about half)
+    + ids (8 B) + mask (1 B) + offsets."""
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    per_token = num_layers * hidden_size * itemsize + 8 + 1
+    per_token = hidden_bytes_per_token(storage, num_layers, hidden_size, itemsize) + 8 + 1
     shards = max(1, -(-int(num_tokens) // max(1, int(shard_max_tokens))))
     return int(num_tokens) * per_token + 8 * (int(num_samples) + shards) + _PER_SHARD_OVERHEAD * shards
 

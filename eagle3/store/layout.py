@@ -2,7 +2,9 @@
 
     manifest.json                 written last, always by temp file + fsync + rename (eagle3/util/atomic.py)
     shard-00000.safetensors       input_ids int64 [Ttot], loss_mask bool [Ttot],
-                                  hidden [Ttot, L, H], offsets int64 [n+1];
+                                  hidden [Ttot, L, H] (storage "exact"; "fp8": the aux layers
+                                  in float8 with scales, the final layer exact:
+                                  eagle3/store/storage_format.py), offsets int64 [n+1];
                                   metadata: fingerprint, sample ids (JSON), layer ids, dtype
     token_freq.safetensors        counts int64 [target vocab] over loss-masked tokens
     vocab-<V>.safetensors         d2t int64 [V], t2d bool [target vocab]
@@ -26,6 +28,7 @@ import torch
 
 from eagle3.util.atomic import TMP_MARK, atomic_path, write_bytes  # noqa: F401 - TMP_MARK: the writer's temp names
 from eagle3.util.hashing import file_sha256  # noqa: F401 - shard checksums, spelled once
+from eagle3.util.hidden_dtypes import EXACT, STORAGES
 
 SCHEMA_VERSION = 1
 FORMAT = "eagle3-hidden-states"
@@ -102,6 +105,9 @@ class Manifest:
     # "stored": the shards hold hidden states; "online": token ids only, the trainer runs the
     # target (layer_ids, hidden_size and dtype then say what it will capture)
     hidden_states: str = STORED
+    # the shards' on-disk format (capture.storage; dtype stays what a reader gets back): a manifest
+    # written before the field existed is "exact", the states as captured
+    storage: str = EXACT
 
     def recount(self) -> None:
         """Counts follow the shard list: one source of truth."""
@@ -143,6 +149,11 @@ class Manifest:
             raise StoreError(
                 f"{path}: schema_version: expected {SCHEMA_VERSION}, got {raw.get('schema_version')} "
                 "(written by another eagle3 version; re-run extract.py into a new directory)"
+            )
+        if raw.get("storage", EXACT) not in STORAGES:
+            raise StoreError(
+                f"{path}: storage: expected one of {list(STORAGES)}, got {raw.get('storage')!r} "
+                "(written by another eagle3 version?)"
             )
         raw["shards"] = [ShardInfo(**s) for s in raw.get("shards", [])]
         try:

@@ -71,6 +71,7 @@ def _check_parts(final: Path, parts: list[Path]) -> list[Manifest]:
             f"`python extract.py <same overrides> shard_index=<i> num_shards={len(parts)}` for each, then merge again"
         )
     first = manifests[0]
+    _check_storage(parts, manifests)
     if not final.name.endswith(first.fingerprint):
         raise StoreError(f"{parts[0]}: fingerprint: expected the one in {final.name!r}, got {first.fingerprint}")
     seen: dict[str, int] = {}
@@ -89,6 +90,18 @@ def _check_parts(final: Path, parts: list[Path]) -> list[Manifest]:
                 )
             seen[sid] = i
     return manifests
+
+
+def _check_storage(parts: list[Path], manifests: list[Manifest]) -> None:
+    """One storage format in all parts, refused by name before the fingerprint (which holds it)
+    is found to differ."""
+    first = manifests[0]
+    for p, m in zip(parts, manifests):
+        if m.storage != first.storage:
+            raise StoreError(
+                f"{p / MANIFEST}: storage: expected {first.storage!r} (as part 0, {parts[0]}), got {m.storage!r}; "
+                "a dataset holds one storage format: extract every part with the same capture.storage"
+            )
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -142,7 +155,9 @@ def _merge(
     final: Path, parts: list[Path], manifests: list[Manifest], draft_vocab_sizes: Iterable[int], verify: str
 ) -> Manifest:
     first = manifests[0]
-    ident = ShardIdentity(first.fingerprint, tuple(first.layer_ids), first.hidden_size, dtype_from_name(first.dtype))
+    ident = ShardIdentity(
+        first.fingerprint, tuple(first.layer_ids), first.hidden_size, dtype_from_name(first.dtype), first.storage
+    )
     tmp = final.with_name(final.name + MERGING_SUFFIX)
     if tmp.exists():  # a killed merge: only links and small files, redo it
         shutil.rmtree(tmp)
@@ -171,6 +186,7 @@ def _merge(
         layer_ids=list(first.layer_ids),
         hidden_size=first.hidden_size,
         dtype=first.dtype,
+        storage=first.storage,
         shards=shards,
         sample_ids=[s for m in manifests for s in m.sample_ids],
         val_ids=sorted(v for m in manifests for v in m.val_ids),

@@ -24,6 +24,7 @@ from eagle3.store.layout import (
     dtype_from_name,
 )
 from eagle3.store.shard_file import ShardIdentity, inspect_shard
+from eagle3.store.storage_format import decode, tensor_names
 from eagle3.store.vocab_files import check_token_freq, check_vocab, load_tensors
 
 
@@ -67,7 +68,8 @@ class SampleFiles:
             )
         self.layer_ids: tuple[int, ...] = tuple(m.layer_ids)
         self.hidden_size: int = m.hidden_size
-        self.dtype: torch.dtype = dtype_from_name(m.dtype)
+        self.dtype: torch.dtype = dtype_from_name(m.dtype)  # what a sample's hidden comes back in
+        self.storage: str = m.storage  # how the shards hold it (eagle3/store/storage_format.py)
         self.fingerprint: str = m.fingerprint
         shard_of, start_of, lengths = [], [], []
         for k, info in enumerate(m.shards):
@@ -191,7 +193,9 @@ _HOW_TO_TRAIN = {
 class HiddenStateDataset(SampleFiles):
     """A complete dataset directory written by ``ShardWriter``.
 
-    ``ds[i]`` -> dict(input_ids int64 [T], loss_mask bool [T], hidden [T, L, H]).
+    ``ds[i]`` -> dict(input_ids int64 [T], loss_mask bool [T], hidden [T, L, H]): hidden in
+    the manifest's dtype whatever the storage format (an fp8 shard's rows are decoded here, in
+    the loader's workers).
     """
 
     kind = STORED
@@ -200,16 +204,18 @@ class HiddenStateDataset(SampleFiles):
         if verify is None:
             return super()._check_file(path, info, verify)
         m = self.manifest
-        ident = ShardIdentity(m.fingerprint, tuple(m.layer_ids), m.hidden_size, dtype_from_name(m.dtype))
+        ident = ShardIdentity(m.fingerprint, tuple(m.layer_ids), m.hidden_size, dtype_from_name(m.dtype), m.storage)
         try:
             inspect_shard(path, ident, info, verify)
         except StoreError as e:
             raise DamagedDatasetError(self.directory, str(e), needs_hash=verify == "full") from None
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        rows = self._rows(i, ("input_ids", "loss_mask", "hidden"))
-        self._check_finite(i, rows["hidden"])
-        return rows
+        names = tensor_names(self.storage)
+        rows = self._rows(i, ("input_ids", "loss_mask", *names))
+        hidden = decode({name: rows.pop(name) for name in names}, self.storage, self.dtype)
+        self._check_finite(i, hidden)
+        return rows | {"hidden": hidden}
 
     def _check_finite(self, i: int, hidden: torch.Tensor) -> None:
         """Refuse a sample whose stored hidden states hold a NaN or an Inf (one pass over its
@@ -244,7 +250,11 @@ def damaged_shards(directory: str | Path, manifest: Manifest, verify: str = "fas
     (``verify="full"``) whose bytes do not hash to the manifest's sha256; [] when all are whole."""
     directory = Path(directory)
     ident = ShardIdentity(
-        manifest.fingerprint, tuple(manifest.layer_ids), manifest.hidden_size, dtype_from_name(manifest.dtype)
+        manifest.fingerprint,
+        tuple(manifest.layer_ids),
+        manifest.hidden_size,
+        dtype_from_name(manifest.dtype),
+        manifest.storage,
     )
     bad = []
     for info in manifest.shards:

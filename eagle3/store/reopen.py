@@ -43,6 +43,7 @@ def open_manifest(directory: Path, ident: ShardIdentity, fingerprint_inputs: Map
             layer_ids=list(ident.layer_ids),
             hidden_size=ident.hidden_size,
             dtype=dtype_name(ident.dtype),
+            storage=ident.storage,
         )
         m.write(directory)
         return m
@@ -68,11 +69,12 @@ def open_manifest(directory: Path, ident: ShardIdentity, fingerprint_inputs: Map
         ("layer_ids", list(ident.layer_ids), m.layer_ids),
         ("hidden_size", ident.hidden_size, m.hidden_size),
         ("dtype", dtype_name(ident.dtype), m.dtype),
+        ("storage", ident.storage, m.storage),
     ):
         if want != got:
             raise FingerprintMismatchError(
                 f"{directory / MANIFEST}: {name}: expected {want}, got {got} (same fingerprint: "
-                "the fingerprint inputs must include layer ids, hidden size and dtype)"
+                "the fingerprint inputs must include layer ids, hidden size, dtype and storage)"
             )
     return m
 

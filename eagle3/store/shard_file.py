@@ -1,8 +1,10 @@
 """One shard file: many samples concatenated, written atomically, verified on reopen.
 
-Tensors: input_ids int64 [Ttot], loss_mask bool [Ttot], hidden [Ttot, L, H],
-offsets int64 [n+1] (sample i is rows offsets[i]:offsets[i+1]). The safetensors metadata
-repeats the dataset's identity (fingerprint, layer ids, hidden size, dtype) and lists the
+Tensors: input_ids int64 [Ttot], loss_mask bool [Ttot], the hidden states (hidden [Ttot, L, H],
+or the fp8 format's tensors: eagle3/store/storage_format.py), offsets int64 [n+1] (sample i is
+rows offsets[i]:offsets[i+1]). The safetensors metadata
+repeats the dataset's identity (fingerprint, layer ids, hidden size, dtype, a storage format
+other than exact) and lists the
 sample ids, so a shard that was renamed into place but never reached the manifest (a crash
 between the two) can be recognised and adopted instead of recomputed.
 """
@@ -27,9 +29,9 @@ from eagle3.store.layout import (
     dtype_name,
     file_sha256,
 )
+from eagle3.store.storage_format import EXACT, encode, tensor_names, tensor_shapes
 from eagle3.util.atomic import atomic_path
 
-TENSORS = ("input_ids", "loss_mask", "hidden", "offsets")
 WRITE_CHUNK = 32 << 20  # bytes per step: hashed here while the IO thread writes the same chunk
 
 # safetensors' dtype names, and the rank safetensors orders tensors by (higher first, then by
@@ -58,9 +60,16 @@ class ShardIdentity:
     layer_ids: tuple[int, ...]
     hidden_size: int
     dtype: torch.dtype
+    storage: str = EXACT  # the on-disk format (capture.storage): eagle3/store/storage_format.py
+
+    def tensors(self) -> tuple[str, ...]:
+        """The tensors a shard of this identity holds."""
+        return ("input_ids", "loss_mask", *tensor_names(self.storage), "offsets")
 
     def metadata(self) -> dict[str, str]:
-        return {
+        # exact shards carry no storage key: those written before the key existed are the same
+        extra = {} if self.storage == EXACT else {"storage": self.storage}
+        return extra | {
             "format": FORMAT,
             "schema_version": str(SCHEMA_VERSION),
             "fingerprint": self.fingerprint,
@@ -145,9 +154,11 @@ def write_shard(
     parts = {
         "input_ids": [torch.cat(input_ids)],
         "loss_mask": [mask],
-        "hidden": list(hiddens),  # the big one: streamed sample by sample, never concatenated
         "offsets": [offsets],
     }
+    # the big ones: streamed sample by sample, never concatenated (fp8: encoded sample by sample)
+    encoded = [encode(h, ident.storage) for h in hiddens]
+    parts |= {name: [e[name] for e in encoded] for name in tensor_names(ident.storage)}
     meta = ident.metadata() | {"sample_ids": json.dumps(sample_ids)}
     size, sha = save_concatenated_hashing(path, parts, meta)
     return ShardInfo(
@@ -181,18 +192,20 @@ def inspect_shard(
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
             keys = set(f.keys())
-            shapes = {k: f.get_slice(k).get_shape() for k in keys & set(TENSORS)}
+            shapes = {k: f.get_slice(k).get_shape() for k in keys}
             offsets = f.get_tensor("offsets") if "offsets" in keys else None
     except Exception as e:  # safetensors raises its own error types for bad headers
         raise StoreError(f"{path}: unreadable safetensors file ({type(e).__name__}: {e})") from None
-    want_meta = ident.metadata()
+    want_meta = ident.metadata() | {"storage": ident.storage}
+    meta = {"storage": EXACT} | meta  # a shard without the key is exact (written before it existed)
     wrong = {k: (v, meta.get(k)) for k, v in want_meta.items() if meta.get(k) != v}
     if wrong:
         field, (want_value, got_value) = next(iter(wrong.items()))
         raise StoreError(f"{path}: metadata {field}: expected {want_value}, got {got_value}")
-    if keys != set(TENSORS):
-        raise StoreError(f"{path}: tensors: expected {sorted(TENSORS)}, got {sorted(keys)}")
-    assert offsets is not None  # one of TENSORS, all checked present above
+    names = ident.tensors()
+    if keys != set(names):
+        raise StoreError(f"{path}: tensors: expected {sorted(names)}, got {sorted(keys)}")
+    assert offsets is not None  # one of ident.tensors(), all checked present above
     try:
         sample_ids = json.loads(meta.get("sample_ids", ""))
     except json.JSONDecodeError:
@@ -204,7 +217,7 @@ def inspect_shard(
         ("offsets", [n + 1], shapes["offsets"]),
         ("input_ids", [total], shapes["input_ids"]),
         ("loss_mask", [total], shapes["loss_mask"]),
-        ("hidden", [total, L, H], shapes["hidden"]),
+        *((name, want, shapes[name]) for name, want in tensor_shapes(ident.storage, total, L, H).items()),
     ]
     for name, want, got in checks:
         if list(got) != want:

@@ -45,6 +45,7 @@ from eagle3.store.layout import (
 )
 from eagle3.store.reopen import open_manifest, recover
 from eagle3.store.shard_file import ShardIdentity, write_shard
+from eagle3.store.storage_format import EXACT, STORAGES
 from eagle3.store.vocab_files import save_token_freq, save_vocab
 from eagle3.store.writer_threads import BackgroundWrites
 from eagle3.util.locks import DirLock, LockHeldError
@@ -60,7 +61,8 @@ class ShardWriter(BackgroundWrites):
     the caller already found damaged (redone without being inspected again). ``lock``: the
     dataset's lock (``LOCK``) when the caller holds it already (released by the caller). ``background``: write
     shards on a writer thread (see the module doc); ``flush()`` still waits until every
-    queued sample is durable.
+    queued sample is durable. ``storage``: the shards' on-disk format (``exact`` or ``fp8``:
+    eagle3/store/storage_format.py), encoded on the writer threads as each shard is written.
     """
 
     def __init__(
@@ -78,6 +80,7 @@ class ShardWriter(BackgroundWrites):
         provenance: Mapping[str, Any] | None = None,
         redo: Sequence[str] = (),
         lock: DirLock | None = None,
+        storage: str = EXACT,
     ):
         if shard_max_tokens < 1:
             raise StoreError(f"shard_max_tokens: expected >= 1, got {shard_max_tokens}")
@@ -86,7 +89,10 @@ class ShardWriter(BackgroundWrites):
         self.directory = Path(directory)
         self.shard_max_tokens = int(shard_max_tokens)
         self.fingerprint = dataset_fingerprint(fingerprint_inputs)
-        self.ident = ShardIdentity(self.fingerprint, tuple(int(i) for i in layer_ids), int(hidden_size), dtype)
+        if storage not in STORAGES:
+            raise StoreError(f"storage: expected one of {list(STORAGES)}, got {storage!r}")
+        ident = (self.fingerprint, tuple(int(i) for i in layer_ids), int(hidden_size), dtype, storage)
+        self.ident = ShardIdentity(*ident)
         self._pending: list[tuple[str, Any]] = []
         self._pending_ids: set[str] = set()
         self._pending_tokens = 0
@@ -245,9 +251,8 @@ class ShardWriter(BackgroundWrites):
         """The shard, then the manifest that lists it (the durability order)."""
         path = self.directory / shard_name(index)
         tokens = sum(int(s.token_ids.shape[0]) for s in samples)
-        need = disk_needed_bytes(
-            tokens, len(self.ident.layer_ids), self.ident.hidden_size, self.ident.dtype, len(samples), max(tokens, 1)
-        )
+        L, H = len(self.ident.layer_ids), self.ident.hidden_size
+        need = disk_needed_bytes(tokens, L, H, self.ident.dtype, len(samples), max(tokens, 1), self.ident.storage)
         with disk_full_as_error(path, need):
             info = write_shard(
                 path,

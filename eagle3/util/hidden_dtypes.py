@@ -39,3 +39,27 @@ def names_by_torch_dtype() -> MappingProxyType[torch.dtype, str]:
     import torch
 
     return MappingProxyType({getattr(torch, name): name for name in HIDDEN_DTYPES})
+
+
+# How the captured states lie on disk (capture.storage), distinct from the capture dtype (what the
+# target computes them in): "exact" stores hidden [T, L, H] in the capture dtype; "fp8" stores the
+# aux layers as float8_e4m3fn with one fp32 scale per token and layer, and the final layer (its
+# state gives the teacher's distribution) exact in the capture dtype (eagle3/store/storage_format.py).
+EXACT, FP8 = "exact", "fp8"
+STORAGES = (EXACT, FP8)
+_SCALE_BYTES = 4  # one fp32 scale per token and aux layer
+
+
+def check_storage(name: str, key: str = "capture.storage") -> str:
+    """``name`` as a str if it is a storage format, else a ValueError naming ``key``."""
+    if str(name) not in STORAGES:
+        raise ValueError(f"{key}: expected one of {list(STORAGES)}, got {name!r}")
+    return str(name)
+
+
+def hidden_bytes_per_token(storage: str, num_layers: int, hidden_size: int, itemsize: int) -> int:
+    """Bytes of hidden state one token takes on disk (ids, masks and headers not included)."""
+    L, H = int(num_layers), int(hidden_size)
+    if check_storage(storage) == EXACT:
+        return L * H * int(itemsize)
+    return (L - 1) * (H + _SCALE_BYTES) + H * int(itemsize)  # fp8 aux + scales, the final layer exact

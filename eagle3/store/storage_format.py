@@ -1,0 +1,70 @@
+"""How a shard holds the hidden states: the on-disk format (``capture.storage``), distinct from
+the capture dtype (what the target computes them in, and what a reader gets back).
+
+    exact   hidden [T, L, H] in the capture dtype: the states as captured.
+    fp8     hidden_aux [T, L-1, H] float8_e4m3fn: the aux layers (every id but the last), each
+            token's row of each layer divided by its own scale (amax / 448, so the largest value
+            lands on e4m3's largest finite number); hidden_aux_scale [T, L-1] float32, those scales;
+            hidden_final [T, 1, H] in the capture dtype: the last id, the target's final state.
+
+The final layer stays exact because it is the state the trainer turns into the teacher's
+distribution (lm_head of it gives p_t, the target's next-token probabilities the head learns):
+an error there moves the labels themselves, while an error in the aux layers is only noise in
+the head's input. It costs H x 2 bytes of the (L-1) x H + H x 2 per token (SmolLM2, L=4: 0.63x of
+bf16 in all; fp8 everywhere would be 0.5x). docs/architecture.md (dataset format) gives the
+figures measured for both.
+
+A scale per token and layer, not per tensor: hidden-state rows differ in magnitude by orders (the
+first token's "attention sink" row is often 100x the others), and one scale for all would leave the
+ordinary rows a few of e4m3's 3-bit-mantissa steps. Decoding is q x scale in float32, rounded once
+to the capture dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from eagle3.util.hidden_dtypes import EXACT, FP8, STORAGES, check_storage
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0  # e4m3fn's largest finite value
+_TINY = 1e-30  # the scale of an all-zero row: its values all encode as 0
+
+__all__ = ["EXACT", "FP8", "STORAGES", "check_storage", "decode", "encode", "tensor_names", "tensor_shapes"]
+
+
+def tensor_names(storage: str) -> tuple[str, ...]:
+    """The hidden-state tensors a shard of this format holds (beside input_ids, loss_mask, offsets)."""
+    if check_storage(storage, "storage") == EXACT:
+        return ("hidden",)
+    return ("hidden_aux", "hidden_aux_scale", "hidden_final")
+
+
+def tensor_shapes(storage: str, num_tokens: int, num_layers: int, hidden_size: int) -> dict[str, list[int]]:
+    """Each hidden-state tensor's shape in a shard of ``num_tokens`` tokens."""
+    T, L, H = int(num_tokens), int(num_layers), int(hidden_size)
+    if check_storage(storage, "storage") == EXACT:
+        return {"hidden": [T, L, H]}
+    return {"hidden_aux": [T, L - 1, H], "hidden_aux_scale": [T, L - 1], "hidden_final": [T, 1, H]}
+
+
+def encode(hidden: torch.Tensor, storage: str) -> dict[str, torch.Tensor]:
+    """One sample's hidden [T, L, H] (capture dtype) as the tensors ``storage`` writes."""
+    if check_storage(storage, "storage") == EXACT:
+        return {"hidden": hidden}
+    aux = hidden[:, :-1].float()  # [T, L-1, H]
+    scale = (aux.abs().amax(dim=-1) / FP8_MAX).clamp_min(_TINY)  # [T, L-1]
+    q = (aux / scale.unsqueeze(-1)).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)  # [T, L-1, H]
+    return {"hidden_aux": q, "hidden_aux_scale": scale, "hidden_final": hidden[:, -1:].contiguous()}
+
+
+def decode(rows: dict[str, torch.Tensor], storage: str, dtype: torch.dtype) -> torch.Tensor:
+    """hidden [T, L, H] in ``dtype`` from a sample's rows of the tensors ``storage`` wrote."""
+    if check_storage(storage, "storage") == EXACT:
+        return rows["hidden"]
+    q, scale, final = rows["hidden_aux"], rows["hidden_aux_scale"], rows["hidden_final"]
+    T, La, H = q.shape
+    out = torch.empty((T, La + 1, H), dtype=dtype)
+    out[:, :La] = q.to(torch.float32).mul_(scale.unsqueeze(-1))  # rounded once, to dtype
+    out[:, La:] = final
+    return out
