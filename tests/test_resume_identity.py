@@ -47,12 +47,6 @@ def test_what_does_not_change_the_result_resumes(tmp_path, capsys):
         run_dir.check_run_config(run, _cfg(tmp_path, ["data=jsonl", f"data.path={other}"]))
 
 
-def _manifest(directory: Path, fingerprint: str) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "manifest.json").write_text(json.dumps({"fingerprint": fingerprint}))
-    return directory
-
-
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory) -> Path:
     from eagle3.stages.extract import run as extract

@@ -129,6 +129,10 @@ class DataConfig:
     content_key: Optional[str] = None  # null: "content" or "value"
     prompt_column: Optional[str] = None  # single-turn rows: this column is the user turn ...
     response_column: Optional[str] = None  # ... and this one its answer
+    # the share of a JSONL file's lines that may be bad (not JSON, or invalid UTF-8): skipped with a
+    # warning up to it, refused above it naming the file and the lines (eagle3/data/json_stream.py).
+    # Not in the fingerprint: the samples of a file that passes do not depend on it
+    max_bad_fraction: float = 0.01
 
 
 @dataclass

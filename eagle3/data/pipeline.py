@@ -29,6 +29,7 @@ import torch
 
 from eagle3.data.conversation import Conversation, DataError, answer_id
 from eagle3.data.hf_source import HFOptions
+from eagle3.data.json_stream import DEFAULT_MAX_BAD_FRACTION
 from eagle3.data.loaders import LoadReport, iter_conversations, no_usable_data_error
 from eagle3.data.render import ChatRenderer
 from eagle3.data.split import check_val_fraction, is_validation
@@ -203,6 +204,7 @@ def prepare_samples(
     regenerate_batch_size: int = 64,
     regen_deadline: Deadline | None = None,
     hf: HFOptions | None = None,
+    max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION,
 ) -> PreparedData:
     """``hf``: name, split and columns of ``source="hf"`` (``HFOptions.from_data(cfg.data)``)."""
     if max_samples is not None and max_samples <= 0:
@@ -210,7 +212,7 @@ def prepare_samples(
     check_val_fraction(val_fraction)  # before any work
     source = getattr(source, "value", source)
     renderer = ChatRenderer(tokenizer, chat_template)
-    load_report = LoadReport(source, str(path))
+    load_report = LoadReport(source, str(path), max_bad_fraction=max_bad_fraction)
     report = PrepareReport(load=load_report, max_samples=max_samples)
     train: list[PreparedSample] = []
     val: list[PreparedSample] = []

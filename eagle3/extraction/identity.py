@@ -140,7 +140,7 @@ def fingerprint_inputs(recipe: DatasetRecipe, *, chat_content: bool = True) -> d
     cache = content_cache(recipe.cache_dir)
     data: dict[str, Any] = plain(recipe.data)
     source, path = data["source"], data.get("path")
-    for key in ("name", "path", *_REGEN_HOW):  # the name is in the directory's prefix, for people
+    for key in ("name", "path", "max_bad_fraction", *_REGEN_HOW):  # the name is in the directory's prefix, for people
         data.pop(key, None)
     regenerate = bool(data.get("regenerate"))
     if not regenerate:

@@ -79,6 +79,7 @@ def prepare(
         regenerate_batch_size=data.regen_batch_size,
         regen_deadline=regen_deadline,
         hf=HFOptions.from_data(plain(data)),
+        max_bad_fraction=data.max_bad_fraction,
     )
     if regenerator is not None:
         console.print(

@@ -81,6 +81,7 @@ NOT_THE_RESULT = (
     "capture.verify",
     "capture.disk_per_1m_tokens",
     "data.regen_backend",
+    "data.max_bad_fraction",  # a file that passes gives the same samples (the fingerprint leaves it out too)
     "data.regen_batch_size",
     "data.regen_static_cache",
     # vLLM's check after training, on the exported head (eval.num_draft_tokens and
