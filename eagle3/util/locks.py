@@ -13,8 +13,9 @@ for ``owner.STALE_S``: a holder in another container or on another machine shari
 is waited for, never taken over while its heartbeat goes on.
 
 Waiting (``wait_s`` > 0) prints who holds the lock when the wait starts, again when the holder
-changes and every ``WAIT_REPORT_S``, and gives up after ``wait_s`` with ``LockHeldError``
-naming the holder. The waits that follow another run (a vocabulary added to a dataset being
+changes and every ``WAIT_REPORT_S``, and gives up after ``wait_s`` without a heartbeat from
+the holder (each beat starts the wait again: a holder at work is waited for however long it
+works) with ``LockHeldError`` naming the holder. The waits that follow another run (a vocabulary added to a dataset being
 written, the ranks waiting for the online pre-pass, a second merge) use ``lock_wait_s()``:
 ``EAGLE3_LOCK_WAIT_S`` seconds (``inf`` waits for ever), by default ``DEFAULT_WAIT_S`` (30 min).
 
@@ -92,6 +93,14 @@ def _read_holder(path: Path) -> dict:
         return {}
 
 
+def _mtime(path: Path) -> float | None:
+    """The lock file's mtime: its holder's heartbeat (owner.Heartbeat refreshes it)."""
+    try:
+        return os.stat(path, follow_symlinks=False).st_mtime
+    except OSError:
+        return None
+
+
 def describe(holder: dict) -> str:
     if not holder.get("pid"):
         return "a process that has not written its pid yet"
@@ -122,7 +131,11 @@ class DirLock:
     def acquire(self) -> "DirLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
+        # the wait runs out after wait_s of silence, not wait_s in all: each heartbeat of the holder
+        # (the lock file's mtime moving on) starts it again, so a holder at work for hours (the
+        # online pre-pass regenerating answers) is waited for, and a silent one given up on
         deadline = t0 + self.wait_s
+        beat: float | None = None  # the holder's heartbeat last seen
         reported: tuple | None = None  # the holder last printed, and when
         while True:
             f = _open_nofollow(self.path)
@@ -134,8 +147,15 @@ class DirLock:
                 if self._take_over(holder):
                     continue
                 now = time.monotonic()
+                seen = _mtime(self.path)
+                if self.wait_s > 0 and seen is not None and beat is not None and seen > beat:
+                    deadline = now + self.wait_s  # the holder beat: it is at work
+                beat = seen if seen is not None else beat
                 if now >= deadline:
-                    waited = f"; gave up after waiting {_duration(self.wait_s)} ({WAIT_ENV} sets how long)"
+                    waited = (
+                        f"; gave up after waiting {_duration(self.wait_s)} without a heartbeat from its holder "
+                        f"({WAIT_ENV} sets how long)"
+                    )
                     raise LockHeldError(
                         f"{self.what}: {self.path} is held by {describe(holder)}"
                         f"{waited if self.wait_s > 0 else ''}; wait for it or stop it",
@@ -145,7 +165,8 @@ class DirLock:
                 if reported is None or reported[0] != key or now - reported[1] >= WAIT_REPORT_S:
                     print(
                         f"[eagle3] waiting for {self.path} ({self.what}): held by {describe(holder)}; "
-                        f"waited {now - t0:.0f} s, giving up after {_duration(self.wait_s)} ({WAIT_ENV})",
+                        f"waited {now - t0:.0f} s, giving up after {_duration(self.wait_s)} without its heartbeat "
+                        f"({WAIT_ENV})",
                         file=sys.stderr,
                         flush=True,
                     )
