@@ -281,6 +281,9 @@ class CheckpointCallbackConfig:
     save_top_k: int = 1  # best checkpoints kept by optimized_metric (>= 1: the best is exported)
     save_last: bool = True  # last.ckpt, what ckpt_path=last resumes
     every_n_train_steps: Optional[int] = None  # null: at each validation (train.val_check_interval)
+    # train.py refuses, before its first step, a run whose checkpoints the disk cannot hold (statfs:
+    # a quota is not seen); false: measure and report only (the space will be there, or a quota allows it)
+    check_disk: bool = True
     # computed (eagle3/planning/disk_plan.py), never set by hand: one checkpoint's size and the disk
     # a run holds at once, shown by --cfg job --resolve
     disk: Any = (

@@ -127,7 +127,7 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
     # waits at a barrier for one that refused
     kept, checkpoint_bytes = cfg.callbacks.model_checkpoint, parts.module.checkpoint_bytes()
     at_once = checkpoints_at_once(kept.save_top_k, kept.save_last)
-    _, free = check_checkpoint_disk(output_dir / "checkpoints", checkpoint_bytes, at_once)
+    _, free = check_checkpoint_disk(output_dir / "checkpoints", checkpoint_bytes, at_once, kept.check_disk)
     if parts.trainer.is_global_zero:
         report(
             [

@@ -41,11 +41,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             with atomic_path(path, point="checkpoint_write") as tmp:
                 torch.save(checkpoint, tmp)
         except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
+            if not disk_full(e):  # any other failure is reported as itself, whatever the free space
+                raise
             need = _tensor_bytes(checkpoint)
             free = free_bytes(path.parent)  # the temp is gone: what a retry would find
-            full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
-            if not full and free >= need:
-                raise
             kept = sorted(p.name for p in path.parent.glob("*.ckpt") if whole_checkpoint(p))
             raise DiskSpaceError(
                 f"{path}: disk full writing this checkpoint: needs {format_bytes(need)} ({need} bytes), "
@@ -58,6 +57,17 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         """A resume reads tensors and plain data only (``weights_only=True`` whatever the caller
         or TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD says): a checkpoint is never a program."""
         return super().load_checkpoint(path, map_location=map_location or _cpu_storage, weights_only=True)
+
+
+# what torch.save's C++ writer says when a write fails (a full disk or quota: it does not pass errno on)
+_TORCH_WRITE_FAILED = ("file write failed", "unexpected pos")
+
+
+def disk_full(e: BaseException) -> bool:
+    """A save's error that is the disk: ENOSPC or EDQUOT, or torch.save's writer failing to write."""
+    if isinstance(e, OSError):
+        return e.errno in (errno.ENOSPC, errno.EDQUOT)
+    return isinstance(e, RuntimeError) and any(m in str(e) for m in _TORCH_WRITE_FAILED)
 
 
 def _cpu_storage(storage: Any, location: Any) -> Any:  # Lightning's default map_location
@@ -92,12 +102,16 @@ def checkpoints_at_once(save_top_k: int, save_last: bool) -> int:
     return int(save_top_k) + int(bool(save_last)) + 1
 
 
-def check_checkpoint_disk(ckpt_dir: Path, checkpoint_bytes: int, at_once: int) -> tuple[int, int]:
+def check_checkpoint_disk(ckpt_dir: Path, checkpoint_bytes: int, at_once: int, enabled: bool = True) -> tuple[int, int]:
     """Raise ``DiskSpaceError`` unless ``ckpt_dir``'s disk holds ``at_once`` checkpoints of
     ``checkpoint_bytes`` (the checkpoints already there count as held: a resumed run replaces
-    them). Returns (the bytes still to be found on the disk, the free bytes)."""
+    them). Returns (the bytes still to be found on the disk, the free bytes). The free space is
+    the filesystem's (statfs): a quota, or space freed while the run trains, is not seen, so
+    ``enabled=False`` (callbacks.model_checkpoint.check_disk=false) only measures."""
     existing = sum(p.stat().st_size for p in Path(ckpt_dir).glob("*.ckpt") if p.is_file())
     need = max(int(checkpoint_bytes), at_once * int(checkpoint_bytes) - existing)
+    if not enabled:
+        return need, free_bytes(ckpt_dir)
     free = check_free_disk(
         ckpt_dir,
         need,
@@ -106,7 +120,9 @@ def check_checkpoint_disk(ckpt_dir: Path, checkpoint_bytes: int, at_once: int) -
             f"A checkpoint of this head is {format_bytes(checkpoint_bytes)} (weights and AdamW's moments) and "
             f"the run holds up to {at_once} at once (callbacks.model_checkpoint.save_top_k best, last.ckpt, the "
             "one being written): point hydra.run.dir at a larger disk, free space, or keep fewer "
-            "(callbacks.model_checkpoint.save_top_k=1, callbacks.model_checkpoint.save_last=false)."
+            "(callbacks.model_checkpoint.save_top_k=1, callbacks.model_checkpoint.save_last=false). The free "
+            "space is the filesystem's as statfs reports it (no quota): if the space will be there, "
+            "callbacks.model_checkpoint.check_disk=false skips this check."
         ),
     )
     return need, free
