@@ -25,6 +25,17 @@ class DataSource(str, Enum):
     hf = "hf"  # datasets.load_dataset: a hub dataset or local parquet/JSON/JSONL/CSV files
 
 
+class MixtureKind(str, Enum):
+    """Where one source of data.mixture reads (eagle3/data/mixture.py): a DataSource, or prompts
+    the target writes itself (eagle3/target_model/generate/self_prompts.py)."""
+
+    sharegpt = "sharegpt"
+    jsonl = "jsonl"
+    hf_disk = "hf_disk"
+    hf = "hf"
+    self_prompts = "self_prompts"  # needs data.regenerate=true: the target answers them too
+
+
 class RegenBackend(str, Enum):
     auto = "auto"  # vllm when it imports, else hf
     vllm = "vllm"

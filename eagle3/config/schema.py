@@ -26,6 +26,7 @@ from eagle3.config.choices import (
     LayerNumbering,
     LossKind,
     LossTokens,
+    MixtureKind,
     ModelSource,
     Overflow,
     RegenBackend,
@@ -98,6 +99,32 @@ class LayersConfig:
 
 
 @dataclass
+class MixtureSource:
+    """One source of data.mixture (eagle3/data/mixture.py): conversations drawn from it in
+    proportion to its weight, its samples' ids tagged "<name>/<id>"."""
+
+    name: str = MISSING  # tags its samples and its counts; unique in the mixture, no "/"
+    source: MixtureKind = MISSING
+    weight: float = 1.0  # its share of the draws, over the sum of the weights
+    path: Optional[str] = None  # as data.path for its source (null: sharegpt's package file, hf's hf_name)
+    max_samples: Optional[int] = None  # most conversations drawn from it (null: as its weight has it)
+    hf_name: Optional[str] = None  # source=hf: as data.hf_* (eagle3/data/hf_source.py)
+    hf_config: Optional[str] = None
+    hf_split: str = "train"
+    hf_revision: Optional[str] = None
+    messages_column: Optional[str] = None
+    role_key: Optional[str] = None
+    content_key: Optional[str] = None
+    prompt_column: Optional[str] = None
+    response_column: Optional[str] = None
+    # source=self_prompts: the user turns the target writes, one per topic in turn (null: the
+    # built-in categories), sampled at this temperature, at most this many tokens each
+    topics: Optional[List[str]] = None
+    prompt_temperature: float = 1.0
+    prompt_max_tokens: int = 96
+
+
+@dataclass
 class DataConfig:
     name: str = MISSING
     source: DataSource = DataSource.sharegpt
@@ -133,6 +160,9 @@ class DataConfig:
     # warning up to it, refused above it naming the file and the lines (eagle3/data/json_stream.py).
     # Not in the fingerprint: the samples of a file that passes do not depend on it
     max_bad_fraction: float = 0.01
+    # several sources, each drawn by its weight (seeded by data.seed): data.source, data.path and
+    # the hf_* fields above are then unused (conf/data/mixture_default.yaml; eagle3/data/mixture.py)
+    mixture: Optional[List[MixtureSource]] = None
 
 
 @dataclass

@@ -31,6 +31,7 @@ from eagle3.data.conversation import Conversation, DataError, answer_id
 from eagle3.data.hf_source import HFOptions
 from eagle3.data.json_stream import DEFAULT_MAX_BAD_FRACTION
 from eagle3.data.loaders import LoadReport, iter_conversations, no_usable_data_error
+from eagle3.data.mixture import Mixture, MixtureReport
 from eagle3.data.render import ChatRenderer
 from eagle3.data.split import check_val_fraction, is_validation
 from eagle3.util.clock import Deadline
@@ -59,6 +60,7 @@ class PrepareReport:
     tokens: int = 0  # in kept samples
     loss_tokens: int = 0
     deadline_stop: str | None = None  # why regeneration stopped at its deadline, if it did
+    mixture: MixtureReport | None = None  # data.mixture: the counts per source
 
     def rows(self) -> list[tuple[str, str]]:
         load = self.load
@@ -90,7 +92,7 @@ class PrepareReport:
             ("train / val samples", f"{self.train_samples} / {self.val_samples}"),
             ("tokens / loss tokens", f"{self.tokens} / {self.loss_tokens}"),
         ]
-        return rows
+        return rows + (self.mixture.rows() if self.mixture is not None else [])
 
     def summary(self) -> str:
         return "\n".join(f"{k}: {v}" for k, v in self.rows())
@@ -204,16 +206,18 @@ def prepare_samples(
     regenerate_batch_size: int = 64,
     regen_deadline: Deadline | None = None,
     hf: HFOptions | None = None,
+    mixture: Mixture | None = None,
     max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION,
 ) -> PreparedData:
-    """``hf``: name, split and columns of ``source="hf"`` (``HFOptions.from_data(cfg.data)``)."""
+    """``hf``: name, split and columns of ``source="hf"`` (``HFOptions.from_data(cfg.data)``).
+    ``mixture``: data.mixture's sources, read in its draw order instead of ``source``/``path``."""
     if max_samples is not None and max_samples <= 0:
         raise DataError(f"max_samples must be positive or null, got {max_samples}")
     check_val_fraction(val_fraction)  # before any work
     source = getattr(source, "value", source)
     renderer = ChatRenderer(tokenizer, chat_template)
     load_report = LoadReport(source, str(path), max_bad_fraction=max_bad_fraction)
-    report = PrepareReport(load=load_report, max_samples=max_samples)
+    report = PrepareReport(load=load_report, max_samples=max_samples, mixture=None if mixture is None else mixture.report)
     train: list[PreparedSample] = []
     val: list[PreparedSample] = []
 
@@ -227,7 +231,9 @@ def prepare_samples(
             return regenerate_batch_size
         return min(regenerate_batch_size, -(-(max_samples - kept()) // _answers(regenerate)))  # conversations
 
-    stream = iter_conversations(source, path, load_report, hf=hf)
+    stream = (
+        mixture.stream(load_report) if mixture is not None else iter_conversations(source, path, load_report, hf=hf)
+    )
     pace = _RegenPace(regenerate)
     with _progress(progress) as bar:
         task = bar.add_task("render", total=max_samples)
@@ -252,7 +258,10 @@ def prepare_samples(
                 sample = PreparedSample(
                     conv.id, result.sample.input_ids, result.sample.loss_mask, conv.messages, conv.split_key
                 )
-                (val if is_validation(conv.split_key, val_fraction, seed) else train).append(sample)
+                in_val = is_validation(conv.split_key, val_fraction, seed)
+                (val if in_val else train).append(sample)
+                if report.mixture is not None:
+                    report.mixture.kept(sample.id, in_val)
                 report.truncated += int(result.truncated)
                 report.tokens += sample.input_ids.numel()
                 report.loss_tokens += int(sample.loss_mask.sum())

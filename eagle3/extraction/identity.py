@@ -45,6 +45,7 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.ji
 # the batch, the KV-cache shape
 _REGEN_HOW = ("regen_backend", "regen_batch_size", "regen_static_cache")
 _CHAT_LOCATION = ("content_sha", "file_name")  # what cannot be known without the chat data at hand
+_SELF_PROMPT_FIELDS = ("topics", "prompt_temperature", "prompt_max_tokens")  # a mixture's self_prompts only
 
 
 class DatasetNotFound(FileNotFoundError):
@@ -147,9 +148,14 @@ def fingerprint_inputs(recipe: DatasetRecipe, *, chat_content: bool = True) -> d
         data = {k: v for k, v in data.items() if not k.startswith("regen_")}
     if data.get("regen_num_answers") == 1:  # one answer: the same samples as before the option
         data.pop("regen_num_answers")
-    if source != "hf":
-        data = {k: v for k, v in data.items() if k not in HF_FIELDS}
-    data.update(chat_identity(source, path, cache) if chat_content else dict.fromkeys(_CHAT_LOCATION))
+    mixture = data.pop("mixture", None)  # absent (null): the fingerprints of before the option
+    if mixture:  # the sources' own fields name the data; data.source, path and hf_* are unused
+        data = {k: v for k, v in data.items() if k not in HF_FIELDS and k != "source"}
+        data["mixture"] = [_mixture_source_identity(e, cache, chat_content) for e in mixture]
+    else:
+        if source != "hf":
+            data = {k: v for k, v in data.items() if k not in HF_FIELDS}
+        data.update(chat_identity(source, path, cache) if chat_content else dict.fromkeys(_CHAT_LOCATION))
     data.update(recipe.named_by or {})
     return {
         "schema_version": FINGERPRINT_VERSION,
@@ -162,6 +168,22 @@ def fingerprint_inputs(recipe: DatasetRecipe, *, chat_content: bool = True) -> d
         **_capture_and_tokenizer(recipe),
         **({} if recipe.storage == EXACT else {"storage": recipe.storage}),
     }
+
+
+def _mixture_source_identity(entry: dict[str, Any], cache: ContentShaCache, chat_content: bool) -> dict[str, Any]:
+    """One data.mixture source as its dataset's identity holds it: name, kind, weight, cap, its
+    chat data by content (as ``chat_identity``) and only the fields its kind reads."""
+    kind = entry["source"]
+    out = {k: v for k, v in entry.items() if k != "path"}
+    if kind != "hf":
+        out = {k: v for k, v in out.items() if k not in HF_FIELDS}
+    if kind == "self_prompts":
+        out["topics"] = list(out["topics"]) if out.get("topics") else None  # null: the built-in ones
+        return out
+    for key in _SELF_PROMPT_FIELDS:
+        out.pop(key, None)
+    located = chat_identity(kind, entry.get("path"), cache) if chat_content else dict.fromkeys(_CHAT_LOCATION)
+    return {**out, **located}
 
 
 def _capture_and_tokenizer(recipe: DatasetRecipe) -> dict[str, Any]:
@@ -199,11 +221,27 @@ def provenance(recipe: DatasetRecipe, regen_engine: str | None) -> dict[str, Any
     (None: the chat data's own), and where the chat data and the model were read from."""
     path = recipe.data.path
     model = Path(recipe.model_dir)
-    return {
+    out: dict[str, Any] = {
         "regen_engine": regen_engine,
         "model_dir": str(model.resolve()) if model.is_dir() else recipe.model_dir,
         "data_path": str(Path(path).expanduser().resolve()) if path else None,
     }
+    mixture = plain(recipe.data).get("mixture")
+    if mixture:  # each source's file (the counts per source come with the samples: mixture_counts)
+        out["data_path"] = None
+        out["mixture_paths"] = {
+            e["name"]: str(Path(e["path"]).expanduser().resolve()) if e.get("path") else None for e in mixture
+        }
+    return out
+
+
+def mixture_counts(data: DataConfig, samples: list[Any], val_ids: list[str]) -> dict[str, Any]:
+    """``provenance.mixture`` of a dataset of data.mixture ({} without one): per source, its
+    weight, the samples the dataset holds and how many are validation ones."""
+    from eagle3.data.mixture import counts_of, weights
+
+    mixture = plain(data).get("mixture")
+    return {"mixture": counts_of(samples, val_ids, weights(mixture))} if mixture else {}
 
 
 def budget_cut(
@@ -259,6 +297,7 @@ def legacy_fingerprint_inputs(recipe: DatasetRecipe) -> dict[str, Any]:
         data.pop("regen_num_answers")
     if data.get("regenerate"):
         data["regen_backend"] = resolve_backend(data["regen_backend"])
+    data.pop("mixture", None)  # the first scheme predates mixtures (and found none)
     else:
         data.pop("regen_backend", None)
         data.pop("regen_max_turns", None)

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from eagle3.config.schema import DataConfig, plain
 from eagle3.data.hf_source import HFOptions
+from eagle3.data.mixture import Mixture
 from eagle3.data.pipeline import PreparedData, prepare_samples
 from eagle3.extraction.identity import DatasetRecipe
 from eagle3.util.clock import Deadline
@@ -65,6 +66,7 @@ def prepare(
 ) -> PreparedData:
     """Render (and regenerate) the chat data of ``data``; closes the regenerator when done.
     ``regen_deadline``: a time budget's end of regeneration (no batch starts that would pass it)."""
+    mixture, writers = _mixture(data, regenerator)
     prepared = prepare_samples(
         data.source,
         data.path,
@@ -79,8 +81,11 @@ def prepare(
         regenerate_batch_size=data.regen_batch_size,
         regen_deadline=regen_deadline,
         hf=HFOptions.from_data(plain(data)),
+        mixture=mixture,
         max_bad_fraction=data.max_bad_fraction,
     )
+    for writer in writers:
+        console.print(writer.summary(), soft_wrap=True)
     if regenerator is not None:
         console.print(
             f"regenerated {regenerator.generated} conversations, {regenerator.new_tokens} new tokens "
@@ -90,3 +95,24 @@ def prepare(
     if prepared.report.deadline_stop:
         console.print(f"[yellow]regeneration stopped early: {prepared.report.deadline_stop}", soft_wrap=True)
     return prepared
+
+
+def _mixture(data: DataConfig, regenerator: Any) -> tuple[Mixture | None, list[Any]]:
+    """data.mixture's sources (None without one), their self-prompts written by ``regenerator``'s
+    engine; and those writers (for their counts)."""
+    entries = plain(data).get("mixture")
+    if not entries:
+        return None, []
+    writers: list[Any] = []
+
+    def self_prompts(entry: dict[str, Any]) -> Any:
+        from eagle3.target_model.generate.self_prompts import SelfPrompts
+
+        share = sum(float(e["weight"]) for e in entries)
+        want = data.max_samples * float(entry["weight"]) / share if data.max_samples else data.regen_batch_size
+        # a first batch about the size of this source's share (a few spare for the duplicates dropped)
+        batch = max(4, min(data.regen_batch_size, int(want * 1.25) + 4))
+        writers.append(SelfPrompts(regenerator, entry, seed=data.seed, batch_size=batch))
+        return iter(writers[-1])
+
+    return Mixture(entries, data.seed, regenerate=data.regenerate, self_prompts=self_prompts), writers

@@ -12,6 +12,7 @@ from eagle3.data.vocab import build_draft_vocab, token_frequencies
 from eagle3.extraction.identity import (
     DatasetRecipe,
     budget_cut,
+    mixture_counts,
     provenance,
     token_dataset_path,
     token_fingerprint_inputs,
@@ -90,7 +91,12 @@ def _write(
         token_freq=freq,
         vocabs={size: build_draft_vocab(freq, size)},
         # its wall time: what a time budget counts
-        provenance={**provenance(recipe, engine), **cut_note, "extract_seconds": round(clock.seconds(), 1)},
+        provenance={
+            **provenance(recipe, engine),
+            **cut_note,
+            **mixture_counts(recipe.data, samples, [s.id for s in data.val]),
+            "extract_seconds": round(clock.seconds(), 1),
+        },
         lock=lock,
     )
     stored = (

@@ -17,7 +17,7 @@ from eagle3.data.pipeline import PreparedData, PreparedSample
 from eagle3.data.split import interleaved
 from eagle3.data.vocab import build_draft_vocab, token_frequencies
 from eagle3.extraction.capture_loop import capture_into, capture_route
-from eagle3.extraction.identity import budget_cut, check_regen_engine, provenance
+from eagle3.extraction.identity import budget_cut, check_regen_engine, mixture_counts, provenance
 from eagle3.extraction.job import CaptureSetup, ExtractionJob, ExtractionTiming
 from eagle3.extraction.samples import prepare, regenerator_for
 from eagle3.store import DiskSpaceError, Manifest, ShardWriter, check_free_disk, disk_needed_bytes, format_bytes
@@ -203,7 +203,8 @@ def _finish(
     # this run's wall time, added to an earlier run's (a repair): what a time budget counts
     seconds = float(writer.manifest.provenance.get("extract_seconds", 0.0)) + timing.clock.seconds()
     vocabs = {size: build_draft_vocab(freq, size)}
-    return writer.finish(freq, vocabs, val_ids=val_ids, provenance={"extract_seconds": round(seconds, 1)})
+    counts = mixture_counts(job.recipe.data, samples, val_ids)  # per source, of the samples kept
+    return writer.finish(freq, vocabs, val_ids=val_ids, provenance={"extract_seconds": round(seconds, 1), **counts})
 
 
 def _disk_full_message(

@@ -295,11 +295,29 @@ def extract_lines(cfg: RunConfig, rates: RunRates | None = None) -> list[str]:
         turns = data.regen_max_turns or 1
         new = samples * turns * data.regen_max_tokens
         what = f"{turns} user turn(s)" if data.regen_max_turns else "the first user turns (later turns add more)"
+        prompts = _self_prompt_tokens(cfg)  # data.mixture's self-prompts: written before they are answered
+        new += prompts
+        if prompts:
+            what += f" and <= {prompts:,} for the prompts the target writes (data.mixture self_prompts)"
         regen = f"  + answers by the target first: <= {new:,} new tokens for {what}"
         if rate is not None and rate.regen_tok_s:
             regen += f", <= ~{minutes(new / (rate.regen_tok_s * cfg.topology.extract_dp))}"
         lines.append(regen)
     return lines + [basis]
+
+
+def _self_prompt_tokens(cfg: RunConfig) -> int:
+    """The most tokens data.mixture's self-prompt sources write (their share of data.max_samples
+    conversations, prompt_max_tokens each); 0 without any."""
+    data = cfg.data
+    if not data.mixture or not data.max_samples:
+        return 0
+    total = sum(float(e.weight) for e in data.mixture)
+    return sum(
+        round(data.max_samples * float(e.weight) / total) * e.prompt_max_tokens
+        for e in data.mixture
+        if getattr(e.source, "value", e.source) == "self_prompts"
+    )
 
 
 def train_lines(

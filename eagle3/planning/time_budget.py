@@ -43,6 +43,9 @@ SHAREGPT_MEAN_TOKENS = ((256, 250), (384, 367), (512, 476), (1024, 857), (2048, 
 # tokens on average at <= 256 (docs/results.md section 7)
 PROMPT_TOKENS_PER_TURN = 45
 MEAN_ANSWER_TOKENS = 187
+# a sample of one user turn and its answer: SmolLM2's template (its default system turn, the
+# role headers) around them, 32 tokens (measured: [user "x", assistant "y"] renders to 34)
+TEMPLATE_TOKENS = 32
 # train.py after fit: the last validation, last.ckpt, the export (seconds; the vLLM check apart)
 TRAIN_FINISH_S = {"cpu": 30.0, "gpu": 20.0}
 
@@ -64,6 +67,9 @@ class TimeShares:
     capped_by: str | None  # the data preset's own cap, when it bound
     start_s: float = 0.0  # one stage's start (imports, the target's load)
     regen_start_s: float = 0.0  # the regeneration engine's start (0 without regeneration)
+    # data.mixture: (source, conversations) of the plan's count split by the weights
+    by_source: tuple[tuple[str, int], ...] = ()
+    prompt_s: float = 0.0  # of regen_s: the self-prompts written (a generation of the prompt each)
 
     def regen_end_s(self) -> float:
         """When extract.py's regeneration should be done, on its clock: its share's end."""
@@ -78,11 +84,17 @@ class TimeShares:
         if self.regen_s:
             data = f"regeneration ~{minutes(self.regen_s)} + " + data
         cap = f" (the data's cap: {self.capped_by})" if self.capped_by else ""
+        mixture = []
+        if self.by_source:
+            parts = " + ".join(f"{name} {n:,}" for name, n in self.by_source)
+            prompts = f" (their prompts written first: ~{minutes(self.prompt_s)} of it)" if self.prompt_s else ""
+            mixture = [f"  data.mixture: {parts} conversations; regeneration ~{minutes(self.regen_s)}{prompts}"]
         return [
             f"time budget: {minutes(self.total_s)} in all (time_budget.minutes): {self.conversations:,} conversations"
             f"{cap} -> {self.samples:,} samples of ~{self.sample_tokens:,.0f} tokens; {data}; training "
             f"~{minutes(self.train_s)} (~{self.passes:.1f} passes); evaluation ~{minutes(self.eval_s)}; "
             f"starts and export ~{minutes(self.fixed_s - self.eval_s)}",
+            *mixture,
         ]
 
 
@@ -102,6 +114,49 @@ def mean_sample_tokens(cfg: RunConfig) -> float:
         turns = data.regen_max_turns * (PROMPT_TOKENS_PER_TURN + min(MEAN_ANSWER_TOKENS, data.regen_max_tokens))
         return float(min(whole, turns, data.max_length))
     return whole
+
+
+@dataclass(frozen=True)
+class SourcePlan:
+    """One source of the data as the plan sees it: its share of the conversations, the user turns
+    answered per conversation, the tokens of a sample, the tokens written per prompt (self-prompts)."""
+
+    name: str
+    share: float
+    turns: int
+    sample_tokens: float
+    prompt_tokens: int = 0
+
+
+def plan_sources(cfg: RunConfig) -> list[SourcePlan]:
+    """cfg's data as sources: the one source, or data.mixture's by weight. A self-prompt sample is
+    one turn (template, prompt, answer); its prompt is planned at prompt_max_tokens, the most the
+    target writes (SmolLM2 at temperature 1 filled a 48-token cap in 7 of 8 prompts)."""
+    data = cfg.data
+    turns = (data.regen_max_turns or 2) if data.regenerate else 0  # all turns: about two answered turns
+    whole = mean_sample_tokens(cfg)
+    if not data.mixture:
+        return [SourcePlan(data.name, 1.0, turns, whole)]
+    total = sum(float(e.weight) for e in data.mixture)
+    out = []
+    for e in data.mixture:
+        share = float(e.weight) / total
+        if getattr(e.source, "value", e.source) == "self_prompts":
+            answer = min(MEAN_ANSWER_TOKENS, data.regen_max_tokens)
+            one = float(min(data.max_length, TEMPLATE_TOKENS + e.prompt_max_tokens + answer))
+            out.append(SourcePlan(e.name, share, 1, one, e.prompt_max_tokens))
+        else:
+            out.append(SourcePlan(e.name, share, turns, whole))
+    return out
+
+
+def _split(conversations: int, sources: list[SourcePlan]) -> tuple[tuple[str, int], ...]:
+    """``conversations`` split by the sources' shares (largest remainders: they sum to it)."""
+    exact = [conversations * s.share for s in sources]
+    counts = [int(x) for x in exact]
+    for i in sorted(range(len(sources)), key=lambda i: counts[i] - exact[i])[: conversations - sum(counts)]:
+        counts[i] += 1
+    return tuple((s.name, n) for s, n in zip(sources, counts))
 
 
 def _regen_rate(cfg: RunConfig, rate: cost.Rate) -> tuple[float, float]:
@@ -140,15 +195,17 @@ def time_shares(cfg: RunConfig, rates: cost.RunRates | None = None) -> TimeShare
         return None
     total = float(budget.minutes) * 60.0
     answers = cfg.data.regen_num_answers if cfg.data.regenerate else 1
-    tokens = mean_sample_tokens(cfg)
+    sources = plan_sources(cfg)
+    tokens = sum(s.share * s.sample_tokens for s in sources)
     eval_s = _eval_seconds(cfg, rate)
     fixed = 2 * rate.start_s + _end_reserve(cfg, rate)
-    per_conv_regen, regen_start = 0.0, 0.0
+    per_conv_regen, per_conv_prompt, regen_start = 0.0, 0.0, 0.0
     if cfg.data.regenerate:
         regen_tok_s, regen_start = _regen_rate(cfg, rate)
         fixed += regen_start
-        turns = cfg.data.regen_max_turns or 2  # all turns: about two answered turns per conversation
-        per_conv_regen = answers * turns * min(MEAN_ANSWER_TOKENS, cfg.data.regen_max_tokens) / regen_tok_s
+        answer = min(MEAN_ANSWER_TOKENS, cfg.data.regen_max_tokens)
+        per_conv_prompt = sum(s.share * s.prompt_tokens for s in sources) / regen_tok_s
+        per_conv_regen = sum(s.share * answers * s.turns * answer for s in sources) / regen_tok_s + per_conv_prompt
     per_conv_capture = answers * tokens / capture_tok_s
     per_conv_train = answers * tokens * (1 - cfg.data.val_fraction) * budget.passes / train_tok_s
     left = total - fixed
@@ -181,6 +238,8 @@ def time_shares(cfg: RunConfig, rates: cost.RunRates | None = None) -> TimeShare
         capped_by,
         start_s=rate.start_s,
         regen_start_s=regen_start,
+        by_source=_split(conversations, sources) if cfg.data.mixture else (),
+        prompt_s=conversations * per_conv_prompt,
     )
 
 

@@ -27,7 +27,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -219,6 +220,22 @@ class Regenerator:
 
     def _complete(self, prompts: list[list[int]], rooms: list[int], seeds: list[int]) -> list[str]:
         raise NotImplementedError
+
+    def complete(self, prompts: list[list[int]], rooms: list[int], seeds: list[int]) -> list[str]:
+        """The engine's texts for raw token-id prompts (self-prompts: a user turn after the
+        template's user header), at this instance's temperature; nothing cached."""
+        return self._complete(prompts, rooms, seeds)
+
+    @contextmanager
+    def sampling(self, temperature: float, seed: int) -> Iterator[None]:
+        """This engine at another temperature and base seed for a while: self-prompts are sampled
+        (~1) by the engine that answers them at data.regen_temperature."""
+        saved = self.temperature, self.seed
+        self.temperature, self.seed = float(temperature), int(seed)
+        try:
+            yield
+        finally:
+            self.temperature, self.seed = saved
 
     def _prompt_ids(self, history: list[dict[str, str]]) -> list[int]:
         kwargs = {"chat_template": self.chat_template} if self.chat_template else {}

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +90,18 @@ class HFRegenerator(Regenerator):
     def close(self) -> None:
         self._model = None
         super().close()
+
+    @contextmanager
+    def sampling(self, temperature: float, seed: int) -> Iterator[None]:
+        """As the base, and the decode path (its top-k follows the temperature) chosen afresh for
+        the while; the greedy padding check is left for the answers."""
+        saved = self._fast, self._top_k, self._checked
+        self._fast, self._checked = None, True
+        try:
+            with super().sampling(temperature, seed):
+                yield
+        finally:
+            self._fast, self._top_k, self._checked = saved
 
     def _stop_ids(self) -> set[int]:
         ids = self._load().generation_config.eos_token_id
