@@ -52,27 +52,18 @@ def test_layer_defaults_smollm2_and_kimi():
 CPU_SIZES = {
     "data.max_samples": 800,
     "data.max_length": 384,
-    "train.draft_vocab_size": 4096,
     "train.max_steps": 800,
     "train.max_tokens_per_batch": 1024,
     "train.lr": 2e-3,
     "eval.max_new_tokens": 64,
-    # the EAGLE-3.1 norms win on the GPU at equal minutes, not on a short CPU run
-    "train.norm_before_fc": False,
-    "train.norm_before_residual": False,
-    "train.norm_output": False,
 }
 GPU_SIZES = {
     "data.max_samples": 2000,
     "data.max_length": 2048,
-    "train.draft_vocab_size": 32000,
     "train.max_steps": 1000,
     "train.max_tokens_per_batch": 8192,
     "train.lr": 1e-3,
     "eval.max_new_tokens": 128,
-    "train.norm_before_fc": True,
-    "train.norm_before_residual": True,
-    "train.norm_output": True,
 }
 
 
@@ -108,13 +99,14 @@ def test_the_machine_picks_topology_and_sizes_and_presets_and_keys_win(entry, ca
     assert _sizes(_as_run(entry, ["topology=gpu1", "sizes=cpu"], gpus=1)) == CPU_SIZES
     assert _sizes(compose(entry, ["sizes=gpu"])) == GPU_SIZES
     assert _as_run(entry, ["train.max_steps=7"], gpus=1).train.max_steps == 7
+
     full = _as_run(entry, ["experiment=smollm2_full"], gpus=0)  # a GPU preset: its own sizes over sizes=gpu
     assert full.sizes == "gpu" and (full.train.max_steps, full.train.max_tokens_per_batch, full.data.max_length) == (
         8800,
         8192,
         1024,
     )
-    assert full.train.norm_before_fc and full.train.norm_output and full.train.ttt_steps == 3
+    assert full.head.norm_before_fc and full.head.norm_output and full.train.ttt_steps == 3
     assert compose(entry, ["debug=fast"]).train.max_steps == 10
     demo = compose(entry, ["experiment=demo_cpu"])  # the CPU default, pinned: its samples sized by 20 minutes
     assert _sizes(demo) == {**CPU_SIZES, "data.max_samples": None} and demo.time_budget.minutes == 20
@@ -122,6 +114,26 @@ def test_the_machine_picks_topology_and_sizes_and_presets_and_keys_win(entry, ca
     assert (
         _as_run(entry, ["data=jsonl", "data.path=x.jsonl", "topology=gpu1"], gpus=1).data.max_samples is None
     )  # all of a file
+
+
+@pytest.mark.parametrize("args", [[], ["experiment=smollm2_budget"], ["head=compact"], ["head.num_draft_layers=2"]])
+def test_the_same_command_builds_the_same_head_on_a_cpu_and_a_gpu(args):
+    """The head is the head group's alone: the sizes the machine picks (sizes=gpu where a GPU
+    answers) change run sizes, never the architecture vLLM will build, nor the draft vocabulary
+    the dataset is extracted with; a user's pick changes it on both alike."""
+    from eagle3.training.builder import draft_config
+
+    hf = {"hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 1536}
+    hf |= {"vocab_size": 49152, "model_type": "llama"}
+    on_cpu, on_gpu = _as_run("train", args, gpus=0), _as_run("train", args, gpus=1)
+    if not any(a.startswith("experiment=") for a in args):  # a recipe may pin its own sizes
+        assert (on_cpu.sizes, on_gpu.sizes) == ("cpu", "gpu")
+    assert OmegaConf.to_container(on_cpu.head) == OmegaConf.to_container(on_gpu.head)
+    assert draft_config(on_cpu.head, hf, 3) == draft_config(on_gpu.head, hf, 3)
+    assert _as_run("extract", args, gpus=0).head == _as_run("extract", args, gpus=1).head
+    default = compose("train")
+    assert default.head.draft_vocab_size == 32000 and default.head.norm_before_fc  # conf/head/eagle3.yaml
+    assert compose("train", ["experiment=demo_cpu"]).head.draft_vocab_size == 4096  # the CPU demo's pick
 
 
 @pytest.mark.parametrize("entry", ["train", "extract"])
@@ -291,20 +303,20 @@ def test_cli_typo_exits_nonzero_with_key():
 
 
 def test_draft_layers_below_one_fail_naming_the_key():
-    validate_run_config(compose("train", ["train.num_draft_layers=2"]))
-    with pytest.raises(ConfigError, match=r"train.num_draft_layers: expected >= 1, got 0"):
-        validate_run_config(compose("train", ["train.num_draft_layers=0"]))
+    validate_run_config(compose("train", ["head.num_draft_layers=2"]))
+    with pytest.raises(ConfigError, match=r"head.num_draft_layers: expected >= 1, got 0"):
+        validate_run_config(compose("train", ["head.num_draft_layers=0"]))
 
 
-def test_norm_options_and_losses_are_train_keys_and_exclusive_norms_fail_before_any_work():
+def test_norm_options_are_head_keys_losses_train_keys_and_exclusive_norms_fail_before_any_work():
     cfg = compose(
-        "train", ["train.fc_norm=true", "train.norm_output=true", "train.norm_before_residual=true", "train.loss=jsd"]
+        "train",
+        ["head.norm_before_fc=false", "head.fc_norm=true", "head.norm_output=true", "head.norm_before_residual=true"]
+        + ["train.loss=jsd"],
     )
     validate_run_config(cfg)
-    assert (
-        cfg.train.fc_norm and cfg.train.norm_output and cfg.train.norm_before_residual and not cfg.train.norm_before_fc
-    )
+    assert cfg.head.fc_norm and cfg.head.norm_output and cfg.head.norm_before_residual and not cfg.head.norm_before_fc
     for kind in ("reverse_kl", "tv"):
         assert str(compose("train", [f"train.loss={kind}"]).train.loss.value) == kind
-    with pytest.raises(ConfigError, match="train: norm_before_fc and fc_norm are mutually exclusive"):
-        validate_run_config(compose("train", ["train.norm_before_fc=true", "train.fc_norm=true"]))
+    with pytest.raises(ConfigError, match="head: norm_before_fc and fc_norm are mutually exclusive"):
+        validate_run_config(compose("train", ["head.norm_before_fc=true", "head.fc_norm=true"]))

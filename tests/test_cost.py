@@ -89,7 +89,7 @@ def test_the_capture_rate_follows_how_this_cpu_runs_the_forward(monkeypatch, fla
     assert f"at ~{want[forward]:,.0f} tok/s" in line
     assert ("this CPU would emulate bf16" in line) is (forward == "fp32")
     # training: bf16 autocast on AMX tiles has its own measured rate
-    cfg = compose("train", ["topology.precision=bf16-mixed"])
+    cfg = compose("train", ["head=compact", "topology.precision=bf16-mixed"])  # the head the rate was measured with
     want_train = CPU_RATE.train_amx_tok_s if forward == "amx" else CPU_RATE.train_tok_s
     assert f"at ~{want_train:,.0f} tok/s" in train_lines(cfg)[0]
     # a GPU's capture never takes a CPU rate
@@ -97,13 +97,13 @@ def test_the_capture_rate_follows_how_this_cpu_runs_the_forward(monkeypatch, fla
 
 
 def test_train_estimate_is_steps_times_tokens_per_step_over_ranks():
-    cfg = compose("train", ["train.max_steps=150", "train.max_tokens_per_batch=2048"])
+    cfg = compose("train", ["head=compact", "train.max_steps=150", "train.max_tokens_per_batch=2048"])
     line = train_lines(cfg)[0]
     assert "train: 150 steps x <= 2,048 tokens = <= 307,200 tokens" in line
     minutes, tok_s = re.search(r"~([\d.]+) min at ~([\d,]+) tok/s", line).groups()
     assert _num(minutes) == pytest.approx(150 * 2048 / _num(tok_s) / 60, abs=0.06)
     # 4x the draft vocabulary: more FLOPs per token, a lower rate than the one measured at 4096
-    wide = train_lines(compose("train", ["train.draft_vocab_size=16384"]))[0]
+    wide = train_lines(compose("train", ["head=compact", "head.draft_vocab_size=16384"]))[0]
     assert _num(re.search(r"at ~([\d,]+) tok/s", wide).group(1)) < CPU_RATE.train_tok_s
     # the measured split: packed batches' mean fill decides the tokens trained on and the passes
     known = train_lines(cfg, train_tokens=50_000, train_batches=40)[0]
@@ -113,7 +113,8 @@ def test_train_estimate_is_steps_times_tokens_per_step_over_ranks():
     rates = {
         precision: _num(
             re.search(
-                r"at ~([\d,]+) tok/s", train_lines(compose("train", [f"topology.precision={precision}"]))[0]
+                r"at ~([\d,]+) tok/s",
+                train_lines(compose("train", ["head=compact", f"topology.precision={precision}"]))[0],
             ).group(1)
         )
         for precision in ("bf16-mixed", "32-true")

@@ -120,6 +120,7 @@ def test_val_metrics_equal_one_process_validation(ddp_run, data_dir):
     path = resolve_step_path(cfg.train, cfg.topology)  # the path the DDP run trained and validated on
     model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
     head, meta = build_head(
+        cfg.head,
         cfg.train,
         cfg.model,
         model_dir,

@@ -68,7 +68,7 @@ def test_kimi_checkpoint_plan_is_the_size_its_training_wrote(kimi_resolved):
 def test_checkpoint_plan_follows_the_head_and_the_checkpoints_kept():
     small = compose("train", ["experiment=tiny_test"]).callbacks.model_checkpoint.disk
     more = compose(
-        "train", ["experiment=tiny_test", "train.num_draft_layers=2", "callbacks.model_checkpoint.save_top_k=3"]
+        "train", ["experiment=tiny_test", "head.num_draft_layers=2", "callbacks.model_checkpoint.save_top_k=3"]
     ).callbacks.model_checkpoint.disk
     each = [float(plan.split(" ")[0]) for plan in (small, more)]
     assert "up to 3 at once" in small and "up to 5 at once" in more and each[1] > each[0]
@@ -95,7 +95,7 @@ def test_checkpoint_plan_of_your_own_model_reads_its_config_json(tmp_path):
     cfg = compose("train", ["model=hf", f"model.path={tmp_path}"])
     plan = str(cfg.callbacks.model_checkpoint.disk)
     with torch.device("meta"):
-        head = Eagle3DraftHead(draft_config(cfg.train, config, 3))
+        head = Eagle3DraftHead(draft_config(cfg.head, config, 3))
     assert plan.startswith(f"{format_bytes(head_checkpoint_bytes(head))} a checkpoint"), plan
     # no config.json to read the sizes from: planned by train.py once it has the target
     (tmp_path / "config.json").unlink()

@@ -33,7 +33,7 @@ def test_each_recipe_composes_for_its_class(recipe):
         assert cfg.sizes == "gpu" and cfg.sizes_source == "topology.accelerator=gpu"
         assert cfg.capture.backend == "vllm" and cfg.capture.vllm_route == "native"
         assert cfg.capture.hidden_layout == layout
-        assert cfg.data.regenerate and cfg.data.max_length == 2048 and cfg.train.draft_vocab_size == 32000
+        assert cfg.data.regenerate and cfg.data.max_length == 2048 and cfg.head.draft_vocab_size == 32000
     # the preset's facts and extra_config are the real config.json's: a random build has its size
     hf = tiny_config(OmegaConf.to_object(compose("extract", [f"experiment={recipe}", "model.source=tiny"]).model))
     size = target_size(hf.to_dict())

@@ -42,6 +42,7 @@ def _build(data_dir: Path, extra: list[str]):
     cfg = compose("train", TINY + [f"paths.data_dir={data_dir}"] + extra)
     model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
     return build_head(
+        cfg.head,
         cfg.train,
         cfg.model,
         model_dir,
@@ -101,14 +102,14 @@ def test_a_head_that_does_not_fit_is_refused_by_field(data_dir, trained):
     export = trained["export"]
     with pytest.raises(
         InitFromError,
-        match=r"num_hidden_layers: expected 2 \(train.num_draft_layers\), got 1; "
-        r".*fc_norm: expected True \(train.fc_norm\), got False",
+        match=r"num_hidden_layers: expected 2 \(head.num_draft_layers\), got 1; "
+        r".*fc_norm: expected True \(head.fc_norm\), got False",
     ):
-        _build(data_dir, [f"train.init_from={export}", "train.num_draft_layers=2", "train.fc_norm=true"])
-    with pytest.raises(InitFromError, match=r"draft_vocab_size: expected 1024 \(train.draft_vocab_size\), got 2048"):
-        _build(data_dir, [f"train.init_from={export}", "train.draft_vocab_size=1024"])
-    with pytest.raises(InitFromError, match=r"intermediate_size: expected 96 \(train.intermediate_size\), got 128"):
-        _build(data_dir, [f"train.init_from={export}", "train.intermediate_size=96"])
+        _build(data_dir, [f"train.init_from={export}", "head.num_draft_layers=2", "head.fc_norm=true"])
+    with pytest.raises(InitFromError, match=r"draft_vocab_size: expected 1024 \(head.draft_vocab_size\), got 2048"):
+        _build(data_dir, [f"train.init_from={export}", "head.draft_vocab_size=1024"])
+    with pytest.raises(InitFromError, match=r"intermediate_size: expected 96 \(head.intermediate_size\), got 128"):
+        _build(data_dir, [f"train.init_from={export}", "head.intermediate_size=96"])
     with pytest.raises(InitFromError, match=r"has no config.json or model.safetensors \(expected an EAGLE-3 head"):
         _build(data_dir, [f"train.init_from={export.parent}"])  # the run dir, not its export
 

@@ -217,7 +217,7 @@ def test_the_online_pre_pass_wait_gives_up_naming_the_holder(tmp_path, monkeypat
     try:
         pid = int(proc.stdout.readline())
         with _at_most(60), pytest.raises(LockHeldError, match=f"online dataset is being written: .* held by pid {pid}"):
-            prepare_token_dataset(recipe, regen_machine(cfg), cfg.train.draft_vocab_size)
+            prepare_token_dataset(recipe, regen_machine(cfg), cfg.head.draft_vocab_size)
     finally:
         proc.kill()
         proc.wait(30)

@@ -104,7 +104,7 @@ def test_optuna_maximises_the_replayed_acceptance(data_dir, tmp_path):
     )  # the preset sets hydra.mode=MULTIRUN itself
     assert out.returncode == 0, out.stderr[-5000:]
     result = OmegaConf.load(sweep / "optimization_results.yaml")
-    params = ["train.lr", "train.ttt_steps", "train.step_decay", "train.draft_vocab_size"]
+    params = ["train.lr", "train.ttt_steps", "train.step_decay", "head.draft_vocab_size"]
     assert sorted(result.best_params) == sorted(params)
     rows = _table(sweep)
     assert len(rows) == 3 and all(r["status"] == "COMPLETED" for r in rows)
@@ -114,8 +114,8 @@ def test_optuna_maximises_the_replayed_acceptance(data_dir, tmp_path):
         job = sweep / r["job"]
         cfg, export = _job_cfg(job), json.loads((job / "export" / "config.json").read_text())
         assert 1e-4 <= cfg.train.lr <= 3e-3 and cfg.train.ttt_steps in (3, 5, 7) and 0.6 <= cfg.train.step_decay <= 1.0
-        assert cfg.train.draft_vocab_size in (4096, 8192, 16384, 32000)
-        assert export["draft_vocab_size"] == cfg.train.draft_vocab_size  # the trial's value reached training
+        assert cfg.head.draft_vocab_size in (4096, 8192, 16384, 32000)
+        assert export["draft_vocab_size"] == cfg.head.draft_vocab_size  # the trial's value reached training
         assert float(r["train.lr"]) == pytest.approx(cfg.train.lr)
         sampled.add((cfg.train.lr, cfg.train.ttt_steps))
     assert len(sampled) == 3  # three different trials, not one repeated

@@ -71,12 +71,12 @@ def test_train_writes_summary_export_and_checkpoints(data_dir, tmp_path, caplog)
 
 
 def test_two_draft_layers_train_export_and_reload(data_dir, tmp_path):
-    """train.num_draft_layers=2: the export declares two layers and holds the second one's
+    """head.num_draft_layers=2: the export declares two layers and holds the second one's
     weights (no hidden_norm: it sees the hidden stream only); the evaluation loader rebuilds
     the same head from it (same logits as the exported weights give)."""
     from eagle3.evaluation.diagnostics.head_replay import load_exported_head
 
-    _train(data_dir, tmp_path, ["train.num_draft_layers=2"])
+    _train(data_dir, tmp_path, ["head.num_draft_layers=2"])
     export = Path(json.loads((tmp_path / "summary.json").read_text())["export_dir"])
     cfg = json.loads((export / "config.json").read_text())
     assert cfg["transformer_layer_config"]["num_hidden_layers"] == 2
@@ -91,7 +91,7 @@ def test_two_draft_layers_train_export_and_reload(data_dir, tmp_path):
 
 
 def test_norm_options_and_a_divergence_loss_train_export_and_reload(data_dir, tmp_path):
-    """train.fc_norm / norm_output / norm_before_residual reach the head, the export declares
+    """head.fc_norm / norm_output / norm_before_residual reach the head, the export declares
     them and holds the trained fc_norm weights, and the evaluation loader rebuilds that head;
     train.loss=jsd trains (a bounded loss, below log 2 per position)."""
     from eagle3.evaluation.diagnostics.head_replay import load_exported_head

@@ -213,6 +213,25 @@ class OptimizerConfig:
 
 
 @dataclass
+class HeadConfig:
+    """The draft head's architecture (conf/head/): what the export's config.json describes and
+    vLLM builds. The same command builds the same head on any machine; the sizes presets and the
+    machine defaults never change it."""
+
+    # the most frequent target tokens the head predicts (capped at the target's vocabulary)
+    draft_vocab_size: int = 32000
+    # EAGLE-3.1 norms, named as speculators 0.9 and vLLM 0.32 name them (eagle3/draft/config.py)
+    norm_before_fc: bool = False  # one RMSNorm over the concatenated aux states before fc
+    fc_norm: bool = False  # an RMSNorm per aux layer before fc (exclusive with norm_before_fc)
+    norm_output: bool = False  # each TTT step reads the previous step's normed output
+    norm_before_residual: bool = False  # the first layer's residual is the normed hidden state
+    num_draft_layers: int = 1  # decoder layers of the head (vLLM eagle3 and speculators load > 1)
+    num_attention_heads: Optional[int] = None  # null: the target's
+    num_key_value_heads: Optional[int] = None
+    intermediate_size: Optional[int] = None  # the MLP width; null: the target's
+
+
+@dataclass
 class TrainConfig:
     # where the hidden states come from: the stored dataset (offline), or the frozen target run by
     # the trainer on each batch (online: no dataset of hidden states on disk, the target's forward
@@ -228,24 +247,15 @@ class TrainConfig:
     # multiple of 128 (rows are padded to it); sdpa: a dense bool mask, any device. auto: flex
     # on CUDA (the faster step in bench/train_throughput.py), sdpa on CPU
     attention: AttentionKind = AttentionKind.auto
-    # run sizes (draft vocabulary, lr, warm-up, steps, batch tokens, validation interval): no
-    # default here, conf/sizes/<name>.yaml sets them, so a run without a sizes preset fails naming the key
-    draft_vocab_size: int = MISSING
-    norm_before_fc: bool = False
-    # EAGLE-3.1 norms, named as speculators 0.9 and vLLM 0.32 name them (eagle3/draft/config.py)
-    fc_norm: bool = False  # an RMSNorm per aux layer before fc (exclusive with norm_before_fc)
-    norm_output: bool = False  # each TTT step reads the previous step's normed output
-    norm_before_residual: bool = False  # the first layer's residual is the normed hidden state
+    # run sizes (lr, warm-up, steps, batch tokens, validation interval): no default here,
+    # conf/sizes/<name>.yaml sets them, so a run without a sizes preset fails naming the key.
+    # The head's architecture is the head group's (HeadConfig), never the sizes'
     init_lm_head_from_target: bool = True
     # warm start from an EAGLE-3 head in the speculators format (an export directory or a hub id):
     # its weights and draft vocabulary replace the fresh ones (so init_lm_head_from_target is moot);
     # sizes, norm flags and aux layers must match this run (eagle3/training/init_from.py)
     init_from: Optional[str] = None
     init_from_revision: Optional[str] = None  # hub id only: branch, tag or commit (null: main)
-    num_attention_heads: Optional[int] = None  # null: the target's
-    num_key_value_heads: Optional[int] = None
-    intermediate_size: Optional[int] = None
-    num_draft_layers: int = 1  # decoder layers of the head (vLLM eagle3 and speculators load > 1)
     lr: float = MISSING  # peak learning rate (the sizes preset's)
     weight_decay: float = 0.0
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -317,7 +327,7 @@ class CheckpointCallbackConfig:
     # computed (eagle3/planning/disk_plan.py), never set by hand: one checkpoint's size and the disk
     # a run holds at once, shown by --cfg job --resolve
     disk: Any = (
-        "${eagle3.checkpoint_disk:${model},${train},${layers.layer_ids},"
+        "${eagle3.checkpoint_disk:${model},${head},${layers.layer_ids},"
         "${callbacks.model_checkpoint.save_top_k},${callbacks.model_checkpoint.save_last}}"
     )
 
@@ -356,6 +366,11 @@ class ExportConfig:
     # the target named in the export's config.json (what `vllm serve` on the serving machine
     # loads next to the head); null: model.hub_id, or model.path as the user gave it
     target_name_or_path: Optional[str] = None
+    # a Hub repo ("org/name") the export, its model card included, is uploaded to after training
+    # (eagle3/serving/hub_push.py); the token and the endpoint are checked before training starts
+    push_to_hub: Optional[str] = None
+    # the repo is created private (an existing repo keeps its visibility)
+    hub_private: bool = True
 
 
 @dataclass
@@ -364,9 +379,15 @@ class EvalConfig:
     num_draft_tokens: int = 3
     # the sizes below are evaluate.py's (conf/evaluate.yaml has no sizes preset); train.py's evaluation
     # takes them from conf/sizes/<name>.yaml
+    # the held-out suite (eagle3/evaluation/suite.py), the headline figure: broad prompts stratified
+    # over the eight MT-bench categories, and grade-school math word problems
+    suite_prompts: int = 96
+    math_prompts: int = 24
+    # HumanEval (held out) and the validation split's opening turns (in-distribution, reported beside
+    # the suite): max_prompts of them, humaneval_prompts of those HumanEval
     max_prompts: int = 32
     humaneval_prompts: int = 16
-    max_new_tokens: int = 128
+    max_new_tokens: int = 128  # every answer ends at EOS (natural) or at this many tokens
     # also explain each greedy mismatch (the target rerun in fp32 per mismatch) and replay the
     # head train-side on the served prompts: costly; for investigating train/serve mismatches.
     # Off: vLLM's measured acceptance and a count of greedy mismatches only.
@@ -398,6 +419,7 @@ class RunConfig:
     layers: LayersConfig = MISSING
     data: DataConfig = MISSING
     capture: CaptureConfig = MISSING
+    head: HeadConfig = MISSING
     train: TrainConfig = MISSING
     logger: LoggerConfig = MISSING
     paths: PathsConfig = MISSING

@@ -222,15 +222,15 @@ def run_rates(cfg: RunConfig, rates: Sequence[Rate] | None = None) -> RunRates:
         basis = f"  (no rate measured on accelerator={accelerator}: {RATES_FILE.name})"
         return RunRates(None, basis, forward, None, None)
     scaled = "" if abs(math.log(rate.params / params)) < 0.05 else ", scaled to this model"
-    basis = f"  (rates measured with {rate.model} on {rate.accelerator}{scaled}: eagle3/stages/{RATES_FILE.name})"
-    m, t, topo = cfg.model, cfg.train, cfg.topology
+    basis = f"  (rates measured with {rate.model} on {rate.accelerator}{scaled}: eagle3/planning/{RATES_FILE.name})"
+    m, h, topo = cfg.model, cfg.head, cfg.topology
     capture = rate.capture_rate(params, topo.extract_dp * max(1, cfg.num_shards), forward)
     flops = head_flops(
         m.hidden_size,
-        t.intermediate_size or m.intermediate_size,
-        min(t.draft_vocab_size, m.vocab_size),
-        t.ttt_steps,
-        t.num_draft_layers,
+        h.intermediate_size or m.intermediate_size,
+        min(h.draft_vocab_size, m.vocab_size),
+        cfg.train.ttt_steps,
+        h.num_draft_layers,
     )
     train = rate.train_rate(flops, str(topo.precision), amx=cpu_amx(cfg)) * topo.devices * topo.num_nodes
     return RunRates(rate, basis, forward, capture, train)

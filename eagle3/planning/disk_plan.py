@@ -44,7 +44,7 @@ def hidden_layout(dtype: str, layer_ids: Sequence[int], hidden_size: int, storag
     if hidden_dtypes.check_storage(storage) == EXACT:
         return layout
     return (
-        f"{layout} stored {storage}: aux float8_e4m3fn [T, {L - 1}, {H}] + float32 scale [T, {L - 1}], "
+        f"{layout} stored {storage}: aux float8_e4m3fn [T, {L - 1}, {H}] + bfloat16 scale [T, {L - 1}], "
         f"final {dtype} [T, 1, {H}]"
     )
 
@@ -111,7 +111,7 @@ def disk_per_million_tokens(
     return format_bytes(disk_bytes(MILLION, layer_ids, hidden_size, dtype, shard_max_tokens, storage))
 
 
-def checkpoint_disk(model: Any, train: Any, layer_ids: Sequence[int], save_top_k: int, save_last: bool) -> str:
+def checkpoint_disk(model: Any, head: Any, layer_ids: Sequence[int], save_top_k: int, save_last: bool) -> str:
     """One resume checkpoint of the head this config trains, and the disk a run holds at once
     (the figure train.py checks before its first step), from the model preset's facts: the head is
     built on the meta device, so nothing is allocated. A target whose facts are read only from its
@@ -134,11 +134,11 @@ def checkpoint_disk(model: Any, train: Any, layer_ids: Sequence[int], save_top_k
         else:
             hf.update(dict(model.extra_config or {}), model_type=PRESET_MODEL_TYPES.get(str(model.architecture), ""))
         with torch.device("meta"):
-            head = Eagle3DraftHead(draft_config(train, hf, len(layer_ids) - 1))
+            draft = Eagle3DraftHead(draft_config(head, hf, len(layer_ids) - 1))
     except Exception as e:  # a plan never stops a compose: the run itself names the problem
         return f"not planned ({type(e).__name__}: {e})"
-    each = head_checkpoint_bytes(head)
-    trainable = sum(p.numel() for p in head.parameters() if p.requires_grad)
+    each = head_checkpoint_bytes(draft)
+    trainable = sum(p.numel() for p in draft.parameters() if p.requires_grad)
     at_once = checkpoints_at_once(int(save_top_k), bool(save_last))
     count = f"{trainable / 1e9:.2f}B" if trainable >= 1e9 else f"{trainable / 1e6:.1f}M"
     return (

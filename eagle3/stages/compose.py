@@ -24,6 +24,7 @@ _GROUPS = {
     "layers": schema.LayersConfig,
     "data": schema.DataConfig,
     "capture": schema.CaptureConfig,
+    "head": schema.HeadConfig,
     "train": schema.TrainConfig,
     "logger": schema.LoggerConfig,
     "paths": schema.PathsConfig,
@@ -96,7 +97,7 @@ def register_resolvers() -> None:
     OmegaConf.register_new_resolver("eagle3.vllm_capture_route", disk_plan.vllm_capture_route, replace=True)
     OmegaConf.register_new_resolver(
         "eagle3.checkpoint_disk",
-        lambda model, train, ids, top_k, last: disk_plan.checkpoint_disk(model, train, _plain(ids), top_k, last),
+        lambda model, head, ids, top_k, last: disk_plan.checkpoint_disk(model, head, _plain(ids), top_k, last),
         replace=True,
     )
     OmegaConf.register_new_resolver(

@@ -79,7 +79,7 @@ def _capture_setup(cfg: RunConfig) -> CaptureSetup:
         topology=cfg.topology,
         dtype=config_torch_dtype(cfg.capture.dtype),
         regen=regen_machine(cfg),
-        draft_vocab_size=cfg.train.draft_vocab_size,
+        draft_vocab_size=cfg.head.draft_vocab_size,
     )
 
 
@@ -100,14 +100,14 @@ def _token_dataset(
     from eagle3.extraction.tokens import prepare_token_dataset
 
     ds_dir = prepare_token_dataset(
-        recipe, regen_machine(cfg), cfg.train.draft_vocab_size, clock, time_budget.regen_deadline(split, clock)
+        recipe, regen_machine(cfg), cfg.head.draft_vocab_size, clock, time_budget.regen_deadline(split, clock)
     )
     return _said(ds_dir)
 
 
 def _merge(cfg: RunConfig, ds_dir: Path, num_shards: int) -> str:
     """`extract.py <same overrides> num_shards=n merge=true`: the n parts -> one dataset."""
-    size = min(cfg.train.draft_vocab_size, cfg.model.vocab_size)
+    size = min(cfg.head.draft_vocab_size, cfg.model.vocab_size)
     m = merge_parts(ds_dir, num_shards, draft_vocab_sizes=[size])
     console.print(
         f"[green]merged {num_shards} parts: {m.num_samples} samples, {m.num_tokens} tokens in {len(m.shards)} shards"

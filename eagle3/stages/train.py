@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,12 +14,15 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig
 
-from eagle3.config.schema import HiddenStates, RunConfig, TrainerConfig, plain, run_config
+from eagle3.config.schema import ExportConfig, HiddenStates, RunConfig, TrainerConfig, plain, run_config
 from eagle3.draft.replay import MEASURED_AGAINST_VLLM
 from eagle3.draft.serving_format import DraftMeta
 from eagle3.extraction.identity import dataset_path
 from eagle3.planning import time_budget
 from eagle3.planning.cost import train_lines
+from eagle3.serving.hub_push import HubPushError, preflight, publish_lines
+from eagle3.serving.model_card import write_card
+from eagle3.serving.training_record import machine_record, write_training_record
 from eagle3.stages.recipes import dataset_recipe
 from eagle3.stages.train_inputs import find_dataset, find_token_dataset, online_target
 from eagle3.stages.validate import validate_run_config
@@ -72,6 +76,8 @@ def run(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> float:
     stage = StageClock()  # a time budget counts this run from here (its imports too, as an entrypoint)
     with run_dir_lock(output_dir):
         validate_run_config(cfg)
+        if cfg.export.push_to_hub:  # the token and the Hub checked before any work, not after the training
+            preflight(str(cfg.export.push_to_hub), bool(cfg.export.hub_private), key="export.push_to_hub")
         # time_budget.minutes: extract.py's plan names the dataset (data.max_samples)
         run_cfg, _ = time_budget.sized(run_config(cfg))
         if global_rank() == 0:  # a rerun under another config does not resume this run dir's checkpoints
@@ -135,16 +141,22 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
                 f"once: {format_bytes(at_once * checkpoint_bytes)}; {format_bytes(free)} free there"
             ]
         )
+    fit_start, push_failed = time.monotonic(), None
     initial, final = _fit_and_validate(cfg, parts, output_dir / "checkpoints")
     if parts.trainer.is_global_zero:
         summary = _summary(cfg, parts, ds_dir, model_dir, initial, final)
         summary["checkpoint_bytes"] = checkpoint_bytes
+        # this process's fit and last validation (a resumed run: its last part), and where: the model card's
+        summary["fit_seconds"] = round(time.monotonic() - fit_start, 1)
+        summary["machine"] = machine_record(cfg.topology.accelerator, cfg.topology.devices, cfg.topology.num_nodes)
         export_dir = _export_and_evaluate(cfg, parts, output_dir, ds_dir, model_dir, summary)
         if clock is not None:
             summary["time_budget"] = clock.outcome()
             report([time_budget.outcome_line(summary["time_budget"])])
-        _write_summary(output_dir, export_dir, summary)
+        push_failed = _write_summary(output_dir, export_dir, summary, cfg.export)
     _finish_logger(parts, initial)
+    if parts.trainer.is_global_zero and push_failed:  # the export, the card and the logs are whole first
+        raise HubPushError(push_failed)
     return final.get(cfg.optimized_metric, float("nan"))
 
 
@@ -319,23 +331,29 @@ def _export_and_evaluate(
     return export_dir
 
 
-def _write_summary(output_dir: Path, export_dir: Path, summary: Mapping[str, Any]) -> None:
-    """summary.json, then the `vllm serve` command with the advised number of draft tokens (the
-    rule on the acceptance just measured, eagle3/serving/advice.py) and, last, the export directory
-    (scripts read it)."""
+def _write_summary(
+    output_dir: Path, export_dir: Path, summary: Mapping[str, Any], export: ExportConfig | None = None
+) -> str | None:
+    """summary.json, the export's training record and model card (eagle3/serving/model_card.py),
+    its upload (export.push_to_hub), then the `vllm serve` command with the advised number of draft
+    tokens (the rule on the acceptance just measured, eagle3/serving/advice.py) and, last, the export
+    directory (scripts read it). Returns why the upload failed (raised once the logger is closed)."""
     from eagle3.serving.advice import export_serving_lines
 
     write_text(output_dir / "summary.json", json.dumps(summary, indent=2))  # never a torn one (sweep tables read it)
+    serve = export_serving_lines(
+        export_dir, (summary.get("acceptance") or {}).get("json"), target_dir=summary.get("target_dir")
+    )  # first: the advice it writes (serving.json) is the one the card shows
+    write_training_record(export_dir, output_dir)
+    write_card(export_dir)
+    exported = summary.get("best_checkpoint") or output_dir / "checkpoints" / "last.ckpt"
+    repo = export.push_to_hub if export is not None else None
+    retry = f"python export.py ckpt={exported} out={export_dir} push_to_hub={repo}"
+    pushed, failed = publish_lines(export_dir, repo, bool(export and export.hub_private), "export.push_to_hub", retry)
     line = best_metric_line(summary.get("best_metric"), summary.get("best_metric_value"))
     # to stdout and train.log alike: the serve command is what a reader of the log looks for
-    say(
-        [f"summary: {output_dir / 'summary.json'}"]
-        + ([line] if line else [])
-        + export_serving_lines(
-            export_dir, (summary.get("acceptance") or {}).get("json"), target_dir=summary.get("target_dir")
-        )
-        + [str(export_dir)]
-    )
+    say([f"summary: {output_dir / 'summary.json'}"] + ([line] if line else []) + serve + pushed + [str(export_dir)])
+    return failed
 
 
 def best_metric_line(name: str | None, value: float | None) -> str | None:

@@ -64,7 +64,7 @@ def find_token_dataset(cfg: RunConfig, model_dir: str) -> Path:
         return ds_dir
     from eagle3.extraction.tokens import prepare_token_dataset
 
-    return prepare_token_dataset(dataset_recipe(cfg, model_dir), regen_machine(cfg), cfg.train.draft_vocab_size)
+    return prepare_token_dataset(dataset_recipe(cfg, model_dir), regen_machine(cfg), cfg.head.draft_vocab_size)
 
 
 def find_dataset(cfg: RunConfig, model_dir: str) -> Path:

@@ -40,7 +40,6 @@ def validate_topology(topology: DictConfig) -> None:
 _SIZE_KEYS = (
     "sizes",
     "data.max_length",
-    "train.draft_vocab_size",
     "train.lr",
     "train.warmup_steps",
     "train.max_steps",
@@ -84,12 +83,12 @@ def validate_run_config(cfg: DictConfig) -> None:
         raise ConfigError(f"data.max_length: expected >= 2, got {cfg.data.max_length}")
     if int(cfg.train.ttt_steps) < 1:
         raise ConfigError(f"train.ttt_steps: expected >= 1, got {cfg.train.ttt_steps}")
-    if int(cfg.train.num_draft_layers) < 1:
-        raise ConfigError(f"train.num_draft_layers: expected >= 1, got {cfg.train.num_draft_layers}")
-    if int(cfg.train.draft_vocab_size) < 1:
-        raise ConfigError(f"train.draft_vocab_size: expected >= 1, got {cfg.train.draft_vocab_size}")
+    if int(cfg.head.num_draft_layers) < 1:
+        raise ConfigError(f"head.num_draft_layers: expected >= 1, got {cfg.head.num_draft_layers}")
+    if int(cfg.head.draft_vocab_size) < 1:
+        raise ConfigError(f"head.draft_vocab_size: expected >= 1, got {cfg.head.draft_vocab_size}")
     try:  # the head's own check, before any work rather than when the head is built
-        check_norm_options({name: bool(cfg.train[name]) for name in NORM_OPTIONS}, where="train")
+        check_norm_options({name: bool(cfg.head[name]) for name in NORM_OPTIONS}, where="head")
     except DraftConfigError as e:
         raise ConfigError(str(e)) from None
     metric = str(cfg.optimized_metric)

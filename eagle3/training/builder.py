@@ -3,7 +3,7 @@ layer ids and vocabulary from the dataset (one source of truth, never re-typed).
 
 from __future__ import annotations
 
-from eagle3.config.schema import AttentionKind, ModelConfig, ModelSource, TrainConfig
+from eagle3.config.schema import AttentionKind, HeadConfig, ModelConfig, ModelSource, TrainConfig
 from eagle3.data.vocab import build_draft_vocab
 from eagle3.draft.config import NORM_OPTIONS, DraftConfig
 from eagle3.draft.head import Eagle3DraftHead
@@ -34,31 +34,32 @@ def target_name(model: ModelConfig, model_dir: str, given: str | None = None) ->
     return str(model_dir)
 
 
-def draft_vocab_size(train: TrainConfig, hf: dict) -> int:
-    """train.draft_vocab_size, or the target's whole vocabulary where that is smaller."""
-    return min(train.draft_vocab_size, int(hf["vocab_size"]))
+def draft_vocab_size(head: HeadConfig, hf: dict) -> int:
+    """head.draft_vocab_size, or the target's whole vocabulary where that is smaller."""
+    return min(head.draft_vocab_size, int(hf["vocab_size"]))
 
 
-def draft_config(train: TrainConfig, hf: dict, num_aux_layers: int) -> DraftConfig:
-    """The head's architecture: the target's sizes (``hf``, its config.json) with train.*'s
+def draft_config(head: HeadConfig, hf: dict, num_aux_layers: int) -> DraftConfig:
+    """The head's architecture: the target's sizes (``hf``, its config.json) with head.*'s
     overrides and norm flags."""
     overrides = {
-        k: getattr(train, k)
+        k: getattr(head, k)
         for k in ("num_attention_heads", "num_key_value_heads", "intermediate_size")
-        if getattr(train, k) is not None
+        if getattr(head, k) is not None
     }
-    norms = {name: bool(getattr(train, name)) for name in NORM_OPTIONS}  # train.<name>, same names as DraftConfig
+    norms = {name: bool(getattr(head, name)) for name in NORM_OPTIONS}  # head.<name>, same names as DraftConfig
     return DraftConfig.from_target_config(
         hf,
-        draft_vocab_size=draft_vocab_size(train, hf),
+        draft_vocab_size=draft_vocab_size(head, hf),
         num_aux_layers=num_aux_layers,
-        num_layers=train.num_draft_layers,
+        num_layers=head.num_draft_layers,
         **norms,
         **overrides,
     )
 
 
 def build_head(
+    head_cfg: HeadConfig,
     train: TrainConfig,
     model: ModelConfig,
     model_dir: str,
@@ -68,17 +69,17 @@ def build_head(
     target: str,
     num_speculative_tokens: int,
 ) -> tuple[Eagle3DraftHead, DraftMeta]:
-    """The head train.* describes for the target ``model`` (its files in ``model_dir``) and
+    """The head head.* describes, initialised as train.* says, for the target ``model`` (its files in ``model_dir``) and
     ``dataset``, with the settled ``attention`` kernel (never auto), and the DraftMeta its
     export carries: ``target`` as the export names it, ``num_speculative_tokens`` advised."""
     hf = read_hf_config(model_dir)
-    size = draft_vocab_size(train, hf)
+    size = draft_vocab_size(head_cfg, hf)
     layer_ids = list(dataset.layer_ids)
     final_id = model.num_layers
     if layer_ids[-1] != final_id:
         raise ValueError(f"{dataset.directory}: last layer id {layer_ids[-1]} is not the final state {final_id}")
     aux_ids = layer_ids[:-1]
-    draft_cfg = draft_config(train, hf, len(aux_ids))
+    draft_cfg = draft_config(head_cfg, hf, len(aux_ids))
     head = Eagle3DraftHead(draft_cfg, attention=AttentionKind(attention).value)
     d2t, t2d = draft_vocab(dataset, size)
     init = read_init_head(train.init_from, train.init_from_revision) if train.init_from else None

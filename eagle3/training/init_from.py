@@ -84,23 +84,23 @@ def check_compatible(init: InitHead, draft_cfg: DraftConfig, aux_ids: list[int])
         ("target_hidden_size", draft_cfg.hidden_size, "the target's hidden_size", cfg.get("target_hidden_size")),
         ("vocab_size", draft_cfg.target_vocab_size, "the target's vocab_size", layer.get("vocab_size")),
         ("t2d length", draft_cfg.target_vocab_size, "the target's vocab_size", int(t2d.shape[0])),
-        ("draft_vocab_size", draft_cfg.draft_vocab_size, "train.draft_vocab_size", cfg.get("draft_vocab_size")),
-        ("d2t length", draft_cfg.draft_vocab_size, "train.draft_vocab_size", int(d2t.shape[0])),
-        ("num_hidden_layers", draft_cfg.num_layers, "train.num_draft_layers", layer.get("num_hidden_layers", 1)),
+        ("draft_vocab_size", draft_cfg.draft_vocab_size, "head.draft_vocab_size", cfg.get("draft_vocab_size")),
+        ("d2t length", draft_cfg.draft_vocab_size, "head.draft_vocab_size", int(d2t.shape[0])),
+        ("num_hidden_layers", draft_cfg.num_layers, "head.num_draft_layers", layer.get("num_hidden_layers", 1)),
         (
             "num_attention_heads",
             draft_cfg.num_attention_heads,
-            "train.num_attention_heads",
+            "head.num_attention_heads",
             layer.get("num_attention_heads"),
         ),
         (
             "num_key_value_heads",
             draft_cfg.num_key_value_heads,
-            "train.num_key_value_heads",
+            "head.num_key_value_heads",
             layer.get("num_key_value_heads"),
         ),
         ("head_dim", draft_cfg.head_dim, "the target's head_dim", layer.get("head_dim")),
-        ("intermediate_size", draft_cfg.intermediate_size, "train.intermediate_size", layer.get("intermediate_size")),
+        ("intermediate_size", draft_cfg.intermediate_size, "head.intermediate_size", layer.get("intermediate_size")),
         (
             "eagle_aux_hidden_state_layer_ids",
             [int(i) for i in aux_ids],
@@ -110,7 +110,7 @@ def check_compatible(init: InitHead, draft_cfg: DraftConfig, aux_ids: list[int])
     ]
     # a flag the file lacks means what vLLM assumes for it, as serving would read the head
     checks += [
-        (name, bool(getattr(draft_cfg, name)), f"train.{name}", bool(cfg.get(name, VLLM_NORM_DEFAULTS[name])))
+        (name, bool(getattr(draft_cfg, name)), f"head.{name}", bool(cfg.get(name, VLLM_NORM_DEFAULTS[name])))
         for name in NORM_OPTIONS
     ]
     wrong = [

@@ -17,7 +17,7 @@ MODEL=(model=tiny_llama model.name=rand_llama_1b model.num_layers=${LAYERS:-16} 
        model.tokenizer_from=$PWD/.gpu/tok)
 C=("${MODEL[@]}" data=jsonl data.path=$W/sharegpt.jsonl data.max_samples=${N:-600} data.max_length=${LEN:-1024}
    data.val_fraction=0.05 paths.cache_dir=$W/cache logger=none eval.enabled=false
-   capture.shard_max_tokens=65536 train.draft_vocab_size=8192 train.ttt_steps=3
+   capture.shard_max_tokens=65536 head.draft_vocab_size=8192 train.ttt_steps=3
    train.max_tokens_per_batch=${TOK:-8192} train.max_steps=${STEPS:-60} train.warmup_steps=5
    train.val_check_interval=${STEPS:-60} train.compile=false "$@")
 t0=$(date +%s.%N)

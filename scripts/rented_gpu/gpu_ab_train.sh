@@ -2,7 +2,7 @@
 # Two smollm2_full trainings side by side on a 2-GPU machine, one per GPU, on the same
 # dataset (extracted first by gpu_quality_run.sh extract): an A/B of two configs in one lease.
 #   bash scripts/rented_gpu/gpu_ab_train.sh "<overrides of A>" "<overrides of B>" [overrides of both...]
-#   e.g. bash scripts/rented_gpu/gpu_ab_train.sh "train.max_steps=4600" "train.intermediate_size=6144" data.regen_max_turns=2
+#   e.g. bash scripts/rented_gpu/gpu_ab_train.sh "train.max_steps=4600" "head.intermediate_size=6144" data.regen_max_turns=2
 # A second call with ckpt_path=last (and a larger train.max_time) continues both.
 # Logs come back ($OUT/A.log, $OUT/B.log, with each pack's sha256); the results stay on the
 # machine (two packs are over one call's return cap): fetch them in calls right after,

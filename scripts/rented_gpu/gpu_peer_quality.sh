@@ -7,7 +7,7 @@
 # replayed on the validation split (needs the shards, so here), ours' tokens are recounted,
 # and everything is packed.
 #   MINUTES=5 bash scripts/rented_gpu/gpu_peer_quality.sh [overrides of ours...]   # carry .whl
-#   OURS_B="train.norm_output=true ..." adds a third run beside them: ours with those overrides
+#   OURS_B="head.norm_output=true ..." adds a third run beside them: ours with those overrides
 #   (an A/B of our options at the same budget, packed as oursb/)
 #   ONLY=peer, then ONLY=ours (one call each): each run alone on the GPU for MINUTES, where side
 #   by side the faster loop takes more of the GPU (docs/results.md section 4 has both)

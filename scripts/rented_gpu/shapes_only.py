@@ -57,7 +57,7 @@ def write_shapes(out: Path, overrides: list[str]) -> tuple[Path, Path]:
     hf = tiny_config(model)
     hf.save_pretrained(target)  # after the tokenizer: its folder may hold a config.json of its own
     hf_dict = json.loads((target / "config.json").read_text())
-    draft = draft_config(train, hf_dict, len(aux_ids))
+    draft = draft_config(cfg.head, hf_dict, len(aux_ids))
     config = speculators_config_dict(
         draft, aux_ids, model.hub_id or model.name, train.ttt_steps, target_architectures=[model.architecture]
     )
