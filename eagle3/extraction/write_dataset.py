@@ -23,6 +23,7 @@ from eagle3.extraction.samples import prepare, regenerator_for
 from eagle3.store import DiskSpaceError, Manifest, ShardWriter, check_free_disk, disk_needed_bytes, format_bytes
 from eagle3.store.disk import free_bytes
 from eagle3.store.merge import owner_shard
+from eagle3.store.provenance import with_capture
 from eagle3.target_model.backend import make_backend
 from eagle3.util.locks import DirLock
 from eagle3.util.report import minutes, report
@@ -160,7 +161,11 @@ def _capture(
         trust_remote_code=recipe.model.trust_remote_code,
     )
     try:
-        writer.record_provenance({"capture": capture_route(setup.capture.backend.value, backend)})
+        # every run that captures is kept (provenance.captures): a dataset resumed or repaired under
+        # another backend says each route its samples came from
+        run = "repair" if job.repair else ("resume" if writer.done_ids() else "extract")
+        route = capture_route(setup.capture.backend.value, backend)
+        writer.record_provenance(with_capture(writer.manifest.provenance, route, run))
         # a repair captures every sample it lost: no deadline
         deadline = None if job.repair else timing.capture_deadline(len(todo))
         prompts = [(s.id, s.input_ids, s.loss_mask) for s in todo]
