@@ -297,13 +297,13 @@ def legacy_fingerprint_inputs(recipe: DatasetRecipe) -> dict[str, Any]:
 
     d = Path(recipe.model_dir)
     data: dict[str, Any] = plain(recipe.data)
+    data.pop("mixture", None)  # the first scheme predates mixtures (and found none)
     for key in ("regen_batch_size", "regen_static_cache", *HF_FIELDS):
         data.pop(key, None)
     if data.get("regen_num_answers") == 1:  # the first scheme knew one answer only
         data.pop("regen_num_answers")
     if data.get("regenerate"):
         data["regen_backend"] = resolve_backend(data["regen_backend"])
-    data.pop("mixture", None)  # the first scheme predates mixtures (and found none)
     else:
         data.pop("regen_backend", None)
         data.pop("regen_max_turns", None)
