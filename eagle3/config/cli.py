@@ -79,6 +79,11 @@ class ExportCliConfig:
     ckpt: str = MISSING
     out: Optional[str] = None
     num_draft_tokens: Optional[int] = None
+    # a Hub repo ("org/name") the export, its model card included, is uploaded to; the token and
+    # the endpoint are checked before anything is exported (eagle3/serving/hub_push.py)
+    push_to_hub: Optional[str] = None
+    # the repo is created private (an existing repo keeps its visibility)
+    hub_private: bool = True
 
 
 class ReplaySplit(str, Enum):

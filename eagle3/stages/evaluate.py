@@ -9,6 +9,7 @@ by vLLM (eagle3/evaluation/acceptance.py), as a stage with its own config (conf/
 The last one measures serving instead (eagle3/serving/speedup.py): tok/s of the target
 alone and with the head per load and K, the best K per load written into the export as
 serving.json (serving.write_advice=false leaves it), the table in serving_speedup.json.
+Either measurement written into the export rewrites its model card (README.md) with it.
 
 Prints the acceptance table on stderr and the JSON path as the last stdout line. train.py
 calls `evaluate_trained(...)` (`evaluate` with its config) at the end of training.
@@ -108,6 +109,8 @@ def run(cfg: Any) -> float:
     finally:
         if run_ is not None:
             run_.finish()
+    if result.json_path.parent.resolve() == Path(c.export_dir).expanduser().resolve():
+        refresh_card(c.export_dir, result.report.target)  # written beside the head: its card shows it
     sys.stdout.flush()
     print(str(result.json_path))  # the last stdout line, for scripts
     return result.mean_acceptance_length
@@ -128,7 +131,17 @@ def run_serving(c: EvaluateConfig, out_dir: Path | None) -> float:
         key = hashlib.sha1(str(Path(info.export_dir).resolve()).encode()).hexdigest()[:12]
         serving = dataclasses.replace(serving, work_dir=str(Path(c.paths.cache_dir) / "serving" / key))
     result, _ = measure_serving(info.export_dir, str(info.target), dataset, serving, c.engine, out)
+    if serving.write_advice:  # serving.json is in the export now: its card shows the measured speed-ups
+        refresh_card(info.export_dir, info.target)
     sys.stdout.flush()
     print(str(out))  # the last stdout line, for scripts
     first = result["table"][min(result["table"])]
     return float(first["best_speedup"]) if first["best_k"] else 1.0
+
+
+def refresh_card(export_dir: str | Path, target_dir: str | None = None) -> Path:
+    """The export's model card (README.md) rewritten from the files now beside it
+    (eagle3/serving/model_card.py): a measurement written into the export shows on its card."""
+    from eagle3.serving.model_card import write_card
+
+    return write_card(export_dir, target_dir=target_dir)

@@ -1,0 +1,164 @@
+"""Publish an export on the Hugging Face Hub: ``export.push_to_hub=<org/name>`` on train.py,
+``push_to_hub=<org/name>`` on ``python export.py``.
+
+Two steps, far apart in time on purpose:
+
+- ``preflight`` runs before any work (before training, before an export is written): the repo id
+  is well formed, the Hub is not switched off (HF_HUB_OFFLINE), a token is there (huggingface_hub's
+  own ``get_token``: HF_TOKEN or the file ``hf auth login`` writes), the endpoint (HF_ENDPOINT, else
+  huggingface.co) answers within a few seconds, and it accepts the token. A run that could not
+  publish its head fails in seconds, naming what is missing, instead of after hours of training.
+- ``push`` uploads the export folder in one commit: every file a user needs (weights, config.json,
+  eagle3_meta.json with its training record, acceptance.json/.png, serving.json), the engine logs and
+  W&B files left out, and the model card (README.md) written for the Hub: its ``vllm serve``
+  command names the repo instead of the local directory. The repo is created private unless
+  ``hub_private=false`` (an existing repo keeps its visibility).
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+CHECK_TIMEOUT_S = 5.0  # a reachable Hub answers in well under a second; a missing network never does
+# folders of an export that stay local (vLLM's engine logs, W&B's run files); hidden files too
+LOCAL_ONLY = ("acceptance-logs", "wandb", "serving_work")
+
+
+class HubPushError(RuntimeError):
+    """The export cannot be published: no token, no network, a refused token or a bad repo id."""
+
+
+@dataclass(frozen=True)
+class HubTarget:
+    repo_id: str
+    private: bool
+    endpoint: str
+    user: str  # whom the Hub knows the token as
+
+
+def hub_endpoint() -> str:
+    """HF_ENDPOINT as huggingface_hub reads it (its constant is fixed at import), else the Hub."""
+    from huggingface_hub import constants
+
+    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+
+
+def preflight(repo_id: str, private: bool = True, key: str = "push_to_hub") -> HubTarget:
+    """Everything a push needs, checked now: raises HubPushError naming ``key`` and what is
+    missing (the login command, the endpoint it could not reach)."""
+    from huggingface_hub import constants, get_token
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    where = f"{key}={repo_id}"
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        raise HubPushError(f"{where}: expected a Hub repo id <org>/<name>, got {repo_id!r} ({e})") from None
+    if "/" not in repo_id:
+        raise HubPushError(
+            f"{where}: expected a Hub repo id <org>/<name> (the user or organisation first), got {repo_id!r}"
+        )
+    if constants.HF_HUB_OFFLINE:
+        raise HubPushError(f"{where}: HF_HUB_OFFLINE is set, so nothing can be uploaded; unset it to publish")
+    token = get_token()
+    if not token:
+        raise HubPushError(
+            f"{where}: no Hugging Face token: log in with `hf auth login` (`huggingface-cli login` in older "
+            "huggingface_hub releases) or set HF_TOKEN to a token with write access; nothing was run"
+        )
+    endpoint = hub_endpoint()
+    _check_reachable(endpoint, where)
+    return HubTarget(repo_id, bool(private), endpoint, _whoami(endpoint, token, where))
+
+
+def _check_reachable(endpoint: str, where: str) -> None:
+    """Any HTTP answer counts (the Hub's front page, an error page): only no answer is refused."""
+    try:
+        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=CHECK_TIMEOUT_S).close()
+    except urllib.error.HTTPError:
+        return
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        raise HubPushError(
+            f"{where}: the Hugging Face Hub at {endpoint} could not be reached within {CHECK_TIMEOUT_S:.0f} s "
+            f"({type(reason).__name__}: {reason}); check the network (or HF_ENDPOINT); nothing was run"
+        ) from None
+
+
+def _whoami(endpoint: str, token: str, where: str) -> str:
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        info = HfApi(endpoint=endpoint).whoami(token=token)
+    except HfHubHTTPError as e:
+        raise HubPushError(
+            f"{where}: {endpoint} refused the token ({str(e).splitlines()[0]}): log in again with `hf auth login` "
+            "or set HF_TOKEN to a valid token with write access; nothing was run"
+        ) from None
+    return str(info.get("name", "unknown"))
+
+
+def upload_paths(export_dir: Path) -> list[Path]:
+    """The export's files that are published (relative paths), the local-only ones left out."""
+    files = sorted(p.relative_to(export_dir) for p in export_dir.rglob("*") if p.is_file())
+    return [p for p in files if not any(part.startswith(".") for part in p.parts) and p.parts[0] not in LOCAL_ONLY]
+
+
+def push(export_dir: str | Path, target: HubTarget) -> str:
+    """Upload ``export_dir`` to ``target`` in one commit, the card rendered for the Hub; returns
+    the repo's URL."""
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    from eagle3.serving.model_card import CARD_FILE, card_text
+
+    export_dir = Path(export_dir)
+    api = HfApi(endpoint=target.endpoint)
+    url = api.create_repo(target.repo_id, private=target.private, exist_ok=True, repo_type="model")
+    card = card_text(export_dir, model_ref=target.repo_id).encode()
+    operations = [
+        CommitOperationAdd(path_in_repo=rel.as_posix(), path_or_fileobj=str(export_dir / rel))
+        for rel in upload_paths(export_dir)
+        if rel.as_posix() != CARD_FILE
+    ]
+    operations.append(CommitOperationAdd(path_in_repo=CARD_FILE, path_or_fileobj=card))
+    api.create_commit(
+        target.repo_id,
+        operations=operations,
+        commit_message=f"EAGLE-3 head for {_target_name(export_dir)}",
+        repo_type="model",
+    )
+    return str(url)
+
+
+def _target_name(export_dir: Path) -> str:
+    import json
+
+    config = json.loads((export_dir / "config.json").read_text())
+    return str(config["speculators_config"]["verifier"]["name_or_path"])
+
+
+def push_line(url: str, target: HubTarget) -> str:
+    visibility = "private" if target.private else "public"
+    return f"pushed to the Hub: {url} ({visibility} when created; as {target.user})"
+
+
+def publish_lines(
+    export_dir: str | Path, repo_id: str | None, private: bool, key: str, retry: str
+) -> tuple[list[str], str | None]:
+    """train.py's upload after its export: (the lines to print, why it failed or None). The
+    checks run again (hours may have passed since the preflight); a failure leaves the export
+    whole and names ``retry``, the command that uploads it later."""
+    if not repo_id:
+        return [], None
+    try:
+        target = preflight(repo_id, private, key)
+        return [push_line(push(export_dir, target), target)], None
+    except Exception as e:  # noqa: BLE001 - the run's work is saved: say why and how to retry
+        reason = str(e) if isinstance(e, HubPushError) else f"{key}={repo_id}: {type(e).__name__}: {e}"
+        failed = f"{reason.rstrip('.')}. The export is whole at {export_dir}; upload it later with: {retry}"
+        return [f"push to the Hub failed: {failed}"], failed
