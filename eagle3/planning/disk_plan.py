@@ -7,7 +7,7 @@
       capture.disk_per_1m_tokens: 53.4 GiB
       capture.dataset_disk:       <= 218.8 GiB (2,000 samples x <= 2,048 tokens)
     ... capture.storage=fp8 (the aux layers in float8 with a scale per token and layer):
-      capture.bytes_per_token:    35,861 B (0.63x of exact bfloat16: 57,353 B)
+      capture.bytes_per_token:    35,855 B (0.63x of exact bfloat16: 57,353 B)
       capture.dataset_disk:       <= 136.8 GiB (2,000 samples x <= 2,048 tokens)
     python train.py experiment=kimi_k2_5 --cfg job --resolve
       callbacks.model_checkpoint.disk: 12.7 GiB a checkpoint (1.14B trainable parameters), up to 3 at once: 38.2 GiB

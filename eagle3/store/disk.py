@@ -1,7 +1,7 @@
 """What a dataset will cost on disk, and a refusal to start when it will not fit.
 
 Hidden states dominate: tokens x layers x hidden x bytes (SmolLM2: 4 x 576 x 2 B =
-4.6 KB per token; capture.storage=fp8: 3 x (576 + 4) + 576 x 2 = 2.9 KB). Running out of disk hours into an extraction is the failure to avoid;
+4.6 KB per token; capture.storage=fp8: 3 x (576 + 2) + 576 x 2 = 2.9 KB). Running out of disk hours into an extraction is the failure to avoid;
 when it happens anyway (another job filled the disk), the write that failed says so.
 """
 

@@ -4,7 +4,7 @@ the capture dtype (what the target computes them in, and what a reader gets back
     exact   hidden [T, L, H] in the capture dtype: the states as captured.
     fp8     hidden_aux [T, L-1, H] float8_e4m3fn: the aux layers (every id but the last), each
             token's row of each layer divided by its own scale (amax / 448, so the largest value
-            lands on e4m3's largest finite number); hidden_aux_scale [T, L-1] float32, those scales;
+            lands on e4m3's largest finite number); hidden_aux_scale [T, L-1] bfloat16, those scales;
             hidden_final [T, 1, H] in the capture dtype: the last id, the target's final state.
 
 The final layer stays exact because it is the state the trainer turns into the teacher's
@@ -16,8 +16,11 @@ figures measured for both.
 
 A scale per token and layer, not per tensor: hidden-state rows differ in magnitude by orders (the
 first token's "attention sink" row is often 100x the others), and one scale for all would leave the
-ordinary rows a few of e4m3's 3-bit-mantissa steps. Decoding is q x scale in float32, rounded once
-to the capture dtype.
+ordinary rows a few of e4m3's 3-bit-mantissa steps. The scale is rounded to bf16 before the
+values are divided by it, so it is stored in 2 bytes at no cost in accuracy, and decoding is one
+product per value rounded once: for a bf16 capture it runs on the bits (the e4m3 code moved into
+bf16's fields is the value x 2^-120, exactly, subnormals included), 3-4x faster on a CPU than
+torch's float8 conversion.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from eagle3.util.hidden_dtypes import EXACT, FP8, STORAGES, check_storage
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # e4m3fn's largest finite value
 _TINY = 1e-30  # the scale of an all-zero row: its values all encode as 0
+_BIAS = 2.0**120  # e4m3's exponent bias (7) against bf16's (127)
+_BITS_SCALE_MAX = 2.0**7  # a larger scale x 2^120 would overflow bf16: decoded by the float path
 
 __all__ = ["EXACT", "FP8", "STORAGES", "check_storage", "decode", "encode", "tensor_names", "tensor_shapes"]
 
@@ -53,8 +58,9 @@ def encode(hidden: torch.Tensor, storage: str) -> dict[str, torch.Tensor]:
     if check_storage(storage, "storage") == EXACT:
         return {"hidden": hidden}
     aux = hidden[:, :-1].float()  # [T, L-1, H]
-    scale = (aux.abs().amax(dim=-1) / FP8_MAX).clamp_min(_TINY)  # [T, L-1]
-    q = (aux / scale.unsqueeze(-1)).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)  # [T, L-1, H]
+    scale = (aux.abs().amax(dim=-1) / FP8_MAX).clamp_min(_TINY).to(torch.bfloat16)  # [T, L-1]
+    # the amax of a row whose scale rounded down lands a hair above 448: saturated (< 0.4% off)
+    q = (aux / scale.float().unsqueeze(-1)).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)  # [T, L-1, H]
     return {"hidden_aux": q, "hidden_aux_scale": scale, "hidden_final": hidden[:, -1:].contiguous()}
 
 
@@ -65,6 +71,11 @@ def decode(rows: dict[str, torch.Tensor], storage: str, dtype: torch.dtype) -> t
     q, scale, final = rows["hidden_aux"], rows["hidden_aux_scale"], rows["hidden_final"]
     T, La, H = q.shape
     out = torch.empty((T, La + 1, H), dtype=dtype)
-    out[:, :La] = q.to(torch.float32).mul_(scale.unsqueeze(-1))  # rounded once, to dtype
+    if dtype == torch.bfloat16 and (scale.numel() == 0 or float(scale.max()) < _BITS_SCALE_MAX):
+        x = q.view(torch.uint8).to(torch.int16)
+        bits = ((x & 0x80) << 8) | ((x & 0x7F) << 4)  # sign, exponent and mantissa in bf16's places
+        torch.mul(bits.view(torch.bfloat16), scale.unsqueeze(-1) * _BIAS, out=out[:, :La])
+    else:
+        out[:, :La] = q.to(torch.float32).mul_(scale.float().unsqueeze(-1))  # rounded once, to dtype
     out[:, La:] = final
     return out

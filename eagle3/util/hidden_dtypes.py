@@ -43,11 +43,11 @@ def names_by_torch_dtype() -> MappingProxyType[torch.dtype, str]:
 
 # How the captured states lie on disk (capture.storage), distinct from the capture dtype (what the
 # target computes them in): "exact" stores hidden [T, L, H] in the capture dtype; "fp8" stores the
-# aux layers as float8_e4m3fn with one fp32 scale per token and layer, and the final layer (its
+# aux layers as float8_e4m3fn with one bf16 scale per token and layer, and the final layer (its
 # state gives the teacher's distribution) exact in the capture dtype (eagle3/store/storage_format.py).
 EXACT, FP8 = "exact", "fp8"
 STORAGES = (EXACT, FP8)
-_SCALE_BYTES = 4  # one fp32 scale per token and aux layer
+_SCALE_BYTES = 2  # one bf16 scale per token and aux layer
 
 
 def check_storage(name: str, key: str = "capture.storage") -> str:
