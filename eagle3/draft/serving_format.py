@@ -216,8 +216,9 @@ EXPORT_FILES = frozenset(
         "serving_speedup.json",
         "acceptance.json",
         "acceptance.png",
-        "acceptance-logs",
-        "README.md",
+        "acceptance-logs",  # evaluate.py's engine logs
+        "wandb",  # evaluate.py's W&B run directory (logger.backend=wandb, out_dir null)
+        "README.md",  # the model card
     }
 )
 
