@@ -16,6 +16,7 @@ from eagle3.store import FingerprintMismatchError, HiddenStateDataset, ShardWrit
 from eagle3.store.merge import merge_parts, part_dir
 from eagle3.store.storage_format import FP8_MAX, decode, encode
 from eagle3.target_model.adapter import CapturedSample
+from eagle3.util.hidden_dtypes import hidden_bytes_per_token
 
 LAYER_IDS = (1, 2, 4)
 H = 64
@@ -96,8 +97,10 @@ def test_reopening_with_another_storage_is_refused_by_name(tmp_path):
         w.add("a", CapturedSample(torch.arange(4), torch.ones(4, dtype=torch.bool), states(4)))
     with pytest.raises(FingerprintMismatchError, match="storage: expected exact, got fp8"):
         ShardWriter(tmp_path, **kw)
-    with pytest.raises(StoreError, match=r"storage: expected one of \['exact', 'fp8'\], got 'int3'"):
+    with pytest.raises(StoreError, match=r"storage: expected one of \['exact', 'fp8', 'int4'\], got 'int3'"):
         ShardWriter(tmp_path / "other", storage="int3", **kw)
+    with pytest.raises(StoreError, match="int4 groups 32 channels: expected a hidden size divisible by it, got 40"):
+        ShardWriter(tmp_path / "narrow", storage="int4", **{**kw, "hidden_size": 40})
 
 
 def _write(directory: Path, storage: str, ids: range) -> None:
@@ -234,3 +237,26 @@ def test_a_real_smollm2_capture_in_fp8_is_within_tolerance_of_bf16(smollm2_dir, 
         assert 0 < float(rel) < 0.03  # e4m3's mean error on real states: ~2% of the norm
     sizes = [sum(p.stat().st_size for p in (tmp_path / s).glob("shard-*")) for s in ("exact", "fp8")]
     assert sizes[1] < 0.7 * sizes[0]
+
+
+def test_the_int4_option_round_trips_at_under_half_the_bytes(tmp_path):
+    """Not a default: 4-bit codes with a bf16 scale per 32 channels; error within half a step."""
+    w = ShardWriter(tmp_path, layer_ids=LAYER_IDS, hidden_size=H, dtype=DT, fingerprint_inputs=INPUTS, storage="int4")
+    want = {
+        f"s{i}": CapturedSample(torch.arange(9), torch.ones(9, dtype=torch.bool), states(9, seed=i)) for i in range(4)
+    }
+    for sid, sample in want.items():
+        w.add(sid, sample)
+    m = w.finish(torch.arange(50), {})
+    ds = HiddenStateDataset(tmp_path, verify="full")
+    assert m.storage == ds.storage == "int4"
+    for i in range(len(ds)):
+        got, ref = ds[i]["hidden"], want[ds.sample_id(i)].hidden
+        assert torch.equal(got[:, -1], ref[:, -1])
+        g = ref[:, :-1].float().reshape(9, 2, H // 32, 32)
+        err = (got[:, :-1].float().reshape(9, 2, H // 32, 32) - g).abs().amax(-1)
+        assert bool((err <= g.abs().amax(-1) * (0.5 / 7 + 2**-7) + 1e-30).all())  # half a step of its group
+    need = disk_needed_bytes(m.num_tokens, 3, H, DT, m.num_samples, storage="int4")
+    assert sum(s.size_bytes for s in m.shards) <= need
+    # SmolLM2's 4 layers: 3 x (288 + 36) + 1152 = 2,124 bytes of states against 4,608
+    assert hidden_bytes_per_token("int4", 4, 576, 2) == 2124 and hidden_bytes_per_token("exact", 4, 576, 2) == 4608

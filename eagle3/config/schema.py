@@ -170,7 +170,8 @@ class CaptureConfig:
     backend: CaptureBackend = CaptureBackend.hf
     dtype: str = "${model.dtype}"  # hidden-state dtype: what the target computes and a reader gets back
     # the shards' on-disk format: exact (the states in capture.dtype) or fp8 (the aux layers in
-    # float8_e4m3fn with a scale per token and layer, the final layer exact; eagle3/store/storage_format.py)
+    # float8_e4m3fn with a scale per token and layer, the final layer exact; eagle3/store/storage_format.py);
+    # int4 (an option: 4-bit codes with a scale per 32 channels, the final layer exact)
     storage: str = "exact"
     batch_size: int = 8  # hf: samples per forward
     max_tokens_per_batch: int = 16384  # hf: padded tokens per forward

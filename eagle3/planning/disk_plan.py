@@ -43,6 +43,12 @@ def hidden_layout(dtype: str, layer_ids: Sequence[int], hidden_size: int, storag
     layout = f"{_check_dtype(dtype)} [T, {L}, {H}]"
     if hidden_dtypes.check_storage(storage) == EXACT:
         return layout
+    if storage == hidden_dtypes.INT4:
+        G = hidden_dtypes.INT4_GROUP
+        return (
+            f"{layout} stored int4: aux 2 codes a byte uint8 [T, {L - 1}, {H // 2}] + bfloat16 scale per "
+            f"{G} channels [T, {L - 1}, {H // G}], final {dtype} [T, 1, {H}]"
+        )
     return (
         f"{layout} stored {storage}: aux float8_e4m3fn [T, {L - 1}, {H}] + bfloat16 scale [T, {L - 1}], "
         f"final {dtype} [T, 1, {H}]"

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from eagle3.util.hidden_dtypes import EXACT, FP8, STORAGES, check_storage
+from eagle3.util.hidden_dtypes import EXACT, FP8, INT4, INT4_GROUP, STORAGES, check_storage
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # e4m3fn's largest finite value
@@ -35,7 +35,27 @@ _TINY = 1e-30  # the scale of an all-zero row: its values all encode as 0
 _BIAS = 2.0**120  # e4m3's exponent bias (7) against bf16's (127)
 _BITS_SCALE_MAX = 2.0**7  # a larger scale x 2^120 would overflow bf16: decoded by the float path
 
-__all__ = ["EXACT", "FP8", "STORAGES", "check_storage", "decode", "encode", "tensor_names", "tensor_shapes"]
+INT4_MAX = 7  # symmetric 4-bit codes -7..7, stored + 8 (1..15) two to a byte
+
+__all__ = [
+    "EXACT",
+    "FP8",
+    "INT4",
+    "STORAGES",
+    "check_storage",
+    "check_width",
+    "decode",
+    "encode",
+    "tensor_names",
+    "tensor_shapes",
+]
+
+
+def check_width(storage: str, hidden_size: int) -> str | None:
+    """Why ``storage`` cannot hold states of this width (None: it can)."""
+    if storage == INT4 and int(hidden_size) % INT4_GROUP:
+        return f"int4 groups {INT4_GROUP} channels: expected a hidden size divisible by it, got {hidden_size}"
+    return None
 
 
 def tensor_names(storage: str) -> tuple[str, ...]:
@@ -50,6 +70,12 @@ def tensor_shapes(storage: str, num_tokens: int, num_layers: int, hidden_size: i
     T, L, H = int(num_tokens), int(num_layers), int(hidden_size)
     if check_storage(storage, "storage") == EXACT:
         return {"hidden": [T, L, H]}
+    if storage == INT4:
+        return {
+            "hidden_aux": [T, L - 1, H // 2],
+            "hidden_aux_scale": [T, L - 1, H // INT4_GROUP],
+            "hidden_final": [T, 1, H],
+        }
     return {"hidden_aux": [T, L - 1, H], "hidden_aux_scale": [T, L - 1], "hidden_final": [T, 1, H]}
 
 
@@ -57,6 +83,8 @@ def encode(hidden: torch.Tensor, storage: str) -> dict[str, torch.Tensor]:
     """One sample's hidden [T, L, H] (capture dtype) as the tensors ``storage`` writes."""
     if check_storage(storage, "storage") == EXACT:
         return {"hidden": hidden}
+    if storage == INT4:
+        return _encode_int4(hidden)
     aux = hidden[:, :-1].float()  # [T, L-1, H]
     scale = (aux.abs().amax(dim=-1) / FP8_MAX).clamp_min(_TINY).to(torch.bfloat16)  # [T, L-1]
     # the amax of a row whose scale rounded down lands a hair above 448: saturated (< 0.4% off)
@@ -68,6 +96,8 @@ def decode(rows: dict[str, torch.Tensor], storage: str, dtype: torch.dtype) -> t
     """hidden [T, L, H] in ``dtype`` from a sample's rows of the tensors ``storage`` wrote."""
     if check_storage(storage, "storage") == EXACT:
         return rows["hidden"]
+    if storage == INT4:
+        return _decode_int4(rows, dtype)
     q, scale, final = rows["hidden_aux"], rows["hidden_aux_scale"], rows["hidden_final"]
     T, La, H = q.shape
     out = torch.empty((T, La + 1, H), dtype=dtype)
@@ -77,5 +107,29 @@ def decode(rows: dict[str, torch.Tensor], storage: str, dtype: torch.dtype) -> t
         torch.mul(bits.view(torch.bfloat16), scale.unsqueeze(-1) * _BIAS, out=out[:, :La])
     else:
         out[:, :La] = q.to(torch.float32).mul_(scale.float().unsqueeze(-1))  # rounded once, to dtype
+    out[:, La:] = final
+    return out
+
+
+def _encode_int4(hidden: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The aux layers in 4 bits: each group of INT4_GROUP channels of a row at its own scale
+    (amax / 7, rounded to bf16), codes -7..7 stored + 8, two to a byte (even channel low)."""
+    T, L, H = hidden.shape
+    g = hidden[:, :-1].float().reshape(T, L - 1, H // INT4_GROUP, INT4_GROUP)
+    scale = (g.abs().amax(dim=-1) / INT4_MAX).clamp_min(_TINY).to(torch.bfloat16)  # [T, L-1, H/G]
+    q = (g / scale.float().unsqueeze(-1)).round_().clamp_(-INT4_MAX, INT4_MAX).add_(8).to(torch.uint8)
+    q = q.reshape(T, L - 1, H // 2, 2)
+    packed = q[..., 0] | (q[..., 1] << 4)  # [T, L-1, H/2]
+    return {"hidden_aux": packed, "hidden_aux_scale": scale, "hidden_final": hidden[:, -1:].contiguous()}
+
+
+def _decode_int4(rows: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    packed, scale, final = rows["hidden_aux"], rows["hidden_aux_scale"], rows["hidden_final"]
+    T, La, half = packed.shape
+    H = 2 * half
+    codes = torch.stack((packed & 15, packed >> 4), dim=-1).reshape(T, La, H // INT4_GROUP, INT4_GROUP)
+    out = torch.empty((T, La + 1, H), dtype=dtype)
+    aux = (codes.to(torch.int8) - 8).to(torch.float32).mul_(scale.float().unsqueeze(-1))
+    out[:, :La] = aux.reshape(T, La, H)
     out[:, La:] = final
     return out

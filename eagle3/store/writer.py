@@ -45,7 +45,7 @@ from eagle3.store.layout import (
 )
 from eagle3.store.reopen import open_manifest, recover
 from eagle3.store.shard_file import ShardIdentity, write_shard
-from eagle3.store.storage_format import EXACT, STORAGES
+from eagle3.store.storage_format import EXACT, STORAGES, check_width
 from eagle3.store.vocab_files import save_token_freq, save_vocab
 from eagle3.store.writer_threads import BackgroundWrites
 from eagle3.util.locks import DirLock, LockHeldError
@@ -91,6 +91,8 @@ class ShardWriter(BackgroundWrites):
         self.fingerprint = dataset_fingerprint(fingerprint_inputs)
         if storage not in STORAGES:
             raise StoreError(f"storage: expected one of {list(STORAGES)}, got {storage!r}")
+        if check_width(storage, hidden_size):
+            raise StoreError(f"storage: {check_width(storage, hidden_size)}")
         ident = (self.fingerprint, tuple(int(i) for i in layer_ids), int(hidden_size), dtype, storage)
         self.ident = ShardIdentity(*ident)
         self._pending: list[tuple[str, Any]] = []

@@ -45,9 +45,11 @@ def names_by_torch_dtype() -> MappingProxyType[torch.dtype, str]:
 # target computes them in): "exact" stores hidden [T, L, H] in the capture dtype; "fp8" stores the
 # aux layers as float8_e4m3fn with one bf16 scale per token and layer, and the final layer (its
 # state gives the teacher's distribution) exact in the capture dtype (eagle3/store/storage_format.py).
-EXACT, FP8 = "exact", "fp8"
-STORAGES = (EXACT, FP8)
-_SCALE_BYTES = 2  # one bf16 scale per token and aux layer
+# "int4" (an option, not a default): the aux layers in 4 bits with a bf16 scale per 32 channels.
+EXACT, FP8, INT4 = "exact", "fp8", "int4"
+STORAGES = (EXACT, FP8, INT4)
+_SCALE_BYTES = 2  # one bf16 scale per token and aux layer (int4: per group of INT4_GROUP channels)
+INT4_GROUP = 32
 
 
 def check_storage(name: str, key: str = "capture.storage") -> str:
@@ -62,4 +64,6 @@ def hidden_bytes_per_token(storage: str, num_layers: int, hidden_size: int, item
     L, H = int(num_layers), int(hidden_size)
     if check_storage(storage) == EXACT:
         return L * H * int(itemsize)
+    if storage == INT4:  # two codes a byte + a scale per group, the final layer exact
+        return (L - 1) * (-(-H // 2) + _SCALE_BYTES * -(-H // INT4_GROUP)) + H * int(itemsize)
     return (L - 1) * (H + _SCALE_BYTES) + H * int(itemsize)  # fp8 aux + scales, the final layer exact
