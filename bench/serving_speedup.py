@@ -7,8 +7,11 @@ step costs and the best K per load, and writes the result JSON; it leaves the ex
         [--prompts-jsonl FILE] [--loads 1,8,32,64] [--draft-tokens 1,2,3,5] [--prompts 64] \
         [--max-new-tokens 128] --out results.json
 
-Prompts: the dataset's validation split plus HumanEval (a third HumanEval; HumanEval alone
-without --dataset-dir), or a JSONL of chats (``{"messages": [...]}`` per line).
+Prompts: the opening turns of the project's held-out suite (the broad prompts over the eight
+MT-bench categories, an eighth each of math word problems and HumanEval), or a JSONL of chats
+(``{"messages": [...]}`` per line). Each load runs at natural EOS from a queue kept at that many
+requests (the table and the best K printed) and as step-cost waves with ignore_eos (the step
+costs).
 
 The step costs of a measurement cut off part-way, from the engines that finished in its work
 dir (no engine starts):
@@ -40,8 +43,10 @@ def main() -> None:
     ap.add_argument("--costs-from", default=None, help="a work dir: print the step costs of its finished engines")
     ap.add_argument("--export-dir")
     ap.add_argument("--target", help="the target's directory or hub id")
-    ap.add_argument("--dataset-dir", default=None, help="its validation split's opening turns are prompts")
-    ap.add_argument("--prompts-jsonl", default=None, help="chat lines instead of the val split + HumanEval")
+    ap.add_argument(
+        "--dataset-dir", default=None, help="the head's dataset (the held-out suite is served, not its split)"
+    )
+    ap.add_argument("--prompts-jsonl", default=None, help="chat lines instead of the held-out suite")
     ap.add_argument("--loads", default="1,8,32,64")
     ap.add_argument("--draft-tokens", default="1,2,3,5")
     ap.add_argument("--prompts", type=int, default=64)

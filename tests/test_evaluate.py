@@ -149,7 +149,7 @@ def test_val_prompts_are_the_opening_turns_of_the_split_in_order(tmp_path, token
         assert p.token_ids == _served_prompt(tokenizer, p.messages)
         assert tokenizer.decode(p.token_ids).endswith("<|im_start|>assistant\n")
     assert got.skipped_too_long == {"val": 1}  # c4: 600 words > 256 tokens, skipped not cut
-    assert got.counts() == {"val": 3, "humaneval": 0} and not got.notes
+    assert got.counts() == {"broad": 0, "math_word": 0, "val": 3, "humaneval": 0} and not got.notes
 
 
 def test_val_prompts_are_checked_by_content_against_the_dataset(tmp_path, tokenizer):
@@ -196,7 +196,7 @@ def test_a_manifest_alone_is_checked_by_the_chat_files_content_hash(tmp_path, to
 def test_short_split_and_missing_ids_are_reported(tmp_path, tokenizer):
     ds = _dataset_with_val_split(tmp_path / "ds", ["c3"], tokenizer)
     got = heldout_prompts(ds, max_prompts=4, humaneval_prompts=2, tokenizer=tokenizer)
-    assert got.counts() == {"val": 1, "humaneval": 2}  # the mix is not refilled with HumanEval
+    assert got.counts() == {"broad": 0, "math_word": 0, "val": 1, "humaneval": 2}  # not refilled with HumanEval
     assert any("val: 1 of 2" in n for n in got.notes)
     gone = _dataset_with_val_split(tmp_path / "gone", ["c3", "not-in-the-file"])
     with pytest.raises(PromptError, match="not found in the chat source"):
@@ -460,6 +460,8 @@ def test_random_head_measures_near_one_in_vllm(tmp_path, smollm2_dir, layers):
         f"eval.num_draft_tokens={K}",
         "eval.max_prompts=7",
         "eval.humaneval_prompts=4",
+        "eval.suite_prompts=0",  # the suite's path: tests/test_broad_suite.py
+        "eval.math_prompts=0",
         "eval.max_new_tokens=32",
         "engine.max_num_seqs=8",
         "eval.diagnostics=true",  # the replays and the fp32 mismatch verdicts checked below
@@ -475,7 +477,9 @@ def test_random_head_measures_near_one_in_vllm(tmp_path, smollm2_dir, layers):
     data = json.loads(json_path.read_text())
     print(f"random head: {data['mean_acceptance_length']:.3f} in {time.time() - t0:.0f} s")
 
-    assert data["prompts"] == {"val": 3, "humaneval": 4}
+    assert data["prompts"] == {"broad": 0, "math_word": 0, "val": 3, "humaneval": 4}
+    assert data["headline"]["sets"] == ["humaneval"]  # held out; val beside it, in-distribution
+    assert data["in_distribution"]["prompts"] == 3
     assert data["drafts"] > 50 and data["draft_tokens"] == K * data["drafts"]  # the head really drafted
     assert 1.0 <= data["mean_acceptance_length"] < 1.15
     assert len(data["per_position_acceptance_rate"]) == K and all(
@@ -490,8 +494,8 @@ def test_random_head_measures_near_one_in_vllm(tmp_path, smollm2_dir, layers):
     # ... but vLLM's own outputs are replayed (same tokens, same rounds): its counters reproduced
     served = data["served_replay"]
     assert set(served) == {"val", "humaneval", "all"} and served["all"]["samples"] == 7
-    assert served["all"]["replay_accept_len"] == pytest.approx(data["mean_acceptance_length"], abs=0.05)
-    assert served["all"]["replay_rounds"] == pytest.approx(data["drafts"], rel=0.1)  # one round per draft
+    drafts = sum(f["drafts"] for f in data["by_source"].values())  # "all": both sets, the headline one alone
+    assert served["all"]["replay_rounds"] == pytest.approx(drafts, rel=0.1)  # one round per draft
     for source in ("val", "humaneval"):
         assert served[source]["replay_accept_len"] == pytest.approx(
             data["by_source"][source]["mean_acceptance_length"], abs=0.05
@@ -500,7 +504,7 @@ def test_random_head_measures_near_one_in_vllm(tmp_path, smollm2_dir, layers):
     # two tokens are a near tie of the target's fp32 logits (vLLM verifies K+1 tokens per step
     # with other kernels than one; which near ties flip varies with the machine and its packages)
     mismatches = data["greedy_mismatches"]
-    assert len(mismatches) == round((1 - data["greedy_match_rate"]) * 7)
+    assert len(mismatches) == sum(f["prompts"] - f["greedy_matches"] for f in data["by_source"].values())
     assert all(m["near_tie"] and abs(m["logit_gap_fp32"]) < 0.5 for m in mismatches), mismatches
     assert data["tokens_per_s_with_head"] > 0 and data["tokens_per_s_without_head"] > 0
     assert all(p["output_tokens"] > 0 for p in data["per_prompt"])
@@ -531,6 +535,8 @@ def test_random_head_with_the_eagle31_norms_loads_in_vllm_and_measures_near_one(
         f"eval.num_draft_tokens={K}",
         "eval.max_prompts=2",
         "eval.humaneval_prompts=4",
+        "eval.suite_prompts=0",
+        "eval.math_prompts=0",
         "eval.max_new_tokens=32",
         "engine.max_num_seqs=8",
         "eval.diagnostics=true",  # the replays and the fp32 mismatch verdicts checked below
@@ -546,7 +552,9 @@ def test_random_head_with_the_eagle31_norms_loads_in_vllm_and_measures_near_one(
     assert data["drafts"] > 30 and data["draft_tokens"] == K * data["drafts"]  # the head really drafted
     assert 1.0 <= data["mean_acceptance_length"] < 1.15 and data["consistency_problems"] == []
     # our reader (load_exported_head, these options on) replays vLLM's outputs to vLLM's figure
-    assert data["served_replay"]["all"]["replay_accept_len"] == pytest.approx(data["mean_acceptance_length"], abs=0.05)
+    assert data["served_replay"]["humaneval"]["replay_accept_len"] == pytest.approx(
+        data["by_source"]["humaneval"]["mean_acceptance_length"], abs=0.05
+    )
 
 
 def test_an_engine_request_survives_its_json_with_the_options_nested():

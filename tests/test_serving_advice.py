@@ -296,3 +296,67 @@ def test_a_step_with_more_drafts_is_taken_no_cheaper_than_one_with_fewer():
     # between measured K the fitted line, and never below a measured smaller K
     table = {1: {1: 1.5, 3: 1.2}}
     assert sa.cost(2, 1, table) >= 1.5 and sa.cost(3, 1, table) == pytest.approx(1.5)
+
+
+def _acceptance(point: list[float], lower: list[float] | None, in_distribution: list[float]) -> dict:
+    """acceptance.json as eagle3/evaluation/report.py writes it: the held-out suite's figures at the
+    top level with their interval's lower end, the validation split beside them."""
+    return {
+        "headline": {"label": "held-out suite", "sets": ["broad", "math_word", "humaneval"]},
+        "per_position_acceptance_rate": point,
+        "per_position_acceptance_rate_lower": lower,
+        "in_distribution": {
+            "label": "validation split (in-distribution)",
+            "per_position_acceptance_rate": in_distribution,
+        },
+    }
+
+
+def test_a_head_strong_in_distribution_and_weak_on_the_suite_is_advised_off(tmp_path):
+    """Validation acceptance 0.80 / 0.65 / 0.50 pays at every load at the smallest class's costs;
+    the held-out suite's point figure pays at 1 and 32; its lower bound pays nowhere. The advice
+    follows the lower bound: the target alone at every load, where the costs say so."""
+    costs = sa.step_cost_class(None).costs
+    high, point, lower = [0.8, 0.65, 0.5], [0.62, 0.45, 0.3], [0.45, 0.25, 0.12]
+    assert sa.from_rule(high, costs).pays_off() == [1, 8, 32, 64]
+    assert sa.from_rule(point, costs).pays_off() == [1, 32]
+    for load in sa.ADVICE_LOADS:  # by hand: no K reaches the rule's floor at the lower bound
+        best = max((1 + sum(lower[:k])) / sa.cost(k, load, costs) for k in (1, 2, 3))
+        assert best < sa.MIN_SPEEDUP["rule"]
+    export = _export(tmp_path, 0)
+    advice = sa.advice_for(export, _acceptance(point, lower, high))
+    assert advice is not None and advice.source == "rule" and advice.does_not_pay() == [1, 8, 32, 64]
+    assert advice.inputs["acceptance"] == "held-out suite: lower end of the 95% interval"
+    assert advice.inputs["per_position_acceptance_rate"] == lower
+    first, _, verdict = sa.serving_lines(export, "org/target", 3, advice)
+    assert first.startswith("serve it: vllm serve org/target (with the head:")
+    assert verdict.endswith("at 1, 8, 32, 64 serve the target alone (vllm serve org/target)")
+    # an acceptance.json without an interval (a vLLM without per-request figures): the point
+    # figures, and the advice says so
+    fallback = sa.advice_for(_export(tmp_path, 1), _acceptance(point, None, high))
+    assert fallback is not None and fallback.pays_off() == [1, 32]
+    assert fallback.inputs["acceptance"] == "held-out suite: point estimate (no interval)"
+
+
+def test_a_measured_slowdown_at_a_load_overrides_the_rule(tmp_path):
+    """serving.json measured at load 1 only (natural EOS): 0.92x at K=2, 0.88x at K=3. The rule on
+    acceptance predicts more than 1 there; the measurement wins at 1, the rule fills 8, 32, 64 at
+    the measurement's own step costs."""
+    export = _export(tmp_path, 0)
+    costs = {1: {2: 1.3, 3: 1.4}}
+    measured = sa.from_measurements({1: {2: 0.92, 3: 0.88}}, step_costs={str(k): v for k, v in costs.items()})
+    measured.head_sha256 = sa.head_sha256(export)
+    measured.write(export)
+    rates = [0.7, 0.5, 0.35]
+    assert sa.from_rule(rates, costs, loads=(1,)).at(1).num_speculative_tokens > 0  # the rule says it pays
+    advice = sa.advice_for(export, _acceptance(rates, rates, rates))
+    assert advice is not None and [a.load for a in advice.loads] == [1, 8, 32, 64]
+    at1 = advice.at(1)
+    assert (at1.num_speculative_tokens, at1.speedup, at1.basis) == (0, 1.0, "measured")
+    rule = sa.from_rule(rates, costs, loads=(8, 32, 64))
+    for load in (8, 32, 64):
+        assert advice.at(load) == rule.at(load) and advice.at(load).basis == "predicted"
+    assert advice.inputs["predicted_loads"] == [8, 32, 64]
+    _, per_load, _ = sa.serving_lines(export, "org/target", 3, advice)
+    assert "measured by python evaluate.py serving.measure=true; predicted at 8, 32, 64" in per_load
+    assert per_load.split("K per load: ")[1].startswith("1: none")

@@ -1,9 +1,10 @@
 """The serving measurement (eagle3/serving/speedup.py), run as the product command
 `python evaluate.py export_dir=<dir> serving.measure=true ...` on the real vLLM (the CPU build)
-with a random-init SmolLM2 head: the waves hold exactly c requests, none is preempted, every
-request runs to the same length, the head's acceptance is measured near 1.0 from vLLM's
-counters, and the advice written into the export (serving.json, for these weights) is what the
-table says. The speed-ups themselves are CPU figures and say nothing about serving on a GPU; the
+with a random-init SmolLM2 head, on the held-out suite's opening turns: the natural-EOS runs (a
+queue kept at c requests, answers ending at EOS) are the table and the advice; the step-cost
+waves (ignore_eos) hold exactly c requests, none preempted, every request the same length, and
+give the step costs; the head's acceptance is measured near 1.0 from vLLM's counters, and the
+advice written into the export (serving.json, for these weights) is what the natural-EOS table says. The speed-ups themselves are CPU figures and say nothing about serving on a GPU; the
 structure is what is checked. bench/serving_speedup.py is a CLI over the same functions."""
 
 from __future__ import annotations
@@ -53,20 +54,28 @@ def test_serving_speedup_on_the_cpu_build(tmp_path, smollm2_dir):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert Path(proc.stdout.strip().splitlines()[-1]) == out  # the contract: last stdout line
     result = json.loads(out.read_text())
-    assert result["prompts"] == {"val": 0, "humaneval": 3} and result["draft_tokens"] == [2]
+    assert result["prompts"] == {"broad": 3} and result["draft_tokens"] == [2]
+    assert result["table_label"].startswith("natural EOS") and result["turns"].startswith("first turns only")
+    assert result["step_cost_waves"]["label"] == "step-cost waves, ignore_eos"
     table = {int(k): v for k, v in result["table"].items()}
-    assert set(table) == {1, 2}
-    for load, row in table.items():
+    waves = {int(k): v for k, v in result["step_cost_waves"]["table"].items()}
+    assert set(table) == set(waves) == {1, 2}
+    for load, row in waves.items():
         # every prompt at least once, two waves at least, whole waves of exactly `load`
         assert row["requests"] == max(3, 2 * load) + (-max(3, 2 * load)) % load
         assert row["target_alone_wave_sizes"] == [load] and row["target_alone_preemptions"] == 0
         v = row["by_k"]["2"]
         assert v["wave_sizes"] == [load] and v["preemptions"] == 0 and v["all_full_length"]
         assert 1.0 <= v["acceptance_length"] < 1.2 and len(v["per_position"]) == 2  # a random head
+        # the step cost is tokens per verify step over the speed-up, from the waves
+        assert result["step_costs"][str(load)]["2"] == pytest.approx(v["acceptance_length"] / v["speedup"], abs=1e-3)
+    for load, row in table.items():  # natural EOS: the same requests, kept `load` in flight
+        assert row["requests"] == waves[load]["requests"] and row["concurrency"] == load
+        v = row["by_k"]["2"]
+        assert v["preemptions"] == 0 and v["wave_sizes"] == [] and 1.0 <= v["acceptance_length"] < 1.2
+        assert 0 < v["mean_output_tokens"] <= 12 and row["target_alone_mean_output_tokens"] <= 12
         assert v["speedup"] == pytest.approx(v["tok_s"] / row["target_alone_tok_s"])
         assert row["best_k"] == (2 if v["speedup"] >= sa.MIN_SPEEDUP["measured"] else 0)
-        # the step cost is tokens per verify step over the speed-up
-        assert result["step_costs"][str(load)]["2"] == pytest.approx(v["acceptance_length"] / v["speedup"], abs=1e-3)
     advice = sa.ServingAdvice.read(export)
     assert advice is not None and advice.source == "measured" and advice.head_sha256 == sa.head_sha256(export)
     assert {a.load: a.num_speculative_tokens for a in advice.loads} == {load: table[load]["best_k"] for load in table}

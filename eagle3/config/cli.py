@@ -30,8 +30,11 @@ class ServingCheck:
     measure: bool = False
     loads: List[int] = field(default_factory=lambda: [1, 8, 32, 64])
     draft_tokens: List[int] = field(default_factory=lambda: [1, 2, 3, 5])
+    # the held-out suite's opening turns (eagle3/evaluation/suite.py), an eighth each math word
+    # problems and HumanEval; each load runs at natural EOS (the speed-ups printed and advised) and
+    # as step-cost waves with ignore_eos (the step costs)
     prompts: int = 64
-    # chat lines instead of the validation split + HumanEval
+    # chat lines instead of the held-out suite
     prompts_jsonl: Optional[str] = None
     max_new_tokens: int = 128
     max_model_len: int = 2048

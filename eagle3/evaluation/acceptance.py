@@ -2,11 +2,13 @@
 end of run and ``python evaluate.py`` (eagle3/stages/evaluate.py) both call.
 
 Loads the target with the head in vLLM (`method: eagle3`, K = eval.num_draft_tokens draft
-tokens, greedy), runs held-out prompts (the validation split's opening user turns and
-HumanEval), and reports from vLLM's own spec-decode counters the mean acceptance length
-(1 + accepted/drafts) and the acceptance rate at each draft position, plus tokens/s with and
-without the head on the same prompts (two engines, one after the other) and whether their
-greedy outputs agree. Writes acceptance.json and acceptance.png (into the export directory
+tokens, greedy), runs held-out prompts (the project's broad suite over the eight MT-bench
+categories, grade-school math word problems and HumanEval: the headline; the validation split's
+opening user turns beside it, labelled in-distribution), every answer ending at natural EOS, and
+reports from vLLM's own spec-decode counters the mean acceptance length (1 + accepted/drafts)
+and the acceptance rate at each draft position, per set and per category with a bootstrap
+interval over prompts, plus tokens/s with and without the head on the same prompts (two
+engines, one after the other) and whether their greedy outputs agree. Writes acceptance.json and acceptance.png (into the export directory
 unless out_dir=...), prints a table on stderr.
 
 eval.diagnostics=true adds what explains a gap, at a cost: each greedy mismatch rerun through
@@ -69,7 +71,8 @@ def evaluate(
     """Measure the head in `export_dir` with vLLM; write acceptance.json/.png; log to W&B.
 
     eval_cfg: anything with num_draft_tokens, max_prompts, humaneval_prompts, max_new_tokens,
-        diagnostics (cfg.eval of train.py's config); None: EvalConfig() defaults.
+        diagnostics, and suite_prompts, math_prompts (cfg.eval of train.py's config; without the
+        last two, EvalConfig's defaults); None: EvalConfig() defaults.
     dataset_dir: the hidden-state dataset whose validation split gives the chat prompts;
         None: summary.json beside the export, else HumanEval prompts only.
     target: the target directory; None: the export's speculators_config target.
@@ -105,6 +108,8 @@ def evaluate(
         tokenizer,
         chat_template=chat_template,
         max_prompt_tokens=int(options.max_prompt_tokens),
+        suite=int(getattr(settings, "suite_prompts", EvalConfig.suite_prompts)),
+        math=int(getattr(settings, "math_prompts", EvalConfig.math_prompts)),
     )
     report = measure(
         info,
@@ -115,6 +120,7 @@ def evaluate(
         work_dir=out_dir / "acceptance-logs",
         baseline=baseline,
         diagnostics=bool(settings.diagnostics),
+        chat_template=chat_template,
     )
     report.dataset_dir = str(dataset) if dataset is not None else None
     if settings.diagnostics:

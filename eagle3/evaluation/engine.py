@@ -34,12 +34,19 @@ from eagle3.util.processes import end_descendants
 
 @dataclass
 class PromptBatch:
-    name: str  # prompt source: "val" | "humaneval"
+    name: str  # a prompt set ("broad", "humaneval", "val", ...) or a serving load
     prompts: list[list[int]]  # token ids, already rendered with the chat template
     # None: one generate() call over all prompts (vLLM schedules them as it likes). c: calls of
     # exactly c prompts each, one after the other (a serving load of c requests in flight).
     wave_size: Optional[int] = None
     ignore_eos: bool = False  # every request runs to max_new_tokens (waves of equal length)
+    # c: the prompts queue up and c are in flight at every moment, a request starting as soon as
+    # one ends, as a server under a steady load of c sees them (natural EOS: lengths differ)
+    concurrency: Optional[int] = None
+    # per prompt, None or {"messages": the first turn's chat messages, "question": a second user
+    # turn}: after the first pass, the second turn is served as the first turn, the engine's own
+    # greedy answer to it, and the question (rendered with the chat template), in a second pass
+    second_turns: Optional[list[Optional[dict[str, Any]]]] = None
 
 
 @dataclass
@@ -57,6 +64,7 @@ class EngineRequest:
     # max_prompt_tokens chose the prompts before the request was built
     options: EngineOptions = field(default_factory=EngineOptions)
     warmup_prompts: int = 1  # the first warm-up call's size (a bench warms up at its largest wave)
+    chat_template: Optional[str] = None  # renders second turns (None: the tokenizer's own)
 
     def warmup_sizes(self) -> list[int]:
         """Requests per warm-up call: ``warmup_prompts``, then each other wave size of the batches.
@@ -87,6 +95,9 @@ class BatchResult:
     histograms: Optional[list[list[int]]] = None  # per request: verify steps that accepted j drafts
     wave_sizes: Optional[list[int]] = None  # requests per generate() call, in order
     preemptions: Optional[int] = None  # vllm:num_preemptions around the batch (0: none evicted)
+    # second turns, after the first turns in outputs/histograms: {"of": the first turn's index,
+    # "prompt_tokens": the rendered second turn's length}
+    followups: Optional[list[dict[str, int]]] = None
 
     @property
     def generated_tokens(self) -> int:
@@ -186,14 +197,14 @@ def run_engine(req: EngineRequest) -> EngineResult:
         if not batch.prompts:
             result.batches.append(BatchResult(batch.name, [], 0.0))
             continue
-        step = batch.wave_size or len(batch.prompts)
-        waves = [batch.prompts[i : i + step] for i in range(0, len(batch.prompts), step)]
         params = greedy(batch)
         before, preempted = snapshot(llm), _preemptions(llm)
         t0 = time.perf_counter()
-        outs = []
-        for wave in waves:  # each call returns when its last request ends: the next starts alone
-            outs += llm.generate([TokensPrompt(prompt_token_ids=p) for p in wave], params, use_tqdm=False)
+        outs, sizes = _first_pass(llm, batch, params)
+        followups: list[dict[str, int]] | None = None
+        if batch.second_turns and any(batch.second_turns):
+            second, followups = _second_turns(req, batch, [list(o.outputs[0].token_ids) for o in outs])
+            outs += llm.generate([TokensPrompt(prompt_token_ids=p) for p in second], params, use_tqdm=False)
         seconds = time.perf_counter() - t0
         after, preempted = snapshot(llm), _preemptions(llm) - preempted
         outputs = [list(o.outputs[0].token_ids) for o in outs]
@@ -205,10 +216,69 @@ def run_engine(req: EngineRequest) -> EngineResult:
             for o in outs:
                 m = getattr(o.outputs[0], "spec_decode_metrics", None)
                 histograms.append(list(m.histogram) if m is not None else [])
-        sizes = [len(w) for w in waves] if batch.wave_size else None
-        result.batches.append(BatchResult(batch.name, outputs, seconds, counters, histograms, sizes, preempted))
+        result.batches.append(
+            BatchResult(batch.name, outputs, seconds, counters, histograms, sizes, preempted, followups)
+        )
     del llm
     return result
+
+
+def _first_pass(llm: Any, batch: PromptBatch, params: Any) -> tuple[list[Any], Optional[list[int]]]:
+    """The batch's outputs in prompt order, and the wave sizes where it runs in waves."""
+    from vllm.inputs import TokensPrompt
+
+    if batch.concurrency:
+        return _queue(llm, batch.prompts, params, batch.concurrency), None
+    step = batch.wave_size or len(batch.prompts)
+    waves = [batch.prompts[i : i + step] for i in range(0, len(batch.prompts), step)]
+    outs: list[Any] = []
+    for wave in waves:  # each call returns when its last request ends: the next starts alone
+        outs += llm.generate([TokensPrompt(prompt_token_ids=p) for p in wave], params, use_tqdm=False)
+    return outs, [len(w) for w in waves] if batch.wave_size else None
+
+
+def _queue(llm: Any, prompts: list[list[int]], params: Any, concurrency: int) -> list[Any]:
+    """Every prompt through the engine with ``concurrency`` requests in flight: a new one is
+    added as soon as one finishes (the engine's own step loop, as LLM.generate runs it)."""
+    from vllm.inputs import TokensPrompt
+
+    engine = llm.llm_engine
+    pending = list(enumerate(prompts))[::-1]
+    done: dict[int, Any] = {}
+    in_flight = 0
+    while pending or in_flight:
+        while pending and in_flight < concurrency:
+            i, p = pending.pop()
+            engine.add_request(str(i), TokensPrompt(prompt_token_ids=p), params)
+            in_flight += 1
+        for out in engine.step():
+            if out.finished:
+                done[int(out.request_id)] = out
+                in_flight -= 1
+    return [done[i] for i in range(len(prompts))]
+
+
+def _second_turns(req: EngineRequest, batch: PromptBatch, answers: list[list[int]]):
+    """(token ids, followups) of the batch's second turns: the first turn, this engine's greedy
+    answer to it as the assistant turn, then the second question, rendered as a chat server
+    renders a conversation (the chat template and its generation prompt)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(req.model, trust_remote_code=bool(req.options.trust_remote_code))
+    prompts, followups = [], []
+    for i, turn in enumerate(batch.second_turns or []):
+        if not turn:
+            continue
+        answer = tok.decode(answers[i], skip_special_tokens=True).strip()
+        messages = [*turn["messages"], {"role": "assistant", "content": answer}]
+        messages.append({"role": "user", "content": turn["question"]})
+        text = tok.apply_chat_template(
+            messages, chat_template=req.chat_template, add_generation_prompt=True, tokenize=False
+        )
+        ids = list(tok(text, add_special_tokens=False)["input_ids"])
+        prompts.append(ids)
+        followups.append({"of": i, "prompt_tokens": len(ids)})
+    return prompts, followups
 
 
 def _preemptions(llm: Any) -> int:

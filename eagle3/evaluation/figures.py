@@ -9,11 +9,12 @@ for the union.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 from eagle3.evaluation.counters import SpecDecodeCounters, acceptance_length_of_histogram, counters_from_histograms
 from eagle3.evaluation.engine import BatchResult
+from eagle3.evaluation.intervals import unit_of_histograms
 
 
 @dataclass
@@ -50,6 +51,10 @@ class PromptOutcome:
     acceptance_length: float  # from vLLM's per-request histogram
     greedy_match: Optional[bool]
     first_difference: Optional[int]  # first output position where the two engines differ
+    category: str = ""  # the suite's category (the source for the other sets)
+    turn: int = 1  # 2: the second user turn, after the target's own answer to the first
+    drafts: int = 0  # verify steps with drafts (per-request histogram; 0 where vLLM gives none)
+    accepted_per_position: list[int] = field(default_factory=list)
 
 
 def _rate(tokens: int, seconds: float) -> float:
@@ -116,22 +121,38 @@ def consistency_problems(batch: BatchResult, num_draft_tokens: int) -> list[str]
 
 
 def prompt_outcomes(
-    with_head: BatchResult, without_head: BatchResult | None, ids: list[str], prompt_lengths: list[int]
+    with_head: BatchResult,
+    without_head: BatchResult | None,
+    ids: list[str],
+    prompt_lengths: list[int],
+    categories: list[str] | None = None,
 ) -> list[PromptOutcome]:
+    """One outcome per request: the prompts' first turns in order, then their second turns
+    (``with_head.followups``), each named ``<id>#2``."""
+    k = len((with_head.counters or {}).get("accepted_per_position", []))
+    rows = [(ids[i], prompt_lengths[i], (categories or [with_head.name] * len(ids))[i], 1) for i in range(len(ids))]
+    for f in with_head.followups or []:
+        rows.append((f"{ids[f['of']]}#2", f["prompt_tokens"], rows[f["of"]][2], 2))
     out = []
     for i, output in enumerate(with_head.outputs):
         hist = with_head.histograms[i] if with_head.histograms else []
-        base = without_head.outputs[i] if without_head is not None else None
+        unit = unit_of_histograms([hist], k) if hist else None
+        base = without_head.outputs[i] if without_head is not None and i < len(without_head.outputs) else None
         diff = first_difference(output, base) if base is not None else None
+        pid, length, category, turn = rows[i]
         out.append(
             PromptOutcome(
                 source=with_head.name,
-                id=ids[i],
-                prompt_tokens=prompt_lengths[i],
+                id=pid,
+                prompt_tokens=length,
                 output_tokens=len(output),
                 acceptance_length=acceptance_length_of_histogram(hist) if hist else math.nan,
                 greedy_match=(output == base) if base is not None else None,
                 first_difference=diff,
+                category=category,
+                turn=turn,
+                drafts=unit.drafts if unit else 0,
+                accepted_per_position=list(unit.accepted_per_position) if unit else [],
             )
         )
     return out

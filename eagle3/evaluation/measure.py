@@ -1,9 +1,15 @@
 """Measure a head: the target with the head, then the target alone, on the same prompts.
 
 Both engines are built the same way (eager mode, batch limits, no prefix caching, seed,
-max_model_len) and get the same token ids, one generate() call per prompt source, greedy,
-same max_new_tokens. The engine with the head runs first and is gone (its process exited)
-before the one without starts.
+max_model_len) and get the same token ids, one generate() call per prompt set, greedy,
+same max_new_tokens, every answer ending at EOS (natural) or at max_new_tokens. A prompt with a
+second user turn is asked again after each engine's own greedy answer (a second pass). The
+engine with the head runs first and is gone (its process exited) before the one without starts.
+
+The headline (``overall``) is the held-out suite (every set but the validation split); the
+validation split is reported beside it as the in-distribution figure. Per category and per set:
+the acceptance from vLLM's per-request figures with a bootstrap interval over prompts
+(eagle3/evaluation/intervals.py).
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ from eagle3.evaluation.diagnostics.mismatch import MAX_REFERENCE_BYTES, cases_fr
 from eagle3.evaluation.engine import EngineRequest, PromptBatch
 from eagle3.evaluation.export_info import ExportInfo
 from eagle3.evaluation.figures import consistency_problems, figures_of, prompt_outcomes
-from eagle3.evaluation.prompts import SOURCES, PromptSet
+from eagle3.evaluation.intervals import Unit, set_figures
+from eagle3.evaluation.prompts import HELD_OUT, SOURCES, VAL, PromptSet
 from eagle3.evaluation.report import AcceptanceReport
 from eagle3.evaluation.subprocess_engine import run_engine_process
 
@@ -34,6 +41,7 @@ def measure(
     work_dir: Path,
     baseline: bool = True,
     diagnostics: bool = False,
+    chat_template: str | None = None,
 ) -> AcceptanceReport:
     """vLLM's acceptance (with-head engine), speed and greedy agreement (with the baseline).
     diagnostics: also explain each greedy mismatch with an fp32 target forward (costly)."""
@@ -42,8 +50,9 @@ def measure(
     if max_new_tokens < 1:
         raise ValueError(f"eval.max_new_tokens must be >= 1, got {max_new_tokens}")
     sources = [s for s in SOURCES if prompts.by_source(s)]
-    batches = [PromptBatch(s, [p.token_ids for p in prompts.by_source(s)]) for s in sources]
-    longest = max(len(p.token_ids) for p in prompts.prompts)
+    batches = [_batch(s, prompts) for s in sources]
+    # a second turn holds the first, an answer of up to max_new_tokens, and the second question
+    longest = max(max(len(p.token_ids), p.second_turn_tokens + max_new_tokens) for p in prompts.prompts)
     common: dict[str, Any] = dict(
         model=info.target,
         num_draft_tokens=num_draft_tokens,
@@ -51,6 +60,7 @@ def measure(
         max_model_len=longest + max_new_tokens + num_draft_tokens + _SPEC_SLACK,
         batches=batches,
         options=engine,
+        chat_template=chat_template,
     )
     with_head, wall_head = run_engine_process(
         EngineRequest(head=str(info.export_dir), **common), work_dir=work_dir, label="with-head"
@@ -72,11 +82,19 @@ def measure(
         by_source[batch.name] = figures_of([batch], [base] if base is not None else None, num_draft_tokens)
         source_prompts = prompts.by_source(batch.name)
         per_prompt += prompt_outcomes(
-            batch, base, [p.id for p in source_prompts], [len(p.token_ids) for p in source_prompts]
+            batch,
+            base,
+            [p.id for p in source_prompts],
+            [len(p.token_ids) for p in source_prompts],
+            [p.category for p in source_prompts],
         )
         problems += consistency_problems(batch, num_draft_tokens)
+    # the headline: the held-out suite (the validation split alone when it is all there is)
+    head_names = {b.name for b in with_head.batches if b.name in HELD_OUT} or {b.name for b in with_head.batches}
     overall = figures_of(
-        with_head.batches, without_head.batches if without_head is not None else None, num_draft_tokens
+        [b for b in with_head.batches if b.name in head_names],
+        [b for b in without_head.batches if b.name in head_names] if without_head is not None else None,
+        num_draft_tokens,
     )
     engine_facts: dict[str, Any] = {
         "vllm_version": with_head.vllm_version,
@@ -112,10 +130,49 @@ def measure(
         mismatch_verdicts=verdicts,
     )
     report.prompt_notes += notes
+    report.headline_sets = [s for s in SOURCES if s in head_names]
+    report.by_category, report.intervals = breakdown(per_prompt, num_draft_tokens, report.headline_sets)
+    if per_prompt and not any(p.drafts for p in per_prompt):
+        report.prompt_notes.append(
+            f"no per-request spec-decode figures from vLLM {with_head.vllm_version}: no per-category figures "
+            "nor intervals (the sets' figures come from the engine counters)"
+        )
     report.served = {
         b.name: list(zip((p.token_ids for p in prompts.by_source(b.name)), b.outputs)) for b in with_head.batches
     }
     return report
+
+
+def _batch(source: str, prompts: PromptSet) -> PromptBatch:
+    items = prompts.by_source(source)
+    second = [{"messages": p.messages, "question": p.second_turn} if p.second_turn else None for p in items]
+    return PromptBatch(source, [p.token_ids for p in items], second_turns=second if any(second) else None)
+
+
+def breakdown(per_prompt: list, k: int, headline_sets: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(per category, per set and "held_out") figures from the per-request outcomes: pooled
+    acceptance and its bootstrap interval over prompts (a prompt's two turns are one unit)."""
+    units: dict[tuple[str, str], list] = {}
+    for p in per_prompt:
+        units.setdefault((p.source, p.id.split("#")[0]), []).append(p)
+
+    def unit(rows: list) -> Unit:
+        per_pos = [
+            sum(r.accepted_per_position[i] if i < len(r.accepted_per_position) else 0 for r in rows) for i in range(k)
+        ]
+        return Unit(sum(r.drafts for r in rows), tuple(per_pos))
+
+    by_category: dict[str, Any] = {}
+    by_set: dict[str, list[Unit]] = {}
+    for (source, _), rows in units.items():
+        u = unit(rows)
+        by_category.setdefault(rows[0].category, {"set": source, "units": []})["units"].append(u)
+        by_set.setdefault(source, []).append(u)
+    categories = {c: {"set": v["set"], **set_figures(v["units"], k)} for c, v in by_category.items()}
+    intervals = {s: set_figures(v, k)["interval"] for s, v in by_set.items()}
+    held = [u for s in headline_sets for u in by_set.get(s, [])]
+    intervals["held_out" if headline_sets != [VAL] else VAL] = set_figures(held, k)["interval"]
+    return categories, intervals
 
 
 def _explain_mismatches(

@@ -1,11 +1,13 @@
 """The per-position acceptance plot (PNG): one bar group per draft position, one bar per
-prompt set, the mean acceptance length of each in the legend."""
+prompt set (the held-out suite first, the validation split labelled in-distribution), the mean
+acceptance length of each and its interval in the legend."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
+from eagle3.evaluation.prompts import SET_LABELS
 from eagle3.evaluation.report import PNG_NAME, AcceptanceReport
 
 
@@ -16,17 +18,23 @@ def save_acceptance_plot(report: AcceptanceReport, out_dir: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     k = report.num_draft_tokens
-    sets = [("all", report.overall)] + [(n, f) for n, f in report.by_source.items() if f.prompts]
+    sets = [(report.headline_key, report.overall)] + [(n, f) for n, f in report.by_source.items() if f.prompts]
     width = 0.8 / len(sets)
     fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * k + 2), 3.6), dpi=120)
     for i, (name, figs) in enumerate(sets):
         rates = [r if r is not None and math.isfinite(r) else 0.0 for r in figs.per_position_acceptance_rate]
         xs = [p + (i - (len(sets) - 1) / 2) * width for p in range(len(rates))]
         length = figs.mean_acceptance_length
+        interval = report.intervals.get(name)
+        span = (
+            f" [{interval['mean_acceptance_length'][0]:.2f}, {interval['mean_acceptance_length'][1]:.2f}]"
+            if interval
+            else ""
+        )
         label = (
-            f"{name} (n={figs.prompts}, accept len {length:.2f})"
+            f"{SET_LABELS.get(name, name)} (n={figs.prompts}, accept len {length:.2f}{span})"
             if math.isfinite(length)
-            else f"{name} (n={figs.prompts})"
+            else f"{SET_LABELS.get(name, name)} (n={figs.prompts})"
         )
         bars = ax.bar(xs, rates, width=width, label=label)
         ax.bar_label(bars, labels=[f"{r:.2f}" for r in rates], fontsize=7, padding=1)

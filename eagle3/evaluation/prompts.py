@@ -1,5 +1,11 @@
-"""Held-out prompts for the acceptance measurement: chat questions the head never trained on,
-and code prompts from another distribution altogether.
+"""Held-out prompts for the acceptance measurement: the project's broad suite (the traffic a
+server gets), HumanEval, grade-school math, and, beside them and labelled so, the training
+set's own validation split (in-distribution).
+
+- ``broad``: the suite's eight MT-bench categories (eagle3/evaluation/suite.py), stratified;
+  a record with a second user turn is asked again after the target's own greedy answer to
+  the first (the engine runs the two passes: eagle3/evaluation/engine.py).
+- ``math_word``: the suite's grade-school word problems.
 
 - ``val``: the first user turn (after any leading system turn) of each conversation in the
   dataset's validation split, in the split's order. The dataset stores token ids, not chat
@@ -31,18 +37,29 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generator
+from typing import Any, Generator, Optional
 
 from eagle3.data.conversation import DataError, conversation_of
 from eagle3.data.hf_source import HFOptions
 from eagle3.data.loaders import iter_conversations, resolve_path
+from eagle3.evaluation.suite import BROAD, MATH_WORD, suite_prompts
 from eagle3.store import Manifest, StoreError, open_dataset
 from eagle3.store.reader import SampleFiles
 from eagle3.util.hashing import file_sha256, tree_sha
 
 VAL = "val"
 HUMANEVAL = "humaneval"
-SOURCES = (VAL, HUMANEVAL)
+# the prompt sets, in the order the engines run them; all but VAL are held out from training
+SOURCES = (BROAD, MATH_WORD, HUMANEVAL, VAL)
+HELD_OUT = (BROAD, MATH_WORD, HUMANEVAL)
+# how each set is named in acceptance.json's labels, the table, the plot and W&B
+SET_LABELS = {
+    "held_out": "held-out suite",
+    BROAD: "broad suite (held out)",
+    MATH_WORD: "math word problems (held out)",
+    HUMANEVAL: "HumanEval (held out)",
+    VAL: "validation split (in-distribution)",
+}
 HUMANEVAL_FILE = Path("data") / "HumanEval.jsonl.gz"
 HUMANEVAL_INSTRUCTION = "Complete the following Python function:\n\n"
 
@@ -53,10 +70,16 @@ class PromptError(RuntimeError):
 
 @dataclass
 class HeldOutPrompt:
-    source: str  # "val" | "humaneval"
-    id: str  # conversation id or HumanEval task_id
+    source: str  # a prompt set of SOURCES
+    id: str  # conversation id, HumanEval task_id or suite id
     messages: list[dict[str, str]]
     token_ids: list[int]
+    category: str = ""  # the suite's category; the source for the other sets
+    second_turn: Optional[str] = None  # asked after the target's own answer to `messages`
+    second_turn_tokens: int = 0  # the second turn rendered around an empty answer (sizes the engine)
+
+    def __post_init__(self) -> None:
+        self.category = self.category or self.source
 
 
 @dataclass
@@ -279,26 +302,38 @@ def heldout_prompts(
     *,
     chat_template: str | None = None,
     max_prompt_tokens: int | None = None,
+    suite: int = 0,
+    math: int = 0,
 ) -> PromptSet:
-    """`max_prompts` prompts in all: `humaneval_prompts` of them HumanEval, the rest the
+    """`suite` prompts of the broad suite (stratified over its categories), `math` of the math
+    word problems, and `max_prompts` more: `humaneval_prompts` of them HumanEval, the rest the
     validation split's opening turns (none when dataset_dir is None). A source with fewer
     usable prompts than its share leaves its share short (the mix is never silently changed):
     `notes` says why."""
-    if max_prompts < 1 or humaneval_prompts < 0:
+    if min(max_prompts, humaneval_prompts, suite, math) < 0 or max_prompts + suite + math < 1:
         raise PromptError(
-            f"eval.max_prompts must be >= 1 and eval.humaneval_prompts >= 0, got {max_prompts}, {humaneval_prompts}"
+            "eval.max_prompts, eval.humaneval_prompts, eval.suite_prompts and eval.math_prompts must be >= 0 "
+            f"and ask for one prompt at least, got {max_prompts}, {humaneval_prompts}, {suite}, {math}"
         )
     n_humaneval = min(humaneval_prompts, max_prompts)
     n_val = max_prompts - n_humaneval
     out = PromptSet(prompts=[])
 
-    def admit(source: str, pid: str, messages: list[dict[str, str]], ids: list[int] | None = None) -> bool:
+    def admit(source: str, pid: str, messages: list[dict[str, str]], ids: list[int] | None = None, **more: Any) -> bool:
         ids = render_prompt(tokenizer, messages, chat_template) if ids is None else ids
         if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
             out.skipped_too_long[source] += 1
             return False
-        out.prompts.append(HeldOutPrompt(source, pid, messages, ids))
+        if more.get("second_turn"):
+            around = [*messages, {"role": "assistant", "content": ""}, {"role": "user", "content": more["second_turn"]}]
+            more["second_turn_tokens"] = len(render_prompt(tokenizer, around, chat_template))
+        out.prompts.append(HeldOutPrompt(source, pid, messages, ids, **more))
         return True
+
+    for name, n in ((BROAD, suite), (MATH_WORD, math)):
+        for sp in suite_prompts(name, n):
+            second = sp.turns[1] if len(sp.turns) > 1 else None
+            admit(name, sp.id, [{"role": "user", "content": sp.turns[0]}], category=sp.category, second_turn=second)
 
     if n_val and dataset_dir is None:
         out.notes.append("val: no dataset directory (pass dataset_dir=...), so no validation prompts")

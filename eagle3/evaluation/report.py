@@ -1,9 +1,13 @@
 """The acceptance report: one JSON file (acceptance.json) and a table on stderr.
 
-Top-level keys are the figures over all held-out prompts; ``by_source`` has the same
-figures for the validation-split chat prompts (``val``) and HumanEval (``humaneval``).
-``measured_by`` says these are vLLM's serving counters, not the training-time
-simulation (``val/sim_accept_len``): the two differ, and users compare them.
+Top-level keys are the figures over the held-out suite (``headline`` names its sets: the broad
+suite, the math word problems, HumanEval), answers ending at natural EOS; ``interval`` is their
+bootstrap interval over prompts. ``by_source`` has the same figures per prompt set, the
+validation split (``val``) among them, and ``in_distribution`` repeats that one beside the
+headline, labelled "validation split (in-distribution)": it is the training data's own
+distribution, not the traffic a server gets. ``by_category`` breaks the sets down (the suite's
+eight categories). ``measured_by`` says these are vLLM's serving counters, not the
+training-time simulation (``val/sim_accept_len``): the two differ, and users compare them.
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from eagle3.evaluation.figures import Figures, PromptOutcome
+from eagle3.evaluation.prompts import SET_LABELS, VAL
 from eagle3.util.atomic import write_text
 
 MEASURED_BY = "vLLM spec-decode counters (real serving acceptance, greedy)"
+ENDS = "natural EOS (ignore_eos=false), capped at max_new_tokens"
 JSON_NAME = "acceptance.json"
 PNG_NAME = "acceptance.png"
 
@@ -48,6 +54,15 @@ class AcceptanceReport:
     # (prompt ids, with-head output ids) per source: what served_replay reads; not in the JSON
     served: dict[str, list] = field(default_factory=dict, repr=False)
     measured_by: str = MEASURED_BY
+    headline_sets: list[str] = field(default_factory=list)  # the sets `overall` pools
+    # per category: its set, prompts, pooled acceptance, per-position rates and interval
+    by_category: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # per set and "held_out" (the headline): the bootstrap interval, or None (no per-request figures)
+    intervals: dict[str, Optional[dict[str, Any]]] = field(default_factory=dict)
+
+    @property
+    def headline_key(self) -> str:
+        return "held_out" if self.headline_sets != [VAL] else VAL
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -56,14 +71,36 @@ class AcceptanceReport:
     def to_dict(self) -> dict[str, Any]:
         top = self.overall.to_dict()
         top.pop("prompts")
+        interval = self.intervals.get(self.headline_key)
+        val = self.by_source.get(VAL)
         return {
             "measured_by": self.measured_by,
             "export_dir": self.export_dir,
             "verifier": self.target,
             "dataset_dir": self.dataset_dir,
             "max_new_tokens": self.max_new_tokens,
+            "ends": ENDS,
+            "headline": {
+                "label": SET_LABELS[self.headline_key],
+                "sets": list(self.headline_sets),
+                "prompts": self.overall.prompts,
+            },
             **top,
+            "interval": interval,
+            "per_position_acceptance_rate_lower": interval["per_position_lower"] if interval else None,
+            "in_distribution": None
+            if val is None
+            else {
+                "label": SET_LABELS[VAL],
+                "prompts": val.prompts,
+                "mean_acceptance_length": val.mean_acceptance_length,
+                "per_position_acceptance_rate": list(val.per_position_acceptance_rate),
+                "interval": self.intervals.get(VAL),
+            },
             "prompts": dict(self.prompt_counts),
+            "set_labels": {name: SET_LABELS.get(name, name) for name in self.by_source},
+            "intervals": dict(self.intervals),
+            "by_category": {name: dict(fig) for name, fig in self.by_category.items()},
             "prompt_notes": list(self.prompt_notes),
             "skipped_too_long": dict(self.skipped_too_long),
             "by_source": {name: fig.to_dict() for name, fig in self.by_source.items()},
@@ -111,6 +148,30 @@ def _fmt(x: Any, digits: int = 3) -> str:
     return str(x)
 
 
+def _interval(interval: Optional[dict[str, Any]]) -> str:
+    if not interval:
+        return "-"
+    lo, hi = interval["mean_acceptance_length"]
+    return f"{lo:.2f}-{hi:.2f}"
+
+
+def category_table(report: AcceptanceReport) -> Any:
+    """Per category: prompts, acceptance length and its interval, per-position rates."""
+    from rich.table import Table
+
+    k = report.num_draft_tokens
+    table = Table(title="per category (vLLM per-request figures; a two-turn prompt counts once)")
+    for name in ("category", "set", "n", "accept len", "95% interval", *[f"pos {i}" for i in range(k)]):
+        table.add_column(name, justify="left" if name in ("category", "set") else "right")
+    for name, c in report.by_category.items():
+        rates = list(c["per_position_acceptance_rate"])[:k]
+        table.add_row(
+            name, c["set"], str(c["prompts"]), _fmt(c["mean_acceptance_length"]), _interval(c["interval"]),
+            *[_fmt(r) for r in rates],
+        )  # fmt: skip
+    return table
+
+
 def print_table(report: AcceptanceReport, console=None) -> None:
     """Rows: all prompts, then each source. Columns: acceptance, per-position rates, speed."""
     from rich.console import Console
@@ -122,25 +183,27 @@ def print_table(report: AcceptanceReport, console=None) -> None:
             console = Console(stderr=True, width=140)
     k = report.num_draft_tokens
     table = Table(
-        title=f"EAGLE-3 acceptance in vLLM (K={k}, greedy, max_new_tokens={report.max_new_tokens})",
+        title=f"EAGLE-3 acceptance in vLLM (K={k}, greedy, {ENDS} {report.max_new_tokens})",
         caption=f"{report.export_dir}\nmeasured by {report.measured_by}",
     )
     table.add_column("prompts", justify="left", no_wrap=True)
     table.add_column("n", justify="right")
     table.add_column("accept len", justify="right", style="bold")
+    table.add_column("95% interval", justify="right")
     for i in range(k):
         table.add_column(f"pos {i}", justify="right")
     table.add_column("tok/s with head", justify="right")
     table.add_column("tok/s without", justify="right")
     table.add_column("speedup", justify="right")
     table.add_column("greedy match", justify="right")
-    rows = [("all", report.overall)] + [(name, fig) for name, fig in report.by_source.items()]
+    rows = [(report.headline_key, report.overall)] + [(name, fig) for name, fig in report.by_source.items()]
     for name, fig in rows:
         rates = list(fig.per_position_acceptance_rate) + [math.nan] * (k - len(fig.per_position_acceptance_rate))
         table.add_row(
-            name,
+            SET_LABELS.get(name, name),
             str(fig.prompts),
             _fmt(fig.mean_acceptance_length),
+            _interval(report.intervals.get(name)),
             *[_fmt(r) for r in rates[:k]],
             _fmt(fig.tokens_per_s_with_head, 1),
             _fmt(fig.tokens_per_s_without_head, 1),
@@ -148,6 +211,8 @@ def print_table(report: AcceptanceReport, console=None) -> None:
             _fmt(fig.greedy_match_rate, 2),
         )
     console.print(table)
+    if any(c["prompts"] for c in report.by_category.values()):
+        console.print(category_table(report))
     replay, val = report.train_side_replay, report.by_source.get("val")
     if replay and val is not None:
         replay_rates = " / ".join(f"{replay.get(f'replay_acc_pos{i}', math.nan):.3f}" for i in range(k))

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from eagle3.evaluation.engine import PARENT_ENV, EngineRequest, EngineResult
+from eagle3.util.atomic import write_text
 
 _TORCH_DIST_VARS = (
     "RANK",
@@ -131,7 +132,7 @@ def run_engine_process(
     res_file = work_dir / f"engine-{label}.result.json"
     log_file = work_dir / f"engine-{label}.log"
     res_file.unlink(missing_ok=True)
-    req_file.write_text(request.to_json())
+    write_text(req_file, request.to_json())  # whole or absent: a killed run leaves no torn request
     print(f"[eagle3.evaluation] vLLM engine {label}: starting (log: {log_file})", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     env = engine_env(request.options.cpu_kvcache_space_gb)

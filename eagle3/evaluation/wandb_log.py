@@ -1,5 +1,11 @@
 """Put the acceptance report on a W&B run: `eval/*` scalars (also in the run summary, so
-dashboards can sort runs by them), a table of per-position rates and the plot."""
+dashboards can sort runs by them), a table of per-position rates and the plot.
+
+`eval/mean_acceptance_length` is the held-out suite's (the headline), with its interval
+(`eval/mean_acceptance_length_low`/`_high`); `eval/<set>/...` per prompt set and
+`eval/category/<name>/...` per category; the validation split's figure is logged under `eval/val/`
+and again as `eval/in_distribution/mean_acceptance_length`, and the table's `label` column names
+each set ("validation split (in-distribution)")."""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from eagle3.evaluation.prompts import SET_LABELS, VAL
 from eagle3.evaluation.report import AcceptanceReport
 
 _SCALARS = (
@@ -32,6 +39,17 @@ def eval_scalars(report: AcceptanceReport) -> dict[str, float]:
             if rate is not None and math.isfinite(rate):
                 out[f"eval/{prefix}accept_rate_pos{i}"] = float(rate)
     out["eval/num_draft_tokens"] = float(report.num_draft_tokens)
+    for name, interval in report.intervals.items():
+        if interval:
+            prefix = "" if name == report.headline_key else f"{name}/"
+            out[f"eval/{prefix}mean_acceptance_length_low"] = float(interval["mean_acceptance_length"][0])
+            out[f"eval/{prefix}mean_acceptance_length_high"] = float(interval["mean_acceptance_length"][1])
+    for name, c in report.by_category.items():
+        if c["prompts"] and math.isfinite(c["mean_acceptance_length"]):
+            out[f"eval/category/{name}/mean_acceptance_length"] = float(c["mean_acceptance_length"])
+    val = report.by_source.get(VAL)
+    if val is not None and math.isfinite(val.mean_acceptance_length):
+        out["eval/in_distribution/mean_acceptance_length"] = float(val.mean_acceptance_length)
     if report.train_side_replay:  # the same val prompts replayed train-side: beside vLLM's figure
         out["eval/val/train_side_replay_accept_len"] = float(report.train_side_replay["replay_accept_len"])
     for source, served in report.served_replay.items():  # the head replayed on vLLM's own outputs
@@ -55,11 +73,14 @@ def log_report(report: AcceptanceReport, png: Path | None, run: Any = None) -> b
     import wandb
 
     scalars = eval_scalars(report)
-    table = wandb.Table(columns=["prompts", "position", "acceptance_rate", "accepted_tokens", "drafts"])
-    sets = [("all", report.overall)] + [(name, fig) for name, fig in report.by_source.items() if fig.prompts]
+    columns: list[str | int] = ["prompts", "label", "position", "acceptance_rate", "accepted_tokens", "drafts"]
+    table = wandb.Table(columns=columns)
+    sets = [(report.headline_key, report.overall)]
+    sets += [(name, fig) for name, fig in report.by_source.items() if fig.prompts]
     for name, fig in sets:
         for i, (rate, acc) in enumerate(zip(fig.per_position_acceptance_rate, fig.accepted_per_position)):
-            table.add_data(name, i, None if rate is None or not math.isfinite(rate) else rate, acc, fig.drafts)
+            rate_or_none = None if rate is None or not math.isfinite(rate) else rate
+            table.add_data(name, SET_LABELS.get(name, name), i, rate_or_none, acc, fig.drafts)
     payload: dict[str, Any] = dict(scalars)
     payload["eval/acceptance_per_position"] = table
     if png is not None and Path(png).is_file():

@@ -10,11 +10,18 @@ Two sources, the measured one winning:
   and K on a GPU. Per load, the K with the highest measured speed-up, or
   0 (serve the target alone) where none beats the target alone by ``MIN_SPEEDUP["measured"]``.
 - ``rule``: the head was measured for acceptance only (train.py's end-of-run evaluation or
-  ``python evaluate.py``: vLLM's per-position acceptance rates a_j). A verify step with
+  ``python evaluate.py``: vLLM's per-position acceptance rates a_j on the held-out suite, the
+  lower end of their interval, ``per_position_acceptance_rate_lower`` of acceptance.json, where
+  it has one: never the validation split's in-distribution figure, which a head trained on one
+  source beats the traffic it serves by, nor the point estimate, whose error could flip the sign). A verify step with
   K drafts emits on average ``L(K) = 1 + a_0 + ... + a_{K-1}`` tokens (a_j is the share of
   verify steps that accepted draft j and so all before it) and costs ``c(K, load)`` plain
   decode steps of the target alone, so the predicted speed-up is ``L(K) / c(K, load)``. Only
   K up to the positions measured are considered (a_j beyond them is unknown).
+
+Where a speed-up was measured at a load (natural EOS, a queue kept at that load), it wins over
+the prediction at that load: the rule fills in only the loads not measured (``combine``). Each
+load's advice says which it is (``basis``).
 
 The step cost ``c(K, load)`` belongs to the target, the GPU and the engine, not to the head, so
 it is measured once by the serving measurement (eagle3/serving/speedup.py): there ``c = L / speed-up`` (tokens/s with the head = L verify
@@ -107,6 +114,7 @@ class LoadAdvice:
     load: int  # concurrent requests
     num_speculative_tokens: int  # 0: serve the target alone at this load
     speedup: float  # tokens/s with the head at that K / the target alone's (1.0 for K = 0)
+    basis: str = ""  # "measured" | "predicted"
 
 
 @dataclass
@@ -136,7 +144,8 @@ class ServingAdvice:
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "ServingAdvice":
         loads = [
-            LoadAdvice(int(a["load"]), int(a["num_speculative_tokens"]), float(a["speedup"])) for a in raw["loads"]
+            LoadAdvice(int(a["load"]), int(a["num_speculative_tokens"]), float(a["speedup"]), str(a.get("basis", "")))
+            for a in raw["loads"]
         ]
         return cls(str(raw["source"]), loads, raw.get("head_sha256"), dict(raw.get("inputs", {})))
 
@@ -180,8 +189,20 @@ def best_k(speedups: dict[int, float], min_speedup: float) -> tuple[int, float]:
 
 def from_measurements(speedups: dict[int, dict[int, float]], **inputs: Any) -> ServingAdvice:
     """``speedups[load][K]``: measured tokens/s with the head at K over the target alone's."""
-    loads = [LoadAdvice(int(load), *best_k(by_k, MIN_SPEEDUP["measured"])) for load, by_k in sorted(speedups.items())]
+    loads = [
+        LoadAdvice(int(load), *best_k(by_k, MIN_SPEEDUP["measured"]), basis="measured")
+        for load, by_k in sorted(speedups.items())
+    ]
     return ServingAdvice("measured", loads, inputs=dict(inputs))
+
+
+def combine(measured: ServingAdvice, predicted: ServingAdvice) -> ServingAdvice:
+    """The measured advice, with the prediction at the loads it did not measure: a measured
+    speed-up at a load always wins over what the rule says there."""
+    at = {a.load: a for a in predicted.loads} | {a.load: a for a in measured.loads}
+    inputs = {**measured.inputs, "predicted_loads": sorted(set(at) - {a.load for a in measured.loads})}
+    inputs["rule_inputs"] = predicted.inputs
+    return ServingAdvice("measured", [at[load] for load in sorted(at)], measured.head_sha256, inputs)
 
 
 def step_costs(speedups: dict[int, dict[int, float]], tokens_per_step: dict[int, dict[int, float]]) -> dict:
@@ -241,7 +262,7 @@ def from_rule(
     advice = []
     for load in loads:
         predicted = {k: expected_tokens_per_step(per_position_rate, k) / cost(k, load, costs) for k in usable}
-        advice.append(LoadAdvice(load, *best_k(predicted, MIN_SPEEDUP["rule"])))
+        advice.append(LoadAdvice(load, *best_k(predicted, MIN_SPEEDUP["rule"]), basis="predicted"))
     inputs: dict[str, Any] = {
         "per_position_acceptance_rate": [round(r, 4) for r in per_position_rate],
         "step_costs": {str(k): v for k, v in costs.items()},
@@ -252,19 +273,49 @@ def from_rule(
     return ServingAdvice("rule", advice, inputs=inputs)
 
 
+def acceptance_rates(acceptance: Optional[dict[str, Any]]) -> tuple[list[float], str]:
+    """(per-position rates, what they are) the rule predicts from: the held-out suite's lower
+    bound where acceptance.json has one, else its point figures (an older file, or a vLLM that
+    gives no per-request figures, so no interval); [] when there are none."""
+    acceptance = acceptance or {}
+    lower = acceptance.get("per_position_acceptance_rate_lower")
+    label = (acceptance.get("headline") or {}).get("label", "all prompts")
+    if lower:
+        rates, basis = lower, f"{label}: lower end of the 95% interval"
+    else:
+        rates, basis = acceptance.get("per_position_acceptance_rate") or [], f"{label}: point estimate (no interval)"
+    rates = [float(r) if r is not None else math.nan for r in rates]
+    return ([] if not rates or any(math.isnan(r) for r in rates) else rates), basis
+
+
+def _stored_costs(advice: ServingAdvice) -> Optional[dict[int, dict[int, float]]]:
+    raw = advice.inputs.get("step_costs")
+    if not raw:
+        return None
+    return {int(load): {int(k): float(c) for k, c in by_k.items()} for load, by_k in raw.items()}
+
+
 def advice_for(
     export_dir: str | Path, acceptance: Optional[dict[str, Any]] = None, target_dir: Optional[str | Path] = None
 ) -> Optional[ServingAdvice]:
-    """The export's serving.json when it holds one for these weights; else the rule on
-    ``acceptance`` (an acceptance.json dict) with the step costs of the class nearest the target
-    (its size read from ``target_dir``'s config.json), written as serving.json; else None."""
+    """The export's advice. A measured serving.json (for these weights) is kept, with the rule on
+    ``acceptance`` (an acceptance.json dict: ``acceptance_rates``) filling in the loads it did not
+    measure, at its own measured step costs. Otherwise the rule on ``acceptance`` with the step
+    costs of the class nearest the target (its size read from ``target_dir``'s config.json),
+    written as serving.json; a stored rule advice where no acceptance is given; else None."""
     stored = ServingAdvice.read(export_dir)
-    if stored is not None:
-        return stored
-    rates = [float(r) for r in (acceptance or {}).get("per_position_acceptance_rate") or []]
-    if not rates or any(math.isnan(r) for r in rates):
+    rates, basis = acceptance_rates(acceptance)
+    if stored is not None and (stored.source == "measured" or not rates):
+        missing = [load for load in ADVICE_LOADS if stored.at(load) is None]
+        if stored.source != "measured" or not rates or not missing:
+            return stored
+        rule = from_rule(rates, _stored_costs(stored), loads=tuple(missing), size=target_dir_size(target_dir))
+        rule.inputs["acceptance"] = basis
+        return combine(stored, rule)
+    if not rates:
         return None
     advice = from_rule(rates, size=target_dir_size(target_dir))
+    advice.inputs["acceptance"] = basis
     advice.head_sha256 = head_sha256(export_dir)
     advice.write(export_dir)
     return advice
@@ -317,8 +368,10 @@ def serving_lines(
         f"{a.load}: K={a.num_speculative_tokens} ({a.speedup:.2f}x)" if a.num_speculative_tokens else f"{a.load}: none"
         for a in sorted(advice.loads, key=lambda a: a.load)
     )
+    predicted_loads = advice.inputs.get("predicted_loads")
     how = (
         "measured by python evaluate.py serving.measure=true"
+        + (f"; predicted at {', '.join(map(str, predicted_loads))}" if predicted_loads else "")
         if advice.source == "measured"
         else f"predicted from acceptance and the step costs of the {advice.inputs.get('step_costs_class', 'measured')} "
         f"class (target: {advice.inputs.get('target_size', 'unknown')}; {advice.inputs.get('step_costs_source', '')})"

@@ -3,25 +3,33 @@ several loads (concurrent requests) and numbers of draft tokens K, greedy, on he
 `python evaluate.py export_dir=<dir> serving.measure=true` runs it (eagle3/stages/evaluate.py);
 bench/serving_speedup.py is a CLI over the same functions that leaves the export as it is.
 
-Prompts: the dataset's validation split plus HumanEval, as the acceptance evaluation takes them
-(a third HumanEval; HumanEval alone without a dataset), or a JSONL of chats (``{"messages":
-[...]}`` per line, the opening turns served).
+Prompts: the opening turns of the project's held-out suite (eagle3/evaluation/suite.py: the
+broad prompts over the eight MT-bench categories, then math word problems and HumanEval, an
+eighth each), the traffic a server gets; or a JSONL of chats (``{"messages": [...]}`` per line,
+the opening turns served). Second turns are not served here (they need the target's answer
+first: the acceptance evaluation asks them).
 
 One engine per K (the target alone first), each in a process of its own
 (eagle3/evaluation/engine.py: its GPU memory is gone before the next loads, counters start at
-zero), built once with max_num_seqs = the largest load. A load of c runs its requests in waves
-of exactly c (one generate() call each), all with ``ignore_eos`` and the same ``max_tokens``:
-every request of a wave runs to the same length, so c requests are in flight from its first
-step to its last (the result records each wave's size and vLLM's preemption count, which must
-be 0). Per (load, K): generated tokens / the waves' wall time, the speed-up over the target
-alone at that load, acceptance length and per-position acceptance from vLLM's spec-decode
-counters around the load, and the share of requests whose output equals the target alone's
-token for token (bf16 kernels differ with the batch shape, so on a GPU a few may part at a near
-tie of the logits; the target alone at load c against itself at the first load shows that
-floor). The best K per load (0: none beats the target alone) is printed and, by the product
-command, written into the export as serving.json (eagle3/serving/advice.py) together
-with the step costs it implies, printed in the form of a class's costs in
-eagle3/serving/step_costs.yaml.
+zero), built once with max_num_seqs = the largest load. Each load is run twice
+(eagle3/serving/speedup_table.py):
+
+- natural EOS, the headline: the load's requests queue up and c are in flight at every moment,
+  a request starting as soon as one ends, each ending at EOS (or max_tokens), as a server under a
+  steady load sees them. Its tokens/s and speed-up are the ones printed and advised.
+- step-cost waves, ignore_eos: waves of exactly c requests (one generate() call each), all
+  running to the same ``max_tokens``, so c are in flight from a wave's first step to its last
+  (the result records each wave's size and vLLM's preemption count, which must be 0): the cost
+  of a verify step at load c, the step costs the rule of eagle3/serving/advice.py predicts from.
+
+Per (load, K): generated tokens / wall time, the speed-up over the target alone at that load,
+acceptance length and per-position acceptance from vLLM's spec-decode counters, and the share of
+requests whose output equals the target alone's token for token (bf16 kernels differ with the
+batch shape, so on a GPU a few may part at a near tie of the logits). The best K per load at
+natural EOS (0: none beats the target alone) is printed and, by the product command, written
+into the export as serving.json (eagle3/serving/advice.py) together with the waves' step costs,
+printed in the form of a class's costs in eagle3/serving/step_costs.yaml. Every work file is
+written atomically: a run killed mid-write leaves no torn key file to stop the next one.
 """
 
 from __future__ import annotations
@@ -38,6 +46,19 @@ from eagle3.config.engine import EngineOptions
 from eagle3.evaluation.engine import EngineRequest, EngineResult, PromptBatch
 from eagle3.evaluation.subprocess_engine import EngineRunError
 from eagle3.serving import advice as advice_rules
+from eagle3.serving.speedup_table import (
+    NATURAL_LABEL,
+    WAVES_LABEL,
+    natural_name,
+    print_table,
+    summarise,
+    summarise_natural,
+    table_step_costs,
+    wave_name,
+)
+from eagle3.util.atomic import write_text
+
+__all__ = ["measure_serving", "step_costs_in_work_dir", "summarise", "summarise_natural", "table_step_costs"]
 
 
 def wave_requests(n_prompts: int, load: int, min_waves: int) -> list[int]:
@@ -65,8 +86,10 @@ def engine_request(
         max_new_tokens=check.max_new_tokens,
         max_model_len=check.max_model_len,
         batches=[
-            PromptBatch(f"load-{c}", [prompts[i] for i in idx], wave_size=c, ignore_eos=True) for c, idx in plan.items()
-        ],
+            PromptBatch(wave_name(c), [prompts[i] for i in idx], wave_size=c, ignore_eos=True)
+            for c, idx in plan.items()
+        ]
+        + [PromptBatch(natural_name(c), [prompts[i] for i in idx], concurrency=c) for c, idx in plan.items()],
         # one engine for every load: it must admit the largest wave at once
         options=dataclasses.replace(engine, max_num_seqs=largest),
         warmup_prompts=largest,
@@ -94,59 +117,6 @@ def finished_engine(work: Path, label: str, request: EngineRequest) -> EngineRes
     return EngineResult.from_json(res_file.read_text())
 
 
-def summarise(
-    alone: EngineResult, with_head: dict[int, EngineResult], plan: dict[int, list[int]], max_new_tokens: int
-) -> dict[int, dict[str, Any]]:
-    """Per load: the target alone's tok/s, per K tok/s, speed-up, acceptance and equality."""
-    first = min(plan)
-    base_first = {i: o for i, o in zip(plan[first], alone.batches[0].outputs)}  # prompt -> output at the first load
-    table: dict[int, dict[str, Any]] = {}
-    for b, (load, idx) in enumerate(plan.items()):
-        base = alone.batches[b]
-        base_tps = base.generated_tokens / base.seconds
-        row: dict[str, Any] = {
-            "requests": len(idx),
-            "target_alone_tok_s": base_tps,
-            "target_alone_wave_sizes": sorted(set(base.wave_sizes or [])),
-            "target_alone_preemptions": base.preemptions,
-            # batch-shape numerics alone: the target at this load against itself at the first
-            "target_alone_equal_to_first_load": sum(o == base_first[i] for i, o in zip(idx, base.outputs)) / len(idx),
-            "by_k": {
-                k: _k_row(res.batches[b], base, base_tps, len(idx), max_new_tokens)
-                for k, res in sorted(with_head.items())
-            },
-        }
-        best, speedup = advice_rules.best_k(
-            {k: v["speedup"] for k, v in row["by_k"].items()}, advice_rules.MIN_SPEEDUP["measured"]
-        )
-        row["best_k"], row["best_speedup"] = best, speedup
-        table[load] = row
-    return table
-
-
-def _k_row(r: Any, base: Any, base_tps: float, n: int, max_new_tokens: int) -> dict[str, Any]:
-    c = r.counters or {}
-    drafts = c.get("drafts", 0)
-    tps = r.generated_tokens / r.seconds
-    return {
-        "tok_s": tps,
-        "speedup": tps / base_tps,
-        "acceptance_length": 1.0 + c.get("accepted_tokens", 0) / drafts if drafts else float("nan"),
-        "per_position": [a / drafts for a in c.get("accepted_per_position", [])] if drafts else [],
-        "outputs_equal": sum(a == o for a, o in zip(r.outputs, base.outputs)) / n,
-        "wave_sizes": sorted(set(r.wave_sizes or [])),
-        "preemptions": r.preemptions,
-        "all_full_length": all(len(o) == max_new_tokens for o in r.outputs),
-    }
-
-
-def table_step_costs(table: dict[int, dict[str, Any]]) -> tuple[dict, dict]:
-    """(speed-ups, step costs c(K, load)) of a ``summarise`` table, per load and K."""
-    speedups = {load: {k: v["speedup"] for k, v in row["by_k"].items()} for load, row in table.items()}
-    per_step = {load: {k: v["acceptance_length"] for k, v in row["by_k"].items()} for load, row in table.items()}
-    return speedups, advice_rules.step_costs(speedups, per_step)
-
-
 def step_costs_in_work_dir(work: Path) -> dict[int, dict[int, float]]:
     """c(K, load) from the engines that finished in a measurement's work dir, starting none: a
     measurement cut off part-way (a job or device-time limit) still gives the step costs of the
@@ -156,12 +126,14 @@ def step_costs_in_work_dir(work: Path) -> dict[int, dict[int, float]]:
     if 0 not in keys or not (work / "engine-k0.result.json").is_file():
         raise ValueError(f"{work}: no finished engine-k0 (the target alone): nothing to compare with")
     base_req = json.loads(keys[0].read_text())["request"]
+    base_req["batches"] = [b for b in base_req["batches"] if b.get("wave_size")]  # the step-cost waves
     with_head: dict[int, EngineResult] = {}
     for k, key_file in sorted(keys.items()):
         res_file = work / f"engine-k{k}.result.json"
         if k == 0 or not res_file.is_file():
             continue
         req = json.loads(key_file.read_text())["request"]
+        req["batches"] = [b for b in req["batches"] if b.get("wave_size")]
         for field_name in ("model", "batches", "max_new_tokens"):
             if req[field_name] != base_req[field_name]:
                 raise ValueError(
@@ -177,24 +149,6 @@ def step_costs_in_work_dir(work: Path) -> dict[int, dict[int, float]]:
     }
     alone = EngineResult.from_json((work / "engine-k0.result.json").read_text())
     return table_step_costs(summarise(alone, with_head, plan, int(base_req["max_new_tokens"])))[1]
-
-
-def print_table(table: dict[int, dict[str, Any]]) -> None:
-    print("| load | K | tok/s | speed-up | acceptance length | per position | outputs equal |")
-    print("|---|---|---|---|---|---|---|")
-    for load, row in table.items():
-        print(f"| {load} | 0 | {row['target_alone_tok_s']:,.1f} | 1.00x | | | "
-              f"{row['target_alone_equal_to_first_load']:.2f} (vs load {min(table)}) |")  # fmt: skip
-        for k, v in row["by_k"].items():
-            pos = " / ".join(f"{p:.2f}" for p in v["per_position"])
-            print(
-                f"| {load} | {k} | {v['tok_s']:,.1f} | {v['speedup']:.2f}x | {v['acceptance_length']:.2f} | {pos} | "
-                f"{v['outputs_equal']:.2f} |"
-            )
-    print()
-    for load, row in table.items():
-        verdict = f"K={row['best_k']} ({row['best_speedup']:.2f}x)" if row["best_k"] else "0 (the target alone)"
-        print(f"best K at {load} concurrent requests: {verdict}")
 
 
 def jsonl_prompts(path: str, n: int, tokenizer: Any, max_tokens: int) -> tuple[list[list[int]], dict[str, int]]:
@@ -218,7 +172,9 @@ def jsonl_prompts(path: str, n: int, tokenizer: Any, max_tokens: int) -> tuple[l
 def held_out(
     target: str, dataset_dir: str | Path | None, check: ServingCheck, trust_remote_code: bool = False
 ) -> tuple[list[list[int]], dict[str, int]]:
-    """The prompts (token ids) and their counts by source."""
+    """The prompts (token ids) and their counts by source: the held-out suite's opening turns
+    (``dataset_dir`` is not read: the validation split is the training data's distribution, not
+    the traffic a server gets)."""
     from transformers import AutoTokenizer
 
     from eagle3.evaluation.prompts import heldout_prompts
@@ -227,9 +183,11 @@ def held_out(
     max_prompt = check.max_model_len - check.max_new_tokens - 8
     if check.prompts_jsonl:
         return jsonl_prompts(check.prompts_jsonl, check.prompts, tok, max_prompt)
-    n_he = check.prompts // 3 if dataset_dir else check.prompts
-    held = heldout_prompts(dataset_dir, check.prompts, n_he, tok, max_prompt_tokens=max_prompt)
-    return [p.token_ids for p in held.prompts], held.counts()
+    # the held-out suite: the broad prompts, then an eighth each of math word problems and HumanEval
+    eighth = check.prompts // 8
+    suite, math = check.prompts - 2 * eighth, eighth
+    held = heldout_prompts(None, eighth, eighth, tok, max_prompt_tokens=max_prompt, suite=suite, math=math)
+    return [p.token_ids for p in held.prompts], {k: v for k, v in held.counts().items() if v}
 
 
 def run_engines(
@@ -279,7 +237,7 @@ def run_engines(
             print(f"K={k}: {e}", flush=True)
             return f"failed: {str(e).splitlines()[0]}"
         slowest = max(slowest, wall)
-        (work / f"engine-k{k}.key.json").write_text(json.dumps(engine_key(request)))
+        write_text(work / f"engine-k{k}.key.json", json.dumps(engine_key(request)))
         print(f"K={k}: engine up in {result.load_seconds:.0f} s, {wall:.0f} s in all", flush=True)
         return result
 
@@ -322,23 +280,31 @@ def measure_serving(
             + f" (the target alone's result is kept in {work}: a rerun with serving.work_dir={work} reuses it)"
         )
     ks = sorted(with_head)
-    table = summarise(alone, with_head, plan, check.max_new_tokens)
-    print_table(table)
-    speedups, costs = table_step_costs(table)
+    waves = summarise(alone, with_head, plan, check.max_new_tokens)
+    print_table(waves, WAVES_LABEL, verdicts=False)
+    costs = table_step_costs(waves)[1]
     print(f"step costs c(K, load) in plain decode steps (the costs form of eagle3/serving/step_costs.yaml): {costs}")
+    table = summarise_natural(alone, with_head, plan)
+    print_table(table, NATURAL_LABEL)
+    speedups = table_step_costs(table)[0]
     device = f"{alone.platform}, vLLM {alone.vllm_version}, eager={alone.enforce_eager}"
     result = {
         "device": device,
         "prompts": counts,
+        "turns": "first turns only (a second turn needs the target's answer first)",
         "loads": loads,
         "draft_tokens": ks,
         "not_measured": {str(k): why for k, why in missing.items()},
         "max_new_tokens": check.max_new_tokens,
+        "table_label": NATURAL_LABEL,
         "table": table,
+        "step_cost_waves": {"label": WAVES_LABEL, "table": waves},
         "step_costs": costs,
     }
-    Path(out).write_text(json.dumps(result, indent=2))
-    advice = advice_rules.from_measurements(speedups, device=device, step_costs=costs, prompts=counts)
+    write_text(out, json.dumps(result, indent=2))
+    advice = advice_rules.from_measurements(
+        speedups, device=device, step_costs=costs, prompts=counts, speedups_from=NATURAL_LABEL
+    )
     advice.head_sha256 = advice_rules.head_sha256(export_dir)
     if check.write_advice:
         print(f"wrote {advice.write(export_dir)}")
