@@ -76,6 +76,8 @@ def test_a_capped_or_empty_source_closes_and_the_others_share_its_draws(tmp_path
     assert mixture.report.sources["a"].closed == "ran out" and report.usable == 220
     with pytest.raises(Exception, match=r"self_prompts are user turns only.*data.regenerate=true"):
         Mixture([{"name": "s", "source": "self_prompts"}], 0, regenerate=False)
+    with pytest.raises(Exception, match=r"self_prompts never run out: expected data.max_samples"):
+        Mixture([{"name": "s", "source": "self_prompts"}], 0, regenerate=True, max_samples=None)
     with pytest.raises(Exception, match=r"data.mixture\[0\] \(a\)\.name: expected a unique"):
         Mixture(entries[:1] * 2, 0, regenerate=False)
 

@@ -138,8 +138,17 @@ class Mixture:
         *,
         regenerate: bool,
         self_prompts: SelfPromptsFactory | None = None,
+        max_samples: int | None = 0,
     ) -> None:
+        """``max_samples``: data.max_samples (None: every source to its end, so a self_prompts
+        source, which has none, needs a cap of its own; 0: the caller stops the stream itself)."""
         self.entries = _entries(mixture, regenerate)
+        endless = [e["name"] for e in self.entries if e["source"] == SELF_PROMPTS and e.get("max_samples") is None]
+        if max_samples is None and endless:
+            raise DataError(
+                f"data.mixture source {endless[0]}: self_prompts never run out: expected data.max_samples or the "
+                "source's own max_samples, got null for both"
+            )
         self.seed = int(seed)
         self.self_prompts = self_prompts
         self.report = MixtureReport({n: SourceCount(w) for n, w in weights(self.entries).items()})

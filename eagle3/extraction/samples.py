@@ -115,4 +115,7 @@ def _mixture(data: DataConfig, regenerator: Any) -> tuple[Mixture | None, list[A
         writers.append(SelfPrompts(regenerator, entry, seed=data.seed, batch_size=batch))
         return iter(writers[-1])
 
-    return Mixture(entries, data.seed, regenerate=data.regenerate, self_prompts=self_prompts), writers
+    mixture = Mixture(
+        entries, data.seed, regenerate=data.regenerate, self_prompts=self_prompts, max_samples=data.max_samples
+    )
+    return mixture, writers
