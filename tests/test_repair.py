@@ -78,6 +78,8 @@ def test_a_damaged_shard_is_redone_in_place(original, tmp_path, how, capsys):
     after = file_bytes(ds)
     spent = [json.loads(m["manifest.json"])["provenance"].pop("extract_seconds") for m in (before, after)]
     assert spent[1] > spent[0]
+    runs = [json.loads(m["manifest.json"])["provenance"]["captures"] for m in (before, after)]
+    assert runs[1] == [*runs[0], {"route": "hf", "run": "repair"}]  # the repair's run is kept
     assert _without_seconds(after) == _without_seconds(before)
     for p in shards:  # only the damaged shard was written again
         if p != victim:
@@ -111,9 +113,11 @@ def test_train_prints_the_command_that_repairs_it_and_that_command_does(original
 
 
 def _without_seconds(files: dict[str, bytes]) -> dict:
-    """The files, the manifest parsed without provenance.extract_seconds (what a repair adds to)."""
+    """The files, the manifest parsed without provenance.extract_seconds (what a repair adds to)
+    and provenance.captures (each repair appends its run)."""
     manifest = json.loads(files["manifest.json"])
     manifest["provenance"].pop("extract_seconds", None)
+    manifest["provenance"].pop("captures", None)
     return {**files, "manifest.json": manifest}
 
 
