@@ -116,7 +116,7 @@ def test_smollm2_plan_follows_the_model():
     wide = compose("extract", ["layers.aux_ids=[1,5,9,15,27]", "capture.dtype=float32"])
     assert wide.capture.hidden_layout == "float32 [T, 6, 576]"
     assert wide.capture.disk_per_1m_tokens == format_bytes(
-        disk_needed_bytes(1_000_000, 6, 576, torch.float32, 0, 65536)
+        disk_needed_bytes(1_000_000, 6, 576, torch.float32, 0, 65536, wide.capture.storage)
     )
 
 

@@ -133,18 +133,22 @@ def test_a_merge_of_mixed_formats_is_refused_by_name(tmp_path):
 
 def test_resolve_shows_bytes_per_token_and_the_dataset_size_of_the_format():
     from eagle3.planning.disk_plan import disk_bytes
+    from eagle3.store.disk import format_bytes
 
-    cfg = compose("extract", ["capture.storage=fp8", "data.max_samples=100"])
-    ids, h = list(cfg.layers.layer_ids), cfg.model.hidden_size
-    assert (
-        cfg.capture.bytes_per_token == "2,895 B (0.63x of exact bfloat16: 4,617 B)"
-    )  # SmolLM2: 3 x (576 + 2) + 1152 + 9
-    size = disk_bytes(100 * cfg.data.max_length, ids, h, "bfloat16", cfg.capture.shard_max_tokens, "fp8")
-    assert cfg.capture.dataset_disk.startswith("<= ") and "100 samples" in cfg.capture.dataset_disk
-    assert size < disk_bytes(100 * cfg.data.max_length, ids, h, "bfloat16", cfg.capture.shard_max_tokens)
-    assert "stored fp8" in cfg.capture.hidden_layout
-    exact = compose("extract", [])
-    assert exact.capture.hidden_layout == "bfloat16 [T, 4, 576]" and exact.capture.bytes_per_token == "4,617 B"
+    cfg = compose("extract", ["data.max_samples=100"])  # a CPU: fp8 unless told otherwise
+    assert cfg.capture.storage == "fp8" and cfg.capture.hidden_layout == "bfloat16 [T, 4, 576]"
+    assert cfg.capture.storage_layout.startswith("fp8: aux float8_e4m3fn [T, 3, 576] + bfloat16 scale [T, 3]")
+    # SmolLM2: 3 x (576 + 2) + 1152 + 9
+    assert cfg.capture.bytes_per_token == "2,895 B (0.63x of exact bfloat16: 4,617 B)"
+    ids, h, shard = list(cfg.layers.layer_ids), cfg.model.hidden_size, cfg.capture.shard_max_tokens
+    size = disk_bytes(100 * cfg.data.max_length, ids, h, "bfloat16", shard, "fp8")
+    assert cfg.capture.dataset_disk == f"<= {format_bytes(size)} (100 samples x <= {cfg.data.max_length} tokens)"
+    assert size < disk_bytes(100 * cfg.data.max_length, ids, h, "bfloat16", shard)
+    exact = compose("extract", ["capture.storage=exact"])
+    assert exact.capture.storage_layout == "exact: hidden bfloat16 [T, 4, 576]"
+    assert exact.capture.bytes_per_token == "4,617 B"
+    gpu = compose("extract", ["topology=gpu1", "capture=vllm"])  # not measured on a GPU yet: exact there
+    assert gpu.capture.storage == "exact"
 
 
 # ---------------------------------------------------------------- end to end (tiny random target)

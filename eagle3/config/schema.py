@@ -171,7 +171,8 @@ class CaptureConfig:
     dtype: str = "${model.dtype}"  # hidden-state dtype: what the target computes and a reader gets back
     # the shards' on-disk format: exact (the states in capture.dtype) or fp8 (the aux layers in
     # float8_e4m3fn with a scale per token and layer, the final layer exact; eagle3/store/storage_format.py);
-    # int4 (an option: 4-bit codes with a scale per 32 channels, the final layer exact)
+    # int4 (an option: 4-bit codes with a scale per 32 channels, the final layer exact). conf/capture/*.yaml
+    # picks it by topology.accelerator: fp8 on a CPU, exact on a GPU (eagle3/planning/disk_plan.py)
     storage: str = "exact"
     batch_size: int = 8  # hf: samples per forward
     max_tokens_per_batch: int = 16384  # hf: padded tokens per forward
@@ -190,8 +191,9 @@ class CaptureConfig:
     # missing, short or (full) corrupted shard is captured again in place
     verify: VerifyMode = VerifyMode.fast
     # computed (eagle3/planning/disk_plan.py), never set by hand: shown by --cfg job --resolve
-    hidden_layout: Any = (
-        "${eagle3.hidden_layout:${capture.dtype},${layers.layer_ids},${model.hidden_size},${capture.storage}}"
+    hidden_layout: Any = "${eagle3.hidden_layout:${capture.dtype},${layers.layer_ids},${model.hidden_size}}"
+    storage_layout: Any = (
+        "${eagle3.storage_layout:${capture.dtype},${layers.layer_ids},${model.hidden_size},${capture.storage}}"
     )
     bytes_per_token: Any = (
         "${eagle3.bytes_per_token:${layers.layer_ids},${model.hidden_size},${capture.dtype},${capture.storage}}"

@@ -3,6 +3,7 @@
 
     python extract.py model=kimi_k2_5 topology=gpu8_tp8 capture=vllm --cfg job --resolve
       capture.hidden_layout:      bfloat16 [T, 4, 7168]    (aux ids [2, 30, 58] + final 61)
+      capture.storage_layout:     exact: hidden bfloat16 [T, 4, 7168]
       capture.bytes_per_token:    57,353 B
       capture.disk_per_1m_tokens: 53.4 GiB
       capture.dataset_disk:       <= 218.8 GiB (2,000 samples x <= 2,048 tokens)
@@ -36,23 +37,33 @@ def _check_dtype(dtype: str) -> str:
     )
 
 
-def hidden_layout(dtype: str, layer_ids: Sequence[int], hidden_size: int, storage: str = EXACT) -> str:
-    """The hidden tensor per sample a reader gets, e.g. ``bfloat16 [T, 4, 7168]``, and how a
-    storage format other than exact holds it on disk."""
+def hidden_layout(dtype: str, layer_ids: Sequence[int], hidden_size: int) -> str:
+    """The hidden tensor per sample a reader gets, e.g. ``bfloat16 [T, 4, 7168]``."""
+    return f"{_check_dtype(dtype)} [T, {len(layer_ids)}, {int(hidden_size)}]"
+
+
+def storage_layout(dtype: str, layer_ids: Sequence[int], hidden_size: int, storage: str = EXACT) -> str:
+    """How the shards hold those states in ``storage`` (eagle3/store/storage_format.py)."""
     L, H = len(layer_ids), int(hidden_size)
-    layout = f"{_check_dtype(dtype)} [T, {L}, {H}]"
     if hidden_dtypes.check_storage(storage) == EXACT:
-        return layout
+        return f"exact: hidden {_check_dtype(dtype)} [T, {L}, {H}]"
+    final = f"final {_check_dtype(dtype)} [T, 1, {H}]"
     if storage == hidden_dtypes.INT4:
         G = hidden_dtypes.INT4_GROUP
         return (
-            f"{layout} stored int4: aux 2 codes a byte uint8 [T, {L - 1}, {H // 2}] + bfloat16 scale per "
-            f"{G} channels [T, {L - 1}, {H // G}], final {dtype} [T, 1, {H}]"
+            f"int4: aux uint8 [T, {L - 1}, {H // 2}] (2 codes a byte) + bfloat16 scale per {G} channels "
+            f"[T, {L - 1}, {H // G}], {final}"
         )
-    return (
-        f"{layout} stored {storage}: aux float8_e4m3fn [T, {L - 1}, {H}] + bfloat16 scale [T, {L - 1}], "
-        f"final {dtype} [T, 1, {H}]"
-    )
+    return f"fp8: aux float8_e4m3fn [T, {L - 1}, {H}] + bfloat16 scale [T, {L - 1}], {final}"
+
+
+def default_storage(accelerator: str) -> str:
+    """capture.storage where the capture group leaves it: fp8 on a CPU, where a head trained from
+    fp8 shards measured the same acceptance in vLLM as from bf16 ones (docs/results.md, section 17)
+    and the writer threads encode faster than the CPU captures; exact on a GPU until the same is
+    measured there (and the encode, on the writer threads, runs slower than a GPU captures at 8B
+    widths; it belongs on the device)."""
+    return hidden_dtypes.FP8 if str(accelerator) == "cpu" else EXACT
 
 
 def bytes_per_token(layer_ids: Sequence[int], hidden_size: int, dtype: str, storage: str = EXACT) -> str:

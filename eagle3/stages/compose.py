@@ -80,10 +80,14 @@ def register_resolvers() -> None:
     OmegaConf.register_new_resolver("eagle3.tasks_per_node", launch.tasks_per_node, replace=True)
     # what the capture stores, shown by --cfg job --resolve (eagle3/planning/disk_plan.py)
     OmegaConf.register_new_resolver(
-        "eagle3.hidden_layout",
-        lambda dtype, ids, h, *storage: disk_plan.hidden_layout(dtype, _plain(ids), h, *storage),
+        "eagle3.hidden_layout", lambda dtype, ids, h: disk_plan.hidden_layout(dtype, _plain(ids), h), replace=True
+    )
+    OmegaConf.register_new_resolver(
+        "eagle3.storage_layout",
+        lambda dtype, ids, h, storage: disk_plan.storage_layout(dtype, _plain(ids), h, storage),
         replace=True,
     )
+    OmegaConf.register_new_resolver("eagle3.default_storage", disk_plan.default_storage, replace=True)
     OmegaConf.register_new_resolver(
         "eagle3.bytes_per_token",
         lambda ids, h, dtype, *storage: disk_plan.bytes_per_token(_plain(ids), h, dtype, *storage),
@@ -102,7 +106,9 @@ def register_resolvers() -> None:
     )
     OmegaConf.register_new_resolver(
         "eagle3.disk_per_million_tokens",
-        lambda ids, h, dtype, shard, *storage: disk_plan.disk_per_million_tokens(_plain(ids), h, dtype, shard, *storage),
+        lambda ids, h, dtype, shard, *storage: disk_plan.disk_per_million_tokens(
+            _plain(ids), h, dtype, shard, *storage
+        ),
         replace=True,
     )
 
