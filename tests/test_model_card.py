@@ -201,7 +201,7 @@ def test_export_cli_writes_the_card_from_the_run_dir(run_dir, tmp_path):
         ({}, ["no Hugging Face token", "hf auth login", "HF_TOKEN"]),
         (
             {"HF_TOKEN": "hf_not_a_real_token", "HF_ENDPOINT": "http://127.0.0.1:9"},
-            ["http://127.0.0.1:9 could not be reached", "nothing was run"],
+            ["http://127.0.0.1:9 could not be reached", "nothing was exported"],
         ),
     ],
     ids=["no-token", "no-network"],
@@ -224,6 +224,7 @@ def test_train_push_is_refused_before_training(data_dir, tmp_path, monkeypatch):
         tmp_path,
     )
     assert proc.returncode != 0 and "export.push_to_hub=someone/tiny-eagle3: no Hugging Face token" in proc.stderr
+    assert "nothing was trained" in proc.stderr
     assert not (run / "checkpoints").exists() and not (run / "summary.json").exists()
     # a token, and no network: refused naming the endpoint, before any step
     monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
@@ -232,3 +233,4 @@ def test_train_push_is_refused_before_training(data_dir, tmp_path, monkeypatch):
     with pytest.raises(HubPushError, match=r"http://127\.0\.0\.1:9 could not be reached"):
         train(cfg)
     assert not (run / "checkpoints").exists() and not (run / "summary.json").exists()
+

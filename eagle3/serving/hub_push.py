@@ -47,13 +47,14 @@ def hub_endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
 
 
-def preflight(repo_id: str, private: bool = True, key: str = "push_to_hub") -> HubTarget:
+def preflight(repo_id: str, private: bool = True, key: str = "push_to_hub", note: str = "") -> HubTarget:
     """Everything a push needs, checked now: raises HubPushError naming ``key`` and what is
-    missing (the login command, the endpoint it could not reach)."""
+    missing (the login command, the endpoint it could not reach), ``note`` appended (what the
+    caller did not do because of it)."""
     from huggingface_hub import constants, get_token
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-    where = f"{key}={repo_id}"
+    where, end = f"{key}={repo_id}", f"; {note}" if note else ""
     try:
         validate_repo_id(repo_id)
     except HFValidationError as e:
@@ -63,19 +64,19 @@ def preflight(repo_id: str, private: bool = True, key: str = "push_to_hub") -> H
             f"{where}: expected a Hub repo id <org>/<name> (the user or organisation first), got {repo_id!r}"
         )
     if constants.HF_HUB_OFFLINE:
-        raise HubPushError(f"{where}: HF_HUB_OFFLINE is set, so nothing can be uploaded; unset it to publish")
+        raise HubPushError(f"{where}: HF_HUB_OFFLINE is set, so nothing can be uploaded; unset it to publish{end}")
     token = get_token()
     if not token:
         raise HubPushError(
             f"{where}: no Hugging Face token: log in with `hf auth login` (`huggingface-cli login` in older "
-            "huggingface_hub releases) or set HF_TOKEN to a token with write access; nothing was run"
+            f"huggingface_hub releases) or set HF_TOKEN to a token with write access{end}"
         )
     endpoint = hub_endpoint()
-    _check_reachable(endpoint, where)
-    return HubTarget(repo_id, bool(private), endpoint, _whoami(endpoint, token, where))
+    _check_reachable(endpoint, where, end)
+    return HubTarget(repo_id, bool(private), endpoint, _whoami(endpoint, token, where, end))
 
 
-def _check_reachable(endpoint: str, where: str) -> None:
+def _check_reachable(endpoint: str, where: str, end: str) -> None:
     """Any HTTP answer counts (the Hub's front page, an error page): only no answer is refused."""
     try:
         urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=CHECK_TIMEOUT_S).close()
@@ -85,21 +86,25 @@ def _check_reachable(endpoint: str, where: str) -> None:
         reason = getattr(e, "reason", e)
         raise HubPushError(
             f"{where}: the Hugging Face Hub at {endpoint} could not be reached within {CHECK_TIMEOUT_S:.0f} s "
-            f"({type(reason).__name__}: {reason}); check the network (or HF_ENDPOINT); nothing was run"
+            f"({type(reason).__name__}: {reason}); check the network (or HF_ENDPOINT){end}"
         ) from None
 
 
-def _whoami(endpoint: str, token: str, where: str) -> str:
+def _whoami(endpoint: str, token: str, where: str, end: str) -> str:
+    """Whom the Hub knows the token as; a refused or read-only token is refused here."""
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError
 
+    login = "log in again with `hf auth login` or set HF_TOKEN to a token with write access"
     try:
         info = HfApi(endpoint=endpoint).whoami(token=token)
     except HfHubHTTPError as e:
-        raise HubPushError(
-            f"{where}: {endpoint} refused the token ({str(e).splitlines()[0]}): log in again with `hf auth login` "
-            "or set HF_TOKEN to a valid token with write access; nothing was run"
-        ) from None
+        raise HubPushError(f"{where}: {endpoint} refused the token ({str(e).splitlines()[0]}): {login}{end}") from None
+    except Exception as e:  # noqa: BLE001 - a timeout or a broken answer: the token could not be checked
+        raise HubPushError(f"{where}: could not check the token at {endpoint} ({type(e).__name__}: {e}){end}") from None
+    role = ((info.get("auth") or {}).get("accessToken") or {}).get("role")
+    if role == "read":
+        raise HubPushError(f"{where}: the token of {info.get('name')} is read-only: {login}{end}")
     return str(info.get("name", "unknown"))
 
 

@@ -35,7 +35,7 @@ def run(cfg: Any) -> str:
     from eagle3.serving.model_card import write_card
 
     # push_to_hub: the token and the Hub checked before anything is written
-    hub = preflight(c.push_to_hub, c.hub_private) if c.push_to_hub else None
+    hub = preflight(c.push_to_hub, c.hub_private, note="nothing was exported") if c.push_to_hub else None
     sha, kept = _kept_metadata(c)
     old_record = _kept_record(c)
     out = export_checkpoint(c.ckpt, c.out, c.num_draft_tokens)

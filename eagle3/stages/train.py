@@ -77,7 +77,8 @@ def run(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> float:
     with run_dir_lock(output_dir):
         validate_run_config(cfg)
         if cfg.export.push_to_hub:  # the token and the Hub checked before any work, not after the training
-            preflight(str(cfg.export.push_to_hub), bool(cfg.export.hub_private), key="export.push_to_hub")
+            repo, private = str(cfg.export.push_to_hub), bool(cfg.export.hub_private)
+            preflight(repo, private, key="export.push_to_hub", note="nothing was trained")
         # time_budget.minutes: extract.py's plan names the dataset (data.max_samples)
         run_cfg, _ = time_budget.sized(run_config(cfg))
         if global_rank() == 0:  # a rerun under another config does not resume this run dir's checkpoints
