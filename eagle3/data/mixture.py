@@ -176,7 +176,9 @@ class Mixture:
     def stream(self, report: LoadReport) -> Generator[Conversation, None, None]:
         """Tagged conversations in draw order; ``report`` gets the sources' totals."""
         report.source = "mixture"
-        report.path = "; ".join(f"{e['name']}={e['source']}:{e.get('path')}" for e in self.entries)
+        report.path = ", ".join(
+            f"{e['name']}: {e['source']}" + (f" {e['path']}" if e.get("path") else "") for e in self.entries
+        )
         iters: dict[str, Iterator[Conversation]] = {}
         caps: dict[str, int | None] = {str(e["name"]): e.get("max_samples") for e in self.entries}
         draws = self.draws()

@@ -84,7 +84,8 @@ class SelfPrompts:
                 f"(greedy prompts on one topic are all the same), got {self.max_tokens} and {self.temperature}"
             )
         self.seed, self.batch_size = int(seed), max(1, int(batch_size))
-        self.written = self.duplicates = self.empty = 0  # prompts read (cached or new), dropped as such
+        self.used = self.duplicates = self.empty = 0  # prompts read (cached or new), dropped as such
+        self.generated = 0  # prompts the engine wrote in this run (the others came from the cache)
         self._headers: dict[str, list[int]] = {}
         self.cache_file = self._cache_file()
         self.cache = _read(self.cache_file)
@@ -122,6 +123,7 @@ class SelfPrompts:
         base = (self.seed + 1) * 1_000_003 + start  # a batch's seeds never overlap another's
         with self.regen.sampling(self.temperature, base):
             texts = self.regen.complete(prompts, rooms, [base + i for i in range(n)])
+        self.generated += len(texts)
         self.cache_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self.cache_file, "a") as f:
             for k, text in zip(range(start, start + n), texts):
@@ -135,7 +137,7 @@ class SelfPrompts:
         while stalled < STALL_BATCHES:
             new = 0
             for k, text in enumerate(self.batch(start, self.batch_size), start):
-                self.written += 1
+                self.used += 1
                 prompt, key = text.strip(), dedupe_key(text)
                 if not key:
                     self.empty += 1
@@ -151,8 +153,8 @@ class SelfPrompts:
 
     def summary(self) -> str:
         return (
-            f"self-prompts {self.name}: {self.written} written, {self.duplicates} near-duplicates and "
-            f"{self.empty} empty dropped ({self.cache_file})"
+            f"self-prompts {self.name}: {self.used} read ({self.generated} written by the target now, the others "
+            f"from the cache), {self.duplicates} near-duplicates and {self.empty} empty dropped ({self.cache_file})"
         )
 
 

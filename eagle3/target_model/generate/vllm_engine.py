@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from eagle3.target_model.generate.common import Regenerator
@@ -54,6 +56,14 @@ class VLLMRegenerator(Regenerator):
     def close(self) -> None:
         self._llm = None
         super().close()
+
+    @contextmanager
+    def sampling(self, temperature: float, seed: int) -> Iterator[None]:
+        """As the base; the engine is started first, with the answers' seed (every request
+        carries its own seed, so the engine's is only its default)."""
+        self._engine()
+        with super().sampling(temperature, seed):
+            yield
 
     def _complete(self, prompts: list[list[int]], rooms: list[int], seeds: list[int]) -> list[str]:
         from vllm import SamplingParams, TokensPrompt
