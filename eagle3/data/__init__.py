@@ -6,7 +6,8 @@
     render.py        chat template -> input_ids + loss_mask (generated assistant tokens)
     split.py         hash-based train/val split (stable when max_samples grows)
     vocab.py         token frequencies over loss-masked tokens, draft vocab (d2t, t2d)
-    pipeline.py      prepare_samples: load -> [regenerate] -> render -> split
+    mixture.py       data.mixture: several sources drawn by weight (seeded), ids tagged "<source>/<id>"
+    pipeline.py      prepare_samples: load (one source or a mixture) -> [regenerate] -> render -> split
 
 Nothing here runs a model: answers written by the target (eagle3.target_model.generate) come in
 as the ``regenerate`` callable of prepare_samples.
