@@ -92,6 +92,32 @@ def test_the_card_of_a_trained_export_holds_its_figures_and_serve_command(run_di
     assert re.search(r"\d\.\d\dx", card) is None
 
 
+def test_the_card_names_each_source_of_a_mixture_with_its_samples(tmp_path):
+    chats = tmp_path / "chats.jsonl"
+    turns = [f"Question {i}: what is {i} plus {i}?" for i in range(30)]
+    chats.write_text(
+        "".join(json.dumps({"id": f"c{i}", "messages": _chat(q, f"{2 * i}.")}) + "\n" for i, q in enumerate(turns))
+    )
+    mixture = (
+        f"data.mixture=[{{name: share, source: sharegpt, weight: 3}}, {{name: mine, source: jsonl, path: {chats}}}]"
+    )
+    overrides = TINY + [f"paths.data_dir={tmp_path / 'data'}", mixture]
+    extract(compose("extract", overrides))
+    train(compose("train", overrides, output_dir=str(tmp_path / "run")))
+    manifest = json.loads((tmp_path / "run" / "dataset_manifest.json").read_text())
+    counts = manifest["provenance"]["mixture"]
+    sources = _row(_card(tmp_path / "run" / "export"), "sources")[1]
+    assert "share: sharegpt (file_name: `ShareGPT_V3_unfiltered_cleaned_split.json`" in sources
+    assert "mine: jsonl (file_name: `chats.jsonl`" in sources
+    for name in ("share", "mine"):
+        assert f"{counts[name]['samples']} samples ({counts[name]['val']} held out)" in sources
+    assert counts["share"]["samples"] + counts["mine"]["samples"] == manifest["num_samples"]
+
+
+def _chat(question: str, answer: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+
+
 def _figures(length: float, rates: list[float], prompts: int) -> Figures:
     return Figures(
         prompts, 3, length, sum(rates) / 3, rates, 100, 300, round(300 * sum(rates) / 3), [], 400, 10.0, 40.0

@@ -81,6 +81,8 @@ def training_record(run_dir: str | Path, ckpt: str | Path | None = None) -> Opti
             "tokens": manifest.get("num_tokens"),
             "loss_tokens": manifest.get("num_loss_tokens"),
             "regen_engine": (manifest.get("provenance") or {}).get("regen_engine"),
+            # data.mixture: per source its weight, samples and validation samples
+            "mixture_counts": (manifest.get("provenance") or {}).get("mixture"),
             "hidden_states": summary.get("hidden_states"),
         },
         "run": {
