@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -116,14 +116,19 @@ class PreparedData:
     report: PrepareReport
 
 
-def _batches(conversations: Iterator[Conversation], size: Callable[[], int]) -> Iterator[list[Conversation]]:
+def _batches(
+    conversations: Iterator[Conversation], size: Callable[[], int], pace: "_RegenPace | None" = None
+) -> Iterator[list[Conversation]]:
+    """Batches of ``size()`` conversations; ``pace``: the reading counts in regeneration's pace
+    (a mixture's self-prompts are written by the target as they are read)."""
     while True:
         batch: list[Conversation] = []
         want = max(1, size())
-        for conv in conversations:
-            batch.append(conv)
-            if len(batch) >= want:
-                break
+        with pace.timed(0) if pace is not None else nullcontext():
+            for conv in conversations:
+                batch.append(conv)
+                if len(batch) >= want:
+                    break
         if not batch:
             return
         yield batch
@@ -217,7 +222,9 @@ def prepare_samples(
     source = getattr(source, "value", source)
     renderer = ChatRenderer(tokenizer, chat_template)
     load_report = LoadReport(source, str(path), max_bad_fraction=max_bad_fraction)
-    report = PrepareReport(load=load_report, max_samples=max_samples, mixture=None if mixture is None else mixture.report)
+    report = PrepareReport(
+        load=load_report, max_samples=max_samples, mixture=None if mixture is None else mixture.report
+    )
     train: list[PreparedSample] = []
     val: list[PreparedSample] = []
 
@@ -237,7 +244,7 @@ def prepare_samples(
     pace = _RegenPace(regenerate)
     with _progress(progress) as bar:
         task = bar.add_task("render", total=max_samples)
-        for batch in _batches(stream, batch_size):
+        for batch in _batches(stream, batch_size, pace if regenerate is not None else None):
             if regenerate is not None:
                 if regen_deadline is not None and (why := pace.stop(regen_deadline, len(batch))):
                     report.deadline_stop = why
