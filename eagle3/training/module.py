@@ -152,12 +152,13 @@ class Eagle3LitModule(L.LightningModule):
         return {k: v.float() for k, v in out.items()}
 
     def _note_loss(self, loss: torch.Tensor) -> None:
-        """Remember, on the device, the first step whose loss is not finite (no wait for the device)."""
-        step = torch.tensor(self.global_step, device=loss.device, dtype=torch.int64)
+        """Remember, on the device, the first step whose loss is not finite (no wait for the device:
+        the step goes in as a python scalar, a kernel argument, never as a tensor made on the device,
+        which would be a host-to-device copy and a wait each step)."""
         if self._first_bad_step is None or self._first_bad_step.device != loss.device:
             self._first_bad_step = torch.full((), NO_BAD_STEP, device=loss.device, dtype=torch.int64)
         bad_now = ~torch.isfinite(loss.detach()) & (self._first_bad_step == NO_BAD_STEP)
-        self._first_bad_step = torch.where(bad_now, step, self._first_bad_step)
+        self._first_bad_step = torch.where(bad_now, int(self.global_step), self._first_bad_step)
 
     def raise_if_diverged(self) -> None:
         """NonFiniteLossError naming the first step whose loss was NaN or Inf (on any rank), if
