@@ -46,6 +46,11 @@ COMMON=(experiment=smollm2_full data=jsonl data.path=$TMPD/sharegpt.jsonl data.m
 # the time-budget pipeline; BUDGET_SAMPLES caps the conversations (the chat file's count)
 BUDGET=(experiment=smollm2_budget data=jsonl data.path=$TMPD/sharegpt.jsonl data.max_samples="${BUDGET_SAMPLES:-null}"
         time_budget.minutes="${BUDGET_MINUTES:-20}" paths.cache_dir=$TMPD/cache paths.data_dir=$TMPD/data_budget logger=none)
+# BUDGET_ARGS: more overrides for both budget stages (e.g. an A/B: capture.storage=exact, then fp8);
+# BRUN: the budget run's directory name under $TMPD (one per arm of an A/B)
+read -r -a BUDGET_EXTRA <<< "${BUDGET_ARGS:-}"
+BUDGET+=("${BUDGET_EXTRA[@]}")
+BRUN=${BRUN:-brun}
 quiet() { grep -vE "Loading weights|it/s\]|s/it\]" | tr '\r' '\n' | grep -vE "it/s\]$|^\s*$" || true; }
 smollm2_dir() { ls -d $TMPD/cache/targets/smollm2_135m-bf16-* 2>/dev/null | head -1; }
 
@@ -145,7 +150,7 @@ stage_ranking() {
 
 stage_budget_extract() {
   ensure_gguf
-  (time python3 extract.py "${BUDGET[@]}") 2>&1 | quiet | grep -vE "^\s*(│|┃|┏|┗|└|┌|├)" | tail -25 | tee "$OUTD/budget_extract.log"
+  (time python3 extract.py "${BUDGET[@]}") 2>&1 | quiet | grep -vE "^\s*(│|┃|┏|┗|└|┌|├)" | tail -25 | tee "$OUTD/${BRUN}_extract.log"
   python3 - <<'PY' || true
 import glob, json
 for m in glob.glob("/tmp/data_budget/*/manifest.json"):
@@ -155,12 +160,11 @@ PY
 }
 
 stage_budget_train() {
-  rm -rf $TMPD/brun
-  (time python3 train.py "${BUDGET[@]}" hydra.run.dir=$TMPD/brun) 2>&1 | quiet | grep -vE "^\s*(│|┃|┏|┗|└|┌|├)" \
-    | tail -30 | tee "$OUTD/budget_train.log"
-  cp $TMPD/brun/summary.json "$OUTD/budget_summary.json"
-  cp $TMPD/brun/export/acceptance.json "$OUTD/budget_acceptance.json" 2>/dev/null || true
-  cp $TMPD/brun/export/acceptance.png "$OUTD/budget_acceptance.png" 2>/dev/null || true
+  rm -rf "$TMPD/$BRUN"
+  (time python3 train.py "${BUDGET[@]}" hydra.run.dir="$TMPD/$BRUN") 2>&1 | quiet | grep -vE "^\s*(│|┃|┏|┗|└|┌|├)" \
+    | tail -30 | tee "$OUTD/${BRUN}_train.log"
+  cp "$TMPD/$BRUN/summary.json" "$OUTD/${BRUN}_summary.json"
+  cp "$TMPD/$BRUN/export/acceptance.json" "$OUTD/${BRUN}_acceptance.json" 2>/dev/null || true
 }
 
 stage_budget_peer() {
