@@ -5,6 +5,7 @@ disk plan; an exact dataset of before the field still reads and trains."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -129,6 +130,10 @@ def test_a_merge_of_mixed_formats_is_refused_by_name(tmp_path):
     with pytest.raises(StoreError, match=r"part-1-of-2/manifest.json: storage: expected 'exact' .*got 'fp8'"):
         merge_parts(final, 2)
     assert not final.exists()
+    shutil.rmtree(part_dir(final, 0, 2))  # one format: merged, the format kept
+    _write(part_dir(final, 0, 2), "fp8", range(0, 3))
+    m = merge_parts(final, 2)
+    assert m.storage == "fp8" and len(HiddenStateDataset(final, verify="full")) == 6
 
 
 def test_resolve_shows_bytes_per_token_and_the_dataset_size_of_the_format():
