@@ -110,7 +110,7 @@ def test_a_capture_past_its_deadline_finishes_the_dataset_with_what_it_captured(
     built from them, the cut recorded; running the command again finds it complete."""
     clock = _TickingClock()
     # reads of the clock: one for the "ends by" line, then one per captured sample
-    monkeypatch.setattr(time_budget, "capture_deadline", lambda split, _, n: Deadline(clock, 13.0, "capture"))
+    monkeypatch.setattr(time_budget, "capture_deadline", lambda shares, _, n: Deadline(clock, 13.0, "capture"))
     args = ["experiment=tiny_test", "time_budget.minutes=1.5", f"paths.data_dir={tmp_path}"]
     ds = Manifest.read_complete(extract(compose("extract", args)))
     assert ds is not None
@@ -130,19 +130,19 @@ def test_a_capture_past_its_deadline_finishes_the_dataset_with_what_it_captured(
 def test_the_shares_end_where_the_plan_says():
     from eagle3.config.schema import run_config
 
-    split = time_budget.time_shares(run_config(compose("extract", ["experiment=smollm2_budget"])))
-    assert split is not None and split.regen_s > 0
-    assert split.regen_end_s() == pytest.approx(split.start_s + split.regen_start_s + split.regen_s)
-    assert split.extract_end_s() == pytest.approx(split.regen_end_s() + split.capture_s)
+    shares = time_budget.time_shares(run_config(compose("extract", ["experiment=smollm2_budget"])))
+    assert shares is not None and shares.regen_s > 0
+    assert shares.regen_end_s() == pytest.approx(shares.start_s + shares.regen_start_s + shares.regen_s)
+    assert shares.extract_end_s() == pytest.approx(shares.regen_end_s() + shares.capture_s)
     # what the extraction may spend leaves training its share, the second start and the end
-    assert split.total_s - split.extract_end_s() == pytest.approx(
-        split.train_s + split.fixed_s - split.start_s - split.regen_start_s
+    assert shares.total_s - shares.extract_end_s() == pytest.approx(
+        shares.train_s + shares.fixed_s - shares.start_s - shares.regen_start_s
     )
     clock = StageClock()
-    regen = time_budget.regen_deadline(split, clock)
-    capture = time_budget.capture_deadline(split, clock, split.samples)
+    regen = time_budget.regen_deadline(shares, clock)
+    capture = time_budget.capture_deadline(shares, clock, shares.samples)
     assert regen is not None and capture is not None
-    assert (regen.at_s, capture.at_s) == (split.regen_end_s(), split.extract_end_s())
+    assert (regen.at_s, capture.at_s) == (shares.regen_end_s(), shares.extract_end_s())
     assert time_budget.regen_deadline(None, clock) is None and time_budget.capture_deadline(None, clock, 5) is None
 
 
@@ -151,20 +151,20 @@ def test_a_regeneration_that_overran_leaves_capture_its_own_share():
     still gets the minutes its samples were planned to take, from now."""
     from eagle3.config.schema import run_config
 
-    split = time_budget.time_shares(run_config(compose("extract", ["experiment=smollm2_budget"])))
-    assert split is not None
+    shares = time_budget.time_shares(run_config(compose("extract", ["experiment=smollm2_budget"])))
+    assert shares is not None
     late = _TickingClock()
-    late.reads = int(split.extract_end_s()) + 100  # regeneration ended 100 s past the extraction's share
-    half = time_budget.capture_deadline(split, late, split.samples // 2)
+    late.reads = int(shares.extract_end_s()) + 100  # regeneration ended 100 s past the extraction's share
+    half = time_budget.capture_deadline(shares, late, shares.samples // 2)
     assert half is not None
-    assert half.at_s == pytest.approx(late.reads + split.capture_s * (split.samples // 2) / split.samples)
+    assert half.at_s == pytest.approx(late.reads + shares.capture_s * (shares.samples // 2) / shares.samples)
 
 
 def test_an_online_dataset_records_its_cut_as_a_stored_one_does(tmp_path, monkeypatch):
     """extract.py train.hidden_states=online whose regeneration deadline passes after the first
     batch: the token dataset holds what was answered in time, and provenance.budget_cut has the
     stored dataset's fields (one shape for both kinds of dataset)."""
-    monkeypatch.setattr(time_budget, "regen_deadline", lambda split, clock: _ScriptedDeadline([1e6, 0.0]))
+    monkeypatch.setattr(time_budget, "regen_deadline", lambda shares, clock: _ScriptedDeadline([1e6, 0.0]))
     args = [
         "experiment=tiny_test",
         "train.hidden_states=online",

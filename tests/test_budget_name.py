@@ -36,9 +36,9 @@ def _recalibrated(tmp_path: Path, accelerator: str, scale: float) -> Path:
 
 def _name(overrides: list[str], model_dir: Path) -> tuple[str, int]:
     """The directory name extract.py writes for these overrides, and the conversations it plans."""
-    cfg, split = time_budget.sized(run_config(compose("extract", ["experiment=demo_cpu", *overrides])))
-    assert split is not None
-    return dataset_path(dataset_recipe(cfg, str(model_dir))).name, split.conversations
+    cfg, shares = time_budget.sized(run_config(compose("extract", ["experiment=demo_cpu", *overrides])))
+    assert shares is not None
+    return dataset_path(dataset_recipe(cfg, str(model_dir))).name, shares.conversations
 
 
 def test_the_name_holds_the_budget_asked_not_the_count_planned(smollm2_dir, tmp_path, monkeypatch):
@@ -52,8 +52,8 @@ def test_the_name_holds_the_budget_asked_not_the_count_planned(smollm2_dir, tmp_
     others.append(["time_budget.minutes=20", "data.max_samples=300"])
     assert len({name, *(_name(o, smollm2_dir)[0] for o in others)}) == 4
     # a dataset without a budget is named by its data.max_samples, as before
-    cfg, split = time_budget.sized(run_config(compose("extract", ["experiment=demo_cpu", "time_budget.minutes=null"])))
-    assert split is None and time_budget.asked(cfg) is None and dataset_recipe(cfg, str(smollm2_dir)).named_by is None
+    cfg, shares = time_budget.sized(run_config(compose("extract", ["experiment=demo_cpu", "time_budget.minutes=null"])))
+    assert shares is None and time_budget.asked(cfg) is None and dataset_recipe(cfg, str(smollm2_dir)).named_by is None
 
 
 class _Found(Exception):

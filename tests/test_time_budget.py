@@ -29,9 +29,9 @@ def cpu_with_native_bf16_without_amx(monkeypatch):
 
 
 def _plan(*overrides: str, config: str = "train") -> time_budget.TimeShares:
-    split = time_budget.time_shares(run_config(compose(config, ["experiment=demo_cpu", *overrides])))
-    assert split is not None
-    return split
+    shares = time_budget.time_shares(run_config(compose(config, ["experiment=demo_cpu", *overrides])))
+    assert shares is not None
+    return shares
 
 
 def test_no_budget_no_plan_and_the_config_is_untouched():
@@ -92,10 +92,10 @@ def test_both_stages_size_the_same_dataset(smollm2_dir):
     """extract.py writes and train.py looks for the directory the plan names."""
     names = []
     for stage in ("extract", "train"):
-        cfg, split = time_budget.sized(
+        cfg, shares = time_budget.sized(
             run_config(compose(stage, ["experiment=demo_cpu", "time_budget.minutes=20", "data.max_samples=null"]))
         )
-        assert split is not None and cfg.data.max_samples == split.conversations
+        assert shares is not None and cfg.data.max_samples == shares.conversations
         names.append(dataset_path(dataset_recipe(cfg, str(smollm2_dir))).name)
     assert names[0] == names[1]
     plain = run_config(compose("train", ["experiment=demo_cpu", "time_budget.minutes=null", "data.max_samples=800"]))

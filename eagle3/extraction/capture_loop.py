@@ -45,7 +45,7 @@ class CaptureResult:
     cut: str | None  # why the deadline stopped the capture (None: every prompt captured)
 
 
-def capture_route(backend_name: str, backend: CaptureBackend) -> str:
+def manifest_capture_route(backend_name: str, backend: CaptureBackend) -> str:
     """What the manifest records as the capture route: ``hf``, ``vllm/native`` or
     ``vllm/native_host_copy`` (the route the vLLM backend resolved at start)."""
     route = getattr(backend, "route", None)

@@ -16,7 +16,7 @@ from rich.console import Console
 from eagle3.data.pipeline import PreparedData, PreparedSample
 from eagle3.data.split import interleaved
 from eagle3.data.vocab import build_draft_vocab, token_frequencies
-from eagle3.extraction.capture_loop import capture_into, capture_route
+from eagle3.extraction.capture_loop import capture_into, manifest_capture_route
 from eagle3.extraction.identity import budget_cut, check_regen_engine, mixture_counts, provenance
 from eagle3.extraction.job import CaptureSetup, ExtractionJob, ExtractionTiming
 from eagle3.extraction.samples import prepare, regenerator_for
@@ -164,7 +164,7 @@ def _capture(
         # every run that captures is kept (provenance.captures): a dataset resumed or repaired under
         # another backend says each route its samples came from
         run = "repair" if job.repair else ("resume" if writer.done_ids() else "extract")
-        route = capture_route(setup.capture.backend.value, backend)
+        route = manifest_capture_route(setup.capture.backend.value, backend)
         writer.record_provenance(with_capture(writer.manifest.provenance, route, run))
         # a repair captures every sample it lost: no deadline
         deadline = None if job.repair else timing.capture_deadline(len(todo))

