@@ -260,3 +260,53 @@ def test_train_push_is_refused_before_training(data_dir, tmp_path, monkeypatch):
         train(cfg)
     assert not (run / "checkpoints").exists() and not (run / "summary.json").exists()
 
+
+def _random_smollm2_export(out_dir: Path, target_dir: Path) -> Path:
+    """A SmolLM2 head as train.py builds one (random weights), exported: what vLLM's CPU build
+    serves (the tiny Llama's head_dim of 16 it does not)."""
+    import torch
+
+    from eagle3.data.vocab import build_draft_vocab
+    from eagle3.draft.config import DraftConfig
+    from eagle3.draft.head import Eagle3DraftHead
+    from eagle3.draft.serving_format import DraftMeta, save_head
+    from eagle3.target_model.resolve import load_target_head_weights, read_hf_config
+
+    hf = read_hf_config(target_dir)
+    cfg = DraftConfig.from_target_config(hf, draft_vocab_size=4096, num_aux_layers=3)
+    torch.manual_seed(0)
+    head = Eagle3DraftHead(cfg)
+    d2t, t2d = build_draft_vocab(torch.arange(int(hf["vocab_size"]), 0, -1), 4096)
+    w = load_target_head_weights(target_dir)
+    embed, norm, lm_head = w["embed"].float(), w["norm"].float(), w["lm_head"].float()
+    head.load_target_weights(embed, norm, lm_head, d2t, t2d, init_lm_head_from_target=False)
+    return save_head(head, DraftMeta(cfg, [2, 15, 27], str(target_dir), list(hf["architectures"]), 3), out_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_evaluate_py_rewrites_the_card_with_what_vllm_measured(smollm2_dir, tmp_path):
+    pytest.importorskip("vllm")
+    export = _random_smollm2_export(tmp_path / "export", smollm2_dir)
+    args = [
+        f"export_dir={export}",
+        "baseline=false",
+        "eval.suite_prompts=2",
+        "eval.math_prompts=1",
+        "eval.max_prompts=1",
+        "eval.humaneval_prompts=1",
+        "eval.max_new_tokens=16",
+        "engine.max_num_seqs=4",
+        "logger=none",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
+    proc = _cli("evaluate.py", args, {}, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    data = json.loads((export / "acceptance.json").read_text())
+    card = _card(export)
+    head = _row(card, (data.get("headline") or {}).get("label", "all prompts"))
+    assert head[2] == f"**{data['mean_acceptance_length']:.3f}**"
+    for label, fig in [(data["set_labels"][n], f) for n, f in data["by_source"].items()]:
+        row = _row(card, label)
+        assert row[1] == str(fig["prompts"]) and int(row[5]) + int(row[6]) == fig["prompts"]  # EOS + cut
+    assert "## Training data\n\nnot recorded" in card  # a head with no training run behind it says so
