@@ -13,7 +13,14 @@ import torch
 from conftest import compose
 from safetensors import safe_open
 
-from eagle3.store import FingerprintMismatchError, HiddenStateDataset, ShardWriter, StoreError, disk_needed_bytes
+from eagle3.store import (
+    FingerprintMismatchError,
+    HiddenStateDataset,
+    ShardWriter,
+    StoreError,
+    dataset_fingerprint,
+    disk_needed_bytes,
+)
 from eagle3.store.merge import merge_parts, part_dir
 from eagle3.store.storage_format import FP8_MAX, decode, encode
 from eagle3.target_model.adapter import CapturedSample
@@ -124,7 +131,7 @@ def test_a_manifest_without_the_field_reads_as_exact(tmp_path):
 
 
 def test_a_merge_of_mixed_formats_is_refused_by_name(tmp_path):
-    final = tmp_path / "ds-0123456789abcdef"
+    final = tmp_path / f"ds-{dataset_fingerprint(INPUTS)}"
     _write(part_dir(final, 0, 2), "exact", range(0, 3))
     _write(part_dir(final, 1, 2), "fp8", range(3, 6))
     with pytest.raises(StoreError, match=r"part-1-of-2/manifest.json: storage: expected 'exact' .*got 'fp8'"):
