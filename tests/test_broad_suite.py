@@ -216,6 +216,8 @@ def test_the_suite_path_through_vllm_with_a_second_turn(tmp_path, smollm2_dir):
     turns = {p["id"]: p for p in data["per_prompt"]}
     second, first = turns["writing-02#2"], turns["writing-02"]
     assert second["turn"] == 2 and second["category"] == "writing" and second["output_tokens"] > 0
+    assert {p["finish_reason"] for p in data["per_prompt"]} <= {"stop", "length"}
+    assert 0.0 <= data["ended_at_eos"] <= 1.0
     # the second turn holds the first, the engine's answer to it, and the new question
     assert second["prompt_tokens"] > first["prompt_tokens"] + first["output_tokens"]
     assert sum(p["drafts"] for p in data["per_prompt"] if p["source"] != "val") == data["drafts"]

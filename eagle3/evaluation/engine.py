@@ -98,6 +98,7 @@ class BatchResult:
     # second turns, after the first turns in outputs/histograms: {"of": the first turn's index,
     # "prompt_tokens": the rendered second turn's length}
     followups: Optional[list[dict[str, int]]] = None
+    finish_reasons: Optional[list[str]] = None  # per request: "stop" (EOS) or "length" (max_tokens)
 
     @property
     def generated_tokens(self) -> int:
@@ -208,6 +209,7 @@ def run_engine(req: EngineRequest) -> EngineResult:
         seconds = time.perf_counter() - t0
         after, preempted = snapshot(llm), _preemptions(llm) - preempted
         outputs = [list(o.outputs[0].token_ids) for o in outs]
+        reasons = [str(o.outputs[0].finish_reason) for o in outs]
         counters = histograms = None
         if req.head is not None:
             assert after is not None and before is not None  # snapshot reads counters whenever there is a head
@@ -217,7 +219,7 @@ def run_engine(req: EngineRequest) -> EngineResult:
                 m = getattr(o.outputs[0], "spec_decode_metrics", None)
                 histograms.append(list(m.histogram) if m is not None else [])
         result.batches.append(
-            BatchResult(batch.name, outputs, seconds, counters, histograms, sizes, preempted, followups)
+            BatchResult(batch.name, outputs, seconds, counters, histograms, sizes, preempted, followups, reasons)
         )
     del llm
     return result
@@ -241,21 +243,24 @@ def _queue(llm: Any, prompts: list[list[int]], params: Any, concurrency: int) ->
     """Every prompt through the engine with ``concurrency`` requests in flight: a new one is
     added as soon as one finishes (the engine's own step loop, as LLM.generate runs it)."""
     from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
 
+    params = params.clone()
+    params.output_kind = RequestOutputKind.FINAL_ONLY  # as LLM.generate asks: no output object per step
     engine = llm.llm_engine
     pending = list(enumerate(prompts))[::-1]
-    done: dict[int, Any] = {}
+    done: dict[str, Any] = {}
     in_flight = 0
     while pending or in_flight:
         while pending and in_flight < concurrency:
             i, p = pending.pop()
-            engine.add_request(str(i), TokensPrompt(prompt_token_ids=p), params)
+            engine.add_request(f"eagle3-queue-{i}", TokensPrompt(prompt_token_ids=p), params)
             in_flight += 1
         for out in engine.step():
             if out.finished:
-                done[int(out.request_id)] = out
+                done[out.request_id] = out
                 in_flight -= 1
-    return [done[i] for i in range(len(prompts))]
+    return [done[f"eagle3-queue-{i}"] for i in range(len(prompts))]
 
 
 def _second_turns(req: EngineRequest, batch: PromptBatch, answers: list[list[int]]):

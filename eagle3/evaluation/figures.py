@@ -55,6 +55,7 @@ class PromptOutcome:
     turn: int = 1  # 2: the second user turn, after the target's own answer to the first
     drafts: int = 0  # verify steps with drafts (per-request histogram; 0 where vLLM gives none)
     accepted_per_position: list[int] = field(default_factory=list)
+    finish_reason: Optional[str] = None  # "stop": the answer ended at EOS; "length": at max_new_tokens
 
 
 def _rate(tokens: int, seconds: float) -> float:
@@ -153,6 +154,7 @@ def prompt_outcomes(
                 turn=turn,
                 drafts=unit.drafts if unit else 0,
                 accepted_per_position=list(unit.accepted_per_position) if unit else [],
+                finish_reason=with_head.finish_reasons[i] if with_head.finish_reasons else None,
             )
         )
     return out

@@ -80,6 +80,7 @@ class AcceptanceReport:
             "dataset_dir": self.dataset_dir,
             "max_new_tokens": self.max_new_tokens,
             "ends": ENDS,
+            "ended_at_eos": _ended_at_eos(self.per_prompt, set(self.headline_sets)),
             "headline": {
                 "label": SET_LABELS[self.headline_key],
                 "sets": list(self.headline_sets),
@@ -120,6 +121,12 @@ class AcceptanceReport:
             "served_replay": {k: dict(v) for k, v in self.served_replay.items()},
             "per_prompt": [asdict(p) for p in self.per_prompt],
         }
+
+
+def _ended_at_eos(per_prompt: list[PromptOutcome], sets: set[str]) -> Optional[float]:
+    """The share of the headline's answers that ended at EOS rather than at max_new_tokens."""
+    reasons = [p.finish_reason for p in per_prompt if p.source in sets and p.finish_reason]
+    return sum(r == "stop" for r in reasons) / len(reasons) if reasons else None
 
 
 def _json_safe(x: Any) -> Any:
