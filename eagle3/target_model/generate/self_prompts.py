@@ -153,8 +153,9 @@ class SelfPrompts:
 
     def summary(self) -> str:
         return (
-            f"self-prompts {self.name}: {self.used} read ({self.generated} written by the target now, the others "
-            f"from the cache), {self.duplicates} near-duplicates and {self.empty} empty dropped ({self.cache_file})"
+            f"self-prompts {self.name}: {self.used} read, {self.duplicates} near-duplicates and {self.empty} empty "
+            f"dropped; {self.generated} written by the target in this run, in batches of {self.batch_size} "
+            f"(cache: {self.cache_file})"
         )
 
 
