@@ -19,7 +19,7 @@ first token's "attention sink" row is often 100x the others), and one scale for 
 ordinary rows a few of e4m3's 3-bit-mantissa steps. The scale is rounded to bf16 before the
 values are divided by it, so it is stored in 2 bytes at no cost in accuracy, and decoding is one
 product per value rounded once: for a bf16 capture it runs on the bits (the e4m3 code moved into
-bf16's fields is the value x 2^-120, exactly, subnormals included), 3-4x faster on a CPU than
+bf16's fields is the value x 2^-120, exactly, subnormals included), faster on a CPU than
 torch's float8 conversion.
 """
 
