@@ -14,13 +14,35 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+_RUNS: list[Path] = []  # this process's root of compose's fallback run dirs, once made
+
+
+def _fallback_run_dir() -> str:
+    """A fresh run dir under a root of this process's in the clone's .cache/, removed when the
+    process exits (and, if it was killed, by the next one): none is left in /tmp."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from eagle3.util.atomic import pid_alive
+
+    if not _RUNS:
+        base = CACHE / "test-runs"
+        base.mkdir(parents=True, exist_ok=True)
+        for old in base.glob("compose-*-*"):  # of a test process killed before its exit
+            pid = old.name.split("-")[1]
+            if pid.isdigit() and not pid_alive(int(pid)):
+                shutil.rmtree(old, ignore_errors=True)
+        _RUNS.append(Path(tempfile.mkdtemp(prefix=f"compose-{os.getpid()}-", dir=base)))
+        atexit.register(shutil.rmtree, _RUNS[0], True)
+    return tempfile.mkdtemp(prefix="eagle3-run-", dir=_RUNS[0])
+
+
 def compose(config_name: str = "train", overrides: list[str] | None = None, output_dir: str | None = None):
     """Compose conf/ exactly as the entrypoints do (schemas registered, no run).
     Outside a Hydra run there is no run dir: output_dir stands in for it."""
-    import tempfile
-
     overrides = list(overrides or [])
-    overrides.append(f"paths.output_dir={output_dir or tempfile.mkdtemp(prefix='eagle3-run-')}")
+    overrides.append(f"paths.output_dir={output_dir or _fallback_run_dir()}")
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra

@@ -12,7 +12,8 @@ CPU build). The files land in ``spill_dir`` (default: /dev/shm where it has room
 never reach a disk) and are deleted once read.
 
 The spill directory is removed on close, on SIGTERM and, after a SIGKILL, by the next capture on
-this host (eagle3/target_model/spill_dirs.py).
+this host (eagle3/target_model/spill_dirs.py). A reaper (eagle3/util/processes.py) ends vLLM's
+processes and removes the spill and IPC socket directories within seconds of a SIGKILL of this one.
 
 Prefix caching is refused: a hook-based capture misses cached prefix tokens (measured: a hook
 saw 488 of 872 tokens); vLLM's hidden-state cache keeps them, but capture does not depend on
@@ -40,8 +41,9 @@ import torch
 
 from eagle3.target_model.adapter import CapturedSample, CaptureError, CaptureSpec, to_captured_sample
 from eagle3.target_model.records import CONNECTOR_HIDDEN_KEY, CONNECTOR_TOKENS_KEY
-from eagle3.target_model.spill_dirs import make_spill_dir, release_spill_dir
+from eagle3.target_model.spill_dirs import make_ipc_dir, make_spill_dir, release_spill_dir
 from eagle3.util.hidden_dtypes import names_by_torch_dtype
+from eagle3.util.processes import start_reaper
 
 FILE_WAIT_S = 60.0  # the writer is the rank whose output the engine returns, so this is a guard
 
@@ -259,7 +261,8 @@ class VLLMCaptureBackend:
                 engine_env["VLLM_CPU_OMP_THREADS_BIND"] = _split_cpus(int(tensor_parallel_size))
         from vllm import LLM
 
-        self._spill = make_spill_dir(spill_dir)
+        self._own_dirs(spill_dir)
+        engine_env["VLLM_RPC_BASE_PATH"] = self._ipc
         kwargs = dict(
             model=self.model_dir,
             tokenizer=self.model_dir,
@@ -280,7 +283,19 @@ class VLLMCaptureBackend:
             with _environment(engine_env):  # read while the engine and its workers start
                 self.llm = LLM(**kwargs)
         except BaseException:
-            release_spill_dir(self._spill)
+            self.close()
+            raise
+
+    def _own_dirs(self, spill_dir: str | None) -> None:
+        """The spill directory, a directory for vLLM's IPC sockets (not loose in /tmp), and the
+        reaper that ends vLLM's processes and removes both should this process be killed (started
+        before vLLM starts any)."""
+        self._spill, self._ipc, self._reaper = make_spill_dir(spill_dir), "", None
+        try:
+            self._ipc = make_ipc_dir()
+            self._reaper = start_reaper([self._spill, self._ipc])
+        except BaseException:
+            self.close()
             raise
 
     # ------------------------------------------------------------------ capture
@@ -371,12 +386,21 @@ class VLLMCaptureBackend:
 
     def close(self) -> None:
         llm = getattr(self, "llm", None)
-        if llm is not None:
-            self._internals.shutdown_engine(llm)
-            self.llm = None
-            gc.collect()
-        if getattr(self, "_spill", None):
-            release_spill_dir(self._spill)
+        try:
+            if llm is not None:
+                self._internals.shutdown_engine(llm)
+                self.llm = None
+                gc.collect()
+        finally:
+            if getattr(self, "_spill", None):
+                release_spill_dir(self._spill)
+                self._spill = ""
+            if getattr(self, "_ipc", None):
+                shutil.rmtree(self._ipc, ignore_errors=True)
+                self._ipc = ""
+            reaper, self._reaper = getattr(self, "_reaper", None), None
+            if reaper is not None:
+                reaper.stop()
 
     def __enter__(self) -> "VLLMCaptureBackend":
         return self
