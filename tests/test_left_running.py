@@ -63,7 +63,8 @@ def _wait_for(predicate, timeout: float) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_sigkill_of_a_real_vllm_capture_leaves_no_engine_and_no_spill_after_10_s(tmp_path, short_tmp, smollm2_dir):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
+def test_a_killed_real_vllm_capture_leaves_no_engine_and_no_spill_after_10_s(tmp_path, short_tmp, smollm2_dir, sig):
     pytest.importorskip("vllm")
     spill_parent, tmp = tmp_path / "spill", short_tmp  # the capture's temp dir: vLLM's sockets went there
     spill_parent.mkdir()
@@ -82,8 +83,8 @@ def test_sigkill_of_a_real_vllm_capture_leaves_no_engine_and_no_spill_after_10_s
         engine = [c for c in children if "EngineCore" in " ".join(c.cmdline())]
         assert engine, f"no VLLM::EngineCore among {[c.cmdline() for c in children]}"
         assert any(p.name.startswith("eagle3-vllm-ipc-") for p in tmp.iterdir())  # its sockets are there
-        proc.send_signal(signal.SIGKILL)
-        assert proc.wait(30) == -signal.SIGKILL
+        proc.send_signal(sig)
+        assert proc.wait(30) == -sig
         t0 = time.monotonic()
         ended = _wait_for(lambda: all(_gone(c) for c in children), 10)
         left = [c.cmdline() for c in children if not _gone(c)]

@@ -396,7 +396,7 @@ class VLLMCaptureBackend:
                 release_spill_dir(self._spill)
                 self._spill = ""
             if getattr(self, "_ipc", None):
-                shutil.rmtree(self._ipc, ignore_errors=True)
+                release_spill_dir(self._ipc)
                 self._ipc = ""
             reaper, self._reaper = getattr(self, "_reaper", None), None
             if reaper is not None:

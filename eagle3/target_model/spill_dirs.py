@@ -104,7 +104,7 @@ IPC_DIR_MAX = 107 - 1 - 36
 def make_ipc_dir() -> str:
     """A new directory in the system temp dir for one engine's ZMQ sockets (vLLM's
     ``VLLM_RPC_BASE_PATH``, by default the temp dir itself, where sockets of killed engines pile
-    up); the caller removes it when the engine stops."""
+    up); removed by ``release_spill_dir`` and on SIGTERM, as a spill directory is."""
     parent = tempfile.gettempdir()
     if len(os.path.join(parent, IPC_PREFIX + "x" * 8)) > IPC_DIR_MAX:
         raise OSError(
@@ -112,11 +112,15 @@ def make_ipc_dir() -> str:
             f"(vLLM's IPC sockets go there, and a socket path holds 107), got {len(parent)}; "
             "set TMPDIR to a shorter directory"
         )
-    return tempfile.mkdtemp(prefix=IPC_PREFIX, dir=parent)
+    path = tempfile.mkdtemp(prefix=IPC_PREFIX, dir=parent)
+    _LIVE_SPILLS[path] = None
+    _install_sigterm_cleanup()
+    return path
 
 
 def release_spill_dir(path: str) -> None:
-    """Remove a spill directory of ``make_spill_dir`` (and, with none left, the SIGTERM handler)."""
+    """Remove a directory of ``make_spill_dir`` or ``make_ipc_dir`` (and, with none left, the
+    SIGTERM handler)."""
     beat = _LIVE_SPILLS.pop(path, None)
     if beat is not None:
         beat.stop()
@@ -125,7 +129,7 @@ def release_spill_dir(path: str) -> None:
         _uninstall_sigterm_cleanup()
 
 
-_LIVE_SPILLS: dict[str, owner.Heartbeat] = {}  # path -> the heartbeat of its record
+_LIVE_SPILLS: dict[str, owner.Heartbeat | None] = {}  # path -> the heartbeat of its record, if any
 _sigterm: dict = {}  # while installed: {"previous": the handler before ours, "owner": our pid}
 
 
