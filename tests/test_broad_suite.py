@@ -224,3 +224,27 @@ def test_the_suite_path_through_vllm_with_a_second_turn(tmp_path, smollm2_dir):
     assert data["interval"]["prompts"] >= 8 and data["interval"]["mean_acceptance_length"][0] >= 1.0
     assert data["in_distribution"]["label"] == "validation split (in-distribution)"
     assert data["in_distribution"]["prompts"] == 1 and data["consistency_problems"] == []
+
+
+def test_sets_run_in_one_call_are_split_back_per_set():
+    """Plain batches run as one generate() call (one answer's steps, not one per set) and come
+    back per set: outputs, histograms, second turns renumbered, counters rebuilt from histograms,
+    seconds shared by tokens."""
+    from eagle3.evaluation.engine import PromptBatch, merge_batches, split_batch
+
+    second = {"messages": [{"role": "user", "content": "q"}], "question": "and?"}
+    sets = [PromptBatch("broad", [[1], [2]], second_turns=[None, second]), PromptBatch("val", [[3]])]
+    merged = merge_batches(sets)
+    assert merged.prompts == [[1], [2], [3]] and merged.second_turns == [None, second, None]
+    hists = [[1, 1, 0, 0], [0, 0, 0, 2], [2, 0, 0, 0], [0, 1, 0, 0]]  # the three first turns, then broad's second
+    whole = BatchResult(
+        "together", [[5] * 4, [6] * 2, [7] * 4, [8] * 2], 6.0, SpecDecodeCounters(7, 21, 8, [4, 2, 2]).to_dict(),
+        hists, preemptions=0, followups=[{"of": 1, "prompt_tokens": 30}], finish_reasons=["stop", "length", "stop", "stop"],
+    )  # fmt: skip
+    broad, val = split_batch(whole, sets, K)
+    assert broad.outputs == [[5] * 4, [6] * 2, [8] * 2] and val.outputs == [[7] * 4]
+    assert broad.followups == [{"of": 1, "prompt_tokens": 30}] and val.followups is None
+    assert broad.histograms == [hists[0], hists[1], hists[3]] and broad.finish_reasons == ["stop", "length", "stop"]
+    assert broad.counters == {"drafts": 5, "draft_tokens": 15, "accepted_tokens": 8, "accepted_per_position": [4, 2, 2]}
+    assert val.counters["drafts"] == 2 and val.counters["accepted_tokens"] == 0
+    assert (broad.seconds, val.seconds) == (pytest.approx(6.0 * 8 / 12), pytest.approx(6.0 * 4 / 12))

@@ -64,6 +64,11 @@ class EngineRequest:
     # max_prompt_tokens chose the prompts before the request was built
     options: EngineOptions = field(default_factory=EngineOptions)
     warmup_prompts: int = 1  # the first warm-up call's size (a bench warms up at its largest wave)
+    # plain batches (no waves, no queue) run as one generate() call and are split back per batch
+    # where vLLM gives per-request figures to split the counters by (each call costs a full answer's
+    # steps: on a CPU, four sets one after the other took 1.4x the time of two). Each batch's
+    # seconds are then the call's, shared by generated tokens (its tok/s is the call's)
+    together: bool = False
     chat_template: Optional[str] = None  # renders second turns (None: the tokenizer's own)
 
     def warmup_sizes(self) -> list[int]:
@@ -113,6 +118,9 @@ class EngineResult:
     load_seconds: float
     warmup_seconds: float
     batches: list[BatchResult] = field(default_factory=list)
+    # the engine counters around the one call the batches ran in together (None: each on its own);
+    # the batches' counters are rebuilt from their requests' histograms, which must add up to these
+    together_counters: Optional[dict[str, Any]] = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -155,17 +163,18 @@ def run_engine(req: EngineRequest) -> EngineResult:
         enable_prefix_caching=False,
         disable_log_stats=False,  # the spec-decode counters live in the stats loggers
     )
+    from vllm.engine.arg_utils import EngineArgs
+
+    per_request = "per_request_spec_decode_metrics" in getattr(EngineArgs, "__dataclass_fields__", {})
     if req.head is not None:
         kwargs["speculative_config"] = {
             "model": req.head,
             "method": "eagle3",
             "num_speculative_tokens": req.num_draft_tokens,
         }
-        from vllm.engine.arg_utils import EngineArgs
-
         # per-request figures where this vLLM offers them (0.32 does, 0.26 does not: the
         # engine-wide counters, which every figure is built from, are in both)
-        if "per_request_spec_decode_metrics" in getattr(EngineArgs, "__dataclass_fields__", {}):
+        if per_request:
             kwargs["per_request_spec_decode_metrics"] = "summary"
     t0 = time.perf_counter()
     llm = LLM(**kwargs)
@@ -194,10 +203,10 @@ def run_engine(req: EngineRequest) -> EngineResult:
     result = EngineResult(
         vllm.__version__, str(current_platform.device_type), bool(eager), load_seconds, warmup_seconds
     )
-    for batch in req.batches:
+
+    def run(batch: PromptBatch, llm: Any = llm) -> BatchResult:
         if not batch.prompts:
-            result.batches.append(BatchResult(batch.name, [], 0.0))
-            continue
+            return BatchResult(batch.name, [], 0.0)
         params = greedy(batch)
         before, preempted = snapshot(llm), _preemptions(llm)
         t0 = time.perf_counter()
@@ -218,11 +227,65 @@ def run_engine(req: EngineRequest) -> EngineResult:
             for o in outs:
                 m = getattr(o.outputs[0], "spec_decode_metrics", None)
                 histograms.append(list(m.histogram) if m is not None else [])
-        result.batches.append(
-            BatchResult(batch.name, outputs, seconds, counters, histograms, sizes, preempted, followups, reasons)
-        )
+        return BatchResult(batch.name, outputs, seconds, counters, histograms, sizes, preempted, followups, reasons)
+
+    plain = all(not b.wave_size and not b.concurrency for b in req.batches)
+    if (
+        req.together
+        and per_request
+        and plain
+        and len(req.batches) > 1
+        and len({b.ignore_eos for b in req.batches}) == 1
+    ):
+        whole = run(merge_batches(req.batches))
+        result.together_counters = whole.counters
+        result.batches = split_batch(whole, req.batches, req.num_draft_tokens)
+    else:
+        result.batches = [run(batch) for batch in req.batches]
     del llm
     return result
+
+
+def merge_batches(batches: list[PromptBatch]) -> PromptBatch:
+    """Plain batches as one: their prompts in order, their second turns beside them."""
+    turns = [t for b in batches for t in (b.second_turns or [None] * len(b.prompts))]
+    prompts = [p for b in batches for p in b.prompts]
+    return PromptBatch(
+        "together", prompts, ignore_eos=batches[0].ignore_eos, second_turns=turns if any(turns) else None
+    )
+
+
+def split_batch(whole: BatchResult, batches: list[PromptBatch], k: int) -> list[BatchResult]:
+    """``whole`` (the merged batches' result: first turns in order, then the second turns) back into
+    one result per batch: its requests' outputs, histograms and finish reasons, its counters rebuilt
+    from its histograms (draft tokens shared by verify steps), its share of the seconds by tokens."""
+    from eagle3.evaluation.counters import counters_from_histograms
+
+    n_first = sum(len(b.prompts) for b in batches)
+    total_tokens = max(1, whole.generated_tokens)
+    total_drafts = (whole.counters or {}).get("drafts", 0)
+    out, start = [], 0
+    for b in batches:
+        end = start + len(b.prompts)
+        rows = list(range(start, end))
+        follow = [(j, f) for j, f in enumerate(whole.followups or []) if start <= f["of"] < end]
+        rows += [n_first + j for j, _ in follow]
+
+        def pick(values: Optional[list], rows: list[int] = rows) -> Optional[list]:
+            return [values[i] for i in rows] if values is not None else None
+
+        part = BatchResult(b.name, [whole.outputs[i] for i in rows], 0.0, None, pick(whole.histograms),
+                           preemptions=whole.preemptions, finish_reasons=pick(whole.finish_reasons))  # fmt: skip
+        part.followups = [{"of": f["of"] - start, "prompt_tokens": f["prompt_tokens"]} for _, f in follow] or None
+        part.seconds = whole.seconds * part.generated_tokens / total_tokens
+        if whole.counters is not None and part.histograms is not None:
+            counters = counters_from_histograms(part.histograms, k)
+            share = counters.drafts / total_drafts if total_drafts else 0.0
+            counters.draft_tokens = round(whole.counters.get("draft_tokens", 0) * share)
+            part.counters = counters.to_dict()
+        out.append(part)
+        start = end
+    return out
 
 
 def _first_pass(llm: Any, batch: PromptBatch, params: Any) -> tuple[list[Any], Optional[list[int]]]:

@@ -61,6 +61,7 @@ def measure(
         batches=batches,
         options=engine,
         chat_template=chat_template,
+        together=True,  # one generate() call for every set where vLLM gives per-request figures
     )
     with_head, wall_head = run_engine_process(
         EngineRequest(head=str(info.export_dir), **common), work_dir=work_dir, label="with-head"
@@ -106,7 +107,10 @@ def measure(
         "load_seconds_with_head": with_head.load_seconds,
         "process_seconds_with_head": wall_head,
         "logs": str(work_dir),
+        # the sets ran in one generate() call: each set's tok/s is the call's
+        "sets_run_together": with_head.together_counters is not None,
     }
+    problems += _together_problems(with_head)
     if without_head is not None:
         engine_facts.update(load_seconds_without_head=without_head.load_seconds, process_seconds_without_head=wall_base)
     verdicts, notes = _explain_mismatches(
@@ -141,6 +145,22 @@ def measure(
         b.name: list(zip((p.token_ids for p in prompts.by_source(b.name)), b.outputs)) for b in with_head.batches
     }
     return report
+
+
+def _together_problems(result: Any) -> list[str]:
+    """Sets run in one call: their counters, rebuilt from per-request histograms, must add up to
+    the engine's counters around that call (two independent routes out of vLLM)."""
+    whole = result.together_counters
+    if whole is None:
+        return []
+    problems = []
+    for key in ("drafts", "accepted_tokens"):
+        got = sum((b.counters or {}).get(key, 0) for b in result.batches)
+        if got != whole.get(key):
+            problems.append(
+                f"sets run together: {key} from per-request histograms {got} != from counters {whole.get(key)}"
+            )
+    return problems
 
 
 def _batch(source: str, prompts: PromptSet) -> PromptBatch:
