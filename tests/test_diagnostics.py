@@ -68,7 +68,10 @@ def _evaluate(tmp_path, diagnostics: bool) -> dict:
 
     from eagle3.evaluation.acceptance import evaluate
 
-    cfg = EvalConfig(num_draft_tokens=K, max_prompts=2, humaneval_prompts=2, diagnostics=diagnostics)
+    # HumanEval only (no suite prompts): the fake engine's outputs are written for two prompts
+    cfg = EvalConfig(
+        num_draft_tokens=K, max_prompts=2, humaneval_prompts=2, suite_prompts=0, math_prompts=0, diagnostics=diagnostics
+    )
     result = evaluate(tmp_path / "export", eval_cfg=cfg, out_dir=tmp_path / "out", show_table=False)
     assert result.mean_acceptance_length == pytest.approx(1.5)  # vLLM's figure: 1 + 4 / 8, always
     return json.loads(result.json_path.read_text())
