@@ -2,7 +2,9 @@
 The serving speed-up and its advice have a room of their own (eagle3/serving/).
 
 acceptance.py        evaluate(): held-out prompts -> both engines -> report, plot, W&B
-prompts.py           held-out prompts: validation-split opening turns + HumanEval
+prompts.py           held-out prompts: the suite, HumanEval; the validation split (in-distribution)
+suite.py, suites/    the project's held-out suite: 8 MT-bench categories x 12, math word problems
+intervals.py         bootstrap intervals over prompts from vLLM's per-request figures
 engine.py            one vLLM engine in its own process (the only vllm import)
 subprocess_engine.py runs it, with logs, timeout and clean stop
 counters.py          vLLM's spec-decode counters and the figures they give
