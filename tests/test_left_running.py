@@ -235,3 +235,28 @@ def test_a_compose_and_an_engine_run_leave_nothing_in_the_temp_dir(tmp_path, sho
     assert sorted(p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor_")) == []
     assert list(spill_parent.iterdir()) == []
     assert not list((ROOT / ".cache" / "test-runs").glob(f"compose-{proc.pid}-*"))  # compose's root, removed
+
+
+def test_an_evaluation_engine_gets_its_own_socket_dir_and_it_is_gone_after(tmp_path):
+    """The acceptance and serving engines run with VLLM_RPC_BASE_PATH pointing at a directory of
+    their own, removed when the engine process ends (a stand-in engine records what it was given)."""
+    import json as _json
+
+    from eagle3.config.engine import EngineOptions
+    from eagle3.evaluation.engine import EngineRequest
+    from eagle3.evaluation.subprocess_engine import run_engine_process
+
+    seen = tmp_path / "seen.json"
+    stand_in = (
+        "import json, os, sys; d = os.environ['VLLM_RPC_BASE_PATH']; "
+        f"json.dump({{'dir': d, 'existed': os.path.isdir(d)}}, open({str(seen)!r}, 'w')); "
+        "json.dump({'vllm_version': 'x', 'platform': 'cpu', 'enforce_eager': True, 'load_seconds': 0.0, "
+        "'warmup_seconds': 0.0, 'batches': []}, open(sys.argv[-1], 'w'))"
+    )
+    request = EngineRequest(
+        model="m", head=None, num_draft_tokens=0, max_new_tokens=1, max_model_len=8, batches=[], options=EngineOptions()
+    )
+    run_engine_process(request, tmp_path / "work", "stand-in", command=[sys.executable, "-c", stand_in])
+    given = _json.loads(seen.read_text())
+    assert given["existed"] and Path(given["dir"]).name.startswith("eagle3-vllm-ipc-")
+    assert not Path(given["dir"]).exists()

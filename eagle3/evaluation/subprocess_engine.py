@@ -13,9 +13,11 @@ SIGKILL (or the OOM killer) the engine notices that its parent is gone (it watch
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -23,6 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from eagle3.evaluation.engine import PARENT_ENV, EngineRequest, EngineResult
+from eagle3.target_model.spill_dirs import IPC_PREFIX
 from eagle3.util.atomic import write_text
 
 _TORCH_DIST_VARS = (
@@ -119,6 +122,14 @@ def _sigterm_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextmanager
+def _removed(directory: str) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def run_engine_process(
     request: EngineRequest, work_dir: Path, label: str, command: Sequence[str] | None = None
 ) -> tuple[EngineResult, float]:
@@ -137,9 +148,13 @@ def run_engine_process(
     t0 = time.perf_counter()
     env = engine_env(request.options.cpu_kvcache_space_gb)
     env[PARENT_ENV] = str(os.getpid())  # the engine ends itself when this process is gone
+    # vLLM's ZMQ sockets in a directory of this engine's own (by default they go to the temp dir
+    # itself, where those of every engine that did not close them pile up), removed after it
+    ipc_dir = tempfile.mkdtemp(prefix=IPC_PREFIX)
+    env["VLLM_RPC_BASE_PATH"] = ipc_dir
     argv = list(command) if command is not None else [sys.executable, "-m", "eagle3.evaluation.engine"]
     terminated = False
-    with open(log_file, "w") as log, _sigterm_raises():
+    with open(log_file, "w") as log, _sigterm_raises(), _removed(ipc_dir):
         proc = subprocess.Popen(
             [*argv, str(req_file), str(res_file)],
             stdout=log,
