@@ -47,7 +47,9 @@ class FoundDataset:
         )
 
 
-def find_existing_dataset(recipe: DatasetRecipe, ds_dir: Path, num_shards: int, shard_index: int, verify: str) -> FoundDataset:
+def find_existing_dataset(
+    recipe: DatasetRecipe, ds_dir: Path, num_shards: int, shard_index: int, verify: str
+) -> FoundDataset:
     """This config's dataset at ``ds_dir`` (its fingerprint's name) or the first scheme's name;
     this node's part when ``num_shards`` > 1 and no complete dataset is there. Its shards are
     checked (``verify``) and each damaged one is announced as repaired, except in a dataset of
