@@ -39,10 +39,10 @@ def test_every_preset_composes_and_resolves(entry, group, preset):
 
 def test_layer_defaults_smollm2_and_kimi():
     cfg = compose("extract")
-    assert list(cfg.layers.resolved_aux_ids) == [2, 15, 27]
+    assert list(cfg.layers.aux_layer_ids) == [2, 15, 27]
     assert list(cfg.layers.layer_ids) == [2, 15, 27, 30]
     kimi = compose("extract", ["model=kimi_k2_5", "topology=gpu8_tp8", "capture=vllm"])
-    assert list(kimi.layers.resolved_aux_ids) == [2, 30, 58]
+    assert list(kimi.layers.aux_layer_ids) == [2, 30, 58]
     assert list(kimi.layers.layer_ids) == [2, 30, 58, 61]
     assert kimi.topology.extract_tp == 8 and kimi.model.hidden_size == 7168
     assert kimi.capture.dtype == "bfloat16"  # INT4 weights never become the hidden-state dtype
@@ -246,7 +246,7 @@ def test_explicit_ids_and_output_of_layer_numbering():
     assert list(cfg.layers.layer_ids) == [3, 15, 26, 30]
     # SpecForge/EAGLE "output of layer j" ids are vLLM ids j+1
     cfg = compose("extract", ["layers.aux_ids=[1,14,26]", "layers.numbering=output_of_layer"])
-    assert list(cfg.layers.resolved_aux_ids) == [2, 15, 27]
+    assert list(cfg.layers.aux_layer_ids) == [2, 15, 27]
 
 
 def test_topology_that_does_not_fit_fails():

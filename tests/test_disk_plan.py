@@ -40,7 +40,7 @@ def test_kimi_plan_shows_the_8_gpu_layout(kimi_resolved):
     cfg = kimi_resolved
     assert (cfg.topology.devices, cfg.topology.extract_tp, cfg.topology.extract_dp) == (8, 8, 1)
     assert cfg.topology.strategy == "ddp" and cfg.topology.precision == "bf16-mixed"
-    assert list(cfg.layers.resolved_aux_ids) == [2, 30, 58]
+    assert list(cfg.layers.aux_layer_ids) == [2, 30, 58]
     assert list(cfg.layers.layer_ids) == [2, 30, 58, 61]
     assert cfg.model.hidden_size == 7168 and cfg.model.num_layers == 61
     assert cfg.capture.backend == "vllm" and cfg.capture.enable_prefix_caching is False

@@ -194,8 +194,8 @@ def test_norm_options_give_the_same_logits_in_speculators_and_after_our_reload(t
     ignored = _our_logits(off.eval(), ids, g, steps)
     assert not torch.allclose(ignored[-1][0, : T - steps], theirs[-1][0, : T - steps], **LOGIT_TOL)
 
-    reloaded, aux_ids = load_exported_head(tmp_path, vpath)
-    assert aux_ids == AUX_IDS and reloaded.cfg.norm_options == head.cfg.norm_options
+    reloaded, aux_layer_ids = load_exported_head(tmp_path, vpath)
+    assert aux_layer_ids == AUX_IDS and reloaded.cfg.norm_options == head.cfg.norm_options
     for k, (a, b) in enumerate(zip(_our_logits(reloaded, ids, g, steps), ours)):
         torch.testing.assert_close(a[0, : T - 1 - k], b[0, : T - 1 - k], **LOGIT_TOL)
 

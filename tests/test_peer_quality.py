@@ -73,8 +73,8 @@ def test_a_budgeted_peer_run_learns_ends_at_the_floor_and_exports(dataset_dir, t
     # and eagle3's loader takes the same file (names and shapes of our export format)
     from eagle3.evaluation.diagnostics.head_replay import load_exported_head
 
-    head, aux_ids = load_exported_head(export, doc["verifier"])
-    assert aux_ids == [1, 2, 3] and torch.equal(head.fc.weight, saved["fc.weight"].float())
+    head, aux_layer_ids = load_exported_head(export, doc["verifier"])
+    assert aux_layer_ids == [1, 2, 3] and torch.equal(head.fc.weight, saved["fc.weight"].float())
     # eagle3's head has no sliding-window attention: the peer is replayed by speculators' model
     assert "sliding_window" in peer_quality.eagle3_lacks(cfg)
 

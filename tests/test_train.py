@@ -85,8 +85,8 @@ def test_two_draft_layers_train_export_and_reload(data_dir, tmp_path):
     assert "layers.1.self_attn.q_proj.weight" in second and "layers.1.mlp.down_proj.weight" in second
     assert not any("hidden_norm" in k for k in second)
     assert weights["layers.1.self_attn.q_proj.weight"].shape[1] == 64  # H, not 2H (tiny_llama H=64)
-    head, aux_ids = load_exported_head(export, cfg["speculators_config"]["verifier"]["name_or_path"])
-    assert len(head.layers) == 2 and aux_ids == [1, 2, 3]
+    head, aux_layer_ids = load_exported_head(export, cfg["speculators_config"]["verifier"]["name_or_path"])
+    assert len(head.layers) == 2 and aux_layer_ids == [1, 2, 3]
     assert torch.equal(head.layers[1].mlp.down_proj.weight, weights["layers.1.mlp.down_proj.weight"].float())
 
 
@@ -259,8 +259,8 @@ def test_replay_export_reads_the_export_back(data_dir, tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     export = Path(summary["export_dir"])
     target = json.loads((export / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"]
-    head, aux_ids = load_exported_head(export, target)
-    assert aux_ids == [1, 2, 3]
+    head, aux_layer_ids = load_exported_head(export, target)
+    assert aux_layer_ids == [1, 2, 3]
     fig = train_side_figures(head, summary["dataset_dir"], num_draft_tokens=2, max_answer_tokens=128)
     # the export is the best checkpoint by val/replay_accept_len (K = min(3 draft tokens, TTT 2),
     # answers cut at eval.max_new_tokens=128 as in training), in bf16

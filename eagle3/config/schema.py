@@ -94,7 +94,7 @@ class LayersConfig:
     numbering: LayerNumbering = LayerNumbering.vllm
     # computed by resolvers from aux_ids/numbering/model.num_layers (set in layers/*.yaml,
     # shown by --cfg job --resolve); never set these by hand
-    resolved_aux_ids: Any = None
+    aux_layer_ids: Any = None
     layer_ids: Any = None
 
 

@@ -330,13 +330,13 @@ def load_head(
     export_dir = Path(export_dir)
     cfg = json.loads((export_dir / "config.json").read_text())
     layer = cfg["transformer_layer_config"]
-    aux_ids = [int(i) for i in cfg["eagle_aux_hidden_state_layer_ids"]]
+    aux_layer_ids = [int(i) for i in cfg["eagle_aux_hidden_state_layer_ids"]]
     # the norm flags as vLLM reads them, its defaults for a key the file lacks
     norms = {name: bool(cfg.get(name, default)) for name, default in VLLM_NORM_DEFAULTS.items()}
     draft_cfg = DraftConfig.from_target_config(
         dict(target_config),
         draft_vocab_size=int(cfg["draft_vocab_size"]),
-        num_aux_layers=len(aux_ids),
+        num_aux_layers=len(aux_layer_ids),
         **norms,
         num_attention_heads=int(layer["num_attention_heads"]),
         num_key_value_heads=int(layer["num_key_value_heads"]),
@@ -357,4 +357,4 @@ def load_head(
     load_export_state_dict(
         head, weights, f"{export_dir}/model.safetensors: does not fit the head built from config.json"
     )
-    return LoadedHead(head.eval(), aux_ids, norms)
+    return LoadedHead(head.eval(), aux_layer_ids, norms)

@@ -64,7 +64,7 @@ def sizes_source(sizes: str, accelerator: str) -> str:
 
 def register_resolvers() -> None:
     OmegaConf.register_new_resolver(
-        "eagle3.aux_ids",
+        "eagle3.aux_layer_ids",
         lambda ids, numbering, n: ListConfig(layer_ids.resolve_aux_ids(_plain(ids), numbering, n)),
         replace=True,
     )

@@ -73,9 +73,9 @@ def resolve_aux_ids(aux_ids: Sequence[int] | None, numbering: str, num_layers: i
     return validate_aux_ids(aux_ids, num_layers)
 
 
-def aux_and_final(aux_ids: Sequence[int], num_layers: int) -> list[int]:
+def aux_and_final(aux_layer_ids: Sequence[int], num_layers: int) -> list[int]:
     """What extraction captures: the (validated) aux ids plus N (training targets)."""
-    ids = [int(i) for i in aux_ids]
+    ids = [int(i) for i in aux_layer_ids]
     n = int(num_layers)
     if n in ids:
         raise LayerIdError(

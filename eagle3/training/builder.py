@@ -78,13 +78,13 @@ def build_head(
     final_id = model.num_layers
     if layer_ids[-1] != final_id:
         raise ValueError(f"{dataset.directory}: last layer id {layer_ids[-1]} is not the final state {final_id}")
-    aux_ids = layer_ids[:-1]
-    draft_cfg = draft_config(head_cfg, hf, len(aux_ids))
+    aux_layer_ids = layer_ids[:-1]
+    draft_cfg = draft_config(head_cfg, hf, len(aux_layer_ids))
     head = Eagle3DraftHead(draft_cfg, attention=AttentionKind(attention).value)
     d2t, t2d = draft_vocab(dataset, size)
     init = read_init_head(train.init_from, train.init_from_revision) if train.init_from else None
     if init is not None:  # warm start: the head must fit, and keeps the vocabulary it was trained for
-        check_compatible(init, draft_cfg, aux_ids)
+        check_compatible(init, draft_cfg, aux_layer_ids)
         d2t, t2d = head_vocab(init, d2t, t2d, dataset.token_freq())
     w = load_target_head_weights(model_dir)
     head.load_target_weights(
@@ -99,7 +99,7 @@ def build_head(
         load_init_weights(init, head)
     meta = DraftMeta(
         draft_config=draft_cfg,
-        aux_layer_ids=aux_ids,
+        aux_layer_ids=aux_layer_ids,
         target_name_or_path=target,
         target_architectures=list(hf.get("architectures") or [model.architecture]),
         num_speculative_tokens=num_speculative_tokens,

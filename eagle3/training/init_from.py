@@ -72,7 +72,7 @@ def read_init_head(name: str, revision: Optional[str] = None) -> InitHead:
     return InitHead(str(name), directory, config, weights)
 
 
-def check_compatible(init: InitHead, draft_cfg: DraftConfig, aux_ids: list[int]) -> None:
+def check_compatible(init: InitHead, draft_cfg: DraftConfig, aux_layer_ids: list[int]) -> None:
     """Every field the head's weights depend on must equal this run's; all differences are
     reported at once, each with this run's value (and where it comes from) and the head's."""
     cfg = init.config
@@ -103,7 +103,7 @@ def check_compatible(init: InitHead, draft_cfg: DraftConfig, aux_ids: list[int])
         ("intermediate_size", draft_cfg.intermediate_size, "head.intermediate_size", layer.get("intermediate_size")),
         (
             "eagle_aux_hidden_state_layer_ids",
-            [int(i) for i in aux_ids],
+            [int(i) for i in aux_layer_ids],
             "the dataset's aux layers (layers.aux_ids)",
             cfg.get("eagle_aux_hidden_state_layer_ids"),
         ),

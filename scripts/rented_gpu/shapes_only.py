@@ -48,7 +48,7 @@ def write_shapes(out: Path, overrides: list[str]) -> tuple[Path, Path]:
     train: TrainConfig = OmegaConf.to_object(cfg.train)
     if not model.tokenizer_from:
         raise SystemExit("model.tokenizer_from=DIR: a tokenizer to serve with (SmolLM2's fits every vocabulary)")
-    aux_ids = [int(i) for i in cfg.layers.resolved_aux_ids]
+    aux_layer_ids = [int(i) for i in cfg.layers.aux_layer_ids]
 
     target, head = out / "target", out / "head"
     target.mkdir(parents=True, exist_ok=True)
@@ -57,14 +57,14 @@ def write_shapes(out: Path, overrides: list[str]) -> tuple[Path, Path]:
     hf = tiny_config(model)
     hf.save_pretrained(target)  # after the tokenizer: its folder may hold a config.json of its own
     hf_dict = json.loads((target / "config.json").read_text())
-    draft = draft_config(cfg.head, hf_dict, len(aux_ids))
+    draft = draft_config(cfg.head, hf_dict, len(aux_layer_ids))
     config = speculators_config_dict(
-        draft, aux_ids, model.hub_id or model.name, train.ttt_steps, target_architectures=[model.architecture]
+        draft, aux_layer_ids, model.hub_id or model.name, train.ttt_steps, target_architectures=[model.architecture]
     )
     (head / "config.json").write_text(json.dumps(config, indent=2))
     size = target_size(hf_dict)
     print(f"target {target}: {size.describe()}, {model.num_layers} layers, hidden {model.hidden_size}")
-    print(f"head {head}: aux layer ids {aux_ids}, draft vocab {draft.draft_vocab_size}")
+    print(f"head {head}: aux layer ids {aux_layer_ids}, draft vocab {draft.draft_vocab_size}")
     return target, head
 
 

@@ -41,10 +41,10 @@ def replay_served(
     device, note = replay_device(target, "replay of the served outputs")
     if device is None:
         return {}, note
-    head, aux_ids = load_exported_head(export_dir, target)
+    head, aux_layer_ids = load_exported_head(export_dir, target)
     head = head.to(device)
     num_layers = int(read_hf_config(target)["num_hidden_layers"])  # id N: the final state before the norm
-    backend = HFCaptureBackend(str(target), [*aux_ids, num_layers], dtype=torch.bfloat16, device=device)
+    backend = HFCaptureBackend(str(target), [*aux_layer_ids, num_layers], dtype=torch.bfloat16, device=device)
     empty = (StepCounts.zeros(num_draft_tokens), torch.zeros(2 + num_draft_tokens, dtype=torch.float64))
     total, out = empty, {}
     try:
