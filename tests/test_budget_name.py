@@ -1,5 +1,5 @@
 """A budgeted dataset (time_budget.minutes) is named by what was asked, the budget and the data
-recipe, never by the count the plan derives from the measured rates (eagle3/planning/rates.yaml):
+identity, never by the count the plan derives from the measured rates (eagle3/planning/rates.yaml):
 a commit that recalibrates a rate renames no dataset, and train.py still finds the one
 extract.py wrote before it."""
 
@@ -16,7 +16,7 @@ from eagle3.extraction.identity import dataset_path
 from eagle3.planning import cost, time_budget
 from eagle3.stages import train as train_stage
 from eagle3.stages.extract import run as extract
-from eagle3.stages.recipes import dataset_recipe
+from eagle3.stages.narrow import dataset_identity
 
 
 def _recalibrated(tmp_path: Path, accelerator: str, scale: float) -> Path:
@@ -38,7 +38,7 @@ def _name(overrides: list[str], model_dir: Path) -> tuple[str, int]:
     """The directory name extract.py writes for these overrides, and the conversations it plans."""
     cfg, shares = time_budget.sized(run_config(compose("extract", ["experiment=demo_cpu", *overrides])))
     assert shares is not None
-    return dataset_path(dataset_recipe(cfg, str(model_dir))).name, shares.conversations
+    return dataset_path(dataset_identity(cfg, str(model_dir))).name, shares.conversations
 
 
 def test_the_name_holds_the_budget_asked_not_the_count_planned(smollm2_dir, tmp_path, monkeypatch):
@@ -53,7 +53,9 @@ def test_the_name_holds_the_budget_asked_not_the_count_planned(smollm2_dir, tmp_
     assert len({name, *(_name(o, smollm2_dir)[0] for o in others)}) == 4
     # a dataset without a budget is named by its data.max_samples, as before
     cfg, shares = time_budget.sized(run_config(compose("extract", ["experiment=demo_cpu", "time_budget.minutes=null"])))
-    assert shares is None and time_budget.asked(cfg) is None and dataset_recipe(cfg, str(smollm2_dir)).named_by is None
+    assert (
+        shares is None and time_budget.asked(cfg) is None and dataset_identity(cfg, str(smollm2_dir)).named_by is None
+    )
 
 
 class _Found(Exception):

@@ -86,14 +86,14 @@ def test_training_precision_follows_the_same_check(cpu):
 def test_the_dataset_does_not_depend_on_the_cpu(monkeypatch, smollm2_dir):
     """Same stored dtype, same dataset: the fingerprint never sees the compute dtype."""
     from eagle3.extraction.identity import dataset_path
-    from eagle3.stages.recipes import dataset_recipe
+    from eagle3.stages.narrow import dataset_identity
 
     cfg = compose("extract", [])
     names = set()
     for flags in (NATIVE, EMULATED):
         monkeypatch.setattr(cd, "cpu_flags", lambda flags=flags: flags)
         monkeypatch.setattr(cd, "onednn_allows_bf16", lambda: True)
-        names.add(dataset_path(dataset_recipe(cfg, str(smollm2_dir))).name)
+        names.add(dataset_path(dataset_identity(cfg, str(smollm2_dir))).name)
     assert len(names) == 1
 
 

@@ -20,7 +20,7 @@ from eagle3.data.loaders import LoadReport
 from eagle3.data.mixture import Mixture, source_of
 from eagle3.extraction.identity import fingerprint_inputs
 from eagle3.planning import time_budget
-from eagle3.stages.recipes import dataset_recipe
+from eagle3.stages.narrow import dataset_identity
 from eagle3.store import Manifest
 
 TINY = ["experiment=tiny_test"]
@@ -115,7 +115,7 @@ def _mix_args(tmp_path: Path, weight_b: float) -> list[str]:
 
 def test_the_mixture_names_the_dataset(tmp_path, model_dir):
     def inputs(*args: str) -> dict:
-        return fingerprint_inputs(dataset_recipe(run_config(compose("extract", list(args))), str(model_dir)))
+        return fingerprint_inputs(dataset_identity(run_config(compose("extract", list(args))), str(model_dir)))
 
     base = inputs(*_mix_args(tmp_path, 1))
     assert inputs(*_mix_args(tmp_path, 2)) != base  # a weight

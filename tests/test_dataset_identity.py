@@ -27,7 +27,7 @@ from eagle3.extraction.identity import (
     token_dataset_path,
     token_fingerprint_inputs,
 )
-from eagle3.stages.recipes import dataset_recipe
+from eagle3.stages.narrow import dataset_identity
 from eagle3.store import FingerprintMismatchError, Manifest, dataset_fingerprint
 from eagle3.store.fingerprint import canonical
 from eagle3.util.hashing import ContentShaCache, file_sha256, sampled_file_sha
@@ -76,28 +76,28 @@ def test_copies_of_the_model_and_the_chat_file_elsewhere_keep_the_fingerprint(tm
     (tmp_path / "b" / "elsewhere").mkdir(parents=True)
     copy = shutil.copy(chats, tmp_path / "b" / "elsewhere" / "chats.jsonl")  # same name, same bytes
     moved_model = shutil.copytree(model_dir, tmp_path / "models" / "another-name")
-    here = fingerprint_inputs(dataset_recipe(_cfg(tmp_path, chats), str(model_dir)))
-    there = fingerprint_inputs(dataset_recipe(_cfg(tmp_path, Path(copy)), str(moved_model)))
+    here = fingerprint_inputs(dataset_identity(_cfg(tmp_path, chats), str(model_dir)))
+    there = fingerprint_inputs(dataset_identity(_cfg(tmp_path, Path(copy)), str(moved_model)))
     assert here == there
-    recipe = dataset_recipe(_cfg(tmp_path, chats), str(model_dir))
-    stored = dataset_path(recipe)
-    assert stored == dataset_path(dataset_recipe(_cfg(tmp_path, Path(copy)), str(moved_model)))
+    identity = dataset_identity(_cfg(tmp_path, chats), str(model_dir))
+    stored = dataset_path(identity)
+    assert stored == dataset_path(dataset_identity(_cfg(tmp_path, Path(copy)), str(moved_model)))
     assert stored == tmp_path / "data" / f"tiny_llama-jsonl-{dataset_fingerprint(here)}"
     # the online dataset: the same inputs marked as token ids only, beside the stored one
-    tokens = token_fingerprint_inputs(recipe)
+    tokens = token_fingerprint_inputs(identity)
     assert tokens == {**here, "hidden_states": "online"}
     assert (
-        token_dataset_path(recipe, tokens) == stored.parent / f"tiny_llama-jsonl-tokens-{dataset_fingerprint(tokens)}"
+        token_dataset_path(identity, tokens) == stored.parent / f"tiny_llama-jsonl-tokens-{dataset_fingerprint(tokens)}"
     )
     # what does not make the stored bytes (capture batches, training, topology) leaves it as it is
     same = ["capture.batch_size=3", "capture.shard_max_tokens=1024", "train.lr=0.01", "topology.extract_tp=2"]
-    assert fingerprint_inputs(dataset_recipe(_cfg(tmp_path, chats, *same), str(model_dir))) == here
+    assert fingerprint_inputs(dataset_identity(_cfg(tmp_path, chats, *same), str(model_dir))) == here
     text = json.dumps(here)
     assert str(tmp_path) not in text and model_dir.name not in text  # no path, no directory name
     # the engine that would regenerate is not in it: every regen_backend gives one dataset
     regen = [
         fingerprint_inputs(
-            dataset_recipe(_cfg(tmp_path, chats, "data.regenerate=true", f"data.regen_backend={b}"), str(model_dir))
+            dataset_identity(_cfg(tmp_path, chats, "data.regenerate=true", f"data.regen_backend={b}"), str(model_dir))
         )
         for b in ("auto", "hf", "vllm")
     ]
@@ -109,18 +109,20 @@ def test_copies_of_the_model_and_the_chat_file_elsewhere_keep_the_fingerprint(tm
 
 def test_other_chat_content_model_config_or_weights_change_it(tmp_path, model_dir):
     chats = _chats(tmp_path / "chats.jsonl")
-    base = fingerprint_inputs(dataset_recipe(_cfg(tmp_path, chats), str(model_dir)))
+    base = fingerprint_inputs(dataset_identity(_cfg(tmp_path, chats), str(model_dir)))
     _chats(chats, answer="ANSWER")  # same size, new bytes (and mtime): the cached hash is not reused
-    assert _changed(base, fingerprint_inputs(dataset_recipe(_cfg(tmp_path, chats), str(model_dir)))) == [
+    assert _changed(base, fingerprint_inputs(dataset_identity(_cfg(tmp_path, chats), str(model_dir)))) == [
         "data.content_sha"
     ]
 
     _chats(chats)
-    assert fingerprint_inputs(dataset_recipe(_cfg(tmp_path, chats), str(model_dir))) == base
+    assert fingerprint_inputs(dataset_identity(_cfg(tmp_path, chats), str(model_dir))) == base
     other = shutil.copytree(model_dir, tmp_path / "other")
     config = json.loads((other / "config.json").read_text())
     (other / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-5 * 2}))
-    assert _changed(base, fingerprint_inputs(dataset_recipe(_cfg(tmp_path, chats), str(other)))) == ["model.config_sha"]
+    assert _changed(base, fingerprint_inputs(dataset_identity(_cfg(tmp_path, chats), str(other)))) == [
+        "model.config_sha"
+    ]
 
     from safetensors.torch import load_file, save_file
 
@@ -128,7 +130,7 @@ def test_other_chat_content_model_config_or_weights_change_it(tmp_path, model_di
     weights = load_file(str(other / "model.safetensors"))
     weights = {k: v + 1 if "embed_tokens" in k else v for k, v in weights.items()}  # a fine-tune of the embeddings
     save_file(weights, str(other / "model.safetensors"), metadata={"format": "pt"})
-    assert _changed(base, fingerprint_inputs(dataset_recipe(_cfg(tmp_path, chats), str(other)))) == ["model.weights"]
+    assert _changed(base, fingerprint_inputs(dataset_identity(_cfg(tmp_path, chats), str(other)))) == ["model.weights"]
 
 
 def test_content_hashes_are_cached_by_path_size_and_mtime(tmp_path):
@@ -199,15 +201,15 @@ def test_regenerated_dataset_records_its_engine_and_travels(tmp_path, model_dir,
             "train", TINY + ["data=jsonl", f"data.path={chats}", *regen, f"paths.data_dir={data_dir}", *more]
         )
 
-    assert locate_dataset(dataset_recipe(train_cfg("data.regen_backend=vllm"), str(model_dir))) == (ds_dir, None)
+    assert locate_dataset(dataset_identity(train_cfg("data.regen_backend=vllm"), str(model_dir))) == (ds_dir, None)
     hidden = chats.rename(tmp_path / "not-here.jsonl")
-    found, note = locate_dataset(dataset_recipe(train_cfg(), str(model_dir)))
+    found, note = locate_dataset(dataset_identity(train_cfg(), str(model_dir)))
     assert found == ds_dir and "chat data is not here to hash" in note and "matches the rest" in note
     hidden.rename(chats)
 
     moved = Path(shutil.move(str(ds_dir), tmp_path / "elsewhere" / "my_dataset"))
     with pytest.raises(DatasetNotFound, match="pass dataset_dir="):
-        locate_dataset(dataset_recipe(train_cfg(), str(model_dir)))
+        locate_dataset(dataset_identity(train_cfg(), str(model_dir)))
     capsys.readouterr()
     assert find_dataset(train_cfg(f"dataset_dir={moved}"), str(model_dir)) == moved.resolve()
     assert f"dataset {moved.resolve()}: answers regenerated by hf" in capsys.readouterr().out
@@ -233,8 +235,8 @@ def test_first_scheme_datasets_are_found_where_written_and_named_elsewhere(tmp_p
 
     chats = _chats(tmp_path / "chats.jsonl")
     cfg = _cfg(tmp_path, chats)
-    old_dir = legacy_dataset_path(dataset_recipe(cfg, str(model_dir)))
-    inputs = legacy_fingerprint_inputs(dataset_recipe(cfg, str(model_dir)))
+    old_dir = legacy_dataset_path(dataset_identity(cfg, str(model_dir)))
+    inputs = legacy_fingerprint_inputs(dataset_identity(cfg, str(model_dir)))
     assert old_dir.name.endswith(dataset_fingerprint(inputs)) and inputs["model"]["dir"] == model_dir.name
     old_dir.mkdir(parents=True)
     Manifest(
@@ -245,7 +247,7 @@ def test_first_scheme_datasets_are_found_where_written_and_named_elsewhere(tmp_p
         dtype="bfloat16",
         complete=True,
     ).write(old_dir)
-    found, note = locate_dataset(dataset_recipe(cfg, str(model_dir)))
+    found, note = locate_dataset(dataset_identity(cfg, str(model_dir)))
     assert found == old_dir and "first fingerprint scheme" in note
     assert extract(cfg) == str(old_dir)  # extract.py sees it complete too: nothing to capture again
     assert "already complete" in capsys.readouterr().err
@@ -253,7 +255,7 @@ def test_first_scheme_datasets_are_found_where_written_and_named_elsewhere(tmp_p
     # the model moved: the first scheme's name no longer matches, and the error names that dataset
     moved_model = shutil.copytree(model_dir, tmp_path / "models" / "moved")
     with pytest.raises(DatasetNotFound) as err:
-        locate_dataset(dataset_recipe(cfg, str(moved_model)))
+        locate_dataset(dataset_identity(cfg, str(moved_model)))
     msg = str(err.value)
     assert f"{old_dir}: named by the first fingerprint scheme" in msg and "model.dir" in msg
     assert f"use it with dataset_dir={old_dir}" in msg
@@ -264,13 +266,13 @@ def test_one_answer_per_conversation_keeps_the_fingerprint_more_answers_change_i
     existed, so its fingerprint (and the dataset it finds) is unchanged; 3 answers are other data."""
     chats = _chats(tmp_path / "chats.jsonl")
     regen = ["data.regenerate=true", "data.regen_temperature=0.7"]
-    one = fingerprint_inputs(dataset_recipe(_cfg(tmp_path, chats, *regen), str(model_dir)))
+    one = fingerprint_inputs(dataset_identity(_cfg(tmp_path, chats, *regen), str(model_dir)))
     assert "regen_num_answers" not in one["data"]
     three = fingerprint_inputs(
-        dataset_recipe(_cfg(tmp_path, chats, *regen, "data.regen_num_answers=3"), str(model_dir))
+        dataset_identity(_cfg(tmp_path, chats, *regen, "data.regen_num_answers=3"), str(model_dir))
     )
     assert _changed(one, three) == ["data.regen_num_answers"] and three["data"]["regen_num_answers"] == 3
-    legacy = legacy_fingerprint_inputs(dataset_recipe(_cfg(tmp_path, chats, *regen), str(model_dir)))
+    legacy = legacy_fingerprint_inputs(dataset_identity(_cfg(tmp_path, chats, *regen), str(model_dir)))
     assert "regen_num_answers" not in legacy["data"]
 
 

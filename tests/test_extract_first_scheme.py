@@ -11,7 +11,7 @@ from fault_helpers import ARGS
 
 from eagle3.extraction.identity import legacy_dataset_path, legacy_fingerprint_inputs
 from eagle3.stages.extract import run as extract
-from eagle3.stages.recipes import dataset_recipe
+from eagle3.stages.narrow import dataset_identity
 from eagle3.store import FingerprintMismatchError, Manifest, dataset_fingerprint
 from eagle3.store.fingerprint import canonical
 from eagle3.target_model.resolve import resolve_target
@@ -19,12 +19,12 @@ from eagle3.target_model.resolve import resolve_target
 
 def test_a_damaged_first_scheme_dataset_is_refused_without_a_repairing_line(tmp_path, capsys):
     cfg = compose("extract", ARGS + [f"paths.data_dir={tmp_path / 'data'}"])
-    recipe = dataset_recipe(cfg, resolve_target(cfg.model, cfg.paths.cache_dir))
+    identity = dataset_identity(cfg, resolve_target(cfg.model, cfg.paths.cache_dir))
     ds = Path(extract(cfg))
-    old = legacy_dataset_path(recipe)  # the same dataset as the first scheme named and recorded it
+    old = legacy_dataset_path(identity)  # the same dataset as the first scheme named and recorded it
     ds.rename(old)
     m = Manifest.read(old)
-    inputs = legacy_fingerprint_inputs(recipe)
+    inputs = legacy_fingerprint_inputs(identity)
     m.fingerprint, m.fingerprint_inputs = dataset_fingerprint(inputs), canonical(inputs)
     m.write(old)
     shard = old / m.shards[0].file

@@ -21,7 +21,7 @@ from fault_helpers import ARGS
 
 from eagle3.extraction.identity import dataset_path
 from eagle3.stages.extract import run as extract
-from eagle3.stages.recipes import dataset_recipe
+from eagle3.stages.narrow import dataset_identity
 from eagle3.stages.train import run as train
 from eagle3.store.layout import LOCK
 from eagle3.target_model.resolve import resolve_target
@@ -31,7 +31,7 @@ from eagle3.util.locks import DirLock, LockHeldError
 
 def test_a_second_extraction_of_the_same_dataset_is_refused(tmp_path):
     cfg = compose("extract", ARGS + [f"paths.data_dir={tmp_path}"])
-    ds = dataset_path(dataset_recipe(cfg, resolve_target(cfg.model, cfg.paths.cache_dir)))
+    ds = dataset_path(dataset_identity(cfg, resolve_target(cfg.model, cfg.paths.cache_dir)))
     holder = _holder(ds / LOCK, "hold", 60)  # another process is the first extraction
     try:
         pid = int(holder.stdout.readline())
@@ -207,17 +207,17 @@ def test_the_vocabulary_and_merge_waits_give_up_naming_the_holder(tmp_path, monk
 def test_the_online_pre_pass_wait_gives_up_naming_the_holder(tmp_path, monkeypatch):
     from eagle3.extraction.identity import token_dataset_path, token_fingerprint_inputs
     from eagle3.extraction.tokens import prepare_token_dataset
-    from eagle3.stages.recipes import regen_machine
+    from eagle3.stages.narrow import regen_machine
 
     cfg = compose("train", ARGS + [f"paths.data_dir={tmp_path}", "train.hidden_states=online"])
-    recipe = dataset_recipe(cfg, resolve_target(cfg.model, cfg.paths.cache_dir))
-    ds = token_dataset_path(recipe, token_fingerprint_inputs(recipe))
+    identity = dataset_identity(cfg, resolve_target(cfg.model, cfg.paths.cache_dir))
+    ds = token_dataset_path(identity, token_fingerprint_inputs(identity))
     monkeypatch.setenv("EAGLE3_LOCK_WAIT_S", "1")
     proc = _holder(ds / LOCK, "hold", 60)  # rank 0 writing the token dataset
     try:
         pid = int(proc.stdout.readline())
         with _at_most(60), pytest.raises(LockHeldError, match=f"online dataset is being written: .* held by pid {pid}"):
-            prepare_token_dataset(recipe, regen_machine(cfg), cfg.head.draft_vocab_size)
+            prepare_token_dataset(identity, regen_machine(cfg), cfg.head.draft_vocab_size)
     finally:
         proc.kill()
         proc.wait(30)

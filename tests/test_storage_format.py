@@ -180,11 +180,11 @@ def tiny_data(tmp_path_factory) -> Path:
 
 def _recipe(data_dir: Path, storage: str):
     from eagle3.config.schema import run_config
-    from eagle3.stages.recipes import dataset_recipe
+    from eagle3.stages.narrow import dataset_identity
     from eagle3.target_model.resolve import resolve_target
 
     run = run_config(compose("extract", TINY + [f"paths.data_dir={data_dir}", f"capture.storage={storage}"]))
-    return dataset_recipe(run, resolve_target(run.model, run.paths.cache_dir))
+    return dataset_identity(run, resolve_target(run.model, run.paths.cache_dir))
 
 
 def test_the_fingerprint_carries_a_format_other_than_exact(tiny_data):
@@ -195,8 +195,8 @@ def test_the_fingerprint_carries_a_format_other_than_exact(tiny_data):
     assert fingerprint_inputs(fp8)["storage"] == "fp8"
     assert dataset_path(exact) != dataset_path(fp8)
     assert token_fingerprint_inputs(exact) == token_fingerprint_inputs(fp8)  # online stores no states
-    for recipe, storage in ((exact, "exact"), (fp8, "fp8")):
-        m = json.loads((dataset_path(recipe) / "manifest.json").read_text())
+    for identity, storage in ((exact, "exact"), (fp8, "fp8")):
+        m = json.loads((dataset_path(identity) / "manifest.json").read_text())
         assert m["storage"] == storage and m["complete"]
 
 

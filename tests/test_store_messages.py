@@ -14,7 +14,7 @@ from fault_helpers import ARGS, assert_same_dataset
 
 from eagle3.extraction.identity import legacy_dataset_path, legacy_fingerprint_inputs
 from eagle3.stages.extract import run as extract
-from eagle3.stages.recipes import dataset_recipe
+from eagle3.stages.narrow import dataset_identity
 from eagle3.store import FingerprintMismatchError, Manifest, StoreError, dataset_fingerprint
 from eagle3.store.fingerprint import canonical
 from eagle3.target_model.resolve import resolve_target
@@ -45,13 +45,13 @@ def test_a_corrupt_manifest_says_delete_only_it_and_doing_so_adopts_every_shard(
 
 def test_a_damaged_first_scheme_dataset_is_refused_as_such_and_the_advice_works(tmp_path):
     cfg = compose("extract", ARGS + [f"paths.data_dir={tmp_path / 'data'}"])
-    recipe = dataset_recipe(cfg, resolve_target(cfg.model, cfg.paths.cache_dir))
+    identity = dataset_identity(cfg, resolve_target(cfg.model, cfg.paths.cache_dir))
     ds = Path(extract(cfg))
     # the same dataset as the first fingerprint scheme named and recorded it
-    old = legacy_dataset_path(recipe)
+    old = legacy_dataset_path(identity)
     ds.rename(old)
     m = Manifest.read(old)
-    inputs = legacy_fingerprint_inputs(recipe)
+    inputs = legacy_fingerprint_inputs(identity)
     m.fingerprint, m.fingerprint_inputs = dataset_fingerprint(inputs), canonical(inputs)
     m.write(old)
     shard = old / m.shards[0].file

@@ -15,7 +15,7 @@ from conftest import ROOT, compose
 from eagle3.config.schema import run_config
 from eagle3.extraction.identity import dataset_path
 from eagle3.planning import time_budget
-from eagle3.stages.recipes import dataset_recipe
+from eagle3.stages.narrow import dataset_identity
 from eagle3.store import Manifest
 
 
@@ -96,10 +96,10 @@ def test_both_stages_size_the_same_dataset(smollm2_dir):
             run_config(compose(stage, ["experiment=demo_cpu", "time_budget.minutes=20", "data.max_samples=null"]))
         )
         assert shares is not None and cfg.data.max_samples == shares.conversations
-        names.append(dataset_path(dataset_recipe(cfg, str(smollm2_dir))).name)
+        names.append(dataset_path(dataset_identity(cfg, str(smollm2_dir))).name)
     assert names[0] == names[1]
     plain = run_config(compose("train", ["experiment=demo_cpu", "time_budget.minutes=null", "data.max_samples=800"]))
-    assert dataset_path(dataset_recipe(plain, str(smollm2_dir))).name != names[0]
+    assert dataset_path(dataset_identity(plain, str(smollm2_dir))).name != names[0]
 
 
 def test_training_gets_what_the_extraction_and_the_end_leave():

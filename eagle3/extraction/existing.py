@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 
 from eagle3.config.schema import VerifyMode
-from eagle3.extraction.identity import DatasetRecipe, legacy_dataset_path, regen_note
+from eagle3.extraction.identity import DatasetIdentity, legacy_dataset_path, regen_note
 from eagle3.store import Manifest
 from eagle3.store.merge import part_dir
 from eagle3.store.reader import damaged_shards
@@ -48,7 +48,7 @@ class FoundDataset:
 
 
 def find_existing_dataset(
-    recipe: DatasetRecipe, ds_dir: Path, num_shards: int, shard_index: int, verify: str
+    identity: DatasetIdentity, ds_dir: Path, num_shards: int, shard_index: int, verify: str
 ) -> FoundDataset:
     """This config's dataset at ``ds_dir`` (its fingerprint's name) or the first scheme's name;
     this node's part when ``num_shards`` > 1 and no complete dataset is there. Its shards are
@@ -56,7 +56,7 @@ def find_existing_dataset(
     the first scheme: the store refuses to write into that one, and its refusal says what to do."""
     done = Manifest.read_complete(ds_dir)
     first_scheme = False
-    if done is None and Manifest.read_complete(old := legacy_dataset_path(recipe)) is not None:
+    if done is None and Manifest.read_complete(old := legacy_dataset_path(identity)) is not None:
         # this config's dataset, named by the first scheme
         ds_dir, done, first_scheme = old, Manifest.read_complete(old), True
     if num_shards > 1 and done is None:

@@ -53,11 +53,11 @@ class DatasetNotFound(FileNotFoundError):
 
 
 @dataclass(frozen=True)
-class DatasetRecipe:
+class DatasetIdentity:
     """What a dataset is made of, and where datasets live: the target (its config group and the
     directory its weights were materialised in), the chat data and its settings, the captured
     layer ids and dtype; ``data_dir`` holds the datasets, ``cache_dir`` the content-hash cache.
-    The stages build it from the whole config (eagle3/stages/recipes.py)."""
+    The stages build it from the whole config (eagle3/stages/narrow.py)."""
 
     model: ModelConfig
     model_dir: str
@@ -67,7 +67,7 @@ class DatasetRecipe:
     data_dir: str
     cache_dir: str
     # data fields named otherwise than by their value, where the stages sized the data (a time
-    # budget: by the budget asked, not the count planned from rates; eagle3/stages/recipes.py)
+    # budget: by the budget asked, not the count planned from rates; eagle3/stages/narrow.py)
     named_by: dict[str, Any] | None = None
     storage: str = EXACT  # capture.storage: how the shards hold the states (eagle3/store/storage_format.py)
 
@@ -134,12 +134,12 @@ def chat_identity(source: str, path: str | None, cache: ContentShaCache) -> dict
     return {"file_name": file.name, "content_sha": sha}
 
 
-def fingerprint_inputs(recipe: DatasetRecipe, *, chat_content: bool = True) -> dict[str, Any]:
+def fingerprint_inputs(identity: DatasetIdentity, *, chat_content: bool = True) -> dict[str, Any]:
     """Everything that changes the stored bytes, and nothing that does not (batch sizes,
     engines and topology give the same hidden states within tolerance). ``chat_content=False``:
     the chat file is not hashed (its two fields are None), for a lookup without it."""
-    cache = content_cache(recipe.cache_dir)
-    data: dict[str, Any] = plain(recipe.data)
+    cache = content_cache(identity.cache_dir)
+    data: dict[str, Any] = plain(identity.data)
     source, path = data["source"], data.get("path")
     for key in ("name", "path", "max_bad_fraction", *_REGEN_HOW):  # the name is in the directory's prefix, for people
         data.pop(key, None)
@@ -156,17 +156,17 @@ def fingerprint_inputs(recipe: DatasetRecipe, *, chat_content: bool = True) -> d
         if source != "hf":
             data = {k: v for k, v in data.items() if k not in HF_FIELDS}
         data.update(chat_identity(source, path, cache) if chat_content else dict.fromkeys(_CHAT_LOCATION))
-    data.update(recipe.named_by or {})
+    data.update(identity.named_by or {})
     return {
         "schema_version": FINGERPRINT_VERSION,
         "model": {
-            "num_layers": recipe.model.num_layers,
-            "hidden_size": recipe.model.hidden_size,
-            **model_identity(recipe.model_dir, cache, regenerate=regenerate),
+            "num_layers": identity.model.num_layers,
+            "hidden_size": identity.model.hidden_size,
+            **model_identity(identity.model_dir, cache, regenerate=regenerate),
         },
         "data": data,
-        **_capture_and_tokenizer(recipe),
-        **({} if recipe.storage == EXACT else {"storage": recipe.storage}),
+        **_capture_and_tokenizer(identity),
+        **({} if identity.storage == EXACT else {"storage": identity.storage}),
     }
 
 
@@ -186,47 +186,47 @@ def _mixture_source_identity(entry: dict[str, Any], cache: ContentShaCache, chat
     return {**out, **located}
 
 
-def _capture_and_tokenizer(recipe: DatasetRecipe) -> dict[str, Any]:
+def _capture_and_tokenizer(identity: DatasetIdentity) -> dict[str, Any]:
     """The inputs both schemes share: layers, dtype, tokenizer files, a chat template override."""
-    d, template = Path(recipe.model_dir), recipe.model.chat_template
+    d, template = Path(identity.model_dir), identity.model.chat_template
     return {
-        "layer_ids": [int(i) for i in recipe.layer_ids],
-        "capture_dtype": recipe.capture_dtype,
+        "layer_ids": [int(i) for i in identity.layer_ids],
+        "capture_dtype": identity.capture_dtype,
         "tokenizer": {f: file_short_sha(d / f) for f in _TOKENIZER_FILES if (d / f).is_file()},
         "chat_template_override": short_sha(template.encode()) if template else None,
     }
 
 
-def dataset_path(recipe: DatasetRecipe) -> Path:
-    inputs = fingerprint_inputs(recipe)
-    return dataset_dir(recipe.data_dir, recipe.prefix, dataset_fingerprint(inputs))
+def dataset_path(identity: DatasetIdentity) -> Path:
+    inputs = fingerprint_inputs(identity)
+    return dataset_dir(identity.data_dir, identity.prefix, dataset_fingerprint(inputs))
 
 
-def token_fingerprint_inputs(recipe: DatasetRecipe) -> dict[str, Any]:
+def token_fingerprint_inputs(identity: DatasetIdentity) -> dict[str, Any]:
     """An online dataset's identity: the stored dataset's inputs (the same samples, layers and
     dtype the trainer will capture), marked as holding token ids only."""
-    stored = fingerprint_inputs(recipe)
+    stored = fingerprint_inputs(identity)
     stored.pop("storage", None)  # the trainer computes the states: no storage format
     return {**stored, "hidden_states": "online"}
 
 
-def token_dataset_path(recipe: DatasetRecipe, inputs: dict[str, Any]) -> Path:
+def token_dataset_path(identity: DatasetIdentity, inputs: dict[str, Any]) -> Path:
     """Where the online dataset with these inputs (``token_fingerprint_inputs``) lives: beside the
     stored ones, "-tokens" in its name."""
-    return dataset_dir(recipe.data_dir, f"{recipe.prefix}-tokens", dataset_fingerprint(inputs))
+    return dataset_dir(identity.data_dir, f"{identity.prefix}-tokens", dataset_fingerprint(inputs))
 
 
-def provenance(recipe: DatasetRecipe, regen_engine: str | None) -> dict[str, Any]:
+def provenance(identity: DatasetIdentity, regen_engine: str | None) -> dict[str, Any]:
     """What the manifest records beside the fingerprint: the engine that wrote the answers
     (None: the chat data's own), and where the chat data and the model were read from."""
-    path = recipe.data.path
-    model = Path(recipe.model_dir)
+    path = identity.data.path
+    model = Path(identity.model_dir)
     out: dict[str, Any] = {
         "regen_engine": regen_engine,
-        "model_dir": str(model.resolve()) if model.is_dir() else recipe.model_dir,
+        "model_dir": str(model.resolve()) if model.is_dir() else identity.model_dir,
         "data_path": str(Path(path).expanduser().resolve()) if path else None,
     }
-    mixture = plain(recipe.data).get("mixture")
+    mixture = plain(identity.data).get("mixture")
     if mixture:  # each source's file (the counts per source come with the samples: mixture_counts)
         out["data_path"] = None
         out["mixture_paths"] = {
@@ -290,13 +290,13 @@ def regen_note(manifest: Manifest) -> str:
     return (f"answers regenerated by {engine}" if engine else "answers as in the chat data") + captured
 
 
-def legacy_fingerprint_inputs(recipe: DatasetRecipe) -> dict[str, Any]:
+def legacy_fingerprint_inputs(identity: DatasetIdentity) -> dict[str, Any]:
     """The first scheme's inputs (model directory name, chat path and resolved engine in them),
     to find datasets it named."""
     from eagle3.target_model.generate.common import resolve_backend
 
-    d = Path(recipe.model_dir)
-    data: dict[str, Any] = plain(recipe.data)
+    d = Path(identity.model_dir)
+    data: dict[str, Any] = plain(identity.data)
     data.pop("mixture", None)  # the first scheme predates mixtures (and found none)
     for key in ("regen_batch_size", "regen_static_cache", *HF_FIELDS):
         data.pop(key, None)
@@ -310,19 +310,19 @@ def legacy_fingerprint_inputs(recipe: DatasetRecipe) -> dict[str, Any]:
     return {
         "schema_version": LEGACY_VERSION,
         "model": {
-            "name": recipe.model.name,
+            "name": identity.model.name,
             "dir": d.name,
             "config_sha": file_short_sha(d / "config.json"),
-            "num_layers": recipe.model.num_layers,
-            "hidden_size": recipe.model.hidden_size,
+            "num_layers": identity.model.num_layers,
+            "hidden_size": identity.model.hidden_size,
         },
         "data": data,
-        **_capture_and_tokenizer(recipe),
+        **_capture_and_tokenizer(identity),
     }
 
 
-def legacy_dataset_path(recipe: DatasetRecipe) -> Path:
-    return dataset_dir(recipe.data_dir, recipe.prefix, dataset_fingerprint(legacy_fingerprint_inputs(recipe)))
+def legacy_dataset_path(identity: DatasetIdentity) -> Path:
+    return dataset_dir(identity.data_dir, identity.prefix, dataset_fingerprint(legacy_fingerprint_inputs(identity)))
 
 
 def _diff(theirs: Any, ours: Any, where: str = "") -> list[str]:
@@ -335,11 +335,11 @@ def _diff(theirs: Any, ours: Any, where: str = "") -> list[str]:
     return [] if theirs == ours else [where]
 
 
-def _neighbours(recipe: DatasetRecipe, ours: dict[str, Any]) -> list[tuple[Path, list[str], bool]]:
+def _neighbours(identity: DatasetIdentity, ours: dict[str, Any]) -> list[tuple[Path, list[str], bool]]:
     """(directory, keys that differ from this config, made by the first scheme) of every
     dataset of this model and data preset under paths.data_dir, closest first."""
-    root = Path(recipe.data_dir)
-    named = dataset_dir(root, recipe.prefix, "0" * 16).name.removesuffix("-" + "0" * 16)
+    root = Path(identity.data_dir)
+    named = dataset_dir(root, identity.prefix, "0" * 16).name.removesuffix("-" + "0" * 16)
     legacy: dict | None = None
     found = []
     for manifest in sorted(root.glob(f"{named}-*/{MANIFEST}")):
@@ -351,28 +351,28 @@ def _neighbours(recipe: DatasetRecipe, ours: dict[str, Any]) -> list[tuple[Path,
             continue
         old = theirs.get("schema_version") == LEGACY_VERSION
         if old and legacy is None:
-            legacy = legacy_fingerprint_inputs(recipe)
+            legacy = legacy_fingerprint_inputs(identity)
         found.append((manifest.parent, _diff(theirs, legacy if old else ours), old))
     return sorted(found, key=lambda f: len(f[1]))
 
 
-def locate_dataset(recipe: DatasetRecipe) -> tuple[Path, str | None]:
+def locate_dataset(identity: DatasetIdentity) -> tuple[Path, str | None]:
     """The dataset of this config under paths.data_dir, and a note on how it was found (None:
     by its fingerprint). Then by the first scheme's fingerprint; without the chat data at hand,
     the one dataset that matches all else. Otherwise DatasetNotFound names the datasets of
     this model and data that are there, what differs, and dataset_dir=."""
     missing: DataError | None = None
     try:
-        ours = fingerprint_inputs(recipe)
+        ours = fingerprint_inputs(identity)
     except DataError as err:  # the chat data is not on this machine: it cannot be hashed
-        missing, ours = err, fingerprint_inputs(recipe, chat_content=False)
-    where = dataset_dir(recipe.data_dir, recipe.prefix, dataset_fingerprint(ours))
+        missing, ours = err, fingerprint_inputs(identity, chat_content=False)
+    where = dataset_dir(identity.data_dir, identity.prefix, dataset_fingerprint(ours))
     if missing is None and (where / MANIFEST).is_file():
         return where, None
-    old = legacy_dataset_path(recipe)  # needs no chat content: the first scheme named its path
-    if recipe.storage == EXACT and (old / MANIFEST).is_file():  # the first scheme stored states exact
+    old = legacy_dataset_path(identity)  # needs no chat content: the first scheme named its path
+    if identity.storage == EXACT and (old / MANIFEST).is_file():  # the first scheme stored states exact
         return old, f"found by the first fingerprint scheme (model directory name and chat file path in it): {old}"
-    near = _neighbours(recipe, ours)
+    near = _neighbours(identity, ours)
     if missing is not None:
         alike = [d for d, diff, legacy in near if not legacy and all(k.split(".")[-1] in _CHAT_LOCATION for k in diff)]
         if len(alike) == 1:
@@ -382,7 +382,7 @@ def locate_dataset(recipe: DatasetRecipe) -> tuple[Path, str | None]:
     lines = [
         f"no dataset for this config at {where}"
         if missing is None
-        else f"no dataset for this config under {recipe.data_dir} (the chat data could not be hashed: {missing})"
+        else f"no dataset for this config under {identity.data_dir} (the chat data could not be hashed: {missing})"
     ]
     for d, diff, legacy in near[:5]:
         if legacy:

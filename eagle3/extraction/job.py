@@ -12,17 +12,17 @@ import torch
 
 from eagle3.config.schema import CaptureConfig, TopologyConfig
 from eagle3.extraction.existing import FoundDataset
-from eagle3.extraction.identity import DatasetRecipe
+from eagle3.extraction.identity import DatasetIdentity
 from eagle3.extraction.samples import RegenMachine
 from eagle3.util.clock import Deadline, StageClock
 
 
 @dataclass(frozen=True)
 class ExtractionJob:
-    """The dataset to write: its recipe and fingerprint inputs, what was found where it lives,
+    """The dataset to write: its identity and fingerprint inputs, what was found where it lives,
     and this process's part (``shard_index`` of ``num_shards``) of a multi-node extraction."""
 
-    recipe: DatasetRecipe
+    identity: DatasetIdentity
     inputs: dict[str, Any]
     found: FoundDataset
     num_shards: int = 1

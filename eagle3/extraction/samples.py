@@ -13,7 +13,7 @@ from eagle3.config.schema import DataConfig, plain
 from eagle3.data.hf_source import HFOptions
 from eagle3.data.mixture import Mixture
 from eagle3.data.pipeline import PreparedData, prepare_samples
-from eagle3.extraction.identity import DatasetRecipe
+from eagle3.extraction.identity import DatasetIdentity
 from eagle3.util.clock import Deadline
 
 console = Console(stderr=True)
@@ -29,17 +29,17 @@ class RegenMachine:
     tensor_parallel_size: int
 
 
-def regenerator_for(recipe: DatasetRecipe, machine: RegenMachine) -> Any:
+def regenerator_for(identity: DatasetIdentity, machine: RegenMachine) -> Any:
     """The target answers the user turns itself (data.regenerate=true): vLLM or transformers."""
-    data, model = recipe.data, recipe.model
+    data, model = identity.data, identity.model
     if not data.regenerate:
         return None
     from eagle3.target_model.generate.dispatch import make_regenerator
 
     return make_regenerator(
         data.regen_backend,
-        recipe.model_dir,
-        recipe.cache_dir,
+        identity.model_dir,
+        identity.cache_dir,
         temperature=data.regen_temperature,
         num_answers=data.regen_num_answers,
         max_tokens=data.regen_max_tokens,

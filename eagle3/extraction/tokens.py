@@ -10,7 +10,7 @@ from rich.console import Console
 
 from eagle3.data.vocab import build_draft_vocab, token_frequencies
 from eagle3.extraction.identity import (
-    DatasetRecipe,
+    DatasetIdentity,
     budget_cut,
     mixture_counts,
     provenance,
@@ -28,25 +28,25 @@ console = Console(stderr=True)
 
 
 def prepare_token_dataset(
-    recipe: DatasetRecipe,
+    identity: DatasetIdentity,
     machine: RegenMachine,
     draft_vocab_size: int,
     clock: StageClock | None = None,
     regen_deadline: Deadline | None = None,
 ) -> Path:
-    """The online dataset of this recipe: found complete, or written now (a few seconds per
+    """The online dataset of this identity: found complete, or written now (a few seconds per
     thousand samples without regeneration), with a draft vocabulary of ``draft_vocab_size``
     (at most the target's). ``clock``: the calling stage's (its seconds are recorded; default:
     from this call); ``regen_deadline``: a time budget's end of regeneration. Returns its directory."""
     clock = clock or StageClock()
-    inputs = token_fingerprint_inputs(recipe)  # hashes the model and chat data: once
-    ds_dir = token_dataset_path(recipe, inputs)
+    inputs = token_fingerprint_inputs(identity)  # hashes the model and chat data: once
+    ds_dir = token_dataset_path(identity, inputs)
     if Manifest.read_complete(ds_dir) is None:
         # one writer; the others (DDP ranks started together) wait for it and then read its dataset
         ds_dir.mkdir(parents=True, exist_ok=True)
         with DirLock(ds_dir / LOCK, f"{ds_dir}: the online dataset is being written", wait_s=lock_wait_s()) as lock:
             if Manifest.read_complete(ds_dir) is None:
-                _write(recipe, machine, draft_vocab_size, ds_dir, inputs, lock, clock, regen_deadline)
+                _write(identity, machine, draft_vocab_size, ds_dir, inputs, lock, clock, regen_deadline)
                 return ds_dir
     done = Manifest.read_complete(ds_dir)
     assert done is not None  # written above, or by the rank that held the lock before
@@ -55,7 +55,7 @@ def prepare_token_dataset(
 
 
 def _write(
-    recipe: DatasetRecipe,
+    identity: DatasetIdentity,
     machine: RegenMachine,
     draft_vocab_size: int,
     ds_dir: Path,
@@ -66,18 +66,20 @@ def _write(
 ) -> None:
     from transformers import AutoTokenizer
 
-    model = recipe.model
-    tokenizer = AutoTokenizer.from_pretrained(recipe.model_dir, trust_remote_code=model.trust_remote_code)
-    regenerator = regenerator_for(recipe, machine)
+    model = identity.model
+    tokenizer = AutoTokenizer.from_pretrained(identity.model_dir, trust_remote_code=model.trust_remote_code)
+    regenerator = regenerator_for(identity, machine)
     engine = regenerator.backend if regenerator is not None else None
     data = prepare(
-        recipe.data, tokenizer, regenerator, chat_template=model.chat_template, regen_deadline=regen_deadline
+        identity.data, tokenizer, regenerator, chat_template=model.chat_template, regen_deadline=regen_deadline
     )
     samples = data.train + data.val
     cut = data.report.deadline_stop
     # a time budget that stopped regeneration early (the dataset has what was answered in time)
     rendered = len(samples)
-    cut_note = {"budget_cut": budget_cut(recipe.data.max_samples, rendered, rendered, regeneration=cut)} if cut else {}
+    cut_note = (
+        {"budget_cut": budget_cut(identity.data.max_samples, rendered, rendered, regeneration=cut)} if cut else {}
+    )
     freq = token_frequencies(samples, model.vocab_size)
     size = min(draft_vocab_size, model.vocab_size)
     manifest = write_token_dataset(
@@ -85,16 +87,16 @@ def _write(
         [(s.id, s.input_ids, s.loss_mask) for s in samples],
         val_ids=[s.id for s in data.val],
         fingerprint_inputs=inputs,
-        layer_ids=list(recipe.layer_ids),
+        layer_ids=list(identity.layer_ids),
         hidden_size=model.hidden_size,
-        dtype=torch_dtype(recipe.capture_dtype),
+        dtype=torch_dtype(identity.capture_dtype),
         token_freq=freq,
         vocabs={size: build_draft_vocab(freq, size)},
         # its wall time: what a time budget counts
         provenance={
-            **provenance(recipe, engine),
+            **provenance(identity, engine),
             **cut_note,
-            **mixture_counts(recipe.data, samples, [s.id for s in data.val]),
+            **mixture_counts(identity.data, samples, [s.id for s in data.val]),
             "extract_seconds": round(clock.seconds(), 1),
         },
         lock=lock,
@@ -103,7 +105,7 @@ def _write(
         manifest.num_tokens
         * len(manifest.layer_ids)
         * manifest.hidden_size
-        * torch_dtype(recipe.capture_dtype).itemsize
+        * torch_dtype(identity.capture_dtype).itemsize
     )
     console.print(
         f"[green]online dataset {ds_dir}: {manifest.num_samples} samples, {manifest.num_tokens} tokens "

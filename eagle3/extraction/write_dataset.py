@@ -62,17 +62,17 @@ def _render(job: ExtractionJob, setup: CaptureSetup, timing: ExtractionTiming) -
     samples it holds are answered, with no deadline."""
     from transformers import AutoTokenizer
 
-    recipe, ds_dir = job.recipe, job.found.ds_dir
-    tokenizer = AutoTokenizer.from_pretrained(recipe.model_dir, trust_remote_code=recipe.model.trust_remote_code)
+    identity, ds_dir = job.identity, job.found.ds_dir
+    tokenizer = AutoTokenizer.from_pretrained(identity.model_dir, trust_remote_code=identity.model.trust_remote_code)
     repair = Manifest.read(ds_dir) if job.repair else None
-    regenerator = regenerator_for(recipe, setup.regen)
+    regenerator = regenerator_for(identity, setup.regen)
     engine = regenerator.backend if regenerator is not None else None
     check_regen_engine(ds_dir, engine)  # before any answer is generated
     if repair is not None and regenerator is not None:
         regenerator.restrict_to(repair.sample_ids)
     regen_deadline = None if repair is not None else timing.regen_deadline
     data = prepare(
-        recipe.data, tokenizer, regenerator, chat_template=recipe.model.chat_template, regen_deadline=regen_deadline
+        identity.data, tokenizer, regenerator, chat_template=identity.model.chat_template, regen_deadline=regen_deadline
     )
     return data, engine
 
@@ -95,14 +95,14 @@ def _open_writer(job: ExtractionJob, setup: CaptureSetup, engine: str | None, lo
     found = job.found
     return ShardWriter(
         found.ds_dir,
-        layer_ids=list(job.recipe.layer_ids),
-        hidden_size=job.recipe.model.hidden_size,
+        layer_ids=list(job.identity.layer_ids),
+        hidden_size=job.identity.model.hidden_size,
         dtype=setup.dtype,
         fingerprint_inputs=job.inputs,
         shard_max_tokens=setup.capture.shard_max_tokens,
         background=True,  # shards hash+write on threads while the next batch runs
         writer_threads=setup.capture.writer_threads,
-        provenance=provenance(job.recipe, engine),
+        provenance=provenance(job.identity, engine),
         # the shards found damaged are redone; the others were just checked
         verify="fast" if found.damaged else found.verify,
         redo=[file for file, _ in found.damaged],
@@ -114,8 +114,8 @@ def _open_writer(job: ExtractionJob, setup: CaptureSetup, engine: str | None, lo
 def _disk_need(job: ExtractionJob, setup: CaptureSetup, samples: list[PreparedSample]) -> tuple[int, int]:
     """(tokens, bytes on disk) of capturing ``samples``."""
     tokens = sum(int(s.input_ids.numel()) for s in samples)
-    hidden = job.recipe.model.hidden_size
-    layers = len(job.recipe.layer_ids)
+    hidden = job.identity.model.hidden_size
+    layers = len(job.identity.layer_ids)
     shard = setup.capture.shard_max_tokens
     return tokens, disk_needed_bytes(tokens, layers, hidden, setup.dtype, len(samples), shard, setup.capture.storage)
 
@@ -135,7 +135,7 @@ def _todo(
     free = check_free_disk(ds_dir, need, setup.capture.disk_margin)
     console.print(
         f"dataset {ds_dir}\n  {len(samples)} samples ({len(done_ids)} already done), {todo_tokens} tokens to "
-        f"capture x {len(job.recipe.layer_ids)} layers x {job.recipe.model.hidden_size} x {setup.dtype} "
+        f"capture x {len(job.identity.layer_ids)} layers x {job.identity.model.hidden_size} x {setup.dtype} "
         f"(stored {setup.capture.storage}): needs "
         f"{format_bytes(need)}, free {format_bytes(free)}"
     )
@@ -150,15 +150,15 @@ def _capture(
     secs = timing.capture_estimate(todo_tokens)
     if secs is not None:
         report([f"extract: {todo_tokens:,} tokens to capture (rendered): ~{minutes(secs)}"])
-    recipe = job.recipe
+    identity = job.identity
     backend = make_backend(
         setup.capture,
         setup.topology,
-        recipe.model_dir,
-        list(recipe.layer_ids),
+        identity.model_dir,
+        list(identity.layer_ids),
         setup.dtype,
-        recipe.data.max_length,
-        trust_remote_code=recipe.model.trust_remote_code,
+        identity.data.max_length,
+        trust_remote_code=identity.model.trust_remote_code,
     )
     try:
         # every run that captures is kept (provenance.captures): a dataset resumed or repaired under
@@ -187,7 +187,7 @@ def _keep_done(
     done_ids = writer.done_ids()
     kept = [s for s in samples if s.id in done_ids]
     cut = budget_cut(
-        job.recipe.data.max_samples, len(samples), len(kept), regeneration=regeneration_cut, capture=capture_cut
+        job.identity.data.max_samples, len(samples), len(kept), regeneration=regeneration_cut, capture=capture_cut
     )
     writer.record_provenance({"budget_cut": cut})
     return kept, [i for i in val_ids if i in done_ids]
@@ -202,13 +202,13 @@ def _finish(
     val_ids: list[str],
 ) -> Manifest:
     """The token frequencies and draft vocabulary of ``samples``, and the manifest: complete."""
-    model = job.recipe.model
+    model = job.identity.model
     freq = token_frequencies(samples, model.vocab_size)
     size = min(setup.draft_vocab_size, model.vocab_size)
     # this run's wall time, added to an earlier run's (a repair): what a time budget counts
     seconds = float(writer.manifest.provenance.get("extract_seconds", 0.0)) + timing.clock.seconds()
     vocabs = {size: build_draft_vocab(freq, size)}
-    counts = mixture_counts(job.recipe.data, samples, val_ids)  # per source, of the samples kept
+    counts = mixture_counts(job.identity.data, samples, val_ids)  # per source, of the samples kept
     return writer.finish(freq, vocabs, val_ids=val_ids, provenance={"extract_seconds": round(seconds, 1), **counts})
 
 

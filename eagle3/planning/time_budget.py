@@ -271,7 +271,7 @@ def _data_cap(cfg: RunConfig) -> int | None:
 
 
 def asked(cfg: RunConfig) -> dict[str, Any] | None:
-    """What names a budgeted dataset in place of data.max_samples (eagle3/stages/recipes.py):
+    """What names a budgeted dataset in place of data.max_samples (eagle3/stages/narrow.py):
     the data preset's own cap and the budget as asked. Not the count the plan derives from the
     rates and the machine: a new rate, or another machine, would rename the dataset and train.py
     would look for one extract.py never wrote. None without a budget (data.max_samples names it)."""

@@ -25,12 +25,12 @@ from rich.console import Console
 
 from eagle3.config.schema import HiddenStates, RunConfig, run_config
 from eagle3.extraction.existing import find_existing_dataset
-from eagle3.extraction.identity import DatasetRecipe, dataset_path, fingerprint_inputs
+from eagle3.extraction.identity import DatasetIdentity, dataset_path, fingerprint_inputs
 from eagle3.extraction.job import CaptureSetup, ExtractionJob, ExtractionTiming
 from eagle3.extraction.write_dataset import extract_dataset
 from eagle3.planning import time_budget
 from eagle3.planning.cost import capture_seconds, extract_lines
-from eagle3.stages.recipes import dataset_recipe, regen_machine
+from eagle3.stages.narrow import dataset_identity, regen_machine
 from eagle3.stages.validate import config_torch_dtype, validate_run_config
 from eagle3.store.layout import LOCK
 from eagle3.store.merge import merge_parts
@@ -52,20 +52,20 @@ def run(composed: DictConfig) -> str:
     cfg, shares = time_budget.sized(run_config(composed))
     if shares is not None:
         report(shares.lines())
-    recipe = dataset_recipe(cfg, resolve_target(cfg.model, cfg.paths.cache_dir))
+    identity = dataset_identity(cfg, resolve_target(cfg.model, cfg.paths.cache_dir))
     if cfg.train.hidden_states == HiddenStates.online:
-        return _token_dataset(cfg, recipe, clock, shares)
-    inputs = fingerprint_inputs(recipe)
-    ds_dir = dataset_path(recipe)
+        return _token_dataset(cfg, identity, clock, shares)
+    inputs = fingerprint_inputs(identity)
+    ds_dir = dataset_path(identity)
     # shard_index/num_shards, or srun's task rank when it started several extract processes
     num_shards, shard_index = extraction_shard(cfg.num_shards, cfg.shard_index)
     if cfg.merge:
         return _merge(cfg, ds_dir, num_shards)
-    found = find_existing_dataset(recipe, ds_dir, num_shards, shard_index, cfg.capture.verify.value)
+    found = find_existing_dataset(identity, ds_dir, num_shards, shard_index, cfg.capture.verify.value)
     if found.complete:
         found.say_complete()
         return _said(found.ds_dir)
-    job = ExtractionJob(recipe, inputs, found, num_shards, shard_index)
+    job = ExtractionJob(identity, inputs, found, num_shards, shard_index)
     # one extraction per dataset, from here on: a second is refused at once, naming this one
     with DirLock(found.ds_dir / LOCK, f"{found.ds_dir}: another extraction is writing this dataset") as lock:
         report(extract_lines(cfg))  # what this run will cost, before any work
@@ -94,13 +94,13 @@ def _timing(cfg: RunConfig, shares: time_budget.TimeShares | None, clock: StageC
 
 
 def _token_dataset(
-    cfg: RunConfig, recipe: DatasetRecipe, clock: StageClock, shares: time_budget.TimeShares | None
+    cfg: RunConfig, identity: DatasetIdentity, clock: StageClock, shares: time_budget.TimeShares | None
 ) -> str:
     """The pre-pass of online training: samples and vocabulary, no hidden states."""
     from eagle3.extraction.tokens import prepare_token_dataset
 
     ds_dir = prepare_token_dataset(
-        recipe, regen_machine(cfg), cfg.head.draft_vocab_size, clock, time_budget.regen_deadline(shares, clock)
+        identity, regen_machine(cfg), cfg.head.draft_vocab_size, clock, time_budget.regen_deadline(shares, clock)
     )
     return _said(ds_dir)
 

@@ -23,7 +23,7 @@ from eagle3.planning.cost import train_lines
 from eagle3.serving.hub_push import HubPushError, preflight, publish_lines
 from eagle3.serving.model_card import write_card
 from eagle3.serving.training_record import machine_record, write_training_record
-from eagle3.stages.recipes import dataset_recipe
+from eagle3.stages.narrow import dataset_identity
 from eagle3.stages.train_inputs import find_dataset, find_token_dataset, online_target
 from eagle3.stages.validate import validate_run_config
 from eagle3.store import DamagedDatasetError, Manifest, format_bytes
@@ -87,7 +87,7 @@ def run(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> float:
             return _run(run_cfg, output_dir, extra_callbacks, stage)
         except DamagedDatasetError as e:
             expected = dataset_path(
-                dataset_recipe(run_cfg, resolve_target(run_cfg.model, run_cfg.paths.cache_dir))
+                dataset_identity(run_cfg, resolve_target(run_cfg.model, run_cfg.paths.cache_dir))
             ).name
             raise DamagedDatasetError(
                 e.directory,

@@ -15,7 +15,7 @@ from eagle3.extraction.identity import (
     regen_note,
     weights_mismatch,
 )
-from eagle3.stages.recipes import dataset_recipe, regen_machine
+from eagle3.stages.narrow import dataset_identity, regen_machine
 from eagle3.stages.validate import config_torch_dtype
 from eagle3.store import FingerprintMismatchError, Manifest
 from eagle3.training.online import OnlineHiddenStates
@@ -64,7 +64,7 @@ def find_token_dataset(cfg: RunConfig, model_dir: str) -> Path:
         return ds_dir
     from eagle3.extraction.tokens import prepare_token_dataset
 
-    return prepare_token_dataset(dataset_recipe(cfg, model_dir), regen_machine(cfg), cfg.head.draft_vocab_size)
+    return prepare_token_dataset(dataset_identity(cfg, model_dir), regen_machine(cfg), cfg.head.draft_vocab_size)
 
 
 def find_dataset(cfg: RunConfig, model_dir: str) -> Path:
@@ -72,7 +72,7 @@ def find_dataset(cfg: RunConfig, model_dir: str) -> Path:
     else the fingerprinted directory (eagle3.extraction.identity.locate_dataset). Prints which
     engine wrote its answers."""
     if not cfg.dataset_dir:
-        ds_dir, note = locate_dataset(dataset_recipe(cfg, model_dir))
+        ds_dir, note = locate_dataset(dataset_identity(cfg, model_dir))
         print(f"dataset {ds_dir}: {regen_note(Manifest.read(ds_dir))}" + (f" ({note})" if note else ""))
         return ds_dir
     ds_dir = Path(cfg.dataset_dir).expanduser().resolve()

@@ -1,19 +1,19 @@
-"""The whole config narrowed to what the layers below need: the dataset recipe (what a dataset is
+"""The whole config narrowed to what the layers below need: the dataset's identity (what a dataset is
 made of, so extract.py names it and train.py finds it) and the machine the target answers on."""
 
 from __future__ import annotations
 
 from eagle3.config.schema import RunConfig
-from eagle3.extraction.identity import DatasetRecipe
+from eagle3.extraction.identity import DatasetIdentity
 from eagle3.extraction.samples import RegenMachine
 from eagle3.planning import time_budget
 
 
-def dataset_recipe(cfg: RunConfig, model_dir: str) -> DatasetRecipe:
+def dataset_identity(cfg: RunConfig, model_dir: str) -> DatasetIdentity:
     """``cfg``'s dataset: its target (materialised in ``model_dir``), data, layers and dtype.
     Under a time budget the data holds the plan's count (what is rendered) but the name holds
     the budget as asked (time_budget.asked): the same name from either stage, whatever the rates."""
-    return DatasetRecipe(
+    return DatasetIdentity(
         model=cfg.model,
         model_dir=str(model_dir),
         data=cfg.data,
