@@ -27,7 +27,7 @@ from eagle3.evaluation.prompts import HELD_OUT, SOURCES, VAL, PromptSet
 from eagle3.evaluation.report import AcceptanceReport
 from eagle3.evaluation.subprocess_engine import run_engine_process
 
-# draft tokens the target may append past the answer budget in its last step
+# draft tokens the target may append past max_new_tokens in its last step
 _SPEC_SLACK = 8
 
 

@@ -1,4 +1,4 @@
-"""Length-aware packing of variable-length samples into token-budget batches.
+"""Length-aware packing of variable-length samples into batches of at most max_tokens_per_batch tokens.
 
 Samples are packed whole into one row of at most ``max_tokens`` tokens (no padding; the
 model's segment ids keep packed samples from attending to each other). The packing is

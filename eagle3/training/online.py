@@ -23,7 +23,7 @@ from eagle3.store.packing import collate_rows
 from eagle3.target_model.capture_hf import HFCaptureBackend
 from eagle3.target_model.records import CaptureError
 
-# samples per target forward: the token budget (capture.max_tokens_per_batch) is the real limit
+# samples per target forward: the token cap (capture.max_tokens_per_batch) is the real limit
 _MAX_SAMPLES_PER_FORWARD = 4096
 
 

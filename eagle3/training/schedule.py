@@ -1,6 +1,6 @@
 """Learning-rate schedule: linear warm-up, then cosine down to ``min_ratio`` of the peak.
 
-With a step budget the cosine spans the known number of steps (closed form). With a
+With a fixed number of steps the cosine spans the known number of steps (closed form). With a
 wall-clock budget (``train.max_time``) the number of steps is not known in advance, and a
 cosine sized for ``max_steps`` stops wherever the clock runs out, often early in its decay,
 at a high learning rate: an under-trained head. So under a time budget the schedule keeps

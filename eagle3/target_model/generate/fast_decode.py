@@ -131,11 +131,11 @@ def _prefill(model, shape: _Shape, prompts: list[list[int]], width: int, caches,
     return model.lm_head(model.model.norm(last))[:, 0].float()
 
 
-def _chunks(lengths: list[int], budget: int) -> list[slice]:
-    """Consecutive row ranges whose rows x longest prompt stays within ``budget`` tokens."""
+def _chunks(lengths: list[int], max_tokens: int) -> list[slice]:
+    """Consecutive row ranges whose rows x longest prompt stays within ``max_tokens``."""
     out, first, longest = [], 0, 0
     for row, n in enumerate(lengths):
-        if row > first and (row - first + 1) * max(longest, n) > budget:
+        if row > first and (row - first + 1) * max(longest, n) > max_tokens:
             out.append(slice(first, row))
             first, longest = row, 0
         longest = max(longest, n)
