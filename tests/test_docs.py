@@ -122,9 +122,14 @@ def _compose(entry: str, overrides: list[str]):
         cfg = compose(config_name=entry, overrides=overrides, return_hydra_config=True)
     from hydra.core.hydra_config import HydraConfig
 
-    HydraConfig.instance().set_config(cfg)  # ${hydra:...} resolves as in a run
-    job = {k: cfg[k] for k in cfg if k != "hydra"}
-    return OmegaConf.to_container(OmegaConf.create(job), resolve=True)  # --cfg job --resolve
+    hydra_config = HydraConfig.instance()
+    before = hydra_config.cfg
+    hydra_config.set_config(cfg)  # ${hydra:...} resolves as in a run
+    try:
+        job = {k: cfg[k] for k in cfg if k != "hydra"}
+        return OmegaConf.to_container(OmegaConf.create(job), resolve=True)  # --cfg job --resolve
+    finally:
+        hydra_config.cfg = before  # later tests read the run's choices from it (W&B tags): leave none behind
 
 
 @pytest.fixture(scope="module")

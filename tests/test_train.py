@@ -97,7 +97,7 @@ def test_norm_options_and_a_divergence_loss_train_export_and_reload(data_dir, tm
     from eagle3.evaluation.diagnostics.head_replay import load_exported_head
 
     norms = {"fc_norm": True, "norm_output": True, "norm_before_residual": True}
-    _train(data_dir, tmp_path, [f"train.{k}=true" for k in norms] + ["train.loss=jsd"])
+    _train(data_dir, tmp_path, [f"head.{k}=true" for k in norms] + ["train.loss=jsd"])
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert 0.0 < summary["final"]["val/loss_k0"] < 0.7 and summary["final"]["val/loss"] < summary["initial"]["val/loss"]
     export = Path(summary["export_dir"])
