@@ -16,6 +16,7 @@ import pytest
 from conftest import ROOT, compose
 
 from eagle3.config.schema import run_config
+from eagle3.data.conversation import conversation_of
 from eagle3.data.loaders import LoadReport
 from eagle3.data.mixture import Mixture, source_of
 from eagle3.extraction.identity import fingerprint_inputs
@@ -129,7 +130,7 @@ def test_the_mixture_names_the_dataset(tmp_path, model_dir):
     assert "mixture" not in plain["data"]
 
 
-def test_extract_prints_and_records_the_counts_per_source(tmp_path):
+def test_extract_prints_and_records_the_counts_per_source(tmp_path, model_dir):
     run = subprocess.run(
         [sys.executable, "extract.py", *_mix_args(tmp_path, 1)],
         cwd=ROOT,
@@ -146,6 +147,24 @@ def test_extract_prints_and_records_the_counts_per_source(tmp_path):
     assert Counter(source_of(i) for i in manifest.sample_ids) == {k: v["samples"] for k, v in counts.items()}
     assert Counter(source_of(i) for i in manifest.val_ids) == {k: v["val"] for k, v in counts.items() if v["val"]}
     assert counts["a"]["samples"] > counts["b"]["samples"] > 0
+
+    # the dataset's validation prompts: its samples' served prompts (a mixture's self-written user
+    # turns live in no chat file), each the opening turn of the conversation its id names
+    from transformers import AutoTokenizer
+
+    from eagle3.evaluation.prompts import heldout_prompts
+
+    dataset_dir = Path(run.stdout.strip().splitlines()[-1])
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    got = heldout_prompts(dataset_dir, max_prompts=50, humaneval_prompts=0, tokenizer=tokenizer)
+    val_conversations = list(dict.fromkeys(conversation_of(i) for i in manifest.val_ids))
+    assert [p.id for p in got.prompts] == val_conversations and all(p.source == "val" for p in got.prompts)
+    for p in got.prompts:
+        name, number = p.id.split("/")
+        word = "alpha" if name == "a" else "beta"
+        opening = [{"role": "user", "content": f"{word} {number}?"}]
+        text = tokenizer.apply_chat_template(opening, add_generation_prompt=True, tokenize=False)
+        assert p.token_ids == tokenizer(text, add_special_tokens=False)["input_ids"], p.id
 
 
 def _plan(*more: str) -> time_budget.TimeShares:

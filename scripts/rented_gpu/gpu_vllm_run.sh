@@ -44,7 +44,14 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 COMMON=(experiment=smollm2_full data=jsonl data.path=$TMPD/sharegpt.jsonl data.max_samples="$N"
         data.regenerate=false paths.cache_dir=$TMPD/cache logger=none)
 # the time-budget pipeline; BUDGET_SAMPLES caps the conversations (the chat file's count)
-BUDGET=(experiment=smollm2_budget data=jsonl data.path=$TMPD/sharegpt.jsonl data.max_samples="${BUDGET_SAMPLES:-null}"
+# BUDGET_DATA=mixture: data=mixture_default with its ShareGPT share read from the same chat file
+if [ "${BUDGET_DATA:-sharegpt}" = mixture ]; then
+  BUDGET_CHAT=(data=mixture_default data.max_samples="${BUDGET_SAMPLES:-null}"
+    "data.mixture=[{name:sharegpt,source:jsonl,path:$TMPD/sharegpt.jsonl,weight:0.75},{name:self,source:self_prompts,weight:0.25}]")
+else
+  BUDGET_CHAT=(data=jsonl data.path=$TMPD/sharegpt.jsonl data.max_samples="${BUDGET_SAMPLES:-null}")
+fi
+BUDGET=(experiment=smollm2_budget "${BUDGET_CHAT[@]}"
         time_budget.minutes="${BUDGET_MINUTES:-20}" paths.cache_dir=$TMPD/cache paths.data_dir=$TMPD/data_budget logger=none)
 # BUDGET_ARGS: more overrides for both budget stages (e.g. an A/B: capture.storage=exact, then fp8);
 # BRUN: the budget run's directory name under $TMPD (one per arm of an A/B)
