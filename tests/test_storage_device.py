@@ -255,3 +255,58 @@ def test_a_damaged_encoded_sample_is_refused_without_decoding_the_good_ones(tmp_
     first = HiddenStateDataset(tmp_path / "ds").sample_id(0)
     with pytest.raises(DamagedDatasetError, match=rf"sample '{first}': hidden: expected finite values.*layer id 2"):
         HiddenStateDataset(tmp_path / "ds").encoded_rows()[0]
+
+
+def _fit(ds_dir: Path, decode_on_device: bool) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The real data module, LightningModule and trainer: 4 steps on this CPU; the head's weights
+    before and after."""
+    import lightning as L
+
+    from eagle3.config.schema import AttentionKind, TrainConfig
+    from eagle3.draft.config import DraftConfig
+    from eagle3.draft.head import Eagle3DraftHead
+    from eagle3.training.module import Eagle3LitModule
+
+    torch.manual_seed(0)
+    hf = dict(
+        hidden_size=H,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=2 * H,
+        vocab_size=VOCAB,
+        max_position_embeddings=512,
+    )
+    head = Eagle3DraftHead(DraftConfig.from_target_config(hf, 16, num_aux_layers=2), attention="sdpa")
+    t2d = torch.zeros(VOCAB, dtype=torch.bool)
+    t2d[:16] = True
+    w = torch.randn(VOCAB, H) * 0.02
+    head.load_target_weights(w, torch.ones(H), w, torch.zeros(16, dtype=torch.int64), t2d, True)
+    cfg = TrainConfig(ttt_steps=2, compile=False, attention=AttentionKind.sdpa, lr=1e-3, max_steps=4, warmup_steps=1)
+    before = {k: v.detach().clone() for k, v in head.state_dict().items()}
+    dm = Eagle3DataModule(str(ds_dir), max_tokens_per_batch=48, decode_on_device=decode_on_device)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=4,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+        limit_val_batches=0,
+        use_distributed_sampler=False,
+    )
+    trainer.fit(Eagle3LitModule(head, cfg, replay_draft_tokens=0), datamodule=dm)
+    assert trainer.global_step == 4
+    return before, {k: v.detach().clone() for k, v in head.state_dict().items()}
+
+
+def test_training_on_batches_decoded_after_the_transfer_steps_to_the_same_weights(tmp_path):
+    """The LightningModule's steps on batches that crossed encoded and were decoded in
+    on_after_batch_transfer (the GPU route, run on this CPU) end at the weights of the steps on
+    batches the loader decoded, bit for bit."""
+    write(tmp_path / "ds", samples(), "fp8")
+    (before, after_transfer), (_, in_loader) = _fit(tmp_path / "ds", True), _fit(tmp_path / "ds", False)
+    assert sorted(after_transfer) == sorted(in_loader)
+    for k, v in in_loader.items():
+        assert torch.equal(after_transfer[k], v), k
+    assert not torch.equal(before["fc.weight"], in_loader["fc.weight"])  # the steps moved the weights
