@@ -184,8 +184,25 @@ def test_the_devices_float_path_decodes_the_bits_the_cpu_bits_path_decodes(dtype
     aux = torch.empty(40, 2, H, dtype=dtype)
     aux.copy_(enc["hidden_aux"].to(torch.float32).mul_(enc["hidden_aux_scale"].float().unsqueeze(-1)))
     assert torch.equal(cpu[:, :2], aux) and torch.equal(cpu[:, 2], h[:, 2])
+    assert torch.equal(decode(enc, "fp8", dtype, float_path=True), cpu)
     split_aux, split_final = decode_split(enc, "fp8", dtype)
     assert torch.equal(split_aux, cpu[:, :2]) and torch.equal(split_final, cpu[:, 2])
+
+
+def test_every_e4m3_code_decodes_alike_on_both_paths_but_nan_which_only_the_float_path_keeps():
+    codes = torch.arange(256, dtype=torch.int16).to(torch.uint8).view(torch.float8_e4m3fn)  # [256]
+    rows = {
+        "hidden_aux": codes.reshape(8, 1, 32),  # [T, 1 aux layer, H]
+        "hidden_aux_scale": torch.tensor([0.5, 1, 2, 3e-3, 7, 100, 1e-30, 127], dtype=DT).reshape(8, 1),
+        "hidden_final": torch.zeros(8, 1, 32, dtype=DT),
+    }
+    bits, floats = decode(rows, "fp8", DT)[:, 0], decode(rows, "fp8", DT, float_path=True)[:, 0]  # [8, 32]
+    nan = torch.isnan(floats)
+    assert nan.sum() == 2 and not torch.isnan(bits).any()  # 0x7F and 0xFF: a number on the bits path
+    assert torch.equal(bits[~nan], floats[~nan])
+    product = (codes.float().reshape(8, 32) * rows["hidden_aux_scale"].float()).to(DT)  # rounded once
+    assert torch.equal(floats[~nan], product[~nan])
+    assert not decodes_finite(rows, "fp8", DT)
 
 
 @pytest.mark.parametrize("storage", ENCODED)
@@ -250,11 +267,19 @@ def test_a_damaged_encoded_sample_is_refused_without_decoding_the_good_ones(tmp_
 
     with safe_open(str(shard), framework="pt") as f:
         tensors, meta = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
-    tensors["hidden_aux_scale"][1, 1] = float("inf")
-    save_file(tensors, str(shard), metadata=meta)
     first = HiddenStateDataset(tmp_path / "ds").sample_id(0)
-    with pytest.raises(DamagedDatasetError, match=rf"sample '{first}': hidden: expected finite values.*layer id 2"):
-        HiddenStateDataset(tmp_path / "ds").encoded_rows()[0]
+    for damage in ("scale", "code"):
+        damaged = {k: v.clone() for k, v in tensors.items()}
+        if damage == "scale":
+            damaged["hidden_aux_scale"][1, 1] = float("inf")
+        else:
+            damaged["hidden_aux"].view(torch.uint8)[1, 1, 3] = 0xFF  # e4m3fn's NaN (a number on the bits path)
+        save_file(damaged, str(shard), metadata=meta)
+        for view in (HiddenStateDataset(tmp_path / "ds"), HiddenStateDataset(tmp_path / "ds").encoded_rows()):
+            match = rf"sample '{first}': hidden: expected finite values.*at token 1, layer id 2"
+            with pytest.raises(DamagedDatasetError, match=match):
+                view[0]
+            assert view[1]["input_ids"].numel() > 0  # the other samples still read
 
 
 def _fit(ds_dir: Path, decode_on_device: bool) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:

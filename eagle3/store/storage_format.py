@@ -28,7 +28,9 @@ encodes before its copy to the host (eagle3/target_model/host_copy.py) and write
 encode writes; a GPU training step decodes its batch after the copy to the device
 (``decode_split``) into the values a loader worker's ``decode`` gives. Off the CPU, decode takes
 the float path (the bits path needs the largest scale on the host, a wait for the device): it
-rounds the same exact product once, so the two paths agree bit for bit (tests/test_storage_device.py).
+rounds the same exact product once, so the two paths agree bit for bit (tests/test_storage_device.py)
+for every code but e4m3's NaN, which no encode of finite states writes (the capture refuses NaN);
+``decodes_finite`` finds it in a damaged shard, and the float path decodes it to NaN.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ FP8_MAX = 448.0  # e4m3fn's largest finite value
 _TINY = 1e-30  # the scale of an all-zero row: its values all encode as 0
 _BIAS = 2.0**120  # e4m3's exponent bias (7) against bf16's (127)
 _BITS_SCALE_MAX = 2.0**7  # a larger scale x 2^120 would overflow bf16: decoded by the float path
+_BF16_FROM_E4M3 = -0x7810  # 0x87F0 as an int16: bf16's sign bit and the 7 bits e4m3's code fills
 
 INT4_MAX = 7  # symmetric 4-bit codes -7..7, stored + 8 (1..15) two to a byte
 
@@ -119,15 +122,17 @@ def encode(hidden: torch.Tensor, storage: str) -> dict[str, torch.Tensor]:
     return {"hidden_aux": q, "hidden_aux_scale": scale, "hidden_final": hidden[..., -1:, :].contiguous()}
 
 
-def decode(rows: dict[str, torch.Tensor], storage: str, dtype: torch.dtype) -> torch.Tensor:
+def decode(rows: dict[str, torch.Tensor], storage: str, dtype: torch.dtype, float_path: bool = False) -> torch.Tensor:
     """hidden [..., L, H] in ``dtype`` from rows of the tensors ``storage`` wrote (one sample's
-    [T, ...] or a batch's [B, T, ...]), on their device."""
+    [T, ...] or a batch's [B, T, ...]), on their device. ``float_path``: the path every device
+    takes, also on the CPU (the same values, but e4m3's NaN code decodes to NaN there, not to a
+    number: what a check of a damaged shard must see)."""
     if check_storage(storage, "storage") == EXACT:
         return rows["hidden"]
     q, final = rows["hidden_aux"], rows["hidden_final"]
     La, H = q.shape[-2], final.shape[-1]
     out = torch.empty((*final.shape[:-2], La + 1, H), dtype=dtype, device=q.device)
-    _decode_aux_into(rows, storage, out[..., :La, :])
+    _decode_aux_into(rows, storage, out[..., :La, :], float_path)
     out[..., La:, :] = final
     return out
 
@@ -174,16 +179,17 @@ def _extremes_finite(t: torch.Tensor) -> bool:
     return bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))
 
 
-def _decode_aux_into(rows: dict[str, torch.Tensor], storage: str, out: torch.Tensor) -> None:
+def _decode_aux_into(rows: dict[str, torch.Tensor], storage: str, out: torch.Tensor, float_path: bool = False) -> None:
     """The aux layers [..., L-1, H] decoded into ``out`` (its dtype), one rounding per value."""
     if storage == INT4:
         out.copy_(_int4_aux(rows["hidden_aux"], rows["hidden_aux_scale"]))
         return
     q, scale = rows["hidden_aux"], rows["hidden_aux_scale"]
-    bits_path = out.dtype == torch.bfloat16 and q.device.type == "cpu"
+    bits_path = out.dtype == torch.bfloat16 and q.device.type == "cpu" and not float_path
     if bits_path and (scale.numel() == 0 or float(scale.max()) < _BITS_SCALE_MAX):
-        x = q.view(torch.uint8).to(torch.int16)
-        bits = ((x & 0x80) << 8) | ((x & 0x7F) << 4)  # sign, exponent and mantissa in bf16's places
+        # sign-extended to 16 bits and shifted by 4: the sign lands on bit 15, exponent and mantissa
+        # on bf16's bits 10..4; the mask clears the copies of the sign in between (bits 14..11)
+        bits = q.view(torch.int8).to(torch.int16).bitwise_left_shift_(4).bitwise_and_(_BF16_FROM_E4M3)
         torch.mul(bits.view(torch.bfloat16), scale.unsqueeze(-1) * _BIAS, out=out)
     else:
         out.copy_(q.to(torch.float32).mul_(scale.float().unsqueeze(-1)))  # rounded once, to out's dtype
