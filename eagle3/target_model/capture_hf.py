@@ -121,7 +121,7 @@ class HFCaptureBackend:
         loading ``model_dir`` (benchmarks), in the dtype it was built in. ``device_encoding``: on a
         CUDA device, the states are encoded in that storage format there and only its tensors are
         copied to the host (records carry ``encoded``); a CPU capture leaves the encode to the
-        dataset writer's threads, as before."""
+        dataset writer's threads."""
         if batch_size < 1 or max_tokens_per_batch < 1:
             raise CaptureError(
                 "capture batch limits",

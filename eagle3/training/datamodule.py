@@ -7,7 +7,7 @@ only and the target computes the states of each batch on the training device, in
 A dataset stored in fp8 or int4 (``capture.storage``) is decoded where the training runs when
 that is a GPU: the loader hands the format's tensors (a third to a half of the bytes), and
 ``on_after_batch_transfer`` decodes them on the device into the values a loader worker's decode
-gives, bit for bit (eagle3/store/storage_format.py). On a CPU the workers decode, as before.
+gives, bit for bit (eagle3/store/storage_format.py). On a CPU the loader's workers decode.
 
 Batches are made over the samples in sample-id order, not the order they sit on disk (which
 depends on how the capture batched them): the same samples give the same batches whichever
