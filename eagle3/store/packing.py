@@ -21,7 +21,8 @@ import torch
 
 from eagle3.store.storage_format import decode_split, tensor_names
 
-_TOKEN_KEYS = ("input_ids", "loss_mask")  # a sample's keys besides its states
+# a sample's states: hidden [T, L, H], or a storage format's tensors (fp8 and int4 share the names)
+_STATE_KEYS = ("hidden", *tensor_names("fp8"))
 
 
 def pack_by_length(lengths: Sequence[int], max_tokens: int, *, bucket: int = 256, seed: int = 0) -> list[list[int]]:
@@ -201,7 +202,7 @@ def _collate(
     B = max(num_rows, len(plan))
     first = plan[0][0][0]
     # the states: hidden [T, L, H], or a storage format's tensors (each [T, ...]) to decode later
-    state_names = [k for k in first if k not in _TOKEN_KEYS]
+    state_names = [k for k in _STATE_KEYS if k in first]
     like = first[state_names[0]]
     # where the states are (the GPU, for online training's target), else host memory: pinned on
     # request, or in a DataLoader worker shared memory (_shared_empty; the loader pins it after)
