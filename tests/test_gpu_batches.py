@@ -22,9 +22,14 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="the side-
 LAYER_IDS, H, VOCAB = (1, 2, 3, 4), 512, 1000
 
 
-def _dataset(path, n: int = 24):
+def _dataset(path, n: int = 24, storage: str = "exact"):
     w = ShardWriter(
-        path, layer_ids=LAYER_IDS, hidden_size=H, dtype=torch.bfloat16, fingerprint_inputs={"test": "gpu_batches"}
+        path,
+        layer_ids=LAYER_IDS,
+        hidden_size=H,
+        dtype=torch.bfloat16,
+        fingerprint_inputs={"test": "gpu_batches"},
+        storage=storage,
     )
     g = torch.Generator().manual_seed(0)
     for i in range(n):
@@ -67,6 +72,27 @@ def test_side_stream_batches_equal_the_host_batches_while_the_gpu_is_busy(tmp_pa
     assert checked >= 4
 
 
+@pytest.mark.parametrize("storage", ["fp8", "int4"])
+def test_an_encoded_batch_decoded_on_the_gpu_equals_the_workers_decode(tmp_path, storage):
+    """capture.storage fp8/int4: the batch crosses as the format's tensors (pinned, on the side
+    stream) and is decoded on the GPU; every tensor equals the batch a loader worker decoded."""
+    _dataset(tmp_path / "ds", storage=storage)
+    kw = dict(max_tokens_per_batch=1024, fixed_shape=True, pin_memory=True)
+    on_gpu = Eagle3DataModule(str(tmp_path / "ds"), decode_on_device=True, **kw)
+    on_host = Eagle3DataModule(str(tmp_path / "ds"), decode_on_device=False, **kw)
+    device = torch.device("cuda")
+    checked = 0
+    for travelled, decoded in zip(on_gpu.train_dataloader(), on_host.train_dataloader(), strict=True):
+        assert "hidden" not in travelled and travelled["hidden_aux"].is_pinned()
+        got = on_gpu.on_after_batch_transfer(on_gpu.transfer_batch_to_device(travelled, device, 0), 0)
+        want = on_host.on_after_batch_transfer(decoded, 0)
+        assert sorted(got) == sorted(want) and got["aux_hidden"].is_cuda
+        for k, v in want.items():
+            assert torch.equal(got[k].cpu(), v), k
+        checked += 1
+    assert checked >= 4
+
+
 class _WaitsAfter(L.Callback):
     """From step ``start`` on, records every call that makes the host wait for the GPU (torch's
     sync debug mode), with the stack that made it."""
@@ -90,7 +116,8 @@ class _WaitsAfter(L.Callback):
         warnings.showwarning = self._show
 
 
-def test_training_steps_never_make_the_host_wait_for_the_gpu(tmp_path):
+@pytest.mark.parametrize("storage", ["exact", "fp8"])
+def test_training_steps_never_make_the_host_wait_for_the_gpu(tmp_path, storage):
     """A host that waits for step N cannot queue step N+1 while the GPU runs N: the GPU idles
     between steps. The real module, data module and callbacks (throughput, progress bar)
     train 10 steps on CUDA; after the first two, no call may block on the device."""
@@ -100,7 +127,7 @@ def test_training_steps_never_make_the_host_wait_for_the_gpu(tmp_path):
     from eagle3.training.callbacks import SparseProgressBar, TokenThroughput
     from eagle3.training.module import Eagle3LitModule
 
-    _dataset(tmp_path / "ds")
+    _dataset(tmp_path / "ds", storage=storage)  # fp8: the batch decoded on the GPU, with no wait either
     dm = Eagle3DataModule(str(tmp_path / "ds"), max_tokens_per_batch=1024, fixed_shape=True, pin_memory=True)
     hf = dict(
         hidden_size=H,

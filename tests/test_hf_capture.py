@@ -5,6 +5,8 @@ Real SmolLM2-135M (tokenizer + weights) and the random tiny DeepSeek-V3 (MLA + M
 
 from __future__ import annotations
 
+import hashlib
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -12,8 +14,11 @@ import torch
 import yaml
 
 from eagle3.config.schema import ModelConfig
+from eagle3.store import HiddenStateDataset, ShardWriter
+from eagle3.store.storage_format import encode
 from eagle3.target_model.adapter import CaptureError
 from eagle3.target_model.capture_hf import HFCaptureBackend
+from eagle3.target_model.records import DeviceEncoding
 from eagle3.target_model.resolve import materialize_smollm2, materialize_tiny
 
 CACHE = Path(__file__).resolve().parents[1] / ".cache"
@@ -274,3 +279,85 @@ def test_cuda_padded_batch_equals_one_by_one(tiny_deepseek_cuda):
 def test_cuda_nan_is_refused_after_the_device_check(tiny_deepseek_cuda):
     """The verdict comes from the device; the error names the layer and token from the host copy."""
     assert_nan_is_refused(*tiny_deepseek_cuda, r"sample 'chat-0': hidden: expected finite values, got \d+ NaN")
+
+
+@cuda
+@pytest.mark.parametrize("storage", ["fp8", "int4"])
+def test_cuda_encoded_batch_copies_are_the_cpu_encode_bit_for_bit_and_write_the_same_shards(tmp_path, storage):
+    """BatchToHost with a DeviceEncoding: a [B, T, L, H] batch encoded on the GPU; each row's host
+    tensors equal the CPU encode of that sample alone, bit for bit (amaxes whose quotient by 448
+    differs from the product with 1/448 included), and written they make the same shard files."""
+    from eagle3.target_model.adapter import CapturedSample, CaptureSpec, to_encoded_sample
+    from eagle3.target_model.host_copy import BatchToHost
+
+    g = torch.Generator().manual_seed(0)
+    B, T, L, H = 4, 96, 4, 256
+    h = (torch.randn(B, T, L, H, generator=g) * 10.0 ** torch.randint(-3, 4, (B, T, L, 1), generator=g)).to(
+        torch.bfloat16
+    )
+    lengths = [96, 70, 33, 5]
+    valid = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]  # [B, T]
+    encoding = DeviceEncoding(storage, partial(encode, storage=storage))
+    rows = BatchToHost(h.cuda(), valid.cuda(), lengths, torch.bfloat16, encoding).rows()
+    device, cpu = {}, {}
+    for b, ((tensors, finite), t) in enumerate(zip(rows, lengths)):
+        alone = h[b, :t]
+        want = encode(alone, storage)
+        assert finite and sorted(tensors) == sorted(want)
+        for name, v in want.items():
+            assert tensors[name].dtype == v.dtype and torch.equal(tensors[name].view(torch.uint8), v.view(torch.uint8))
+        ids, mask = torch.arange(t), torch.ones(t, dtype=torch.bool)
+        spec = CaptureSpec(tuple(range(L)), H, torch.bfloat16, t)
+        device[f"s{b}"] = to_encoded_sample(
+            tensors, storage=storage, spec=spec, sent_token_ids=ids, loss_mask=mask, finite_on_device=finite
+        )
+        cpu[f"s{b}"] = CapturedSample(ids, mask, alone.clone())
+    digests = []
+    for name, records in (("cpu", cpu), ("device", device)):
+        w = ShardWriter(
+            tmp_path / name,
+            layer_ids=tuple(range(L)),
+            hidden_size=H,
+            dtype=torch.bfloat16,
+            fingerprint_inputs={"test": "device encode"},
+            shard_max_tokens=100,
+            storage=storage,
+        )
+        for sid, r in records.items():
+            w.add(sid, r)
+        m = w.finish(torch.zeros(10, dtype=torch.int64), {})
+        digests.append([hashlib.sha256((tmp_path / name / s.file).read_bytes()).hexdigest() for s in m.shards])
+    assert digests[0] == digests[1] and len(digests[0]) >= 2
+
+
+@cuda
+@pytest.mark.parametrize("storage", ["fp8", "int4"])
+def test_cuda_capture_with_a_device_encoding_hands_over_encoded_records(tiny_deepseek_cuda, tmp_path, storage):
+    """The HF backend on a GPU with capture.storage fp8/int4: records carry the format's tensors
+    (no exact states on the host); the dataset written from them reads back within the format's
+    error of the same prompts captured whole."""
+    backend, samples = tiny_deepseek_cuda
+    whole = dict(backend.capture_with_ids(samples))
+    backend.device_encoding = DeviceEncoding(storage, partial(encode, storage=storage))
+    try:
+        on_device = dict(backend.capture_with_ids(samples))
+    finally:
+        backend.device_encoding = None
+    assert all(r.hidden is None and r.encoded is not None and r.storage == storage for r in on_device.values())
+    w = ShardWriter(
+        tmp_path,
+        layer_ids=backend.layer_ids,
+        hidden_size=backend.hidden_size,
+        dtype=backend.dtype,
+        fingerprint_inputs={"test": "device encode"},
+        storage=storage,
+    )
+    for sid, r in on_device.items():
+        w.add(sid, r)
+    w.finish(torch.zeros(10, dtype=torch.int64), {})
+    ds = HiddenStateDataset(tmp_path, verify="full")
+    for i in range(len(ds)):
+        got, want = ds[i]["hidden"], whole[ds.sample_id(i)].states()
+        assert got.shape == want.shape
+        assert rel_err(got[:, :-1], want[:, :-1]) < (0.05 if storage == "fp8" else 0.2)
+        assert rel_err(got[:, -1], want[:, -1]) < BATCHED_REL_TOL  # the final layer exact

@@ -9,6 +9,7 @@ budget the dataset is finished with the samples done by its deadlines (``budget_
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from rich.console import Console
@@ -24,7 +25,9 @@ from eagle3.store import DiskSpaceError, Manifest, ShardWriter, check_free_disk,
 from eagle3.store.disk import free_bytes
 from eagle3.store.merge import owner_shard
 from eagle3.store.provenance import with_capture
+from eagle3.store.storage_format import EXACT, encode
 from eagle3.target_model.backend import make_backend
+from eagle3.target_model.records import DeviceEncoding
 from eagle3.util.locks import DirLock
 from eagle3.util.report import minutes, report
 
@@ -142,6 +145,12 @@ def _todo(
     return todo
 
 
+def _device_encoding(storage: str) -> DeviceEncoding | None:
+    """capture.storage's encode for a capture on a GPU to run there (the store's math: the bytes
+    are those the writer threads would write); None for exact states."""
+    return None if storage == EXACT else DeviceEncoding(storage, partial(encode, storage=storage))
+
+
 def _capture(
     job: ExtractionJob, setup: CaptureSetup, timing: ExtractionTiming, writer: ShardWriter, todo: list[PreparedSample]
 ) -> str | None:
@@ -159,6 +168,7 @@ def _capture(
         setup.dtype,
         identity.data.max_length,
         trust_remote_code=identity.model.trust_remote_code,
+        device_encoding=_device_encoding(setup.capture.storage),
     )
     try:
         # every run that captures is kept (provenance.captures): a dataset resumed or repaired under

@@ -19,6 +19,11 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from eagle3.store.storage_format import decode_split, tensor_names
+
+# a sample's states: hidden [T, L, H], or a storage format's tensors (fp8 and int4 share the names)
+_STATE_KEYS = ("hidden", *tensor_names("fp8"))
+
 
 def pack_by_length(lengths: Sequence[int], max_tokens: int, *, bucket: int = 256, seed: int = 0) -> list[list[int]]:
     """First-fit over length-sorted buckets: similar lengths share a batch, budgets fill up.
@@ -195,16 +200,22 @@ def _collate(
     used_per_row = [sum(n for _, n in parts) for parts in plan]
     W = width if width is not None else max(used_per_row)
     B = max(num_rows, len(plan))
-    like = plan[0][0][0]["hidden"]  # [T, L, H]
-    _, L, H = like.shape
+    first = plan[0][0][0]
+    # the states: hidden [T, L, H], or a storage format's tensors (each [T, ...]) to decode later
+    state_names = [k for k in _STATE_KEYS if k in first]
+    like = first[state_names[0]]
     # where the states are (the GPU, for online training's target), else host memory: pinned on
     # request, or in a DataLoader worker shared memory (_shared_empty; the loader pins it after)
     in_worker = like.device.type == "cpu" and torch.utils.data.get_worker_info() is not None
     pinned = pin and like.device.type == "cpu" and torch.cuda.is_available() and not in_worker
-    if in_worker:
-        hidden = _shared_empty((B, W, L, H), like.dtype)  # [B, W, L, H]
-    else:
-        hidden = torch.empty((B, W, L, H), dtype=like.dtype, device=like.device, pin_memory=pinned)  # [B, W, L, H]
+    states: dict[str, torch.Tensor] = {}
+    for name in state_names:
+        t = first[name]
+        shape = (B, W, *t.shape[1:])  # [B, W, ...]
+        if in_worker:
+            states[name] = _shared_empty(shape, t.dtype)
+        else:
+            states[name] = torch.empty(shape, dtype=t.dtype, device=t.device, pin_memory=pinned)
     input_ids = torch.zeros((B, W), dtype=torch.long)  # [B, W]
     loss_mask = torch.zeros((B, W), dtype=torch.bool)  # [B, W]
     position_ids = torch.zeros((B, W), dtype=torch.long)  # [B, W]
@@ -212,17 +223,19 @@ def _collate(
     for b in range(B):
         off = 0
         for s, (item, n) in enumerate(plan[b] if b < len(plan) else []):
-            hidden[b, off : off + n] = item["hidden"][:n]
+            for name, buf in states.items():
+                buf[b, off : off + n] = item[name][:n]
             input_ids[b, off : off + n] = item["input_ids"][:n]
             loss_mask[b, off : off + n] = item["loss_mask"][:n]
             position_ids[b, off : off + n] = torch.arange(n)
             segment_ids[b, off : off + n] = s
             off += n
-        hidden[b, off:].zero_()  # padding: zero states
+        for buf in states.values():
+            buf[b, off:].zero_()  # padding: zero states (zero codes and scales decode to zero)
     batch = {
         "input_ids": input_ids,
         "loss_mask": loss_mask,
-        "hidden": hidden,
+        **states,
         "position_ids": position_ids,
         "segment_ids": segment_ids,
         # real (unpadded) tokens, on the host: read without waiting for the device
@@ -240,6 +253,22 @@ def _shared_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     storage: torch.UntypedStorage = torch.UntypedStorage._new_shared(nbytes)  # type: ignore[no-untyped-call]
     stride = [math.prod(shape[i + 1 :]) for i in range(len(shape))]  # contiguous
     return torch.empty(0, dtype=dtype).set_(storage, 0, shape, stride)
+
+
+def decode_hidden(batch: dict[str, torch.Tensor], storage: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """A batch collated from ``HiddenStateDataset.encoded_rows()`` (the format's tensors, each
+    [B, T, ...]) -> aux_hidden [B, T, (L-1)H] and final_hidden [B, T, H] in ``dtype``, decoded on
+    the tensors' device: the values of ``split_hidden`` over the batch of decoded samples, bit for
+    bit. A batch that holds ``hidden`` is split as it is."""
+    names = tensor_names(storage)
+    if "hidden" in batch or not all(name in batch for name in names):
+        return split_hidden(batch)
+    out = {k: v for k, v in batch.items() if k not in names}
+    aux, final = decode_split({name: batch[name] for name in names}, storage, dtype)  # [B, T, L-1, H], [B, T, H]
+    B, T, La, H = aux.shape
+    out["aux_hidden"] = aux.reshape(B, T, La * H)  # [B, T, (L-1)H], a view
+    out["final_hidden"] = final  # [B, T, H]
+    return out
 
 
 def split_hidden(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -8,6 +8,7 @@ DataLoader worker touches only the samples it serves. Shard handles are per proc
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from eagle3.store.layout import (
     dtype_from_name,
 )
 from eagle3.store.shard_file import ShardIdentity, inspect_shard
-from eagle3.store.storage_format import decode, tensor_names
+from eagle3.store.storage_format import EXACT, decode, decodes_finite, tensor_names
 from eagle3.store.vocab_files import check_token_freq, check_vocab, load_tensors
 
 
@@ -195,10 +196,12 @@ class HiddenStateDataset(SampleFiles):
 
     ``ds[i]`` -> dict(input_ids int64 [T], loss_mask bool [T], hidden [T, L, H]): hidden in
     the manifest's dtype whatever the storage format (an fp8 shard's rows are decoded here, in
-    the loader's workers).
+    the loader's workers). ``encoded_rows()``: a view of the same dataset whose samples keep the
+    format's own tensors (decoded where the training runs: eagle3/training/datamodule.py).
     """
 
     kind = STORED
+    decode_rows = True  # False: samples keep the storage format's tensors (encoded_rows)
 
     def _check_file(self, path: Path, info: ShardInfo, verify: str | None) -> None:
         if verify is None:
@@ -210,12 +213,29 @@ class HiddenStateDataset(SampleFiles):
         except StoreError as e:
             raise DamagedDatasetError(self.directory, str(e), needs_hash=verify == "full") from None
 
+    def encoded_rows(self) -> "HiddenStateDataset":
+        """This dataset, its samples as stored: dict(input_ids, loss_mask, and the tensors of
+        ``storage_format.tensor_names(storage)``, each [T, ...]), checked to decode to finite values
+        without decoding them; an exact dataset's samples are the same either way."""
+        view = copy.copy(self)
+        view.decode_rows = False
+        return view
+
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         names = tensor_names(self.storage)
         rows = self._rows(i, ("input_ids", "loss_mask", *names))
-        hidden = decode({name: rows.pop(name) for name in names}, self.storage, self.dtype)
-        self._check_finite(i, hidden)
-        return rows | {"hidden": hidden}
+        if self.storage == EXACT:
+            self._check_finite(i, rows["hidden"])
+            return rows
+        stored = {name: rows.pop(name) for name in names}
+        # judged on the codes and scales (a NaN code too, which the CPU's bits path would decode to
+        # a number); a possible non-finite value is located in the float path's decode, as the
+        # device computes it (a bound that was only conservative passes)
+        if not decodes_finite(stored, self.storage, self.dtype):
+            self._check_finite(i, decode(stored, self.storage, self.dtype, float_path=True))
+        if not self.decode_rows:
+            return rows | stored
+        return rows | {"hidden": decode(stored, self.storage, self.dtype)}
 
     def _check_finite(self, i: int, hidden: torch.Tensor) -> None:
         """Refuse a sample whose stored hidden states hold a NaN or an Inf (one pass over its

@@ -15,6 +15,7 @@ import hashlib
 import json
 import struct
 import sys
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,10 +144,12 @@ def write_shard(
     sample_ids: list[str],
     input_ids: list[torch.Tensor],
     loss_masks: list[torch.Tensor],
-    hiddens: list[torch.Tensor],
+    hiddens: Sequence[torch.Tensor | Mapping[str, torch.Tensor]],
 ) -> ShardInfo:
     """Concatenate samples into ``path`` (temp + fsync + rename) and describe the result; the
-    sha256 is taken from the bytes as they are written (see ``save_concatenated_hashing``)."""
+    sha256 is taken from the bytes as they are written (see ``save_concatenated_hashing``).
+    ``hiddens``: per sample hidden [T, L, H], encoded here in ``ident.storage``, or that format's
+    tensors already (encoded on the capture device), written as they are."""
     lengths = torch.tensor([t.shape[0] for t in input_ids], dtype=torch.int64)
     offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
     offsets[1:] = torch.cumsum(lengths, 0)
@@ -157,7 +160,7 @@ def write_shard(
         "offsets": [offsets],
     }
     # the big ones: streamed sample by sample, never concatenated (fp8: encoded sample by sample)
-    encoded = [encode(h, ident.storage) for h in hiddens]
+    encoded = [h if isinstance(h, Mapping) else encode(h, ident.storage) for h in hiddens]
     parts |= {name: [e[name] for e in encoded] for name in tensor_names(ident.storage)}
     meta = ident.metadata() | {"sample_ids": json.dumps(sample_ids)}
     size, sha = save_concatenated_hashing(path, parts, meta)

@@ -21,6 +21,16 @@ values are divided by it, so it is stored in 2 bytes at no cost in accuracy, and
 product per value rounded once: for a bf16 capture it runs on the bits (the e4m3 code moved into
 bf16's fields is the value x 2^-120, exactly, subnormals included), faster on a CPU than
 torch's float8 conversion.
+
+The math runs on whatever device holds the tensors, with any leading dims ([T, L, H] or a batch
+[B, T, L, H]: every token is encoded on its own), and gives the same bits on each: a GPU capture
+encodes before its copy to the host (eagle3/target_model/host_copy.py) and writes the bytes a CPU
+encode writes; a GPU training step decodes its batch after the copy to the device
+(``decode_split``) into the values a loader worker's ``decode`` gives. Off the CPU, decode takes
+the float path (the bits path needs the largest scale on the host, a wait for the device): it
+rounds the same exact product once, so the two paths agree bit for bit (tests/test_storage_device.py)
+for every code but e4m3's NaN, which no encode of finite states writes (the capture refuses NaN);
+``decodes_finite`` finds it in a damaged shard, and the float path decodes it to NaN.
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ FP8_MAX = 448.0  # e4m3fn's largest finite value
 _TINY = 1e-30  # the scale of an all-zero row: its values all encode as 0
 _BIAS = 2.0**120  # e4m3's exponent bias (7) against bf16's (127)
 _BITS_SCALE_MAX = 2.0**7  # a larger scale x 2^120 would overflow bf16: decoded by the float path
+_BF16_FROM_E4M3 = -0x7810  # 0x87F0 as an int16: bf16's sign bit and the 7 bits e4m3's code fills
 
 INT4_MAX = 7  # symmetric 4-bit codes -7..7, stored + 8 (1..15) two to a byte
 
@@ -45,7 +56,10 @@ __all__ = [
     "check_storage",
     "check_width",
     "decode",
+    "decode_split",
+    "decodes_finite",
     "encode",
+    "tensor_dtypes",
     "tensor_names",
     "tensor_shapes",
 ]
@@ -79,57 +93,124 @@ def tensor_shapes(storage: str, num_tokens: int, num_layers: int, hidden_size: i
     return {"hidden_aux": [T, L - 1, H], "hidden_aux_scale": [T, L - 1], "hidden_final": [T, 1, H]}
 
 
+def tensor_dtypes(storage: str, dtype: torch.dtype) -> dict[str, torch.dtype]:
+    """Each hidden-state tensor's dtype in a shard of this format, for states captured in ``dtype``."""
+    if check_storage(storage, "storage") == EXACT:
+        return {"hidden": dtype}
+    codes = torch.uint8 if storage == INT4 else FP8_DTYPE
+    return {"hidden_aux": codes, "hidden_aux_scale": torch.bfloat16, "hidden_final": dtype}
+
+
+def _divide(x: torch.Tensor, by: float) -> torch.Tensor:
+    """``x / by``, a true division on every device. CUDA computes a division by a Python number as
+    a product with its reciprocal, and 1/448 and 1/7 are inexact: a quotient may differ from the
+    CPU's in its last bit, and so may its bf16 scale. A divisor on the tensor's device is divided by."""
+    return x / torch.full((), by, dtype=x.dtype, device=x.device)
+
+
 def encode(hidden: torch.Tensor, storage: str) -> dict[str, torch.Tensor]:
-    """One sample's hidden [T, L, H] (capture dtype) as the tensors ``storage`` writes."""
+    """hidden [..., L, H] (capture dtype; one sample's [T, L, H] or a batch's [B, T, L, H]) as the
+    tensors ``storage`` writes, on hidden's device: each token's rows are encoded on their own."""
     if check_storage(storage, "storage") == EXACT:
         return {"hidden": hidden}
     if storage == INT4:
         return _encode_int4(hidden)
-    aux = hidden[:, :-1].float()  # [T, L-1, H]
-    scale = (aux.abs().amax(dim=-1) / FP8_MAX).clamp_min(_TINY).to(torch.bfloat16)  # [T, L-1]
+    aux = hidden[..., :-1, :].float()  # [..., L-1, H]
+    scale = _divide(aux.abs().amax(dim=-1), FP8_MAX).clamp_min(_TINY).to(torch.bfloat16)  # [..., L-1]
     # the amax of a row whose scale rounded down lands a hair above 448: saturated (< 0.4% off)
-    q = (aux / scale.float().unsqueeze(-1)).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)  # [T, L-1, H]
-    return {"hidden_aux": q, "hidden_aux_scale": scale, "hidden_final": hidden[:, -1:].contiguous()}
+    q = (aux / scale.float().unsqueeze(-1)).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)  # [..., L-1, H]
+    return {"hidden_aux": q, "hidden_aux_scale": scale, "hidden_final": hidden[..., -1:, :].contiguous()}
 
 
-def decode(rows: dict[str, torch.Tensor], storage: str, dtype: torch.dtype) -> torch.Tensor:
-    """hidden [T, L, H] in ``dtype`` from a sample's rows of the tensors ``storage`` wrote."""
+def decode(rows: dict[str, torch.Tensor], storage: str, dtype: torch.dtype, float_path: bool = False) -> torch.Tensor:
+    """hidden [..., L, H] in ``dtype`` from rows of the tensors ``storage`` wrote (one sample's
+    [T, ...] or a batch's [B, T, ...]), on their device. ``float_path``: the path every device
+    takes, also on the CPU (the same values, but e4m3's NaN code decodes to NaN there, not to a
+    number: what a check of a damaged shard must see)."""
     if check_storage(storage, "storage") == EXACT:
         return rows["hidden"]
-    if storage == INT4:
-        return _decode_int4(rows, dtype)
-    q, scale, final = rows["hidden_aux"], rows["hidden_aux_scale"], rows["hidden_final"]
-    T, La, H = q.shape
-    out = torch.empty((T, La + 1, H), dtype=dtype)
-    if dtype == torch.bfloat16 and (scale.numel() == 0 or float(scale.max()) < _BITS_SCALE_MAX):
-        x = q.view(torch.uint8).to(torch.int16)
-        bits = ((x & 0x80) << 8) | ((x & 0x7F) << 4)  # sign, exponent and mantissa in bf16's places
-        torch.mul(bits.view(torch.bfloat16), scale.unsqueeze(-1) * _BIAS, out=out[:, :La])
-    else:
-        out[:, :La] = q.to(torch.float32).mul_(scale.float().unsqueeze(-1))  # rounded once, to dtype
-    out[:, La:] = final
+    q, final = rows["hidden_aux"], rows["hidden_final"]
+    La, H = q.shape[-2], final.shape[-1]
+    out = torch.empty((*final.shape[:-2], La + 1, H), dtype=dtype, device=q.device)
+    _decode_aux_into(rows, storage, out[..., :La, :], float_path)
+    out[..., La:, :] = final
     return out
+
+
+def decode_split(rows: dict[str, torch.Tensor], storage: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(aux [..., L-1, H], final [..., H]) in ``dtype``: ``decode``'s values, the aux layers in a
+    tensor of their own (a training batch's aux_hidden is then a view of it, not a copy)."""
+    if check_storage(storage, "storage") == EXACT:
+        h = rows["hidden"]
+        return h[..., :-1, :], h[..., -1, :]
+    q, final = rows["hidden_aux"], rows["hidden_final"]
+    aux = torch.empty((*final.shape[:-2], q.shape[-2], final.shape[-1]), dtype=dtype, device=q.device)
+    _decode_aux_into(rows, storage, aux)
+    return aux, final[..., 0, :].to(dtype)
+
+
+def decodes_finite(rows: dict[str, torch.Tensor], storage: str, dtype: torch.dtype) -> bool:
+    """Whether every value ``rows`` decode to in ``dtype`` is finite, judged from the codes and
+    scales without decoding them (True is certain; False: decode to find the value, if any). A
+    decoded aux value is a code times its scale: finite when no code is NaN (e4m3fn has no Inf;
+    int4 codes are integers) and the largest scale times the largest code fits ``dtype``."""
+    if check_storage(storage, "storage") == EXACT:
+        return _extremes_finite(rows["hidden"])
+    if not _extremes_finite(rows["hidden_final"]):
+        return False
+    scale = rows["hidden_aux_scale"]
+    if scale.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(scale)
+    largest = max(abs(float(lo)), abs(float(hi)))  # NaN fails the comparison below
+    code_max = INT4_MAX if storage == INT4 else FP8_MAX
+    if not largest * code_max <= torch.finfo(dtype).max:
+        return False
+    if storage == INT4:
+        return True
+    # e4m3fn's NaN: every exponent and mantissa bit set (0x7F, 0xFF)
+    return not bool((rows["hidden_aux"].view(torch.uint8) & 0x7F).eq_(0x7F).any())
+
+
+def _extremes_finite(t: torch.Tensor) -> bool:
+    if t.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(t)
+    return bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))
+
+
+def _decode_aux_into(rows: dict[str, torch.Tensor], storage: str, out: torch.Tensor, float_path: bool = False) -> None:
+    """The aux layers [..., L-1, H] decoded into ``out`` (its dtype), one rounding per value."""
+    if storage == INT4:
+        out.copy_(_int4_aux(rows["hidden_aux"], rows["hidden_aux_scale"]))
+        return
+    q, scale = rows["hidden_aux"], rows["hidden_aux_scale"]
+    bits_path = out.dtype == torch.bfloat16 and q.device.type == "cpu" and not float_path
+    if bits_path and (scale.numel() == 0 or float(scale.max()) < _BITS_SCALE_MAX):
+        # sign-extended to 16 bits and shifted by 4: the sign lands on bit 15, exponent and mantissa
+        # on bf16's bits 10..4; the mask clears the copies of the sign in between (bits 14..11)
+        bits = q.view(torch.int8).to(torch.int16).bitwise_left_shift_(4).bitwise_and_(_BF16_FROM_E4M3)
+        torch.mul(bits.view(torch.bfloat16), scale.unsqueeze(-1) * _BIAS, out=out)
+    else:
+        out.copy_(q.to(torch.float32).mul_(scale.float().unsqueeze(-1)))  # rounded once, to out's dtype
 
 
 def _encode_int4(hidden: torch.Tensor) -> dict[str, torch.Tensor]:
     """The aux layers in 4 bits: each group of INT4_GROUP channels of a row at its own scale
     (amax / 7, rounded to bf16), codes -7..7 stored + 8, two to a byte (even channel low)."""
-    T, L, H = hidden.shape
-    g = hidden[:, :-1].float().reshape(T, L - 1, H // INT4_GROUP, INT4_GROUP)
-    scale = (g.abs().amax(dim=-1) / INT4_MAX).clamp_min(_TINY).to(torch.bfloat16)  # [T, L-1, H/G]
+    *lead, L, H = hidden.shape
+    g = hidden[..., :-1, :].float().reshape(*lead, L - 1, H // INT4_GROUP, INT4_GROUP)
+    scale = _divide(g.abs().amax(dim=-1), INT4_MAX).clamp_min(_TINY).to(torch.bfloat16)  # [..., L-1, H/G]
     q = (g / scale.float().unsqueeze(-1)).round_().clamp_(-INT4_MAX, INT4_MAX).add_(8).to(torch.uint8)
-    q = q.reshape(T, L - 1, H // 2, 2)
-    packed = q[..., 0] | (q[..., 1] << 4)  # [T, L-1, H/2]
-    return {"hidden_aux": packed, "hidden_aux_scale": scale, "hidden_final": hidden[:, -1:].contiguous()}
+    q = q.reshape(*lead, L - 1, H // 2, 2)
+    packed = q[..., 0] | (q[..., 1] << 4)  # [..., L-1, H/2]
+    return {"hidden_aux": packed, "hidden_aux_scale": scale, "hidden_final": hidden[..., -1:, :].contiguous()}
 
 
-def _decode_int4(rows: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-    packed, scale, final = rows["hidden_aux"], rows["hidden_aux_scale"], rows["hidden_final"]
-    T, La, half = packed.shape
+def _int4_aux(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """float32 [..., L-1, H]: each code (-7..7) times its group's scale, exact."""
+    *lead, La, half = packed.shape
     H = 2 * half
-    codes = torch.stack((packed & 15, packed >> 4), dim=-1).reshape(T, La, H // INT4_GROUP, INT4_GROUP)
-    out = torch.empty((T, La + 1, H), dtype=dtype)
+    codes = torch.stack((packed & 15, packed >> 4), dim=-1).reshape(*lead, La, H // INT4_GROUP, INT4_GROUP)
     aux = (codes.to(torch.int8) - 8).to(torch.float32).mul_(scale.float().unsqueeze(-1))
-    out[:, :La] = aux.reshape(T, La, H)
-    out[:, La:] = final
-    return out
+    return aux.reshape(*lead, La, H)

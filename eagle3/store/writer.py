@@ -45,7 +45,7 @@ from eagle3.store.layout import (
 )
 from eagle3.store.reopen import open_manifest, recover
 from eagle3.store.shard_file import ShardIdentity, write_shard
-from eagle3.store.storage_format import EXACT, STORAGES, check_width
+from eagle3.store.storage_format import EXACT, STORAGES, check_width, tensor_dtypes, tensor_shapes
 from eagle3.store.vocab_files import save_token_freq, save_vocab
 from eagle3.store.writer_threads import BackgroundWrites
 from eagle3.util.locks import DirLock, LockHeldError
@@ -61,8 +61,10 @@ class ShardWriter(BackgroundWrites):
     the caller already found damaged (redone without being inspected again). ``lock``: the
     dataset's lock (``LOCK``) when the caller holds it already (released by the caller). ``background``: write
     shards on a writer thread (see the module doc); ``flush()`` still waits until every
-    queued sample is durable. ``storage``: the shards' on-disk format (``exact`` or ``fp8``:
-    eagle3/store/storage_format.py), encoded on the writer threads as each shard is written.
+    queued sample is durable. ``storage``: the shards' on-disk format (``exact``, ``fp8``, ``int4``:
+    eagle3/store/storage_format.py), encoded on the writer threads as each shard is written; a
+    sample that comes encoded already (``encoded``: a GPU capture encodes on the device) is
+    written as it is.
     """
 
     def __init__(
@@ -214,17 +216,32 @@ class ShardWriter(BackgroundWrites):
                 s.loss_mask.dtype == torch.bool and list(s.loss_mask.shape) == [T],
                 f"{s.loss_mask.dtype} {list(s.loss_mask.shape)}",
             ),
-            (
-                "hidden",
-                f"{self.ident.dtype} [{T}, {L}, {H}]",
-                s.hidden.dtype == self.ident.dtype and list(s.hidden.shape) == [T, L, H],
-                f"{s.hidden.dtype} {list(s.hidden.shape)}",
-            ),
+            *self._state_problems(s, T, L, H),
             ("token_ids", "at least one token", T > 0, "0 tokens"),
         ]
         for field, want, ok, got in problems:
             if not ok:
                 raise StoreError(f"{self.directory}: sample {sid!r} {field}: expected {want}, got {got}")
+
+    def _state_problems(self, s: Any, T: int, L: int, H: int) -> list[tuple[str, str, bool, str]]:
+        """(field, expected, ok, got) for the sample's states: ``hidden`` [T, L, H] as captured, or
+        (``encoded``: encoded on the capture device) this dataset's storage format's tensors."""
+        storage = self.ident.storage
+        if getattr(s, "encoded", None) is None:
+            ok = s.hidden is not None and s.hidden.dtype == self.ident.dtype and list(s.hidden.shape) == [T, L, H]
+            got = "None" if s.hidden is None else f"{s.hidden.dtype} {list(s.hidden.shape)}"
+            return [("hidden", f"{self.ident.dtype} [{T}, {L}, {H}]", ok, got)]
+        shapes, dtypes = tensor_shapes(storage, T, L, H), tensor_dtypes(storage, self.ident.dtype)
+        problems = [
+            ("storage", storage, s.storage == storage, s.storage),
+            ("encoded", f"the tensors {sorted(shapes)}", set(s.encoded) == set(shapes), f"{sorted(s.encoded)}"),
+        ]
+        for name, t in s.encoded.items():
+            if name in shapes:
+                ok = t.dtype == dtypes[name] and list(t.shape) == shapes[name] and t.device.type == "cpu"
+                want = f"{dtypes[name]} {shapes[name]} on the host"
+                problems.append((f"encoded {name}", want, ok, f"{t.dtype} {list(t.shape)} on {t.device}"))
+        return problems
 
     def flush(self) -> ShardInfo | None:
         """Write the queued samples as one shard, then record it in the manifest; with
@@ -262,7 +279,7 @@ class ShardWriter(BackgroundWrites):
                 ids,
                 [s.token_ids for s in samples],
                 [s.loss_mask for s in samples],
-                [s.hidden for s in samples],
+                [s.hidden if s.encoded is None else s.encoded for s in samples],
             )
         with self._state, disk_full_as_error(self.directory / MANIFEST, lambda: len(self.manifest.to_json())):
             m = self.manifest

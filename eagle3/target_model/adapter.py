@@ -18,7 +18,7 @@ import torch
 
 from eagle3.target_model.records import CapturedSample, CaptureError, CaptureSpec
 
-__all__ = ["CaptureError", "CaptureSpec", "CapturedSample", "is_rpc_tensor", "to_captured_sample"]
+__all__ = ["CaptureError", "CaptureSpec", "CapturedSample", "is_rpc_tensor", "to_captured_sample", "to_encoded_sample"]
 
 
 def is_rpc_tensor(obj: Any) -> bool:
@@ -193,27 +193,11 @@ def _to_host(h: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def to_captured_sample(
-    hidden: Any,
-    *,
-    spec: CaptureSpec,
-    sent_token_ids: Any,
-    loss_mask: Any,
-    returned_token_ids: Any = None,
-    sample_id: str | None = None,
-    finite_on_device: bool | None = None,
-    keep_device: bool = False,
-) -> CapturedSample:
-    """One backend's raw capture for one request -> a checked ``CapturedSample``.
-
-    ``hidden`` is a tensor [T, L, H] or a list of L tensors [T, H] (one per layer id, in
-    ``spec.layer_ids`` order), on any device: it is cast, stacked and checked for NaN/Inf
-    where it lives, and only then copied to the CPU. Anything else raises ``CaptureError``.
-    ``finite_on_device``: the verdict of ``host_copy.BatchToHost``'s check on the device for
-    exactly these (host-copied) values; a False verdict is explained from the host copy.
-    ``keep_device``: the checked hidden states stay where they are (online training feeds them
-    to the head on the same device); token ids and mask are on the CPU either way.
-    """
+def _checked_tokens(
+    spec: CaptureSpec, sent_token_ids: Any, loss_mask: Any, returned_token_ids: Any, sample_id: str | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token ids int64 [T], loss mask bool [T]), checked: T as sent, the ids the backend returns
+    equal to those sent, the mask 0/1."""
     T = spec.num_tokens
     sent = _token_ids(sent_token_ids, field="sent_token_ids", sample_id=sample_id)
     if sent.shape[0] != T:
@@ -242,7 +226,31 @@ def to_captured_sample(
         if mask.dtype.is_floating_point or not bool(((mask == 0) | (mask == 1)).all()):
             raise CaptureError("loss_mask", "bool (or integer 0/1) values", f"{mask.dtype} values", sample_id=sample_id)
         mask = mask.to(torch.bool)
+    return sent, mask
 
+
+def to_captured_sample(
+    hidden: Any,
+    *,
+    spec: CaptureSpec,
+    sent_token_ids: Any,
+    loss_mask: Any,
+    returned_token_ids: Any = None,
+    sample_id: str | None = None,
+    finite_on_device: bool | None = None,
+    keep_device: bool = False,
+) -> CapturedSample:
+    """One backend's raw capture for one request -> a checked ``CapturedSample``.
+
+    ``hidden`` is a tensor [T, L, H] or a list of L tensors [T, H] (one per layer id, in
+    ``spec.layer_ids`` order), on any device: it is cast, stacked and checked for NaN/Inf
+    where it lives, and only then copied to the CPU. Anything else raises ``CaptureError``.
+    ``finite_on_device``: the verdict of ``host_copy.BatchToHost``'s check on the device for
+    exactly these (host-copied) values; a False verdict is explained from the host copy.
+    ``keep_device``: the checked hidden states stay where they are (online training feeds them
+    to the head on the same device); token ids and mask are on the CPU either way.
+    """
+    sent, mask = _checked_tokens(spec, sent_token_ids, loss_mask, returned_token_ids, sample_id)
     h = _stack_hidden(hidden, spec, sample_id)
     if not h.dtype.is_floating_point:
         raise CaptureError(
@@ -276,3 +284,40 @@ def to_captured_sample(
     if not keep_device:
         h = _to_host(h)
     return CapturedSample(token_ids=sent.contiguous(), loss_mask=mask.contiguous(), hidden=h)
+
+
+def to_encoded_sample(
+    encoded: dict[str, torch.Tensor],
+    *,
+    storage: str,
+    spec: CaptureSpec,
+    sent_token_ids: Any,
+    loss_mask: Any,
+    finite_on_device: bool,
+    returned_token_ids: Any = None,
+    sample_id: str | None = None,
+) -> CapturedSample:
+    """A record whose states were encoded in ``storage`` on the capture device and copied to the
+    host as that format's tensors (``host_copy.BatchToHost`` with a ``DeviceEncoding``). The tokens
+    pass ``to_captured_sample``'s checks; the states were judged finite on the device, before the
+    encode, and each tensor must hold T rows on the host (the writer checks their shapes and
+    dtypes against the dataset's)."""
+    sent, mask = _checked_tokens(spec, sent_token_ids, loss_mask, returned_token_ids, sample_id)
+    if not finite_on_device:
+        raise CaptureError(
+            "hidden",
+            "finite values",
+            f"NaN/Inf in {spec.dtype} on the device (judged before the {storage} encode)",
+            sample_id=sample_id,
+        )
+    for name, t in encoded.items():
+        if t.device.type != "cpu" or t.dim() < 1 or t.shape[0] != spec.num_tokens:
+            raise CaptureError(
+                f"encoded {name}",
+                f"a host tensor of {spec.num_tokens} rows",
+                f"tensor{list(t.shape)} on {t.device}",
+                sample_id=sample_id,
+            )
+    return CapturedSample(
+        token_ids=sent.contiguous(), loss_mask=mask.contiguous(), hidden=None, encoded=dict(encoded), storage=storage
+    )

@@ -9,7 +9,7 @@ from typing import Protocol
 import torch
 
 from eagle3.config import schema
-from eagle3.target_model.records import CapturedSample
+from eagle3.target_model.records import CapturedSample, DeviceEncoding
 
 Feed = Iterable[tuple[str, torch.Tensor, torch.Tensor]]  # (sample_id, input_ids [T], loss_mask [T])
 
@@ -39,9 +39,12 @@ def make_backend(
     max_length: int,
     *,
     trust_remote_code: bool = False,
+    device_encoding: DeviceEncoding | None = None,
 ) -> CaptureBackend:
     """The backend ``capture.backend`` names, laid out on ``topology`` (the HF forward on its
-    GPU; vLLM with its extraction TP/DP), for prompts of at most ``max_length`` tokens."""
+    GPU; vLLM with its extraction TP/DP), for prompts of at most ``max_length`` tokens.
+    ``device_encoding``: the HF backend on a GPU encodes the states there (capture.storage); vLLM's
+    connector writes them from its own process, so its records are encoded by the dataset writer."""
     backend = capture.backend
     if backend == schema.CaptureBackend.hf:
         from eagle3.target_model.capture_hf import HFCaptureBackend
@@ -55,6 +58,7 @@ def make_backend(
             max_tokens_per_batch=capture.max_tokens_per_batch,
             batch_size=capture.batch_size,
             trust_remote_code=trust_remote_code,
+            device_encoding=device_encoding,
         )
     if backend == schema.CaptureBackend.vllm:
         from eagle3.target_model.capture_vllm import VLLMCaptureBackend

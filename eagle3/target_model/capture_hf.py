@@ -22,9 +22,16 @@ from typing import Any, cast
 
 import torch
 
-from eagle3.target_model.adapter import CapturedSample, CaptureError, CaptureSpec, to_captured_sample
+from eagle3.target_model.adapter import (
+    CapturedSample,
+    CaptureError,
+    CaptureSpec,
+    to_captured_sample,
+    to_encoded_sample,
+)
 from eagle3.target_model.compute_dtype import compute_dtype, compute_note
 from eagle3.target_model.host_copy import BatchToHost
+from eagle3.target_model.records import DeviceEncoding
 
 log = logging.getLogger(__name__)
 
@@ -106,11 +113,15 @@ class HFCaptureBackend:
         trust_remote_code: bool = False,
         keep_on_device: bool = False,
         model: torch.nn.Module | None = None,
+        device_encoding: DeviceEncoding | None = None,
     ):
         """``dtype``: the stored dtype of the records. ``keep_on_device``: records keep their
         hidden states on ``device`` (online training feeds them straight to the head) instead of
         copying them to host memory. ``model``: an already-built base model to run instead of
-        loading ``model_dir`` (benchmarks), in the dtype it was built in."""
+        loading ``model_dir`` (benchmarks), in the dtype it was built in. ``device_encoding``: on a
+        CUDA device, the states are encoded in that storage format there and only its tensors are
+        copied to the host (records carry ``encoded``); a CPU capture leaves the encode to the
+        dataset writer's threads."""
         if batch_size < 1 or max_tokens_per_batch < 1:
             raise CaptureError(
                 "capture batch limits",
@@ -123,6 +134,7 @@ class HFCaptureBackend:
         self.batch_size = int(batch_size)
         self.max_tokens_per_batch = int(max_tokens_per_batch)
         self.keep_on_device = bool(keep_on_device)
+        self.device_encoding = device_encoding
         if model is None:
             self.compute_dtype = compute_dtype(dtype, self.device)
             note = compute_note(dtype, self.compute_dtype)
@@ -213,7 +225,8 @@ class HFCaptureBackend:
         stacked = torch.stack([self._captured[lid] for lid in self.layer_ids], dim=2)
         self._captured = {}
         if stacked.device.type == "cuda" and not self.keep_on_device:
-            to_host = BatchToHost(stacked, attn_dev.bool(), lengths, self.dtype)  # casts on the device
+            # cast, checked and (device_encoding) encoded on the device
+            to_host = BatchToHost(stacked, attn_dev.bool(), lengths, self.dtype, self.device_encoding)
             return _InFlight(batch, ids, lengths, stacked=None, to_host=to_host)
         # an fp32 forward (a CPU without native bf16) is rounded to the stored dtype here, once
         return _InFlight(batch, ids, lengths, stacked=stacked.to(self.dtype), to_host=None)
@@ -221,19 +234,31 @@ class HFCaptureBackend:
     @torch.inference_mode()
     def _finish(self, flight: _InFlight) -> list[CapturedSample]:
         """Checked records of a launched batch, padding stripped (never stored)."""
-        rows: Sequence[tuple[torch.Tensor, bool | None]]
+        rows: Sequence[tuple[dict[str, torch.Tensor], bool | None]]
         if flight.to_host is not None:
             rows = flight.to_host.rows()
         else:
             assert flight.stacked is not None  # the CPU path's batch
-            rows = [(flight.stacked[row, :t], None) for row, t in enumerate(flight.lengths)]
+            rows = [({"hidden": flight.stacked[row, :t]}, None) for row, t in enumerate(flight.lengths)]
         out = []
-        for row, (p, (hidden, finite)) in enumerate(zip(flight.batch, rows)):
+        for row, (p, (tensors, finite)) in enumerate(zip(flight.batch, rows)):
             t = flight.lengths[row]
             spec = CaptureSpec(self.layer_ids, self.hidden_size, self.dtype, p.input_ids.shape[0])
-            out.append(
-                to_captured_sample(
-                    hidden,
+            if "hidden" not in tensors:  # encoded on the device (device_encoding)
+                assert self.device_encoding is not None and finite is not None  # BatchToHost's rows
+                record = to_encoded_sample(
+                    tensors,
+                    storage=self.device_encoding.storage,
+                    spec=spec,
+                    sent_token_ids=p.input_ids,
+                    loss_mask=p.loss_mask,
+                    finite_on_device=finite,
+                    returned_token_ids=flight.input_ids[row, :t],
+                    sample_id=p.sample_id,
+                )
+            else:
+                record = to_captured_sample(
+                    tensors["hidden"],
                     spec=spec,
                     sent_token_ids=p.input_ids,
                     loss_mask=p.loss_mask,
@@ -242,7 +267,7 @@ class HFCaptureBackend:
                     finite_on_device=finite,
                     keep_device=self.keep_on_device,
                 )
-            )
+            out.append(record)
         return out
 
     def _pipeline(self, batches: Iterable[list[_Pending]]) -> Iterator[tuple[_Pending, CapturedSample]]:

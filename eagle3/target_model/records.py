@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from eagle3.util.hidden_dtypes import EXACT, check_storage
 
 # The file vLLM's hidden-state connector (ExampleHiddenStatesConnector) writes per request, read
 # by capture_vllm.py and written the same way by vllm_internals.py's host-copy connector:
@@ -56,12 +59,38 @@ class CaptureSpec:
         return (self.num_tokens, self.num_layers, self.hidden_size)
 
 
+@dataclass(frozen=True)
+class DeviceEncoding:
+    """A capture on a GPU stores its states in ``storage`` (capture.storage: fp8, int4) before they
+    leave the device: ``encode`` maps hidden [..., L, H] to that format's tensors on their device.
+    The math is the store's (eagle3/store/storage_format.py ``encode``), handed in by extraction:
+    the target model does not import the store."""
+
+    storage: str
+    encode: Callable[[torch.Tensor], dict[str, torch.Tensor]]
+
+    def __post_init__(self):
+        if check_storage(self.storage, "DeviceEncoding.storage") == EXACT:
+            raise CaptureError("DeviceEncoding.storage", "a format other than exact (fp8, int4)", self.storage)
+
+
 @dataclass
 class CapturedSample:
     token_ids: torch.Tensor  # int64 [T]
     loss_mask: torch.Tensor  # bool  [T]
-    hidden: torch.Tensor  # [T, L, H] in the spec dtype, contiguous; CPU unless kept on the device
+    # [T, L, H] in the spec dtype, contiguous; CPU unless kept on the device. None when the states
+    # came to the host already encoded (``encoded``)
+    hidden: torch.Tensor | None
+    # the states in ``storage``'s tensors (each [T, ...], on the host), encoded on the capture device
+    encoded: dict[str, torch.Tensor] | None = None
+    storage: str = EXACT
 
     @property
     def num_tokens(self) -> int:
         return int(self.token_ids.shape[0])
+
+    def states(self) -> torch.Tensor:
+        """hidden [T, L, H]; a CaptureError for a record whose states came encoded (``encoded``)."""
+        if self.hidden is None:
+            raise CaptureError("CapturedSample.hidden", "the states as captured", f"only their {self.storage} encoding")
+        return self.hidden

@@ -4,6 +4,11 @@ Offline, the dataset holds the hidden states. Online (``online`` given), it hold
 only and the target computes the states of each batch on the training device, in
 ``on_before_batch_transfer`` (eagle3/training/online.py).
 
+A dataset stored in fp8 or int4 (``capture.storage``) is decoded where the training runs when
+that is a GPU: the loader hands the format's tensors (a third to a half of the bytes), and
+``on_after_batch_transfer`` decodes them on the device into the values a loader worker's decode
+gives, bit for bit (eagle3/store/storage_format.py). On a CPU the loader's workers decode.
+
 Batches are made over the samples in sample-id order, not the order they sit on disk (which
 depends on how the capture batched them): the same samples give the same batches whichever
 backend, engine or mode wrote the dataset, so an online run reads exactly what an offline
@@ -18,7 +23,7 @@ import lightning as L
 import torch
 
 from eagle3.store import HiddenStateDataset, TokenDataset, open_dataset
-from eagle3.store.packing import pack_rows, packed_loader, split_hidden, unshuffled_loader
+from eagle3.store.packing import decode_hidden, pack_rows, packed_loader, split_hidden, unshuffled_loader
 from eagle3.training.online import OnlineHiddenStates
 
 
@@ -35,7 +40,10 @@ class Eagle3DataModule(L.LightningDataModule):
         require_train: bool = True,
         online: OnlineHiddenStates | None = None,
         pin_memory: bool = False,
+        decode_on_device: bool | None = None,
     ):
+        """``decode_on_device``: an fp8/int4 dataset's batches travel encoded and are decoded after
+        the copy to the training device (None: when that device is a GPU, decided in ``setup``)."""
         super().__init__()
         self.dataset_dir = dataset_dir
         self.max_tokens = int(max_tokens_per_batch)
@@ -68,6 +76,7 @@ class Eagle3DataModule(L.LightningDataModule):
             [lengths[i] for i in self.val_idx], self.max_tokens, self.row_tokens, seed=self.seed
         )
         self._resume_start = 0
+        self.decode_on_device = decode_on_device
         # CUDA: the stream batches are copied on (transfer_batch_to_device)
         self._copy_stream: torch.cuda.Stream | None = None
 
@@ -84,8 +93,11 @@ class Eagle3DataModule(L.LightningDataModule):
         split_across_ranks: bool = True,
     ):
         rank, world = self._rank_world() if split_across_ranks else (0, 1)
+        dataset = self.dataset
+        if self.decode_on_device and isinstance(dataset, HiddenStateDataset):
+            dataset = dataset.encoded_rows()  # the format's tensors travel; decoded on the device
         return packed_loader(
-            self.dataset,
+            dataset,
             idx,
             batches,
             max_tokens=self.max_tokens,
@@ -103,6 +115,9 @@ class Eagle3DataModule(L.LightningDataModule):
         )
 
     def setup(self, stage: str) -> None:
+        if self.decode_on_device is None:
+            device = self.trainer.strategy.root_device if self.trainer else torch.device("cpu")
+            self.decode_on_device = device.type == "cuda"
         if self.online is not None:  # the target onto this process's training device
             self.online.setup(self.trainer.strategy.root_device if self.trainer else "cpu")
 
@@ -132,8 +147,12 @@ class Eagle3DataModule(L.LightningDataModule):
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         # the aux/final split on the training device: on a GPU its reshape copy is ~free, on the
-        # host it was a second pass over every batch's states
-        return split_hidden(batch)
+        # host it was a second pass over every batch's states. A batch that came encoded is
+        # decoded here, on that device. (Lightning runs this hook, not the LightningModule's, when
+        # the data module defines it: the decode lives here, beside the split it replaces.)
+        if isinstance(self.dataset, HiddenStateDataset):
+            return decode_hidden(batch, self.dataset.storage, self.dataset.dtype)
+        return split_hidden(batch)  # online: the target's states, computed whole
 
     def loader_for(self, idx: list[int]):
         """These samples in this module's batches, unshuffled, in this process (evaluation)."""

@@ -82,7 +82,7 @@ class OnlineHiddenStates:
         feed = ((item["sample_id"], item["input_ids"], item["loss_mask"]) for item in items)
         # in input order: the same order the offline collate sees for the same batch
         records = list(self.backend.capture(feed))
-        rows = [{"input_ids": r.token_ids, "loss_mask": r.loss_mask, "hidden": r.hidden} for r in records]
+        rows = [{"input_ids": r.token_ids, "loss_mask": r.loss_mask, "hidden": r.states()} for r in records]
         self.tokens += sum(r.num_tokens for r in records)
         # collate_rows concatenates outside inference mode: the batch is an ordinary tensor the
         # head's autograd may save

@@ -58,7 +58,7 @@ def replay_served(
             acc = empty
             for rec in backend.capture(samples):
                 batch = collate_packed(
-                    [{"input_ids": rec.token_ids, "loss_mask": rec.loss_mask, "hidden": rec.hidden}], rec.num_tokens
+                    [{"input_ids": rec.token_ids, "loss_mask": rec.loss_mask, "hidden": rec.states()}], rec.num_tokens
                 )
                 acc = add_batch(
                     head,
