@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from eagle3.config.errors import ConfigError
-from eagle3.stages.compose import machine_overrides
+from eagle3.stages.compose import machine_overrides, register_evaluate_config
 from eagle3.stages.validate import validate_run_config
 
 GROUPS = ["model", "topology", "sizes", "layers", "data", "capture", "train", "logger", "experiment", "debug"]
@@ -292,6 +292,22 @@ def test_the_vllm_capture_route_follows_the_accelerator():
     assert compose("extract", ["capture=vllm"]).capture.vllm_route == "native_host_copy"  # the CPU build
     assert compose("extract", ["capture=vllm", "topology=gpu1"]).capture.vllm_route == "native"
     assert compose("extract", ["capture=vllm", "capture.vllm_route=auto"]).capture.vllm_route == "auto"
+
+
+def test_engine_keys_are_the_same_in_train_and_evaluate():
+    # one key for one switch: engine.enforce_eager reaches both CLIs' engines; eval.* has none
+    register_evaluate_config()
+    for entry, extra in (("train", []), ("evaluate", ["export_dir=unused"])):
+        assert compose(entry, extra + ["engine.enforce_eager=true"]).engine.enforce_eager is True
+        with pytest.raises(ConfigCompositionException, match="enforce_eager"):
+            compose(entry, extra + ["eval.enforce_eager=true"])
+    # train.py's engines follow the run's own groups unless engine.* says otherwise
+    cfg = compose("train", ["topology=gpu8_tp8", "model.trust_remote_code=true", "capture.cpu_kvcache_space_gb=7"])
+    assert cfg.engine.tensor_parallel_size == cfg.topology.extract_tp == 8
+    assert cfg.engine.gpu_memory_utilization == cfg.capture.gpu_memory_utilization
+    assert cfg.engine.cpu_kvcache_space_gb == 7 and cfg.engine.trust_remote_code is True
+    assert compose("train", ["topology=gpu8_tp8", "engine.tensor_parallel_size=2"]).engine.tensor_parallel_size == 2
+    assert compose("train", ["experiment=smollm2_budget"]).engine.enforce_eager is True
 
 
 def test_cli_typo_exits_nonzero_with_key():

@@ -6,8 +6,9 @@ as ``base_<cli>`` (eagle3/stages/compose.py) and extended by conf/<cli>.yaml, so
 wrong type fails at compose time.
 
 `EvalConfig` (what to measure: draft tokens, prompt counts, answer length, diagnostics) lives
-in schema.py because train.py's config carries it too; what is only evaluate's -- how the two
-vLLM engines are built, where the head and the prompts come from -- is here.
+in schema.py and `EngineOptions` (how the two vLLM engines are built) in engine.py because
+train.py's config carries them too, under the same keys (eval.*, engine.*); what is only
+evaluate's -- where the head and the prompts come from -- is here.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from eagle3.config.choices import (
     VerifyMode,
     VLLMRoute,
 )
+from eagle3.config.engine import EngineOptions
 
 DEFAULT_OPTIMIZED_METRIC = "val/replay_accept_len"  # RunConfig.optimized_metric; sweeps read it too
 
@@ -395,10 +396,6 @@ class EvalConfig:
     # head train-side on the served prompts: costly; for investigating train/serve mismatches.
     # Off: vLLM's measured acceptance and a count of greedy mismatches only.
     diagnostics: bool = False
-    # train.py's check: vLLM's engines eager (true) or as the engine decides (null: compiled and
-    # graph-captured on GPU; evaluate.py sets engine.enforce_eager). Acceptance does not depend on it; an eager engine starts in a
-    # fraction of the time, so a time budget's check runs eager (experiment=smollm2_budget)
-    enforce_eager: Optional[bool] = None
 
 
 @dataclass
@@ -427,6 +424,12 @@ class RunConfig:
     logger: LoggerConfig = MISSING
     paths: PathsConfig = MISSING
     eval: EvalConfig = field(default_factory=EvalConfig)
+    # how the acceptance check's vLLM engines are built, the same keys as evaluate.py's engine.*;
+    # conf/engine/default.yaml points tensor parallelism, memory and trust at the run's own groups.
+    # engine.enforce_eager: eager (true) or as the engine decides (null: compiled and graph-captured
+    # on GPU). Acceptance does not depend on it; an eager engine starts in a fraction of the time, so
+    # a time budget's check runs eager (experiment=smollm2_budget)
+    engine: EngineOptions = field(default_factory=EngineOptions)
     export: ExportConfig = field(default_factory=ExportConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     callbacks: CallbacksConfig = field(default_factory=CallbacksConfig)

@@ -93,7 +93,8 @@ NOT_THE_RESULT = (
     "eval.math_prompts",
     "eval.humaneval_prompts",
     "eval.diagnostics",
-    "eval.enforce_eager",
+    "engine.",  # how the check's vLLM engines are built
+    "eval.enforce_eager",  # engine.enforce_eager under its old key, as older run dirs record it
     # what is shown or kept, not what is trained
     "trainer.enable_progress_bar",
     "trainer.profiler",
