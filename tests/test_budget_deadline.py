@@ -31,7 +31,7 @@ class _ScriptedDeadline(Deadline):
 
 
 class _TickingClock(StageClock):
-    """One second passes each time the clock is read: a capture slower than any plan."""
+    """One second passes each time the clock is read: a capture slower than any estimate."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -127,7 +127,7 @@ def test_a_capture_past_its_deadline_finishes_the_dataset_with_what_it_captured(
     assert "cut short by a time budget at 12 of 40" in capsys.readouterr().err
 
 
-def test_the_shares_end_where_the_plan_says():
+def test_the_deadlines_end_where_the_shares_say():
     from eagle3.config.schema import run_config
 
     shares = time_budget.time_shares(run_config(compose("extract", ["experiment=smollm2_budget"])))
@@ -148,7 +148,7 @@ def test_the_shares_end_where_the_plan_says():
 
 def test_a_regeneration_that_overran_leaves_capture_its_own_share():
     """Its first batch always runs: when regeneration ends past the extraction's share, capture
-    still gets the minutes its samples were planned to take, from now."""
+    still gets the minutes its samples' share was sized to take, from now."""
     from eagle3.config.schema import run_config
 
     shares = time_budget.time_shares(run_config(compose("extract", ["experiment=smollm2_budget"])))

@@ -91,7 +91,7 @@ def test_the_machine_picks_topology_and_sizes_and_presets_and_keys_win(entry, ca
     assert _sizes(_as_run(entry, ["topology=cpu"], gpus=1)) == CPU_SIZES
     assert _sizes(_as_run(entry, ["topology=cpu_ddp2"], gpus=0)) == CPU_SIZES
     for gpu, n in (("gpu1", 1), ("gpu2_tp2", 2), ("gpu4_tp4", 4), ("gpu8_tp8", 8)):
-        cfg = _as_run(entry, [f"topology={gpu}"], gpus=0)  # composing a plan on a CPU machine
+        cfg = _as_run(entry, [f"topology={gpu}"], gpus=0)  # composing a GPU config on a CPU machine
         assert cfg.sizes == "gpu" and _sizes(cfg) == GPU_SIZES, gpu
         assert (cfg.topology.devices, cfg.topology.extract_tp, cfg.topology.extract_dp) == (n, n, 1), gpu
         # the topology alone (composed without the entrypoint's overrides) leaves the sizes be
@@ -285,7 +285,7 @@ def test_cli_cfg_job_resolve(entry):
     resolved = OmegaConf.create(out.stdout)
     assert list(resolved.layers.layer_ids) == [2, 30, 58, 61]
     assert resolved.topology.extract_tp == 8
-    assert resolved.capture.vllm_route == "native"  # the 8-GPU plan names vLLM's own connector
+    assert resolved.capture.vllm_route == "native"  # the 8-GPU config names vLLM's own connector
 
 
 def test_the_vllm_capture_route_follows_the_accelerator():

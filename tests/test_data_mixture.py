@@ -1,7 +1,7 @@
 """data.mixture: conversations drawn from several sources by weight (seeded), each tagged with
 its source, the counts per source in the dataset's manifest, the mixture in the dataset's
 identity, typos refused at compose; self-prompts written and answered by the real SmolLM2; the
-time budget planning a mixture as a whole. JSONL files written here, a tiny random Llama for the
+time budget sizing a mixture as a whole. JSONL files written here, a tiny random Llama for the
 extraction."""
 
 from __future__ import annotations
@@ -148,22 +148,22 @@ def test_extract_prints_and_records_the_counts_per_source(tmp_path):
     assert counts["a"]["samples"] > counts["b"]["samples"] > 0
 
 
-def _plan(*more: str) -> time_budget.TimeShares:
+def _shares(*more: str) -> time_budget.TimeShares:
     args = ["experiment=smollm2_budget", *more]
     split = time_budget.time_shares(run_config(compose("extract", args)))
     assert split is not None
     return split
 
 
-def test_the_budget_plans_a_mixture_as_a_whole():
-    one = _plan()
-    mix = _plan("data=mixture_default")
+def test_the_budget_sizes_a_mixture_as_a_whole():
+    one = _shares()
+    mix = _shares("data=mixture_default")
     assert not one.by_source and one.prompt_s == 0
     names = dict(mix.by_source)
     assert sum(names.values()) == mix.conversations and names["self"] == pytest.approx(0.25 * mix.conversations, abs=1)
     assert mix.prompt_s > 0 and "data.mixture: sharegpt" in "\n".join(mix.lines())
     # longer self-prompts cost more generation: fewer conversations fit the same minutes
-    longer = _plan("data=mixture_default", "data.mixture.1.prompt_max_tokens=400")
+    longer = _shares("data=mixture_default", "data.mixture.1.prompt_max_tokens=400")
     assert longer.prompt_s > mix.prompt_s and longer.conversations < mix.conversations
 
 

@@ -164,10 +164,10 @@ def test_full_disk_while_saving_a_checkpoint_names_it_and_the_rerun_resumes(
         train(compose("train", ARGS + [f"paths.data_dir={reference.parent}"], output_dir=str(run_dir)))
     monkeypatch.delenv(faults.ENV)
     ckpts = run_dir / "checkpoints"
-    planned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("checkpoints: ")]
+    estimated = [r.getMessage() for r in caplog.records if r.getMessage().startswith("checkpoints: ")]
     size = format_bytes((ckpts / "last.ckpt").stat().st_size)
-    assert len(planned) == 1 and planned[0].startswith(f"checkpoints: {size} each"), (planned, size)
-    assert "up to 3 at once" in planned[0] and " free there" in planned[0]
+    assert len(estimated) == 1 and estimated[0].startswith(f"checkpoints: {size} each"), (estimated, size)
+    assert "up to 3 at once" in estimated[0] and " free there" in estimated[0]
     msg = str(e.value)
     assert f"{ckpts}/" in msg and "disk full writing this checkpoint" in msg and " free " in msg
     need = int(msg.split(" bytes)")[0].rsplit("(", 1)[1])
@@ -179,12 +179,12 @@ def test_full_disk_while_saving_a_checkpoint_names_it_and_the_rerun_resumes(
     _assert_same_run(run_dir, straight_run)
 
 
-def test_the_checkpoint_size_train_plans_for_is_what_it_writes(straight_run):
+def test_the_checkpoint_size_train_estimates_is_what_it_writes(straight_run):
     """train.py checks its checkpoints' disk before the first step from the module's own figure
     (weights kept + AdamW's two moments); the files it then wrote are that size."""
-    planned = json.loads((straight_run / "summary.json").read_text())["checkpoint_bytes"]
+    estimated = json.loads((straight_run / "summary.json").read_text())["checkpoint_bytes"]
     for ckpt in (straight_run / "checkpoints").glob("*.ckpt"):
-        assert abs(ckpt.stat().st_size - planned) < 0.02 * planned, (ckpt.name, ckpt.stat().st_size, planned)
+        assert abs(ckpt.stat().st_size - estimated) < 0.02 * estimated, (ckpt.name, ckpt.stat().st_size, estimated)
 
 
 def test_export_killed_leaves_the_previous_one_and_the_rerun_exports(reference, straight_run, tmp_path):

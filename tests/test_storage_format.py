@@ -1,6 +1,6 @@
 """capture.storage=fp8: the aux hidden states in float8_e4m3fn with a scale per token and layer,
 the final layer exact; the format in the shards, the manifest, the fingerprint, a merge and the
-disk plan; an exact dataset of before the field still reads and trains."""
+disk estimate; an exact dataset of before the field still reads and trains."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def test_fp8_error_is_bounded_per_token_and_layer_and_the_final_layer_is_exact()
     assert float(back[0, 0].float().abs().max()) > 0
 
 
-def test_an_fp8_dataset_round_trips_at_the_planned_size(tmp_path):
+def test_an_fp8_dataset_round_trips_at_the_estimated_size(tmp_path):
     w = ShardWriter(
         tmp_path,
         layer_ids=LAYER_IDS,
@@ -144,7 +144,7 @@ def test_a_merge_of_mixed_formats_is_refused_by_name(tmp_path):
 
 
 def test_resolve_shows_bytes_per_token_and_the_dataset_size_of_the_format():
-    from eagle3.planning.disk_plan import disk_bytes
+    from eagle3.planning.disk_estimate import disk_bytes
     from eagle3.store.disk import format_bytes
 
     cfg = compose("extract", ["data.max_samples=100"])  # a CPU: fp8 unless told otherwise

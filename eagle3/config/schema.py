@@ -173,7 +173,7 @@ class CaptureConfig:
     # the shards' on-disk format: exact (the states in capture.dtype) or fp8 (the aux layers in
     # float8_e4m3fn with a scale per token and layer, the final layer exact; eagle3/store/storage_format.py);
     # int4 (an option: 4-bit codes with a scale per 32 channels, the final layer exact). conf/capture/*.yaml
-    # picks it by topology.accelerator: fp8 on a CPU, exact on a GPU (eagle3/planning/disk_plan.py)
+    # picks it by topology.accelerator: fp8 on a CPU, exact on a GPU (eagle3/planning/disk_estimate.py)
     storage: str = "exact"
     batch_size: int = 8  # hf: samples per forward
     max_tokens_per_batch: int = 16384  # hf: padded tokens per forward
@@ -191,7 +191,7 @@ class CaptureConfig:
     # how extract.py checks the shards already on disk (a resumed run, a complete dataset); a
     # missing, short or (full) corrupted shard is captured again in place
     verify: VerifyMode = VerifyMode.fast
-    # computed (eagle3/planning/disk_plan.py), never set by hand: shown by --cfg job --resolve
+    # computed (eagle3/planning/disk_estimate.py), never set by hand: shown by --cfg job --resolve
     hidden_layout: Any = "${eagle3.hidden_layout:${capture.dtype},${layers.layer_ids},${model.hidden_size}}"
     storage_layout: Any = (
         "${eagle3.storage_layout:${capture.dtype},${layers.layer_ids},${model.hidden_size},${capture.storage}}"
@@ -328,7 +328,7 @@ class CheckpointCallbackConfig:
     # train.py refuses, before its first step, a run whose checkpoints the disk cannot hold (statfs:
     # a quota is not seen); false: measure and report only (the space will be there, or a quota allows it)
     check_disk: bool = True
-    # computed (eagle3/planning/disk_plan.py), never set by hand: one checkpoint's size and the disk
+    # computed (eagle3/planning/disk_estimate.py), never set by hand: one checkpoint's size and the disk
     # a run holds at once, shown by --cfg job --resolve
     disk: Any = (
         "${eagle3.checkpoint_disk:${model},${head},${layers.layer_ids},"
@@ -405,7 +405,7 @@ class TimeBudgetConfig:
     train.py trains for what the extraction (recorded in the dataset) and the evaluation leave."""
 
     minutes: Optional[float] = None  # null: no budget (the run sizes alone decide)
-    passes: float = 2.0  # training passes over the data the plan aims at (the split's one knob)
+    passes: float = 2.0  # training passes over the data the shares aim at (their one knob)
 
 
 @dataclass

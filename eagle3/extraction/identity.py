@@ -67,7 +67,7 @@ class DatasetIdentity:
     data_dir: str
     cache_dir: str
     # data fields named otherwise than by their value, where the stages sized the data (a time
-    # budget: by the budget asked, not the count planned from rates; eagle3/stages/narrow.py)
+    # budget: by the budget asked, not the count the time shares derive from rates; eagle3/stages/narrow.py)
     named_by: dict[str, Any] | None = None
     storage: str = EXACT  # capture.storage: how the shards hold the states (eagle3/store/storage_format.py)
 
@@ -253,7 +253,7 @@ def budget_cut(
     capture: str | None = None,
 ) -> dict[str, Any]:
     """What the manifest records of a dataset a time budget cut short (``provenance.budget_cut``):
-    the conversations the plan asked, the samples rendered from what was answered in time, why
+    the conversations the time shares asked for, the samples rendered from what was answered in time, why
     regeneration and capture each stopped (None: that part was not cut) and the samples kept."""
     return {
         "planned_conversations": planned_conversations,

@@ -74,11 +74,11 @@ def engine_request(
     head: str | None,
     k: int,
     prompts: list[list[int]],
-    plan: dict[int, list[int]],
+    load_prompts: dict[int, list[int]],
     check: ServingCheck,
     engine: EngineOptions,
 ) -> EngineRequest:
-    largest = max(plan)
+    largest = max(load_prompts)
     return EngineRequest(
         model=target,
         head=head if k else None,
@@ -87,9 +87,9 @@ def engine_request(
         max_model_len=check.max_model_len,
         batches=[
             PromptBatch(wave_name(c), [prompts[i] for i in idx], wave_size=c, ignore_eos=True)
-            for c, idx in plan.items()
+            for c, idx in load_prompts.items()
         ]
-        + [PromptBatch(natural_name(c), [prompts[i] for i in idx], concurrency=c) for c, idx in plan.items()],
+        + [PromptBatch(natural_name(c), [prompts[i] for i in idx], concurrency=c) for c, idx in load_prompts.items()],
         # one engine for every load: it must admit the largest wave at once
         options=dataclasses.replace(engine, max_num_seqs=largest),
         warmup_prompts=largest,
@@ -141,14 +141,14 @@ def step_costs_in_work_dir(work: Path) -> dict[int, dict[int, float]]:
                     "these engines belong to different measurements"
                 )
         with_head[k] = EngineResult.from_json(res_file.read_text())
-    # the plan as measure_serving made it: each request's prompt, numbered in order of first use
+    # the prompts per load as measure_serving made them: each request's prompt, numbered in order of first use
     numbers: dict[tuple[int, ...], int] = {}
-    plan = {
+    load_prompts = {
         int(b["wave_size"]): [numbers.setdefault(tuple(p), len(numbers)) for p in b["prompts"]]
         for b in base_req["batches"]
     }
     alone = EngineResult.from_json((work / "engine-k0.result.json").read_text())
-    return table_step_costs(summarise(alone, with_head, plan, int(base_req["max_new_tokens"])))[1]
+    return table_step_costs(summarise(alone, with_head, load_prompts, int(base_req["max_new_tokens"])))[1]
 
 
 def jsonl_prompts(path: str, n: int, tokenizer: Any, max_tokens: int) -> tuple[list[list[int]], dict[str, int]]:
@@ -194,7 +194,7 @@ def run_engines(
     target: str,
     head: str,
     prompts: list[list[int]],
-    plan: dict[int, list[int]],
+    load_prompts: dict[int, list[int]],
     check: ServingCheck,
     engine: EngineOptions,
     work: Path,
@@ -213,7 +213,7 @@ def run_engines(
 
     def one(k: int) -> EngineResult | str:
         nonlocal slowest
-        request = engine_request(target, head, k, prompts, plan, check, engine)
+        request = engine_request(target, head, k, prompts, load_prompts, check, engine)
         reused = finished_engine(work, f"k{k}", request)
         if reused is not None:  # a measurement stopped part-way and run again with the same work dir
             print(f"K={k}: result of an earlier run of the same request in {work}", flush=True)
@@ -269,10 +269,10 @@ def measure_serving(
     if not prompts:
         raise ValueError("no held-out prompts")
     loads = [int(x) for x in check.loads]
-    plan = {c: wave_requests(len(prompts), c, check.min_waves) for c in loads}
+    load_prompts = {c: wave_requests(len(prompts), c, check.min_waves) for c in loads}
     work = Path(check.work_dir) if check.work_dir else Path(out).parent / "serving_work"
     work.mkdir(parents=True, exist_ok=True)
-    alone, with_head, missing = run_engines(target, str(export_dir), prompts, plan, check, engine, work)
+    alone, with_head, missing = run_engines(target, str(export_dir), prompts, load_prompts, check, engine, work)
     if not with_head:
         raise EngineRunError(
             "no engine with the head finished: "
@@ -280,11 +280,11 @@ def measure_serving(
             + f" (the target alone's result is kept in {work}: a rerun with serving.work_dir={work} reuses it)"
         )
     ks = sorted(with_head)
-    waves = summarise(alone, with_head, plan, check.max_new_tokens)
+    waves = summarise(alone, with_head, load_prompts, check.max_new_tokens)
     print_table(waves, WAVES_LABEL, verdicts=False)
     costs = table_step_costs(waves)[1]
     print(f"step costs c(K, load) in plain decode steps (the costs form of eagle3/serving/step_costs.yaml): {costs}")
-    table = summarise_natural(alone, with_head, plan)
+    table = summarise_natural(alone, with_head, load_prompts)
     print_table(table, NATURAL_LABEL)
     speedups = table_step_costs(table)[0]
     device = f"{alone.platform}, vLLM {alone.vllm_version}, eager={alone.enforce_eager}"

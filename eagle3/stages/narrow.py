@@ -11,7 +11,7 @@ from eagle3.planning import time_budget
 
 def dataset_identity(cfg: RunConfig, model_dir: str) -> DatasetIdentity:
     """``cfg``'s dataset: its target (materialised in ``model_dir``), data, layers and dtype.
-    Under a time budget the data holds the plan's count (what is rendered) but the name holds
+    Under a time budget the data holds the shares' count (what is rendered) but the name holds
     the budget as asked (time_budget.asked): the same name from either stage, whatever the rates."""
     return DatasetIdentity(
         model=cfg.model,

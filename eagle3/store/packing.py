@@ -182,7 +182,7 @@ def _collate(
 ) -> dict[str, torch.Tensor]:
     """Rows of samples (each cut to the row's ``cap`` tokens) into [num_rows, width] tensors,
     each filled in place: every sample's states are copied once, into the batch."""
-    plan: list[list[tuple[dict[str, Any], int]]] = []
+    cut_rows: list[list[tuple[dict[str, Any], int]]] = []
     for row in rows:
         used, parts = 0, []
         for item in row:
@@ -191,11 +191,11 @@ def _collate(
                 break
             parts.append((item, n))
             used += n
-        plan.append(parts)
-    used_per_row = [sum(n for _, n in parts) for parts in plan]
+        cut_rows.append(parts)
+    used_per_row = [sum(n for _, n in parts) for parts in cut_rows]
     W = width if width is not None else max(used_per_row)
-    B = max(num_rows, len(plan))
-    like = plan[0][0][0]["hidden"]  # [T, L, H]
+    B = max(num_rows, len(cut_rows))
+    like = cut_rows[0][0][0]["hidden"]  # [T, L, H]
     _, L, H = like.shape
     # where the states are (the GPU, for online training's target), else host memory: pinned on
     # request, or in a DataLoader worker shared memory (_shared_empty; the loader pins it after)
@@ -211,7 +211,7 @@ def _collate(
     segment_ids = torch.full((B, W), -1, dtype=torch.long)  # [B, W], -1: padding
     for b in range(B):
         off = 0
-        for s, (item, n) in enumerate(plan[b] if b < len(plan) else []):
+        for s, (item, n) in enumerate(cut_rows[b] if b < len(cut_rows) else []):
             hidden[b, off : off + n] = item["hidden"][:n]
             input_ids[b, off : off + n] = item["input_ids"][:n]
             loss_mask[b, off : off + n] = item["loss_mask"][:n]
