@@ -107,7 +107,7 @@ def test_training_gets_what_the_extraction_and_the_end_leave():
     clock = time_budget.train_clock(cfg, extract_s=400.0)
     assert clock is not None
     assert clock.fit_s == pytest.approx(1200 - 400 - clock.started_s - clock.reserve_s)
-    assert clock.reserve_s >= 180  # the vLLM check at the end (eval.enabled)
+    assert clock.reserve_s >= 180  # the acceptance evaluation at the end (eval.enabled)
     timed = time_budget.timed_train(cfg, clock)
     secs = int(clock.fit_s)
     assert timed.train.max_time == f"00:00:{secs // 60:02d}:{secs % 60:02d}"
@@ -149,7 +149,7 @@ def test_the_pipeline_ends_inside_its_minutes(tmp_path):
 
 def test_make_demo_is_sized_by_twenty_minutes_of_the_cpu_it_runs_on(monkeypatch):
     """experiment=demo_cpu: as many samples as this kind of CPU captures and trains in 20
-    minutes with the vLLM check; AMX tiles capture 2.6x as fast as bf16 dot products."""
+    minutes with the acceptance evaluation; AMX tiles capture 2.6x as fast as bf16 dot products."""
     from eagle3.target_model import compute_dtype as cd
 
     native = _shares()

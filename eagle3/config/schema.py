@@ -424,11 +424,11 @@ class RunConfig:
     logger: LoggerConfig = MISSING
     paths: PathsConfig = MISSING
     eval: EvalConfig = field(default_factory=EvalConfig)
-    # how the acceptance check's vLLM engines are built, the same keys as evaluate.py's engine.*;
+    # how the acceptance evaluation's vLLM engines are built, the same keys as evaluate.py's engine.*;
     # conf/engine/default.yaml points tensor parallelism, memory and trust at the run's own groups.
     # engine.enforce_eager: eager (true) or as the engine decides (null: compiled and graph-captured
     # on GPU). Acceptance does not depend on it; an eager engine starts in a fraction of the time, so
-    # a time budget's check runs eager (experiment=smollm2_budget)
+    # a time budget's acceptance evaluation runs eager (experiment=smollm2_budget)
     engine: EngineOptions = field(default_factory=EngineOptions)
     export: ExportConfig = field(default_factory=ExportConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

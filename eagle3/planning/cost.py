@@ -97,7 +97,7 @@ class Rate:
     regen_start_s: float = 0.0  # the regeneration engine's start, where regen_tok_s leaves it out
     regen_hf_tok_s: float | None = None  # regeneration by transformers where vLLM is absent
     regen_hf_start_s: float = 0.0
-    eval_s: float = 180.0  # train.py's vLLM check at the budget's evaluation sizes
+    eval_s: float = 180.0  # train.py's acceptance evaluation at the budget's evaluation sizes
     # figure -> what measured it (the command, the machine, what it counted): rates.yaml's sources
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
 

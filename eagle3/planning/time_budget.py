@@ -8,13 +8,13 @@ another machine) renames no dataset and train.py finds what extract.py wrote:
 - **extract.py** sizes the data: ``data.max_samples`` becomes the number of conversations whose
   regeneration (when ``data.regenerate``), capture and ``time_budget.passes`` training passes fit
   the minutes left after the fixed costs (each stage's start, the regeneration engine's start, the
-  end-of-run evaluation), at the rates of ``eagle3/planning/cost.py``. A data preset's own cap
+  acceptance evaluation), at the rates of ``eagle3/planning/cost.py``. A data preset's own cap
   (``data.max_samples``) still applies: a smaller source leaves the spare minutes to training.
   It prints the shares before any work, and records its own wall time in the dataset
   (``extract_seconds``), so a resumed extraction adds to it.
 - **train.py** trains for what is left: ``train.max_time`` = the budget - the extraction's
-  recorded seconds - its own start-up so far - the reserve for validation, export and the vLLM
-  check; ``train.max_steps`` stops binding (the time-fitted cosine ends at the clock). It writes
+  recorded seconds - its own start-up so far - the reserve for validation, export and the acceptance
+  evaluation; ``train.max_steps`` stops binding (the time-fitted cosine ends at the clock). It writes
   the pipeline's minutes to ``summary.json`` (``time_budget``).
 
 The split is an estimate (rates measured on other runs, a mean sample length); what keeps the
@@ -46,7 +46,7 @@ MEAN_ANSWER_TOKENS = 187
 # a sample of one user turn and its answer: SmolLM2's template (its default system turn, the
 # role headers) around them, 32 tokens (measured: [user "x", assistant "y"] renders to 34)
 TEMPLATE_TOKENS = 32
-# train.py after fit: the last validation, last.ckpt, the export (seconds; the vLLM check apart)
+# train.py after fit: the last validation, last.ckpt, the export (seconds; the acceptance evaluation apart)
 TRAIN_FINISH_S = {"cpu": 30.0, "gpu": 20.0}
 
 
@@ -170,12 +170,12 @@ def _regen_rate(cfg: RunConfig, rate: cost.Rate) -> tuple[float, float]:
 
 
 def _eval_seconds(cfg: RunConfig, rate: cost.Rate | None) -> float:
-    """train.py's vLLM check (0 when eval.enabled is off; the schema's Rate default without a rate)."""
+    """train.py's acceptance evaluation (0 when eval.enabled is off; the schema's Rate default without a rate)."""
     return (rate.eval_s if rate is not None else cost.Rate.eval_s) if cfg.eval.enabled else 0.0
 
 
 def _end_reserve(cfg: RunConfig, rate: cost.Rate | None) -> float:
-    """What train.py spends after fit: the last validation, last.ckpt, the export, the check."""
+    """What train.py spends after fit: the last validation, last.ckpt, the export, the acceptance evaluation."""
     return TRAIN_FINISH_S.get(str(cfg.topology.accelerator), 30.0) + _eval_seconds(cfg, rate)
 
 
@@ -311,7 +311,7 @@ class TrainClock:
     total_s: float
     extract_s: float | None  # recorded by extract.py in the dataset (None: not recorded)
     started_s: float  # this process so far
-    reserve_s: float  # after fit: validation, export, the vLLM check
+    reserve_s: float  # after fit: validation, export, the acceptance evaluation
     fit_s: float
     stage: StageClock  # train.py's own
 

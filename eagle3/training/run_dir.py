@@ -84,7 +84,7 @@ NOT_THE_RESULT = (
     "data.max_bad_fraction",  # a file that passes gives the same samples (the fingerprint leaves it out too)
     "data.regen_batch_size",
     "data.regen_static_cache",
-    # vLLM's check after training, on the exported head (eval.num_draft_tokens and
+    # the acceptance evaluation after training, on the exported head (eval.num_draft_tokens and
     # eval.max_new_tokens count: the validation replay's K and answer cut pick the exported
     # checkpoint, and K is in its config.json)
     "eval.enabled",
@@ -93,7 +93,7 @@ NOT_THE_RESULT = (
     "eval.math_prompts",
     "eval.humaneval_prompts",
     "eval.diagnostics",
-    "engine.",  # how the check's vLLM engines are built
+    "engine.",  # how the acceptance evaluation's vLLM engines are built
     "eval.enforce_eager",  # engine.enforce_eager under its old key, as older run dirs record it
     # what is shown or kept, not what is trained
     "trainer.enable_progress_bar",

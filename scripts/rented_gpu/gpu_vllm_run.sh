@@ -22,10 +22,10 @@
 #                                               in two calls (each call stops itself before the 10-minute cap)
 #   bash scripts/rented_gpu/gpu_vllm_run.sh budget_extract the whole pipeline inside BUDGET_MINUTES (experiment=smollm2_budget):
 #                                               extract.py's part (regeneration by vLLM, capture)
-#   bash scripts/rented_gpu/gpu_vllm_run.sh budget_train   train.py's part (what the extraction left; its check in CUDA vLLM);
+#   bash scripts/rented_gpu/gpu_vllm_run.sh budget_train   train.py's part (what the extraction left; its acceptance evaluation in CUDA vLLM);
 #                                               the two parts in two calls when together they pass the 10-minute cap
 #   bash scripts/rented_gpu/gpu_vllm_run.sh budget_peer    speculators 0.9 trained on the same data for the minutes our training
-#                                               had, then measured by evaluate.py on the prompts of our check
+#                                               had, then measured by evaluate.py on the prompts of our acceptance evaluation
 #   bash scripts/rented_gpu/gpu_vllm_run.sh budget_serving both budget heads by bench/serving_speedup.py (LOADS, DRAFT_TOKENS)
 # Several stages may share one call: bash scripts/rented_gpu/gpu_vllm_run.sh train serving
 # Results (JSON, figures, logs' tails) go to $OUT; nothing else comes back.
@@ -179,9 +179,9 @@ stage_budget_peer() {
     --cache-dir $TMPD/cache --minutes "$minutes" --out $TMPD/run-peer > "$OUTD/peer_train.log" 2>&1 || true
   tail -8 "$OUTD/peer_train.log"
   cp $TMPD/run-peer/peer_train.json "$OUTD/" 2>/dev/null || true
-  # the peer's head by evaluate.py with the settings of train.py's check of ours (eval.*'s defaults:
+  # the peer's head by evaluate.py with the settings of train.py's acceptance evaluation of ours (eval.*'s defaults:
   # 32 prompts, the validation split's opening turns + 16 HumanEval, 128 new tokens, eager engines),
-  # so the check's acceptance.json is ours on the same prompts; EVAL_OURS=1 measures ours again here
+  # so the acceptance evaluation's acceptance.json is ours on the same prompts; EVAL_OURS=1 measures ours again here
   local runs=(run-peer); [ "${EVAL_OURS:-0}" = 1 ] && runs=(brun run-peer)
   cp $TMPD/brun/export/acceptance.json "$OUTD/eval_brun_check.json" 2>/dev/null || true
   for run in "${runs[@]}"; do
