@@ -111,7 +111,7 @@ def test_a_capture_past_its_deadline_finishes_the_dataset_with_what_it_captured(
     clock = _TickingClock()
     # reads of the clock: one for the "ends by" line, then one per captured sample
     monkeypatch.setattr(time_budget, "capture_deadline", lambda shares, _, n: Deadline(clock, 13.0, "capture"))
-    args = ["experiment=tiny_test", "time_budget.minutes=1.5", f"paths.data_dir={tmp_path}"]
+    args = ["experiment=tiny_test", "time_budget.minutes=1.5", f"paths.datasets_dir={tmp_path}"]
     ds = Manifest.read_complete(extract(compose("extract", args)))
     assert ds is not None
     cut = ds.provenance["budget_cut"]
@@ -172,7 +172,7 @@ def test_an_online_dataset_records_its_cut_as_a_stored_one_does(tmp_path, monkey
         "data.regen_backend=hf",
         "data.regen_max_tokens=4",
         "data.regen_batch_size=8",
-        f"paths.data_dir={tmp_path}",
+        f"paths.datasets_dir={tmp_path}",
         f"paths.cache_dir={tmp_path / 'cache'}",
     ]
     ds = Manifest.read_complete(extract(compose("extract", args)))

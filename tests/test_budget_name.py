@@ -66,7 +66,7 @@ def test_train_finds_the_budgeted_dataset_after_a_rate_is_recalibrated(tmp_path,
     """extract.py under a 90-second budget (tiny target, real ShareGPT samples), then the rates
     file says this CPU is 100x slower: train.py's shares hold fewer conversations than extract.py did,
     and still finds the dataset extract.py wrote (train.py stops there: the search is the test)."""
-    args = ["experiment=tiny_test", "time_budget.minutes=1.5", f"paths.data_dir={tmp_path / 'data'}"]
+    args = ["experiment=tiny_test", "time_budget.minutes=1.5", f"paths.datasets_dir={tmp_path / 'data'}"]
     written = Path(extract(compose("extract", args)))
     before = time_budget.time_shares(run_config(compose("train", args)))
     monkeypatch.setattr(cost, "RATES_FILE", _recalibrated(tmp_path, "cpu", 0.01))

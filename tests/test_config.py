@@ -310,6 +310,14 @@ def test_engine_keys_are_the_same_in_train_and_evaluate():
     assert compose("train", ["experiment=smollm2_budget"]).engine.enforce_eager is True
 
 
+def test_the_datasets_folder_is_paths_datasets_dir():
+    # the `data` group is the chat data; where the hidden-state datasets go is paths.datasets_dir
+    assert compose("train", ["paths.datasets_dir=/tmp/ds"]).paths.datasets_dir == "/tmp/ds"
+    assert str(compose("extract", []).paths.datasets_dir).endswith("/data")  # the folder on disk stays data/
+    with pytest.raises(ConfigCompositionException, match="data_dir"):
+        compose("train", ["paths.data_dir=/tmp/ds"])
+
+
 def test_cli_typo_exits_nonzero_with_key():
     out = subprocess.run(
         [sys.executable, "train.py", "train.lrr=1"], cwd=ROOT, capture_output=True, text=True, timeout=120

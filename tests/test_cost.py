@@ -196,7 +196,7 @@ def _run(entry: str, args: list[str], run_dir: Path) -> str:
 
 
 def test_both_stages_print_the_estimate_and_write_it_to_the_run_log(tmp_path):
-    data = [f"paths.data_dir={tmp_path / 'data'}"]
+    data = [f"paths.datasets_dir={tmp_path / 'data'}"]
     stdout = _run("extract.py", data, tmp_path / "extract")
     line = "extract: 40 samples x <= 128 tokens = <= 5,120 tokens"
     assert line in stdout and line in (tmp_path / "extract" / "extract.log").read_text()

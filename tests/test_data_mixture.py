@@ -110,7 +110,7 @@ def _mix_args(tmp_path: Path, weight_b: float) -> list[str]:
         if not path.exists():  # the test may have rewritten one
             _chats(path, 60, word)
     mixture = f"[{{name: a, source: jsonl, path: '{a}', weight: 3}}, {{name: b, source: jsonl, path: '{b}', weight: {weight_b}}}]"
-    return [*TINY, "data=jsonl", "data.path=null", f"data.mixture={mixture}", f"paths.data_dir={tmp_path / 'data'}"]
+    return [*TINY, "data=jsonl", "data.path=null", f"data.mixture={mixture}", f"paths.datasets_dir={tmp_path / 'data'}"]
 
 
 def test_the_mixture_names_the_dataset(tmp_path, model_dir):
@@ -125,7 +125,7 @@ def test_the_mixture_names_the_dataset(tmp_path, model_dir):
     _chats(tmp_path / "b.jsonl", 60, "gamma")  # one source's content
     assert inputs(*_mix_args(tmp_path, 1)) != base
     # a config without a mixture keeps the fingerprint it had before the option
-    plain = inputs(*TINY, "data=jsonl", f"data.path={tmp_path / 'a.jsonl'}", f"paths.data_dir={tmp_path}")
+    plain = inputs(*TINY, "data=jsonl", f"data.path={tmp_path / 'a.jsonl'}", f"paths.datasets_dir={tmp_path}")
     assert "mixture" not in plain["data"]
 
 

@@ -174,16 +174,16 @@ def tiny_data(tmp_path_factory) -> Path:
 
     d = tmp_path_factory.mktemp("data")
     for storage in ("exact", "fp8"):
-        extract(compose("extract", TINY + [f"paths.data_dir={d}", f"capture.storage={storage}"]))
+        extract(compose("extract", TINY + [f"paths.datasets_dir={d}", f"capture.storage={storage}"]))
     return d
 
 
-def _recipe(data_dir: Path, storage: str):
+def _recipe(datasets_dir: Path, storage: str):
     from eagle3.config.schema import run_config
     from eagle3.stages.narrow import dataset_identity
     from eagle3.target_model.resolve import resolve_target
 
-    run = run_config(compose("extract", TINY + [f"paths.data_dir={data_dir}", f"capture.storage={storage}"]))
+    run = run_config(compose("extract", TINY + [f"paths.datasets_dir={datasets_dir}", f"capture.storage={storage}"]))
     return dataset_identity(run, resolve_target(run.model, run.paths.cache_dir))
 
 
@@ -211,7 +211,9 @@ def test_fp8_and_an_old_exact_dataset_both_train(tiny_data, tmp_path):
     for storage in ("exact", "fp8"):
         out = tmp_path / storage
         train(
-            compose("train", TINY + [f"paths.data_dir={tiny_data}", f"capture.storage={storage}"], output_dir=str(out))
+            compose(
+                "train", TINY + [f"paths.datasets_dir={tiny_data}", f"capture.storage={storage}"], output_dir=str(out)
+            )
         )
         summary = json.loads((out / "summary.json").read_text())
         assert summary["global_step"] == 6 and Path(summary["dataset_dir"]) == dataset_path(_recipe(tiny_data, storage))

@@ -122,7 +122,7 @@ def test_the_pipeline_ends_inside_its_minutes(tmp_path):
     """extract.py then train.py under one 90-second budget (tiny target, real ShareGPT samples):
     the extraction records its seconds, training runs past the preset's step count until the
     clock, and summary.json says the two together stayed inside."""
-    common = ["experiment=tiny_test", "time_budget.minutes=1.5", f"paths.data_dir={tmp_path / 'data'}"]
+    common = ["experiment=tiny_test", "time_budget.minutes=1.5", f"paths.datasets_dir={tmp_path / 'data'}"]
     subprocess.run([sys.executable, "extract.py", *common], cwd=ROOT, check=True, capture_output=True)
     (ds_dir,) = [p for p in (tmp_path / "data").iterdir() if p.is_dir()]
     extract_s = Manifest.read(ds_dir).provenance["extract_seconds"]

@@ -306,7 +306,7 @@ class LoggerConfig:
 @dataclass
 class PathsConfig:
     root_dir: str = MISSING
-    data_dir: str = MISSING  # datasets (fingerprinted subdirectories)
+    datasets_dir: str = MISSING  # datasets (fingerprinted subdirectories)
     cache_dir: str = MISSING  # materialised targets, regenerated answers
     log_dir: str = MISSING
     output_dir: Optional[str] = None  # the Hydra run dir (None under --cfg)
@@ -441,7 +441,7 @@ class RunConfig:
     # trained head (refused otherwise, naming the keys: eagle3/training/run_dir.py, check_run_config)
     resume_anyway: bool = False
     # train.py: the dataset to train on; null: the one extract.py wrote for this config (found by
-    # its fingerprint under paths.data_dir). A dataset moved from another machine goes here.
+    # its fingerprint under paths.datasets_dir). A dataset moved from another machine goes here.
     dataset_dir: Optional[str] = None
     # train.py: accept a dataset_dir= extracted from other weights than this target's (its
     # manifest's weights hashes differ: base vs instruct, another revision or fine-tune of the

@@ -19,7 +19,7 @@ def dataset_identity(cfg: RunConfig, model_dir: str) -> DatasetIdentity:
         data=cfg.data,
         layer_ids=tuple(int(i) for i in cfg.layers.layer_ids),
         capture_dtype=cfg.capture.dtype,
-        data_dir=str(cfg.paths.data_dir),
+        datasets_dir=str(cfg.paths.datasets_dir),
         cache_dir=str(cfg.paths.cache_dir),
         named_by=time_budget.asked(cfg),
         storage=cfg.capture.storage,

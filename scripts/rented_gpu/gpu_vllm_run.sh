@@ -45,7 +45,7 @@ COMMON=(experiment=smollm2_full data=jsonl data.path=$TMPD/sharegpt.jsonl data.m
         data.regenerate=false paths.cache_dir=$TMPD/cache logger=none)
 # the time-budget pipeline; BUDGET_SAMPLES caps the conversations (the chat file's count)
 BUDGET=(experiment=smollm2_budget data=jsonl data.path=$TMPD/sharegpt.jsonl data.max_samples="${BUDGET_SAMPLES:-null}"
-        time_budget.minutes="${BUDGET_MINUTES:-20}" paths.cache_dir=$TMPD/cache paths.data_dir=$TMPD/data_budget logger=none)
+        time_budget.minutes="${BUDGET_MINUTES:-20}" paths.cache_dir=$TMPD/cache paths.datasets_dir=$TMPD/data_budget logger=none)
 # BUDGET_ARGS: more overrides for both budget stages (e.g. an A/B: capture.storage=exact, then fp8);
 # BRUN: the budget run's directory name under $TMPD (one per arm of an A/B)
 read -r -a BUDGET_EXTRA <<< "${BUDGET_ARGS:-}"
@@ -86,7 +86,7 @@ stage_capture() {
   # backend is no part of a dataset's fingerprint). The HF one is deleted after.
   for be in hf vllm; do
     echo "== extract capture=$be"
-    (time python3 extract.py "${COMMON[@]}" capture=$be paths.data_dir=$TMPD/data_$be \
+    (time python3 extract.py "${COMMON[@]}" capture=$be paths.datasets_dir=$TMPD/data_$be \
        capture.max_num_seqs=${MAX_NUM_SEQS:-256} capture.gpu_memory_utilization=0.6) 2>&1 | quiet \
        | tee "$OUTD/extract_$be.log" | grep -E "^captured|^done|^real|tok/s\)" || true
     df -h $TMPD | tail -1
@@ -97,7 +97,7 @@ stage_capture() {
 
 stage_train() {
   rm -rf $TMPD/run
-  (time python3 train.py "${COMMON[@]}" capture=vllm paths.data_dir=$TMPD/data_vllm hydra.run.dir=$TMPD/run \
+  (time python3 train.py "${COMMON[@]}" capture=vllm paths.datasets_dir=$TMPD/data_vllm hydra.run.dir=$TMPD/run \
      train.max_time="00:00:0$MINUTES:00" eval.enabled=${EVAL:-true} eval.max_prompts=32 eval.humaneval_prompts=16 \
      eval.max_new_tokens=128) 2>&1 | quiet | tail -45
   cp $TMPD/run/summary.json "$OUTD/train_summary.json"
@@ -134,7 +134,7 @@ stage_tests() {
 
 stage_dataset() {
   ensure_gguf
-  python3 extract.py "${COMMON[@]}" capture=hf paths.data_dir=$TMPD/data 2>&1 | quiet \
+  python3 extract.py "${COMMON[@]}" capture=hf paths.datasets_dir=$TMPD/data 2>&1 | quiet \
     | grep -E "^captured|^done|tok/s\)|Error" || true
 }
 
@@ -142,7 +142,7 @@ stage_ranking() {
   # heads of a spread of quality on one dataset; vLLM measures each with the head alone, eager
   # (acceptance does not depend on CUDA graphs, and an eager engine starts in a fraction of the time)
   timeout "${RANKING_SECONDS:-540}" python3 bench/metric_ranking.py --variants gpu --heads "${HEADS:-6}" \
-    --base "${COMMON[@]}" capture=hf paths.data_dir=$TMPD/data --work-dir $TMPD/ranking \
+    --base "${COMMON[@]}" capture=hf paths.datasets_dir=$TMPD/data --work-dir $TMPD/ranking \
     --eval-prompts 32 --humaneval 16 --eval-args engine.enforce_eager=true eval.max_new_tokens=128 \
     --out "$OUTD/ranking.json" 2>&1 | quiet | tail -30 || true
   tail -3 $TMPD/ranking/head*.train.log 2>/dev/null | tail -12 || true
