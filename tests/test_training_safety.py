@@ -305,7 +305,10 @@ def test_which_keys_count(tmp_path):
         assert k in keys
     for k in ("paths.output_dir", "logger.backend", "eval.max_prompts", "ckpt_path", "resume_anyway", "tags"):
         assert k not in keys
+    assert not [k for k in keys if k.startswith("engine.")]  # how the evaluation's engines are built
     assert run_dir.config_changes({"a": {"b": 1}}, {"a": {"b": 1, "c": 2}}) == [("a.c", "<absent>", 2)]
+    # a recorded config that still holds engine.enforce_eager's former key resumes under the new one
+    assert run_dir.config_changes({"eval": {"enforce_eager": True}}, {"engine": {"enforce_eager": True}}) == []
 
 
 # ---- integration (heavy: run under flock /tmp/eagle3_heavy.lock): a diverging loss stops training

@@ -94,7 +94,7 @@ NOT_THE_RESULT = (
     "eval.humaneval_prompts",
     "eval.diagnostics",
     "engine.",  # how the acceptance evaluation's vLLM engines are built
-    "eval.enforce_eager",  # engine.enforce_eager under its old key, as older run dirs record it
+    "eval.enforce_eager",  # engine.enforce_eager's former key: a run dir's recorded config may hold it
     # what is shown or kept, not what is trained
     "trainer.enable_progress_bar",
     "trainer.profiler",
