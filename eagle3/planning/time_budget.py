@@ -182,7 +182,7 @@ def _end_reserve(cfg: RunConfig, rate: cost.Rate | None) -> float:
 def time_shares(cfg: RunConfig, rates: cost.RunRates | None = None) -> TimeShares | None:
     """The shares of cfg.time_budget.minutes, or None without a budget (or without a measured
     rate for this accelerator: eagle3/planning/rates.yaml). ``rates``: cfg's (default
-    cost.run_rates(cfg)): every share of one TimeShares comes from one reading of the rates."""
+    cost.run_rates(cfg)): every share comes from one reading of the rates."""
     budget = cfg.time_budget
     if budget.minutes is None:
         return None
