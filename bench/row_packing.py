@@ -33,10 +33,10 @@ SMOLLM2 = {
 
 
 def _batches(lengths, max_tokens, row_tokens, hidden, n_batches, device):
-    plan = pack_rows(lengths, max_tokens, row_tokens, seed=0)[:n_batches]
+    packed = pack_rows(lengths, max_tokens, row_tokens, seed=0)[:n_batches]
     g = torch.Generator().manual_seed(1)
     out = []
-    for b in plan:
+    for b in packed:
         items = [
             {
                 "input_ids": torch.randint(0, 49152, (lengths[i],), generator=g),

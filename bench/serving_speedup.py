@@ -32,7 +32,7 @@ from pathlib import Path
 
 from harness import ints  # beside this file; puts the checkout on sys.path
 
-from eagle3.config.cli import ServingCheck
+from eagle3.config.cli import ServingConfig
 from eagle3.config.engine import EngineOptions
 from eagle3.evaluation.subprocess_engine import EngineRunError
 from eagle3.serving.speedup import measure_serving, step_costs_in_work_dir
@@ -82,7 +82,7 @@ def main() -> None:
     missing = [f"--{a.replace('_', '-')}" for a in ("export_dir", "target", "out") if not getattr(args, a)]
     if missing:
         ap.error(f"the measurement needs {', '.join(missing)}")
-    check = ServingCheck(
+    serving = ServingConfig(
         measure=True,
         loads=ints(args.loads),
         draft_tokens=ints(args.draft_tokens),
@@ -102,7 +102,7 @@ def main() -> None:
         load_format=args.load_format,
     )
     try:
-        measure_serving(args.export_dir, args.target, args.dataset_dir, check, engine, args.out)
+        measure_serving(args.export_dir, args.target, args.dataset_dir, serving, engine, args.out)
     except (ValueError, EngineRunError) as e:
         sys.exit(str(e))
 

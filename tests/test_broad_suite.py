@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from test_evaluate import _dataset_with_val_split, _random_head_export
 
+from eagle3.evaluation.acceptance_run import breakdown
 from eagle3.evaluation.counters import SpecDecodeCounters
 from eagle3.evaluation.engine import BatchResult
 from eagle3.evaluation.figures import PromptOutcome, figures_of, prompt_outcomes
 from eagle3.evaluation.intervals import Unit, bootstrap, pooled, unit_of_histograms
-from eagle3.evaluation.measure import breakdown
 from eagle3.evaluation.report import AcceptanceReport, print_table, write_json
 from eagle3.evaluation.suite import CATEGORIES, SUITE_DIR, read_suite, stratified, suite_prompts
 

@@ -31,7 +31,7 @@ class _ScriptedDeadline(Deadline):
 
 
 class _TickingClock(StageClock):
-    """One second passes each time the clock is read: a capture slower than any plan."""
+    """One second passes each time the clock is read: a capture slower than any estimate."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -111,7 +111,7 @@ def test_a_capture_past_its_deadline_finishes_the_dataset_with_what_it_captured(
     clock = _TickingClock()
     # reads of the clock: one for the "ends by" line, then one per captured sample
     monkeypatch.setattr(time_budget, "capture_deadline", lambda shares, _, n: Deadline(clock, 13.0, "capture"))
-    args = ["experiment=tiny_test", "time_budget.minutes=1.5", f"paths.data_dir={tmp_path}"]
+    args = ["experiment=tiny_test", "time_budget.minutes=1.5", f"paths.datasets_dir={tmp_path}"]
     ds = Manifest.read_complete(extract(compose("extract", args)))
     assert ds is not None
     cut = ds.provenance["budget_cut"]
@@ -127,7 +127,7 @@ def test_a_capture_past_its_deadline_finishes_the_dataset_with_what_it_captured(
     assert "cut short by a time budget at 12 of 40" in capsys.readouterr().err
 
 
-def test_the_shares_end_where_the_plan_says():
+def test_the_deadlines_end_where_the_shares_say():
     from eagle3.config.schema import run_config
 
     shares = time_budget.time_shares(run_config(compose("extract", ["experiment=smollm2_budget"])))
@@ -148,7 +148,7 @@ def test_the_shares_end_where_the_plan_says():
 
 def test_a_regeneration_that_overran_leaves_capture_its_own_share():
     """Its first batch always runs: when regeneration ends past the extraction's share, capture
-    still gets the minutes its samples were planned to take, from now."""
+    still gets the minutes its samples' share was sized to take, from now."""
     from eagle3.config.schema import run_config
 
     shares = time_budget.time_shares(run_config(compose("extract", ["experiment=smollm2_budget"])))
@@ -172,7 +172,7 @@ def test_an_online_dataset_records_its_cut_as_a_stored_one_does(tmp_path, monkey
         "data.regen_backend=hf",
         "data.regen_max_tokens=4",
         "data.regen_batch_size=8",
-        f"paths.data_dir={tmp_path}",
+        f"paths.datasets_dir={tmp_path}",
         f"paths.cache_dir={tmp_path / 'cache'}",
     ]
     ds = Manifest.read_complete(extract(compose("extract", args)))

@@ -1,5 +1,5 @@
 """A budgeted dataset (time_budget.minutes) is named by what was asked, the budget and the data
-identity, never by the count the plan derives from the measured rates (eagle3/planning/rates.yaml):
+identity, never by the count the shares derive from the measured rates (eagle3/planning/rates.yaml):
 a commit that recalibrates a rate renames no dataset, and train.py still finds the one
 extract.py wrote before it."""
 
@@ -35,18 +35,18 @@ def _recalibrated(tmp_path: Path, accelerator: str, scale: float) -> Path:
 
 
 def _name(overrides: list[str], model_dir: Path) -> tuple[str, int]:
-    """The directory name extract.py writes for these overrides, and the conversations it plans."""
+    """The directory name extract.py writes for these overrides, and the conversations its shares size the data to."""
     cfg, shares = time_budget.sized(run_config(compose("extract", ["experiment=demo_cpu", *overrides])))
     assert shares is not None
     return dataset_path(dataset_identity(cfg, str(model_dir))).name, shares.conversations
 
 
-def test_the_name_holds_the_budget_asked_not_the_count_planned(smollm2_dir, tmp_path, monkeypatch):
+def test_the_name_holds_the_budget_asked_not_the_count_derived(smollm2_dir, tmp_path, monkeypatch):
     asked = ["time_budget.minutes=20", "data.max_samples=null"]
-    name, planned = _name(asked, smollm2_dir)
+    name, counted = _name(asked, smollm2_dir)
     monkeypatch.setattr(cost, "RATES_FILE", _recalibrated(tmp_path, "cpu", 0.5))
-    again, replanned = _name(asked, smollm2_dir)
-    assert replanned < planned and again == name  # another plan, the same dataset
+    again, recounted = _name(asked, smollm2_dir)
+    assert recounted < counted and again == name  # other shares, the same dataset
     # what the user asks still names it: other minutes, passes or cap are another dataset
     others = [["time_budget.minutes=30", "data.max_samples=null"], [*asked, "time_budget.passes=3"]]
     others.append(["time_budget.minutes=20", "data.max_samples=300"])
@@ -64,9 +64,9 @@ class _Found(Exception):
 
 def test_train_finds_the_budgeted_dataset_after_a_rate_is_recalibrated(tmp_path, monkeypatch):
     """extract.py under a 90-second budget (tiny target, real ShareGPT samples), then the rates
-    file says this CPU is 100x slower: train.py plans fewer conversations than extract.py did,
+    file says this CPU is 100x slower: train.py's shares hold fewer conversations than extract.py did,
     and still finds the dataset extract.py wrote (train.py stops there: the search is the test)."""
-    args = ["experiment=tiny_test", "time_budget.minutes=1.5", f"paths.data_dir={tmp_path / 'data'}"]
+    args = ["experiment=tiny_test", "time_budget.minutes=1.5", f"paths.datasets_dir={tmp_path / 'data'}"]
     written = Path(extract(compose("extract", args)))
     before = time_budget.time_shares(run_config(compose("train", args)))
     monkeypatch.setattr(cost, "RATES_FILE", _recalibrated(tmp_path, "cpu", 0.01))

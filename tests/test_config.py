@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from eagle3.config.errors import ConfigError
-from eagle3.stages.compose import machine_overrides
+from eagle3.stages.compose import machine_overrides, register_evaluate_config
 from eagle3.stages.validate import validate_run_config
 
 GROUPS = ["model", "topology", "sizes", "layers", "data", "capture", "train", "logger", "experiment", "debug"]
@@ -91,7 +91,7 @@ def test_the_machine_picks_topology_and_sizes_and_presets_and_keys_win(entry, ca
     assert _sizes(_as_run(entry, ["topology=cpu"], gpus=1)) == CPU_SIZES
     assert _sizes(_as_run(entry, ["topology=cpu_ddp2"], gpus=0)) == CPU_SIZES
     for gpu, n in (("gpu1", 1), ("gpu2_tp2", 2), ("gpu4_tp4", 4), ("gpu8_tp8", 8)):
-        cfg = _as_run(entry, [f"topology={gpu}"], gpus=0)  # composing a plan on a CPU machine
+        cfg = _as_run(entry, [f"topology={gpu}"], gpus=0)  # composing a GPU config on a CPU machine
         assert cfg.sizes == "gpu" and _sizes(cfg) == GPU_SIZES, gpu
         assert (cfg.topology.devices, cfg.topology.extract_tp, cfg.topology.extract_dp) == (n, n, 1), gpu
         # the topology alone (composed without the entrypoint's overrides) leaves the sizes be
@@ -285,13 +285,37 @@ def test_cli_cfg_job_resolve(entry):
     resolved = OmegaConf.create(out.stdout)
     assert list(resolved.layers.layer_ids) == [2, 30, 58, 61]
     assert resolved.topology.extract_tp == 8
-    assert resolved.capture.vllm_route == "native"  # the 8-GPU plan names vLLM's own connector
+    assert resolved.capture.vllm_route == "native"  # the 8-GPU config names vLLM's own connector
 
 
 def test_the_vllm_capture_route_follows_the_accelerator():
     assert compose("extract", ["capture=vllm"]).capture.vllm_route == "native_host_copy"  # the CPU build
     assert compose("extract", ["capture=vllm", "topology=gpu1"]).capture.vllm_route == "native"
     assert compose("extract", ["capture=vllm", "capture.vllm_route=auto"]).capture.vllm_route == "auto"
+
+
+def test_engine_keys_are_the_same_in_train_and_evaluate():
+    # one key for one switch: engine.enforce_eager reaches both CLIs' engines; eval.* has none
+    register_evaluate_config()
+    for entry, extra in (("train", []), ("evaluate", ["export_dir=unused"])):
+        assert compose(entry, extra + ["engine.enforce_eager=true"]).engine.enforce_eager is True
+        with pytest.raises(ConfigCompositionException, match="enforce_eager"):
+            compose(entry, extra + ["eval.enforce_eager=true"])
+    # train.py's engines follow the run's own groups unless engine.* says otherwise
+    cfg = compose("train", ["topology=gpu8_tp8", "model.trust_remote_code=true", "capture.cpu_kvcache_space_gb=7"])
+    assert cfg.engine.tensor_parallel_size == cfg.topology.extract_tp == 8
+    assert cfg.engine.gpu_memory_utilization == cfg.capture.gpu_memory_utilization
+    assert cfg.engine.cpu_kvcache_space_gb == 7 and cfg.engine.trust_remote_code is True
+    assert compose("train", ["topology=gpu8_tp8", "engine.tensor_parallel_size=2"]).engine.tensor_parallel_size == 2
+    assert compose("train", ["experiment=smollm2_budget"]).engine.enforce_eager is True
+
+
+def test_the_datasets_folder_is_paths_datasets_dir():
+    # the `data` group is the chat data; where the hidden-state datasets go is paths.datasets_dir
+    assert compose("train", ["paths.datasets_dir=/tmp/ds"]).paths.datasets_dir == "/tmp/ds"
+    assert str(compose("extract", []).paths.datasets_dir).endswith("/data")  # the folder on disk stays data/
+    with pytest.raises(ConfigCompositionException, match="data_dir"):
+        compose("train", ["paths.data_dir=/tmp/ds"])
 
 
 def test_cli_typo_exits_nonzero_with_key():

@@ -1,5 +1,5 @@
 """What a run will cost, said before it starts: the figures follow from the config (samples x
-max_length, steps x tokens per step, ranks, disk from eagle3/planning/disk_plan.py, time from the measured
+max_length, steps x tokens per step, ranks, disk from eagle3/planning/disk_estimate.py, time from the measured
 rates), and both stages print them and write them to the run's log."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from eagle3.planning.cost import (
     run_rates,
     train_lines,
 )
-from eagle3.planning.disk_plan import disk_bytes
+from eagle3.planning.disk_estimate import disk_bytes
 from eagle3.store.disk import format_bytes
 
 CPU_RATE = next(r for r in measured_rates() if r.accelerator == "cpu")
@@ -163,7 +163,7 @@ def test_an_moe_target_takes_capture_from_the_moe_entry_and_training_from_the_de
     assert rates.capture_tok_s == pytest.approx(24599)  # the measured shapes: no scaling
     assert rates.measured.regen_tok_s == 13900 and rates.measured.regen_start_s == 59
     without = run_rates(moe, [r for r in measured_rates() if not r.moe])  # the dense entries alone
-    assert without.capture_tok_s / rates.capture_tok_s > 3  # what the plan would say without the MoE entry
+    assert without.capture_tok_s / rates.capture_tok_s > 3  # what the estimate would say without the MoE entry
     assert rates.train_tok_s == without.train_tok_s  # training: the dense entry's, for this head
     assert rates.measured.sources["train_tok_s"] == without.measured.sources["train_tok_s"]
     assert "Qwen3-30B-A3B (24 of 48 layers) (capture) and Llama-3.1-8B (training)" in rates.basis
@@ -196,7 +196,7 @@ def _run(entry: str, args: list[str], run_dir: Path) -> str:
 
 
 def test_both_stages_print_the_estimate_and_write_it_to_the_run_log(tmp_path):
-    data = [f"paths.data_dir={tmp_path / 'data'}"]
+    data = [f"paths.datasets_dir={tmp_path / 'data'}"]
     stdout = _run("extract.py", data, tmp_path / "extract")
     line = "extract: 40 samples x <= 128 tokens = <= 5,120 tokens"
     assert line in stdout and line in (tmp_path / "extract" / "extract.log").read_text()

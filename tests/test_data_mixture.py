@@ -1,7 +1,7 @@
 """data.mixture: conversations drawn from several sources by weight (seeded), each tagged with
 its source, the counts per source in the dataset's manifest, the mixture in the dataset's
 identity, typos refused at compose; self-prompts written and answered by the real SmolLM2; the
-time budget planning a mixture as a whole. JSONL files written here, a tiny random Llama for the
+time budget sizing a mixture as a whole. JSONL files written here, a tiny random Llama for the
 extraction."""
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def _mix_args(tmp_path: Path, weight_b: float) -> list[str]:
         if not path.exists():  # the test may have rewritten one
             _chats(path, 60, word)
     mixture = f"[{{name: a, source: jsonl, path: '{a}', weight: 3}}, {{name: b, source: jsonl, path: '{b}', weight: {weight_b}}}]"
-    return [*TINY, "data=jsonl", "data.path=null", f"data.mixture={mixture}", f"paths.data_dir={tmp_path / 'data'}"]
+    return [*TINY, "data=jsonl", "data.path=null", f"data.mixture={mixture}", f"paths.datasets_dir={tmp_path / 'data'}"]
 
 
 def test_the_mixture_names_the_dataset(tmp_path, model_dir):
@@ -126,7 +126,7 @@ def test_the_mixture_names_the_dataset(tmp_path, model_dir):
     _chats(tmp_path / "b.jsonl", 60, "gamma")  # one source's content
     assert inputs(*_mix_args(tmp_path, 1)) != base
     # a config without a mixture keeps the fingerprint it had before the option
-    plain = inputs(*TINY, "data=jsonl", f"data.path={tmp_path / 'a.jsonl'}", f"paths.data_dir={tmp_path}")
+    plain = inputs(*TINY, "data=jsonl", f"data.path={tmp_path / 'a.jsonl'}", f"paths.datasets_dir={tmp_path}")
     assert "mixture" not in plain["data"]
 
 
@@ -167,22 +167,22 @@ def test_extract_prints_and_records_the_counts_per_source(tmp_path, model_dir):
         assert p.token_ids == tokenizer(text, add_special_tokens=False)["input_ids"], p.id
 
 
-def _plan(*more: str) -> time_budget.TimeShares:
+def _shares(*more: str) -> time_budget.TimeShares:
     args = ["experiment=smollm2_budget", *more]
     split = time_budget.time_shares(run_config(compose("extract", args)))
     assert split is not None
     return split
 
 
-def test_the_budget_plans_a_mixture_as_a_whole():
-    one = _plan()
-    mix = _plan("data=mixture_default")
+def test_the_budget_sizes_a_mixture_as_a_whole():
+    one = _shares()
+    mix = _shares("data=mixture_default")
     assert not one.by_source and one.prompt_s == 0
     names = dict(mix.by_source)
     assert sum(names.values()) == mix.conversations and names["self"] == pytest.approx(0.25 * mix.conversations, abs=1)
     assert mix.prompt_s > 0 and "data.mixture: sharegpt" in "\n".join(mix.lines())
     # longer self-prompts cost more generation: fewer conversations fit the same minutes
-    longer = _plan("data=mixture_default", "data.mixture.1.prompt_max_tokens=400")
+    longer = _shares("data=mixture_default", "data.mixture.1.prompt_max_tokens=400")
     assert longer.prompt_s > mix.prompt_s and longer.conversations < mix.conversations
 
 

@@ -62,7 +62,9 @@ def _chats(path: Path, n: int = 12, answer: str = "answer") -> Path:
 
 
 def _cfg(tmp_path: Path, chats: Path, *more: str):
-    return compose("extract", TINY + ["data=jsonl", f"data.path={chats}", f"paths.data_dir={tmp_path / 'data'}", *more])
+    return compose(
+        "extract", TINY + ["data=jsonl", f"data.path={chats}", f"paths.datasets_dir={tmp_path / 'data'}", *more]
+    )
 
 
 def _changed(a: dict, b: dict) -> list[str]:
@@ -184,7 +186,8 @@ def test_regenerated_dataset_records_its_engine_and_travels(tmp_path, model_dir,
     ds_dir = Path(
         extract(
             compose(
-                "extract", TINY + ["data=jsonl", f"data.path={chats}", *regen, f"paths.data_dir={tmp_path / 'data'}"]
+                "extract",
+                TINY + ["data=jsonl", f"data.path={chats}", *regen, f"paths.datasets_dir={tmp_path / 'data'}"],
             )
         )
     )
@@ -196,9 +199,9 @@ def test_regenerated_dataset_records_its_engine_and_travels(tmp_path, model_dir,
     with pytest.raises(FingerprintMismatchError, match=r"regen_engine: expected vllm .* got hf.*data.regen_backend=hf"):
         check_regen_engine(ds_dir, "vllm")  # a resume by another engine would mix two engines' answers
 
-    def train_cfg(*more: str, data_dir: Path = tmp_path / "data"):
+    def train_cfg(*more: str, datasets_dir: Path = tmp_path / "data"):
         return compose(
-            "train", TINY + ["data=jsonl", f"data.path={chats}", *regen, f"paths.data_dir={data_dir}", *more]
+            "train", TINY + ["data=jsonl", f"data.path={chats}", *regen, f"paths.datasets_dir={datasets_dir}", *more]
         )
 
     assert locate_dataset(dataset_identity(train_cfg("data.regen_backend=vllm"), str(model_dir))) == (ds_dir, None)
@@ -294,7 +297,7 @@ def test_dataset_dir_of_other_weights_is_refused_unless_accepted(tmp_path, model
     assert (Path(other_dir) / "config.json").read_bytes() == (model_dir / "config.json").read_bytes()
 
     def train_cfg(ds: Path, *more: str):
-        return compose("train", TINY + [f"dataset_dir={ds}", f"paths.data_dir={tmp_path / 'data'}", *more])
+        return compose("train", TINY + [f"dataset_dir={ds}", f"paths.datasets_dir={tmp_path / 'data'}", *more])
 
     for ds, find, online in ((stored, find_dataset, []), (tokens, find_token_dataset, ["train.hidden_states=online"])):
         assert find(train_cfg(ds, *online), str(model_dir)) == ds.resolve()  # its own target

@@ -28,14 +28,14 @@ STEPS = 3
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
+def datasets_dir(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("data")
-    extract(compose("extract", TINY + [f"paths.data_dir={d}"]))
+    extract(compose("extract", TINY + [f"paths.datasets_dir={d}"]))
     return d
 
 
 @pytest.fixture(scope="module")
-def ddp_run(data_dir, tmp_path_factory) -> Path:
+def ddp_run(datasets_dir, tmp_path_factory) -> Path:
     """torchrun --standalone --nproc_per_node 2 (train.py + a probe recording each rank's batches)."""
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     logs = tmp_path_factory.mktemp("logs")
@@ -48,7 +48,7 @@ def ddp_run(data_dir, tmp_path_factory) -> Path:
             "tests/ddp_probe.py",
             *TINY,
             "topology=cpu_ddp2",
-            f"paths.data_dir={data_dir}",
+            f"paths.datasets_dir={datasets_dir}",
             f"paths.log_dir={logs}",
             f"train.max_steps={STEPS}",
             f"train.val_check_interval={STEPS}",
@@ -93,7 +93,7 @@ def test_ranks_train_on_different_data(ddp_run):
     assert seen0 and seen1 and not seen0 & seen1  # within one pass, no sample on both ranks
 
 
-def test_validation_covers_every_val_sample_once(ddp_run, data_dir):
+def test_validation_covers_every_val_sample_once(ddp_run, datasets_dir):
     from eagle3.store import HiddenStateDataset
 
     ds = HiddenStateDataset(json.loads((ddp_run / "summary.json").read_text())["dataset_dir"])
@@ -105,7 +105,7 @@ def test_validation_covers_every_val_sample_once(ddp_run, data_dir):
     assert got == want  # nothing dropped to even out ranks, nothing counted twice
 
 
-def test_val_metrics_equal_one_process_validation(ddp_run, data_dir):
+def test_val_metrics_equal_one_process_validation(ddp_run, datasets_dir):
     """The DDP run's val metrics are sums of counts over ranks: a single process validating
     the same checkpoint on the same val set must get the same numbers."""
     from eagle3.target_model.resolve import resolve_target
@@ -115,7 +115,7 @@ def test_val_metrics_equal_one_process_validation(ddp_run, data_dir):
     from eagle3.training.step_path import resolve_step_path
 
     summary = json.loads((ddp_run / "summary.json").read_text())
-    cfg = compose("train", TINY + [f"paths.data_dir={data_dir}"])
+    cfg = compose("train", TINY + [f"paths.datasets_dir={datasets_dir}"])
     dm = Eagle3DataModule(summary["dataset_dir"], max_tokens_per_batch=int(cfg.train.max_tokens_per_batch))
     path = resolve_step_path(cfg.train, cfg.topology)  # the path the DDP run trained and validated on
     model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
@@ -161,7 +161,9 @@ def test_val_metrics_equal_one_process_validation(ddp_run, data_dir):
 
 def test_multi_device_topology_needs_an_external_launcher(tmp_path):
     with pytest.raises(LaunchError, match="torchrun --standalone --nproc_per_node 2"):
-        train(compose("train", TINY + ["topology=cpu_ddp2", f"paths.data_dir={tmp_path}"], output_dir=str(tmp_path)))
+        train(
+            compose("train", TINY + ["topology=cpu_ddp2", f"paths.datasets_dir={tmp_path}"], output_dir=str(tmp_path))
+        )
 
 
 def test_launch_checks_and_run_ids():

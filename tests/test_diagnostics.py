@@ -32,10 +32,10 @@ def _fake_engine(request: EngineRequest, work_dir, label):
 @pytest.fixture
 def harness(monkeypatch, smollm2_dir, tmp_path):
     """evaluate() on two HumanEval prompts with fake engines; returns the calls each diagnostic made."""
+    import eagle3.evaluation.acceptance_run as acceptance_run
     import eagle3.evaluation.diagnostics.head_replay as replay_export
     import eagle3.evaluation.diagnostics.served_replay as served_replay
     import eagle3.evaluation.export_info as export_info
-    import eagle3.evaluation.measure as measure
 
     calls: dict[str, list] = {"explain": [], "train_side": [], "served": []}
     info = ExportInfo(tmp_path / "export", str(smollm2_dir), [2, 15, 27], 8, None)
@@ -56,8 +56,8 @@ def harness(monkeypatch, smollm2_dir, tmp_path):
         return {"all": {"replay_accept_len": 1.5, "samples": 2.0}}, None
 
     monkeypatch.setattr(export_info, "read_export", lambda export_dir, target=None: info)
-    monkeypatch.setattr(measure, "run_engine_process", _fake_engine)
-    monkeypatch.setattr(measure, "explain", explain)
+    monkeypatch.setattr(acceptance_run, "run_engine_process", _fake_engine)
+    monkeypatch.setattr(acceptance_run, "explain", explain)
     monkeypatch.setattr(replay_export, "replay_for_prompts", replay_for_prompts)
     monkeypatch.setattr(served_replay, "replay_served", replay_served)
     return calls

@@ -19,9 +19,9 @@ from eagle3.store import HiddenStateDataset
 ARGS = ["experiment=tiny_test", "capture.shard_max_tokens=512", "capture.batch_size=2"]
 
 
-def _extract(data_dir: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+def _extract(datasets_dir: Path, timeout: int = 600) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "extract.py", *ARGS, f"paths.data_dir={data_dir}"],
+        [sys.executable, "extract.py", *ARGS, f"paths.datasets_dir={datasets_dir}"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -40,7 +40,7 @@ def test_killed_extraction_resumes_to_the_same_dataset(tmp_path):
 
     killed_root = tmp_path / "killed"
     proc = subprocess.Popen(
-        [sys.executable, "extract.py", *ARGS, f"paths.data_dir={killed_root}"],
+        [sys.executable, "extract.py", *ARGS, f"paths.datasets_dir={killed_root}"],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -18,7 +18,7 @@ from eagle3.target_model.resolve import resolve_target
 
 
 def test_a_damaged_first_scheme_dataset_is_refused_without_a_repairing_line(tmp_path, capsys):
-    cfg = compose("extract", ARGS + [f"paths.data_dir={tmp_path / 'data'}"])
+    cfg = compose("extract", ARGS + [f"paths.datasets_dir={tmp_path / 'data'}"])
     identity = dataset_identity(cfg, resolve_target(cfg.model, cfg.paths.cache_dir))
     ds = Path(extract(cfg))
     old = legacy_dataset_path(identity)  # the same dataset as the first scheme named and recorded it

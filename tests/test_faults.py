@@ -27,7 +27,7 @@ from eagle3.util import faults
 def reference(tmp_path_factory) -> Path:
     """The dataset of an uninterrupted run."""
     root = tmp_path_factory.mktemp("reference")
-    return Path(extract(compose("extract", ARGS + [f"paths.data_dir={root}"])))
+    return Path(extract(compose("extract", ARGS + [f"paths.datasets_dir={root}"])))
 
 
 def _listed_and_on_disk(ds: Path) -> tuple[set[str], set[str]]:
@@ -37,7 +37,7 @@ def _listed_and_on_disk(ds: Path) -> tuple[set[str], set[str]]:
 
 @pytest.mark.parametrize("point", ["capture@30", "shard_write@3", "manifest_write@5"])
 def test_extraction_killed_resumes_to_the_same_dataset(reference, tmp_path, point):
-    killed = cli(["extract.py", *ARGS, f"paths.data_dir={tmp_path}"], fault=point)
+    killed = cli(["extract.py", *ARGS, f"paths.datasets_dir={tmp_path}"], fault=point)
     assert_killed(killed)
     (ds,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     m = Manifest.read(ds)
@@ -50,7 +50,7 @@ def test_extraction_killed_resumes_to_the_same_dataset(reference, tmp_path, poin
     if point.startswith("manifest_write"):  # a shard renamed into place, not yet listed: adopted on resume
         assert any(name.startswith("manifest.json") for name in temps(ds)) and on_disk - listed
 
-    resumed = Path(extract(compose("extract", ARGS + [f"paths.data_dir={tmp_path}"])))
+    resumed = Path(extract(compose("extract", ARGS + [f"paths.datasets_dir={tmp_path}"])))
     assert resumed == ds and not temps(ds)
     assert_same_dataset(ds, reference)
 
@@ -59,7 +59,7 @@ def test_full_disk_during_extraction_stops_cleanly_and_resumes(reference, tmp_pa
     monkeypatch.setenv(faults.ENV, "shard_write@3:enospc")  # the third shard's write finds the disk full
     faults.reset()
     with pytest.raises(DiskSpaceError) as e:
-        extract(compose("extract", ARGS + [f"paths.data_dir={tmp_path}"]))
+        extract(compose("extract", ARGS + [f"paths.datasets_dir={tmp_path}"]))
     monkeypatch.delenv(faults.ENV)
     (ds,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     msg = str(e.value)
@@ -71,7 +71,7 @@ def test_full_disk_during_extraction_stops_cleanly_and_resumes(reference, tmp_pa
     listed, on_disk = _listed_and_on_disk(ds)
     assert damaged_shards(ds, m, "full") == [] and listed == on_disk and m.num_samples > 0
 
-    extract(compose("extract", ARGS + [f"paths.data_dir={tmp_path}"]))  # space freed: the same command
+    extract(compose("extract", ARGS + [f"paths.datasets_dir={tmp_path}"]))  # space freed: the same command
     assert_same_dataset(ds, reference)
 
 
@@ -92,7 +92,7 @@ def test_regeneration_killed_resumes_to_the_same_dataset(tmp_path):
         if not cache.exists():
             cache.mkdir(parents=True)
             (cache / "targets").symlink_to(CACHE / "targets")
-        return ARGS + regen + [f"paths.cache_dir={cache}", f"paths.data_dir={tmp_path / name / 'data'}"]
+        return ARGS + regen + [f"paths.cache_dir={cache}", f"paths.datasets_dir={tmp_path / name / 'data'}"]
 
     straight = Path(extract(compose("extract", args("straight"))))
     killed = cli(["extract.py", *args("killed")], fault="regen@2")
@@ -112,12 +112,12 @@ def test_regeneration_killed_resumes_to_the_same_dataset(tmp_path):
 @pytest.fixture(scope="module")
 def straight_run(reference, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("straight-run")
-    train(compose("train", ARGS + [f"paths.data_dir={reference.parent}"], output_dir=str(out)))
+    train(compose("train", ARGS + [f"paths.datasets_dir={reference.parent}"], output_dir=str(out)))
     return out
 
 
 def _train_cli(reference: Path, run_dir: Path, fault: str):
-    return cli(["train.py", *ARGS, f"paths.data_dir={reference.parent}", f"hydra.run.dir={run_dir}"], fault=fault)
+    return cli(["train.py", *ARGS, f"paths.datasets_dir={reference.parent}", f"hydra.run.dir={run_dir}"], fault=fault)
 
 
 def _assert_same_run(got: Path, want: Path) -> None:
@@ -146,7 +146,7 @@ def test_training_killed_while_saving_a_checkpoint_resumes_from_the_last_whole_o
     assert any(".ckpt.tmp-" in name for name in temps(ckpts))  # the killed save's temp, never renamed
     last = torch.load(ckpts / "last.ckpt", map_location="cpu", weights_only=False)  # the previous one, whole
     assert last["global_step"] == 3
-    train(compose("train", ARGS + [f"paths.data_dir={reference.parent}"], output_dir=str(run_dir)))
+    train(compose("train", ARGS + [f"paths.datasets_dir={reference.parent}"], output_dir=str(run_dir)))
     assert not temps(run_dir)
     _assert_same_run(run_dir, straight_run)
 
@@ -161,13 +161,13 @@ def test_full_disk_while_saving_a_checkpoint_names_it_and_the_rerun_resumes(
     monkeypatch.setenv(faults.ENV, "checkpoint_write@3:enospc")
     faults.reset()
     with pytest.raises(DiskSpaceError) as e, caplog.at_level("INFO", logger="eagle3.util.report"):
-        train(compose("train", ARGS + [f"paths.data_dir={reference.parent}"], output_dir=str(run_dir)))
+        train(compose("train", ARGS + [f"paths.datasets_dir={reference.parent}"], output_dir=str(run_dir)))
     monkeypatch.delenv(faults.ENV)
     ckpts = run_dir / "checkpoints"
-    planned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("checkpoints: ")]
+    estimated = [r.getMessage() for r in caplog.records if r.getMessage().startswith("checkpoints: ")]
     size = format_bytes((ckpts / "last.ckpt").stat().st_size)
-    assert len(planned) == 1 and planned[0].startswith(f"checkpoints: {size} each"), (planned, size)
-    assert "up to 3 at once" in planned[0] and " free there" in planned[0]
+    assert len(estimated) == 1 and estimated[0].startswith(f"checkpoints: {size} each"), (estimated, size)
+    assert "up to 3 at once" in estimated[0] and " free there" in estimated[0]
     msg = str(e.value)
     assert f"{ckpts}/" in msg and "disk full writing this checkpoint" in msg and " free " in msg
     need = int(msg.split(" bytes)")[0].rsplit("(", 1)[1])
@@ -175,16 +175,16 @@ def test_full_disk_while_saving_a_checkpoint_names_it_and_the_rerun_resumes(
     assert "Whole checkpoints kept: best-step3.ckpt, last.ckpt" in msg and "resumes" in msg
     assert not temps(run_dir)
     assert torch.load(ckpts / "last.ckpt", map_location="cpu", weights_only=True)["global_step"] == 3
-    train(compose("train", ARGS + [f"paths.data_dir={reference.parent}"], output_dir=str(run_dir)))
+    train(compose("train", ARGS + [f"paths.datasets_dir={reference.parent}"], output_dir=str(run_dir)))
     _assert_same_run(run_dir, straight_run)
 
 
-def test_the_checkpoint_size_train_plans_for_is_what_it_writes(straight_run):
+def test_the_checkpoint_size_train_estimates_is_what_it_writes(straight_run):
     """train.py checks its checkpoints' disk before the first step from the module's own figure
     (weights kept + AdamW's two moments); the files it then wrote are that size."""
-    planned = json.loads((straight_run / "summary.json").read_text())["checkpoint_bytes"]
+    estimated = json.loads((straight_run / "summary.json").read_text())["checkpoint_bytes"]
     for ckpt in (straight_run / "checkpoints").glob("*.ckpt"):
-        assert abs(ckpt.stat().st_size - planned) < 0.02 * planned, (ckpt.name, ckpt.stat().st_size, planned)
+        assert abs(ckpt.stat().st_size - estimated) < 0.02 * estimated, (ckpt.name, ckpt.stat().st_size, estimated)
 
 
 def test_export_killed_leaves_the_previous_one_and_the_rerun_exports(reference, straight_run, tmp_path):
@@ -192,7 +192,7 @@ def test_export_killed_leaves_the_previous_one_and_the_rerun_exports(reference, 
     assert_killed(_train_cli(reference, run_dir, "export_write"))  # trained, killed while exporting
     left = temps(run_dir)
     assert not (run_dir / "export").exists() and left and all(n.startswith("export.tmp-") for n in left)
-    train(compose("train", ARGS + [f"paths.data_dir={reference.parent}"], output_dir=str(run_dir)))
+    train(compose("train", ARGS + [f"paths.datasets_dir={reference.parent}"], output_dir=str(run_dir)))
     _assert_same_run(run_dir, straight_run)  # resumed at its last step: nothing retrained, same metrics
     assert not temps(run_dir)
 
@@ -218,7 +218,7 @@ def test_export_killed_leaves_the_previous_one_and_the_rerun_exports(reference, 
 def test_merge_killed_is_redone_to_the_same_dataset(tmp_path):
     parts_root = tmp_path / "parts"
     for i in range(2):
-        extract(compose("extract", ARGS + [f"paths.data_dir={parts_root}", f"shard_index={i}", "num_shards=2"]))
+        extract(compose("extract", ARGS + [f"paths.datasets_dir={parts_root}", f"shard_index={i}", "num_shards=2"]))
     (final_name,) = {p.name.split(".part-")[0] for p in parts_root.iterdir()}
     roots = {}
     for name in ("straight", "killed"):
@@ -228,9 +228,9 @@ def test_merge_killed_is_redone_to_the_same_dataset(tmp_path):
     merge_parts(roots["straight"] / final_name, 2, draft_vocab_sizes=[2048])
 
     merge_args = ARGS + ["num_shards=2", "merge=true"]
-    assert_killed(cli(["extract.py", *merge_args, f"paths.data_dir={roots['killed']}"], fault="merge"))
+    assert_killed(cli(["extract.py", *merge_args, f"paths.datasets_dir={roots['killed']}"], fault="merge"))
     final = roots["killed"] / final_name
     assert not final.exists() and all(part_dir(final, i, 2).is_dir() for i in range(2))  # nothing half-merged
-    extract(compose("extract", merge_args + [f"paths.data_dir={roots['killed']}"]))
+    extract(compose("extract", merge_args + [f"paths.datasets_dir={roots['killed']}"]))
     assert file_bytes(final) == file_bytes(roots["straight"] / final_name)
     assert not any(part_dir(final, i, 2).exists() for i in range(2)) and not temps(roots["killed"])

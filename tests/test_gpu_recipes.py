@@ -41,7 +41,7 @@ def test_each_recipe_composes_for_its_class(recipe):
     assert size.active_params / 1e9 == pytest.approx(active_b, rel=0.02)
 
 
-def test_the_kimi_recipe_shows_its_plan_by_cfg_job():
+def test_the_kimi_recipe_shows_its_estimates_by_cfg_job():
     out = subprocess.run(
         [sys.executable, "extract.py", "experiment=kimi_k2_5", "--cfg", "job", "--resolve"],
         cwd=ROOT,

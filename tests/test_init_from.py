@@ -12,7 +12,7 @@ import torch
 from conftest import compose
 from safetensors.torch import load_file, save_file
 from test_hub_models import add_snapshot
-from test_train import TINY, data_dir  # noqa: F401 - the tiny extracted dataset fixture
+from test_train import TINY, datasets_dir  # noqa: F401 - the tiny extracted dataset fixture
 
 from eagle3.stages.train import run as train
 from eagle3.stages.train_inputs import find_dataset
@@ -25,10 +25,10 @@ from eagle3.training.step_path import resolve_step_path
 
 
 @pytest.fixture(scope="module")
-def trained(data_dir, tmp_path_factory) -> dict:
+def trained(datasets_dir, tmp_path_factory) -> dict:
     """A head trained for tiny_test's 6 steps by train.py, and its export."""
     out = tmp_path_factory.mktemp("first")
-    train(compose("train", TINY + [f"paths.data_dir={data_dir}"], output_dir=str(out)))
+    train(compose("train", TINY + [f"paths.datasets_dir={datasets_dir}"], output_dir=str(out)))
     summary = json.loads((out / "summary.json").read_text())
     return {"summary": summary, "export": Path(summary["export_dir"])}
 
@@ -38,8 +38,8 @@ def _target_lm_head() -> torch.Tensor:
     return load_target_head_weights(resolve_target(cfg.model, cfg.paths.cache_dir))["lm_head"].float()
 
 
-def _build(data_dir: Path, extra: list[str]):
-    cfg = compose("train", TINY + [f"paths.data_dir={data_dir}"] + extra)
+def _build(datasets_dir: Path, extra: list[str]):
+    cfg = compose("train", TINY + [f"paths.datasets_dir={datasets_dir}"] + extra)
     model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
     return build_head(
         cfg.head,
@@ -61,10 +61,10 @@ def _assert_holds_export(head, export: Path) -> None:
         assert torch.equal(state[name], expected), name
 
 
-def test_build_head_loads_the_export_before_any_step(data_dir, trained, capsys):
+def test_build_head_loads_the_export_before_any_step(datasets_dir, trained, capsys):
     export = trained["export"]
-    fresh, _ = _build(data_dir, [])
-    head, meta = _build(data_dir, [f"train.init_from={export}"])  # init_lm_head_from_target=true as well
+    fresh, _ = _build(datasets_dir, [])
+    head, meta = _build(datasets_dir, [f"train.init_from={export}"])  # init_lm_head_from_target=true as well
     _assert_holds_export(head, export)
     # the trained weights, not a fresh head's: fc and lm_head (init_from wins over the target's rows)
     assert not torch.equal(head.fc.weight, fresh.fc.weight)
@@ -76,7 +76,7 @@ def test_build_head_loads_the_export_before_any_step(data_dir, trained, capsys):
     assert "keeps the head's draft vocabulary" not in capsys.readouterr().out  # same dataset, same vocabulary
 
 
-def test_train_py_warm_start_exports_the_same_head_after_zero_steps(data_dir, trained, tmp_path):
+def test_train_py_warm_start_exports_the_same_head_after_zero_steps(datasets_dir, trained, tmp_path):
     """The real train.py path: train.max_steps=0 with init_from trains nothing, so its export is
     the loaded head: bit-equal to the export it started from, and its validation starts where
     the first run ended, below a fresh head's."""
@@ -84,7 +84,7 @@ def test_train_py_warm_start_exports_the_same_head_after_zero_steps(data_dir, tr
     train(
         compose(
             "train",
-            TINY + [f"paths.data_dir={data_dir}", f"train.init_from={trained['export']}", "train.max_steps=0"],
+            TINY + [f"paths.datasets_dir={datasets_dir}", f"train.init_from={trained['export']}", "train.max_steps=0"],
             output_dir=str(out),
         )
     )
@@ -98,23 +98,23 @@ def test_train_py_warm_start_exports_the_same_head_after_zero_steps(data_dir, tr
     assert summary["initial"]["val/loss"] < trained["summary"]["initial"]["val/loss"]
 
 
-def test_a_head_that_does_not_fit_is_refused_by_field(data_dir, trained):
+def test_a_head_that_does_not_fit_is_refused_by_field(datasets_dir, trained):
     export = trained["export"]
     with pytest.raises(
         InitFromError,
         match=r"num_hidden_layers: expected 2 \(head.num_draft_layers\), got 1; "
         r".*fc_norm: expected True \(head.fc_norm\), got False",
     ):
-        _build(data_dir, [f"train.init_from={export}", "head.num_draft_layers=2", "head.fc_norm=true"])
+        _build(datasets_dir, [f"train.init_from={export}", "head.num_draft_layers=2", "head.fc_norm=true"])
     with pytest.raises(InitFromError, match=r"draft_vocab_size: expected 1024 \(head.draft_vocab_size\), got 2048"):
-        _build(data_dir, [f"train.init_from={export}", "head.draft_vocab_size=1024"])
+        _build(datasets_dir, [f"train.init_from={export}", "head.draft_vocab_size=1024"])
     with pytest.raises(InitFromError, match=r"intermediate_size: expected 96 \(head.intermediate_size\), got 128"):
-        _build(data_dir, [f"train.init_from={export}", "head.intermediate_size=96"])
+        _build(datasets_dir, [f"train.init_from={export}", "head.intermediate_size=96"])
     with pytest.raises(InitFromError, match=r"has no config.json or model.safetensors \(expected an EAGLE-3 head"):
-        _build(data_dir, [f"train.init_from={export.parent}"])  # the run dir, not its export
+        _build(datasets_dir, [f"train.init_from={export.parent}"])  # the run dir, not its export
 
 
-def test_a_head_with_another_draft_vocabulary_keeps_its_own(data_dir, trained, tmp_path, capsys):
+def test_a_head_with_another_draft_vocabulary_keeps_its_own(datasets_dir, trained, tmp_path, capsys):
     """The head's lm_head rows belong to its vocabulary: a head whose d2t/t2d differ from the
     dataset's keeps them (the frozen target rows follow), and the run says so with coverages."""
     other = tmp_path / "other_vocab"
@@ -127,7 +127,7 @@ def test_a_head_with_another_draft_vocabulary_keeps_its_own(data_dir, trained, t
     weights["t2d"], weights["d2t"] = t2d, target_ids - torch.arange(target_ids.numel())
     save_file(weights, str(other / "model.safetensors"), metadata={"format": "pt"})
 
-    head, _ = _build(data_dir, [f"train.init_from={other}"])
+    head, _ = _build(datasets_dir, [f"train.init_from={other}"])
     assert torch.equal(head.t2d, t2d) and torch.equal(head.d2t, weights["d2t"])
     _assert_holds_export(head, other)
     assert torch.equal(head.target_lm_head.weight, _target_lm_head()[target_ids])
@@ -136,13 +136,13 @@ def test_a_head_with_another_draft_vocabulary_keeps_its_own(data_dir, trained, t
     )
 
 
-def test_init_from_a_hub_id_at_a_revision(data_dir, trained, tmp_path, monkeypatch):
+def test_init_from_a_hub_id_at_a_revision(datasets_dir, trained, tmp_path, monkeypatch):
     """A hub id resolves through the same resolver as model.path (offline, the local cache)."""
     hub = tmp_path / "hub"
     snap = add_snapshot(hub, "my-org/tiny-head", "d" * 40, trained["export"], ("v1",))  # no main branch
     monkeypatch.setenv("HF_HUB_CACHE", str(hub))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    head, _ = _build(data_dir, ["train.init_from=my-org/tiny-head", "train.init_from_revision=v1"])
+    head, _ = _build(datasets_dir, ["train.init_from=my-org/tiny-head", "train.init_from_revision=v1"])
     _assert_holds_export(head, snap)
     with pytest.raises(HubError, match=r"train.init_from='my-org/tiny-head' \(revision main\) is not in the hub cache"):
-        _build(data_dir, ["train.init_from=my-org/tiny-head"])
+        _build(datasets_dir, ["train.init_from=my-org/tiny-head"])

@@ -92,7 +92,7 @@ def test_extraction_of_repeated_ids_finishes_with_each_sample(tmp_path):
     path.write_text("".join(json.dumps(_good(i, rid, "openai")) + "\n" for i, rid in enumerate(ids)))
     cfg = compose(
         "extract",
-        ["experiment=tiny_test", "data=jsonl", f"data.path={path}", f"paths.data_dir={tmp_path / 'data'}"],
+        ["experiment=tiny_test", "data=jsonl", f"data.path={path}", f"paths.datasets_dir={tmp_path / 'data'}"],
     )
     manifest = Manifest.read(Path(extract(cfg)))
     assert manifest.complete and sorted(manifest.sample_ids) == ["x", "x#2", "x#3", "y"]

@@ -28,7 +28,7 @@ SMALL = [
 
 @pytest.mark.slow
 def test_short_cpu_run_on_smollm2_learns(tmp_path):
-    data = [f"paths.data_dir={tmp_path / 'data'}"]
+    data = [f"paths.datasets_dir={tmp_path / 'data'}"]
     extract(compose("extract", SMALL + data))
     train(compose("train", SMALL + data, output_dir=str(tmp_path / "run")))
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

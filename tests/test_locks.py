@@ -30,7 +30,7 @@ from eagle3.util.locks import DirLock, LockHeldError
 
 
 def test_a_second_extraction_of_the_same_dataset_is_refused(tmp_path):
-    cfg = compose("extract", ARGS + [f"paths.data_dir={tmp_path}"])
+    cfg = compose("extract", ARGS + [f"paths.datasets_dir={tmp_path}"])
     ds = dataset_path(dataset_identity(cfg, resolve_target(cfg.model, cfg.paths.cache_dir)))
     holder = _holder(ds / LOCK, "hold", 60)  # another process is the first extraction
     try:
@@ -55,7 +55,7 @@ def test_a_second_training_into_the_same_run_dir_is_refused(tmp_path):
             LockHeldError,
             match=f"another training is writing the run dir .* held by pid {pid} on host {socket.gethostname()}",
         ):
-            train(compose("train", ARGS + [f"paths.data_dir={tmp_path / 'data'}"], output_dir=str(run_dir)))
+            train(compose("train", ARGS + [f"paths.datasets_dir={tmp_path / 'data'}"], output_dir=str(run_dir)))
     finally:
         holder.kill()
         holder.wait(30)
@@ -209,7 +209,7 @@ def test_the_online_pre_pass_wait_gives_up_naming_the_holder(tmp_path, monkeypat
     from eagle3.extraction.tokens import prepare_token_dataset
     from eagle3.stages.narrow import regen_machine
 
-    cfg = compose("train", ARGS + [f"paths.data_dir={tmp_path}", "train.hidden_states=online"])
+    cfg = compose("train", ARGS + [f"paths.datasets_dir={tmp_path}", "train.hidden_states=online"])
     identity = dataset_identity(cfg, resolve_target(cfg.model, cfg.paths.cache_dir))
     ds = token_dataset_path(identity, token_fingerprint_inputs(identity))
     monkeypatch.setenv("EAGLE3_LOCK_WAIT_S", "1")

@@ -31,16 +31,16 @@ CAP = 32  # max_new_tokens of the acceptance reports written below
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
+def datasets_dir(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("data")
-    extract(compose("extract", TINY + [f"paths.data_dir={d}"]))
+    extract(compose("extract", TINY + [f"paths.datasets_dir={d}"]))
     return d
 
 
 @pytest.fixture(scope="module")
-def run_dir(data_dir, tmp_path_factory) -> Path:
+def run_dir(datasets_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("run")
-    train(compose("train", TINY + [f"paths.data_dir={data_dir}"], output_dir=str(out)))
+    train(compose("train", TINY + [f"paths.datasets_dir={datasets_dir}"], output_dir=str(out)))
     return out
 
 
@@ -101,7 +101,7 @@ def test_the_card_names_each_source_of_a_mixture_with_its_samples(tmp_path):
     mixture = (
         f"data.mixture=[{{name: share, source: sharegpt, weight: 3}}, {{name: mine, source: jsonl, path: {chats}}}]"
     )
-    overrides = TINY + [f"paths.data_dir={tmp_path / 'data'}", mixture]
+    overrides = TINY + [f"paths.datasets_dir={tmp_path / 'data'}", mixture]
     extract(compose("extract", overrides))
     train(compose("train", overrides, output_dir=str(tmp_path / "run")))
     manifest = json.loads((tmp_path / "run" / "dataset_manifest.json").read_text())
@@ -241,11 +241,11 @@ def test_export_push_is_refused_before_anything_is_written(run_dir, tmp_path, en
     assert not out.exists()
 
 
-def test_train_push_is_refused_before_training(data_dir, tmp_path, monkeypatch):
+def test_train_push_is_refused_before_training(datasets_dir, tmp_path, monkeypatch):
     run = tmp_path / "run"
     proc = _cli(
         "train.py",
-        TINY + [f"paths.data_dir={data_dir}", "export.push_to_hub=someone/tiny-eagle3", f"hydra.run.dir={run}"],
+        TINY + [f"paths.datasets_dir={datasets_dir}", "export.push_to_hub=someone/tiny-eagle3", f"hydra.run.dir={run}"],
         {},
         tmp_path,
     )
@@ -255,7 +255,7 @@ def test_train_push_is_refused_before_training(data_dir, tmp_path, monkeypatch):
     # a token, and no network: refused naming the endpoint, before any step
     monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
-    cfg = compose("train", TINY + [f"paths.data_dir={data_dir}", "export.push_to_hub=someone/x"], str(run))
+    cfg = compose("train", TINY + [f"paths.datasets_dir={datasets_dir}", "export.push_to_hub=someone/x"], str(run))
     with pytest.raises(HubPushError, match=r"http://127\.0\.0\.1:9 could not be reached"):
         train(cfg)
     assert not (run / "checkpoints").exists() and not (run / "summary.json").exists()

@@ -76,7 +76,7 @@ def test_online_trains_the_same_head_as_offline_on_smollm2(tmp_path):
     """Real SmolLM2-135M, real ShareGPT: 6 steps offline (extract.py, then train.py) and 6 steps
     online (train.py alone) end with the same weights and the same validation figures (to the
     tolerance the CPU's bf16 kernels allow: the module doc)."""
-    data = [f"paths.data_dir={tmp_path / 'data'}"]
+    data = [f"paths.datasets_dir={tmp_path / 'data'}"]
     extract(compose("extract", SMOL + data))
     train(compose("train", SMOL + data, output_dir=str(tmp_path / "offline")))
     train(compose("train", SMOL + data + ONLINE, output_dir=str(tmp_path / "online")))
@@ -122,7 +122,7 @@ def test_online_trains_the_same_head_as_offline_on_smollm2(tmp_path):
 
 def test_online_resume_equals_uninterrupted(tmp_path):
     """8 online steps in one go == 3, then a resume for the rest (the same batch stream as offline)."""
-    common = TINY + ONLINE + [f"paths.data_dir={tmp_path / 'data'}", "train.lr_decay_steps=8"]
+    common = TINY + ONLINE + [f"paths.datasets_dir={tmp_path / 'data'}", "train.lr_decay_steps=8"]
     train(compose("train", common + ["train.max_steps=8"], output_dir=str(tmp_path / "straight")))
     train(compose("train", common + ["train.max_steps=3"], output_dir=str(tmp_path / "split")))
     train(compose("train", common + ["train.max_steps=8"], output_dir=str(tmp_path / "split")))
@@ -134,7 +134,7 @@ def test_online_resume_equals_uninterrupted(tmp_path):
 def test_the_pre_pass_writes_tokens_only_and_is_reused(tmp_path, capsys):
     """extract.py train.hidden_states=online: token ids, split and vocabulary, no hidden states;
     a second run finds it; a stored-dataset reader refuses it by name; a cut file is caught."""
-    cfg = compose("extract", TINY + ONLINE + [f"paths.data_dir={tmp_path}"])
+    cfg = compose("extract", TINY + ONLINE + [f"paths.datasets_dir={tmp_path}"])
     ds_dir = Path(extract(cfg))
     assert sorted(p.name for p in ds_dir.iterdir() if not p.name.startswith(".")) == [
         "manifest.json",
@@ -173,7 +173,7 @@ def test_online_records_pass_the_capture_adapter(tmp_path):
     before any state reaches the head, naming what was expected and the sample."""
     from eagle3.target_model.resolve import resolve_target
 
-    cfg = compose("train", TINY + ONLINE + [f"paths.data_dir={tmp_path}"])
+    cfg = compose("train", TINY + ONLINE + [f"paths.datasets_dir={tmp_path}"])
     model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
     with pytest.raises(CaptureError, match="hidden size: expected 32"):
         _online(model_dir, [1, 2, 3, 4], 32).setup("cpu")
@@ -196,7 +196,7 @@ def test_online_records_pass_the_capture_adapter(tmp_path):
 
 
 def test_online_refuses_a_sharded_target(tmp_path):
-    cfg = compose("train", TINY + ONLINE + [f"paths.data_dir={tmp_path}", "topology.strategy=fsdp"])
+    cfg = compose("train", TINY + ONLINE + [f"paths.datasets_dir={tmp_path}", "topology.strategy=fsdp"])
     with pytest.raises(ValueError, match="expected topology.strategy auto or ddp"):
         online_target(cfg, "unused", False, None, [1, 2, 3, 4])
 
@@ -224,8 +224,8 @@ def test_online_ddp_equals_offline_ddp(tmp_path):
     """2 ranks on CPU (gloo), each with its own copy of the target: the same weights as 2 ranks
     reading the stored dataset. Both ranks start without the token dataset: one writes it, the
     other waits for it (the pre-pass lock)."""
-    common = TINY + ["topology=cpu_ddp2", f"paths.data_dir={tmp_path / 'data'}", "train.max_steps=4"]
-    extract(compose("extract", TINY + [f"paths.data_dir={tmp_path / 'data'}"]))
+    common = TINY + ["topology=cpu_ddp2", f"paths.datasets_dir={tmp_path / 'data'}", "train.max_steps=4"]
+    extract(compose("extract", TINY + [f"paths.datasets_dir={tmp_path / 'data'}"]))
     _torchrun_train(common, tmp_path / "offline")
     _torchrun_train(common + ONLINE, tmp_path / "online")
     _assert_same_weights(tmp_path / "offline", tmp_path / "online")
@@ -239,9 +239,11 @@ def test_a_token_dataset_of_other_layers_is_refused_naming_both(tmp_path):
     from eagle3.stages.train_inputs import find_token_dataset
     from eagle3.target_model.resolve import resolve_target
 
-    ds_dir = Path(extract(compose("extract", TINY + ONLINE + [f"paths.data_dir={tmp_path}", "layers.aux_ids=[2,3]"])))
+    ds_dir = Path(
+        extract(compose("extract", TINY + ONLINE + [f"paths.datasets_dir={tmp_path}", "layers.aux_ids=[2,3]"]))
+    )
     assert Manifest.read(ds_dir).layer_ids == [2, 3, 4]
-    cfg = compose("train", TINY + ONLINE + [f"paths.data_dir={tmp_path}", f"dataset_dir={ds_dir}"])
+    cfg = compose("train", TINY + ONLINE + [f"paths.datasets_dir={tmp_path}", f"dataset_dir={ds_dir}"])
     model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
     with pytest.raises(
         ValueError,
@@ -249,7 +251,7 @@ def test_a_token_dataset_of_other_layers_is_refused_naming_both(tmp_path):
     ):
         find_token_dataset(cfg, model_dir)
     same = compose(
-        "train", TINY + ONLINE + [f"paths.data_dir={tmp_path}", f"dataset_dir={ds_dir}", "layers.aux_ids=[2,3]"]
+        "train", TINY + ONLINE + [f"paths.datasets_dir={tmp_path}", f"dataset_dir={ds_dir}", "layers.aux_ids=[2,3]"]
     )
     assert find_token_dataset(same, model_dir) == ds_dir
     assert online_target(same, model_dir, False, None, [2, 3, 4]).layer_ids == [2, 3, 4]

@@ -29,7 +29,7 @@ def dataset_dir(tmp_path_factory) -> Path:
     from eagle3.stages.extract import run as extract
 
     d = tmp_path_factory.mktemp("data")
-    extract(compose("extract", TINY + [f"paths.data_dir={d}"]))
+    extract(compose("extract", TINY + [f"paths.datasets_dir={d}"]))
     (found,) = d.glob("*/manifest.json")
     return found.parent
 
@@ -127,7 +127,7 @@ def test_tokens_of_a_train_run_are_those_its_batches_held(dataset_dir, tmp_path)
     # 8 batches a pass on this dataset: 12 steps run into the second pass
     cfg = compose(
         "train",
-        TINY + [f"paths.data_dir={dataset_dir.parent}", "train.max_steps=12", "train.val_check_interval=100"],
+        TINY + [f"paths.datasets_dir={dataset_dir.parent}", "train.max_steps=12", "train.val_check_interval=100"],
         output_dir=str(tmp_path),
     )
     (tmp_path / ".hydra").mkdir()

@@ -25,7 +25,7 @@ from eagle3.store import DamagedDatasetError, Manifest
 @pytest.fixture(scope="module")
 def original(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("original")
-    return Path(extract(compose("extract", ARGS + [f"paths.data_dir={root}"])))
+    return Path(extract(compose("extract", ARGS + [f"paths.datasets_dir={root}"])))
 
 
 def _copy(original: Path, root: Path) -> Path:
@@ -57,7 +57,7 @@ def test_a_damaged_shard_is_redone_in_place(original, tmp_path, how, capsys):
     victim = shards[1]
     untouched = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in shards if p != victim}
     _damage(victim, how)
-    args = ARGS + [f"paths.data_dir={tmp_path}"]
+    args = ARGS + [f"paths.datasets_dir={tmp_path}"]
 
     if how == "bitflip":  # the default check (size, header) cannot see it; train.py would not either
         extract(compose("extract", args))
@@ -96,14 +96,14 @@ def test_train_prints_the_command_that_repairs_it_and_that_command_does(original
     size = victim.stat().st_size
     _damage(victim, "truncate")
 
-    refused = cli(["train.py", *ARGS, f"paths.data_dir={root}", f"hydra.run.dir={tmp_path / 'run'}"])
+    refused = cli(["train.py", *ARGS, f"paths.datasets_dir={root}", f"hydra.run.dir={tmp_path / 'run'}"])
     out = refused.stdout + refused.stderr
     assert refused.returncode != 0
     assert f"{victim.name}: size: expected {size} bytes, got {size // 2} bytes" in out, out[-3000:]
     command = re.search(r"repair it with: (python extract\.py[^\n]*)", out)
     assert command, out[-3000:]
     words = shlex.split(command.group(1))
-    assert words[2:] == [*ARGS, f"paths.data_dir={root}"]  # this run's overrides, nothing else
+    assert words[2:] == [*ARGS, f"paths.datasets_dir={root}"]  # this run's overrides, nothing else
 
     fixed = cli(words[1:])  # the printed command, with this interpreter as `python`
     assert fixed.returncode == 0, fixed.stderr[-3000:]
@@ -127,7 +127,7 @@ def merged(tmp_path_factory) -> Path:
     from eagle3.store.merge import part_dir
 
     root = tmp_path_factory.mktemp("merged")
-    args = ARGS + [f"paths.data_dir={root}"]
+    args = ARGS + [f"paths.datasets_dir={root}"]
     for i in range(2):
         extract(compose("extract", args + [f"shard_index={i}", "num_shards=2"]))
     ds = Path(extract(compose("extract", args + ["num_shards=2", "merge=true"])))
@@ -147,7 +147,7 @@ def test_one_nodes_command_repairs_a_merged_dataset_changing_only_the_damaged_sh
 
     root = tmp_path / "data"
     ds = _copy(merged, root)
-    args = ARGS + [f"paths.data_dir={root}"]
+    args = ARGS + [f"paths.datasets_dir={root}"]
     before = file_bytes(ds)
     manifest = Manifest.read(ds)
     owners = _owners(manifest)
@@ -189,7 +189,7 @@ def test_repairing_a_budget_cut_dataset_keeps_its_cut(tmp_path, monkeypatch, cap
 
     clock = _TickingClock()
     monkeypatch.setattr(time_budget, "capture_deadline", lambda split, _, n: Deadline(clock, 13.0, "capture"))
-    args = ARGS + ["time_budget.minutes=1.5", f"paths.data_dir={tmp_path}"]
+    args = ARGS + ["time_budget.minutes=1.5", f"paths.datasets_dir={tmp_path}"]
     ds = Path(extract(compose("extract", args)))
     cut = Manifest.read(ds)
     assert cut.num_samples == cut.provenance["budget_cut"]["samples"] == 12 and len(cut.shards) >= 2

@@ -20,7 +20,9 @@ TINY = ["experiment=tiny_test", "eval.enabled=false"]
 
 
 def _cfg(tmp_path: Path, extra: list[str] = ()):
-    return run_config(compose("train", TINY + [f"paths.data_dir={tmp_path / 'data'}", *extra], str(tmp_path / "run")))
+    return run_config(
+        compose("train", TINY + [f"paths.datasets_dir={tmp_path / 'data'}", *extra], str(tmp_path / "run"))
+    )
 
 
 def _resumable(tmp_path: Path, extra: list[str] = ()) -> Path:
@@ -48,23 +50,23 @@ def test_what_does_not_change_the_result_resumes(tmp_path, capsys):
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
+def datasets_dir(tmp_path_factory) -> Path:
     from eagle3.stages.extract import run as extract
 
     d = tmp_path_factory.mktemp("data")
     chats = _chats(d / "chats.jsonl", n=16)
-    extract(compose("extract", TINY + ["data=jsonl", f"data.path={chats}", f"paths.data_dir={d}"]))
+    extract(compose("extract", TINY + ["data=jsonl", f"data.path={chats}", f"paths.datasets_dir={d}"]))
     return d
 
 
-def test_a_rerun_after_the_data_changed_is_refused_naming_both_datasets(data_dir, tmp_path):
+def test_a_rerun_after_the_data_changed_is_refused_naming_both_datasets(datasets_dir, tmp_path):
     """The real train.py: a finished run, the chat file edited and extracted again, the same
     command rerun: it used to resume, train 0 steps and re-export the old head as the new data's."""
     from eagle3.stages.extract import run as extract
     from eagle3.stages.train import run as train
 
-    chats = data_dir / "chats.jsonl"
-    args = TINY + ["data=jsonl", f"data.path={chats}", f"paths.data_dir={data_dir}"]
+    chats = datasets_dir / "chats.jsonl"
+    args = TINY + ["data=jsonl", f"data.path={chats}", f"paths.datasets_dir={datasets_dir}"]
     out = tmp_path / "run"
     train(compose("train", args, output_dir=str(out)))
     old = json.loads((out / "summary.json").read_text())["dataset_dir"]
@@ -77,7 +79,7 @@ def test_a_rerun_after_the_data_changed_is_refused_naming_both_datasets(data_dir
     msg = str(e.value)
     assert f"{out / 'dataset_manifest.json'}: fingerprint: expected " in msg and old in msg
     assert "hydra.run.dir=<new dir>" in msg and "resume_anyway=true" in msg
-    new = [p for p in data_dir.iterdir() if p.is_dir() and str(p) != old and p.name.startswith("tiny_llama-jsonl-")]
+    new = [p for p in datasets_dir.iterdir() if p.is_dir() and str(p) != old and p.name.startswith("tiny_llama-jsonl-")]
     assert len(new) == 1 and str(new[0]) in msg
     assert (last.stat().st_mtime_ns, (out / "summary.json").read_bytes()) == before
     # a new run dir trains on the new dataset

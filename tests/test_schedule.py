@@ -109,7 +109,7 @@ def test_a_time_capped_run_ends_at_the_floor_learning_rate(tmp_path):
     from eagle3.stages.extract import run as extract
     from eagle3.stages.train import run as train
 
-    tiny = ["experiment=tiny_test", f"paths.data_dir={tmp_path / 'data'}"]
+    tiny = ["experiment=tiny_test", f"paths.datasets_dir={tmp_path / 'data'}"]
     extract(compose("extract", tiny))
     recorder = LrRecorder()
     lr, floor = 1e-3, 0.05

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from test_evaluate import _random_head_export
 
-from eagle3.config.cli import ServingCheck
+from eagle3.config.cli import ServingConfig
 from eagle3.evaluation.engine import EngineRequest
 from eagle3.serving import advice as sa
 from eagle3.serving import speedup as ss
@@ -170,8 +170,8 @@ def test_the_bench_warms_every_load_before_timing_it():
     from eagle3.evaluation.engine import PromptBatch
 
     prompts = [[1, 2], [3], [4, 5, 6]]
-    plan = {c: ss.wave_requests(len(prompts), c, 2) for c in (1, 8, 32)}
-    request = ss.engine_request("m", "h", 3, prompts, plan, ServingCheck(), EngineOptions())
+    load_prompts = {c: ss.wave_requests(len(prompts), c, 2) for c in (1, 8, 32)}
+    request = ss.engine_request("m", "h", 3, prompts, load_prompts, ServingConfig(), EngineOptions())
     assert request.warmup_sizes() == [32, 1, 8]
     # an evaluation request (no waves) warms up once, at its warm-up size
     plain = EngineRequest("m", "h", 3, 16, 256, [PromptBatch("val", [[1, 2], [3]])], EngineOptions(), 1)

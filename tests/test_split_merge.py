@@ -24,10 +24,12 @@ N = 2
 def extracted(tmp_path_factory):
     """(single-run dataset dir, {i: part dir}) of the same config."""
     single_root, parts_root = tmp_path_factory.mktemp("single"), tmp_path_factory.mktemp("parts")
-    single = Path(extract(compose("extract", TINY + [f"paths.data_dir={single_root}"])))
+    single = Path(extract(compose("extract", TINY + [f"paths.datasets_dir={single_root}"])))
     parts = {
         i: Path(
-            extract(compose("extract", TINY + [f"paths.data_dir={parts_root}", f"shard_index={i}", f"num_shards={N}"]))
+            extract(
+                compose("extract", TINY + [f"paths.datasets_dir={parts_root}", f"shard_index={i}", f"num_shards={N}"])
+            )
         )
         for i in range(N)
     }
@@ -43,7 +45,7 @@ def _copy_parts(parts: dict[int, Path], root: Path, which=range(N)) -> Path:
 
 
 def _merge_cli(root: Path) -> Path:
-    return Path(extract(compose("extract", TINY + [f"paths.data_dir={root}", f"num_shards={N}", "merge=true"])))
+    return Path(extract(compose("extract", TINY + [f"paths.datasets_dir={root}", f"num_shards={N}", "merge=true"])))
 
 
 def test_parts_split_the_samples_by_id(extracted):

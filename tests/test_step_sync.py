@@ -16,15 +16,15 @@ MODULE = str(Path(__file__).resolve().parents[1] / "eagle3" / "training" / "modu
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
+def datasets_dir(tmp_path_factory) -> Path:
     from eagle3.stages.extract import run as extract
 
     d = tmp_path_factory.mktemp("data")
-    extract(compose("extract", TINY + [f"paths.data_dir={d}"], output_dir=str(tmp_path_factory.mktemp("x"))))
+    extract(compose("extract", TINY + [f"paths.datasets_dir={d}"], output_dir=str(tmp_path_factory.mktemp("x"))))
     return d
 
 
-def test_training_steps_make_no_device_tensor_from_a_host_value(data_dir, tmp_path, monkeypatch):
+def test_training_steps_make_no_device_tensor_from_a_host_value(datasets_dir, tmp_path, monkeypatch):
     from eagle3.stages.train import run as train
     from eagle3.training.module import Eagle3LitModule
 
@@ -48,6 +48,8 @@ def test_training_steps_make_no_device_tensor_from_a_host_value(data_dir, tmp_pa
 
     monkeypatch.setattr(torch, "tensor", counted_tensor)
     monkeypatch.setattr(Eagle3LitModule, "training_step", counted_step)
-    train(compose("train", TINY + [f"paths.data_dir={data_dir}", "train.max_steps=4"], output_dir=str(tmp_path)))
+    train(
+        compose("train", TINY + [f"paths.datasets_dir={datasets_dir}", "train.max_steps=4"], output_dir=str(tmp_path))
+    )
     assert len(steps) == 4  # the steps ran, through the wrapped torch.tensor
     assert made_on_device == [], f"per-step tensors made on the device from host values: {made_on_device}"

@@ -1,6 +1,6 @@
 """capture.storage=fp8: the aux hidden states in float8_e4m3fn with a scale per token and layer,
 the final layer exact; the format in the shards, the manifest, the fingerprint, a merge and the
-disk plan; an exact dataset of before the field still reads and trains."""
+disk estimate; an exact dataset of before the field still reads and trains."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def test_fp8_error_is_bounded_per_token_and_layer_and_the_final_layer_is_exact()
     assert float(back[0, 0].float().abs().max()) > 0
 
 
-def test_an_fp8_dataset_round_trips_at_the_planned_size(tmp_path):
+def test_an_fp8_dataset_round_trips_at_the_estimated_size(tmp_path):
     w = ShardWriter(
         tmp_path,
         layer_ids=LAYER_IDS,
@@ -144,7 +144,7 @@ def test_a_merge_of_mixed_formats_is_refused_by_name(tmp_path):
 
 
 def test_resolve_shows_bytes_per_token_and_the_dataset_size_of_the_format():
-    from eagle3.planning.disk_plan import disk_bytes
+    from eagle3.planning.disk_estimate import disk_bytes
     from eagle3.store.disk import format_bytes
 
     cfg = compose("extract", ["data.max_samples=100"])  # a CPU: fp8 unless told otherwise
@@ -174,16 +174,16 @@ def tiny_data(tmp_path_factory) -> Path:
 
     d = tmp_path_factory.mktemp("data")
     for storage in ("exact", "fp8"):
-        extract(compose("extract", TINY + [f"paths.data_dir={d}", f"capture.storage={storage}"]))
+        extract(compose("extract", TINY + [f"paths.datasets_dir={d}", f"capture.storage={storage}"]))
     return d
 
 
-def _recipe(data_dir: Path, storage: str):
+def _recipe(datasets_dir: Path, storage: str):
     from eagle3.config.schema import run_config
     from eagle3.stages.narrow import dataset_identity
     from eagle3.target_model.resolve import resolve_target
 
-    run = run_config(compose("extract", TINY + [f"paths.data_dir={data_dir}", f"capture.storage={storage}"]))
+    run = run_config(compose("extract", TINY + [f"paths.datasets_dir={datasets_dir}", f"capture.storage={storage}"]))
     return dataset_identity(run, resolve_target(run.model, run.paths.cache_dir))
 
 
@@ -211,7 +211,9 @@ def test_fp8_and_an_old_exact_dataset_both_train(tiny_data, tmp_path):
     for storage in ("exact", "fp8"):
         out = tmp_path / storage
         train(
-            compose("train", TINY + [f"paths.data_dir={tiny_data}", f"capture.storage={storage}"], output_dir=str(out))
+            compose(
+                "train", TINY + [f"paths.datasets_dir={tiny_data}", f"capture.storage={storage}"], output_dir=str(out)
+            )
         )
         summary = json.loads((out / "summary.json").read_text())
         assert summary["global_step"] == 6 and Path(summary["dataset_dir"]) == dataset_path(_recipe(tiny_data, storage))

@@ -25,7 +25,7 @@ def _files(d: Path) -> dict[str, bytes]:
 
 
 def test_a_corrupt_manifest_says_delete_only_it_and_doing_so_adopts_every_shard(tmp_path):
-    cfg = compose("extract", ARGS + [f"paths.data_dir={tmp_path / 'data'}"])
+    cfg = compose("extract", ARGS + [f"paths.datasets_dir={tmp_path / 'data'}"])
     ds = Path(extract(cfg))
     reference = shutil.copytree(ds, tmp_path / "reference")
     manifest = ds / "manifest.json"
@@ -44,7 +44,7 @@ def test_a_corrupt_manifest_says_delete_only_it_and_doing_so_adopts_every_shard(
 
 
 def test_a_damaged_first_scheme_dataset_is_refused_as_such_and_the_advice_works(tmp_path):
-    cfg = compose("extract", ARGS + [f"paths.data_dir={tmp_path / 'data'}"])
+    cfg = compose("extract", ARGS + [f"paths.datasets_dir={tmp_path / 'data'}"])
     identity = dataset_identity(cfg, resolve_target(cfg.model, cfg.paths.cache_dir))
     ds = Path(extract(cfg))
     # the same dataset as the first fingerprint scheme named and recorded it

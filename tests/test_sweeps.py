@@ -23,19 +23,19 @@ METRIC = "val/replay_accept_len"  # the default optimized_metric
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
+def datasets_dir(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("data")
-    extract(compose("extract", ["experiment=tiny_test", f"paths.data_dir={d}"]))
+    extract(compose("extract", ["experiment=tiny_test", f"paths.datasets_dir={d}"]))
     return d
 
 
-def _train_multirun(data_dir: Path, sweep_dir: Path, args: list[str], multirun: bool = True):
+def _train_multirun(datasets_dir: Path, sweep_dir: Path, args: list[str], multirun: bool = True):
     cmd = [
         sys.executable,
         "train.py",
         *(["-m"] if multirun else []),
         *TINY,
-        f"paths.data_dir={data_dir}",
+        f"paths.datasets_dir={datasets_dir}",
         f"paths.log_dir={sweep_dir.parent / 'logs'}",
         f"hydra.sweep.dir={sweep_dir}",
         *args,
@@ -52,12 +52,12 @@ def _job_cfg(job_dir: Path):
     return OmegaConf.load(job_dir / ".hydra" / "config.yaml")
 
 
-def test_grid_sweep_runs_dirs_wandb_and_table(data_dir, tmp_path):
+def test_grid_sweep_runs_dirs_wandb_and_table(datasets_dir, tmp_path):
     from wandb_offline import read_run
 
     sweep = tmp_path / "sweep-grid"
     out = _train_multirun(
-        data_dir, sweep, ["train.lr=1e-4,3e-4", "train.ttt_steps=2,3", "logger=wandb", "logger.mode=offline"]
+        datasets_dir, sweep, ["train.lr=1e-4,3e-4", "train.ttt_steps=2,3", "logger=wandb", "logger.mode=offline"]
     )
     assert out.returncode == 0, out.stderr[-5000:]
     jobs = sorted((p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
@@ -97,10 +97,10 @@ def test_grid_sweep_runs_dirs_wandb_and_table(data_dir, tmp_path):
     assert md.count("| COMPLETED |") == 4 and "**best**" in md and f"`{METRIC}`" in md
 
 
-def test_optuna_maximises_the_replayed_acceptance(data_dir, tmp_path):
+def test_optuna_maximises_the_replayed_acceptance(datasets_dir, tmp_path):
     sweep = tmp_path / "sweep-optuna"
     out = _train_multirun(
-        data_dir, sweep, ["hparams_search=optuna", "hydra.sweeper.n_trials=3", "logger=none"], multirun=False
+        datasets_dir, sweep, ["hparams_search=optuna", "hydra.sweeper.n_trials=3", "logger=none"], multirun=False
     )  # the preset sets hydra.mode=MULTIRUN itself
     assert out.returncode == 0, out.stderr[-5000:]
     result = OmegaConf.load(sweep / "optimization_results.yaml")
@@ -121,10 +121,10 @@ def test_optuna_maximises_the_replayed_acceptance(data_dir, tmp_path):
     assert len(sampled) == 3  # three different trials, not one repeated
 
 
-def test_submitit_local_jobs_run_in_their_own_processes_and_failures_are_tabled(data_dir, tmp_path):
+def test_submitit_local_jobs_run_in_their_own_processes_and_failures_are_tabled(datasets_dir, tmp_path):
     sweep = tmp_path / "sweep-local"
     # ttt_steps=0 is refused by the config check: that job fails, the other still completes
-    out = _train_multirun(data_dir, sweep, ["hydra/launcher=processes", "train.ttt_steps=2,0", "logger=none"])
+    out = _train_multirun(datasets_dir, sweep, ["hydra/launcher=processes", "train.ttt_steps=2,0", "logger=none"])
     assert out.returncode != 0  # Hydra reports the failed job
     assert list((sweep / ".submitit").glob("*/*_0_log.out"))  # submitit ran the jobs
     rows = {r["job"]: r for r in _table(sweep)}

@@ -21,20 +21,20 @@ from eagle3.store import Manifest
 
 @pytest.fixture(autouse=True)
 def cpu_with_native_bf16_without_amx(monkeypatch):
-    """The plan does not depend on the machine the suite runs on (its rates do)."""
+    """The shares do not depend on the machine the suite runs on (its rates do)."""
     from eagle3.target_model import compute_dtype as cd
 
     monkeypatch.setattr(cd, "cpu_flags", lambda: frozenset({"avx2", "avx512f", "avx512_bf16"}))
     monkeypatch.setattr(cd, "onednn_allows_bf16", lambda: True)
 
 
-def _plan(*overrides: str, config: str = "train") -> time_budget.TimeShares:
+def _shares(*overrides: str, config: str = "train") -> time_budget.TimeShares:
     shares = time_budget.time_shares(run_config(compose(config, ["experiment=demo_cpu", *overrides])))
     assert shares is not None
     return shares
 
 
-def test_no_budget_no_plan_and_the_config_is_untouched():
+def test_no_budget_no_shares_and_the_config_is_untouched():
     cfg = run_config(compose("train", ["experiment=demo_cpu", "time_budget.minutes=null"]))
     assert time_budget.time_shares(cfg) is None
     assert time_budget.sized(cfg) == (cfg, None)
@@ -42,8 +42,8 @@ def test_no_budget_no_plan_and_the_config_is_untouched():
 
 
 def test_the_split_spends_the_minutes_and_grows_the_data_with_them():
-    small = _plan("time_budget.minutes=20", "data.max_samples=null")
-    large = _plan("time_budget.minutes=40", "data.max_samples=null")
+    small = _shares("time_budget.minutes=20", "data.max_samples=null")
+    large = _shares("time_budget.minutes=40", "data.max_samples=null")
     for s in (small, large):
         parts = s.fixed_s + s.regen_s + s.capture_s + s.train_s
         assert parts == pytest.approx(s.total_s)
@@ -51,25 +51,25 @@ def test_the_split_spends_the_minutes_and_grows_the_data_with_them():
         assert s.capped_by is None and s.samples == s.conversations
     assert large.conversations > 2 * small.conversations  # the fixed costs are paid once
     # more passes per sample: fewer samples in the same minutes, more of them training
-    deeper = _plan("time_budget.minutes=20", "data.max_samples=null", "time_budget.passes=4")
+    deeper = _shares("time_budget.minutes=20", "data.max_samples=null", "time_budget.passes=4")
     assert deeper.conversations < small.conversations and deeper.train_s > small.train_s
     assert "20.0 min in all" in small.lines()[0] and f"{small.conversations:,} conversations" in small.lines()[0]
 
 
 def test_the_data_presets_cap_binds_and_the_spare_minutes_go_to_training():
-    free = _plan("time_budget.minutes=20", "data.max_samples=null")
-    capped = _plan("time_budget.minutes=20", "data.max_samples=300")
+    free = _shares("time_budget.minutes=20", "data.max_samples=null")
+    capped = _shares("time_budget.minutes=20", "data.max_samples=300")
     assert capped.conversations == 300 < free.conversations
     assert capped.capped_by == "data.max_samples=300" and "the data's cap" in capped.lines()[0]
     assert capped.train_s > free.train_s and capped.passes > free.passes
 
 
 def test_regeneration_and_several_answers_are_paid_for():
-    own = _plan("time_budget.minutes=30", "data.max_samples=null")
-    regen = _plan("time_budget.minutes=30", "data.max_samples=null", "data.regenerate=true", "data.regen_max_turns=1")
+    own = _shares("time_budget.minutes=30", "data.max_samples=null")
+    regen = _shares("time_budget.minutes=30", "data.max_samples=null", "data.regenerate=true", "data.regen_max_turns=1")
     assert own.regen_s == 0 and regen.regen_s > 0
     assert "regeneration ~" in regen.lines()[0] and "regeneration" not in own.lines()[0]
-    two = _plan(
+    two = _shares(
         "time_budget.minutes=30",
         "data.max_samples=null",
         "data.regenerate=true",
@@ -83,13 +83,13 @@ def test_regeneration_and_several_answers_are_paid_for():
 
 def test_a_budget_below_the_fixed_costs_is_refused_naming_them():
     with pytest.raises(ValueError, match=r"time_budget.minutes=1.*fixed costs"):
-        _plan("time_budget.minutes=1")
+        _shares("time_budget.minutes=1")
     with pytest.raises(ValueError, match="passes > 0"):
-        _plan("time_budget.minutes=20", "time_budget.passes=0")
+        _shares("time_budget.minutes=20", "time_budget.passes=0")
 
 
 def test_both_stages_size_the_same_dataset(smollm2_dir):
-    """extract.py writes and train.py looks for the directory the plan names."""
+    """extract.py writes and train.py looks for the directory the shares name."""
     names = []
     for stage in ("extract", "train"):
         cfg, shares = time_budget.sized(
@@ -107,7 +107,7 @@ def test_training_gets_what_the_extraction_and_the_end_leave():
     clock = time_budget.train_clock(cfg, extract_s=400.0)
     assert clock is not None
     assert clock.fit_s == pytest.approx(1200 - 400 - clock.started_s - clock.reserve_s)
-    assert clock.reserve_s >= 180  # the vLLM check at the end (eval.enabled)
+    assert clock.reserve_s >= 180  # the acceptance evaluation at the end (eval.enabled)
     timed = time_budget.timed_train(cfg, clock)
     secs = int(clock.fit_s)
     assert timed.train.max_time == f"00:00:{secs // 60:02d}:{secs % 60:02d}"
@@ -122,7 +122,7 @@ def test_the_pipeline_ends_inside_its_minutes(tmp_path):
     """extract.py then train.py under one 90-second budget (tiny target, real ShareGPT samples):
     the extraction records its seconds, training runs past the preset's step count until the
     clock, and summary.json says the two together stayed inside."""
-    common = ["experiment=tiny_test", "time_budget.minutes=1.5", f"paths.data_dir={tmp_path / 'data'}"]
+    common = ["experiment=tiny_test", "time_budget.minutes=1.5", f"paths.datasets_dir={tmp_path / 'data'}"]
     subprocess.run([sys.executable, "extract.py", *common], cwd=ROOT, check=True, capture_output=True)
     (ds_dir,) = [p for p in (tmp_path / "data").iterdir() if p.is_dir()]
     extract_s = Manifest.read(ds_dir).provenance["extract_seconds"]
@@ -149,12 +149,12 @@ def test_the_pipeline_ends_inside_its_minutes(tmp_path):
 
 def test_make_demo_is_sized_by_twenty_minutes_of_the_cpu_it_runs_on(monkeypatch):
     """experiment=demo_cpu: as many samples as this kind of CPU captures and trains in 20
-    minutes with the vLLM check; AMX tiles capture 2.6x as fast as bf16 dot products."""
+    minutes with the acceptance evaluation; AMX tiles capture 2.6x as fast as bf16 dot products."""
     from eagle3.target_model import compute_dtype as cd
 
-    native = _plan()
+    native = _shares()
     assert native.total_s == 1200 and native.capped_by is None and 500 < native.conversations < 2000
     monkeypatch.setattr(cd, "cpu_flags", lambda: frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16"}))
-    assert _plan().conversations > 1.5 * native.conversations
+    assert _shares().conversations > 1.5 * native.conversations
     monkeypatch.setattr(cd, "cpu_flags", lambda: frozenset({"avx2", "fma"}))  # bf16 emulated: fp32
-    assert _plan().conversations < native.conversations
+    assert _shares().conversations < native.conversations

@@ -20,28 +20,28 @@ TINY = ["experiment=tiny_test"]
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
+def datasets_dir(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("data")
-    extract(compose("extract", TINY + [f"paths.data_dir={d}"]))
+    extract(compose("extract", TINY + [f"paths.datasets_dir={d}"]))
     return d
 
 
-def _train(data_dir: Path, out: Path, extra: list[str] = ()) -> float:
-    return train(compose("train", TINY + [f"paths.data_dir={data_dir}"] + list(extra), output_dir=str(out)))
+def _train(datasets_dir: Path, out: Path, extra: list[str] = ()) -> float:
+    return train(compose("train", TINY + [f"paths.datasets_dir={datasets_dir}"] + list(extra), output_dir=str(out)))
 
 
-def test_the_summary_keeps_the_train_figures_when_a_last_validation_runs(data_dir, tmp_path):
+def test_the_summary_keeps_the_train_figures_when_a_last_validation_runs(datasets_dir, tmp_path):
     """5 steps with validation every 3: train.py validates once more after fit, which resets
     Lightning's metrics; summary.json still holds the last train/* figures (tokens/s, loss)."""
-    _train(data_dir, tmp_path, ["train.max_steps=5"])
+    _train(datasets_dir, tmp_path, ["train.max_steps=5"])
     final = json.loads((tmp_path / "summary.json").read_text())["final"]
     assert {"train/loss_k0", "train/tokens_per_s", "val/replay_accept_len"} <= set(final)
     assert final["train/tokens_per_s"] > 0
 
 
-def test_train_writes_summary_export_and_checkpoints(data_dir, tmp_path, caplog):
+def test_train_writes_summary_export_and_checkpoints(datasets_dir, tmp_path, caplog):
     with caplog.at_level("INFO", logger="eagle3.util.report"):
-        metric = _train(data_dir, tmp_path)
+        metric = _train(datasets_dir, tmp_path)
     # the step path in one log line; the checkpoint records it in place of auto/null
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step path: ")]
     assert line.startswith("step path: cpu, ") and ", sdpa, eager, variable shape, " in line
@@ -70,13 +70,13 @@ def test_train_writes_summary_export_and_checkpoints(data_dir, tmp_path, caplog)
     assert (recorded["attention"], recorded["compile"]) == ("sdpa", False)
 
 
-def test_two_draft_layers_train_export_and_reload(data_dir, tmp_path):
+def test_two_draft_layers_train_export_and_reload(datasets_dir, tmp_path):
     """head.num_draft_layers=2: the export declares two layers and holds the second one's
     weights (no hidden_norm: it sees the hidden stream only); the evaluation loader rebuilds
     the same head from it (same logits as the exported weights give)."""
     from eagle3.evaluation.diagnostics.head_replay import load_exported_head
 
-    _train(data_dir, tmp_path, ["head.num_draft_layers=2"])
+    _train(datasets_dir, tmp_path, ["head.num_draft_layers=2"])
     export = Path(json.loads((tmp_path / "summary.json").read_text())["export_dir"])
     cfg = json.loads((export / "config.json").read_text())
     assert cfg["transformer_layer_config"]["num_hidden_layers"] == 2
@@ -90,14 +90,14 @@ def test_two_draft_layers_train_export_and_reload(data_dir, tmp_path):
     assert torch.equal(head.layers[1].mlp.down_proj.weight, weights["layers.1.mlp.down_proj.weight"].float())
 
 
-def test_norm_options_and_a_divergence_loss_train_export_and_reload(data_dir, tmp_path):
+def test_norm_options_and_a_divergence_loss_train_export_and_reload(datasets_dir, tmp_path):
     """head.fc_norm / norm_output / norm_before_residual reach the head, the export declares
     them and holds the trained fc_norm weights, and the evaluation loader rebuilds that head;
     train.loss=jsd trains (a bounded loss, below log 2 per position)."""
     from eagle3.evaluation.diagnostics.head_replay import load_exported_head
 
     norms = {"fc_norm": True, "norm_output": True, "norm_before_residual": True}
-    _train(data_dir, tmp_path, [f"head.{k}=true" for k in norms] + ["train.loss=jsd"])
+    _train(datasets_dir, tmp_path, [f"head.{k}=true" for k in norms] + ["train.loss=jsd"])
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert 0.0 < summary["final"]["val/loss_k0"] < 0.7 and summary["final"]["val/loss"] < summary["initial"]["val/loss"]
     export = Path(summary["export_dir"])
@@ -113,11 +113,11 @@ def test_norm_options_and_a_divergence_loss_train_export_and_reload(data_dir, tm
     assert torch.equal(head.fc_norm[2].weight, weights["fc_norm.2.weight"].float())
 
 
-def test_export_cli_reproduces_the_export(data_dir, tmp_path):
+def test_export_cli_reproduces_the_export(datasets_dir, tmp_path):
     import subprocess
     import sys
 
-    _train(data_dir, tmp_path)
+    _train(datasets_dir, tmp_path)
     ckpt = tmp_path / "checkpoints" / "last.ckpt"
     out = subprocess.run(
         [sys.executable, str(ROOT / "export.py"), f"ckpt={ckpt}", f"out={tmp_path / 'cli_export'}"],
@@ -144,17 +144,19 @@ def test_export_cli_reproduces_the_export(data_dir, tmp_path):
 
 
 @pytest.mark.parametrize("total", [6, 16])
-def test_resume_equals_uninterrupted(data_dir, tmp_path, total):
+def test_resume_equals_uninterrupted(datasets_dir, tmp_path, total):
     """`total` steps in one go == 3 steps, then resume from last.ckpt for the rest. 16 steps
     cross several passes over the data after resuming mid-pass (a bug this guards: every pass after a
     resume was cut to the first pass's remainder, so the resumed run trained on other batches
     and restarted its loader every few steps)."""
     common = ["train.val_check_interval=3", "train.warmup_steps=2", f"train.lr_decay_steps={total}"]
-    _train(data_dir, tmp_path / "straight", common + [f"train.max_steps={total}"])
-    _train(data_dir, tmp_path / "split", common + ["train.max_steps=3"])
+    _train(datasets_dir, tmp_path / "straight", common + [f"train.max_steps={total}"])
+    _train(datasets_dir, tmp_path / "split", common + ["train.max_steps=3"])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _train(data_dir, tmp_path / "split", common + [f"train.max_steps={total}"])  # auto-resume in the same run dir
+        _train(
+            datasets_dir, tmp_path / "split", common + [f"train.max_steps={total}"]
+        )  # auto-resume in the same run dir
     # Lightning's "resuming ... before the epoch ended ... unreliable results" does not apply: filtered
     assert not [w for w in caught if "before the epoch ended" in str(w.message)]
     a = torch.load(tmp_path / "straight" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
@@ -174,10 +176,10 @@ def test_missing_dataset_says_run_extract(tmp_path):
         _train(tmp_path / "empty", tmp_path / "out")
 
 
-def test_wandb_offline_run_records_metrics(data_dir, tmp_path):
+def test_wandb_offline_run_records_metrics(datasets_dir, tmp_path):
     from wandb_offline import read_run
 
-    _train(data_dir, tmp_path, ["logger=wandb", "logger.mode=offline", "logger.log_every_n_steps=1"])
+    _train(datasets_dir, tmp_path, ["logger=wandb", "logger.mode=offline", "logger.log_every_n_steps=1"])
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1, runs
     run = read_run(runs[0], wait_for="val/sim_accept_len")
@@ -194,18 +196,18 @@ def test_wandb_offline_run_records_metrics(data_dir, tmp_path):
     assert "model:tiny_llama" in run["tags"] and "data:sharegpt" in run["tags"]
 
 
-def test_flex_attention_is_refused_where_it_cannot_train(data_dir, tmp_path):
+def test_flex_attention_is_refused_where_it_cannot_train(datasets_dir, tmp_path):
     """train.attention=flex needs CUDA (no FlexAttention backward on CPU) and 128-token tiles:
     both are clear errors before any step, naming the field."""
     with pytest.raises(
         ValueError, match="train.max_tokens_per_batch: expected a multiple of 128 with train.attention=flex, got 500"
     ):
-        _train(data_dir, tmp_path / "a", ["train.attention=flex", "train.max_tokens_per_batch=500"])
+        _train(datasets_dir, tmp_path / "a", ["train.attention=flex", "train.max_tokens_per_batch=500"])
     if not torch.cuda.is_available():
         with pytest.raises(
             ValueError, match="train.attention=flex: expected a CUDA accelerator, got topology.accelerator=cpu"
         ):
-            _train(data_dir, tmp_path / "b", ["train.attention=flex"])
+            _train(datasets_dir, tmp_path / "b", ["train.attention=flex"])
 
 
 @pytest.mark.parametrize("topology,attention,compiled", [("cpu", "sdpa", False), ("gpu1", "flex", True)])
@@ -240,22 +242,22 @@ def test_the_step_path_follows_the_accelerator(topology, attention, compiled):
     assert ("not a multiple of 128" in path.line()) == (topology == "gpu1")
 
 
-def test_compiled_step_on_fixed_shape_rows_trains(data_dir, tmp_path):
+def test_compiled_step_on_fixed_shape_rows_trains(datasets_dir, tmp_path):
     """train.compile=true: rows padded to max_tokens_per_batch, one static graph; the run
     learns (val sim accept above the random start) and logs the same keys."""
-    _train(data_dir, tmp_path, ["train.compile=true", "train.max_steps=12", "train.val_check_interval=12"])
+    _train(datasets_dir, tmp_path, ["train.compile=true", "train.max_steps=12", "train.val_check_interval=12"])
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["global_step"] == 12
     assert summary["final"]["val/loss"] < summary["initial"]["val/loss"]
     assert summary["final"]["train/compiled_graphs"] == 1  # one static shape: no recompile after step 1
 
 
-def test_replay_export_reads_the_export_back(data_dir, tmp_path):
+def test_replay_export_reads_the_export_back(datasets_dir, tmp_path):
     """eagle3.evaluation.diagnostics.head_replay rebuilds the head from the export alone (bf16 weights,
     frozen parts from the target) and measures what training measured for that checkpoint."""
     from eagle3.evaluation.diagnostics.head_replay import load_exported_head, train_side_figures
 
-    _train(data_dir, tmp_path)
+    _train(datasets_dir, tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
     export = Path(summary["export_dir"])
     target = json.loads((export / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"]
@@ -302,13 +304,13 @@ def test_replay_export_cli_names_missing_and_wrong_keys():
     assert "full_key: split" in wrong.stderr
 
 
-def test_evaluate_replays_the_val_prompts_it_served(data_dir, tmp_path):
+def test_evaluate_replays_the_val_prompts_it_served(datasets_dir, tmp_path):
     """evaluate's train-side line: the same val samples, first answers only; a dataset
     without shards here (a manifest copied from a GPU machine) is skipped with a note."""
     from eagle3.evaluation.diagnostics.head_replay import replay_for_prompts
     from eagle3.store import HiddenStateDataset
 
-    _train(data_dir, tmp_path)
+    _train(datasets_dir, tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
     export = Path(summary["export_dir"])
     target = json.loads((export / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"]
@@ -331,47 +333,49 @@ def test_evaluate_replays_the_val_prompts_it_served(data_dir, tmp_path):
         )
 
 
-def test_rows_train_and_a_row_shorter_than_a_sample_is_refused(data_dir, tmp_path):
+def test_rows_train_and_a_row_shorter_than_a_sample_is_refused(datasets_dir, tmp_path):
     """train.row_tokens: batches of several packed rows train (same metrics keys, export);
     a row that would cut samples is an error naming the field, before any step."""
-    _train(data_dir, tmp_path / "rows", ["train.row_tokens=128"])
+    _train(datasets_dir, tmp_path / "rows", ["train.row_tokens=128"])
     summary = json.loads((tmp_path / "rows" / "summary.json").read_text())
     assert summary["global_step"] == 6 and summary["final"]["val/tokens"] > 0
     # before the first step the head is the same: rows change no validation loss or count
-    _train(data_dir, tmp_path / "one")
+    _train(datasets_dir, tmp_path / "one")
     one = json.loads((tmp_path / "one" / "summary.json").read_text())["initial"]
     assert summary["initial"]["val/tokens"] == one["val/tokens"]
     assert summary["initial"]["val/loss_k0"] == pytest.approx(one["val/loss_k0"], rel=1e-4)
     with pytest.raises(ValueError, match=r"train.row_tokens=32: shorter than the longest sample"):
-        _train(data_dir, tmp_path / "short", ["train.row_tokens=32"])
+        _train(datasets_dir, tmp_path / "short", ["train.row_tokens=32"])
 
 
-def test_dataset_dir_trains_on_a_moved_dataset_and_refuses_one_of_other_layers(data_dir, tmp_path):
+def test_dataset_dir_trains_on_a_moved_dataset_and_refuses_one_of_other_layers(datasets_dir, tmp_path):
     """dataset_dir= takes a dataset from anywhere (copied from another machine: not under
-    paths.data_dir, so the fingerprint lookup finds nothing); one captured with other layers
+    paths.datasets_dir, so the fingerprint lookup finds nothing); one captured with other layers
     than this config trains on is refused before any step."""
     import shutil
 
-    (source,) = [p.parent for p in data_dir.glob("*/manifest.json")]
+    (source,) = [p.parent for p in datasets_dir.glob("*/manifest.json")]
     moved = shutil.copytree(source, tmp_path / "elsewhere" / "my_dataset")
     empty = tmp_path / "no_datasets_here"
     with pytest.raises(DatasetNotFound, match="pass dataset_dir="):
-        train(compose("train", TINY + [f"paths.data_dir={empty}"], output_dir=str(tmp_path / "a")))
-    train(compose("train", TINY + [f"paths.data_dir={empty}", f"dataset_dir={moved}"], output_dir=str(tmp_path / "b")))
+        train(compose("train", TINY + [f"paths.datasets_dir={empty}"], output_dir=str(tmp_path / "a")))
+    train(
+        compose("train", TINY + [f"paths.datasets_dir={empty}", f"dataset_dir={moved}"], output_dir=str(tmp_path / "b"))
+    )
     summary = json.loads((tmp_path / "b" / "summary.json").read_text())
     assert summary["dataset_dir"] == str(moved.resolve()) and summary["global_step"] == 6
     with pytest.raises(ValueError, match=r"holds layers \[1, 2, 3, 4\] .* expects layers \[1, 2, 4\]"):
         train(compose("train", TINY + [f"dataset_dir={moved}", "layers.aux_ids=[1,2]"], output_dir=str(tmp_path / "c")))
 
 
-def test_the_export_names_the_target_as_the_serving_machine_knows_it(data_dir, tmp_path, capsys):
+def test_the_export_names_the_target_as_the_serving_machine_knows_it(datasets_dir, tmp_path, capsys):
     """config.json names the target by export.target_name_or_path (or the preset's hub id),
     not this machine's cache directory; evaluation here still finds the local copy the run
     read (summary.json), and train.py prints the vllm serve command."""
     from eagle3.evaluation.export_info import read_export
     from eagle3.training.builder import target_name
 
-    _train(data_dir, tmp_path, ["export.target_name_or_path=my-org/tiny-llama"])
+    _train(datasets_dir, tmp_path, ["export.target_name_or_path=my-org/tiny-llama"])
     summary = json.loads((tmp_path / "summary.json").read_text())
     export = Path(summary["export_dir"])
     cfg = json.loads((export / "config.json").read_text())
@@ -391,17 +395,17 @@ def test_the_export_names_the_target_as_the_serving_machine_knows_it(data_dir, t
     assert target_name(compose("train", TINY).model, "/cache/tiny", "my-org/tiny-llama") == "my-org/tiny-llama"
 
 
-def test_trainer_arguments_reach_lightning_and_early_stopping_ends_the_run(data_dir, tmp_path):
+def test_trainer_arguments_reach_lightning_and_early_stopping_ends_the_run(datasets_dir, tmp_path):
     """trainer.* goes to L.Trainer (limit_val_batches=1: one validation batch of the several);
     callbacks.early_stopping stops on optimized_metric and still exports the best checkpoint;
     callbacks.model_checkpoint keeps the top k; callbacks.extra adds a callback by class path."""
-    _train(data_dir, tmp_path / "full", ["train.max_steps=3"])
-    _train(data_dir, tmp_path / "one", ["train.max_steps=3", "trainer.limit_val_batches=1"])
+    _train(datasets_dir, tmp_path / "full", ["train.max_steps=3"])
+    _train(datasets_dir, tmp_path / "one", ["train.max_steps=3", "trainer.limit_val_batches=1"])
     tokens = [json.loads((tmp_path / r / "summary.json").read_text())["final"]["val/tokens"] for r in ("full", "one")]
     assert 0 < tokens[1] < tokens[0], tokens
     # an improvement of 100 in the replay is impossible: stops after patience + 1 validations
     _train(
-        data_dir,
+        datasets_dir,
         tmp_path / "es",
         [
             "train.max_steps=30",
@@ -421,11 +425,11 @@ def test_trainer_arguments_reach_lightning_and_early_stopping_ends_the_run(data_
         match=r"callbacks.model_checkpoint.save_top_k: expected >= 1 \(the exported head "
         r"is the best checkpoint by val/replay_accept_len\), got 0",
     ):
-        _train(data_dir, tmp_path / "k0", ["callbacks.model_checkpoint.save_top_k=0"])
+        _train(datasets_dir, tmp_path / "k0", ["callbacks.model_checkpoint.save_top_k=0"])
     with pytest.raises(ValueError, match="callbacks.extra.bad: expected a Lightning Callback, got Counter"):
-        _train(data_dir, tmp_path / "x", ["+callbacks.extra.bad._target_=collections.Counter"])
+        _train(datasets_dir, tmp_path / "x", ["+callbacks.extra.bad._target_=collections.Counter"])
     with pytest.raises(Exception, match="gradient_clip_val"):  # its home is train.grad_clip
-        _train(data_dir, tmp_path / "bad", ["trainer.gradient_clip_val=1.0"])
+        _train(datasets_dir, tmp_path / "bad", ["trainer.gradient_clip_val=1.0"])
 
 
 def test_the_best_metric_is_printed_with_its_measured_error_against_vllm():

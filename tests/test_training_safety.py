@@ -256,7 +256,9 @@ def test_re_export_keeps_serving_and_acceptance_whole_when_their_write_fails(tmp
 
 
 def _cfg(tmp_path: Path, extra: list[str] = ()):
-    return run_config(compose("train", TINY + [f"paths.data_dir={tmp_path / 'data'}", *extra], str(tmp_path / "run")))
+    return run_config(
+        compose("train", TINY + [f"paths.datasets_dir={tmp_path / 'data'}", *extra], str(tmp_path / "run"))
+    )
 
 
 def test_a_rerun_under_another_config_is_refused_naming_the_keys(tmp_path):
@@ -303,22 +305,27 @@ def test_which_keys_count(tmp_path):
         assert k in keys
     for k in ("paths.output_dir", "logger.backend", "eval.max_prompts", "ckpt_path", "resume_anyway", "tags"):
         assert k not in keys
+    assert not [k for k in keys if k.startswith("engine.")]  # how the evaluation's engines are built
     assert run_dir.config_changes({"a": {"b": 1}}, {"a": {"b": 1, "c": 2}}) == [("a.c", "<absent>", 2)]
+    # a recorded config that still holds engine.enforce_eager's former key resumes under the new one
+    assert run_dir.config_changes({"eval": {"enforce_eager": True}}, {"engine": {"enforce_eager": True}}) == []
 
 
 # ---- integration (heavy: run under flock /tmp/eagle3_heavy.lock): a diverging loss stops training
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
+def datasets_dir(tmp_path_factory) -> Path:
     from eagle3.stages.extract import run as extract
 
     d = tmp_path_factory.mktemp("data")
-    extract(compose("extract", TINY + [f"paths.data_dir={d}"]))
+    extract(compose("extract", TINY + [f"paths.datasets_dir={d}"]))
     return d
 
 
-def test_a_non_finite_loss_stops_training_naming_the_step_before_a_checkpoint_holds_it(data_dir, tmp_path, monkeypatch):
+def test_a_non_finite_loss_stops_training_naming_the_step_before_a_checkpoint_holds_it(
+    datasets_dir, tmp_path, monkeypatch
+):
     from eagle3.stages.train import run as train
     from eagle3.training.module import Eagle3LitModule, NonFiniteLossError
 
@@ -333,7 +340,7 @@ def test_a_non_finite_loss_stops_training_naming_the_step_before_a_checkpoint_ho
     monkeypatch.setattr(Eagle3LitModule, "_loss", loss_nan_from_step_4)
     out = tmp_path / "run"
     with pytest.raises(NonFiniteLossError) as e:
-        train(compose("train", TINY + [f"paths.data_dir={data_dir}"], output_dir=str(out)))
+        train(compose("train", TINY + [f"paths.datasets_dir={datasets_dir}"], output_dir=str(out)))
     assert "train/loss: expected a finite value, got a non-finite one at step 4" in str(e.value)
     last = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert last["global_step"] == 3  # the validation's save; none after the NaN
@@ -343,18 +350,18 @@ def test_a_non_finite_loss_stops_training_naming_the_step_before_a_checkpoint_ho
     monkeypatch.setattr(Eagle3LitModule, "on_train_batch_end", lambda *a, **k: None)
     out2 = tmp_path / "run2"
     with pytest.raises(NonFiniteLossError, match="at step 4"):
-        train(compose("train", TINY + [f"paths.data_dir={data_dir}"], output_dir=str(out2)))
+        train(compose("train", TINY + [f"paths.datasets_dir={datasets_dir}"], output_dir=str(out2)))
     assert torch.load(out2 / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["global_step"] == 3
     assert os.path.isfile(out2 / run_dir.RUN_CONFIG)
 
 
-def test_train_py_rerun_with_a_new_lr_is_refused_before_any_work(data_dir, tmp_path):
+def test_train_py_rerun_with_a_new_lr_is_refused_before_any_work(datasets_dir, tmp_path):
     """The real train.py: a finished run rerun with another train.lr would resume (and re-export
     the old head as the new config's): refused, naming the key, its checkpoints untouched."""
     from eagle3.stages.train import run as train
 
     out = tmp_path / "run"
-    args = TINY + [f"paths.data_dir={data_dir}"]
+    args = TINY + [f"paths.datasets_dir={datasets_dir}"]
     train(compose("train", args, output_dir=str(out)))
     last = out / "checkpoints" / "last.ckpt"
     before = (last.stat().st_mtime_ns, (out / "summary.json").read_bytes())

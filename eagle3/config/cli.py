@@ -1,13 +1,14 @@
 """The primary schemas of the CLIs other than extract.py/train.py (whose ``RunConfig`` is in
 schema.py): `python evaluate.py` (``EvaluateConfig``, with the serving measurement's
-``ServingCheck``), `python export.py` (``ExportCliConfig``) and `python -m
+``ServingConfig``), `python export.py` (``ExportCliConfig``) and `python -m
 eagle3.stages.replay_export` (``ReplayExportConfig``). Each is registered in Hydra's ConfigStore
 as ``base_<cli>`` (eagle3/stages/compose.py) and extended by conf/<cli>.yaml, so a typo or a
 wrong type fails at compose time.
 
-`EvalConfig` (what to measure: draft tokens, prompt counts, answer length, diagnostics) lives
-in schema.py because train.py's config carries it too; what is only evaluate's -- how the two
-vLLM engines are built, where the head and the prompts come from -- is here.
+`EvalConfig` (what the acceptance evaluation measures: draft tokens, prompt counts, answer length, diagnostics) lives
+in schema.py and `EngineOptions` (how the two vLLM engines are built) in engine.py because
+train.py's config carries them too, under the same keys (eval.*, engine.*); what is only
+evaluate's -- where the head and the prompts come from -- is here.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from eagle3.config.schema import EvalConfig, LoggerConfig, PathsConfig
 
 
 @dataclass
-class ServingCheck:
+class ServingConfig:
     """What the serving measurement runs (the ``serving`` group of conf/evaluate.yaml)."""
 
     # run the serving measurement (loads x K) instead of the acceptance evaluation
@@ -70,7 +71,7 @@ class EvaluateConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     engine: EngineOptions = field(default_factory=EngineOptions)
     # serving.measure=true: the serving measurement (loads x K, the export's serving.json) instead
-    serving: ServingCheck = field(default_factory=ServingCheck)
+    serving: ServingConfig = field(default_factory=ServingConfig)
     logger: LoggerConfig = MISSING
     paths: PathsConfig = MISSING
 

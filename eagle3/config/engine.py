@@ -1,5 +1,6 @@
-"""How the evaluation's vLLM engines are built: a schema of its own because evaluate's CLI
-config and the engine requests the evaluation sends both carry it."""
+"""How the evaluation's vLLM engines are built: a schema of its own because both CLIs that
+evaluate (evaluate.py's and train.py's ``engine`` group, the same keys in both) and the engine
+requests the evaluation sends carry it."""
 
 from __future__ import annotations
 

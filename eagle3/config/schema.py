@@ -34,6 +34,7 @@ from eagle3.config.choices import (
     VerifyMode,
     VLLMRoute,
 )
+from eagle3.config.engine import EngineOptions
 
 DEFAULT_OPTIMIZED_METRIC = "val/replay_accept_len"  # RunConfig.optimized_metric; sweeps read it too
 
@@ -172,7 +173,7 @@ class CaptureConfig:
     # the shards' on-disk format: exact (the states in capture.dtype) or fp8 (the aux layers in
     # float8_e4m3fn with a scale per token and layer, the final layer exact; eagle3/store/storage_format.py);
     # int4 (an option: 4-bit codes with a scale per 32 channels, the final layer exact). conf/capture/*.yaml
-    # picks it by topology.accelerator: fp8 on a CPU, exact on a GPU (eagle3/planning/disk_plan.py)
+    # picks it by topology.accelerator: fp8 on a CPU, exact on a GPU (eagle3/planning/disk_estimate.py)
     storage: str = "exact"
     batch_size: int = 8  # hf: samples per forward
     max_tokens_per_batch: int = 16384  # hf: padded tokens per forward
@@ -190,7 +191,7 @@ class CaptureConfig:
     # how extract.py checks the shards already on disk (a resumed run, a complete dataset); a
     # missing, short or (full) corrupted shard is captured again in place
     verify: VerifyMode = VerifyMode.fast
-    # computed (eagle3/planning/disk_plan.py), never set by hand: shown by --cfg job --resolve
+    # computed (eagle3/planning/disk_estimate.py), never set by hand: shown by --cfg job --resolve
     hidden_layout: Any = "${eagle3.hidden_layout:${capture.dtype},${layers.layer_ids},${model.hidden_size}}"
     storage_layout: Any = (
         "${eagle3.storage_layout:${capture.dtype},${layers.layer_ids},${model.hidden_size},${capture.storage}}"
@@ -305,7 +306,7 @@ class LoggerConfig:
 @dataclass
 class PathsConfig:
     root_dir: str = MISSING
-    data_dir: str = MISSING  # datasets (fingerprinted subdirectories)
+    datasets_dir: str = MISSING  # datasets (fingerprinted subdirectories)
     cache_dir: str = MISSING  # materialised targets, regenerated answers
     log_dir: str = MISSING
     output_dir: Optional[str] = None  # the Hydra run dir (None under --cfg)
@@ -327,7 +328,7 @@ class CheckpointCallbackConfig:
     # train.py refuses, before its first step, a run whose checkpoints the disk cannot hold (statfs:
     # a quota is not seen); false: measure and report only (the space will be there, or a quota allows it)
     check_disk: bool = True
-    # computed (eagle3/planning/disk_plan.py), never set by hand: one checkpoint's size and the disk
+    # computed (eagle3/planning/disk_estimate.py), never set by hand: one checkpoint's size and the disk
     # a run holds at once, shown by --cfg job --resolve
     disk: Any = (
         "${eagle3.checkpoint_disk:${model},${head},${layers.layer_ids},"
@@ -395,10 +396,6 @@ class EvalConfig:
     # head train-side on the served prompts: costly; for investigating train/serve mismatches.
     # Off: vLLM's measured acceptance and a count of greedy mismatches only.
     diagnostics: bool = False
-    # train.py's check: vLLM's engines eager (true) or as the engine decides (null: compiled and
-    # graph-captured on GPU; evaluate.py sets engine.enforce_eager). Acceptance does not depend on it; an eager engine starts in a
-    # fraction of the time, so a time budget's check runs eager (experiment=smollm2_budget)
-    enforce_eager: Optional[bool] = None
 
 
 @dataclass
@@ -408,7 +405,7 @@ class TimeBudgetConfig:
     train.py trains for what the extraction (recorded in the dataset) and the evaluation leave."""
 
     minutes: Optional[float] = None  # null: no budget (the run sizes alone decide)
-    passes: float = 2.0  # training passes over the data the plan aims at (the split's one knob)
+    passes: float = 2.0  # training passes over the data the shares aim at (their one knob)
 
 
 @dataclass
@@ -427,6 +424,12 @@ class RunConfig:
     logger: LoggerConfig = MISSING
     paths: PathsConfig = MISSING
     eval: EvalConfig = field(default_factory=EvalConfig)
+    # how the acceptance evaluation's vLLM engines are built, the same keys as evaluate.py's engine.*;
+    # conf/engine/default.yaml points tensor parallelism, memory and trust at the run's own groups.
+    # engine.enforce_eager: eager (true) or as the engine decides (null: compiled and graph-captured
+    # on GPU). Acceptance does not depend on it; an eager engine starts in a fraction of the time, so
+    # a time budget's acceptance evaluation runs eager (experiment=smollm2_budget)
+    engine: EngineOptions = field(default_factory=EngineOptions)
     export: ExportConfig = field(default_factory=ExportConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     callbacks: CallbacksConfig = field(default_factory=CallbacksConfig)
@@ -438,7 +441,7 @@ class RunConfig:
     # trained head (refused otherwise, naming the keys: eagle3/training/run_dir.py, check_run_config)
     resume_anyway: bool = False
     # train.py: the dataset to train on; null: the one extract.py wrote for this config (found by
-    # its fingerprint under paths.data_dir). A dataset moved from another machine goes here.
+    # its fingerprint under paths.datasets_dir). A dataset moved from another machine goes here.
     dataset_dir: Optional[str] = None
     # train.py: accept a dataset_dir= extracted from other weights than this target's (its
     # manifest's weights hashes differ: base vs instruct, another revision or fine-tune of the

@@ -9,7 +9,7 @@ engine.py            one vLLM engine in its own process (the only vllm import)
 subprocess_engine.py runs it, with logs, timeout and clean stop
 counters.py          vLLM's spec-decode counters and the figures they give
 figures.py           per prompt set: acceptance, tokens/s with/without head, greedy match
-measure.py           with-head engine, then without-head engine, same prompts
+acceptance_run.py    the acceptance run: with-head engine, then without-head engine, same prompts
 report.py            acceptance.json and the table; plot.py the PNG; wandb_log.py W&B
 diagnostics/         train-side figures beside vLLM's: the replays of an export on a dataset
                      and on vLLM's own outputs, and why a greedy output changed

@@ -88,8 +88,8 @@ def evaluate(
     """
     from transformers import AutoTokenizer
 
+    from eagle3.evaluation.acceptance_run import run_acceptance
     from eagle3.evaluation.export_info import read_export
-    from eagle3.evaluation.measure import measure
     from eagle3.evaluation.plot import save_acceptance_plot
     from eagle3.evaluation.prompts import heldout_prompts
     from eagle3.evaluation.report import print_table, write_json
@@ -111,7 +111,7 @@ def evaluate(
         suite=int(getattr(settings, "suite_prompts", EvalConfig.suite_prompts)),
         math=int(getattr(settings, "math_prompts", EvalConfig.math_prompts)),
     )
-    report = measure(
+    report = run_acceptance(
         info,
         prompts,
         num_draft_tokens=int(settings.num_draft_tokens),

@@ -56,7 +56,7 @@ class DatasetNotFound(FileNotFoundError):
 class DatasetIdentity:
     """What a dataset is made of, and where datasets live: the target (its config group and the
     directory its weights were materialised in), the chat data and its settings, the captured
-    layer ids and dtype; ``data_dir`` holds the datasets, ``cache_dir`` the content-hash cache.
+    layer ids and dtype; ``datasets_dir`` holds the datasets, ``cache_dir`` the content-hash cache.
     The stages build it from the whole config (eagle3/stages/narrow.py)."""
 
     model: ModelConfig
@@ -64,10 +64,10 @@ class DatasetIdentity:
     data: DataConfig
     layer_ids: tuple[int, ...]
     capture_dtype: str
-    data_dir: str
+    datasets_dir: str
     cache_dir: str
     # data fields named otherwise than by their value, where the stages sized the data (a time
-    # budget: by the budget asked, not the count planned from rates; eagle3/stages/narrow.py)
+    # budget: by the budget asked, not the count the time shares derive from rates; eagle3/stages/narrow.py)
     named_by: dict[str, Any] | None = None
     storage: str = EXACT  # capture.storage: how the shards hold the states (eagle3/store/storage_format.py)
 
@@ -199,7 +199,7 @@ def _capture_and_tokenizer(identity: DatasetIdentity) -> dict[str, Any]:
 
 def dataset_path(identity: DatasetIdentity) -> Path:
     inputs = fingerprint_inputs(identity)
-    return dataset_dir(identity.data_dir, identity.prefix, dataset_fingerprint(inputs))
+    return dataset_dir(identity.datasets_dir, identity.prefix, dataset_fingerprint(inputs))
 
 
 def token_fingerprint_inputs(identity: DatasetIdentity) -> dict[str, Any]:
@@ -213,7 +213,7 @@ def token_fingerprint_inputs(identity: DatasetIdentity) -> dict[str, Any]:
 def token_dataset_path(identity: DatasetIdentity, inputs: dict[str, Any]) -> Path:
     """Where the online dataset with these inputs (``token_fingerprint_inputs``) lives: beside the
     stored ones, "-tokens" in its name."""
-    return dataset_dir(identity.data_dir, f"{identity.prefix}-tokens", dataset_fingerprint(inputs))
+    return dataset_dir(identity.datasets_dir, f"{identity.prefix}-tokens", dataset_fingerprint(inputs))
 
 
 def provenance(identity: DatasetIdentity, regen_engine: str | None) -> dict[str, Any]:
@@ -253,7 +253,7 @@ def budget_cut(
     capture: str | None = None,
 ) -> dict[str, Any]:
     """What the manifest records of a dataset a time budget cut short (``provenance.budget_cut``):
-    the conversations the plan asked, the samples rendered from what was answered in time, why
+    the conversations the time shares asked for, the samples rendered from what was answered in time, why
     regeneration and capture each stopped (None: that part was not cut) and the samples kept."""
     return {
         "planned_conversations": planned_conversations,
@@ -322,7 +322,7 @@ def legacy_fingerprint_inputs(identity: DatasetIdentity) -> dict[str, Any]:
 
 
 def legacy_dataset_path(identity: DatasetIdentity) -> Path:
-    return dataset_dir(identity.data_dir, identity.prefix, dataset_fingerprint(legacy_fingerprint_inputs(identity)))
+    return dataset_dir(identity.datasets_dir, identity.prefix, dataset_fingerprint(legacy_fingerprint_inputs(identity)))
 
 
 def _diff(theirs: Any, ours: Any, where: str = "") -> list[str]:
@@ -337,8 +337,8 @@ def _diff(theirs: Any, ours: Any, where: str = "") -> list[str]:
 
 def _neighbours(identity: DatasetIdentity, ours: dict[str, Any]) -> list[tuple[Path, list[str], bool]]:
     """(directory, keys that differ from this config, made by the first scheme) of every
-    dataset of this model and data preset under paths.data_dir, closest first."""
-    root = Path(identity.data_dir)
+    dataset of this model and data preset under paths.datasets_dir, closest first."""
+    root = Path(identity.datasets_dir)
     named = dataset_dir(root, identity.prefix, "0" * 16).name.removesuffix("-" + "0" * 16)
     legacy: dict | None = None
     found = []
@@ -357,7 +357,7 @@ def _neighbours(identity: DatasetIdentity, ours: dict[str, Any]) -> list[tuple[P
 
 
 def locate_dataset(identity: DatasetIdentity) -> tuple[Path, str | None]:
-    """The dataset of this config under paths.data_dir, and a note on how it was found (None:
+    """The dataset of this config under paths.datasets_dir, and a note on how it was found (None:
     by its fingerprint). Then by the first scheme's fingerprint; without the chat data at hand,
     the one dataset that matches all else. Otherwise DatasetNotFound names the datasets of
     this model and data that are there, what differs, and dataset_dir=."""
@@ -366,7 +366,7 @@ def locate_dataset(identity: DatasetIdentity) -> tuple[Path, str | None]:
         ours = fingerprint_inputs(identity)
     except DataError as err:  # the chat data is not on this machine: it cannot be hashed
         missing, ours = err, fingerprint_inputs(identity, chat_content=False)
-    where = dataset_dir(identity.data_dir, identity.prefix, dataset_fingerprint(ours))
+    where = dataset_dir(identity.datasets_dir, identity.prefix, dataset_fingerprint(ours))
     if missing is None and (where / MANIFEST).is_file():
         return where, None
     old = legacy_dataset_path(identity)  # needs no chat content: the first scheme named its path
@@ -382,7 +382,7 @@ def locate_dataset(identity: DatasetIdentity) -> tuple[Path, str | None]:
     lines = [
         f"no dataset for this config at {where}"
         if missing is None
-        else f"no dataset for this config under {identity.data_dir} (the chat data could not be hashed: {missing})"
+        else f"no dataset for this config under {identity.datasets_dir} (the chat data could not be hashed: {missing})"
     ]
     for d, diff, legacy in near[:5]:
         if legacy:

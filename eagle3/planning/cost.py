@@ -8,7 +8,7 @@
 Times divide those token counts by the rates of ``rates.yaml`` beside this file: throughputs
 measured on real runs (each figure with the command that measured it), scaled to the run's
 shapes where they differ from the measured ones (capture by the target's active parameters, training by
-the draft's FLOPs per token, both by the devices used). They are read once per estimate or plan
+the draft's FLOPs per token, both by the devices used). They are read once per estimate or time budget
 (``run_rates``) and passed down. Most were measured on a machine running nothing else: other jobs
 on its cores slow a run down.
 Training logs an updated ETA from its own step times once a few steps have run
@@ -28,8 +28,8 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from eagle3.config.schema import CaptureBackend, RunConfig
-from eagle3.planning import disk_plan
-from eagle3.planning.disk_plan import MILLION
+from eagle3.planning import disk_estimate
+from eagle3.planning.disk_estimate import MILLION
 from eagle3.target_model.compute_dtype import compute_dtype, cpu_bf16_on_amx
 from eagle3.target_model.size import preset_config, target_size
 from eagle3.util.hidden_dtypes import torch_dtype
@@ -97,7 +97,7 @@ class Rate:
     regen_start_s: float = 0.0  # the regeneration engine's start, where regen_tok_s leaves it out
     regen_hf_tok_s: float | None = None  # regeneration by transformers where vLLM is absent
     regen_hf_start_s: float = 0.0
-    eval_s: float = 180.0  # train.py's vLLM check at the budget's evaluation sizes
+    eval_s: float = 180.0  # train.py's acceptance evaluation at the budget's evaluation sizes
     # figure -> what measured it (the command, the machine, what it counted): rates.yaml's sources
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
 
@@ -199,8 +199,8 @@ def _cfg_params(cfg: RunConfig) -> float:
 @dataclass(frozen=True)
 class RunRates:
     """One config's throughputs, derived once from the measured runs: what its cost lines and its
-    time budget's plan divide by. Derive them once (run_rates) and pass them down: every figure
-    of a plan then comes from the same reading of the rates."""
+    time budget's shares divide by. Derive them once (run_rates) and pass them down: every figure
+    of one estimate then comes from the same reading of the rates."""
 
     measured: Rate | None  # the measured run they are scaled from (None: none on this accelerator)
     basis: str  # a line saying which
@@ -275,7 +275,7 @@ def extract_lines(cfg: RunConfig, rates: RunRates | None = None) -> list[str]:
     if tok_s and forward != "native":
         at += " (the forward in fp32: this CPU would emulate bf16)" if forward == "fp32" else " (bf16 on AMX tiles)"
     if data.max_samples is None:
-        per_m = disk_plan.disk_per_million_tokens(
+        per_m = disk_estimate.disk_per_million_tokens(
             ids, cfg.model.hidden_size, cfg.capture.dtype, cfg.capture.shard_max_tokens, cfg.capture.storage
         )
         line = f"extract: every sample of data={data.name} (counted once read), <= {length:,} tokens each; {per_m} per 1M tokens"
@@ -284,7 +284,7 @@ def extract_lines(cfg: RunConfig, rates: RunRates | None = None) -> list[str]:
         return [line, basis]
     samples = data.max_samples
     tokens = samples * length
-    disk = disk_plan.disk_bytes(
+    disk = disk_estimate.disk_bytes(
         tokens, ids, cfg.model.hidden_size, cfg.capture.dtype, cfg.capture.shard_max_tokens, cfg.capture.storage
     )
     line = f"extract: {samples:,} samples x <= {length:,} tokens = <= {tokens:,} tokens; disk <= {format_bytes(disk)}"

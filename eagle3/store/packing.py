@@ -187,7 +187,7 @@ def _collate(
 ) -> dict[str, torch.Tensor]:
     """Rows of samples (each cut to the row's ``cap`` tokens) into [num_rows, width] tensors,
     each filled in place: every sample's states are copied once, into the batch."""
-    plan: list[list[tuple[dict[str, Any], int]]] = []
+    cut_rows: list[list[tuple[dict[str, Any], int]]] = []
     for row in rows:
         used, parts = 0, []
         for item in row:
@@ -196,11 +196,11 @@ def _collate(
                 break
             parts.append((item, n))
             used += n
-        plan.append(parts)
-    used_per_row = [sum(n for _, n in parts) for parts in plan]
+        cut_rows.append(parts)
+    used_per_row = [sum(n for _, n in parts) for parts in cut_rows]
     W = width if width is not None else max(used_per_row)
-    B = max(num_rows, len(plan))
-    first = plan[0][0][0]
+    B = max(num_rows, len(cut_rows))
+    first = cut_rows[0][0][0]
     # the states: hidden [T, L, H], or a storage format's tensors (each [T, ...]) to decode later
     state_names = [k for k in _STATE_KEYS if k in first]
     like = first[state_names[0]]
@@ -222,7 +222,7 @@ def _collate(
     segment_ids = torch.full((B, W), -1, dtype=torch.long)  # [B, W], -1: padding
     for b in range(B):
         off = 0
-        for s, (item, n) in enumerate(plan[b] if b < len(plan) else []):
+        for s, (item, n) in enumerate(cut_rows[b] if b < len(cut_rows) else []):
             for name, buf in states.items():
                 buf[b, off : off + n] = item[name][:n]
             input_ids[b, off : off + n] = item["input_ids"][:n]

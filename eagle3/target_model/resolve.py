@@ -91,7 +91,7 @@ def _size(model_cfg: ModelConfig, key: str) -> int:
 
 
 # the architectures a preset's facts describe whole (model.source=tiny builds them; the training's
-# checkpoint plan sizes their heads), with the model_type their config.json carries
+# checkpoint disk estimate sizes their heads), with the model_type their config.json carries
 PRESET_MODEL_TYPES = {
     "LlamaForCausalLM": "llama",
     "DeepseekV3ForCausalLM": "deepseek_v3",

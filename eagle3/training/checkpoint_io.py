@@ -89,7 +89,7 @@ def _tensor_bytes(obj: Any) -> int:
 def head_checkpoint_bytes(head: torch.nn.Module) -> int:
     """What one resume checkpoint of ``head`` holds, in bytes: the weights it keeps (its frozen
     target copies stay out) and AdamW's two moments per trainable parameter, each in its
-    parameter's dtype. Works on a head built on the meta device (a plan from config alone)."""
+    parameter's dtype. Works on a head built on the meta device (a disk estimate from config alone)."""
     frozen = {n for n, p in head.named_parameters() if not p.requires_grad}
     kept = sum(t.numel() * t.element_size() for k, t in head.state_dict().items() if k not in frozen)
     return kept + sum(2 * p.numel() * p.element_size() for p in head.parameters() if p.requires_grad)

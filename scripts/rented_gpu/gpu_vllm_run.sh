@@ -22,10 +22,10 @@
 #                                               in two calls (each call stops itself before the 10-minute cap)
 #   bash scripts/rented_gpu/gpu_vllm_run.sh budget_extract the whole pipeline inside BUDGET_MINUTES (experiment=smollm2_budget):
 #                                               extract.py's part (regeneration by vLLM, capture)
-#   bash scripts/rented_gpu/gpu_vllm_run.sh budget_train   train.py's part (what the extraction left; its check in CUDA vLLM);
+#   bash scripts/rented_gpu/gpu_vllm_run.sh budget_train   train.py's part (what the extraction left; its acceptance evaluation in CUDA vLLM);
 #                                               the two parts in two calls when together they pass the 10-minute cap
 #   bash scripts/rented_gpu/gpu_vllm_run.sh budget_peer    speculators 0.9 trained on the same data for the minutes our training
-#                                               had, then measured by evaluate.py on the prompts of our check
+#                                               had, then measured by evaluate.py on the prompts of our acceptance evaluation
 #   bash scripts/rented_gpu/gpu_vllm_run.sh budget_serving both budget heads by bench/serving_speedup.py (LOADS, DRAFT_TOKENS)
 # Several stages may share one call: bash scripts/rented_gpu/gpu_vllm_run.sh train serving
 # Results (JSON, figures, logs' tails) go to $OUT; nothing else comes back.
@@ -52,7 +52,7 @@ else
   BUDGET_CHAT=(data=jsonl data.path=$TMPD/sharegpt.jsonl data.max_samples="${BUDGET_SAMPLES:-null}")
 fi
 BUDGET=(experiment=smollm2_budget "${BUDGET_CHAT[@]}"
-        time_budget.minutes="${BUDGET_MINUTES:-20}" paths.cache_dir=$TMPD/cache paths.data_dir=$TMPD/data_budget logger=none)
+        time_budget.minutes="${BUDGET_MINUTES:-20}" paths.cache_dir=$TMPD/cache paths.datasets_dir=$TMPD/data_budget logger=none)
 # BUDGET_ARGS: more overrides for both budget stages (e.g. an A/B: capture.storage=exact, then fp8);
 # BRUN: the budget run's directory name under $TMPD (one per arm of an A/B)
 read -r -a BUDGET_EXTRA <<< "${BUDGET_ARGS:-}"
@@ -93,7 +93,7 @@ stage_capture() {
   # backend is no part of a dataset's fingerprint). The HF one is deleted after.
   for be in hf vllm; do
     echo "== extract capture=$be"
-    (time python3 extract.py "${COMMON[@]}" capture=$be paths.data_dir=$TMPD/data_$be \
+    (time python3 extract.py "${COMMON[@]}" capture=$be paths.datasets_dir=$TMPD/data_$be \
        capture.max_num_seqs=${MAX_NUM_SEQS:-256} capture.gpu_memory_utilization=0.6) 2>&1 | quiet \
        | tee "$OUTD/extract_$be.log" | grep -E "^captured|^done|^real|tok/s\)" || true
     df -h $TMPD | tail -1
@@ -104,7 +104,7 @@ stage_capture() {
 
 stage_train() {
   rm -rf $TMPD/run
-  (time python3 train.py "${COMMON[@]}" capture=vllm paths.data_dir=$TMPD/data_vllm hydra.run.dir=$TMPD/run \
+  (time python3 train.py "${COMMON[@]}" capture=vllm paths.datasets_dir=$TMPD/data_vllm hydra.run.dir=$TMPD/run \
      train.max_time="00:00:0$MINUTES:00" eval.enabled=${EVAL:-true} eval.max_prompts=32 eval.humaneval_prompts=16 \
      eval.max_new_tokens=128) 2>&1 | quiet | tail -45
   cp $TMPD/run/summary.json "$OUTD/train_summary.json"
@@ -141,7 +141,7 @@ stage_tests() {
 
 stage_dataset() {
   ensure_gguf
-  python3 extract.py "${COMMON[@]}" capture=hf paths.data_dir=$TMPD/data 2>&1 | quiet \
+  python3 extract.py "${COMMON[@]}" capture=hf paths.datasets_dir=$TMPD/data 2>&1 | quiet \
     | grep -E "^captured|^done|tok/s\)|Error" || true
 }
 
@@ -149,7 +149,7 @@ stage_ranking() {
   # heads of a spread of quality on one dataset; vLLM measures each with the head alone, eager
   # (acceptance does not depend on CUDA graphs, and an eager engine starts in a fraction of the time)
   timeout "${RANKING_SECONDS:-540}" python3 bench/metric_ranking.py --variants gpu --heads "${HEADS:-6}" \
-    --base "${COMMON[@]}" capture=hf paths.data_dir=$TMPD/data --work-dir $TMPD/ranking \
+    --base "${COMMON[@]}" capture=hf paths.datasets_dir=$TMPD/data --work-dir $TMPD/ranking \
     --eval-prompts 32 --humaneval 16 --eval-args engine.enforce_eager=true eval.max_new_tokens=128 \
     --out "$OUTD/ranking.json" 2>&1 | quiet | tail -30 || true
   tail -3 $TMPD/ranking/head*.train.log 2>/dev/null | tail -12 || true
@@ -186,9 +186,9 @@ stage_budget_peer() {
     --cache-dir $TMPD/cache --minutes "$minutes" --out $TMPD/run-peer > "$OUTD/peer_train.log" 2>&1 || true
   tail -8 "$OUTD/peer_train.log"
   cp $TMPD/run-peer/peer_train.json "$OUTD/" 2>/dev/null || true
-  # the peer's head by evaluate.py with the settings of train.py's check of ours (eval.*'s defaults:
+  # the peer's head by evaluate.py with the settings of train.py's acceptance evaluation of ours (eval.*'s defaults:
   # 32 prompts, the validation split's opening turns + 16 HumanEval, 128 new tokens, eager engines),
-  # so the check's acceptance.json is ours on the same prompts; EVAL_OURS=1 measures ours again here
+  # so the acceptance evaluation's acceptance.json is ours on the same prompts; EVAL_OURS=1 measures ours again here
   local runs=(run-peer); [ "${EVAL_OURS:-0}" = 1 ] && runs=(brun run-peer)
   cp $TMPD/brun/export/acceptance.json "$OUTD/eval_brun_check.json" 2>/dev/null || true
   for run in "${runs[@]}"; do

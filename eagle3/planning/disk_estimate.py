@@ -90,7 +90,7 @@ def dataset_disk(
     shard_max_tokens: int = 65536,
     storage: str = EXACT,
 ) -> str:
-    """The dataset's bound on disk: every sample at data.max_length (what extract.py's plan says)."""
+    """The dataset's bound on disk: every sample at data.max_length (what extract.py's disk check assumes)."""
     from eagle3.store.disk import format_bytes
 
     if max_samples is None:
@@ -153,8 +153,8 @@ def checkpoint_disk(model: Any, head: Any, layer_ids: Sequence[int], save_top_k:
             hf.update(dict(model.extra_config or {}), model_type=PRESET_MODEL_TYPES.get(str(model.architecture), ""))
         with torch.device("meta"):
             draft = Eagle3DraftHead(draft_config(head, hf, len(layer_ids) - 1))
-    except Exception as e:  # a plan never stops a compose: the run itself names the problem
-        return f"not planned ({type(e).__name__}: {e})"
+    except Exception as e:  # an estimate never stops a compose: the run itself names the problem
+        return f"not estimated ({type(e).__name__}: {e})"
     each = head_checkpoint_bytes(draft)
     trainable = sum(p.numel() for p in draft.parameters() if p.requires_grad)
     at_once = checkpoints_at_once(int(save_top_k), bool(save_last))

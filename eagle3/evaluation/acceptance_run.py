@@ -1,4 +1,4 @@
-"""Measure a head: the target with the head, then the target alone, on the same prompts.
+"""The acceptance run of a head: the target with the head, then the target alone, on the same prompts.
 
 Both engines are built the same way (eager mode, batch limits, no prefix caching, seed,
 max_model_len) and get the same token ids, one generate() call per prompt set, greedy,
@@ -31,7 +31,7 @@ from eagle3.evaluation.subprocess_engine import run_engine_process
 _SPEC_SLACK = 8
 
 
-def measure(
+def run_acceptance(
     info: ExportInfo,
     prompts: PromptSet,
     *,

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from eagle3.config.errors import ConfigError
-from eagle3.planning.disk_plan import disk_bytes
+from eagle3.planning.disk_estimate import disk_bytes
 from eagle3.stages.validate import validate_run_config
 from eagle3.store.disk import disk_needed_bytes, format_bytes
 
@@ -36,7 +36,7 @@ def kimi_resolved(request):
     return OmegaConf.create(out.stdout)
 
 
-def test_kimi_plan_shows_the_8_gpu_layout(kimi_resolved):
+def test_kimi_estimate_shows_the_8_gpu_layout(kimi_resolved):
     cfg = kimi_resolved
     assert (cfg.topology.devices, cfg.topology.extract_tp, cfg.topology.extract_dp) == (8, 8, 1)
     assert cfg.topology.strategy == "ddp" and cfg.topology.precision == "bf16-mixed"
@@ -56,27 +56,27 @@ def test_kimi_disk_per_million_tokens_is_what_extract_checks(kimi_resolved):
     assert kimi_resolved.capture.disk_per_1m_tokens == format_bytes(need) == "53.4 GiB"
 
 
-def test_kimi_checkpoint_plan_is_the_size_its_training_wrote(kimi_resolved):
+def test_kimi_checkpoint_disk_is_the_size_its_training_wrote(kimi_resolved):
     """The head at Kimi-K2.5's width (hidden 7,168, one decoder layer of its dense sizes, a
     32,000-token draft vocabulary) built on the meta device: 1.14B trainable parameters. Its
     rehearsal on the H200 (docs/results.md, section 15) wrote checkpoints of 13,675,525,472 bytes."""
-    plan = str(kimi_resolved.callbacks.model_checkpoint.disk)
-    assert plan.startswith("12.7 GiB a checkpoint (1.14B trainable parameters), up to 3 at once: 38.2 GiB")
+    estimate = str(kimi_resolved.callbacks.model_checkpoint.disk)
+    assert estimate.startswith("12.7 GiB a checkpoint (1.14B trainable parameters), up to 3 at once: 38.2 GiB")
     assert format_bytes(13_675_525_472) == "12.7 GiB"
 
 
-def test_checkpoint_plan_follows_the_head_and_the_checkpoints_kept():
+def test_checkpoint_disk_follows_the_head_and_the_checkpoints_kept():
     small = compose("train", ["experiment=tiny_test"]).callbacks.model_checkpoint.disk
     more = compose(
         "train", ["experiment=tiny_test", "head.num_draft_layers=2", "callbacks.model_checkpoint.save_top_k=3"]
     ).callbacks.model_checkpoint.disk
-    each = [float(plan.split(" ")[0]) for plan in (small, more)]
+    each = [float(estimate.split(" ")[0]) for estimate in (small, more)]
     assert "up to 3 at once" in small and "up to 5 at once" in more and each[1] > each[0]
 
 
-def test_checkpoint_plan_of_your_own_model_reads_its_config_json(tmp_path):
+def test_checkpoint_disk_of_your_own_model_reads_its_config_json(tmp_path):
     """model=hf: the sizes the preset leaves open come from the model's config.json (as its facts
-    do); the plan equals the head train.py builds from that file."""
+    do); the estimate equals the head train.py builds from that file."""
     from eagle3.draft.head import Eagle3DraftHead
     from eagle3.training.builder import draft_config
     from eagle3.training.checkpoint_io import head_checkpoint_bytes
@@ -93,11 +93,11 @@ def test_checkpoint_plan_of_your_own_model_reads_its_config_json(tmp_path):
     }
     (tmp_path / "config.json").write_text(json.dumps(config))
     cfg = compose("train", ["model=hf", f"model.path={tmp_path}"])
-    plan = str(cfg.callbacks.model_checkpoint.disk)
+    estimate = str(cfg.callbacks.model_checkpoint.disk)
     with torch.device("meta"):
         head = Eagle3DraftHead(draft_config(cfg.head, config, 3))
-    assert plan.startswith(f"{format_bytes(head_checkpoint_bytes(head))} a checkpoint"), plan
-    # no config.json to read the sizes from: planned by train.py once it has the target
+    assert estimate.startswith(f"{format_bytes(head_checkpoint_bytes(head))} a checkpoint"), estimate
+    # no config.json to read the sizes from: estimated by train.py once it has the target
     (tmp_path / "config.json").unlink()
     (tmp_path / "config.json").write_text(
         json.dumps({k: config[k] for k in ("architectures", "num_hidden_layers", "hidden_size", "vocab_size")})
@@ -106,13 +106,13 @@ def test_checkpoint_plan_of_your_own_model_reads_its_config_json(tmp_path):
     assert "known once the target's config.json is read" in partial
 
 
-def test_smollm2_plan_follows_the_model():
+def test_smollm2_estimate_follows_the_model():
     cfg = compose("extract")
     assert cfg.capture.hidden_layout == "bfloat16 [T, 4, 576]"
     assert disk_bytes(1_000_000, [2, 15, 27, 30], 576, "bfloat16") == disk_needed_bytes(
         1_000_000, 4, 576, torch.bfloat16, 0, 65536
     )
-    # more layers, wider dtype: the plan follows the config, never a hard-coded figure
+    # more layers, wider dtype: the estimate follows the config, never a hard-coded figure
     wide = compose("extract", ["layers.aux_ids=[1,5,9,15,27]", "capture.dtype=float32"])
     assert wide.capture.hidden_layout == "float32 [T, 6, 576]"
     assert wide.capture.disk_per_1m_tokens == format_bytes(
