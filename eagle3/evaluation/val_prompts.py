@@ -74,18 +74,27 @@ def stored_val_prompts(dataset_dir: str | Path) -> Generator[tuple[str, list[int
             f"{dataset_dir / 'manifest.json'}: a data.mixture dataset's validation prompts are read from its "
             f"samples, which cannot be read: {err}"
         ) from err
-    first: dict[str, int] = {}  # conversation id -> its first validation sample
+    first = _first_val_samples(manifest)
+    for conversation_id in dict.fromkeys(conversation_of(sid) for sid in manifest.val_ids):
+        if conversation_id in first:
+            yield conversation_id, _stored_prompt(samples, first[conversation_id])
+
+
+def _first_val_samples(manifest: Manifest) -> dict[str, int]:
+    """conversation id -> the index of its first validation sample."""
+    first: dict[str, int] = {}
     val = set(manifest.val_ids)
     for i, sid in enumerate(manifest.sample_ids):
         if sid in val:
             first.setdefault(conversation_of(sid), i)
-    for conversation_id in dict.fromkeys(conversation_of(i) for i in manifest.val_ids):
-        i = first.get(conversation_id)
-        if i is None:
-            continue
-        row = samples.tokens(i)
-        ids, mask = row["input_ids"].tolist(), row["loss_mask"].tolist()
-        yield conversation_id, ids[: mask.index(True)] if True in mask else ids
+    return first
+
+
+def _stored_prompt(samples: SampleFiles, i: int) -> list[int]:
+    """Sample i's tokens before its first answer (loss-mask) token: the served prompt of its opening turn."""
+    row = samples.tokens(i)
+    ids, mask = row["input_ids"].tolist(), row["loss_mask"].tolist()
+    return ids[: mask.index(True)] if True in mask else ids
 
 
 def _chat_data(manifest_file: Path, manifest: Manifest) -> tuple[dict[str, Any], Any]:
@@ -160,10 +169,7 @@ class RecordedPrompts:
             self.unchecked = f"the dataset's samples cannot be read ({err})"
             self._check_whole_file(manifest_file, given)
             return
-        val = set(manifest.val_ids)
-        for i, sid in enumerate(manifest.sample_ids):
-            if sid in val:
-                self.first_sample.setdefault(conversation_of(sid), i)
+        self.first_sample = _first_val_samples(manifest)
 
     def _check_whole_file(self, manifest_file: Path, given: Any) -> None:
         recorded = self.data.get("content_sha")
@@ -190,9 +196,7 @@ class RecordedPrompts:
         i = self.first_sample.get(conversation_id)
         if self.samples is None or i is None:
             return
-        row = self.samples.tokens(i)
-        ids, mask = row["input_ids"].tolist(), row["loss_mask"].tolist()
-        expected = ids[: mask.index(True)] if True in mask else ids
+        expected = _stored_prompt(self.samples, i)
         if expected == token_ids:
             return
         at = next(
