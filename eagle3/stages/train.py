@@ -14,7 +14,9 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig
 
-from eagle3.config.schema import ExportConfig, HiddenStates, RunConfig, TrainerConfig, plain, run_config
+from eagle3.config.choices import HiddenStates
+from eagle3.config.schema import ExportConfig, RunConfig, plain, run_config
+from eagle3.config.training import TrainerConfig
 from eagle3.draft.replay import MEASURED_AGAINST_VLLM
 from eagle3.draft.serving_format import DraftMeta
 from eagle3.extraction.identity import dataset_path
