@@ -341,7 +341,7 @@ def _write_summary(
     its upload (export.push_to_hub), then the `vllm serve` command with the advised number of draft
     tokens (the rule on the acceptance just measured, eagle3/serving/advice.py) and, last, the export
     directory (scripts read it). Returns why the upload failed (raised once the logger is closed)."""
-    from eagle3.serving.advice import export_serving_lines
+    from eagle3.serving.serve_command import export_serving_lines
 
     write_text(output_dir / "summary.json", json.dumps(summary, indent=2))  # never a torn one (sweep tables read it)
     serve = export_serving_lines(
