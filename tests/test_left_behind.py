@@ -34,7 +34,7 @@ CALLER = textwrap.dedent("""
     import sys
     from pathlib import Path
     from eagle3.config.engine import EngineOptions
-    from eagle3.evaluation.engine import EngineRequest
+    from eagle3.evaluation.engine_io import EngineRequest
     from eagle3.evaluation.subprocess_engine import run_engine_process
     request = EngineRequest(model="none", head=None, num_draft_tokens=1, max_new_tokens=1, max_model_len=16,
                             batches=[], options=EngineOptions(timeout_s=600))

@@ -243,7 +243,7 @@ def test_an_evaluation_engine_gets_its_own_socket_dir_and_it_is_gone_after(tmp_p
     import json as _json
 
     from eagle3.config.engine import EngineOptions
-    from eagle3.evaluation.engine import EngineRequest
+    from eagle3.evaluation.engine_io import EngineRequest
     from eagle3.evaluation.subprocess_engine import run_engine_process
 
     seen = tmp_path / "seen.json"

@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 from eagle3.config.cli import ServingConfig
 from eagle3.config.engine import EngineOptions
-from eagle3.evaluation.engine import EngineRequest, EngineResult, PromptBatch
+from eagle3.evaluation.engine_io import EngineRequest, EngineResult, PromptBatch
 from eagle3.evaluation.subprocess_engine import EngineRunError
 from eagle3.serving import advice as advice_rules
 from eagle3.serving.serve_command import serving_lines

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eagle3.evaluation.engine import BatchResult, EngineResult
+from eagle3.evaluation.engine_io import BatchResult, EngineResult
 from eagle3.serving import advice as advice_rules
 
 NATURAL_LABEL = "natural EOS, c requests kept in flight from a queue"
