@@ -2,8 +2,8 @@
 
 Each prompt is one request generating a single token (we only need the prompt's states).
 vLLM's `extract_hidden_states` method makes the engine cache the states of the capture ids;
-a KV connector writes one safetensors file per request from TP rank 0; this module reads each
-file back and hands it to the typed adapter, which checks layers, hidden size, token count,
+a KV connector writes one safetensors file per request from TP rank 0; each file is read back
+(eagle3/target_model/connector_files.py) and handed to the typed adapter, which checks layers, hidden size, token count,
 token ids and finiteness. The data plane is the file system: no tensor crosses vLLM's RPC.
 Two connectors write that file (eagle3/target_model/vllm_internals.py, the one module that touches
 vLLM internals, says why): vLLM's own `ExampleHiddenStatesConnector` (``native``: CUDA) and the
@@ -26,7 +26,6 @@ Like any script that builds a vLLM engine, the caller must run under
 
 from __future__ import annotations
 
-import fcntl
 import gc
 import json
 import os
@@ -39,13 +38,11 @@ from pathlib import Path
 
 import torch
 
-from eagle3.target_model.adapter import CapturedSample, CaptureError, CaptureSpec, to_captured_sample
-from eagle3.target_model.records import CONNECTOR_HIDDEN_KEY, CONNECTOR_TOKENS_KEY
+from eagle3.target_model.adapter import CapturedSample, CaptureError, CaptureSpec
+from eagle3.target_model.connector_files import read_native_file, remove_file, wait_whole
 from eagle3.target_model.spill_dirs import make_ipc_dir, make_spill_dir, release_spill_dir
 from eagle3.util.hidden_dtypes import names_by_torch_dtype
 from eagle3.util.processes import start_reaper
-
-FILE_WAIT_S = 60.0  # the writer is the rank whose output the engine returns, so this is a guard
 
 
 @dataclass
@@ -103,75 +100,6 @@ def _split_cpus(ranks: int) -> str:
     size = len(cpus) // ranks
     groups = [cpus[r * size : (r + 1) * size] for r in range(ranks)]
     return "|".join(",".join(str(c) for c in g) for g in groups)
-
-
-def _wait_whole(path: str, sample_id: str, timeout_s: float = FILE_WAIT_S) -> None:
-    """Until the native connector's file is whole: it holds ``<path>.lock`` exclusively from
-    the request's first step until the write ends (vLLM's own load_hidden_states waits the
-    same way, with no deadline)."""
-    deadline = time.monotonic() + timeout_s
-    lock = f"{path}.lock"
-    while not os.path.exists(path) and not os.path.exists(lock):
-        if time.monotonic() > deadline:
-            raise CaptureError(
-                f"hidden-state file {path}",
-                "written by vLLM's ExampleHiddenStatesConnector",
-                f"absent (and no {os.path.basename(lock)}) after {timeout_s:.0f} s",
-                sample_id=sample_id,
-            )
-        time.sleep(0.005)
-    if not os.path.exists(lock):
-        return
-    with open(lock) as f:
-        while True:
-            try:
-                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise CaptureError(
-                        f"hidden-state file {path}",
-                        "whole (its lock released by the connector's writer)",
-                        f"still locked after {timeout_s:.0f} s",
-                        sample_id=sample_id,
-                    ) from None
-                time.sleep(0.002)
-
-
-def read_native_file(
-    path: str, *, spec: CaptureSpec, input_ids: torch.Tensor, loss_mask: torch.Tensor, sample_id: str
-) -> CapturedSample:
-    """One file of vLLM's ExampleHiddenStatesConnector -> a checked record. The adapter
-    refuses a file with another layer count, hidden size or row count, or the token ids of
-    another request; nothing is reshaped to fit."""
-    from safetensors.torch import load_file
-
-    _wait_whole(path, sample_id)
-    data = load_file(path)
-    missing = [k for k in (CONNECTOR_HIDDEN_KEY, CONNECTOR_TOKENS_KEY) if k not in data]
-    if missing:
-        raise CaptureError(
-            f"{path} tensors",
-            [CONNECTOR_HIDDEN_KEY, CONNECTOR_TOKENS_KEY],
-            f"{sorted(data)} (missing {missing})",
-            sample_id=sample_id,
-        )
-    return to_captured_sample(
-        data[CONNECTOR_HIDDEN_KEY],
-        spec=spec,
-        sent_token_ids=input_ids,
-        loss_mask=loss_mask,
-        returned_token_ids=data[CONNECTOR_TOKENS_KEY],
-        sample_id=sample_id,
-    )
-
-
-def _remove(path: str) -> None:
-    for p in (path, f"{path}.lock"):
-        try:
-            os.remove(p)
-        except FileNotFoundError:
-            pass
 
 
 class VLLMCaptureBackend:
@@ -355,9 +283,9 @@ class VLLMCaptureBackend:
                 )
             finally:
                 if self.keep_files_dir and os.path.exists(path):
-                    _wait_whole(path, p.sample_id)
+                    wait_whole(path, p.sample_id)
                     shutil.move(path, os.path.join(self.keep_files_dir, f"{p.sample_id}.safetensors"))
-                _remove(path)
+                remove_file(path)
         now = time.perf_counter()
         self.stats.read_seconds += now - read_start
         self.stats.seconds += now - start
