@@ -24,12 +24,8 @@ def wait_whole(path: str, sample_id: str, timeout_s: float = FILE_WAIT_S) -> Non
     lock = f"{path}.lock"
     while not os.path.exists(path) and not os.path.exists(lock):
         if time.monotonic() > deadline:
-            raise CaptureError(
-                f"hidden-state file {path}",
-                "written by vLLM's ExampleHiddenStatesConnector",
-                f"absent (and no {os.path.basename(lock)}) after {timeout_s:.0f} s",
-                sample_id=sample_id,
-            )
+            absent = f"absent (and no {os.path.basename(lock)}) after {timeout_s:.0f} s"
+            raise _not_whole(path, "written by vLLM's ExampleHiddenStatesConnector", absent, sample_id)
         time.sleep(0.005)
     if not os.path.exists(lock):
         return
@@ -40,13 +36,15 @@ def wait_whole(path: str, sample_id: str, timeout_s: float = FILE_WAIT_S) -> Non
                 return
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise CaptureError(
-                        f"hidden-state file {path}",
-                        "whole (its lock released by the connector's writer)",
-                        f"still locked after {timeout_s:.0f} s",
-                        sample_id=sample_id,
+                    locked = f"still locked after {timeout_s:.0f} s"
+                    raise _not_whole(
+                        path, "whole (its lock released by the connector's writer)", locked, sample_id
                     ) from None
                 time.sleep(0.002)
+
+
+def _not_whole(path: str, expected: str, got: str, sample_id: str) -> CaptureError:
+    return CaptureError(f"hidden-state file {path}", expected, got, sample_id=sample_id)
 
 
 def read_native_file(
