@@ -150,7 +150,7 @@ VLLM_CAPTURE = textwrap.dedent("""
                                  cpu_kvcache_space_gb=1, enforce_eager=True, spill_dir=sys.argv[2])
     ids = torch.arange(1, 20)
     assert len(list(backend.capture([("s0", ids, torch.ones_like(ids, dtype=torch.bool))]))) == 1
-    print("SPILL", backend._spill, flush=True)  # vLLM logs to stdout too
+    print("SPILL", backend._dirs.spill, flush=True)  # vLLM logs to stdout too
     time.sleep(600)
 """)
 

@@ -168,7 +168,7 @@ def test_tensor_parallel_2_matches_hf(samples):
         enforce_eager=True,
     ) as tp2:
         got = list(tp2.capture(short))
-        assert os.listdir(tp2._spill) == [".owner.json"]  # every file read back and removed, no temp leftovers
+        assert os.listdir(tp2._dirs.spill) == [".owner.json"]  # every file read back and removed, no temp leftovers
     hf = HFCaptureBackend(model_dir, ids, batch_size=1)
     for (sid, tokens, mask), v, h in zip(short, got, hf.capture(short)):
         assert torch.equal(v.token_ids, tokens) and torch.equal(v.loss_mask, mask)

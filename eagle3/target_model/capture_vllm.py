@@ -12,8 +12,8 @@ CPU build). The files land in ``spill_dir`` (default: /dev/shm where it has room
 never reach a disk) and are deleted once read.
 
 The spill directory is removed on close, on SIGTERM and, after a SIGKILL, by the next capture on
-this host (eagle3/target_model/spill_dirs.py). A reaper (eagle3/util/processes.py) ends vLLM's
-processes and removes the spill and IPC socket directories within seconds of a SIGKILL of this one.
+this host (eagle3/target_model/spill_dirs.py). A reaper (eagle3/target_model/engine_dirs.py) ends
+vLLM's processes and removes the spill and IPC socket directories within seconds of a SIGKILL of this one.
 
 Prefix caching is refused: a hook-based capture misses cached prefix tokens (measured: a hook
 saw 488 of 872 tokens); vLLM's hidden-state cache keeps them, but capture does not depend on
@@ -32,7 +32,6 @@ import os
 import shutil
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,9 +39,8 @@ import torch
 
 from eagle3.target_model.adapter import CapturedSample, CaptureError, CaptureSpec
 from eagle3.target_model.connector_files import read_native_file, remove_file, wait_whole
-from eagle3.target_model.spill_dirs import make_ipc_dir, make_spill_dir, release_spill_dir
+from eagle3.target_model.engine_dirs import EngineDirs, environment
 from eagle3.util.hidden_dtypes import names_by_torch_dtype
-from eagle3.util.processes import start_reaper
 
 
 @dataclass
@@ -75,21 +73,6 @@ def _model_facts(model_dir: str) -> tuple[int, int]:
         return int(text["num_hidden_layers"]), int(text["hidden_size"])
     except KeyError as e:
         raise CaptureError(f"{path} field", "num_hidden_layers and hidden_size", f"missing {e}") from None
-
-
-@contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """Set environment variables for a block, then restore them (later engines start clean)."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _split_cpus(ranks: int) -> str:
@@ -189,8 +172,9 @@ class VLLMCaptureBackend:
                 engine_env["VLLM_CPU_OMP_THREADS_BIND"] = _split_cpus(int(tensor_parallel_size))
         from vllm import LLM
 
-        self._own_dirs(spill_dir)
-        engine_env["VLLM_RPC_BASE_PATH"] = self._ipc
+        # the spill and IPC socket directories and their reaper, before vLLM starts any process
+        self._dirs: EngineDirs | None = EngineDirs(spill=True, spill_dir=spill_dir)
+        engine_env.update(self._dirs.env())
         kwargs = dict(
             model=self.model_dir,
             tokenizer=self.model_dir,
@@ -202,26 +186,14 @@ class VLLMCaptureBackend:
             enable_prefix_caching=False,
             enforce_eager=bool(enforce_eager),
             trust_remote_code=bool(trust_remote_code),
-            **vllm_internals.engine_capture_kwargs(self.layer_ids, self.route, self._spill),
+            **vllm_internals.engine_capture_kwargs(self.layer_ids, self.route, self._dirs.spill),
         )
         if max_num_batched_tokens is not None:
             kwargs["max_num_batched_tokens"] = int(max_num_batched_tokens)
         self._internals = vllm_internals
         try:
-            with _environment(engine_env):  # read while the engine and its workers start
+            with environment(engine_env):  # read while the engine and its workers start
                 self.llm = LLM(**kwargs)
-        except BaseException:
-            self.close()
-            raise
-
-    def _own_dirs(self, spill_dir: str | None) -> None:
-        """The spill directory, a directory for vLLM's IPC sockets (not loose in /tmp), and the
-        reaper that ends vLLM's processes and removes both should this process be killed (started
-        before vLLM starts any)."""
-        self._spill, self._ipc, self._reaper = make_spill_dir(spill_dir), "", None
-        try:
-            self._ipc = make_ipc_dir()
-            self._reaper = start_reaper([self._spill, self._ipc])
         except BaseException:
             self.close()
             raise
@@ -320,15 +292,9 @@ class VLLMCaptureBackend:
                 self.llm = None
                 gc.collect()
         finally:
-            if getattr(self, "_spill", None):
-                release_spill_dir(self._spill)
-                self._spill = ""
-            if getattr(self, "_ipc", None):
-                release_spill_dir(self._ipc)
-                self._ipc = ""
-            reaper, self._reaper = getattr(self, "_reaper", None), None
-            if reaper is not None:
-                reaper.stop()
+            dirs, self._dirs = getattr(self, "_dirs", None), None
+            if dirs is not None:
+                dirs.release()
 
     def __enter__(self) -> "VLLMCaptureBackend":
         return self
