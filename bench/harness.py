@@ -35,7 +35,7 @@ def model_conf(name: str) -> Any:
     """conf/model/<name>.yaml over eagle3's ModelConfig schema (what `model=<name>` composes to)."""
     from omegaconf import OmegaConf
 
-    from eagle3.config.schema import ModelConfig
+    from eagle3.config.target import ModelConfig
 
     raw = OmegaConf.load(CONF / "model" / f"{name}.yaml")
     raw.pop("defaults", None)

@@ -31,7 +31,7 @@ import torch
 from harness import target_config, write_json  # beside this file; puts the checkout on sys.path
 from step_profile import StepProfile  # beside this file
 
-from eagle3.config.schema import TrainConfig
+from eagle3.config.training import TrainConfig
 from eagle3.data.vocab import build_draft_vocab
 from eagle3.draft.config import DraftConfig
 from eagle3.draft.head import Eagle3DraftHead

@@ -14,7 +14,7 @@ from test_evaluate import _dataset_with_val_split, _random_head_export
 
 from eagle3.evaluation.acceptance_run import breakdown
 from eagle3.evaluation.counters import SpecDecodeCounters
-from eagle3.evaluation.engine import BatchResult
+from eagle3.evaluation.engine_io import BatchResult
 from eagle3.evaluation.figures import PromptOutcome, figures_of, prompt_outcomes
 from eagle3.evaluation.intervals import Unit, bootstrap, pooled, unit_of_histograms
 from eagle3.evaluation.report import AcceptanceReport, print_table, write_json
@@ -230,7 +230,7 @@ def test_sets_run_in_one_call_are_split_back_per_set():
     """Plain batches run as one generate() call (one answer's steps, not one per set) and come
     back per set: outputs, histograms, second turns renumbered, counters rebuilt from histograms,
     seconds shared by tokens."""
-    from eagle3.evaluation.engine import PromptBatch, merge_batches, split_batch
+    from eagle3.evaluation.engine_io import PromptBatch, merge_batches, split_batch
 
     second = {"messages": [{"role": "user", "content": "q"}], "question": "and?"}
     sets = [PromptBatch("broad", [[1], [2]], second_turns=[None, second]), PromptBatch("val", [[3]])]

@@ -173,7 +173,7 @@ def test_cfg_job_prints_the_sizes_and_why():
 
 def test_the_run_sizes_have_no_schema_default():
     """Only a sizes preset (or the command line) sizes a run: without one the stage stops naming the keys."""
-    from eagle3.config.schema import TrainConfig
+    from eagle3.config.training import TrainConfig
 
     assert OmegaConf.is_missing(OmegaConf.structured(TrainConfig), "lr")
     cfg = compose("train", ["~sizes"])

@@ -9,7 +9,7 @@ import pytest
 from eagle3.config.schema import EvalConfig
 from eagle3.evaluation.counters import SpecDecodeCounters
 from eagle3.evaluation.diagnostics.mismatch import MismatchVerdict
-from eagle3.evaluation.engine import BatchResult, EngineRequest, EngineResult
+from eagle3.evaluation.engine_io import BatchResult, EngineRequest, EngineResult
 from eagle3.evaluation.export_info import ExportInfo
 
 K = 3

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from eagle3.evaluation.counters import CounterError, SpecDecodeCounters, counters_from_histograms
-from eagle3.evaluation.engine import BatchResult
+from eagle3.evaluation.engine_io import BatchResult
 from eagle3.evaluation.export_info import ExportError, read_export
 from eagle3.evaluation.figures import consistency_problems, figures_of, prompt_outcomes
 from eagle3.evaluation.plot import save_acceptance_plot
@@ -560,7 +560,7 @@ def test_random_head_with_the_eagle31_norms_loads_in_vllm_and_measures_near_one(
 def test_an_engine_request_survives_its_json_with_the_options_nested():
     """The engine process reads its request from JSON: the options come back an EngineOptions."""
     from eagle3.config.engine import EngineOptions
-    from eagle3.evaluation.engine import EngineRequest, PromptBatch
+    from eagle3.evaluation.engine_io import EngineRequest, PromptBatch
 
     options = EngineOptions(enforce_eager=True, max_num_seqs=4, seed=7, trust_remote_code=True, timeout_s=60)
     request = EngineRequest("m", "h", 3, 16, 256, [PromptBatch("val", [[1, 2]], wave_size=1)], options, 2)

@@ -121,7 +121,8 @@ def test_training_steps_never_make_the_host_wait_for_the_gpu(tmp_path, storage):
     """A host that waits for step N cannot queue step N+1 while the GPU runs N: the GPU idles
     between steps. The real module, data module and callbacks (throughput, progress bar)
     train 10 steps on CUDA; after the first two, no call may block on the device."""
-    from eagle3.config.schema import AttentionKind, TrainConfig
+    from eagle3.config.choices import AttentionKind
+    from eagle3.config.training import TrainConfig
     from eagle3.draft.config import DraftConfig
     from eagle3.draft.head import Eagle3DraftHead
     from eagle3.training.callbacks import SparseProgressBar, TokenThroughput

@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from eagle3.config.schema import ModelConfig
+from eagle3.config.target import ModelConfig
 from eagle3.store import HiddenStateDataset, ShardWriter
 from eagle3.store.storage_format import encode
 from eagle3.target_model.adapter import CaptureError

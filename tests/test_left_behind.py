@@ -11,11 +11,11 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 
 import psutil
 import pytest
 from conftest import ROOT
+from process_helpers import VLLM_CAPTURE, gone, kill_all, wait_for
 
 # stands in for `python -m eagle3.evaluation.engine`: watches its parent as the engine does,
 # and starts a process of its own as vLLM starts its engine core
@@ -34,27 +34,12 @@ CALLER = textwrap.dedent("""
     import sys
     from pathlib import Path
     from eagle3.config.engine import EngineOptions
-    from eagle3.evaluation.engine import EngineRequest
+    from eagle3.evaluation.engine_io import EngineRequest
     from eagle3.evaluation.subprocess_engine import run_engine_process
     request = EngineRequest(model="none", head=None, num_draft_tokens=1, max_new_tokens=1, max_model_len=16,
                             batches=[], options=EngineOptions(timeout_s=600))
     run_engine_process(request, Path(sys.argv[1]), "dummy", command=[sys.executable, "-c", sys.argv[2]])
 """)
-
-
-def _gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def _wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"after {timeout:.0f} s: {what}")
-        time.sleep(0.1)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
@@ -63,16 +48,18 @@ def test_killing_the_caller_ends_the_evaluation_engine_and_its_processes(tmp_pat
     pids = tmp_path / "engine-dummy.request.json.pids"
     engine = grandchild = None
     try:
-        _wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 2, 120, "the engine did not start")
+        started = wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 2, 120)
+        assert started, "after 120 s: the engine did not start"
         engine, grandchild = (int(x) for x in pids.read_text().split())
-        assert psutil.Process(engine).ppid() == caller.pid and not _gone(grandchild)
+        assert psutil.Process(engine).ppid() == caller.pid and not gone(grandchild)
         caller.send_signal(sig)
         assert caller.wait(60) == -sig  # the caller dies of the signal, as it would have
-        _wait_for(lambda: _gone(engine) and _gone(grandchild), 30, "the engine or its child outlived the caller")
+        ended = wait_for(lambda: gone(engine) and gone(grandchild), 30)
+        assert ended, "after 30 s: the engine or its child outlived the caller"
     finally:
         caller.kill()
         for pid in (engine, grandchild):
-            if pid is not None and not _gone(pid):
+            if pid is not None and not gone(pid):
                 psutil.Process(pid).kill()
 
 
@@ -142,19 +129,6 @@ def test_only_spill_dirs_of_dead_processes_of_this_host_are_removed(tmp_path):
     assert remove_stale_spill_dirs(tmp_path / "absent") == []
 
 
-# a real capture: SmolLM2 through vLLM, one sample captured, then waiting with its engine up
-VLLM_CAPTURE = textwrap.dedent("""
-    import sys, time, torch
-    from eagle3.target_model.capture_vllm import VLLMCaptureBackend
-    backend = VLLMCaptureBackend(sys.argv[1], (2, 15, 27, 30), max_model_len=256, max_num_seqs=2,
-                                 cpu_kvcache_space_gb=1, enforce_eager=True, spill_dir=sys.argv[2])
-    ids = torch.arange(1, 20)
-    assert len(list(backend.capture([("s0", ids, torch.ones_like(ids, dtype=torch.bool))]))) == 1
-    print("SPILL", backend._spill, flush=True)  # vLLM logs to stdout too
-    time.sleep(600)
-""")
-
-
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_sigterm_of_a_real_vllm_capture_removes_its_spill_dir(tmp_path, smollm2_dir):
@@ -179,11 +153,7 @@ def test_sigterm_of_a_real_vllm_capture_removes_its_spill_dir(tmp_path, smollm2_
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == -signal.SIGTERM
         assert not os.path.exists(path)
-        _wait_for(lambda: all(_gone(c.pid) for c in children), 60, "vLLM's processes outlived the capture")
+        assert wait_for(lambda: all(gone(c) for c in children), 60), "after 60 s: vLLM's processes outlived the capture"
         assert list(spill_parent.iterdir()) == []  # and none of them wrote it back
     finally:
-        proc.kill()
-        proc.wait(30)
-        for c in children:
-            if not _gone(c.pid):
-                c.kill()
+        kill_all(proc, children)

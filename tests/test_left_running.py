@@ -1,6 +1,7 @@
 """Nothing left running, nothing deleted while live (issue 48), with real processes and kills:
 a vLLM capture killed by SIGKILL leaves no engine process, no spill directory and no IPC socket
-directory 10 s later (its reaper ends them); the stale-spill cleanup leaves a live capture's
+directory 10 s later (its reaper ends them), and so does extract.py killed while vLLM regenerates
+the answers; the stale-spill cleanup leaves a live capture's
 directory alone though it runs in another PID namespace or on another machine, and removes it
 once its owner's heartbeat stopped."""
 
@@ -19,21 +20,10 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import ROOT
+from process_helpers import VLLM_CAPTURE, gone, kill_all, wait_for
 
-from eagle3.target_model.spill_dirs import OWNER_FILE, SPILL_PREFIX, make_spill_dir, release_spill_dir
-from eagle3.util import owner
-
-# a real capture: SmolLM2 through vLLM, one sample captured, then waiting with its engine up
-VLLM_CAPTURE = textwrap.dedent("""
-    import sys, time, torch
-    from eagle3.target_model.capture_vllm import VLLMCaptureBackend
-    backend = VLLMCaptureBackend(sys.argv[1], (2, 15, 27, 30), max_model_len=256, max_num_seqs=2,
-                                 cpu_kvcache_space_gb=1, enforce_eager=True, spill_dir=sys.argv[2])
-    ids = torch.arange(1, 20)
-    assert len(list(backend.capture([("s0", ids, torch.ones_like(ids, dtype=torch.bool))]))) == 1
-    print("SPILL", backend._spill, flush=True)  # vLLM logs to stdout too
-    time.sleep(600)
-""")
+from eagle3.target_model.spill_dirs import IPC_PREFIX, OWNER_FILE, SPILL_PREFIX, make_spill_dir, release_spill_dir
+from eagle3.util import faults, owner
 
 
 @pytest.fixture
@@ -43,22 +33,6 @@ def short_tmp():
     path = tempfile.mkdtemp(prefix="e3-")
     yield Path(path)
     shutil.rmtree(path, ignore_errors=True)
-
-
-def _gone(p: psutil.Process) -> bool:
-    try:
-        return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def _wait_for(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 @pytest.mark.slow
@@ -86,17 +60,81 @@ def test_a_killed_real_vllm_capture_leaves_no_engine_and_no_spill_after_10_s(tmp
         proc.send_signal(sig)
         assert proc.wait(30) == -sig
         t0 = time.monotonic()
-        ended = _wait_for(lambda: all(_gone(c) for c in children), 10)
-        left = [c.cmdline() for c in children if not _gone(c)]
+        ended = wait_for(lambda: all(gone(c) for c in children), 10)
+        left = [c.cmdline() for c in children if not gone(c)]
         assert ended, f"after 10 s these outlived the killed capture: {left}"
-        assert _wait_for(lambda: not any(spill_parent.iterdir()), 10 - (time.monotonic() - t0))
+        assert wait_for(lambda: not any(spill_parent.iterdir()), 10 - (time.monotonic() - t0))
         assert not [p.name for p in tmp.iterdir() if p.name.startswith("eagle3-vllm-ipc-")]
     finally:
-        proc.kill()
-        proc.wait(30)
-        for c in children:
-            if not _gone(c):
-                c.kill()
+        kill_all(proc, children)
+
+
+# extract.py regenerating the answers with vLLM (SmolLM2, batches of two), killed by SIGKILL at the
+# fault point after its second batch of answers is cached: its engine is up and answering
+REGEN_ARGS = [
+    "experiment=tiny_test",
+    "model=smollm2_135m",
+    "data.regenerate=true",
+    "data.regen_backend=vllm",
+    "data.regen_max_tokens=4",
+    "data.regen_max_turns=1",
+    "data.regen_batch_size=2",
+    "data.max_samples=6",
+    "capture.cpu_kvcache_space_gb=1",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_extract_killed_while_vllm_regenerates_leaves_no_engine_and_no_socket_dir_after_10_s(
+    tmp_path, short_tmp, smollm2_dir
+):
+    pytest.importorskip("vllm")
+    cache = tmp_path / "cache"  # its own answer cache, the materialised SmolLM2 shared
+    cache.mkdir()
+    (cache / "targets").symlink_to(smollm2_dir.parent)
+    args = [*REGEN_ARGS, f"paths.cache_dir={cache}", f"paths.datasets_dir={tmp_path / 'data'}"]
+    log = tmp_path / "extract.log"  # vLLM logs a lot: a pipe left unread would stall it
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "extract.py", *args],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "TMPDIR": str(short_tmp), faults.ENV: "regen@2"},
+        )
+    seen: dict[int, psutil.Process] = {}  # every descendant while it ran: it dies with no warning
+    names: dict[int, str] = {}  # their command lines (vLLM retitles its engine core once started)
+    ipc_seen = False
+    try:
+        deadline = time.monotonic() + 600
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                children = psutil.Process(proc.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                break
+            for c in children:
+                seen.setdefault(c.pid, c)
+                try:
+                    names[c.pid] = " ".join(c.cmdline())
+                except psutil.Error:
+                    pass
+            ipc_seen = ipc_seen or any(p.name.startswith(IPC_PREFIX) for p in short_tmp.iterdir())
+            time.sleep(0.1)
+        assert proc.wait(30) == -signal.SIGKILL, f"exit {proc.returncode}:\n{log.read_text()[-3000:]}"
+        t0 = time.monotonic()
+        assert any("EngineCore" in n for n in names.values()), f"no VLLM::EngineCore among {list(names.values())}"
+        assert ipc_seen  # the engine's sockets were in a directory of its own
+        ended = wait_for(lambda: all(gone(c) for c in seen.values()), 10)
+        left = [names.get(c.pid, c.pid) for c in seen.values() if not gone(c)]
+        assert ended, f"after 10 s these outlived the killed extract.py: {left}"
+        assert wait_for(
+            lambda: not any(p.name.startswith(IPC_PREFIX) for p in short_tmp.iterdir()), 10 - (time.monotonic() - t0)
+        )
+        (answers,) = (cache / "regenerated").glob("*.jsonl")
+        assert len(answers.read_text().splitlines()) == 4  # killed during regeneration: two batches of two
+    finally:
+        kill_all(proc, seen.values())
 
 
 # a caller as a capture is: the reaper started, then a process of its own (vLLM's engine core
@@ -127,14 +165,10 @@ def test_the_reaper_ends_what_a_killed_caller_started_and_removes_its_dirs(tmp_p
         assert len(children) == 3 and reaper in [c.pid for c in children]  # the reaper, the "engine", its child
         proc.send_signal(signal.SIGKILL)
         assert proc.wait(30) == -signal.SIGKILL
-        assert _wait_for(lambda: all(_gone(c) for c in children), 10), [c.cmdline() for c in children if not _gone(c)]
+        assert wait_for(lambda: all(gone(c) for c in children), 10), [c.cmdline() for c in children if not gone(c)]
         assert not spill.exists()
     finally:
-        proc.kill()
-        proc.wait(30)
-        for c in children:
-            if not _gone(c):
-                c.kill()
+        kill_all(proc, children)
 
 
 def test_a_stopped_reaper_leaves_the_callers_processes_alone(tmp_path):
@@ -243,7 +277,7 @@ def test_an_evaluation_engine_gets_its_own_socket_dir_and_it_is_gone_after(tmp_p
     import json as _json
 
     from eagle3.config.engine import EngineOptions
-    from eagle3.evaluation.engine import EngineRequest
+    from eagle3.evaluation.engine_io import EngineRequest
     from eagle3.evaluation.subprocess_engine import run_engine_process
 
     seen = tmp_path / "seen.json"

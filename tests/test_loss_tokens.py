@@ -4,7 +4,8 @@ import pytest
 import torch
 from test_draft_head import VT, H, make_head
 
-from eagle3.config.schema import LossTokens, TrainConfig
+from eagle3.config.choices import LossTokens
+from eagle3.config.training import TrainConfig
 from eagle3.training.module import Eagle3LitModule
 
 # one row, two packed samples of 7 and 5 tokens; a 4-token and a 2-token prompt before each answer

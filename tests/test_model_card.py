@@ -19,9 +19,10 @@ from conftest import ROOT, compose
 
 from eagle3.evaluation.figures import Figures, PromptOutcome
 from eagle3.evaluation.report import AcceptanceReport, write_json
-from eagle3.serving.advice import export_serving_lines, from_measurements, head_sha256
+from eagle3.serving.advice import from_measurements, head_sha256
 from eagle3.serving.hub_push import HubPushError, upload_paths
 from eagle3.serving.model_card import card_text
+from eagle3.serving.serve_command import export_serving_lines
 from eagle3.stages.evaluate import refresh_card
 from eagle3.stages.extract import run as extract
 from eagle3.stages.train import run as train

@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from eagle3.serving import advice as sa
+from eagle3.serving import serve_command as sc
 from eagle3.target_model.size import TargetSize, target_size
 
 RATES = [0.6, 0.4, 0.25]  # per-position acceptance rates a_0..a_2
@@ -103,7 +104,7 @@ def test_the_printed_command_uses_the_advised_k_and_names_the_loads(tmp_path):
     advice = sa.ServingAdvice(
         "measured", [sa.LoadAdvice(1, 2, 1.4), sa.LoadAdvice(8, 1, 1.1), sa.LoadAdvice(64, 0, 1.0)]
     )
-    first, per_load, verdict = sa.serving_lines(export, "org/target", 3, advice)
+    first, per_load, verdict = sc.serving_lines(export, "org/target", 3, advice)
     spec = json.loads(first.split("--speculative-config ", 1)[1].strip("'"))
     assert first.startswith("serve it: vllm serve org/target") and spec["num_speculative_tokens"] == 2
     assert spec["model"] == str(export) and spec["method"] == "eagle3"
@@ -114,13 +115,13 @@ def test_the_printed_command_uses_the_advised_k_and_names_the_loads(tmp_path):
     assert "pays off at 1, 8 concurrent requests" in verdict and "at 64 serve the target alone" in verdict
     # no load pays: the command is the target alone, the head's command beside it
     none = sa.ServingAdvice("rule", [sa.LoadAdvice(1, 0, 1.0)])
-    first, _, verdict = sa.serving_lines(export, "org/target", 3, none)
+    first, _, verdict = sc.serving_lines(export, "org/target", 3, none)
     assert first.startswith("serve it: vllm serve org/target (with the head:") and "no load measured" in verdict
     # a predicted advice names the size class its step costs were measured on (unknown size: the smallest)
-    _, per_load, _ = sa.serving_lines(export, "org/target", 3, sa.from_rule(RATES, loads=(1,)))
+    _, per_load, _ = sc.serving_lines(export, "org/target", 3, sa.from_rule(RATES, loads=(1,)))
     assert "predicted from acceptance and the step costs of the SmolLM2-135M class (target: unknown;" in per_load
     # no advice at all: the trained K, and how to get advice
-    lines = sa.serving_lines(export, "org/target", 3, None)
+    lines = sc.serving_lines(export, "org/target", 3, None)
     assert (
         '"num_speculative_tokens": 3' in lines[0]
         and "python evaluate.py export_dir=<dir> serving.measure=true" in lines[1]
@@ -173,7 +174,7 @@ def test_the_advice_for_an_8b_target_uses_the_8b_class_worked_by_hand(tmp_path):
     assert small.at(8).num_speculative_tokens == 0  # 2.25 / 2.238 = 1.005 < 1.05: the target alone
     # the printed lines name the class and the target's size, and the command carries the run's flags
     export = _export(tmp_path, 0)
-    first, per_load, _ = sa.serving_lines(export, "org/kimi", 3, advice, tensor_parallel_size=8, trust_remote_code=True)
+    first, per_load, _ = sc.serving_lines(export, "org/kimi", 3, advice, tensor_parallel_size=8, trust_remote_code=True)
     assert first.startswith(
         "serve it: vllm serve org/kimi --tensor-parallel-size 8 --trust-remote-code --speculative-config"
     )
@@ -264,7 +265,7 @@ def test_the_lines_train_and_export_print_read_the_export_as_it_lies(tmp_path):
         json.dumps({"serve_tensor_parallel_size": 2, "serve_trust_remote_code": True})
     )
     # no acceptance anywhere: the trained K, no verdict
-    first, second = sa.export_serving_lines(export)
+    first, second = sc.export_serving_lines(export)
     assert first.startswith("serve it: vllm serve org/llama --tensor-parallel-size 2 --trust-remote-code")
     assert '"num_speculative_tokens": 3' in first and "serving advice: none" in second
     target = tmp_path / "target"
@@ -272,13 +273,13 @@ def test_the_lines_train_and_export_print_read_the_export_as_it_lies(tmp_path):
     (target / "config.json").write_text(json.dumps(LLAMA_8B))
     measured = tmp_path / "acceptance.json"
     measured.write_text(json.dumps({"per_position_acceptance_rate": RATES}))
-    first, per_load, verdict = sa.export_serving_lines(export, measured, target_dir=target)
+    first, per_load, verdict = sc.export_serving_lines(export, measured, target_dir=target)
     # worked by hand in test_the_advice_for_an_8b_target_uses_the_8b_class_worked_by_hand: K=3 everywhere
     assert first.startswith("serve it: vllm serve org/llama --tensor-parallel-size 2 --trust-remote-code")
     assert "1: K=3 (1.90x)" in per_load and "the Llama-3.1-8B class (target: 8.03B parameters;" in per_load
     assert verdict == "the head pays off at 1, 8, 32, 64 concurrent requests"
     # written as serving.json for these weights: export.py's later report reads it back alone
-    assert sa.export_serving_lines(export)[1] == per_load
+    assert sc.export_serving_lines(export)[1] == per_load
 
 
 def test_a_step_with_more_drafts_is_taken_no_cheaper_than_one_with_fewer():
@@ -328,7 +329,7 @@ def test_a_head_strong_in_distribution_and_weak_on_the_suite_is_advised_off(tmp_
     assert advice is not None and advice.source == "rule" and advice.does_not_pay() == [1, 8, 32, 64]
     assert advice.inputs["acceptance"] == "held-out suite: lower end of the 95% interval"
     assert advice.inputs["per_position_acceptance_rate"] == lower
-    first, _, verdict = sa.serving_lines(export, "org/target", 3, advice)
+    first, _, verdict = sc.serving_lines(export, "org/target", 3, advice)
     assert first.startswith("serve it: vllm serve org/target (with the head:")
     assert verdict.endswith("at 1, 8, 32, 64 serve the target alone (vllm serve org/target)")
     # an acceptance.json without an interval (a vLLM without per-request figures): the point
@@ -357,6 +358,6 @@ def test_a_measured_slowdown_at_a_load_overrides_the_rule(tmp_path):
     for load in (8, 32, 64):
         assert advice.at(load) == rule.at(load) and advice.at(load).basis == "predicted"
     assert advice.inputs["predicted_loads"] == [8, 32, 64]
-    _, per_load, _ = sa.serving_lines(export, "org/target", 3, advice)
+    _, per_load, _ = sc.serving_lines(export, "org/target", 3, advice)
     assert "measured by python evaluate.py serving.measure=true; predicted at 8, 32, 64" in per_load
     assert per_load.split("K per load: ")[1].startswith("1: none")

@@ -20,7 +20,7 @@ import pytest
 from test_evaluate import _random_head_export
 
 from eagle3.config.cli import ServingConfig
-from eagle3.evaluation.engine import EngineRequest
+from eagle3.evaluation.engine_io import EngineRequest
 from eagle3.serving import advice as sa
 from eagle3.serving import speedup as ss
 
@@ -128,7 +128,7 @@ def test_the_engine_key_is_the_request_but_how_long_the_caller_waits():
     import dataclasses
 
     from eagle3.config.engine import EngineOptions
-    from eagle3.evaluation.engine import PromptBatch
+    from eagle3.evaluation.engine_io import PromptBatch
 
     request = EngineRequest("m", None, 0, 8, 64, [PromptBatch("load-1", [[1]], 1, True)], EngineOptions(timeout_s=60))
     longer = dataclasses.replace(request, options=dataclasses.replace(request.options, timeout_s=600))
@@ -167,7 +167,7 @@ def test_the_bench_warms_every_load_before_timing_it():
     """vLLM compiles some kernels (Triton's fused MoE) at the first batch of a new size: every wave
     size gets one warm-up call before any wave is timed, the largest first (it sizes the engine)."""
     from eagle3.config.engine import EngineOptions
-    from eagle3.evaluation.engine import PromptBatch
+    from eagle3.evaluation.engine_io import PromptBatch
 
     prompts = [[1, 2], [3], [4, 5, 6]]
     load_prompts = {c: ss.wave_requests(len(prompts), c, 2) for c in (1, 8, 32)}
@@ -182,7 +182,7 @@ def test_step_costs_from_a_work_dir_refuse_engines_of_another_measurement(tmp_pa
     """--costs-from: engines whose requests differ from the target alone's (another length, other
     prompts) are not compared with it; without the target alone there is nothing to compare."""
     from eagle3.config.engine import EngineOptions
-    from eagle3.evaluation.engine import BatchResult, EngineResult, PromptBatch
+    from eagle3.evaluation.engine_io import BatchResult, EngineResult, PromptBatch
 
     def engine(k: int, max_new_tokens: int, seconds: float, accepted: int) -> None:
         request = EngineRequest(

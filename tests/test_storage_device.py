@@ -287,7 +287,8 @@ def _fit(ds_dir: Path, decode_on_device: bool) -> tuple[dict[str, torch.Tensor],
     before and after."""
     import lightning as L
 
-    from eagle3.config.schema import AttentionKind, TrainConfig
+    from eagle3.config.choices import AttentionKind
+    from eagle3.config.training import TrainConfig
     from eagle3.draft.config import DraftConfig
     from eagle3.draft.head import Eagle3DraftHead
     from eagle3.training.module import Eagle3LitModule

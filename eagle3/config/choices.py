@@ -1,6 +1,7 @@
 """The enumerated values of config fields (``capture.backend``, ``train.loss``, ...): each a
 ``str`` Enum, so Hydra checks an override against the names and the YAML holds plain strings.
-Part of the config schemas (eagle3/config/schema.py re-exports them); imports nothing of ours."""
+Part of the config schemas (the group dataclasses in target.py, dataset.py and training.py use them);
+imports nothing of ours."""
 
 from __future__ import annotations
 

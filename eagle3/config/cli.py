@@ -6,7 +6,7 @@ as ``base_<cli>`` (eagle3/stages/compose.py) and extended by conf/<cli>.yaml, so
 wrong type fails at compose time.
 
 `EvalConfig` (what the acceptance evaluation measures: draft tokens, prompt counts, answer length, diagnostics) lives
-in schema.py and `EngineOptions` (how the two vLLM engines are built) in engine.py because
+in schema.py, `LoggerConfig` in training.py, and `EngineOptions` (how the two vLLM engines are built) in engine.py because
 train.py's config carries them too, under the same keys (eval.*, engine.*); what is only
 evaluate's -- where the head and the prompts come from -- is here.
 """
@@ -20,7 +20,8 @@ from typing import List, Optional
 from omegaconf import MISSING
 
 from eagle3.config.engine import EngineOptions
-from eagle3.config.schema import EvalConfig, LoggerConfig, PathsConfig
+from eagle3.config.schema import EvalConfig, PathsConfig
+from eagle3.config.training import LoggerConfig
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import Any
 
 from eagle3.config.engine import EngineOptions
 from eagle3.evaluation.diagnostics.mismatch import MAX_REFERENCE_BYTES, cases_from, explain, weights_bytes
-from eagle3.evaluation.engine import EngineRequest, PromptBatch
+from eagle3.evaluation.engine_io import EngineRequest, PromptBatch
 from eagle3.evaluation.export_info import ExportInfo
 from eagle3.evaluation.figures import consistency_problems, figures_of, prompt_outcomes
 from eagle3.evaluation.intervals import Unit, set_figures

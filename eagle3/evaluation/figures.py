@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 from eagle3.evaluation.counters import SpecDecodeCounters, acceptance_length_of_histogram, counters_from_histograms
-from eagle3.evaluation.engine import BatchResult
+from eagle3.evaluation.engine_io import BatchResult
 from eagle3.evaluation.intervals import unit_of_histograms
 
 

@@ -24,7 +24,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from eagle3.evaluation.engine import PARENT_ENV, EngineRequest, EngineResult
+from eagle3.evaluation.engine import PARENT_ENV
+from eagle3.evaluation.engine_io import EngineRequest, EngineResult
 from eagle3.target_model.spill_dirs import IPC_PREFIX
 from eagle3.util.atomic import write_text
 

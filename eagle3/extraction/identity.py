@@ -29,7 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3.config.schema import DataConfig, ModelConfig, plain
+from eagle3.config.dataset import DataConfig
+from eagle3.config.schema import plain
+from eagle3.config.target import ModelConfig
 from eagle3.data.conversation import DataError
 from eagle3.data.hf_source import HF_FIELDS
 from eagle3.store import FingerprintMismatchError, Manifest, StoreError, dataset_dir, dataset_fingerprint

@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from eagle3.config.schema import CaptureConfig, TopologyConfig
+from eagle3.config.dataset import CaptureConfig
+from eagle3.config.target import TopologyConfig
 from eagle3.extraction.existing import FoundDataset
 from eagle3.extraction.identity import DatasetIdentity
 from eagle3.extraction.samples import RegenMachine

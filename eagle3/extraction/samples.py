@@ -9,7 +9,8 @@ from typing import Any
 
 from rich.console import Console
 
-from eagle3.config.schema import DataConfig, plain
+from eagle3.config.dataset import DataConfig
+from eagle3.config.schema import plain
 from eagle3.data.hf_source import HFOptions
 from eagle3.data.mixture import Mixture
 from eagle3.data.pipeline import PreparedData, prepare_samples

@@ -27,7 +27,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from eagle3.config.schema import CaptureBackend, RunConfig
+from eagle3.config.choices import CaptureBackend
+from eagle3.config.schema import RunConfig
 from eagle3.planning import disk_estimate
 from eagle3.planning.disk_estimate import MILLION
 from eagle3.target_model.compute_dtype import compute_dtype, cpu_bf16_on_amx

@@ -30,7 +30,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from eagle3.config.schema import RegenBackend, RunConfig, TimeBudgetConfig
+from eagle3.config.choices import RegenBackend
+from eagle3.config.schema import RunConfig, TimeBudgetConfig
 from eagle3.planning import cost
 from eagle3.util.clock import Deadline, StageClock
 from eagle3.util.report import minutes

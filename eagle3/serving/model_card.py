@@ -14,7 +14,7 @@ measured for these weights.
 
 train.py and ``python export.py`` write the card with every export; ``python evaluate.py``
 rewrites it after each measurement it writes into the export. The ``vllm serve`` command is
-advice.py's ``serving_lines`` (the one place that builds it), naming the export directory, or
+serve_command.py's ``serving_lines`` (the one place that builds it), naming the export directory, or
 the Hub repo when the card is rendered for ``push_to_hub`` (eagle3/serving/hub_push.py).
 """
 
@@ -25,7 +25,8 @@ import re
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from eagle3.serving.advice import ServingAdvice, advice_for, read_acceptance, serving_lines
+from eagle3.serving.advice import ServingAdvice, advice_for
+from eagle3.serving.serve_command import read_acceptance, serving_lines
 from eagle3.serving.training_record import META_FILE, read_json, read_record
 from eagle3.util.atomic import write_text
 

@@ -43,9 +43,10 @@ from typing import Any, Callable
 
 from eagle3.config.cli import ServingConfig
 from eagle3.config.engine import EngineOptions
-from eagle3.evaluation.engine import EngineRequest, EngineResult, PromptBatch
+from eagle3.evaluation.engine_io import EngineRequest, EngineResult, PromptBatch
 from eagle3.evaluation.subprocess_engine import EngineRunError
 from eagle3.serving import advice as advice_rules
+from eagle3.serving.serve_command import serving_lines
 from eagle3.serving.speedup_table import (
     NATURAL_LABEL,
     WAVES_LABEL,
@@ -308,7 +309,7 @@ def measure_serving(
     advice.head_sha256 = advice_rules.head_sha256(export_dir)
     if serving.write_advice:
         print(f"wrote {advice.write(export_dir)}")
-    lines = advice_rules.serving_lines(
+    lines = serving_lines(
         export_dir, target, max(ks), advice, engine.tensor_parallel_size, bool(engine.trust_remote_code)
     )
     for line in lines:

@@ -15,9 +15,10 @@ Two per load and K, from the batches of one engine per K:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from eagle3.evaluation.engine import BatchResult, EngineResult
+from eagle3.evaluation.engine_io import BatchResult, EngineResult
 from eagle3.serving import advice as advice_rules
 
 NATURAL_LABEL = "natural EOS, c requests kept in flight from a queue"
@@ -46,47 +47,57 @@ def summarise(
     first = min(load_prompts)
     # prompt -> output at the first load
     base_first = dict(zip(load_prompts[first], batch_of(alone, wave_name(first)).outputs))
-    table: dict[int, dict[str, Any]] = {}
-    for load, idx in load_prompts.items():
-        base = batch_of(alone, wave_name(load))
-        base_tps = base.generated_tokens / base.seconds
-        row: dict[str, Any] = {
-            "requests": len(idx),
+
+    def alone_facts(load: int, idx: list[int], base: BatchResult, base_tps: float) -> dict[str, Any]:
+        return {
             "target_alone_tok_s": base_tps,
             "target_alone_wave_sizes": sorted(set(base.wave_sizes or [])),
             "target_alone_preemptions": base.preemptions,
             # batch-shape numerics alone: the target at this load against itself at the first
             "target_alone_equal_to_first_load": sum(o == base_first[i] for i, o in zip(idx, base.outputs)) / len(idx),
-            "by_k": {
-                k: _k_row(batch_of(res, wave_name(load)), base, base_tps, len(idx))
-                | {"all_full_length": all(len(o) == max_new_tokens for o in batch_of(res, wave_name(load)).outputs)}
-                for k, res in sorted(with_head.items())
-            },
         }
-        _best(row)
-        table[load] = row
-    return table
+
+    return _load_table(alone, with_head, load_prompts, wave_name, alone_facts, full_length=max_new_tokens)
 
 
 def summarise_natural(
     alone: EngineResult, with_head: dict[int, EngineResult], load_prompts: dict[int, list[int]]
 ) -> dict[int, dict[str, Any]]:
     """The natural-EOS runs per load: tok/s of the target alone and per K, speed-up, acceptance."""
-    table: dict[int, dict[str, Any]] = {}
-    for load, idx in load_prompts.items():
-        base = batch_of(alone, natural_name(load))
-        base_tps = base.generated_tokens / base.seconds
-        row: dict[str, Any] = {
-            "requests": len(idx),
+
+    def alone_facts(load: int, idx: list[int], base: BatchResult, base_tps: float) -> dict[str, Any]:
+        return {
             "concurrency": load,
             "target_alone_tok_s": base_tps,
             "target_alone_mean_output_tokens": base.generated_tokens / len(idx),
             "target_alone_preemptions": base.preemptions,
-            "by_k": {
-                k: _k_row(batch_of(res, natural_name(load)), base, base_tps, len(idx))
-                for k, res in sorted(with_head.items())
-            },
         }
+
+    return _load_table(alone, with_head, load_prompts, natural_name, alone_facts)
+
+
+def _load_table(
+    alone: EngineResult,
+    with_head: dict[int, EngineResult],
+    load_prompts: dict[int, list[int]],
+    batch_name: Callable[[int], str],
+    alone_facts: Callable[[int, list[int], BatchResult, float], dict[str, Any]],
+    full_length: int | None = None,
+) -> dict[int, dict[str, Any]]:
+    """A row per load: its requests, ``alone_facts`` (the target alone's figures there), per K the
+    head's figures against the target alone's (``_k_row``; with ``full_length``, also whether every
+    answer ran to that many tokens) and the best K. ``batch_name``: the load's batch in each result."""
+    table: dict[int, dict[str, Any]] = {}
+    for load, idx in load_prompts.items():
+        base = batch_of(alone, batch_name(load))
+        base_tps = base.generated_tokens / base.seconds
+        by_k: dict[int, dict[str, Any]] = {}
+        for k, res in sorted(with_head.items()):
+            batch = batch_of(res, batch_name(load))
+            by_k[k] = _k_row(batch, base, base_tps, len(idx))
+            if full_length is not None:
+                by_k[k]["all_full_length"] = all(len(o) == full_length for o in batch.outputs)
+        row: dict[str, Any] = {"requests": len(idx), **alone_facts(load, idx, base, base_tps), "by_k": by_k}
         _best(row)
         table[load] = row
     return table

@@ -12,24 +12,24 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from eagle3.config import cli, schema
+from eagle3.config import cli, dataset, schema, target, training
 from eagle3.planning import disk_estimate
 from eagle3.target_model import layer_ids
 from eagle3.target_model.hub import model_config_file
 from eagle3.util import launch
 
 _GROUPS = {
-    "model": schema.ModelConfig,
-    "topology": schema.TopologyConfig,
-    "layers": schema.LayersConfig,
-    "data": schema.DataConfig,
-    "capture": schema.CaptureConfig,
-    "head": schema.HeadConfig,
-    "train": schema.TrainConfig,
-    "logger": schema.LoggerConfig,
+    "model": target.ModelConfig,
+    "topology": target.TopologyConfig,
+    "layers": target.LayersConfig,
+    "data": dataset.DataConfig,
+    "capture": dataset.CaptureConfig,
+    "head": training.HeadConfig,
+    "train": training.TrainConfig,
+    "logger": training.LoggerConfig,
     "paths": schema.PathsConfig,
-    "trainer": schema.TrainerConfig,
-    "callbacks": schema.CallbacksConfig,
+    "trainer": training.TrainerConfig,
+    "callbacks": training.CallbacksConfig,
 }
 
 

@@ -30,9 +30,10 @@ __all__ = ["ExportCliConfig", "export_checkpoint", "run"]
 def run(cfg: Any) -> str:
     """The CLI's stage (cfg: the composed config, or an ExportCliConfig)."""
     c = typed(cfg, ExportCliConfig)
-    from eagle3.serving.advice import export_serving_lines, head_sha256
+    from eagle3.serving.advice import head_sha256
     from eagle3.serving.hub_push import preflight, push, push_line
     from eagle3.serving.model_card import write_card
+    from eagle3.serving.serve_command import export_serving_lines
 
     # push_to_hub: the token and the Hub checked before anything is written
     hub = preflight(c.push_to_hub, c.hub_private, note="nothing was exported") if c.push_to_hub else None

@@ -23,7 +23,8 @@ from pathlib import Path
 from omegaconf import DictConfig
 from rich.console import Console
 
-from eagle3.config.schema import HiddenStates, RunConfig, run_config
+from eagle3.config.choices import HiddenStates
+from eagle3.config.schema import RunConfig, run_config
 from eagle3.extraction.existing import find_existing_dataset
 from eagle3.extraction.identity import DatasetIdentity, dataset_path, fingerprint_inputs
 from eagle3.extraction.job import CaptureSetup, ExtractionJob, ExtractionTiming

@@ -14,7 +14,9 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig
 
-from eagle3.config.schema import ExportConfig, HiddenStates, RunConfig, TrainerConfig, plain, run_config
+from eagle3.config.choices import HiddenStates
+from eagle3.config.schema import ExportConfig, RunConfig, plain, run_config
+from eagle3.config.training import TrainerConfig
 from eagle3.draft.replay import MEASURED_AGAINST_VLLM
 from eagle3.draft.serving_format import DraftMeta
 from eagle3.extraction.identity import dataset_path
@@ -339,7 +341,7 @@ def _write_summary(
     its upload (export.push_to_hub), then the `vllm serve` command with the advised number of draft
     tokens (the rule on the acceptance just measured, eagle3/serving/advice.py) and, last, the export
     directory (scripts read it). Returns why the upload failed (raised once the logger is closed)."""
-    from eagle3.serving.advice import export_serving_lines
+    from eagle3.serving.serve_command import export_serving_lines
 
     write_text(output_dir / "summary.json", json.dumps(summary, indent=2))  # never a torn one (sweep tables read it)
     serve = export_serving_lines(

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from eagle3.config.schema import RunConfig, Strategy
+from eagle3.config.choices import Strategy
+from eagle3.config.schema import RunConfig
 from eagle3.extraction.identity import (
     DatasetNotFound,
     locate_dataset,

@@ -8,7 +8,7 @@ from typing import Protocol
 
 import torch
 
-from eagle3.config import schema
+from eagle3.config import choices, dataset, target
 from eagle3.target_model.records import CapturedSample, DeviceEncoding
 
 Feed = Iterable[tuple[str, torch.Tensor, torch.Tensor]]  # (sample_id, input_ids [T], loss_mask [T])
@@ -31,8 +31,8 @@ class CaptureBackend(Protocol):
 
 
 def make_backend(
-    capture: schema.CaptureConfig,
-    topology: schema.TopologyConfig,
+    capture: dataset.CaptureConfig,
+    topology: target.TopologyConfig,
     model_dir: str,
     layer_ids: list[int],
     dtype: torch.dtype,
@@ -46,7 +46,7 @@ def make_backend(
     ``device_encoding``: the HF backend on a GPU encodes the states there (capture.storage); vLLM's
     connector writes them from its own process, so its records are encoded by the dataset writer."""
     backend = capture.backend
-    if backend == schema.CaptureBackend.hf:
+    if backend == choices.CaptureBackend.hf:
         from eagle3.target_model.capture_hf import HFCaptureBackend
 
         device = "cuda" if topology.accelerator in ("gpu", "cuda") and torch.cuda.is_available() else "cpu"
@@ -60,7 +60,7 @@ def make_backend(
             trust_remote_code=trust_remote_code,
             device_encoding=device_encoding,
         )
-    if backend == schema.CaptureBackend.vllm:
+    if backend == choices.CaptureBackend.vllm:
         from eagle3.target_model.capture_vllm import VLLMCaptureBackend
 
         return VLLMCaptureBackend(

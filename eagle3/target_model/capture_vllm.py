@@ -2,8 +2,8 @@
 
 Each prompt is one request generating a single token (we only need the prompt's states).
 vLLM's `extract_hidden_states` method makes the engine cache the states of the capture ids;
-a KV connector writes one safetensors file per request from TP rank 0; this module reads each
-file back and hands it to the typed adapter, which checks layers, hidden size, token count,
+a KV connector writes one safetensors file per request from TP rank 0; each file is read back
+(eagle3/target_model/connector_files.py) and handed to the typed adapter, which checks layers, hidden size, token count,
 token ids and finiteness. The data plane is the file system: no tensor crosses vLLM's RPC.
 Two connectors write that file (eagle3/target_model/vllm_internals.py, the one module that touches
 vLLM internals, says why): vLLM's own `ExampleHiddenStatesConnector` (``native``: CUDA) and the
@@ -12,8 +12,8 @@ CPU build). The files land in ``spill_dir`` (default: /dev/shm where it has room
 never reach a disk) and are deleted once read.
 
 The spill directory is removed on close, on SIGTERM and, after a SIGKILL, by the next capture on
-this host (eagle3/target_model/spill_dirs.py). A reaper (eagle3/util/processes.py) ends vLLM's
-processes and removes the spill and IPC socket directories within seconds of a SIGKILL of this one.
+this host (eagle3/target_model/spill_dirs.py). A reaper (eagle3/target_model/engine_dirs.py) ends
+vLLM's processes and removes the spill and IPC socket directories within seconds of a SIGKILL of this one.
 
 Prefix caching is refused: a hook-based capture misses cached prefix tokens (measured: a hook
 saw 488 of 872 tokens); vLLM's hidden-state cache keeps them, but capture does not depend on
@@ -26,26 +26,21 @@ Like any script that builds a vLLM engine, the caller must run under
 
 from __future__ import annotations
 
-import fcntl
 import gc
 import json
 import os
 import shutil
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from eagle3.target_model.adapter import CapturedSample, CaptureError, CaptureSpec, to_captured_sample
-from eagle3.target_model.records import CONNECTOR_HIDDEN_KEY, CONNECTOR_TOKENS_KEY
-from eagle3.target_model.spill_dirs import make_ipc_dir, make_spill_dir, release_spill_dir
+from eagle3.target_model.adapter import CapturedSample, CaptureError, CaptureSpec
+from eagle3.target_model.connector_files import read_native_file, remove_file, wait_whole
+from eagle3.target_model.engine_dirs import EngineDirs, environment
 from eagle3.util.hidden_dtypes import names_by_torch_dtype
-from eagle3.util.processes import start_reaper
-
-FILE_WAIT_S = 60.0  # the writer is the rank whose output the engine returns, so this is a guard
 
 
 @dataclass
@@ -80,21 +75,6 @@ def _model_facts(model_dir: str) -> tuple[int, int]:
         raise CaptureError(f"{path} field", "num_hidden_layers and hidden_size", f"missing {e}") from None
 
 
-@contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """Set environment variables for a block, then restore them (later engines start clean)."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def _split_cpus(ranks: int) -> str:
     """This process's CPUs in ``ranks`` contiguous groups, vLLM's "0-3|4-7" syntax."""
     cpus = sorted(os.sched_getaffinity(0))
@@ -103,75 +83,6 @@ def _split_cpus(ranks: int) -> str:
     size = len(cpus) // ranks
     groups = [cpus[r * size : (r + 1) * size] for r in range(ranks)]
     return "|".join(",".join(str(c) for c in g) for g in groups)
-
-
-def _wait_whole(path: str, sample_id: str, timeout_s: float = FILE_WAIT_S) -> None:
-    """Until the native connector's file is whole: it holds ``<path>.lock`` exclusively from
-    the request's first step until the write ends (vLLM's own load_hidden_states waits the
-    same way, with no deadline)."""
-    deadline = time.monotonic() + timeout_s
-    lock = f"{path}.lock"
-    while not os.path.exists(path) and not os.path.exists(lock):
-        if time.monotonic() > deadline:
-            raise CaptureError(
-                f"hidden-state file {path}",
-                "written by vLLM's ExampleHiddenStatesConnector",
-                f"absent (and no {os.path.basename(lock)}) after {timeout_s:.0f} s",
-                sample_id=sample_id,
-            )
-        time.sleep(0.005)
-    if not os.path.exists(lock):
-        return
-    with open(lock) as f:
-        while True:
-            try:
-                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise CaptureError(
-                        f"hidden-state file {path}",
-                        "whole (its lock released by the connector's writer)",
-                        f"still locked after {timeout_s:.0f} s",
-                        sample_id=sample_id,
-                    ) from None
-                time.sleep(0.002)
-
-
-def read_native_file(
-    path: str, *, spec: CaptureSpec, input_ids: torch.Tensor, loss_mask: torch.Tensor, sample_id: str
-) -> CapturedSample:
-    """One file of vLLM's ExampleHiddenStatesConnector -> a checked record. The adapter
-    refuses a file with another layer count, hidden size or row count, or the token ids of
-    another request; nothing is reshaped to fit."""
-    from safetensors.torch import load_file
-
-    _wait_whole(path, sample_id)
-    data = load_file(path)
-    missing = [k for k in (CONNECTOR_HIDDEN_KEY, CONNECTOR_TOKENS_KEY) if k not in data]
-    if missing:
-        raise CaptureError(
-            f"{path} tensors",
-            [CONNECTOR_HIDDEN_KEY, CONNECTOR_TOKENS_KEY],
-            f"{sorted(data)} (missing {missing})",
-            sample_id=sample_id,
-        )
-    return to_captured_sample(
-        data[CONNECTOR_HIDDEN_KEY],
-        spec=spec,
-        sent_token_ids=input_ids,
-        loss_mask=loss_mask,
-        returned_token_ids=data[CONNECTOR_TOKENS_KEY],
-        sample_id=sample_id,
-    )
-
-
-def _remove(path: str) -> None:
-    for p in (path, f"{path}.lock"):
-        try:
-            os.remove(p)
-        except FileNotFoundError:
-            pass
 
 
 class VLLMCaptureBackend:
@@ -261,8 +172,9 @@ class VLLMCaptureBackend:
                 engine_env["VLLM_CPU_OMP_THREADS_BIND"] = _split_cpus(int(tensor_parallel_size))
         from vllm import LLM
 
-        self._own_dirs(spill_dir)
-        engine_env["VLLM_RPC_BASE_PATH"] = self._ipc
+        # the spill and IPC socket directories and their reaper, before vLLM starts any process
+        self._dirs: EngineDirs | None = EngineDirs(spill=True, spill_dir=spill_dir)
+        engine_env.update(self._dirs.env())
         kwargs = dict(
             model=self.model_dir,
             tokenizer=self.model_dir,
@@ -274,26 +186,14 @@ class VLLMCaptureBackend:
             enable_prefix_caching=False,
             enforce_eager=bool(enforce_eager),
             trust_remote_code=bool(trust_remote_code),
-            **vllm_internals.engine_capture_kwargs(self.layer_ids, self.route, self._spill),
+            **vllm_internals.engine_capture_kwargs(self.layer_ids, self.route, self._dirs.spill),
         )
         if max_num_batched_tokens is not None:
             kwargs["max_num_batched_tokens"] = int(max_num_batched_tokens)
         self._internals = vllm_internals
         try:
-            with _environment(engine_env):  # read while the engine and its workers start
+            with environment(engine_env):  # read while the engine and its workers start
                 self.llm = LLM(**kwargs)
-        except BaseException:
-            self.close()
-            raise
-
-    def _own_dirs(self, spill_dir: str | None) -> None:
-        """The spill directory, a directory for vLLM's IPC sockets (not loose in /tmp), and the
-        reaper that ends vLLM's processes and removes both should this process be killed (started
-        before vLLM starts any)."""
-        self._spill, self._ipc, self._reaper = make_spill_dir(spill_dir), "", None
-        try:
-            self._ipc = make_ipc_dir()
-            self._reaper = start_reaper([self._spill, self._ipc])
         except BaseException:
             self.close()
             raise
@@ -355,9 +255,9 @@ class VLLMCaptureBackend:
                 )
             finally:
                 if self.keep_files_dir and os.path.exists(path):
-                    _wait_whole(path, p.sample_id)
+                    wait_whole(path, p.sample_id)
                     shutil.move(path, os.path.join(self.keep_files_dir, f"{p.sample_id}.safetensors"))
-                _remove(path)
+                remove_file(path)
         now = time.perf_counter()
         self.stats.read_seconds += now - read_start
         self.stats.seconds += now - start
@@ -392,15 +292,9 @@ class VLLMCaptureBackend:
                 self.llm = None
                 gc.collect()
         finally:
-            if getattr(self, "_spill", None):
-                release_spill_dir(self._spill)
-                self._spill = ""
-            if getattr(self, "_ipc", None):
-                release_spill_dir(self._ipc)
-                self._ipc = ""
-            reaper, self._reaper = getattr(self, "_reaper", None), None
-            if reaper is not None:
-                reaper.stop()
+            dirs, self._dirs = getattr(self, "_dirs", None), None
+            if dirs is not None:
+                dirs.release()
 
     def __enter__(self) -> "VLLMCaptureBackend":
         return self

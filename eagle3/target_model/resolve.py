@@ -18,7 +18,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from eagle3.config.schema import ModelConfig, ModelSource
+from eagle3.config.choices import ModelSource
+from eagle3.config.target import ModelConfig
 from eagle3.target_model.hub import resolve_model_dir
 from eagle3.target_model.size import PRESET_FACTS
 from eagle3.util.atomic import atomic_dir

@@ -3,7 +3,9 @@ layer ids and vocabulary from the dataset (one source of truth, never re-typed).
 
 from __future__ import annotations
 
-from eagle3.config.schema import AttentionKind, HeadConfig, ModelConfig, ModelSource, TrainConfig
+from eagle3.config.choices import AttentionKind, ModelSource
+from eagle3.config.target import ModelConfig
+from eagle3.config.training import HeadConfig, TrainConfig
 from eagle3.data.vocab import build_draft_vocab
 from eagle3.draft.config import NORM_OPTIONS, DraftConfig
 from eagle3.draft.head import Eagle3DraftHead

