@@ -99,8 +99,13 @@ class Rate:
     regen_hf_tok_s: float | None = None  # regeneration by transformers where vLLM is absent
     regen_hf_start_s: float = 0.0
     eval_s: float = 180.0  # train.py's acceptance evaluation at the budget's evaluation sizes
+    eval_amx_s: float | None = None  # the same on a CPU with AMX tiles (None: eval_s)
     # figure -> what measured it (the command, the machine, what it counted): rates.yaml's sources
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+    def eval_seconds(self, amx: bool = False) -> float:
+        """train.py's acceptance evaluation; ``amx``: on a CPU with AMX tiles (vLLM's CPU kernels use them)."""
+        return self.eval_amx_s if amx and self.eval_amx_s else self.eval_s
 
     def capture_rate(self, params: float, parallel: int, forward: str = "native") -> float:
         """``forward``: how the target runs (``cpu_forward()``): native, amx or fp32."""

@@ -172,7 +172,9 @@ def _regen_rate(cfg: RunConfig, rate: cost.Rate) -> tuple[float, float]:
 
 def _eval_seconds(cfg: RunConfig, rate: cost.Rate | None) -> float:
     """train.py's acceptance evaluation (0 when eval.enabled is off; the schema's Rate default without a rate)."""
-    return (rate.eval_s if rate is not None else cost.Rate.eval_s) if cfg.eval.enabled else 0.0
+    if not cfg.eval.enabled:
+        return 0.0
+    return rate.eval_seconds(amx=cost.cpu_amx(cfg)) if rate is not None else cost.Rate.eval_s
 
 
 def _end_reserve(cfg: RunConfig, rate: cost.Rate | None) -> float:
