@@ -27,6 +27,10 @@
 #   bash scripts/rented_gpu/gpu_vllm_run.sh budget_peer    speculators 0.9 trained on the same data for the minutes our training
 #                                               had, then measured by evaluate.py on the prompts of our acceptance evaluation
 #   bash scripts/rented_gpu/gpu_vllm_run.sh budget_serving both budget heads by bench/serving_speedup.py (LOADS, DRAFT_TOKENS)
+#   bash scripts/rented_gpu/gpu_vllm_run.sh budget_measure the budget head's serving measurement by evaluate.py (LOADS, DRAFT_TOKENS),
+#                                               the export's predicted advice and the measured one beside it
+#   bash scripts/rented_gpu/gpu_vllm_run.sh bg STAGE...    the stages detached (a pipeline past one call's cap), then
+#   bash scripts/rented_gpu/gpu_vllm_run.sh wait_bg S      call after call: wait up to S seconds, bring back what they wrote
 # Several stages may share one call: bash scripts/rented_gpu/gpu_vllm_run.sh train serving
 # Results (JSON, figures, logs' tails) go to $OUT; nothing else comes back.
 TMPD=${TMPD:-/tmp}  # the rented machine's scratch disk: everything these calls leave lives here
@@ -211,11 +215,43 @@ stage_budget_serving() {
   done
 }
 
+stage_budget_measure() {
+  # the budget head's serving measurement (natural EOS headline, step-cost waves beside) at LOADS
+  # with DRAFT_TOKENS; the export's serving.json before it holds train.py's predicted advice
+  local model ds; model=$(smollm2_dir)
+  ds=$(python3 -c "import json; print(json.load(open('$TMPD/$BRUN/summary.json'))['dataset_dir'])")
+  cp $TMPD/$BRUN/export/serving.json "$OUTD/${BRUN}_serving_predicted.json" 2>/dev/null || true
+  python3 evaluate.py export_dir=$TMPD/$BRUN/export target="$model" dataset_dir="$ds" serving.measure=true \
+    "serving.loads=[${LOADS:-1,8}]" "serving.draft_tokens=[${DRAFT_TOKENS:-3}]" serving.max_new_tokens=128 \
+    serving.work_dir=$TMPD/${BRUN}_serving_work serving.max_minutes=${SERVING_MINUTES:-5} engine.timeout_s=1800 \
+    out_dir="$OUTD" hydra.run.dir=$TMPD/${BRUN}_serving_run 2>&1 | quiet | tail -30
+  cp $TMPD/$BRUN/export/serving.json "$OUTD/${BRUN}_serving_measured.json" 2>/dev/null || true
+}
+
+# bg STAGE...: the stages detached from this call (setsid), their output in $TMPD/bg_out, so a
+# pipeline longer than one call's cap runs on while later calls wait on it (wait_bg)
+stage_bg() {
+  rm -rf $TMPD/bg_out $TMPD/bg.done; mkdir -p $TMPD/bg_out
+  OUT=$TMPD/bg_out setsid nohup bash -c "bash $0 $*; echo \$? > $TMPD/bg.done" > $TMPD/bg.log 2>&1 < /dev/null &
+  echo "detached: $* (log $TMPD/bg.log)"
+}
+
+# wait_bg SECONDS: wait for the detached stages (at most SECONDS), then bring back what they wrote so far
+stage_wait_bg() {
+  local until=$(( $(date +%s) + $1 ))
+  while [ ! -f $TMPD/bg.done ] && [ "$(date +%s)" -lt "$until" ]; do sleep 5; done
+  cp $TMPD/bg_out/* "$OUTD/" 2>/dev/null || true
+  tail -c 6000 $TMPD/bg.log | quiet | tail -40
+  if [ -f $TMPD/bg.done ]; then echo "bg done rc=$(cat $TMPD/bg.done)"; else echo "bg still running"; fi
+}
+
 [ "$#" -gt 0 ] || { echo "usage: gpu_vllm_run.sh carry K | capture | dataset | train | ranking | serving | regen | tests ..." >&2; exit 2; }
 while [ "$#" -gt 0 ]; do
   case "$1" in
     carry) stage_carry "$2"; shift 2 ;;
-    capture|dataset|train|ranking|serving|regen|tests|budget_extract|budget_train|budget_peer|budget_serving) echo "=== $1"; "stage_$1"; shift ;;
+    bg) shift; stage_bg "$@"; break ;;
+    wait_bg) stage_wait_bg "$2"; shift 2 ;;
+    capture|dataset|train|ranking|serving|regen|tests|budget_extract|budget_train|budget_peer|budget_serving|budget_measure) echo "=== $1"; "stage_$1"; shift ;;
     *) echo "unknown stage $1" >&2; exit 2 ;;
   esac
 done
