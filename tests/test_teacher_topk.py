@@ -228,3 +228,96 @@ def test_a_merge_of_mixed_teacher_topk_is_refused_by_name(tmp_path):
     _write(part_dir(final, 0, 2), range(0, 3))  # one k: merged, the k kept
     m = merge_parts(final, 2)
     assert m.teacher_topk == K and HiddenStateDataset(final, verify="full")[5]["teacher_ids"].shape == (20, K)
+
+
+# ---------------------------------------------------------------- config and identity
+
+
+def test_the_config_refuses_exact_storage_and_k_outside_the_vocab_by_name():
+    from eagle3.config.schema import run_config
+
+    cfg = compose("extract", ["capture.storage=fp8", "capture.teacher_topk=32"])
+    assert cfg.capture.storage_layout.endswith(
+        "teacher top-32: ids int32 [T, 32] + log-probabilities float16 [T, 32] (no final layer)"
+    )
+    # SmolLM2: 3 x (576 + 2) + 32 x 6 + 9
+    assert cfg.capture.bytes_per_token == "1,935 B (0.42x of exact bfloat16: 4,617 B)"
+    int4 = compose("extract", ["capture.storage=int4", "capture.teacher_topk=32"])
+    assert int4.capture.bytes_per_token == "1,173 B (0.25x of exact bfloat16: 4,617 B)"
+    for overrides, message in (
+        (
+            ["capture.storage=exact", "capture.teacher_topk=32"],
+            "capture.teacher_topk: expected null with capture.storage=exact",
+        ),
+        (["capture.teacher_topk=0"], "capture.teacher_topk: expected null or an integer >= 1, got 0"),
+        (["capture.teacher_topk=49153"], r"capture.teacher_topk: expected an integer in 1..49152 \(model.vocab_size\)"),
+    ):
+        with pytest.raises(Exception, match=message):
+            run_config(compose("extract", overrides))
+
+
+def test_k_is_in_the_fingerprint():
+    from eagle3.config.schema import run_config
+    from eagle3.extraction.identity import fingerprint_inputs, token_fingerprint_inputs
+    from eagle3.stages.narrow import dataset_identity
+    from eagle3.target_model.resolve import resolve_target
+
+    def inputs(*overrides: str):
+        run = run_config(compose("extract", ["experiment=tiny_test", "capture.storage=fp8", *overrides]))
+        identity = dataset_identity(run, resolve_target(run.model, run.paths.cache_dir))
+        return fingerprint_inputs(identity), token_fingerprint_inputs(identity)
+
+    (plain, online), (k32, online32), (k16, _) = (
+        inputs(),
+        inputs("capture.teacher_topk=32"),
+        inputs("capture.teacher_topk=16"),
+    )
+    assert "teacher_topk" not in plain and k32["teacher_topk"] == 32  # datasets named before keep their names
+    assert len({dataset_fingerprint(x) for x in (plain, k32, k16)}) == 3
+    assert online == online32  # online stores no states
+
+
+# ---------------------------------------------------------------- the real target
+
+
+@pytest.mark.slow
+def test_a_real_smollm2_extraction_stores_the_targets_top_k(smollm2_dir, tmp_path):
+    """extract.py on SmolLM2 (HF capture, CPU): exact and fp8 + top-32 of the same samples."""
+    from transformers import AutoModelForCausalLM
+
+    from eagle3.stages.extract import run as extract
+
+    base = ["data.max_samples=6", "data.max_length=96", f"paths.datasets_dir={tmp_path}"]
+    dirs = {}
+    for name, overrides in (
+        ("exact", ["capture.storage=exact"]),
+        ("fp8", ["capture.storage=fp8"]),
+        ("fp8_top32", ["capture.storage=fp8", "capture.teacher_topk=32"]),
+        ("int4_top32", ["capture.storage=int4", "capture.teacher_topk=32"]),
+    ):
+        before = set(tmp_path.iterdir())
+        extract(compose("extract", base + overrides))
+        (dirs[name],) = set(tmp_path.iterdir()) - before
+    per_token = {}
+    for name, d in dirs.items():
+        m = json.loads((d / "manifest.json").read_text())
+        per_token[name] = sum(s["size_bytes"] for s in m["shards"]) / m["num_tokens"]
+    print("bytes per token:", {k: round(v, 1) for k, v in per_token.items()})
+    assert per_token["fp8_top32"] < 0.5 * per_token["exact"] and per_token["int4_top32"] < 0.3 * per_token["exact"]
+    exact, top = HiddenStateDataset(dirs["exact"]), HiddenStateDataset(dirs["fp8_top32"], verify="full")
+    assert top.manifest.teacher_topk == 32 and top.manifest.storage == "fp8"
+    # the target's logits from transformers' own final norm and lm_head, not the projection's code,
+    # in fp32: bf16 logits (steps of 1/16 at SmolLM2's magnitudes) tie often, and a tie's argmax is arbitrary
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    agree = total = 0
+    for i in range(len(exact)):
+        j = top.manifest.sample_ids.index(exact.sample_id(i))
+        z = exact[i]["hidden"][:, -1]  # [T, H] the final state, exact
+        with torch.no_grad():
+            logits = model.lm_head(model.model.norm(z.float()))  # [T, Vt]
+        got = top[j]
+        agree += int((got["teacher_ids"][:, 0] == logits.argmax(-1)).sum())
+        total += z.shape[0]
+        mass = got["teacher_logprobs"].exp().sum(-1)
+        assert bool((mass <= 1.001).all()) and float(mass.mean()) > 0.5
+    assert agree >= 0.99 * total, (agree, total)
