@@ -9,8 +9,8 @@ distribution p_t = softmax(lm_head(norm(z_t))). That state is H values a token (
                                       vocab in fp32 (their sum of exp says how much mass the k hold)
 
 The projection is the target's own: RMSNorm with its weight and eps, as Llama and vLLM compute it
-(fp32 statistics, the product in the states' dtype), then lm_head (the embeddings when tied) in
-the weights' dtype, then log_softmax in fp32. It runs in chunks of ``chunk_tokens`` tokens, so the
+(fp32 statistics, the product in the states' dtype), then lm_head (the embeddings when tied) and
+log_softmax, both in fp32. It runs in chunks of ``chunk_tokens`` tokens, so the
 [chunk, Vt] fp32 logits stay small (Llama-3's 128k vocab: 0.5 GiB a 1,024-token chunk), on the
 device that holds the weights: a GPU capture's device, or the host (the writer threads).
 """
@@ -34,6 +34,7 @@ class TeacherProjection:
     lm_head: torch.Tensor  # [Vt, H], on the device the math runs on
     k: int
     chunk_tokens: int = 1024
+    vocab_block: int = 16384  # lm_head rows upcast to fp32 at once
 
     def __post_init__(self) -> None:
         V, H = (int(d) for d in self.lm_head.shape) if self.lm_head.dim() == 2 else (-1, -1)
@@ -45,8 +46,10 @@ class TeacherProjection:
         check_k(self.k, V)
         if not self.eps > 0:
             raise ValueError(f"TeacherProjection.eps: expected the target's rms_norm_eps > 0, got {self.eps}")
-        if self.chunk_tokens < 1:
-            raise ValueError(f"TeacherProjection.chunk_tokens: expected >= 1, got {self.chunk_tokens}")
+        if self.chunk_tokens < 1 or self.vocab_block < 1:
+            raise ValueError(
+                f"TeacherProjection chunk_tokens, vocab_block: expected >= 1, got {self.chunk_tokens}, {self.vocab_block}"
+            )
 
     @property
     def vocab_size(self) -> int:
@@ -61,7 +64,8 @@ class TeacherProjection:
         d = torch.device(device)
         if self.device == d:
             return self
-        return TeacherProjection(self.norm_weight.to(d), self.eps, self.lm_head.to(d), self.k, self.chunk_tokens)
+        w = (self.norm_weight.to(d), self.eps, self.lm_head.to(d), self.k)
+        return TeacherProjection(*w, chunk_tokens=self.chunk_tokens, vocab_block=self.vocab_block)
 
     @torch.inference_mode()
     def topk(self, final: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,9 +88,15 @@ class TeacherProjection:
         """z [n, H] -> float32 [n, Vt]: log_softmax(lm_head(norm(z))) over the whole vocab."""
         z32 = z.float()  # [n, H]
         normed = z32 * torch.rsqrt(z32.pow(2).mean(-1, keepdim=True) + self.eps)  # [n, H]
-        normed = self.norm_weight * normed.to(z.dtype)  # [n, H]: Llama's RMSNorm, product in z's dtype
-        logits = torch.nn.functional.linear(normed.to(self.lm_head.dtype), self.lm_head)  # [n, Vt]
-        return torch.log_softmax(logits.float(), dim=-1)  # [n, Vt]
+        normed = (self.norm_weight * normed.to(z.dtype)).float()  # [n, H]: Llama's RMSNorm, product in z's dtype
+        # the logits in fp32, lm_head upcast a block of rows at a time (no fp32 copy of it kept):
+        # bf16 logits step by 1/16 at SmolLM2's magnitudes, and their ties and rounding moved the
+        # top-1 off the fp32 argmax on 2.4% of a real capture's tokens
+        logits = torch.empty((z.shape[0], self.vocab_size), dtype=torch.float32, device=z.device)  # [n, Vt]
+        for a in range(0, self.vocab_size, self.vocab_block):
+            rows = self.lm_head[a : a + self.vocab_block].float()  # [Vb, H]
+            torch.matmul(normed, rows.T, out=logits[:, a : a + rows.shape[0]])
+        return torch.log_softmax(logits, dim=-1)  # [n, Vt]
 
 
 def check_k(k: int | None, vocab_size: int, key: str = "capture.teacher_topk") -> int:
