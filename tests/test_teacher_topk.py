@@ -89,7 +89,7 @@ def test_k_and_the_projection_are_checked():
         encode(states(2), "exact", projection())
 
 
-def _writer(directory: Path, k: int | None = K, storage: str = "fp8", **kw) -> ShardWriter:
+def _writer(directory: Path, k: int | None = K, storage: str = "fp8", teach: bool = True, **kw) -> ShardWriter:
     w = ShardWriter(
         directory,
         layer_ids=LAYER_IDS,
@@ -100,7 +100,7 @@ def _writer(directory: Path, k: int | None = K, storage: str = "fp8", **kw) -> S
         teacher_topk=k,
         **kw,
     )
-    if k is not None:
+    if k is not None and teach:
         w.set_teacher(projection(k))
     return w
 
@@ -176,15 +176,7 @@ def test_a_damaged_log_probability_is_refused_by_the_reader(tmp_path):
 def test_k_is_in_the_identity_the_manifest_and_a_merge(tmp_path):
     _write(tmp_path / "a", range(2))
     with pytest.raises(FingerprintMismatchError, match="teacher_topk: expected 4, got 8"):
-        ShardWriter(
-            tmp_path / "a",
-            layer_ids=LAYER_IDS,
-            hidden_size=H,
-            dtype=DT,
-            fingerprint_inputs=INPUTS,
-            storage="fp8",
-            teacher_topk=4,
-        )
+        _writer(tmp_path / "a", k=4)
     with pytest.raises(StoreError, match="teacher_topk: expected null with capture.storage=exact"):
         _writer(tmp_path / "b", storage="exact")
     w = _writer(tmp_path / "c", k=4)
@@ -192,15 +184,7 @@ def test_k_is_in_the_identity_the_manifest_and_a_merge(tmp_path):
         w.set_teacher(projection(K))
     w.close()
     # a writer with k but no projection refuses captured states rather than writing the final layer
-    bare = ShardWriter(
-        tmp_path / "d",
-        layer_ids=LAYER_IDS,
-        hidden_size=H,
-        dtype=DT,
-        fingerprint_inputs=INPUTS,
-        storage="fp8",
-        teacher_topk=K,
-    )
+    bare = _writer(tmp_path / "d", teach=False)
     with pytest.raises(StoreError, match=r"sample 'x' teacher: expected the target's projection \(set_teacher\)"):
         bare.add("x", CapturedSample(torch.arange(3), torch.ones(3, dtype=torch.bool), states(3)))
     bare.close()
