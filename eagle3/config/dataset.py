@@ -89,6 +89,10 @@ class CaptureConfig:
     # int4 (an option: 4-bit codes with a scale per 32 channels, the final layer exact). conf/capture/*.yaml
     # picks it by topology.accelerator: fp8 on a CPU, exact on a GPU (eagle3/planning/disk_estimate.py)
     storage: str = "exact"
+    # fp8/int4 only: store the teacher's k most likely next tokens (int32 ids + float16 log-probabilities
+    # over the whole target vocab) in place of the final layer, which the trainer turns into the
+    # teacher's distribution (eagle3/store/teacher_topk.py); null: the final layer kept exact
+    teacher_topk: Optional[int] = None
     batch_size: int = 8  # hf: samples per forward
     max_tokens_per_batch: int = 16384  # hf: padded tokens per forward
     shard_max_tokens: int = 65536  # tokens per shard file
@@ -108,16 +112,18 @@ class CaptureConfig:
     # computed (eagle3/planning/disk_estimate.py), never set by hand: shown by --cfg job --resolve
     hidden_layout: Any = "${eagle3.hidden_layout:${capture.dtype},${layers.layer_ids},${model.hidden_size}}"
     storage_layout: Any = (
-        "${eagle3.storage_layout:${capture.dtype},${layers.layer_ids},${model.hidden_size},${capture.storage}}"
+        "${eagle3.storage_layout:${capture.dtype},${layers.layer_ids},${model.hidden_size},${capture.storage},"
+        "${capture.teacher_topk},${model.vocab_size}}"
     )
     bytes_per_token: Any = (
-        "${eagle3.bytes_per_token:${layers.layer_ids},${model.hidden_size},${capture.dtype},${capture.storage}}"
+        "${eagle3.bytes_per_token:${layers.layer_ids},${model.hidden_size},${capture.dtype},${capture.storage},"
+        "${capture.teacher_topk}}"
     )
     disk_per_1m_tokens: Any = (
         "${eagle3.disk_per_million_tokens:${layers.layer_ids},${model.hidden_size},${capture.dtype},"
-        "${capture.shard_max_tokens},${capture.storage}}"
+        "${capture.shard_max_tokens},${capture.storage},${capture.teacher_topk}}"
     )
     dataset_disk: Any = (
         "${eagle3.dataset_disk:${data.max_samples},${data.max_length},${layers.layer_ids},${model.hidden_size},"
-        "${capture.dtype},${capture.shard_max_tokens},${capture.storage}}"
+        "${capture.dtype},${capture.shard_max_tokens},${capture.storage},${capture.teacher_topk}}"
     )

@@ -72,6 +72,7 @@ class DatasetIdentity:
     # budget: by the budget asked, not the count the time shares derive from rates; eagle3/stages/narrow.py)
     named_by: dict[str, Any] | None = None
     storage: str = EXACT  # capture.storage: how the shards hold the states (eagle3/store/storage_format.py)
+    teacher_topk: int | None = None  # capture.teacher_topk: the top-k in place of the final layer
 
     @property
     def prefix(self) -> str:
@@ -169,6 +170,8 @@ def fingerprint_inputs(identity: DatasetIdentity, *, chat_content: bool = True) 
         "data": data,
         **_capture_and_tokenizer(identity),
         **({} if identity.storage == EXACT else {"storage": identity.storage}),
+        # a dataset with the teacher's top-k is another dataset than one with the final layer
+        **({} if identity.teacher_topk is None else {"teacher_topk": int(identity.teacher_topk)}),
     }
 
 
@@ -209,6 +212,7 @@ def token_fingerprint_inputs(identity: DatasetIdentity) -> dict[str, Any]:
     dtype the trainer will capture), marked as holding token ids only."""
     stored = fingerprint_inputs(identity)
     stored.pop("storage", None)  # the trainer computes the states: no storage format
+    stored.pop("teacher_topk", None)
     return {**stored, "hidden_states": "online"}
 
 

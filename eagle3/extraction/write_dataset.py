@@ -12,6 +12,7 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
+import torch
 from rich.console import Console
 
 from eagle3.data.pipeline import PreparedData, PreparedSample
@@ -26,8 +27,11 @@ from eagle3.store.disk import free_bytes
 from eagle3.store.merge import owner_shard
 from eagle3.store.provenance import with_capture
 from eagle3.store.storage_format import EXACT, encode
-from eagle3.target_model.backend import make_backend
+from eagle3.store.teacher_topk import TeacherProjection
+from eagle3.target_model.backend import CaptureBackend, make_backend
+from eagle3.target_model.capture_hf import HFCaptureBackend
 from eagle3.target_model.records import DeviceEncoding
+from eagle3.target_model.teacher_weights import weights_from_files, weights_from_model
 from eagle3.util.locks import DirLock
 from eagle3.util.report import minutes, report
 
@@ -111,6 +115,7 @@ def _open_writer(job: ExtractionJob, setup: CaptureSetup, engine: str | None, lo
         redo=[file for file, _ in found.damaged],
         lock=lock,
         storage=setup.capture.storage,
+        teacher_topk=setup.capture.teacher_topk,
     )
 
 
@@ -120,7 +125,10 @@ def _disk_need(job: ExtractionJob, setup: CaptureSetup, samples: list[PreparedSa
     hidden = job.identity.model.hidden_size
     layers = len(job.identity.layer_ids)
     shard = setup.capture.shard_max_tokens
-    return tokens, disk_needed_bytes(tokens, layers, hidden, setup.dtype, len(samples), shard, setup.capture.storage)
+    cap = setup.capture
+    return tokens, disk_needed_bytes(
+        tokens, layers, hidden, setup.dtype, len(samples), shard, cap.storage, cap.teacher_topk
+    )
 
 
 def _todo(
@@ -145,10 +153,33 @@ def _todo(
     return todo
 
 
-def _device_encoding(storage: str) -> DeviceEncoding | None:
+def _device_encoding(storage: str, teacher: TeacherProjection | None = None) -> DeviceEncoding | None:
     """capture.storage's encode for a capture on a GPU to run there (the store's math: the bytes
-    are those the writer threads would write); None for exact states."""
-    return None if storage == EXACT else DeviceEncoding(storage, partial(encode, storage=storage))
+    are those the writer threads would write), with the teacher's top-k when ``teacher``; None for
+    exact states."""
+    return None if storage == EXACT else DeviceEncoding(storage, partial(encode, storage=storage, teacher=teacher))
+
+
+def _teach(backend: CaptureBackend, setup: CaptureSetup, model_dir: str, writer: ShardWriter) -> None:
+    """capture.teacher_topk: the target's projection handed to the writer (whose threads encode
+    the captured states that reach the host) and, for the HF capture on a GPU, to its device encode.
+    The HF capture's model in memory gives the weights; the vLLM route's are read from the
+    directory vLLM serves, onto the GPU when there is one (the projection runs there)."""
+    k, storage = setup.capture.teacher_topk, setup.capture.storage
+    if k is None:
+        return
+    if isinstance(backend, HFCaptureBackend):
+        assert backend.model is not None  # open until close()
+        weights = weights_from_model(backend.model, model_dir)
+    else:
+        weights = weights_from_files(model_dir, "cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        teacher = TeacherProjection(*weights, k=k)
+    except ValueError as e:
+        raise ValueError(f"{e} ({model_dir})") from None
+    writer.set_teacher(teacher)
+    if isinstance(backend, HFCaptureBackend) and backend.device.type == "cuda":
+        backend.device_encoding = _device_encoding(storage, teacher)  # the top-k on the device
 
 
 def _capture(
@@ -171,6 +202,7 @@ def _capture(
         device_encoding=_device_encoding(setup.capture.storage),
     )
     try:
+        _teach(backend, setup, identity.model_dir, writer)
         # every run that captures is kept (provenance.captures): a dataset resumed or repaired under
         # another backend says each route its samples came from
         run = "repair" if job.repair else ("resume" if writer.done_ids() else "extract")

@@ -282,7 +282,12 @@ def extract_lines(cfg: RunConfig, rates: RunRates | None = None) -> list[str]:
         at += " (the forward in fp32: this CPU would emulate bf16)" if forward == "fp32" else " (bf16 on AMX tiles)"
     if data.max_samples is None:
         per_m = disk_estimate.disk_per_million_tokens(
-            ids, cfg.model.hidden_size, cfg.capture.dtype, cfg.capture.shard_max_tokens, cfg.capture.storage
+            ids,
+            cfg.model.hidden_size,
+            cfg.capture.dtype,
+            cfg.capture.shard_max_tokens,
+            cfg.capture.storage,
+            cfg.capture.teacher_topk,
         )
         line = f"extract: every sample of data={data.name} (counted once read), <= {length:,} tokens each; {per_m} per 1M tokens"
         if tok_s:
@@ -291,7 +296,13 @@ def extract_lines(cfg: RunConfig, rates: RunRates | None = None) -> list[str]:
     samples = data.max_samples
     tokens = samples * length
     disk = disk_estimate.disk_bytes(
-        tokens, ids, cfg.model.hidden_size, cfg.capture.dtype, cfg.capture.shard_max_tokens, cfg.capture.storage
+        tokens,
+        ids,
+        cfg.model.hidden_size,
+        cfg.capture.dtype,
+        cfg.capture.shard_max_tokens,
+        cfg.capture.storage,
+        cfg.capture.teacher_topk,
     )
     line = f"extract: {samples:,} samples x <= {length:,} tokens = <= {tokens:,} tokens; disk <= {format_bytes(disk)}"
     if tok_s:

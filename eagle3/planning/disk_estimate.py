@@ -42,12 +42,25 @@ def hidden_layout(dtype: str, layer_ids: Sequence[int], hidden_size: int) -> str
     return f"{_check_dtype(dtype)} [T, {len(layer_ids)}, {int(hidden_size)}]"
 
 
-def storage_layout(dtype: str, layer_ids: Sequence[int], hidden_size: int, storage: str = EXACT) -> str:
-    """How the shards hold those states in ``storage`` (eagle3/store/storage_format.py)."""
+def storage_layout(
+    dtype: str,
+    layer_ids: Sequence[int],
+    hidden_size: int,
+    storage: str = EXACT,
+    teacher_topk: int | None = None,
+    vocab_size: int | None = None,
+) -> str:
+    """How the shards hold those states in ``storage`` (eagle3/store/storage_format.py); a
+    ``teacher_topk`` that the format cannot hold or the target's vocabulary cannot give is refused."""
     L, H = len(layer_ids), int(hidden_size)
+    k = hidden_dtypes.check_teacher_topk(storage, teacher_topk)
+    if k is not None and vocab_size is not None and k > int(vocab_size):
+        raise ValueError(f"capture.teacher_topk: expected an integer in 1..{vocab_size} (model.vocab_size), got {k}")
     if hidden_dtypes.check_storage(storage) == EXACT:
         return f"exact: hidden {_check_dtype(dtype)} [T, {L}, {H}]"
     final = f"final {_check_dtype(dtype)} [T, 1, {H}]"
+    if k is not None:
+        final = f"teacher top-{k}: ids int32 [T, {k}] + log-probabilities float16 [T, {k}] (no final layer)"
     if storage == hidden_dtypes.INT4:
         G = hidden_dtypes.INT4_GROUP
         return (
@@ -67,17 +80,19 @@ def default_storage(accelerator: str) -> str:
     return hidden_dtypes.FP8 if str(accelerator) == "cpu" else EXACT
 
 
-def bytes_per_token(layer_ids: Sequence[int], hidden_size: int, dtype: str, storage: str = EXACT) -> str:
+def bytes_per_token(
+    layer_ids: Sequence[int], hidden_size: int, dtype: str, storage: str = EXACT, teacher_topk: int | None = None
+) -> str:
     """Bytes one token takes in the dataset (hidden states, id, mask), and the ratio to exact."""
     from eagle3.store.disk import disk_needed_bytes
 
-    def per_token(fmt: str) -> int:
+    def per_token(fmt: str, k: int | None = None) -> int:
         d = hidden_dtypes.torch_dtype(_check_dtype(dtype))
-        return disk_needed_bytes(1, len(layer_ids), int(hidden_size), d, 0, 1, fmt) - disk_needed_bytes(
-            0, len(layer_ids), int(hidden_size), d, 0, 1, fmt
+        return disk_needed_bytes(1, len(layer_ids), int(hidden_size), d, 0, 1, fmt, k) - disk_needed_bytes(
+            0, len(layer_ids), int(hidden_size), d, 0, 1, fmt, k
         )
 
-    mine, exact = per_token(hidden_dtypes.check_storage(storage)), per_token(EXACT)
+    mine, exact = per_token(hidden_dtypes.check_storage(storage), teacher_topk), per_token(EXACT)
     return f"{mine:,} B" if storage == EXACT else f"{mine:,} B ({mine / exact:.2f}x of exact {dtype}: {exact:,} B)"
 
 
@@ -89,6 +104,7 @@ def dataset_disk(
     dtype: str,
     shard_max_tokens: int = 65536,
     storage: str = EXACT,
+    teacher_topk: int | None = None,
 ) -> str:
     """The dataset's bound on disk: every sample at data.max_length (what extract.py's disk check assumes)."""
     from eagle3.store.disk import format_bytes
@@ -96,7 +112,7 @@ def dataset_disk(
     if max_samples is None:
         return "every sample of the data (counted once read): see disk_per_1m_tokens"
     tokens = int(max_samples) * int(max_length)
-    size = disk_bytes(tokens, layer_ids, hidden_size, dtype, shard_max_tokens, storage)
+    size = disk_bytes(tokens, layer_ids, hidden_size, dtype, shard_max_tokens, storage, teacher_topk)
     return f"<= {format_bytes(size)} ({int(max_samples):,} samples x <= {int(max_length):,} tokens)"
 
 
@@ -107,6 +123,7 @@ def disk_bytes(
     dtype: str,
     shard_max_tokens: int = 65536,
     storage: str = EXACT,
+    teacher_topk: int | None = None,
 ) -> int:
     from eagle3.store.disk import disk_needed_bytes  # only when resolved: composing a config stays light
 
@@ -118,15 +135,21 @@ def disk_bytes(
         0,
         int(shard_max_tokens),
         hidden_dtypes.check_storage(storage),
+        teacher_topk,
     )
 
 
 def disk_per_million_tokens(
-    layer_ids: Sequence[int], hidden_size: int, dtype: str, shard_max_tokens: int = 65536, storage: str = EXACT
+    layer_ids: Sequence[int],
+    hidden_size: int,
+    dtype: str,
+    shard_max_tokens: int = 65536,
+    storage: str = EXACT,
+    teacher_topk: int | None = None,
 ) -> str:
     from eagle3.store.disk import format_bytes
 
-    return format_bytes(disk_bytes(MILLION, layer_ids, hidden_size, dtype, shard_max_tokens, storage))
+    return format_bytes(disk_bytes(MILLION, layer_ids, hidden_size, dtype, shard_max_tokens, storage, teacher_topk))
 
 
 def checkpoint_disk(model: Any, head: Any, layer_ids: Sequence[int], save_top_k: int, save_last: bool) -> str:

@@ -84,7 +84,7 @@ def register_resolvers() -> None:
     )
     OmegaConf.register_new_resolver(
         "eagle3.storage_layout",
-        lambda dtype, ids, h, storage: disk_estimate.storage_layout(dtype, _plain(ids), h, storage),
+        lambda dtype, ids, h, *storage: disk_estimate.storage_layout(dtype, _plain(ids), h, *storage),
         replace=True,
     )
     OmegaConf.register_new_resolver("eagle3.default_storage", disk_estimate.default_storage, replace=True)

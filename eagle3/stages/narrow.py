@@ -23,6 +23,7 @@ def dataset_identity(cfg: RunConfig, model_dir: str) -> DatasetIdentity:
         cache_dir=str(cfg.paths.cache_dir),
         named_by=time_budget.asked(cfg),
         storage=cfg.capture.storage,
+        teacher_topk=cfg.capture.teacher_topk,
     )
 
 

@@ -4,7 +4,9 @@
     shard-00000.safetensors       input_ids int64 [Ttot], loss_mask bool [Ttot],
                                   hidden [Ttot, L, H] (storage "exact"; "fp8": the aux layers
                                   in float8 with scales, the final layer exact:
-                                  eagle3/store/storage_format.py), offsets int64 [n+1];
+                                  eagle3/store/storage_format.py; with teacher_topk k the
+                                  target's top-k ids and log-probabilities in place of the
+                                  final layer), offsets int64 [n+1];
                                   metadata: fingerprint, sample ids (JSON), layer ids, dtype
     token_freq.safetensors        counts int64 [target vocab] over loss-masked tokens
     vocab-<V>.safetensors         d2t int64 [V], t2d bool [target vocab]
@@ -108,6 +110,9 @@ class Manifest:
     # the shards' on-disk format (capture.storage; dtype stays what a reader gets back): a manifest
     # written before the field existed is "exact", the states as captured
     storage: str = EXACT
+    # capture.teacher_topk: k when the shards hold the teacher's top-k in place of the final layer
+    # (eagle3/store/teacher_topk.py); a manifest written before the field existed holds the layer
+    teacher_topk: int | None = None
 
     def recount(self) -> None:
         """Counts follow the shard list: one source of truth."""
@@ -155,6 +160,9 @@ class Manifest:
                 f"{path}: storage: expected one of {list(STORAGES)}, got {raw.get('storage')!r} "
                 "(written by another eagle3 version?)"
             )
+        k = raw.get("teacher_topk")
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise StoreError(f"{path}: teacher_topk: expected null or an integer >= 1, got {k!r}")
         raw["shards"] = [ShardInfo(**s) for s in raw.get("shards", [])]
         try:
             return cls(**raw)

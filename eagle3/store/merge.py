@@ -30,11 +30,10 @@ from eagle3.store.layout import (
     Manifest,
     ShardInfo,
     StoreError,
-    dtype_from_name,
     shard_name,
     vocab_name,
 )
-from eagle3.store.shard_file import ShardIdentity, inspect_shard
+from eagle3.store.shard_file import inspect_shard, manifest_identity
 from eagle3.store.vocab_files import check_token_freq, load_tensors, save_token_freq, save_vocab
 from eagle3.util.atomic import replace_dir
 from eagle3.util.locks import DirLock, lock_wait_s
@@ -93,15 +92,17 @@ def _check_parts(final: Path, parts: list[Path]) -> list[Manifest]:
 
 
 def _check_storage(parts: list[Path], manifests: list[Manifest]) -> None:
-    """One storage format in all parts, refused by name before the fingerprint (which holds it)
-    is found to differ."""
+    """One storage format (and teacher_topk) in all parts, refused by name before the fingerprint
+    (which holds them) is found to differ."""
     first = manifests[0]
     for p, m in zip(parts, manifests):
-        if m.storage != first.storage:
-            raise StoreError(
-                f"{p / MANIFEST}: storage: expected {first.storage!r} (as part 0, {parts[0]}), got {m.storage!r}; "
-                "a dataset holds one storage format: extract every part with the same capture.storage"
-            )
+        for field in ("storage", "teacher_topk"):
+            want, got = getattr(first, field), getattr(m, field)
+            if got != want:
+                raise StoreError(
+                    f"{p / MANIFEST}: {field}: expected {want!r} (as part 0, {parts[0]}), got {got!r}; "
+                    f"a dataset holds one storage format: extract every part with the same capture.{field}"
+                )
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -155,9 +156,7 @@ def _merge(
     final: Path, parts: list[Path], manifests: list[Manifest], draft_vocab_sizes: Iterable[int], verify: str
 ) -> Manifest:
     first = manifests[0]
-    ident = ShardIdentity(
-        first.fingerprint, tuple(first.layer_ids), first.hidden_size, dtype_from_name(first.dtype), first.storage
-    )
+    ident = manifest_identity(first)
     tmp = final.with_name(final.name + MERGING_SUFFIX)
     if tmp.exists():  # a killed merge: only links and small files, redo it
         shutil.rmtree(tmp)
@@ -187,6 +186,7 @@ def _merge(
         hidden_size=first.hidden_size,
         dtype=first.dtype,
         storage=first.storage,
+        teacher_topk=first.teacher_topk,
         shards=shards,
         sample_ids=[s for m in manifests for s in m.sample_ids],
         val_ids=sorted(v for m in manifests for v in m.val_ids),

@@ -19,10 +19,13 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from eagle3.store.storage_format import decode_split, tensor_names
+from eagle3.store.storage_format import decode_aux, decode_split, decode_teacher, tensor_names
+from eagle3.store.teacher_topk import TEACHER_TENSORS
 
-# a sample's states: hidden [T, L, H], or a storage format's tensors (fp8 and int4 share the names)
-_STATE_KEYS = ("hidden", *tensor_names("fp8"))
+# a sample's states: hidden [T, L, H], or a storage format's tensors (fp8 and int4 share the names),
+# or with the teacher's top-k in place of the final layer: those tensors, its aux layers decoded
+# (aux_layers [T, L-1, H]) or not
+_STATE_KEYS = ("hidden", *tensor_names("fp8"), *TEACHER_TENSORS, "aux_layers")
 
 
 def pack_by_length(lengths: Sequence[int], max_tokens: int, *, bucket: int = 256, seed: int = 0) -> list[list[int]]:
@@ -231,7 +234,9 @@ def _collate(
             segment_ids[b, off : off + n] = s
             off += n
         for buf in states.values():
-            buf[b, off:].zero_()  # padding: zero states (zero codes and scales decode to zero)
+            # padding: zero states (zero codes and scales decode to zero), teacher ids 0 and
+            # log-probabilities 0.0 (masked out of the loss)
+            buf[b, off:].zero_()
     batch = {
         "input_ids": input_ids,
         "loss_mask": loss_mask,
@@ -259,7 +264,18 @@ def decode_hidden(batch: dict[str, torch.Tensor], storage: str, dtype: torch.dty
     """A batch collated from ``HiddenStateDataset.encoded_rows()`` (the format's tensors, each
     [B, T, ...]) -> aux_hidden [B, T, (L-1)H] and final_hidden [B, T, H] in ``dtype``, decoded on
     the tensors' device: the values of ``split_hidden`` over the batch of decoded samples, bit for
-    bit. A batch that holds ``hidden`` is split as it is."""
+    bit. A batch that holds ``hidden`` is split as it is. A batch with the teacher's top-k
+    (capture.teacher_topk) gives, in place of final_hidden, teacher_ids int64 [B, T, k] and
+    teacher_logprobs float32 [B, T, k] (padding: ids 0, log-probabilities 0.0)."""
+    if "teacher_ids" in batch and "hidden_aux" in batch:
+        names = tensor_names(storage, int(batch["teacher_ids"].shape[-1]))
+        out = {k: v for k, v in batch.items() if k not in names}
+        rows = {name: batch[name] for name in names}
+        aux = decode_aux(rows, storage, dtype)  # [B, T, L-1, H]
+        B, T, La, H = aux.shape
+        out["aux_hidden"] = aux.reshape(B, T, La * H)  # [B, T, (L-1)H], a view
+        out["teacher_ids"], out["teacher_logprobs"] = decode_teacher(rows)  # [B, T, k] int64, float32
+        return out
     names = tensor_names(storage)
     if "hidden" in batch or not all(name in batch for name in names):
         return split_hidden(batch)
@@ -274,7 +290,15 @@ def decode_hidden(batch: dict[str, torch.Tensor], storage: str, dtype: torch.dty
 def split_hidden(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``hidden`` [B, T, L, H] -> aux_hidden [B, T, (L-1)H] (the aux layers, concatenated) and
     final_hidden [B, T, H] (the last id: the target's final state), on the tensor's device.
-    A batch already split is returned as it is."""
+    A batch already split is returned as it is. A batch of samples with the teacher's top-k holds
+    aux_layers [B, T, L-1, H] in place of hidden: aux_hidden is made of it, and teacher_ids and
+    teacher_logprobs [B, T, k] stay as they are (``decode_hidden``'s keys)."""
+    if "aux_layers" in batch:
+        out = dict(batch)
+        aux = out.pop("aux_layers")  # [B, T, L-1, H]
+        B, T, La, H = aux.shape
+        out["aux_hidden"] = aux.reshape(B, T, La * H)  # [B, T, (L-1)H]
+        return out
     if "hidden" not in batch:
         return batch
     out = dict(batch)

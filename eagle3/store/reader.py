@@ -24,8 +24,16 @@ from eagle3.store.layout import (
     StoreError,
     dtype_from_name,
 )
-from eagle3.store.shard_file import ShardIdentity, inspect_shard
-from eagle3.store.storage_format import EXACT, decode, decodes_finite, tensor_names
+from eagle3.store.shard_file import inspect_shard, manifest_identity
+from eagle3.store.storage_format import (
+    EXACT,
+    decode,
+    decode_aux,
+    decode_teacher,
+    decodes_finite,
+    teacher_valid,
+    tensor_names,
+)
 from eagle3.store.vocab_files import check_token_freq, check_vocab, load_tensors
 
 
@@ -71,6 +79,8 @@ class SampleFiles:
         self.hidden_size: int = m.hidden_size
         self.dtype: torch.dtype = dtype_from_name(m.dtype)  # what a sample's hidden comes back in
         self.storage: str = m.storage  # how the shards hold it (eagle3/store/storage_format.py)
+        # k: the shards hold the teacher's top-k in place of the final layer (eagle3/store/teacher_topk.py)
+        self.teacher_topk: int | None = m.teacher_topk
         self.fingerprint: str = m.fingerprint
         shard_of, start_of, lengths = [], [], []
         for k, info in enumerate(m.shards):
@@ -198,18 +208,20 @@ class HiddenStateDataset(SampleFiles):
     the manifest's dtype whatever the storage format (an fp8 shard's rows are decoded here, in
     the loader's workers). ``encoded_rows()``: a view of the same dataset whose samples keep the
     format's own tensors (decoded where the training runs: eagle3/training/datamodule.py).
+    A dataset with the teacher's top-k (``teacher_topk``) has no final layer: in place of
+    ``hidden`` its samples hold ``aux_layers`` [T, L-1, H] (the manifest's dtype), ``teacher_ids``
+    int64 [T, k] and ``teacher_logprobs`` float32 [T, k].
     """
 
     kind = STORED
     decode_rows = True  # False: samples keep the storage format's tensors (encoded_rows)
+    _vocab: int | None = None  # the target's vocabulary, read once (a top-k dataset's id bound)
 
     def _check_file(self, path: Path, info: ShardInfo, verify: str | None) -> None:
         if verify is None:
             return super()._check_file(path, info, verify)
-        m = self.manifest
-        ident = ShardIdentity(m.fingerprint, tuple(m.layer_ids), m.hidden_size, dtype_from_name(m.dtype), m.storage)
         try:
-            inspect_shard(path, ident, info, verify)
+            inspect_shard(path, manifest_identity(self.manifest), info, verify)
         except StoreError as e:
             raise DamagedDatasetError(self.directory, str(e), needs_hash=verify == "full") from None
 
@@ -222,12 +234,14 @@ class HiddenStateDataset(SampleFiles):
         return view
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        names = tensor_names(self.storage)
+        names = tensor_names(self.storage, self.teacher_topk)
         rows = self._rows(i, ("input_ids", "loss_mask", *names))
         if self.storage == EXACT:
             self._check_finite(i, rows["hidden"])
             return rows
         stored = {name: rows.pop(name) for name in names}
+        if self.teacher_topk is not None:
+            return rows | self._teacher_sample(i, stored)
         # judged on the codes and scales (a NaN code too, which the CPU's bits path would decode to
         # a number); a possible non-finite value is located in the float path's decode, as the
         # device computes it (a bound that was only conservative passes)
@@ -236,6 +250,31 @@ class HiddenStateDataset(SampleFiles):
         if not self.decode_rows:
             return rows | stored
         return rows | {"hidden": decode(stored, self.storage, self.dtype)}
+
+    def _teacher_sample(self, i: int, stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A top-k sample's stored tensors (``encoded_rows``) or their decoded values, checked."""
+        if not decodes_finite(stored, self.storage, self.dtype, self._vocab_size()):
+            if not teacher_valid(stored, self._vocab_size()):
+                i %= len(self)
+                shard = self.directory / self.manifest.shards[int(self._shard_of[i])].file
+                raise DamagedDatasetError(
+                    self.directory,
+                    f"{shard}: sample {self.sample_id(i)!r}: teacher_logprobs / teacher_ids: expected finite "
+                    f"log-probabilities and ids in 0..{self._vocab_size() - 1}, got a value outside",
+                    needs_hash=True,
+                )
+            self._check_finite(i, decode_aux(stored, self.storage, self.dtype))
+        if not self.decode_rows:
+            return stored
+        ids, logprobs = decode_teacher(stored)  # [T, k] int64, [T, k] float32
+        aux = decode_aux(stored, self.storage, self.dtype)  # [T, L-1, H]
+        return {"aux_layers": aux, "teacher_ids": ids, "teacher_logprobs": logprobs}
+
+    def _vocab_size(self) -> int:
+        """The target's vocabulary (token_freq's length): the bound of a stored teacher id."""
+        if self._vocab is None:
+            self._vocab = int(self.token_freq().numel())
+        return self._vocab
 
     def _check_finite(self, i: int, hidden: torch.Tensor) -> None:
         """Refuse a sample whose stored hidden states hold a NaN or an Inf (one pass over its
@@ -269,13 +308,7 @@ def damaged_shards(directory: str | Path, manifest: Manifest, verify: str = "fas
     """(file, what is wrong) for each listed shard that is missing, short, unreadable or
     (``verify="full"``) whose bytes do not hash to the manifest's sha256; [] when all are whole."""
     directory = Path(directory)
-    ident = ShardIdentity(
-        manifest.fingerprint,
-        tuple(manifest.layer_ids),
-        manifest.hidden_size,
-        dtype_from_name(manifest.dtype),
-        manifest.storage,
-    )
+    ident = manifest_identity(manifest)
     bad = []
     for info in manifest.shards:
         try:

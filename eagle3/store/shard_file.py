@@ -25,12 +25,15 @@ import torch
 from eagle3.store.layout import (
     FORMAT,
     SCHEMA_VERSION,
+    Manifest,
     ShardInfo,
     StoreError,
+    dtype_from_name,
     dtype_name,
     file_sha256,
 )
 from eagle3.store.storage_format import EXACT, encode, tensor_names, tensor_shapes
+from eagle3.store.teacher_topk import TeacherProjection
 from eagle3.util.atomic import atomic_path
 
 WRITE_CHUNK = 32 << 20  # bytes per step: hashed here while the IO thread writes the same chunk
@@ -62,14 +65,19 @@ class ShardIdentity:
     hidden_size: int
     dtype: torch.dtype
     storage: str = EXACT  # the on-disk format (capture.storage): eagle3/store/storage_format.py
+    # capture.teacher_topk: the teacher's top-k stored in place of the final layer (None: the layer)
+    teacher_topk: int | None = None
 
     def tensors(self) -> tuple[str, ...]:
         """The tensors a shard of this identity holds."""
-        return ("input_ids", "loss_mask", *tensor_names(self.storage), "offsets")
+        return ("input_ids", "loss_mask", *tensor_names(self.storage, self.teacher_topk), "offsets")
 
     def metadata(self) -> dict[str, str]:
-        # exact shards carry no storage key: those written before the key existed are the same
+        # exact shards carry no storage key, and shards with the final layer no teacher_topk key:
+        # those written before the keys existed are the same
         extra = {} if self.storage == EXACT else {"storage": self.storage}
+        if self.teacher_topk is not None:
+            extra["teacher_topk"] = str(self.teacher_topk)
         return extra | {
             "format": FORMAT,
             "schema_version": str(SCHEMA_VERSION),
@@ -78,6 +86,13 @@ class ShardIdentity:
             "hidden_size": str(self.hidden_size),
             "dtype": dtype_name(self.dtype),
         }
+
+
+def manifest_identity(m: Manifest) -> ShardIdentity:
+    """The identity every shard a manifest lists must have."""
+    return ShardIdentity(
+        m.fingerprint, tuple(m.layer_ids), m.hidden_size, dtype_from_name(m.dtype), m.storage, m.teacher_topk
+    )
 
 
 def _byte_view(t: torch.Tensor) -> memoryview:
@@ -145,11 +160,20 @@ def write_shard(
     input_ids: list[torch.Tensor],
     loss_masks: list[torch.Tensor],
     hiddens: Sequence[torch.Tensor | Mapping[str, torch.Tensor]],
+    teacher: TeacherProjection | None = None,
 ) -> ShardInfo:
     """Concatenate samples into ``path`` (temp + fsync + rename) and describe the result; the
     sha256 is taken from the bytes as they are written (see ``save_concatenated_hashing``).
     ``hiddens``: per sample hidden [T, L, H], encoded here in ``ident.storage``, or that format's
-    tensors already (encoded on the capture device), written as they are."""
+    tensors already (encoded on the capture device), written as they are. ``teacher``: the
+    projection that gives the top-k of ``ident.teacher_topk`` from a sample's final layer."""
+    if ident.teacher_topk is not None and (teacher is None or teacher.k != ident.teacher_topk):
+        if any(not isinstance(h, Mapping) for h in hiddens):
+            got = "none" if teacher is None else f"k={teacher.k}"
+            raise StoreError(
+                f"{path}: teacher: expected the target's projection with k={ident.teacher_topk} to encode "
+                f"captured states (capture.teacher_topk), got {got}"
+            )
     lengths = torch.tensor([t.shape[0] for t in input_ids], dtype=torch.int64)
     offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
     offsets[1:] = torch.cumsum(lengths, 0)
@@ -160,8 +184,8 @@ def write_shard(
         "offsets": [offsets],
     }
     # the big ones: streamed sample by sample, never concatenated (fp8: encoded sample by sample)
-    encoded = [h if isinstance(h, Mapping) else encode(h, ident.storage) for h in hiddens]
-    parts |= {name: [e[name] for e in encoded] for name in tensor_names(ident.storage)}
+    encoded = [h if isinstance(h, Mapping) else encode(h, ident.storage, teacher) for h in hiddens]
+    parts |= {name: [e[name] for e in encoded] for name in tensor_names(ident.storage, ident.teacher_topk)}
     meta = ident.metadata() | {"sample_ids": json.dumps(sample_ids)}
     size, sha = save_concatenated_hashing(path, parts, meta)
     return ShardInfo(
@@ -199,8 +223,9 @@ def inspect_shard(
             offsets = f.get_tensor("offsets") if "offsets" in keys else None
     except Exception as e:  # safetensors raises its own error types for bad headers
         raise StoreError(f"{path}: unreadable safetensors file ({type(e).__name__}: {e})") from None
-    want_meta = ident.metadata() | {"storage": ident.storage}
-    meta = {"storage": EXACT} | meta  # a shard without the key is exact (written before it existed)
+    want_meta = ident.metadata() | {"storage": ident.storage, "teacher_topk": str(ident.teacher_topk)}
+    # a shard without the keys is exact / holds the final layer (written before they existed)
+    meta = {"storage": EXACT, "teacher_topk": "None"} | meta
     wrong = {k: (v, meta.get(k)) for k, v in want_meta.items() if meta.get(k) != v}
     if wrong:
         field, (want_value, got_value) = next(iter(wrong.items()))
@@ -220,7 +245,10 @@ def inspect_shard(
         ("offsets", [n + 1], shapes["offsets"]),
         ("input_ids", [total], shapes["input_ids"]),
         ("loss_mask", [total], shapes["loss_mask"]),
-        *((name, want, shapes[name]) for name, want in tensor_shapes(ident.storage, total, L, H).items()),
+        *(
+            (name, want, shapes[name])
+            for name, want in tensor_shapes(ident.storage, total, L, H, ident.teacher_topk).items()
+        ),
     ]
     for name, want, got in checks:
         if list(got) != want:

@@ -31,13 +31,19 @@ the float path (the bits path needs the largest scale on the host, a wait for th
 rounds the same exact product once, so the two paths agree bit for bit (tests/test_storage_device.py)
 for every code but e4m3's NaN, which no encode of finite states writes (the capture refuses NaN);
 ``decodes_finite`` finds it in a damaged shard, and the float path decodes it to NaN.
+
+With ``teacher_topk`` k (capture.teacher_topk, fp8 or int4), ``hidden_final`` is not stored: in its
+place ``teacher_ids`` int32 [T, k] and ``teacher_logprobs`` float16 [T, k], the target's k most
+likely next tokens (eagle3/store/teacher_topk.py). Such rows have no final layer to decode:
+``decode_aux`` and ``decode_teacher`` read them, and ``decode`` / ``decode_split`` refuse them.
 """
 
 from __future__ import annotations
 
 import torch
 
-from eagle3.util.hidden_dtypes import EXACT, FP8, INT4, INT4_GROUP, STORAGES, check_storage
+from eagle3.store.teacher_topk import IDS_DTYPE, LOGPROBS_DTYPE, TEACHER_TENSORS, TeacherProjection
+from eagle3.util.hidden_dtypes import EXACT, FP8, INT4, INT4_GROUP, STORAGES, check_storage, check_teacher_topk
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # e4m3fn's largest finite value
@@ -56,12 +62,15 @@ __all__ = [
     "check_storage",
     "check_width",
     "decode",
+    "decode_aux",
     "decode_split",
+    "decode_teacher",
     "decodes_finite",
     "encode",
     "tensor_dtypes",
     "tensor_names",
     "tensor_shapes",
+    "teacher_valid",
 ]
 
 
@@ -72,33 +81,37 @@ def check_width(storage: str, hidden_size: int) -> str | None:
     return None
 
 
-def tensor_names(storage: str) -> tuple[str, ...]:
+def tensor_names(storage: str, teacher_topk: int | None = None) -> tuple[str, ...]:
     """The hidden-state tensors a shard of this format holds (beside input_ids, loss_mask, offsets)."""
     if check_storage(storage, "storage") == EXACT:
+        check_teacher_topk(storage, teacher_topk, "teacher_topk")
         return ("hidden",)
-    return ("hidden_aux", "hidden_aux_scale", "hidden_final")
+    final = ("hidden_final",) if check_teacher_topk(storage, teacher_topk, "teacher_topk") is None else TEACHER_TENSORS
+    return ("hidden_aux", "hidden_aux_scale", *final)
 
 
-def tensor_shapes(storage: str, num_tokens: int, num_layers: int, hidden_size: int) -> dict[str, list[int]]:
+def tensor_shapes(
+    storage: str, num_tokens: int, num_layers: int, hidden_size: int, teacher_topk: int | None = None
+) -> dict[str, list[int]]:
     """Each hidden-state tensor's shape in a shard of ``num_tokens`` tokens."""
     T, L, H = int(num_tokens), int(num_layers), int(hidden_size)
+    k = check_teacher_topk(storage, teacher_topk, "teacher_topk")
     if check_storage(storage, "storage") == EXACT:
         return {"hidden": [T, L, H]}
+    final = {"hidden_final": [T, 1, H]} if k is None else {name: [T, k] for name in TEACHER_TENSORS}
     if storage == INT4:
-        return {
-            "hidden_aux": [T, L - 1, H // 2],
-            "hidden_aux_scale": [T, L - 1, H // INT4_GROUP],
-            "hidden_final": [T, 1, H],
-        }
-    return {"hidden_aux": [T, L - 1, H], "hidden_aux_scale": [T, L - 1], "hidden_final": [T, 1, H]}
+        return {"hidden_aux": [T, L - 1, H // 2], "hidden_aux_scale": [T, L - 1, H // INT4_GROUP], **final}
+    return {"hidden_aux": [T, L - 1, H], "hidden_aux_scale": [T, L - 1], **final}
 
 
-def tensor_dtypes(storage: str, dtype: torch.dtype) -> dict[str, torch.dtype]:
+def tensor_dtypes(storage: str, dtype: torch.dtype, teacher_topk: int | None = None) -> dict[str, torch.dtype]:
     """Each hidden-state tensor's dtype in a shard of this format, for states captured in ``dtype``."""
+    k = check_teacher_topk(storage, teacher_topk, "teacher_topk")
     if check_storage(storage, "storage") == EXACT:
         return {"hidden": dtype}
     codes = torch.uint8 if storage == INT4 else FP8_DTYPE
-    return {"hidden_aux": codes, "hidden_aux_scale": torch.bfloat16, "hidden_final": dtype}
+    final = {"hidden_final": dtype} if k is None else {"teacher_ids": IDS_DTYPE, "teacher_logprobs": LOGPROBS_DTYPE}
+    return {"hidden_aux": codes, "hidden_aux_scale": torch.bfloat16, **final}
 
 
 def _divide(x: torch.Tensor, by: float) -> torch.Tensor:
@@ -108,18 +121,40 @@ def _divide(x: torch.Tensor, by: float) -> torch.Tensor:
     return x / torch.full((), by, dtype=x.dtype, device=x.device)
 
 
-def encode(hidden: torch.Tensor, storage: str) -> dict[str, torch.Tensor]:
+def encode(hidden: torch.Tensor, storage: str, teacher: TeacherProjection | None = None) -> dict[str, torch.Tensor]:
     """hidden [..., L, H] (capture dtype; one sample's [T, L, H] or a batch's [B, T, L, H]) as the
-    tensors ``storage`` writes, on hidden's device: each token's rows are encoded on their own."""
+    tensors ``storage`` writes, on hidden's device: each token's rows are encoded on their own.
+    ``teacher``: the final layer is stored as the teacher's top-k (computed on the projection's
+    device) instead of as it is."""
     if check_storage(storage, "storage") == EXACT:
+        if teacher is not None:
+            check_teacher_topk(storage, teacher.k, "teacher_topk")
         return {"hidden": hidden}
-    if storage == INT4:
-        return _encode_int4(hidden)
+    out = _encode_int4(hidden) if storage == INT4 else _encode_fp8(hidden)
+    if teacher is None:
+        out["hidden_final"] = hidden[..., -1:, :].contiguous()  # [..., 1, H]
+    else:
+        out["teacher_ids"], out["teacher_logprobs"] = teacher.topk(hidden[..., -1, :])  # [..., k] each
+    return out
+
+
+def _encode_fp8(hidden: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The aux layers in e4m3 with a bf16 scale per token and layer."""
     aux = hidden[..., :-1, :].float()  # [..., L-1, H]
     scale = _divide(aux.abs().amax(dim=-1), FP8_MAX).clamp_min(_TINY).to(torch.bfloat16)  # [..., L-1]
     # the amax of a row whose scale rounded down lands a hair above 448: saturated (< 0.4% off)
     q = (aux / scale.float().unsqueeze(-1)).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)  # [..., L-1, H]
-    return {"hidden_aux": q, "hidden_aux_scale": scale, "hidden_final": hidden[..., -1:, :].contiguous()}
+    return {"hidden_aux": q, "hidden_aux_scale": scale}
+
+
+def _final(rows: dict[str, torch.Tensor], what: str) -> torch.Tensor:
+    """The stored final layer [..., 1, H]; a clear error for rows that hold the teacher's top-k."""
+    if "hidden_final" not in rows:
+        raise ValueError(
+            f"{what}: expected rows with the final layer (hidden_final), got the teacher's top-k in its place "
+            f"({sorted(rows)}; capture.teacher_topk): read them with decode_aux and decode_teacher"
+        )
+    return rows["hidden_final"]
 
 
 def decode(rows: dict[str, torch.Tensor], storage: str, dtype: torch.dtype, float_path: bool = False) -> torch.Tensor:
@@ -129,7 +164,7 @@ def decode(rows: dict[str, torch.Tensor], storage: str, dtype: torch.dtype, floa
     number: what a check of a damaged shard must see)."""
     if check_storage(storage, "storage") == EXACT:
         return rows["hidden"]
-    q, final = rows["hidden_aux"], rows["hidden_final"]
+    q, final = rows["hidden_aux"], _final(rows, "decode")
     La, H = q.shape[-2], final.shape[-1]
     out = torch.empty((*final.shape[:-2], La + 1, H), dtype=dtype, device=q.device)
     _decode_aux_into(rows, storage, out[..., :La, :], float_path)
@@ -143,20 +178,42 @@ def decode_split(rows: dict[str, torch.Tensor], storage: str, dtype: torch.dtype
     if check_storage(storage, "storage") == EXACT:
         h = rows["hidden"]
         return h[..., :-1, :], h[..., -1, :]
-    q, final = rows["hidden_aux"], rows["hidden_final"]
-    aux = torch.empty((*final.shape[:-2], q.shape[-2], final.shape[-1]), dtype=dtype, device=q.device)
+    final = _final(rows, "decode_split")
+    return decode_aux(rows, storage, dtype), final[..., 0, :].to(dtype)
+
+
+def decode_aux(rows: dict[str, torch.Tensor], storage: str, dtype: torch.dtype) -> torch.Tensor:
+    """The aux layers [..., L-1, H] in ``dtype`` (``decode``'s values) from an fp8 or int4 format's
+    rows, with or without a stored final layer."""
+    if check_storage(storage, "storage") == EXACT:
+        raise ValueError("decode_aux: expected rows of an fp8 or int4 format, got exact (use decode_split)")
+    q = rows["hidden_aux"]
+    H = q.shape[-1] * (2 if storage == INT4 else 1)  # int4: two codes a byte
+    aux = torch.empty((*q.shape[:-1], H), dtype=dtype, device=q.device)  # [..., L-1, H]
     _decode_aux_into(rows, storage, aux)
-    return aux, final[..., 0, :].to(dtype)
+    return aux
 
 
-def decodes_finite(rows: dict[str, torch.Tensor], storage: str, dtype: torch.dtype) -> bool:
+def decode_teacher(rows: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(teacher_ids int64 [..., k], teacher_logprobs float32 [..., k]) from rows that hold them,
+    on their device: the dtypes a training step indexes and computes with."""
+    return rows["teacher_ids"].to(torch.int64), rows["teacher_logprobs"].to(torch.float32)
+
+
+def decodes_finite(
+    rows: dict[str, torch.Tensor], storage: str, dtype: torch.dtype, vocab_size: int | None = None
+) -> bool:
     """Whether every value ``rows`` decode to in ``dtype`` is finite, judged from the codes and
     scales without decoding them (True is certain; False: decode to find the value, if any). A
     decoded aux value is a code times its scale: finite when no code is NaN (e4m3fn has no Inf;
-    int4 codes are integers) and the largest scale times the largest code fits ``dtype``."""
+    int4 codes are integers) and the largest scale times the largest code fits ``dtype``. Rows
+    with the teacher's top-k: its log-probabilities finite and its ids in [0, ``vocab_size``)
+    (>= 0 when the size is not given)."""
     if check_storage(storage, "storage") == EXACT:
         return _extremes_finite(rows["hidden"])
-    if not _extremes_finite(rows["hidden_final"]):
+    if "hidden_final" in rows and not _extremes_finite(rows["hidden_final"]):
+        return False
+    if "teacher_logprobs" in rows and not teacher_valid(rows, vocab_size):
         return False
     scale = rows["hidden_aux_scale"]
     if scale.numel() == 0:
@@ -170,6 +227,17 @@ def decodes_finite(rows: dict[str, torch.Tensor], storage: str, dtype: torch.dty
         return True
     # e4m3fn's NaN: every exponent and mantissa bit set (0x7F, 0xFF)
     return not bool((rows["hidden_aux"].view(torch.uint8) & 0x7F).eq_(0x7F).any())
+
+
+def teacher_valid(rows: dict[str, torch.Tensor], vocab_size: int | None = None) -> bool:
+    """Whether the teacher's log-probabilities are finite and its ids in [0, ``vocab_size``)."""
+    if not _extremes_finite(rows["teacher_logprobs"]):
+        return False
+    ids = rows["teacher_ids"]
+    if ids.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(ids)
+    return int(lo) >= 0 and (vocab_size is None or int(hi) < int(vocab_size))
 
 
 def _extremes_finite(t: torch.Tensor) -> bool:
@@ -204,7 +272,7 @@ def _encode_int4(hidden: torch.Tensor) -> dict[str, torch.Tensor]:
     q = (g / scale.float().unsqueeze(-1)).round_().clamp_(-INT4_MAX, INT4_MAX).add_(8).to(torch.uint8)
     q = q.reshape(*lead, L - 1, H // 2, 2)
     packed = q[..., 0] | (q[..., 1] << 4)  # [..., L-1, H/2]
-    return {"hidden_aux": packed, "hidden_aux_scale": scale, "hidden_final": hidden[..., -1:, :].contiguous()}
+    return {"hidden_aux": packed, "hidden_aux_scale": scale}
 
 
 def _int4_aux(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -46,8 +46,10 @@ from eagle3.store.layout import (
 from eagle3.store.reopen import open_manifest, recover
 from eagle3.store.shard_file import ShardIdentity, write_shard
 from eagle3.store.storage_format import EXACT, STORAGES, check_width, tensor_dtypes, tensor_shapes
+from eagle3.store.teacher_topk import TeacherProjection
 from eagle3.store.vocab_files import save_token_freq, save_vocab
 from eagle3.store.writer_threads import BackgroundWrites
+from eagle3.util.hidden_dtypes import check_teacher_topk
 from eagle3.util.locks import DirLock, LockHeldError
 
 log = logging.getLogger(__name__)
@@ -64,7 +66,9 @@ class ShardWriter(BackgroundWrites):
     queued sample is durable. ``storage``: the shards' on-disk format (``exact``, ``fp8``, ``int4``:
     eagle3/store/storage_format.py), encoded on the writer threads as each shard is written; a
     sample that comes encoded already (``encoded``: a GPU capture encodes on the device) is
-    written as it is.
+    written as it is. ``teacher_topk``: the shards hold the teacher's top-k in place of the final
+    layer (eagle3/store/teacher_topk.py); a sample that comes with its states as captured is
+    encoded with the projection ``set_teacher`` gave (the target's, known once it is loaded).
     """
 
     def __init__(
@@ -83,6 +87,7 @@ class ShardWriter(BackgroundWrites):
         redo: Sequence[str] = (),
         lock: DirLock | None = None,
         storage: str = EXACT,
+        teacher_topk: int | None = None,
     ):
         if shard_max_tokens < 1:
             raise StoreError(f"shard_max_tokens: expected >= 1, got {shard_max_tokens}")
@@ -95,8 +100,13 @@ class ShardWriter(BackgroundWrites):
             raise StoreError(f"storage: expected one of {list(STORAGES)}, got {storage!r}")
         if check_width(storage, hidden_size):
             raise StoreError(f"storage: {check_width(storage, hidden_size)}")
-        ident = (self.fingerprint, tuple(int(i) for i in layer_ids), int(hidden_size), dtype, storage)
+        try:
+            teacher_topk = check_teacher_topk(storage, teacher_topk, "teacher_topk")
+        except ValueError as e:
+            raise StoreError(str(e)) from None
+        ident = (self.fingerprint, tuple(int(i) for i in layer_ids), int(hidden_size), dtype, storage, teacher_topk)
         self.ident = ShardIdentity(*ident)
+        self.teacher: TeacherProjection | None = None  # set_teacher: encodes captured final layers
         self._pending: list[tuple[str, Any]] = []
         self._pending_ids: set[str] = set()
         self._pending_tokens = 0
@@ -125,6 +135,16 @@ class ShardWriter(BackgroundWrites):
         except BaseException:
             self._release_lock()
             raise
+
+    def set_teacher(self, teacher: TeacherProjection) -> None:
+        """The target's projection that gives the top-k of the dataset's ``teacher_topk`` from a
+        captured final layer, on the writer threads. Call it before the first ``add``."""
+        if self.ident.teacher_topk is None or teacher.k != self.ident.teacher_topk:
+            raise StoreError(
+                f"{self.directory}: set_teacher: expected a projection with k={self.ident.teacher_topk} "
+                f"(the dataset's teacher_topk), got k={teacher.k}"
+            )
+        self.teacher = teacher
 
     def record_provenance(self, values: Mapping[str, Any]) -> None:
         """Add to the manifest's provenance (how this run makes the dataset), written at once
@@ -230,8 +250,17 @@ class ShardWriter(BackgroundWrites):
         if getattr(s, "encoded", None) is None:
             ok = s.hidden is not None and s.hidden.dtype == self.ident.dtype and list(s.hidden.shape) == [T, L, H]
             got = "None" if s.hidden is None else f"{s.hidden.dtype} {list(s.hidden.shape)}"
-            return [("hidden", f"{self.ident.dtype} [{T}, {L}, {H}]", ok, got)]
-        shapes, dtypes = tensor_shapes(storage, T, L, H), tensor_dtypes(storage, self.ident.dtype)
+            k = self.ident.teacher_topk
+            # captured states need the target's projection for their top-k (set_teacher)
+            teacher = (
+                "teacher",
+                f"the target's projection (set_teacher) to store the top-{k} of captured states",
+                k is None or self.teacher is not None,
+                "none",
+            )
+            return [("hidden", f"{self.ident.dtype} [{T}, {L}, {H}]", ok, got), teacher]
+        k = self.ident.teacher_topk
+        shapes, dtypes = tensor_shapes(storage, T, L, H, k), tensor_dtypes(storage, self.ident.dtype, k)
         problems = [
             ("storage", storage, s.storage == storage, s.storage),
             ("encoded", f"the tensors {sorted(shapes)}", set(s.encoded) == set(shapes), f"{sorted(s.encoded)}"),
@@ -271,7 +300,10 @@ class ShardWriter(BackgroundWrites):
         path = self.directory / shard_name(index)
         tokens = sum(int(s.token_ids.shape[0]) for s in samples)
         L, H = len(self.ident.layer_ids), self.ident.hidden_size
-        need = disk_needed_bytes(tokens, L, H, self.ident.dtype, len(samples), max(tokens, 1), self.ident.storage)
+        ident = self.ident
+        need = disk_needed_bytes(
+            tokens, L, H, ident.dtype, len(samples), max(tokens, 1), ident.storage, ident.teacher_topk
+        )
         with disk_full_as_error(path, need):
             info = write_shard(
                 path,
@@ -280,6 +312,7 @@ class ShardWriter(BackgroundWrites):
                 [s.token_ids for s in samples],
                 [s.loss_mask for s in samples],
                 [s.hidden if s.encoded is None else s.encoded for s in samples],
+                self.teacher,
             )
         with self._state, disk_full_as_error(self.directory / MANIFEST, lambda: len(self.manifest.to_json())):
             m = self.manifest

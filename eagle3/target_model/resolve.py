@@ -209,29 +209,40 @@ def _weight_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def load_target_head_weights(model_dir: str | Path) -> dict[str, Any]:
-    """The three frozen pieces the draft head copies from the target: input embeddings,
-    final norm weight and lm_head (= embeddings when tied). Reads only those tensors."""
+def load_target_head_weights(
+    model_dir: str | Path, slots: tuple[str, ...] = ("embed", "norm", "lm_head")
+) -> dict[str, Any]:
+    """The frozen pieces the draft head copies from the target: input embeddings ("embed"),
+    final norm weight ("norm") and lm_head (= embeddings when tied), those of ``slots``. Reads
+    only those tensors (the embeddings for the lm_head only when the model ties them)."""
     from safetensors import safe_open
 
     model_dir = Path(model_dir)
     wanted = {"embed": "embed_tokens.weight", "norm": "norm.weight", "lm_head": "lm_head.weight"}
-    found: dict[str, Any] = {}
+    where: dict[str, tuple[Path, str]] = {}  # slot -> (file, key): found by name first, read after
     for f in _weight_files(model_dir):
         with safe_open(str(f), framework="pt") as st:
             for key in st.keys():
                 for slot, suffix in wanted.items():
-                    if slot in found or not key.endswith(suffix):
+                    if slot in where or not key.endswith(suffix):
                         continue
                     # the final norm, not a per-layer norm or the MTP layer's
                     if slot == "norm" and ".layers." in key:
                         continue
                     if slot in ("embed", "norm") and key.count(".") > 3:
                         continue
-                    found[slot] = st.get_tensor(key)
-    if "lm_head" not in found and "embed" in found:
-        found["lm_head"] = found["embed"]  # tied embeddings
-    missing = [s for s in wanted if s not in found]
+                    where[slot] = (f, key)
+    if "lm_head" not in where and "embed" in where:
+        where["lm_head"] = where["embed"]  # tied embeddings
+    missing = [s for s in slots if s not in where]
     if missing:
         raise TargetError(f"{model_dir}: could not find target tensors {missing} (looked for *{list(wanted.values())})")
+    found: dict[str, Any] = {}
+    for slot in slots:
+        f, key = where[slot]
+        same = next((found[s] for s in found if where[s] == where[slot]), None)  # tied: one tensor
+        if same is None:
+            with safe_open(str(f), framework="pt") as st:
+                same = st.get_tensor(key)
+        found[slot] = same
     return found

@@ -59,11 +59,36 @@ def check_storage(name: str, key: str = "capture.storage") -> str:
     return str(name)
 
 
-def hidden_bytes_per_token(storage: str, num_layers: int, hidden_size: int, itemsize: int) -> int:
+# capture.teacher_topk: in place of the final layer, the target's k most likely next tokens at each
+# position, an int32 id and a float16 log-probability each (eagle3/store/teacher_topk.py)
+TEACHER_ID_BYTES, TEACHER_LOGPROB_BYTES = 4, 2
+
+
+def check_teacher_topk(storage: str, teacher_topk: int | None, key: str = "capture.teacher_topk") -> int | None:
+    """``teacher_topk`` as an int (or None: the final layer kept exact), else a ValueError naming
+    ``key``: k needs a format that stores the final layer apart from the aux layers (fp8, int4)."""
+    if teacher_topk is None:
+        return None
+    if isinstance(teacher_topk, bool) or not isinstance(teacher_topk, int) or teacher_topk < 1:
+        raise ValueError(f"{key}: expected null or an integer >= 1, got {teacher_topk!r}")
+    if check_storage(storage) == EXACT:
+        raise ValueError(
+            f"{key}: expected null with capture.storage=exact (the top-k replaces the final layer of an "
+            f"fp8 or int4 shard; exact stores every layer as captured), got {teacher_topk}"
+        )
+    return int(teacher_topk)
+
+
+def hidden_bytes_per_token(
+    storage: str, num_layers: int, hidden_size: int, itemsize: int, teacher_topk: int | None = None
+) -> int:
     """Bytes of hidden state one token takes on disk (ids, masks and headers not included)."""
     L, H = int(num_layers), int(hidden_size)
     if check_storage(storage) == EXACT:
         return L * H * int(itemsize)
-    if storage == INT4:  # two codes a byte + a scale per group, the final layer exact
-        return (L - 1) * (-(-H // 2) + _SCALE_BYTES * -(-H // INT4_GROUP)) + H * int(itemsize)
-    return (L - 1) * (H + _SCALE_BYTES) + H * int(itemsize)  # fp8 aux + scales, the final layer exact
+    k = check_teacher_topk(storage, teacher_topk)
+    # the final layer exact, or the teacher's top-k in its place
+    final = H * int(itemsize) if k is None else k * (TEACHER_ID_BYTES + TEACHER_LOGPROB_BYTES)
+    if storage == INT4:  # two codes a byte + a scale per group
+        return (L - 1) * (-(-H // 2) + _SCALE_BYTES * -(-H // INT4_GROUP)) + final
+    return (L - 1) * (H + _SCALE_BYTES) + final  # fp8 aux + scales
