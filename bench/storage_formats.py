@@ -179,13 +179,19 @@ def print_topk(result: dict, ks: list[int], per: dict[str, dict[str, float]] | N
         return
     final_bytes = src.hidden_size * torch.tensor([], dtype=src.dtype).element_size()  # the exact final state
     print(f"top-k teacher against the full one on the draft vocab ({result['topk']['draft_vocab']} tokens):")
-    print("| k | KL(topk||full) nats/token | TV | top-1 agreement | mass held | draft-vocab mass held | no draft token | bytes/token |")
+    print(
+        "| k | KL(topk||full) nats/token | TV | top-1 agreement | mass held | draft-vocab mass held | no draft token | bytes/token |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for k in ks:
         r = result["topk"]["per_k"][str(k)]
         sizes = topk_bytes(per, final_bytes, k) if per else {}
         r["bytes_per_token"] = sizes
-        shown = ", ".join(f"{s} {b:,.0f} ({b / per['exact']['bytes_per_token']:.3f}x)" for s, b in sizes.items()) if per else "-"
+        shown = (
+            ", ".join(f"{s} {b:,.0f} ({b / per['exact']['bytes_per_token']:.3f}x)" for s, b in sizes.items())
+            if per
+            else "-"
+        )
         print(
             f"| {k} | {r['kl_per_token']:.3f} | {r['tv_per_token']:.3f} | {r['top1_agreement']:.4f} | {r['mass']:.4f} | {r['draft_mass']:.4f} | "
             f"{r['uncovered']:.4f} | {shown} |"

@@ -31,7 +31,9 @@ from eagle3.target_model.resolve import load_target_head_weights, read_hf_config
 BYTES_PER_SLOT = 6  # int32 target id + fp16 logprob
 
 
-def teacher_head(model_dir: str, src: HiddenStateDataset, draft_vocab_size: int) -> tuple[Eagle3DraftHead, torch.Tensor]:
+def teacher_head(
+    model_dir: str, src: HiddenStateDataset, draft_vocab_size: int
+) -> tuple[Eagle3DraftHead, torch.Tensor]:
     """(a head holding the target's frozen parts and the dataset's draft vocab, the full lm_head
     [Vt, H] fp32). The vocab file of that size when the dataset has one, else built from its
     token counts as extract.py builds it."""

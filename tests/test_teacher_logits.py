@@ -26,7 +26,12 @@ def _head_and_full_lm(seed: int = 0):
     g = torch.Generator().manual_seed(100 + seed)
     full = torch.randn(VT, H, generator=g) * 0.6  # [VT, H]: peaked enough that top-k matters
     head.load_target_weights(
-        head.embed_tokens.weight.clone(), head.target_norm.weight.clone(), full, head.d2t.clone(), head.t2d.clone(), False
+        head.embed_tokens.weight.clone(),
+        head.target_norm.weight.clone(),
+        full,
+        head.d2t.clone(),
+        head.t2d.clone(),
+        False,
     )
     return head, full
 
@@ -132,7 +137,9 @@ def test_a_row_with_no_draft_token_leaves_the_loss_and_counts_as_a_miss():
     _, right = eagle3_loss(agree, logits, **kw)
     _, missed = eagle3_loss(agree, logits, covered=covered, **kw)
     assert (missed.correct_full <= right.correct_full).all() and missed.correct_full.sum() < right.correct_full.sum()
-    with_mask = replay_counts(agree, logits, loss_mask=ANSWERS, segment_ids=SEGMENTS, num_draft_tokens=3, covered=covered)
+    with_mask = replay_counts(
+        agree, logits, loss_mask=ANSWERS, segment_ids=SEGMENTS, num_draft_tokens=3, covered=covered
+    )
     without = replay_counts(agree, logits, loss_mask=ANSWERS, segment_ids=SEGMENTS, num_draft_tokens=3)
     assert with_mask[1] < without[1]  # fewer drafts accepted
 

@@ -47,7 +47,7 @@ class TargetWeightsError(ValueError):
     pass
 
 
-def _reindex_after_load(module: Eagle3DraftHead, _incompatible_keys) -> None:
+def _reindex_after_load(module: Eagle3DraftHead, _incompatible_keys: object) -> None:
     module._index_target_to_draft()
 
 
@@ -89,7 +89,7 @@ class Eagle3DraftHead(nn.Module):
         # from d2t whenever d2t is set (load_target_weights, or a state dict: the hook below);
         # never saved, since d2t holds it
         self.register_buffer("target_to_draft", torch.full((vt,), -1, dtype=torch.int64), persistent=False)
-        self.register_load_state_dict_post_hook(_reindex_after_load)  # a module-level function: pickles
+        self.register_load_state_dict_post_hook(_reindex_after_load)  # type: ignore[no-untyped-call]  # a module-level function: pickles
         self.reset_parameters()
 
     @torch.no_grad()

@@ -75,7 +75,7 @@ def topk_target_logits(
 
 
 def teacher_kind(batch: dict[str, torch.Tensor]) -> str:
-    """"final" or "topk" by the keys the batch holds; a clear error when it holds neither."""
+    """The batch's teacher, "final" or "topk", by its keys; a clear error when it holds neither."""
     if FINAL_KEY in batch:
         return "final"
     if all(key in batch for key in TOPK_KEYS):
@@ -84,4 +84,3 @@ def teacher_kind(batch: dict[str, torch.Tensor]) -> str:
         f"batch: expected {FINAL_KEY!r} or both of {TOPK_KEYS}, got keys {sorted(batch)} "
         "(the dataset holds neither the target's final state nor its top-k)"
     )
-
