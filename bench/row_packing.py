@@ -52,9 +52,14 @@ def _batches(lengths, max_tokens, row_tokens, hidden, n_batches, device):
 def _step(head, opt, batch, ttt, device):
     with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
         logits = head(batch["aux_hidden"], batch["input_ids"], batch["position_ids"], batch["segment_ids"], ttt)
-        target = head.target_logits(batch["final_hidden"])
+        target, covered = head.teacher_logits(batch)
         loss, _ = eagle3_loss(
-            logits, target, loss_mask=batch["loss_mask"], segment_ids=batch["segment_ids"], step_decay=0.8
+            logits,
+            target,
+            loss_mask=batch["loss_mask"],
+            segment_ids=batch["segment_ids"],
+            step_decay=0.8,
+            covered=covered,
         )
     loss.backward()
     opt.step()

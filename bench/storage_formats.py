@@ -15,7 +15,9 @@ error ||x - x'|| / ||x|| and the largest error of a row as a fraction of the row
 teacher check: the target's next-token distribution softmax(lm_head(norm(h_N))) from the exact
 final state against the same from an fp8 final state (KL, top-1 agreement); encode tokens/s
 (ShardWriter, one thread) and loader tokens/s, each format against exact, the best of --rounds
-rounds that alternate the formats.
+rounds that alternate the formats. With --topk 8,16,32,64: per k, the teacher training builds
+from the stored top-k against the full one (bench/topk_teacher.py) and the shards' bytes per token
+with the final state replaced by k slots of 6 bytes.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 import torch
 from harness import write_json  # beside this file; puts the checkout on sys.path
 from loader_throughput import loader_rate
+from topk_teacher import dataset_vocab, topk_bytes, topk_check
 
 from eagle3.store import HiddenStateDataset, ShardWriter
 from eagle3.store.packing import pack_rows
@@ -103,6 +106,9 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=2, help="loader passes a round (the last is timed)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds over the formats; the best of each is kept")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--topk", default=None, help="k values, e.g. 8,16,32,64: the top-k teacher against the full one")
+    ap.add_argument("--draft-vocab", type=int, default=None, help="for --topk; default: the dataset's vocab file")
+    ap.add_argument("--skip-formats", action="store_true", help="only the checks, no timed rounds over the formats")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: as in a DataLoader worker)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -115,6 +121,17 @@ def main() -> None:
     result["errors"] = {storage: errors(src, n, storage) for storage in FORMATS[1:]}
     if args.model_dir:
         result["teacher_if_final_fp8"] = teacher_check(src, args.model_dir, n)
+    ks = [int(k) for k in args.topk.split(",")] if args.topk else []
+    if ks:
+        if not args.model_dir:
+            raise SystemExit("--topk needs --model-dir (the target's norm and lm_head)")
+        vocab = args.draft_vocab or dataset_vocab(args.dataset)
+        result["topk"] = {"draft_vocab": vocab, "per_k": topk_check(src, args.model_dir, n, ks, vocab)}
+    if args.skip_formats:
+        print_topk(result, ks, None, src)
+        if args.out:
+            write_json(args.out, result)
+        return
     # rounds alternate the formats and each figure is the best round's: on a shared machine a
     # neighbour's burst slows one round, never speeds one up
     per: dict[str, dict[str, float]] = {s: {"write_tok_s": 0.0, "loader_tok_s": 0.0} for s in FORMATS}
@@ -151,8 +168,34 @@ def main() -> None:
             f"final layer in fp8 (not stored so): KL {t['kl_per_token']:.2e} nats/token, "
             f"top-1 agreement {t['top1_agreement']:.4f} over {t['tokens']} tokens"
         )
+    print_topk(result, ks, per, src)
     if args.out:
         write_json(args.out, result)
+
+
+def print_topk(result: dict, ks: list[int], per: dict[str, dict[str, float]] | None, src: HiddenStateDataset) -> None:
+    """The top-k table (and its bytes per token beside each aux format, when the formats ran)."""
+    if not ks:
+        return
+    final_bytes = src.hidden_size * torch.tensor([], dtype=src.dtype).element_size()  # the exact final state
+    print(f"top-k teacher against the full one on the draft vocab ({result['topk']['draft_vocab']} tokens):")
+    print(
+        "| k | KL(topk||full) nats/token | TV | top-1 agreement | mass held | draft-vocab mass held | no draft token | bytes/token |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for k in ks:
+        r = result["topk"]["per_k"][str(k)]
+        sizes = topk_bytes(per, final_bytes, k) if per else {}
+        r["bytes_per_token"] = sizes
+        shown = (
+            ", ".join(f"{s} {b:,.0f} ({b / per['exact']['bytes_per_token']:.3f}x)" for s, b in sizes.items())
+            if per
+            else "-"
+        )
+        print(
+            f"| {k} | {r['kl_per_token']:.3f} | {r['tv_per_token']:.3f} | {r['top1_agreement']:.4f} | {r['mass']:.4f} | {r['draft_mass']:.4f} | "
+            f"{r['uncovered']:.4f} | {shown} |"
+        )
 
 
 if __name__ == "__main__":

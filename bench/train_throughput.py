@@ -190,9 +190,15 @@ def ours_loss_fn(head, ttt: int):
     def forward_loss(x: dict) -> torch.Tensor:
         logits = head(x["aux_hidden"], x["input_ids"], x["position_ids"], x["segment_ids"], ttt)
         with torch.no_grad():
-            target = head.target_logits(x["final_hidden"])
+            target, covered = head.teacher_logits(x)
         loss, _ = eagle3_loss(
-            logits, target, loss_mask=x["loss_mask"], segment_ids=x["segment_ids"], step_decay=1.0, kind="forward_kl"
+            logits,
+            target,
+            loss_mask=x["loss_mask"],
+            segment_ids=x["segment_ids"],
+            step_decay=1.0,
+            kind="forward_kl",
+            covered=covered,
         )
         return loss
 

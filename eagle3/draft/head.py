@@ -35,6 +35,7 @@ from eagle3.draft.layers import DraftDecoderLayer, Eagle3DecoderLayer, RMSNorm
 from eagle3.draft.mask import build_ttt_mask, ttt_step_mask
 from eagle3.draft.rope import RotaryEmbedding
 from eagle3.draft.shift import shift_left
+from eagle3.draft.teacher import TOPK_KEYS, target_to_draft_index, teacher_kind, topk_target_logits
 
 if TYPE_CHECKING:
     from torch.nn.attention.flex_attention import BlockMask
@@ -46,9 +47,14 @@ class TargetWeightsError(ValueError):
     pass
 
 
+def _reindex_after_load(module: Eagle3DraftHead, _incompatible_keys: object) -> None:
+    module._index_target_to_draft()
+
+
 class Eagle3DraftHead(nn.Module):
     d2t: torch.Tensor  # buffers
     t2d: torch.Tensor
+    target_to_draft: torch.Tensor
 
     def __init__(self, cfg: DraftConfig, attention: str = "sdpa"):
         super().__init__()
@@ -79,6 +85,11 @@ class Eagle3DraftHead(nn.Module):
             p.requires_grad_(False)
         self.register_buffer("d2t", torch.zeros(v, dtype=torch.int64))
         self.register_buffer("t2d", torch.zeros(vt, dtype=torch.bool))
+        # [Vt] draft id of each target id (-1: not in the draft vocab), for a top-k teacher: built
+        # from d2t whenever d2t is set (load_target_weights, or a state dict: the hook below);
+        # never saved, since d2t holds it
+        self.register_buffer("target_to_draft", torch.full((vt,), -1, dtype=torch.int64), persistent=False)
+        self.register_load_state_dict_post_hook(_reindex_after_load)  # type: ignore[no-untyped-call]  # a module-level function: pickles
         self.reset_parameters()
 
     @torch.no_grad()
@@ -132,6 +143,7 @@ class Eagle3DraftHead(nn.Module):
         self.target_lm_head.weight.copy_(rows)
         self.d2t.copy_(d2t)
         self.t2d.copy_(t2d)
+        self._index_target_to_draft()
         if init_lm_head_from_target:
             self.lm_head.weight.copy_(rows)
 
@@ -143,6 +155,21 @@ class Eagle3DraftHead(nn.Module):
         """
         z = final_hidden.to(self.target_lm_head.weight.dtype)
         return self.target_lm_head(self.target_norm(z))
+
+    @torch.no_grad()
+    def _index_target_to_draft(self) -> None:
+        self.target_to_draft.copy_(target_to_draft_index(self.d2t, self.cfg.target_vocab_size))
+
+    @torch.no_grad()
+    def teacher_logits(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The teacher on the draft vocab from either kind of batch (eagle3/draft/teacher.py):
+        (logits [B, T, V], covered [B, T] bool or None). From `final_hidden`: target_logits, None
+        (every row usable). From `teacher_ids`/`teacher_logprobs`: the top-k renormalised over
+        top-k ∩ draft vocab, and which rows hold any draft token at all."""
+        if teacher_kind(batch) == "final":
+            return self.target_logits(batch["final_hidden"]), None
+        ids, logprobs = (batch[key] for key in TOPK_KEYS)
+        return topk_target_logits(ids, logprobs, self.target_to_draft, self.cfg.draft_vocab_size)
 
     def forward(
         self,

@@ -183,8 +183,13 @@ def eagle3_loss(
     segment_ids: torch.Tensor,  # [B, T] int, -1 = padding
     step_decay: float,
     kind: str = "forward_kl",
+    covered: torch.Tensor | None = None,  # [B, T] bool: target row t is usable (teacher.py)
 ) -> tuple[torch.Tensor, StepCounts]:
-    """(scalar loss with grad, StepCounts); see the module doc for what counts."""
+    """(scalar loss with grad, StepCounts); see the module doc for what counts.
+
+    covered (a top-k teacher, eagle3/draft/teacher.py): a position whose target row is not
+    covered leaves the loss and counts as a miss in the accuracy (its greedy token lies outside
+    the draft vocab). None: every row is usable (a final-state teacher)."""
     kind = getattr(kind, "value", kind)  # accepts the config's LossKind enum as well
     if kind not in LOSS_KINDS:
         raise ValueError(f"eagle3_loss: kind must be one of {LOSS_KINDS}, got {kind!r}")
@@ -205,6 +210,7 @@ def eagle3_loss(
         name: torch.zeros(num_steps, dtype=torch.float64, device=device)
         for name in ("loss_sum", "loss_count", "acc_count", "correct_full", "cond_count")
     }
+    judged = target.argmax if covered is None else torch.where(covered, target.argmax, -1)  # [B, T]: -1 never matches
     all_correct_so_far = torch.ones_like(positions[0])
     for step, logits in enumerate(step_logits):
         # step k at t is scored against p_{t+1+k}: the target row 1+k later. Rows t >= T-1-k
@@ -213,15 +219,19 @@ def eagle3_loss(
         offset = 1 + step
         n = t - offset
         counted = positions[step]
+        in_loss = counted
+        if covered is not None:  # [B, T]: the row t+1+k that t is scored against is usable
+            in_loss = counted.clone()
+            in_loss[:, :n] &= covered[:, offset:]
         if n > 0:
             per_pos = per_position_loss(logits[:, :n], target, offset, kind)
-            step_loss_sum = torch.where(counted[:, :n], per_pos, torch.zeros_like(per_pos)).sum()
+            step_loss_sum = torch.where(in_loss[:, :n], per_pos, torch.zeros_like(per_pos)).sum()
             correct = torch.zeros_like(counted)
-            correct[:, :n] = logits[:, :n].detach().argmax(-1) == target.argmax[:, offset:]
+            correct[:, :n] = logits[:, :n].detach().argmax(-1) == judged[:, offset:]
         else:
             step_loss_sum = logits.sum() * 0.0  # keeps the graph connected for an empty step
             correct = torch.zeros_like(counted)
-        count = counted.sum()
+        count = in_loss.sum()
         step_means.append(step_loss_sum / count.clamp_min(1))
 
         scored = positions[0] & counted

@@ -159,14 +159,19 @@ def replay_counts(
     num_draft_tokens: int,
     max_answer_tokens: int | None = None,
     first_span_only: bool = False,
+    covered: torch.Tensor | None = None,  # [B, T] bool: target row t is usable (eagle3/draft/teacher.py)
 ) -> torch.Tensor:
-    """The replay counts of one batch (see the module doc); needs K <= len(step_logits)."""
+    """The replay counts of one batch (see the module doc); needs K <= len(step_logits). A
+    target row that is not covered is a miss: its greedy token lies outside the draft vocab."""
     if num_draft_tokens < 1 or num_draft_tokens > len(step_logits):
         raise ValueError(
             f"replay: num_draft_tokens must be in 1..{len(step_logits)} (the TTT steps run), got {num_draft_tokens}"
         )
     positions = step_positions(loss_mask, segment_ids, num_draft_tokens)
-    chain = chain_lengths(step_logits, target_logits.argmax(-1), positions, num_draft_tokens)
+    argmax = target_logits.argmax(-1)  # [B, T]
+    if covered is not None:
+        argmax = torch.where(covered, argmax, -1)  # [B, T]: -1 matches no draft token
+    chain = chain_lengths(step_logits, argmax, positions, num_draft_tokens)
     return replay_rounds(chain, positions[0], num_draft_tokens, max_answer_tokens, segment_ids, first_span_only)
 
 

@@ -119,20 +119,22 @@ class Eagle3LitModule(L.LightningModule):
         self._graphs_before = _compiled_graphs()  # the counter is per process (other compiles, tests)
 
     def _logits(self, batch: dict[str, torch.Tensor]):
+        """(draft logits per TTT step, the teacher's logits [B, T, V], covered [B, T] or None): the
+        teacher from the final state or from the stored top-k, by the batch's keys (head.teacher_logits)."""
         step_logits = self.head(
             batch["aux_hidden"], batch["input_ids"], batch["position_ids"], batch["segment_ids"], self.ttt_steps
         )
         with torch.no_grad():
-            target_logits = self.head.target_logits(batch["final_hidden"])
-        return step_logits, target_logits
+            target_logits, covered = self.head.teacher_logits(batch)
+        return step_logits, target_logits, covered
 
     def _forward_loss(self, batch: dict[str, torch.Tensor]):
         # the training positions (train.loss_tokens): the answers, or every token of a sample
         loss_mask = batch["segment_ids"] >= 0 if self.train_all_tokens else batch["loss_mask"]
-        step_logits, target_logits = self._logits(batch)
-        return self._loss(batch, step_logits, target_logits, loss_mask=loss_mask)
+        step_logits, target_logits, covered = self._logits(batch)
+        return self._loss(batch, step_logits, target_logits, loss_mask, covered)
 
-    def _loss(self, batch: dict[str, torch.Tensor], step_logits, target_logits, loss_mask: torch.Tensor):
+    def _loss(self, batch: dict[str, torch.Tensor], step_logits, target_logits, loss_mask: torch.Tensor, covered):
         return eagle3_loss(
             step_logits,
             target_logits,
@@ -140,6 +142,7 @@ class Eagle3LitModule(L.LightningModule):
             segment_ids=batch["segment_ids"],
             step_decay=self.train_cfg.step_decay,
             kind=self.loss_kind,
+            covered=covered,
         )
 
     def _metrics(self, counts: StepCounts, prefix: str) -> dict[str, torch.Tensor]:
@@ -205,8 +208,8 @@ class Eagle3LitModule(L.LightningModule):
     def validation_step(self, batch, batch_idx):
         # eager even when training is compiled: validation rows vary in length, and the
         # replay needs the per-step logits
-        step_logits, target_logits = self._logits(batch)
-        _, counts = self._loss(batch, step_logits, target_logits, batch["loss_mask"])  # the answers
+        step_logits, target_logits, covered = self._logits(batch)
+        _, counts = self._loss(batch, step_logits, target_logits, batch["loss_mask"], covered)  # the answers
         self._val_counts = self._val_counts + StepCounts.from_stacked(counts.stacked())
         if self.replay_k > 0:
             self._val_replay += replay_counts(
@@ -216,6 +219,7 @@ class Eagle3LitModule(L.LightningModule):
                 segment_ids=batch["segment_ids"],
                 num_draft_tokens=self.replay_k,
                 max_answer_tokens=self.replay_max_answer_tokens,
+                covered=covered,
             )
 
     def on_validation_epoch_end(self) -> None:

@@ -83,8 +83,10 @@ def add_batch(
     """(counts, replay) with one collated batch added: uniform step counts and replayed rounds."""
     batch = {k: v.to(device) for k, v in batch.items()}
     steps = head(batch["aux_hidden"], batch["input_ids"], batch["position_ids"], batch["segment_ids"], num_draft_tokens)
-    target = head.target_logits(batch["final_hidden"])
-    _, c = eagle3_loss(steps, target, loss_mask=batch["loss_mask"], segment_ids=batch["segment_ids"], step_decay=1.0)
+    target, covered = head.teacher_logits(batch)  # from the final state or the stored top-k
+    _, c = eagle3_loss(
+        steps, target, loss_mask=batch["loss_mask"], segment_ids=batch["segment_ids"], step_decay=1.0, covered=covered
+    )
     counts = counts + StepCounts.from_stacked(c.stacked().cpu())
     replay = replay + replay_counts(
         steps,
@@ -94,6 +96,7 @@ def add_batch(
         num_draft_tokens=num_draft_tokens,
         max_answer_tokens=max_answer_tokens,
         first_span_only=first_span_only,
+        covered=covered,
     )
     return counts, replay
 
