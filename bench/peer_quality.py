@@ -80,6 +80,13 @@ class SpeculatorsHead:
         norm = self.model.verifier_norm
         return self.model.verifier_lm_head(norm(final_hidden.to(norm.weight.dtype))).float()
 
+    def teacher_logits(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, None]:
+        """head_replay's teacher: speculators trains from the final state, so its batches hold it
+        (no top-k teacher); every row usable."""
+        if "final_hidden" not in batch:
+            raise ValueError(f"SpeculatorsHead: expected a batch with final_hidden, got keys {sorted(batch)}")
+        return self.target_logits(batch["final_hidden"]), None
+
 
 def eagle3_lacks(cfg: dict, *, sliding: bool = True) -> list[str]:
     """What this export's config asks for that eagle3's head does not compute: norm options it
