@@ -272,8 +272,7 @@ def decode_hidden(batch: dict[str, torch.Tensor], storage: str, dtype: torch.dty
         out = {k: v for k, v in batch.items() if k not in names}
         rows = {name: batch[name] for name in names}
         aux = decode_aux(rows, storage, dtype)  # [B, T, L-1, H]
-        B, T, La, H = aux.shape
-        out["aux_hidden"] = aux.reshape(B, T, La * H)  # [B, T, (L-1)H], a view
+        out["aux_hidden"] = _concat_layers(aux)  # [B, T, (L-1)H], a view
         out["teacher_ids"], out["teacher_logprobs"] = decode_teacher(rows)  # [B, T, k] int64, float32
         return out
     names = tensor_names(storage)
@@ -281,10 +280,15 @@ def decode_hidden(batch: dict[str, torch.Tensor], storage: str, dtype: torch.dty
         return split_hidden(batch)
     out = {k: v for k, v in batch.items() if k not in names}
     aux, final = decode_split({name: batch[name] for name in names}, storage, dtype)  # [B, T, L-1, H], [B, T, H]
-    B, T, La, H = aux.shape
-    out["aux_hidden"] = aux.reshape(B, T, La * H)  # [B, T, (L-1)H], a view
+    out["aux_hidden"] = _concat_layers(aux)  # [B, T, (L-1)H], a view
     out["final_hidden"] = final  # [B, T, H]
     return out
+
+
+def _concat_layers(aux: torch.Tensor) -> torch.Tensor:
+    """aux [B, T, L-1, H] -> [B, T, (L-1)H]: the aux layers side by side, as the head's fc reads them."""
+    B, T, La, H = aux.shape
+    return aux.reshape(B, T, La * H)
 
 
 def split_hidden(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -296,8 +300,7 @@ def split_hidden(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     if "aux_layers" in batch:
         out = dict(batch)
         aux = out.pop("aux_layers")  # [B, T, L-1, H]
-        B, T, La, H = aux.shape
-        out["aux_hidden"] = aux.reshape(B, T, La * H)  # [B, T, (L-1)H]
+        out["aux_hidden"] = _concat_layers(aux)  # [B, T, (L-1)H]
         return out
     if "hidden" not in batch:
         return batch
