@@ -74,7 +74,9 @@ def batch_as_the_device_encodes_it(records: list[CapturedSample], storage: str) 
     return out
 
 
-def write(directory: Path, records: dict[str, CapturedSample], storage: str, background: bool = False):
+def write(
+    directory: Path, records: dict[str, CapturedSample], storage: str, background: bool = False, encode_device=None
+):
     w = ShardWriter(
         directory,
         layer_ids=LAYER_IDS,
@@ -85,6 +87,7 @@ def write(directory: Path, records: dict[str, CapturedSample], storage: str, bac
         storage=storage,
         background=background,
         writer_threads=2,
+        encode_device=encode_device,
     )
     for sid, r in records.items():
         w.add(sid, r)
@@ -137,6 +140,19 @@ def test_pre_encoded_samples_through_the_real_writer_make_the_same_shard_files(t
         assert sha256(tmp_path / "cpu" / a.file) == sha256(tmp_path / "dev" / b.file) == a.sha256
     ds = HiddenStateDataset(tmp_path / "dev", verify="full")
     assert ds.storage == storage and len(ds) == len(records)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("storage", ENCODED)
+def test_the_writer_threads_encoding_on_the_gpu_write_the_host_encodes_shard_files(tmp_path, storage):
+    """vLLM's capture hands its states over on the host; a GPU topology's writer threads encode
+    them on the GPU (encode_device): the same files, byte for byte, as the host's encode."""
+    records = samples()
+    cpu = write(tmp_path / "cpu", records, storage)
+    gpu = write(tmp_path / "gpu", records, storage, background=True, encode_device="cuda")
+    assert len(cpu.shards) > 2 and cpu.shards == gpu.shards
+    for a in cpu.shards:
+        assert sha256(tmp_path / "cpu" / a.file) == sha256(tmp_path / "gpu" / a.file) == a.sha256
 
 
 def test_the_writer_refuses_an_encoded_sample_of_another_format_by_name(tmp_path):

@@ -69,6 +69,31 @@ def test_the_stored_top_k_is_the_teachers(storage):
     assert torch.equal(both["teacher_ids"][0], enc["teacher_ids"][:20])
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_writer_encoding_on_the_gpu_stores_the_teachers_top_k(tmp_path):
+    """vLLM's route on a GPU: the projection's weights on the GPU, the writer threads encoding
+    there (encode_device); the aux layers bit for bit the host's, the top-k the teacher's."""
+    from eagle3.store import HiddenStateDataset
+
+    w = _writer(tmp_path, shard_max_tokens=40, background=True, encode_device="cuda", teach=False)
+    p = projection().to("cuda")
+    w.set_teacher(p)
+    want = {}
+    for i in range(5):
+        T = 5 + 3 * i
+        want[f"s{i}"] = states(T, seed=i)
+        w.add(f"s{i}", CapturedSample(torch.arange(T), torch.ones(T, dtype=torch.bool), want[f"s{i}"]))
+    w.finish(torch.arange(V), {})
+    ds = HiddenStateDataset(tmp_path, verify="full").encoded_rows()
+    for j, (sid, h) in enumerate(want.items()):
+        assert ds.sample_id(j) == sid
+        rows = ds[j]
+        ids, top = reference(h[:, -1], projection())
+        assert torch.equal(rows["teacher_ids"].long(), ids), sid
+        torch.testing.assert_close(rows["teacher_logprobs"].float(), top, rtol=2e-3, atol=2e-3)
+        assert torch.equal(decode_aux(rows, "fp8", DT), decode(encode(h, "fp8"), "fp8", DT)[:, :-1])
+
+
 def test_a_nan_log_probability_or_an_id_out_of_range_does_not_decode_finite():
     enc = encode(states(6), "fp8", projection())
     assert decodes_finite(enc, "fp8", DT, V)

@@ -69,6 +69,8 @@ class ShardWriter(BackgroundWrites):
     written as it is. ``teacher_topk``: the shards hold the teacher's top-k in place of the final
     layer (eagle3/store/teacher_topk.py); a sample that comes with its states as captured is
     encoded with the projection ``set_teacher`` gave (the target's, known once it is loaded).
+    ``encode_device``: the writer threads encode there (a GPU: vLLM's capture hands its states
+    over on the host); None: on the host.
     """
 
     def __init__(
@@ -88,6 +90,7 @@ class ShardWriter(BackgroundWrites):
         lock: DirLock | None = None,
         storage: str = EXACT,
         teacher_topk: int | None = None,
+        encode_device: torch.device | str | None = None,
     ):
         if shard_max_tokens < 1:
             raise StoreError(f"shard_max_tokens: expected >= 1, got {shard_max_tokens}")
@@ -107,6 +110,7 @@ class ShardWriter(BackgroundWrites):
         ident = (self.fingerprint, tuple(int(i) for i in layer_ids), int(hidden_size), dtype, storage, teacher_topk)
         self.ident = ShardIdentity(*ident)
         self.teacher: TeacherProjection | None = None  # set_teacher: encodes captured final layers
+        self.encode_device = None if encode_device is None else torch.device(encode_device)
         self._pending: list[tuple[str, Any]] = []
         self._pending_ids: set[str] = set()
         self._pending_tokens = 0
@@ -313,6 +317,7 @@ class ShardWriter(BackgroundWrites):
                 [s.loss_mask for s in samples],
                 [s.hidden if s.encoded is None else s.encoded for s in samples],
                 self.teacher,
+                self.encode_device,
             )
         with self._state, disk_full_as_error(self.directory / MANIFEST, lambda: len(self.manifest.to_json())):
             m = self.manifest

@@ -29,6 +29,8 @@
 #   bash scripts/rented_gpu/gpu_vllm_run.sh budget_serving both budget heads by bench/serving_speedup.py (LOADS, DRAFT_TOKENS)
 #   bash scripts/rented_gpu/gpu_vllm_run.sh budget_measure the budget head's serving measurement by evaluate.py (LOADS, DRAFT_TOKENS),
 #                                               the export's predicted advice and the measured one beside it
+#   bash scripts/rented_gpu/gpu_vllm_run.sh storage_ab     ARMS (NAME:OVERRIDES): the same conversations captured per arm, the same
+#                                               head trained from each and measured (an A/B of capture.storage)
 #   bash scripts/rented_gpu/gpu_vllm_run.sh bg STAGE...    the stages detached (a pipeline past one call's cap), then
 #   bash scripts/rented_gpu/gpu_vllm_run.sh wait_bg S      call after call: wait up to S seconds, bring back what they wrote
 # Several stages may share one call: bash scripts/rented_gpu/gpu_vllm_run.sh train serving
@@ -56,7 +58,7 @@ else
   BUDGET_CHAT=(data=jsonl data.path=$TMPD/sharegpt.jsonl data.max_samples="${BUDGET_SAMPLES:-null}")
 fi
 BUDGET=(experiment=smollm2_budget "${BUDGET_CHAT[@]}"
-        time_budget.minutes="${BUDGET_MINUTES:-20}" paths.cache_dir=$TMPD/cache paths.datasets_dir=$TMPD/data_budget logger=none)
+        time_budget.minutes="${BUDGET_MINUTES:-20}" paths.cache_dir=$TMPD/cache paths.datasets_dir="${BUDGET_DATASETS:-$TMPD/data_budget}" logger=none)
 # BUDGET_ARGS: more overrides for both budget stages (e.g. an A/B: capture.storage=exact, then fp8);
 # BRUN: the budget run's directory name under $TMPD (one per arm of an A/B)
 read -r -a BUDGET_EXTRA <<< "${BUDGET_ARGS:-}"
@@ -139,7 +141,8 @@ stage_regen() {
 stage_tests() {
   # the tests that need CUDA or vLLM; SmolLM2 comes from the cache the earlier stages filled
   python3 -m pytest -q -p no:cacheprovider -x tests/test_gpu_batches.py tests/test_draft_flex.py \
-    tests/test_hf_capture.py tests/test_vllm_connector_files.py tests/test_serving_speedup.py tests/test_vllm_capture.py 2>&1 | tail -25 \
+    tests/test_hf_capture.py tests/test_vllm_connector_files.py tests/test_serving_speedup.py tests/test_vllm_capture.py \
+    tests/test_storage_device.py tests/test_teacher_topk.py 2>&1 | tail -25 \
     | tee "$OUTD/tests.txt" || true
 }
 
@@ -228,6 +231,29 @@ stage_budget_measure() {
   cp $TMPD/$BRUN/export/serving.json "$OUTD/${BRUN}_serving_measured.json" 2>/dev/null || true
 }
 
+# storage_ab: one set of conversations captured once per arm of ARMS, then the same head trained
+# from each (same seed and steps), each measured by train.py's own acceptance evaluation. An arm is
+# NAME:OVERRIDES with commas for spaces; TRAIN_ARMS (same form) are trained only, on a dataset an
+# arm of ARMS made (e.g. another train.num_workers); CAPTURE_ARMS are captured only, each into a
+# datasets dir of its own (another capture backend would find ARMS' dataset of the same fingerprint).
+# BUDGET_ARGS: the overrides of every arm.
+stage_storage_ab() {
+  local arm extra
+  for arm in ${CAPTURE_ARMS:-}; do
+    extra=${arm#*:}
+    BRUN=${arm%%:*} BUDGET_DATASETS=$TMPD/data_${arm%%:*} BUDGET_ARGS="${extra//,/ } ${BUDGET_ARGS:-}" \
+      bash "$0" budget_extract
+  done
+  for arm in ${ARMS:?ARMS: NAME:OVERRIDES ...}; do
+    extra=${arm#*:}
+    BRUN=${arm%%:*} BUDGET_ARGS="${extra//,/ } ${BUDGET_ARGS:-}" bash "$0" budget_extract
+  done
+  for arm in ${ARMS} ${TRAIN_ARMS:-}; do
+    extra=${arm#*:}
+    BRUN=${arm%%:*} BUDGET_ARGS="${extra//,/ } ${BUDGET_ARGS:-}" bash "$0" budget_train
+  done
+}
+
 # bg STAGE...: the stages detached from this call (setsid), their output in $TMPD/bg_out, so a
 # pipeline longer than one call's cap runs on while later calls wait on it (wait_bg)
 stage_bg() {
@@ -251,7 +277,7 @@ while [ "$#" -gt 0 ]; do
     carry) stage_carry "$2"; shift 2 ;;
     bg) shift; stage_bg "$@"; break ;;
     wait_bg) stage_wait_bg "$2"; shift 2 ;;
-    capture|dataset|train|ranking|serving|regen|tests|budget_extract|budget_train|budget_peer|budget_serving|budget_measure) echo "=== $1"; "stage_$1"; shift ;;
+    capture|dataset|train|ranking|serving|regen|tests|storage_ab|budget_extract|budget_train|budget_peer|budget_serving|budget_measure) echo "=== $1"; "stage_$1"; shift ;;
     *) echo "unknown stage $1" >&2; exit 2 ;;
   esac
 done
