@@ -69,6 +69,26 @@ def test_user_dir_facts_checked(tmp_path, smollm2_dir):
         resolve_target(bad.model, tmp_path)
 
 
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"model_type": "gemma2"}, "model_type: expected a model whose final norm is RMSNorm times its weight"),
+        ({"final_logit_softcapping": 30.0}, "final_logit_softcapping: expected null or 1 .*got 30.0"),
+        ({"logit_scale": 0.0625}, "logit_scale: expected null or 1 .*got 0.0625"),
+    ],
+)
+def test_a_target_whose_logits_are_not_llamas_is_refused_by_name(tmp_path, smollm2_dir, change, message):
+    """The teacher (training's, and capture.teacher_topk's) is lm_head(rms_norm(z) * w): a target
+    that soft-caps, scales its logits or norms with 1 + w would get a silently wrong teacher."""
+    d = tmp_path / "my_model"
+    d.mkdir()
+    cfg = json.loads((smollm2_dir / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "final_logit_softcapping": None, **change}))
+    run = compose("extract", ["model=hf", f"model.path={d}"])
+    with pytest.raises(TargetError, match=message):
+        resolve_target(run.model, tmp_path)
+
+
 def test_missing_package_error_says_how_to_install(monkeypatch):
     import importlib.util
 

@@ -183,6 +183,38 @@ def check_facts(model_cfg: ModelConfig, model_dir: str | Path) -> None:
         )
 
 
+# config.json fields by which a target's next-token distribution is not lm_head(rms_norm(z) * w),
+# the math the training's teacher and capture.teacher_topk compute from its final state: each
+# would make every stored target (and the head's embeddings, for Gemma's scaled ones) silently wrong
+_OTHER_HEAD_MATH = {
+    "final_logit_softcapping": "its logits soft-capped (tanh) before the softmax",
+    "logit_scale": "its logits scaled before the softmax",
+    "logits_scaling": "its logits divided by a factor before the softmax",
+}
+_ONE_PLUS_W_NORMS = ("gemma",)  # model_type prefixes whose RMSNorm multiplies by (1 + weight)
+
+
+def check_head_math(model_dir: str | Path) -> None:
+    """A TargetError naming the field when the target computes its next-token distribution from
+    its final state otherwise than Llama does (the only way the teacher is computed here)."""
+    hf = read_hf_config(model_dir)
+    where = Path(model_dir) / "config.json"
+    model_type = str(hf.get("model_type", ""))
+    if model_type.startswith(_ONE_PLUS_W_NORMS):
+        raise TargetError(
+            f"{where} model_type: expected a model whose final norm is RMSNorm times its weight and whose "
+            f"embeddings are unscaled (Llama, Qwen, DeepSeek-V3), got {model_type!r} (norm times 1 + weight, "
+            "embeddings scaled by sqrt(hidden)): the teacher and the head's inputs would be computed wrongly"
+        )
+    for key, what in _OTHER_HEAD_MATH.items():
+        value = hf.get(key)
+        if value is not None and value != 1 and value != 1.0:
+            raise TargetError(
+                f"{where} {key}: expected null or 1 (logits = lm_head(norm(z)), as the teacher is computed "
+                f"here), got {value!r}: {what}"
+            )
+
+
 def resolve_target(model_cfg: ModelConfig, cache_dir: str | Path) -> str:
     """The local HF directory of the target, materialised (or taken from the hub cache) and checked."""
     source = model_cfg.source
@@ -195,6 +227,7 @@ def resolve_target(model_cfg: ModelConfig, cache_dir: str | Path) -> str:
     else:
         raise TargetError(f"model.source: unknown {source!r}")
     check_facts(model_cfg, path)
+    check_head_math(path)
     return str(path)
 
 
