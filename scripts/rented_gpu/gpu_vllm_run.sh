@@ -238,9 +238,26 @@ stage_budget_measure() {
 # datasets dir of its own (another capture backend would find ARMS' dataset of the same fingerprint).
 # BUDGET_ARGS: the overrides of every arm.
 stage_storage_ab() {
+  # the A/B's own arms first (captured, then trained), then the capture-only and train-only ones
   local arm extra
+  for arm in ${ARMS:?ARMS: NAME:OVERRIDES ...}; do
+    extra=${arm#*:}
+    BRUN=${arm%%:*} BUDGET_ARGS="${extra//,/ } ${BUDGET_ARGS:-}" bash "$0" budget_extract
+  done
+  for arm in ${ARMS}; do
+    extra=${arm#*:}
+    BRUN=${arm%%:*} BUDGET_ARGS="${extra//,/ } ${BUDGET_ARGS:-}" bash "$0" budget_train
+  done
   for arm in ${CAPTURE_ARMS:-}; do
     extra=${arm#*:}
+    BRUN=${arm%%:*} BUDGET_DATASETS=$TMPD/data_${arm%%:*} BUDGET_ARGS="${extra//,/ } ${BUDGET_ARGS:-}" \
+      bash "$0" budget_extract
+  done
+  for arm in ${TRAIN_ARMS:-}; do
+    extra=${arm#*:}
+    BRUN=${arm%%:*} BUDGET_ARGS="${extra//,/ } ${BUDGET_ARGS:-}" bash "$0" budget_train
+  done
+}
     BRUN=${arm%%:*} BUDGET_DATASETS=$TMPD/data_${arm%%:*} BUDGET_ARGS="${extra//,/ } ${BUDGET_ARGS:-}" \
       bash "$0" budget_extract
   done
