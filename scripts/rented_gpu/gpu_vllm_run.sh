@@ -258,18 +258,6 @@ stage_storage_ab() {
     BRUN=${arm%%:*} BUDGET_ARGS="${extra//,/ } ${BUDGET_ARGS:-}" bash "$0" budget_train
   done
 }
-    BRUN=${arm%%:*} BUDGET_DATASETS=$TMPD/data_${arm%%:*} BUDGET_ARGS="${extra//,/ } ${BUDGET_ARGS:-}" \
-      bash "$0" budget_extract
-  done
-  for arm in ${ARMS:?ARMS: NAME:OVERRIDES ...}; do
-    extra=${arm#*:}
-    BRUN=${arm%%:*} BUDGET_ARGS="${extra//,/ } ${BUDGET_ARGS:-}" bash "$0" budget_extract
-  done
-  for arm in ${ARMS} ${TRAIN_ARMS:-}; do
-    extra=${arm#*:}
-    BRUN=${arm%%:*} BUDGET_ARGS="${extra//,/ } ${BUDGET_ARGS:-}" bash "$0" budget_train
-  done
-}
 
 # bg STAGE...: the stages detached from this call (setsid), their output in $TMPD/bg_out, so a
 # pipeline longer than one call's cap runs on while later calls wait on it (wait_bg)
