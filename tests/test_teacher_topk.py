@@ -360,3 +360,24 @@ def test_the_vllm_route_stores_the_top_k_the_hf_route_stores(tmp_path):
         torch.testing.assert_close(a["teacher_logprobs"][top1, 0], b["teacher_logprobs"][top1, 0], atol=0.05, rtol=0.02)
     print(f"top-1 agreement hf vs vllm: {agree}/{total}")
     assert total > 100 and agree >= 0.9 * total
+
+
+def test_train_py_trains_from_a_top_k_dataset_and_refuses_reverse_kl_on_it(tmp_path):
+    """train.py on a dataset holding the teacher's top-k (tiny random target): the fit runs on the
+    top-k teacher; reverse KL, which would charge ~1e4 per unit of draft mass outside the top-k,
+    is refused by name before any step."""
+    from eagle3.stages.extract import run as extract
+    from eagle3.stages.train import run as train
+
+    args = ["experiment=tiny_test", f"paths.datasets_dir={tmp_path / 'data'}"]
+    args += ["capture.storage=fp8", "capture.teacher_topk=8"]
+    extract(compose("extract", args))
+    with pytest.raises(ValueError, match="train.loss: expected forward_kl, ce_argmax, jsd or tv .* got reverse_kl"):
+        train(compose("train", [*args, "train.loss=reverse_kl"], output_dir=str(tmp_path / "rkl")))
+    assert not (tmp_path / "rkl" / "checkpoints").exists()
+    train(compose("train", args, output_dir=str(tmp_path / "kl")))
+    summary = json.loads((tmp_path / "kl" / "summary.json").read_text())
+    assert summary["global_step"] == 6
+    manifest = json.loads((Path(summary["dataset_dir"]) / "manifest.json").read_text())
+    assert manifest["teacher_topk"] == 8
+    assert torch.isfinite(torch.tensor(summary["final"]["train/loss_k0"]))

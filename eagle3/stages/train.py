@@ -26,7 +26,7 @@ from eagle3.serving.hub_push import HubPushError, preflight, publish_lines
 from eagle3.serving.model_card import write_card
 from eagle3.serving.training_record import machine_record, write_training_record
 from eagle3.stages.narrow import dataset_identity
-from eagle3.stages.train_inputs import find_dataset, find_token_dataset, online_target
+from eagle3.stages.train_inputs import check_loss_fits_teacher, find_dataset, find_token_dataset, online_target
 from eagle3.stages.validate import validate_run_config
 from eagle3.store import DamagedDatasetError, Manifest, format_bytes
 from eagle3.target_model.resolve import resolve_target
@@ -122,7 +122,9 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
     online = cfg.train.hidden_states == HiddenStates.online
     ds_dir = find_token_dataset(cfg, model_dir) if online else find_dataset(cfg, model_dir)
     run_dir.check_dataset(output_dir, cfg, ds_dir)  # on every rank: a resume on other data is refused by all
-    clock = time_budget.train_clock(cfg, Manifest.read(ds_dir).provenance.get("extract_seconds"), stage)
+    manifest = Manifest.read(ds_dir)
+    check_loss_fits_teacher(cfg, ds_dir, manifest)
+    clock = time_budget.train_clock(cfg, manifest.provenance.get("extract_seconds"), stage)
     if clock is not None:  # training gets what the extraction and the end of this run leave
         cfg = time_budget.timed_train(cfg, clock)
     path = resolve_step_path(cfg.train, cfg.topology)

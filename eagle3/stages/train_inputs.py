@@ -87,6 +87,20 @@ def find_dataset(cfg: RunConfig, model_dir: str) -> Path:
     return ds_dir
 
 
+def check_loss_fits_teacher(cfg: RunConfig, ds_dir: Path, manifest: Manifest) -> None:
+    """train.loss=reverse_kl against a dataset holding the teacher's top-k is refused: outside the
+    top-k the stored teacher is 0 (its logit -1e4, eagle3/draft/teacher.py), and KL(q || p) charges
+    each unit of draft mass there ~1e4, a loss and gradients that drown everything else. The
+    forward KL, JSD and TV are bounded there (forward KL sees the truncated teacher exactly)."""
+    if manifest.teacher_topk is not None and cfg.train.loss.value == "reverse_kl":
+        raise ValueError(
+            f"train.loss: expected forward_kl, ce_argmax, jsd or tv with {ds_dir} (its shards hold the "
+            f"teacher's top-{manifest.teacher_topk}, capture.teacher_topk, not its whole distribution), "
+            "got reverse_kl: it would charge ~1e4 per unit of draft mass outside the top-k; train from a "
+            "dataset that holds the final layer (capture.teacher_topk=null) for reverse_kl"
+        )
+
+
 def check_given_dataset(cfg: RunConfig, ds_dir: Path, manifest: Manifest, model_dir: str) -> None:
     """A dataset named by dataset_dir= holds this config's layer ids and hidden size, and was
     extracted from this target's weights (the sampled hashes its manifest holds), unless
