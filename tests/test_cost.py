@@ -253,3 +253,20 @@ def test_a_recalibration_is_an_edit_of_the_rates_file(tmp_path, monkeypatch):
     rates = cost.run_rates(cfg)  # derived once, passed down: the same figures as from the config
     assert capture_seconds(cfg, 10_000, rates) == capture_seconds(cfg, 10_000)
     assert extract_lines(cfg, rates) == extract_lines(cfg)
+
+
+def test_the_teacher_top_k_slows_the_cpu_capture_by_its_measured_projection():
+    """capture.teacher_topk adds hidden x vocab multiply-adds a token (the target's lm_head over its
+    whole vocab): the CPU's plan counts them at the measured rate; a GPU entry measured none."""
+    plain = run_rates(compose("extract", ["capture.storage=fp8"])).capture_tok_s
+    topk = run_rates(compose("extract", ["capture.storage=fp8", "capture.teacher_topk=32"])).capture_tok_s
+    assert CPU_RATE.teacher_topk_macs_s and plain is not None and topk is not None
+    per_token = 576 * 49152 / CPU_RATE.teacher_topk_macs_s
+    assert 1 / topk == pytest.approx(1 / plain + per_token) and 0.4 < topk / plain < 0.9
+    # two extraction shards: each runs its own projection
+    two = run_rates(compose("extract", ["capture.storage=fp8", "capture.teacher_topk=32", "num_shards=2"]))
+    assert two.capture_tok_s == pytest.approx(2 * topk)
+    gpu = ["experiment=smollm2_full", "capture.storage=fp8"]
+    assert run_rates(compose("extract", [*gpu, "capture.teacher_topk=32"])).capture_tok_s == pytest.approx(
+        run_rates(compose("extract", gpu)).capture_tok_s
+    )

@@ -86,6 +86,11 @@ class Rate:
     # (eagle3/target_model/compute_dtype.py); None: every capture here runs at capture_tok_s
     capture_fp32_tok_s: float | None = None
     capture_amx_tok_s: float | None = None  # a bf16 forward on AMX tiles (None: capture_tok_s)
+    # capture.teacher_topk's projection (the target's norm + lm_head over its whole vocab in fp32,
+    # log_softmax, top-k) in multiply-adds per second as the capture ran it: hidden x vocab of them a
+    # token, on top of the forward. None: not measured there, counted as free (on a GPU it is a
+    # matmul beside the forward's; on a CPU it is a fifth more work than SmolLM2's forward)
+    teacher_topk_macs_s: float | None = None
     train_precision: str = "bf16-mixed"  # the topology.precision train_tok_s was measured in
     # bf16 autocast over fp32: a run in the other precision (a CPU without native bf16 resolves
     # precision=auto to fp32) is scaled by it where no rate of its own was measured
@@ -230,7 +235,11 @@ def run_rates(cfg: RunConfig, rates: Sequence[Rate] | None = None) -> RunRates:
     scaled = "" if abs(math.log(rate.params / params)) < 0.05 else ", scaled to this model"
     basis = f"  (rates measured with {rate.model} on {rate.accelerator}{scaled}: eagle3/planning/{RATES_FILE.name})"
     m, h, topo = cfg.model, cfg.head, cfg.topology
-    capture = rate.capture_rate(params, topo.extract_dp * max(1, cfg.num_shards), forward)
+    parallel = topo.extract_dp * max(1, cfg.num_shards)
+    capture = rate.capture_rate(params, parallel, forward)
+    if cfg.capture.teacher_topk is not None and rate.teacher_topk_macs_s:
+        per_token = m.hidden_size * m.vocab_size / rate.teacher_topk_macs_s  # seconds, one replica
+        capture = 1.0 / (1.0 / capture + per_token / parallel)
     flops = head_flops(
         m.hidden_size,
         h.intermediate_size or m.intermediate_size,
