@@ -73,10 +73,10 @@ def storage_layout(
 def default_storage(accelerator: str) -> str:
     """capture.storage where the capture group leaves it: fp8 on a CPU, where a head trained from
     fp8 shards measured the same acceptance in vLLM as from bf16 ones (docs/results.md, section 17)
-    and the writer threads encode faster than the CPU captures. exact on a GPU: there (one H100,
-    vLLM capture, host-side encode and decode) fp8 measured acceptance at parity but capture at
-    0.41x and training at 0.72x of exact. The HF capture's encode on the GPU and the training's
-    decode on the device have no GPU measurement; vLLM's capture encodes on the writer threads."""
+    and the writer threads encode faster than the CPU captures. exact on a GPU: there, with the
+    encode and the decode on the device, fp8 with the teacher's top-32 captured at 1.18x and
+    trained faster than exact (an H200), but its validation replay was 0.03 under exact's on one
+    seed, and no acceptance in vLLM is measured at parity yet (docs/results.md, section 17)."""
     return hidden_dtypes.FP8 if str(accelerator) == "cpu" else EXACT
 
 
