@@ -123,8 +123,7 @@ def _open_writer(job: ExtractionJob, setup: CaptureSetup, engine: str | None, lo
 def _writer_encode_device(setup: CaptureSetup) -> str | None:
     """Where the writer threads encode states that reach the host as captured (vLLM's files; the
     HF capture on a GPU hands them over encoded): the GPU of a GPU topology, else the host."""
-    on_gpu = str(setup.topology.accelerator) == "gpu" and torch.cuda.is_available()
-    return "cuda" if on_gpu and setup.capture.storage != EXACT else None
+    return "cuda" if str(setup.topology.accelerator) == "gpu" and torch.cuda.is_available() else None
 
 
 def _disk_need(job: ExtractionJob, setup: CaptureSetup, samples: list[PreparedSample]) -> tuple[int, int]:

@@ -208,7 +208,7 @@ def check_head_math(model_dir: str | Path) -> None:
         )
     for key, what in _OTHER_HEAD_MATH.items():
         value = hf.get(key)
-        if value is not None and value != 1 and value != 1.0:
+        if value is not None and value != 1:
             raise TargetError(
                 f"{where} {key}: expected null or 1 (logits = lm_head(norm(z)), as the teacher is computed "
                 f"here), got {value!r}: {what}"

@@ -239,24 +239,18 @@ stage_budget_measure() {
 # BUDGET_ARGS: the overrides of every arm.
 stage_storage_ab() {
   # the A/B's own arms first (captured, then trained), then the capture-only and train-only ones
-  local arm extra
-  for arm in ${ARMS:?ARMS: NAME:OVERRIDES ...}; do
-    extra=${arm#*:}
-    BRUN=${arm%%:*} BUDGET_ARGS="${extra//,/ } ${BUDGET_ARGS:-}" bash "$0" budget_extract
-  done
-  for arm in ${ARMS}; do
-    extra=${arm#*:}
-    BRUN=${arm%%:*} BUDGET_ARGS="${extra//,/ } ${BUDGET_ARGS:-}" bash "$0" budget_train
-  done
-  for arm in ${CAPTURE_ARMS:-}; do
-    extra=${arm#*:}
-    BRUN=${arm%%:*} BUDGET_DATASETS=$TMPD/data_${arm%%:*} BUDGET_ARGS="${extra//,/ } ${BUDGET_ARGS:-}" \
-      bash "$0" budget_extract
-  done
-  for arm in ${TRAIN_ARMS:-}; do
-    extra=${arm#*:}
-    BRUN=${arm%%:*} BUDGET_ARGS="${extra//,/ } ${BUDGET_ARGS:-}" bash "$0" budget_train
-  done
+  local arm
+  for arm in ${ARMS:?ARMS: NAME:OVERRIDES ...}; do run_arm budget_extract "$arm"; done
+  for arm in ${ARMS}; do run_arm budget_train "$arm"; done
+  for arm in ${CAPTURE_ARMS:-}; do run_arm budget_extract "$arm" "$TMPD/data_${arm%%:*}"; done
+  for arm in ${TRAIN_ARMS:-}; do run_arm budget_train "$arm"; done
+}
+
+# run_arm STAGE NAME:OVERRIDES [DATASETS_DIR]: one budget stage of one arm, in its own run directory
+run_arm() {
+  local extra=${2#*:}
+  BRUN=${2%%:*} BUDGET_DATASETS=${3:-${BUDGET_DATASETS:-$TMPD/data_budget}} \
+    BUDGET_ARGS="${extra//,/ } ${BUDGET_ARGS:-}" bash "$0" "$1"
 }
 
 # bg STAGE...: the stages detached from this call (setsid), their output in $TMPD/bg_out, so a
