@@ -92,6 +92,9 @@ class TrainConfig:
     grad_clip: float = 1.0
     val_check_interval: int = MISSING  # the sizes preset's
     num_workers: int = 0
+    # with num_workers 0: batches a thread of the training process reads ahead of the step
+    # (eagle3/store/read_ahead.py); 0: the step's own thread reads each batch when it needs it
+    read_ahead: int = 0
     seed: int = 0
 
 

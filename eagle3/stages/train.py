@@ -237,6 +237,7 @@ def _datamodule(cfg: RunConfig, path: StepPath, model_dir: str, ds_dir: Path) ->
         max_tokens_per_batch=cfg.train.max_tokens_per_batch,
         seed=cfg.train.seed,
         num_workers=cfg.train.num_workers,
+        read_ahead=cfg.train.read_ahead,
         fixed_shape=path.fixed_shape,
         row_tokens=path.row_tokens,
         online=online_target(cfg, model_dir, path.fixed_shape, path.row_tokens, layer_ids) if online else None,

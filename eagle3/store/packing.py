@@ -19,6 +19,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from eagle3.store.read_ahead import ReadAheadLoader
 from eagle3.store.storage_format import decode_aux, decode_split, decode_teacher, tensor_names
 from eagle3.store.teacher_topk import TEACHER_TENSORS
 
@@ -351,17 +352,22 @@ def packed_loader(
     collate: Callable[[list[dict[str, Any]]], Any] | None = None,
     pin_memory: bool = False,
     split: bool = True,
+    read_ahead: int = 0,
 ) -> torch.utils.data.DataLoader[dict[str, Any]]:
     """A DataLoader of ``batches`` (indices into ``idx``) of these samples, collated by
     ``collate_rows``: batches of [B, T] (aux_hidden [B, T, (L-1)H], final_hidden [B, T, H]).
     ``collate``: another collate function (online training: the samples as a list, collated
     after the target has run on them). ``pin_memory``: batches in page-locked memory, so the
     copy to a GPU is a DMA that overlaps compute (a training step on CUDA). ``split=False``:
-    batches keep ``hidden`` [B, T, L, H], for ``split_hidden`` after the copy to the device."""
+    batches keep ``hidden`` [B, T, L, H], for ``split_hidden`` after the copy to the device.
+    ``read_ahead``: with no workers, a thread of this process collates that many batches ahead
+    (eagle3/store/read_ahead.py); 0: the caller's thread reads each batch when it asks for it."""
     sampler = PackedBatchSampler(
         batches, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size, batches_done=batches_done
     )
-    return torch.utils.data.DataLoader(
+    threaded = num_workers == 0 and read_ahead > 0
+    loader_class = partial(ReadAheadLoader, read_ahead=read_ahead) if threaded else torch.utils.data.DataLoader
+    return loader_class(
         SampleSubset(dataset, idx),
         batch_sampler=sampler,
         collate_fn=collate

@@ -23,6 +23,7 @@ import lightning as L
 import torch
 
 from eagle3.store import HiddenStateDataset, TokenDataset, open_dataset
+from eagle3.store.read_ahead import ReadAheadLoader
 from eagle3.store.packing import decode_hidden, pack_rows, packed_loader, split_hidden, unshuffled_loader
 from eagle3.training.online import OnlineHiddenStates
 
@@ -35,6 +36,7 @@ class Eagle3DataModule(L.LightningDataModule):
         max_tokens_per_batch: int,
         seed: int = 0,
         num_workers: int = 0,
+        read_ahead: int = 0,
         fixed_shape: bool = False,
         row_tokens: int | None = None,
         require_train: bool = True,
@@ -50,6 +52,10 @@ class Eagle3DataModule(L.LightningDataModule):
         self.fixed_shape = bool(fixed_shape)  # one batch shape (train.compile): rows padded
         self.row_tokens = int(row_tokens) if row_tokens else None  # several packed rows per batch
         self.seed, self.num_workers = int(seed), int(num_workers)
+        if read_ahead < 0:
+            raise ValueError(f"train.read_ahead: expected >= 0 batches, got {read_ahead}")
+        self.read_ahead = int(read_ahead)
+        self._read_ahead_loaders: list[ReadAheadLoader] = []  # closed at teardown
         self.dataset = open_dataset(dataset_dir)
         self.online = online
         self.pin_memory = bool(pin_memory) and online is None  # online batches are made on the device
@@ -96,7 +102,7 @@ class Eagle3DataModule(L.LightningDataModule):
         dataset = self.dataset
         if self.decode_on_device and isinstance(dataset, HiddenStateDataset):
             dataset = dataset.encoded_rows()  # the format's tensors travel; decoded on the device
-        return packed_loader(
+        loader = packed_loader(
             dataset,
             idx,
             batches,
@@ -109,10 +115,14 @@ class Eagle3DataModule(L.LightningDataModule):
             world_size=world,
             batches_done=batches_done,
             num_workers=self.num_workers,
+            read_ahead=self.read_ahead,
             collate=list if self.online is not None else None,
             pin_memory=self.pin_memory,
             split=False,  # hidden [B, T, L, H] travels whole; split on the device (on_after_batch_transfer)
         )
+        if isinstance(loader, ReadAheadLoader):
+            self._read_ahead_loaders.append(loader)
+        return loader
 
     def setup(self, stage: str) -> None:
         if self.decode_on_device is None:
@@ -120,6 +130,12 @@ class Eagle3DataModule(L.LightningDataModule):
             self.decode_on_device = device.type == "cuda"
         if self.online is not None:  # the target onto this process's training device
             self.online.setup(self.trainer.strategy.root_device if self.trainer else "cpu")
+
+    def teardown(self, stage: str) -> None:
+        # a pass stopped at max_steps leaves its reading thread blocked on a full queue of batches
+        for loader in self._read_ahead_loaders:
+            loader.close()
+        self._read_ahead_loaders.clear()
 
     def on_before_batch_transfer(self, batch, dataloader_idx: int):
         # online: token samples -> the batch with hidden states, computed on the training device
