@@ -111,7 +111,7 @@ class ReadAheadLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         """Stop the reading threads of this loader's passes and wait for them (the end of a fit:
         a pass stopped at max_steps leaves its thread waiting on a full queue, and a sweep may
         train again in the same process)."""
-        for thread, stop in self._readers:
+        for _, stop in self._readers:
             stop.set()
         for thread, _ in self._readers:
             thread.join(timeout=5)

@@ -23,8 +23,8 @@ import lightning as L
 import torch
 
 from eagle3.store import HiddenStateDataset, TokenDataset, open_dataset
-from eagle3.store.read_ahead import ReadAheadLoader
 from eagle3.store.packing import decode_hidden, pack_rows, packed_loader, split_hidden, unshuffled_loader
+from eagle3.store.read_ahead import ReadAheadLoader
 from eagle3.training.online import OnlineHiddenStates
 
 
