@@ -159,8 +159,17 @@ def test_resolve_shows_bytes_per_token_and_the_dataset_size_of_the_format():
     exact = compose("extract", ["capture.storage=exact"])
     assert exact.capture.storage_layout == "exact: hidden bfloat16 [T, 4, 576]"
     assert exact.capture.bytes_per_token == "4,617 B"
-    gpu = compose("extract", ["topology=gpu1", "capture=vllm"])  # not measured on a GPU yet: exact there
-    assert gpu.capture.storage == "exact"
+    # a GPU: the HF capture stores fp8 with the teacher's top-32 (0.42x), vLLM's capture exact (its
+    # encode beside the engine not measured); an explicit storage takes no default top-k it cannot hold
+    gpu = compose("extract", ["topology=gpu1"])
+    assert (gpu.capture.storage, gpu.capture.teacher_topk) == ("fp8", 32)
+    assert gpu.capture.bytes_per_token == "1,935 B (0.42x of exact bfloat16: 4,617 B)"
+    gpu_vllm = compose("extract", ["topology=gpu1", "capture=vllm"])
+    assert (gpu_vllm.capture.storage, gpu_vllm.capture.teacher_topk) == ("exact", None)
+    gpu_exact = compose("extract", ["topology=gpu1", "capture.storage=exact"])
+    assert (gpu_exact.capture.storage, gpu_exact.capture.teacher_topk) == ("exact", None)
+    assert compose("extract", ["topology=gpu1", "capture.storage=int4"]).capture.teacher_topk == 32
+    assert compose("extract", ["capture.storage=int4"]).capture.teacher_topk is None  # a CPU: the final layer
 
 
 # ---------------------------------------------------------------- end to end (tiny random target)

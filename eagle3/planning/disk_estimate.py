@@ -70,14 +70,31 @@ def storage_layout(
     return f"fp8: aux float8_e4m3fn [T, {L - 1}, {H}] + bfloat16 scale [T, {L - 1}], {final}"
 
 
-def default_storage(accelerator: str) -> str:
-    """capture.storage where the capture group leaves it: fp8 on a CPU, where a head trained from
-    fp8 shards measured the same acceptance in vLLM as from bf16 ones (docs/results.md, section 17)
-    and the writer threads encode faster than the CPU captures. exact on a GPU: there, with the
-    encode and the decode on the device, fp8 with the teacher's top-32 captured at 1.18x and
-    trained faster than exact (an H200), but its validation replay was 0.03 under exact's on one
-    seed, and no acceptance in vLLM is measured at parity yet (docs/results.md, section 17)."""
-    return hidden_dtypes.FP8 if str(accelerator) == "cpu" else EXACT
+# capture.teacher_topk where a GPU's HF capture stores fp8 or int4: the k whose head measured in vLLM
+# at parity with exact's (docs/results.md, section 17)
+DEFAULT_TEACHER_TOPK = 32
+
+
+def default_storage(accelerator: str, backend: str = "hf") -> str:
+    """capture.storage where the capture group leaves it. fp8 on a CPU: a head trained from fp8
+    shards measured the same acceptance in vLLM as from bf16 ones, and the writer threads encode
+    faster than the CPU captures. fp8 (with the teacher's top-k, ``default_teacher_topk``) for the
+    HF capture on a GPU: encoded and decoded on the device, it measured at parity in vLLM, at 0.42x
+    of the disk, and trained faster (an H100 and an H200). exact for vLLM's capture on a GPU: its
+    throughput with the encode beside vLLM's engine (and the projection's memory on a card vLLM
+    fills) is not measured yet (docs/results.md, section 17)."""
+    if str(accelerator) == "cpu" or str(backend) == "hf":
+        return hidden_dtypes.FP8
+    return EXACT
+
+
+def default_teacher_topk(accelerator: str, backend: str, storage: str) -> int | None:
+    """capture.teacher_topk where the capture group leaves it: the top-32 in place of the final layer
+    for the HF capture on a GPU storing fp8 or int4; else None (the final layer kept). On a 2-core
+    CPU the projection (hidden x vocab multiply-adds a token) slows the capture to 0.61x of exact
+    (docs/results.md, section 17); on a GPU it is free."""
+    gpu_hf = str(accelerator) != "cpu" and str(backend) == "hf"
+    return DEFAULT_TEACHER_TOPK if gpu_hf and hidden_dtypes.check_storage(storage) != EXACT else None
 
 
 def bytes_per_token(

@@ -88,6 +88,7 @@ def register_resolvers() -> None:
         replace=True,
     )
     OmegaConf.register_new_resolver("eagle3.default_storage", disk_estimate.default_storage, replace=True)
+    OmegaConf.register_new_resolver("eagle3.default_teacher_topk", disk_estimate.default_teacher_topk, replace=True)
     OmegaConf.register_new_resolver(
         "eagle3.bytes_per_token",
         lambda ids, h, dtype, *storage: disk_estimate.bytes_per_token(_plain(ids), h, dtype, *storage),

@@ -165,9 +165,10 @@ def read_hf_config(model_dir: str | Path) -> dict:
     return cfg.get("text_config", cfg)
 
 
-def check_facts(model_cfg: ModelConfig, model_dir: str | Path) -> None:
-    """A preset that contradicts the model's own config is an error, not a silent override."""
-    hf = read_hf_config(model_dir)
+def check_facts(model_cfg: ModelConfig, model_dir: str | Path, hf: dict | None = None) -> None:
+    """A preset that contradicts the model's own config is an error, not a silent override.
+    ``hf``: model_dir's config as ``read_hf_config`` gives it, when the caller has it."""
+    hf = read_hf_config(model_dir) if hf is None else hf
     wrong = []
     for field, key in PRESET_FACTS.items():
         want = getattr(model_cfg, field)
@@ -194,10 +195,10 @@ _OTHER_HEAD_MATH = {
 _ONE_PLUS_W_NORMS = ("gemma",)  # model_type prefixes whose RMSNorm multiplies by (1 + weight)
 
 
-def check_head_math(model_dir: str | Path) -> None:
+def check_head_math(model_dir: str | Path, hf: dict | None = None) -> None:
     """A TargetError naming the field when the target computes its next-token distribution from
     its final state otherwise than Llama does (the only way the teacher is computed here)."""
-    hf = read_hf_config(model_dir)
+    hf = read_hf_config(model_dir) if hf is None else hf
     where = Path(model_dir) / "config.json"
     model_type = str(hf.get("model_type", ""))
     if model_type.startswith(_ONE_PLUS_W_NORMS):
@@ -226,8 +227,9 @@ def resolve_target(model_cfg: ModelConfig, cache_dir: str | Path) -> str:
         path = resolve_model_dir(model_cfg.path, model_cfg.revision)
     else:
         raise TargetError(f"model.source: unknown {source!r}")
-    check_facts(model_cfg, path)
-    check_head_math(path)
+    hf = read_hf_config(path)
+    check_facts(model_cfg, path, hf)
+    check_head_math(path, hf)
     return str(path)
 
 
