@@ -165,9 +165,9 @@ stage_ranking() {
 stage_budget_extract() {
   ensure_gguf
   (time python3 extract.py "${BUDGET[@]}") 2>&1 | quiet | grep -vE "^\s*(│|┃|┏|┗|└|┌|├)" | tail -25 | tee "$OUTD/${BRUN}_extract.log"
-  python3 - <<'PY' || true
-import glob, json
-for m in glob.glob("/tmp/data_budget/*/manifest.json"):
+  DATASETS="${BUDGET_DATASETS:-$TMPD/data_budget}" python3 - <<'PY' || true
+import glob, json, os
+for m in glob.glob(os.environ["DATASETS"] + "/*/manifest.json"):
     p = json.load(open(m)).get("provenance", {})
     print("extract_seconds", p.get("extract_seconds"), "budget_cut", json.dumps(p.get("budget_cut")))
 PY
