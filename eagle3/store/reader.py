@@ -2,8 +2,11 @@
 
 Only the shard offsets are read up front; a sample's rows of ``hidden`` are sliced out of
 the memory-mapped shard when asked for, so opening a multi-TB dataset costs nothing and a
-DataLoader worker touches only the samples it serves. Shard handles are per process
-(reopened after fork/spawn), so the dataset can go straight into a multi-worker DataLoader.
+DataLoader worker touches only the samples it serves. A sample's tensors are views of the
+mapped file (copy-on-write, private to the process: shard_file.map_shard), so the batch's
+collate copies them once; a caller that changes one in place changes what that dataset object
+reads there afterwards, never the file. Shard handles and mappings are per process (reopened
+after fork/spawn), so the dataset can go straight into a multi-worker DataLoader.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from eagle3.store.layout import (
     StoreError,
     dtype_from_name,
 )
-from eagle3.store.shard_file import inspect_shard, manifest_identity
+from eagle3.store.shard_file import inspect_shard, manifest_identity, map_shard
 from eagle3.store.storage_format import (
     EXACT,
     decode,
@@ -118,15 +121,26 @@ class SampleFiles:
                 self.directory, f"{path}: size: expected {info.size_bytes} bytes, got {got}", needs_hash=False
             )
 
-    # handles are not picklable and not fork-safe: keep them per process
+    # handles and mappings are not picklable and not fork-safe: keep them per process
     _handles: dict[int, Any] | None = None
+    _maps: dict[int, dict[str, torch.Tensor]] | None = None
     _pid: int | None = None
+
+    def _mapped(self, k: int) -> dict[str, torch.Tensor]:
+        """Shard k's tensors as views of the file mapped in memory (shard_file.map_shard): a
+        sample's rows are views, copied once, by the batch's collate."""
+        if self._pid != os.getpid() or self._maps is None:
+            self._handles, self._maps, self._pid = {}, {}, os.getpid()
+        views = self._maps.get(k)
+        if views is None:
+            views = self._maps[k] = map_shard(self.directory / self.manifest.shards[k].file)
+        return views
 
     def _open(self, k: int) -> Any:  # safetensors' safe_open handle
         from safetensors import safe_open
 
         if self._pid != os.getpid() or self._handles is None:
-            self._handles, self._pid = {}, os.getpid()
+            self._handles, self._maps, self._pid = {}, {}, os.getpid()
         h = self._handles.get(k)
         if h is None:
             h = safe_open(str(self.directory / self.manifest.shards[k].file), framework="pt")
@@ -136,6 +150,7 @@ class SampleFiles:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_handles", None)
+        state.pop("_maps", None)
         state.pop("_pid", None)
         return state
 
@@ -147,10 +162,10 @@ class SampleFiles:
         if not -n <= i < n:
             raise IndexError(f"{self.directory}: sample index {i} out of range 0..{n - 1}")
         i %= n
-        h = self._open(int(self._shard_of[i]))
+        views = self._mapped(int(self._shard_of[i]))
         a = int(self._start[i])
         b = a + int(self.lengths[i])
-        return {name: h.get_slice(name)[a:b] for name in names}
+        return {name: views[name][a:b] for name in names}
 
     def sample_id(self, i: int) -> str:
         return self.manifest.sample_ids[i]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import struct
 import sys
 from collections.abc import Mapping, Sequence
@@ -93,6 +94,33 @@ def manifest_identity(m: Manifest) -> ShardIdentity:
     return ShardIdentity(
         m.fingerprint, tuple(m.layer_ids), m.hidden_size, dtype_from_name(m.dtype), m.storage, m.teacher_topk
     )
+
+
+_DTYPE_OF_ST = {name: dtype for dtype, (name, _) in _ST_DTYPE.items()}
+
+
+def map_shard(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a shard as a view of the file mapped in memory (copy-on-write, private to
+    this process): a sample's rows are then sliced with no read and no copy, and the batch's
+    collate copies them once, from the page cache. A tensor whose bytes do not sit at a multiple
+    of its item size (a file another writer laid out; safetensors' own order never does this) is
+    read whole instead. The caller has checked the file's size against its manifest."""
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # the mapping outlives the descriptor
+    (header_len,) = struct.unpack("<Q", mapped[:8])
+    header = json.loads(mapped[8 : 8 + header_len])
+    raw = torch.frombuffer(mapped, dtype=torch.uint8)  # [file bytes], holds the mapping alive
+    base = 8 + header_len
+    views: dict[str, torch.Tensor] = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        dtype, (start, end) = _DTYPE_OF_ST[meta["dtype"]], meta["data_offsets"]
+        if (base + start) % dtype.itemsize:
+            views[name] = raw[base + start : base + end].clone().view(dtype).reshape(meta["shape"])
+        else:
+            views[name] = raw[base + start : base + end].view(dtype).view(meta["shape"])
+    return views
 
 
 def _byte_view(t: torch.Tensor) -> memoryview:
