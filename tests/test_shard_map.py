@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import struct
 
+import pytest
 import torch
 from safetensors import safe_open
 from test_training_safety import _dataset
@@ -58,3 +59,16 @@ def test_a_row_changed_by_its_reader_leaves_the_file_and_other_readers_alone(tmp
     assert shard.read_bytes() == before
     assert torch.equal(other[0]["hidden"], want)
     assert torch.equal(HiddenStateDataset(tmp_path)[0]["hidden"], want)
+
+
+def test_a_shard_whose_header_was_overwritten_is_refused_naming_it(tmp_path):
+    """The same size (the cheap check passes), its header's JSON overwritten in place."""
+    from eagle3.store.reader import DamagedDatasetError
+
+    _dataset(tmp_path, n=6)
+    shard = tmp_path / HiddenStateDataset(tmp_path).manifest.shards[0].file
+    raw = bytearray(shard.read_bytes())
+    raw[8:24] = b"\x00" * 16
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(DamagedDatasetError, match=rf"{shard.name}: unreadable safetensors file"):
+        HiddenStateDataset(tmp_path)

@@ -89,8 +89,8 @@ class SampleFiles:
         for k, info in enumerate(m.shards):
             self._check_file(self.directory / info.file, info, verify)
             try:
-                offsets = self._open(k).get_tensor("offsets")
-            except Exception as e:  # safetensors' own error types: a header overwritten in place
+                offsets = self._mapped(k)["offsets"]
+            except Exception as e:  # a header overwritten in place: unparsable, or tensors past the file's end
                 raise DamagedDatasetError(
                     self.directory,
                     f"{self.directory / info.file}: unreadable safetensors file ({type(e).__name__}: {e})",
@@ -121,8 +121,7 @@ class SampleFiles:
                 self.directory, f"{path}: size: expected {info.size_bytes} bytes, got {got}", needs_hash=False
             )
 
-    # handles and mappings are not picklable and not fork-safe: keep them per process
-    _handles: dict[int, Any] | None = None
+    # mappings are not picklable and not fork-safe: keep them per process
     _maps: dict[int, dict[str, torch.Tensor]] | None = None
     _pid: int | None = None
 
@@ -130,26 +129,14 @@ class SampleFiles:
         """Shard k's tensors as views of the file mapped in memory (shard_file.map_shard): a
         sample's rows are views, copied once, by the batch's collate."""
         if self._pid != os.getpid() or self._maps is None:
-            self._handles, self._maps, self._pid = {}, {}, os.getpid()
+            self._maps, self._pid = {}, os.getpid()
         views = self._maps.get(k)
         if views is None:
             views = self._maps[k] = map_shard(self.directory / self.manifest.shards[k].file)
         return views
 
-    def _open(self, k: int) -> Any:  # safetensors' safe_open handle
-        from safetensors import safe_open
-
-        if self._pid != os.getpid() or self._handles is None:
-            self._handles, self._maps, self._pid = {}, {}, os.getpid()
-        h = self._handles.get(k)
-        if h is None:
-            h = safe_open(str(self.directory / self.manifest.shards[k].file), framework="pt")
-            self._handles[k] = h
-        return h
-
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.pop("_handles", None)
         state.pop("_maps", None)
         state.pop("_pid", None)
         return state
