@@ -5,7 +5,7 @@ the memory-mapped shard when asked for, so opening a multi-TB dataset costs noth
 DataLoader worker touches only the samples it serves. A sample's tensors are views of the
 mapped file (copy-on-write, private to the process: shard_file.map_shard), so the batch's
 collate copies them once; a caller that changes one in place changes what that dataset object
-reads there afterwards, never the file. Shard handles and mappings are per process (reopened
+reads there afterwards, never the file. The mappings are per process (remade
 after fork/spawn), so the dataset can go straight into a multi-worker DataLoader.
 """
 
