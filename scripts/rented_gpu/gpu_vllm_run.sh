@@ -233,24 +233,28 @@ stage_budget_measure() {
 
 # storage_ab: one set of conversations captured once per arm of ARMS, then the same head trained
 # from each (same seed and steps), each measured by train.py's own acceptance evaluation. An arm is
-# NAME:OVERRIDES with commas for spaces; TRAIN_ARMS (same form) are trained only, on a dataset an
-# arm of ARMS made (e.g. another train.num_workers); CAPTURE_ARMS are captured only, each into a
-# datasets dir of its own (another capture backend would find ARMS' dataset of the same fingerprint).
-# BUDGET_ARGS: the overrides of every arm.
+# NAME:OVERRIDES with commas for spaces; CAPTURE_ARMS (same form) are captured only, each into a
+# datasets dir of its own (another capture backend would find ARMS' dataset of the same fingerprint);
+# TRAIN_ARMS are trained only, on a dataset an arm of ARMS made (e.g. another train.num_workers) or,
+# with from=NAME among their overrides, on the one CAPTURE_ARMS' NAME made. BUDGET_ARGS: the
+# overrides of every arm. Order: every capture first, then the train-only arms (short, no vLLM
+# evaluation as a rule), then ARMS' trainings, so what finishes first comes back first.
 stage_storage_ab() {
-  # the A/B's own arms first (captured, then trained), then the capture-only and train-only ones
   local arm
-  for arm in ${ARMS:?ARMS: NAME:OVERRIDES ...}; do run_arm budget_extract "$arm"; done
-  for arm in ${ARMS}; do run_arm budget_train "$arm"; done
+  for arm in ${ARMS:-}; do run_arm budget_extract "$arm"; done
   for arm in ${CAPTURE_ARMS:-}; do run_arm budget_extract "$arm" "$TMPD/data_${arm%%:*}"; done
   for arm in ${TRAIN_ARMS:-}; do run_arm budget_train "$arm"; done
+  for arm in ${ARMS:-}; do run_arm budget_train "$arm"; done
 }
 
-# run_arm STAGE NAME:OVERRIDES [DATASETS_DIR]: one budget stage of one arm, in its own run directory
+# run_arm STAGE NAME:OVERRIDES [DATASETS_DIR]: one budget stage of one arm, in its own run
+# directory; an override from=NAME reads the datasets dir of capture arm NAME
 run_arm() {
-  local extra=${2#*:}
-  BRUN=${2%%:*} BUDGET_DATASETS=${3:-${BUDGET_DATASETS:-$TMPD/data_budget}} \
-    BUDGET_ARGS="${extra//,/ } ${BUDGET_ARGS:-}" bash "$0" "$1"
+  local extra=${2#*:} dir=${3:-${BUDGET_DATASETS:-$TMPD/data_budget}} o kept=()
+  for o in ${extra//,/ }; do
+    case "$o" in from=*) dir=$TMPD/data_${o#from=} ;; *) kept+=("$o") ;; esac
+  done
+  BRUN=${2%%:*} BUDGET_DATASETS=$dir BUDGET_ARGS="${kept[*]} ${BUDGET_ARGS:-}" bash "$0" "$1"
 }
 
 # bg STAGE...: the stages detached from this call (setsid), their output in $TMPD/bg_out, so a
