@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from eagle3.store.device_encode import encoded_parts
 from eagle3.store.layout import (
     FORMAT,
     SCHEMA_VERSION,
@@ -33,7 +34,7 @@ from eagle3.store.layout import (
     dtype_name,
     file_sha256,
 )
-from eagle3.store.storage_format import EXACT, encode, tensor_names, tensor_shapes
+from eagle3.store.storage_format import EXACT, tensor_names, tensor_shapes
 from eagle3.store.teacher_topk import TeacherProjection
 from eagle3.util.atomic import atomic_path
 
@@ -196,7 +197,7 @@ def write_shard(
     ``hiddens``: per sample hidden [T, L, H], encoded here in ``ident.storage``, or that format's
     tensors already (encoded on the capture device), written as they are. ``teacher``: the
     projection that gives the top-k of ``ident.teacher_topk`` from a sample's final layer.
-    ``encode_device``: where the encode runs (a GPU: the same bits, see ``encode_on``)."""
+    ``encode_device``: where the encode runs (a GPU: the same bits, a chunk of samples at a time)."""
     if ident.teacher_topk is not None and (teacher is None or teacher.k != ident.teacher_topk):
         if any(not isinstance(h, Mapping) for h in hiddens):
             got = "none" if teacher is None else f"k={teacher.k}"
@@ -213,9 +214,10 @@ def write_shard(
         "loss_mask": [mask],
         "offsets": [offsets],
     }
-    # the big ones: streamed sample by sample, never concatenated (fp8: encoded sample by sample)
-    encoded = [h if isinstance(h, Mapping) else encode_on(h, ident.storage, teacher, encode_device) for h in hiddens]
-    parts |= {name: [e[name] for e in encoded] for name in tensor_names(ident.storage, ident.teacher_topk)}
+    # the big ones: streamed piece by piece, never concatenated on the host (on a GPU, encoded a
+    # chunk of samples at a time: eagle3/store/device_encode.py)
+    encoded = encoded_parts(hiddens, ident.storage, teacher, encode_device)
+    parts |= {name: encoded[name] for name in tensor_names(ident.storage, ident.teacher_topk)}
     meta = ident.metadata() | {"sample_ids": json.dumps(sample_ids)}
     size, sha = save_concatenated_hashing(path, parts, meta)
     return ShardInfo(
@@ -226,20 +228,6 @@ def write_shard(
         size_bytes=size,
         sha256=sha,
     )
-
-
-def encode_on(
-    hidden: torch.Tensor, storage: str, teacher: TeacherProjection | None, device: torch.device | None
-) -> dict[str, torch.Tensor]:
-    """``encode`` of one sample's hidden [T, L, H] (host) run on ``device`` (None: where it is),
-    its tensors back on the host. A GPU capture whose states reach the host as they are (vLLM's
-    connector files) encodes there: on the host, fp8's float math over every value held vLLM's
-    capture at 0.41x of exact on an H100; the copies there and back cost less than the bytes the
-    encode saves writing (eagle3/store/storage_format.py gives the same bits on every device)."""
-    if device is None or storage == EXACT or hidden.device == device:
-        return encode(hidden, storage, teacher)
-    out = encode(hidden.to(device, non_blocking=True), storage, teacher)  # each [T, ...] on device
-    return {name: t.to("cpu") for name, t in out.items()}
 
 
 def inspect_shard(
