@@ -264,6 +264,13 @@ def test_optimized_metric_must_be_a_validation_metric_the_run_logs():
     validate_run_config(compose("train", ["eval.num_draft_tokens=0", "optimized_metric=val/sim_accept_len"]))
 
 
+@pytest.mark.parametrize("key", ["num_workers", "read_ahead"])
+def test_a_negative_loader_setting_is_refused_at_compose_by_name(key):
+    validate_run_config(compose("train", [f"train.{key}=0"]))
+    with pytest.raises(ConfigError, match=rf"train.{key}: expected >= 0, got -1"):
+        validate_run_config(compose("train", [f"train.{key}=-1"]))
+
+
 def test_model_hf_reads_facts_from_config_json():
     path = ROOT / "tests" / "assets" / "hf_model"
     cfg = compose("extract", ["model=hf", f"model.path={path}"])

@@ -75,14 +75,14 @@ def storage_layout(
 DEFAULT_TEACHER_TOPK = 32
 
 
-def default_storage(accelerator: str, backend: str = "hf") -> str:
+def default_storage(accelerator: str, backend: str) -> str:
     """capture.storage where the capture group leaves it. fp8 on a CPU: a head trained from fp8
     shards measured the same acceptance in vLLM as from bf16 ones, and the writer threads encode
     faster than the CPU captures. fp8 (with the teacher's top-k, ``default_teacher_topk``) for the
-    HF capture on a GPU: encoded and decoded on the device, it measured at parity in vLLM, at 0.42x
-    of the disk, and trained faster (an H100 and an H200). exact for vLLM's capture on a GPU: its
-    throughput with the encode beside vLLM's engine (and the projection's memory on a card vLLM
-    fills) is not measured yet (docs/results.md, section 17)."""
+    HF capture on a GPU: encoded and decoded on the device, it measured at parity in vLLM over two
+    seeds, at 0.42x of the disk, captured and trained faster (an H100 and an H200). exact for vLLM's
+    capture on a GPU: its writer threads' encode beside vLLM's engine held the capture at 0.77x of
+    exact's rate on an H100 (docs/results.md, section 17)."""
     if str(accelerator) == "cpu" or str(backend) == "hf":
         return hidden_dtypes.FP8
     return EXACT

@@ -41,6 +41,7 @@ from eagle3.training.checkpoint_io import (
     newest_whole_checkpoint,
 )
 from eagle3.training.datamodule import Eagle3DataModule
+from eagle3.training.final_checkpoint import keep_final_if_best
 from eagle3.training.loggers import build_logger
 from eagle3.training.module import Eagle3LitModule
 from eagle3.training.run_dir import global_rank, run_dir_lock
@@ -296,6 +297,7 @@ def _fit_and_validate(cfg: RunConfig, parts: _Parts, ckpt_dir: Path) -> tuple[di
     stale = trainer.global_step % cfg.train.val_check_interval != 0
     if datamodule.val_idx and (stale or cfg.optimized_metric not in trainer.callback_metrics):
         trainer.validate(module, datamodule=datamodule, verbose=False)
+        keep_final_if_best(parts.checkpoint, trainer)  # a fit stopped between validations: its last head
     final = {**trained, **_scalars(trainer.callback_metrics)}
     trainer.save_checkpoint(ckpt_dir / "last.ckpt", weights_only=False)  # a resume point: optimizer state too
     if datamodule.online is not None:

@@ -83,6 +83,9 @@ def validate_run_config(cfg: DictConfig) -> None:
         raise ConfigError(f"data.max_length: expected >= 2, got {cfg.data.max_length}")
     if int(cfg.train.ttt_steps) < 1:
         raise ConfigError(f"train.ttt_steps: expected >= 1, got {cfg.train.ttt_steps}")
+    for key in ("num_workers", "read_ahead"):
+        if int(cfg.train[key]) < 0:
+            raise ConfigError(f"train.{key}: expected >= 0, got {cfg.train[key]}")
     if int(cfg.head.num_draft_layers) < 1:
         raise ConfigError(f"head.num_draft_layers: expected >= 1, got {cfg.head.num_draft_layers}")
     if int(cfg.head.draft_vocab_size) < 1:
