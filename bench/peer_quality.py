@@ -8,7 +8,7 @@ training on one GPU, then the same measurements of both exports.
         --target .cache/targets/<target>                                                           # CPU, vLLM
 
 train-peer is bench/peer_train.py (speculators' model and loss, its recipe); ours is train.py with
-train.max_time (scripts/rented_gpu/gpu_peer_quality.sh runs both side by side and packs the results).
+train.max_time, run beside it on the same GPU for the same minutes.
 
 replay: the val-split replay of any export (eagle3.evaluation.diagnostics.head_replay.train_side_figures: rounds as
 serving runs them, K draft tokens, answers cut at --max-answer-tokens). Our head cannot represent

@@ -14,12 +14,13 @@ folder under eagle3/ is the layer:
 training and evaluation never import each other: what both need (batching, the serving
 format, W&B's mode) lives below both. draft/ is plain torch: no lightning, no hydra.
 
-bench/ and scripts/ stand outside the package: they may import eagle3's public names only (no
-module or name starting with `_`), and nothing in eagle3 imports them."""
+bench/, scripts/ and lab/ stand outside the package: they may import eagle3's public names only
+(no module or name starting with `_`), and nothing in eagle3 imports them."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from conftest import ROOT
@@ -129,9 +130,10 @@ def test_training_and_evaluation_never_import_each_other():
         assert all(LAYERS.index(a) <= LAYERS.index(layer) for a in allowed), layer
 
 
-# ---------------------------------------------------------------- bench/ and scripts/
+# ---------------------------------------------------------------- bench/, scripts/ and lab/
 
-OUTSIDE = sorted([*(ROOT / "bench").rglob("*.py"), *(ROOT / "scripts").rglob("*.py")])
+OUTSIDE_DIRS = ("bench", "scripts", "lab")
+OUTSIDE = sorted(p for d in OUTSIDE_DIRS for p in (ROOT / d).rglob("*.py"))
 
 
 def private_imports(source: str, filename: str = "<source>") -> list[str]:
@@ -166,21 +168,31 @@ def test_the_private_import_check_sees_private_names():
     assert private_imports("from other._lib import _thing\nfrom . import _sibling") == []
 
 
-def test_bench_and_scripts_import_only_public_names():
-    assert OUTSIDE, "bench/ and scripts/ hold no Python file"
+def test_bench_scripts_and_lab_import_only_public_names():
+    assert {p.relative_to(ROOT).parts[0] for p in OUTSIDE} == set(OUTSIDE_DIRS), (
+        "a folder outside the package holds no Python file"
+    )
     bad = [
         f"{path.relative_to(ROOT)}:{hit}" for path in OUTSIDE for hit in private_imports(path.read_text(), str(path))
     ]
-    assert bad == [], "bench/ and scripts/ may import eagle3's public names only:\n" + "\n".join(bad)
+    assert bad == [], "bench/, scripts/ and lab/ may import eagle3's public names only:\n" + "\n".join(bad)
 
 
-def test_eagle3_never_imports_bench_or_scripts():
+def test_eagle3_never_imports_bench_scripts_or_lab():
     # bench files import each other by their bare names (bench/ on sys.path): those count too
-    outside = {"bench", "scripts"} | {p.stem for p in OUTSIDE}
+    outside = set(OUTSIDE_DIRS) | {p.stem for p in OUTSIDE}
     bad = [
         f"{path.relative_to(ROOT)}:{line}: imports {imported}"
         for module, path in MODULES.items()
         for imported, line in imports_of(module, path)
         if imported.split(".")[0] in outside
     ]
-    assert bad == [], "eagle3 imports bench/ or scripts/:\n" + "\n".join(bad)
+    assert bad == [], "eagle3 imports bench/, scripts/ or lab/:\n" + "\n".join(bad)
+
+
+def test_the_product_never_names_the_lab():
+    # lab/ is the project's test bench: no code, config or data file of the product calls or reads it
+    product = [p for d in ("eagle3", "conf") for p in (ROOT / d).rglob("*") if p.suffix in (".py", ".yaml")]
+    product += [ROOT / f"{entry}.py" for entry in ("extract", "train", "evaluate", "export")]
+    bad = [str(p.relative_to(ROOT)) for p in product if re.search(r"(?<![\w/])lab/", p.read_text())]
+    assert bad == [], "the product names lab/ (the project's test bench):\n" + "\n".join(bad)

@@ -1,4 +1,4 @@
-"""Step costs without the weights: scripts/rented_gpu/shapes_only.py writes a recipe's target and
+"""Step costs without the weights: lab/leased_gpu/shapes_only.py writes a recipe's target and
 head as config files only, at the real shapes (no weight file, a few MiB), and vLLM serves them
 with dummy weights through bench/serving_speedup.py --load-format dummy (the real CPU build, on a
 tiny target's shapes): the spec-decode counters run, so the step costs of a class whose weights
@@ -17,7 +17,7 @@ import pytest
 from eagle3.target_model.size import target_size
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "rented_gpu" / "shapes_only.py"
+SCRIPT = ROOT / "lab" / "leased_gpu" / "shapes_only.py"
 
 
 def shapes(out: Path, *overrides: str) -> subprocess.CompletedProcess:

@@ -4,7 +4,7 @@ take what the GPU build really writes, on a machine with no GPU and no vLLM.
 
 They were made by ``bench/vllm_capture_parity.py --keep-files DIR --keep-n 3 --keep-max-tokens 40``
 (SmolLM2-135M-Instruct in bf16, capture ids [2, 15, 27, 30], ShareGPT chats and a shared-prefix
-chat; scripts/rented_gpu/gpu_vllm_run.sh's capture stage), each cut to 40 tokens with a sidecar holding the
+chat; lab/leased_gpu/gpu_vllm_run.sh's capture stage), each cut to 40 tokens with a sidecar holding the
 request's sample id, loss mask and capture ids.
 """
 

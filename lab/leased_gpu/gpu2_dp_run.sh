@@ -2,7 +2,7 @@
 # Issue 8 on one host with 2 GPUs: data-parallel extraction (one process per GPU, then the
 # merge) vs a 1-GPU extraction of the same samples, and 2-rank DDP (torchrun) vs 1 GPU with
 # the same global batch (accumulate 2). Carry .gpu/site .gpu/tok .gpu/sharegpt.jsonl.xz.
-#   bash scripts/rented_gpu/gpu2_dp_run.sh            (TOPO1/TOPO2/DEV0/DEV1 let it run on CPU too)
+#   bash lab/leased_gpu/gpu2_dp_run.sh            (TOPO1/TOPO2/DEV0/DEV1 let it run on CPU too)
 TMPD=${TMPD:-/tmp}  # the rented machine's scratch disk: everything these calls leave lives here
 set -euo pipefail
 export PYTHONPATH=$PWD/.gpu/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false

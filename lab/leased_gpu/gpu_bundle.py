@@ -1,8 +1,8 @@
 """Build `.gpu/`: what a bare GPU machine (torch + lightning + transformers, no registry,
 64 MiB per call) needs to run extract.py and train.py on the embedded SmolLM2.
 
-    python scripts/rented_gpu/gpu_bundle.py            # writes .gpu/ (git-ignored)
-    python scripts/rented_gpu/gpu_bundle.py --max-conversations 8000   # a smaller chat file (it rides with
+    python lab/leased_gpu/gpu_bundle.py            # writes .gpu/ (git-ignored)
+    python lab/leased_gpu/gpu_bundle.py --max-conversations 8000   # a smaller chat file (it rides with
                                             # the second GGUF part in one call: <= 64 MiB)
 
 - .gpu/site/            pure-Python packages the GPU image lacks (hydra, omegaconf, antlr4, gguf,
@@ -12,7 +12,7 @@
 - .gpu/sharegpt.jsonl.xz  the usable ShareGPT conversations as JSONL (ids kept), xz'd
 - .gpu/tok/             SmolLM2's tokenizer files (for random-weight models)
 
-On the GPU machine: `bash scripts/rented_gpu/gpu_quality_run.sh` (see docs/results.md).
+On the GPU machine: `bash lab/leased_gpu/gpu_quality_run.sh` (see docs/results.md).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def main() -> None:
         # dist-info too: transformers checks gguf's version through importlib.metadata
         for dist in src.parent.glob(f"{DISTS[name]}-*.dist-info") if DISTS[name] else ():
             shutil.copytree(dist, OUT / "site" / dist.name)
-    # the tokenizer alone (random-weight models borrow it: scripts/rented_gpu/gpu2_dp_run.sh)
+    # the tokenizer alone (random-weight models borrow it: lab/leased_gpu/gpu2_dp_run.sh)
     from eagle3.target_model.resolve import materialize_smollm2
 
     smol = Path(materialize_smollm2(ROOT / ".cache"))

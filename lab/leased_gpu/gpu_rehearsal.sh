@@ -6,20 +6,20 @@
 # acceptance is real: shapes, memory, disk, throughput, engine start and serving step costs.
 #
 # Here, once:  bash ../shared/gpu/vllm_cuda_bundle.sh .gpu/vllm     (CUDA vLLM in 6 chunks)
-#              python scripts/rented_gpu/gpu_bundle.py --max-conversations 4000 (packages, chat data, tokenizer)
+#              python lab/leased_gpu/gpu_bundle.py --max-conversations 4000 (packages, chat data, tokenizer)
 # There, call after call, with no pause between calls (/tmp lives only while the machine is warm):
-#   bash scripts/rented_gpu/gpu_vllm_run.sh carry K         K = 0..5, carrying .gpu/vllm/cK (5 installs vLLM)
-#   bash scripts/rented_gpu/gpu_rehearsal.sh stage extract  carrying .gpu/site .gpu/tok .gpu/sharegpt.jsonl.xz:
+#   bash lab/leased_gpu/gpu_vllm_run.sh carry K         K = 0..5, carrying .gpu/vllm/cK (5 installs vLLM)
+#   bash lab/leased_gpu/gpu_rehearsal.sh stage extract  carrying .gpu/site .gpu/tok .gpu/sharegpt.jsonl.xz:
 #                                                the random target, extract.py with capture=vllm
 #                                                (the target's own answers) and with capture=hf
-#   bash scripts/rented_gpu/gpu_rehearsal.sh train          train.py for MINUTES (the recipe's head), its export
-#   bash scripts/rented_gpu/gpu_rehearsal.sh serve          bench/serving_speedup.py: step costs per K and load
-#   bash scripts/rented_gpu/gpu_rehearsal.sh costs          step costs at the uncut shapes without weights
+#   bash lab/leased_gpu/gpu_rehearsal.sh train          train.py for MINUTES (the recipe's head), its export
+#   bash lab/leased_gpu/gpu_rehearsal.sh serve          bench/serving_speedup.py: step costs per K and load
+#   bash lab/leased_gpu/gpu_rehearsal.sh costs          step costs at the uncut shapes without weights
 #                                                (shapes_only.py + bench/serving_speedup.py --load-format
 #                                                dummy; SHAPES: overrides, e.g. Kimi's
 #                                                "model.extra_config.n_routed_experts=8 topology=gpu1
 #                                                model.quantization=null"); resumes a cut-off run
-#   bash scripts/rented_gpu/gpu_rehearsal.sh clean          the disk for the next target
+#   bash lab/leased_gpu/gpu_rehearsal.sh clean          the disk for the next target
 # TARGET=llama3_1_8b (default) | qwen3_8b | qwen3_30b_a3b (LAYERS cuts it: its 61 GB outgrow a 64 GiB
 # disk) | kimi_k2_5 (cut to LAYERS layers and EXPERTS experts to fit one GPU); N conversations
 # (default 600); HF_N (150) of them for capture=hf (0: none); TRAIN_ARGS: train's extra overrides. serve and costs: LOADS, DRAFT_TOKENS,
@@ -160,7 +160,7 @@ stage_costs() {  # step costs at the uncut shapes, no weights: config files only
   # stand in for another target's
   local cw; cw=$(costs_work)
   rm -rf $W/shapes
-  python3 scripts/rented_gpu/shapes_only.py $W/shapes experiment="$TARGET" model.tokenizer_from=$TMPD/tok ${SHAPES:-}
+  python3 lab/leased_gpu/shapes_only.py $W/shapes experiment="$TARGET" model.tokenizer_from=$TMPD/tok ${SHAPES:-}
   tail -n "${PROMPTS:-32}" $TMPD/sharegpt.jsonl > $W/heldout.jsonl  # the rehearsal trains on the first N
   python3 bench/serving_speedup.py --load-format dummy --export-dir $W/shapes/head --target $W/shapes/target \
     --prompts-jsonl $W/heldout.jsonl --loads "${LOADS:-1,8,32,64}" --draft-tokens "${DRAFT_TOKENS:-1,2,3,5}" \

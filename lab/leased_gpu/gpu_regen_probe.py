@@ -2,7 +2,7 @@
 a SmolLM2-shaped random Llama (random weights never stop early, so every answer runs the
 full --max-tokens) answers --n synthetic prompts in batches of --batch.
 
-    python scripts/rented_gpu/gpu_regen_probe.py --tok .gpu/tok --n 2048 --batch 1024 --max-tokens 64 \
+    python lab/leased_gpu/gpu_regen_probe.py --tok .gpu/tok --n 2048 --batch 1024 --max-tokens 64 \
         [--engine fast generate] [--static]
 
 --engine: which HFRegenerator engines to time on the same prompts, in order: fast (the
@@ -14,7 +14,7 @@ Random weights never stop early and synthetic prompts are short, so they oversta
 real run gets (17,382 tok/s probed vs ~5,200 on real ShareGPT first turns, docs/changelog.md). With
 the real target and real prompts the probe answers the question a run needs:
 
-    python scripts/rented_gpu/gpu_regen_probe.py --tok .gpu/tok --model-dir /tmp/cache/targets/<smollm2 dir> \
+    python lab/leased_gpu/gpu_regen_probe.py --tok .gpu/tok --model-dir /tmp/cache/targets/<smollm2 dir> \
         --prompts /tmp/sharegpt.jsonl --n 4096 --batch 2048 --max-tokens 256 [--engine fast generate]
 """
 

@@ -4,36 +4,36 @@
 # CUDA vLLM, its serving speed-up, regeneration throughput, and the GPU parts of the suite.
 #
 # Here, once:  bash ../shared/gpu/vllm_cuda_bundle.sh .gpu/vllm      (CUDA vLLM in 6 chunks)
-#              python scripts/rented_gpu/gpu_bundle.py --max-conversations 8000 (GGUF parts, packages, chat data)
+#              python lab/leased_gpu/gpu_bundle.py --max-conversations 8000 (GGUF parts, packages, chat data)
 # There, call after call (the machine keeps /tmp only while warm, ~30 s between calls):
-#   bash scripts/rented_gpu/gpu_vllm_run.sh carry K        K = 0..5, carrying .gpu/vllm/cK; K = 5 installs vLLM
-#   bash scripts/rented_gpu/gpu_quality_run.sh part 0      carrying .gpu/parts/gguf.0 .gpu/site .gpu/gguf.sha256
-#   bash scripts/rented_gpu/gpu_quality_run.sh part 1      carrying .gpu/parts/gguf.1 .gpu/sharegpt.jsonl.xz
-#   bash scripts/rented_gpu/gpu_vllm_run.sh capture        parity HF vs vLLM (+ a few files as vLLM's connector wrote them),
+#   bash lab/leased_gpu/gpu_vllm_run.sh carry K        K = 0..5, carrying .gpu/vllm/cK; K = 5 installs vLLM
+#   bash lab/leased_gpu/gpu_quality_run.sh part 0      carrying .gpu/parts/gguf.0 .gpu/site .gpu/gguf.sha256
+#   bash lab/leased_gpu/gpu_quality_run.sh part 1      carrying .gpu/parts/gguf.1 .gpu/sharegpt.jsonl.xz
+#   bash lab/leased_gpu/gpu_vllm_run.sh capture        parity HF vs vLLM (+ a few files as vLLM's connector wrote them),
 #                                               then extract.py with capture=hf and capture=vllm
-#   bash scripts/rented_gpu/gpu_vllm_run.sh train          train.py on the vLLM-captured dataset for MINUTES,
+#   bash lab/leased_gpu/gpu_vllm_run.sh train          train.py on the vLLM-captured dataset for MINUTES,
 #                                               its end-of-run evaluation in CUDA vLLM
-#   bash scripts/rented_gpu/gpu_vllm_run.sh serving        python evaluate.py serving.measure=true on that head
-#   bash scripts/rented_gpu/gpu_vllm_run.sh regen          bench/regen_throughput.py: vLLM vs fast decode
-#   bash scripts/rented_gpu/gpu_vllm_run.sh tests          the CUDA and vLLM tests of the suite
-#   bash scripts/rented_gpu/gpu_vllm_run.sh dataset        extract.py (HF capture) of the N conversations alone
-#   bash scripts/rented_gpu/gpu_vllm_run.sh ranking        bench/metric_ranking.py: HEADS heads on that dataset, each
+#   bash lab/leased_gpu/gpu_vllm_run.sh serving        python evaluate.py serving.measure=true on that head
+#   bash lab/leased_gpu/gpu_vllm_run.sh regen          bench/regen_throughput.py: vLLM vs fast decode
+#   bash lab/leased_gpu/gpu_vllm_run.sh tests          the CUDA and vLLM tests of the suite
+#   bash lab/leased_gpu/gpu_vllm_run.sh dataset        extract.py (HF capture) of the N conversations alone
+#   bash lab/leased_gpu/gpu_vllm_run.sh ranking        bench/metric_ranking.py: HEADS heads on that dataset, each
 #                                               measured by CUDA vLLM; resumable, so HEADS=3 then HEADS=6
 #                                               in two calls (each call stops itself before the 10-minute cap)
-#   bash scripts/rented_gpu/gpu_vllm_run.sh budget_extract the whole pipeline inside BUDGET_MINUTES (experiment=smollm2_budget):
+#   bash lab/leased_gpu/gpu_vllm_run.sh budget_extract the whole pipeline inside BUDGET_MINUTES (experiment=smollm2_budget):
 #                                               extract.py's part (regeneration by vLLM, capture)
-#   bash scripts/rented_gpu/gpu_vllm_run.sh budget_train   train.py's part (what the extraction left; its acceptance evaluation in CUDA vLLM);
+#   bash lab/leased_gpu/gpu_vllm_run.sh budget_train   train.py's part (what the extraction left; its acceptance evaluation in CUDA vLLM);
 #                                               the two parts in two calls when together they pass the 10-minute cap
-#   bash scripts/rented_gpu/gpu_vllm_run.sh budget_peer    speculators 0.9 trained on the same data for the minutes our training
+#   bash lab/leased_gpu/gpu_vllm_run.sh budget_peer    speculators 0.9 trained on the same data for the minutes our training
 #                                               had, then measured by evaluate.py on the prompts of our acceptance evaluation
-#   bash scripts/rented_gpu/gpu_vllm_run.sh budget_serving both budget heads by bench/serving_speedup.py (LOADS, DRAFT_TOKENS)
-#   bash scripts/rented_gpu/gpu_vllm_run.sh budget_measure the budget head's serving measurement by evaluate.py (LOADS, DRAFT_TOKENS),
+#   bash lab/leased_gpu/gpu_vllm_run.sh budget_serving both budget heads by bench/serving_speedup.py (LOADS, DRAFT_TOKENS)
+#   bash lab/leased_gpu/gpu_vllm_run.sh budget_measure the budget head's serving measurement by evaluate.py (LOADS, DRAFT_TOKENS),
 #                                               the export's predicted advice and the measured one beside it
-#   bash scripts/rented_gpu/gpu_vllm_run.sh storage_ab     ARMS (NAME:OVERRIDES): the same conversations captured per arm, the same
+#   bash lab/leased_gpu/gpu_vllm_run.sh storage_ab     ARMS (NAME:OVERRIDES): the same conversations captured per arm, the same
 #                                               head trained from each and measured (an A/B of capture.storage)
-#   bash scripts/rented_gpu/gpu_vllm_run.sh bg STAGE...    the stages detached (a pipeline past one call's cap), then
-#   bash scripts/rented_gpu/gpu_vllm_run.sh wait_bg S      call after call: wait up to S seconds, bring back what they wrote
-# Several stages may share one call: bash scripts/rented_gpu/gpu_vllm_run.sh train serving
+#   bash lab/leased_gpu/gpu_vllm_run.sh bg STAGE...    the stages detached (a pipeline past one call's cap), then
+#   bash lab/leased_gpu/gpu_vllm_run.sh wait_bg S      call after call: wait up to S seconds, bring back what they wrote
+# Several stages may share one call: bash lab/leased_gpu/gpu_vllm_run.sh train serving
 # Results (JSON, figures, logs' tails) go to $OUT; nothing else comes back.
 TMPD=${TMPD:-/tmp}  # the rented machine's scratch disk: everything these calls leave lives here
 set -euo pipefail

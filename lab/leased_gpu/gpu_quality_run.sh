@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The smollm2_full quality run on a bare GPU machine (see docs/results.md).
-#   bash scripts/rented_gpu/gpu_quality_run.sh part 0     # carry .gpu/parts/gguf.0 .gpu/site .gpu/gguf.sha256
+#   bash lab/leased_gpu/gpu_quality_run.sh part 0     # carry .gpu/parts/gguf.0 .gpu/site .gpu/gguf.sha256
 #                                              # [+ .gpu/regenerated.tar.xz from an earlier train stage]
-#   bash scripts/rented_gpu/gpu_quality_run.sh part 1     # carry .gpu/parts/gguf.1 .gpu/sharegpt.jsonl.xz
-#   bash scripts/rented_gpu/gpu_quality_run.sh extract [overrides...]  # regenerates answers + captures
-#   bash scripts/rented_gpu/gpu_quality_run.sh train [overrides...]    # trains, brings the export back
-#   bash scripts/rented_gpu/gpu_quality_run.sh fetch run 4             # parts 4.. of the results (4 per call)
+#   bash lab/leased_gpu/gpu_quality_run.sh part 1     # carry .gpu/parts/gguf.1 .gpu/sharegpt.jsonl.xz
+#   bash lab/leased_gpu/gpu_quality_run.sh extract [overrides...]  # regenerates answers + captures
+#   bash lab/leased_gpu/gpu_quality_run.sh train [overrides...]    # trains, brings the export back
+#   bash lab/leased_gpu/gpu_quality_run.sh fetch run 4             # parts 4.. of the results (4 per call)
 #   (a second train call continues the first: add ckpt_path=last and a larger train.max_time,
 #    since Lightning restores the elapsed time with the checkpoint)
 # (each stage within one call's 10-minute limit; "run" does both; calls carry <= 64 MiB, so
@@ -62,7 +62,7 @@ if [ "$STAGE" = extract ] || [ "$STAGE" = run ]; then
 fi
 # TRAIN_LAUNCH="torchrun --standalone --nproc_per_node 2" (+ topology=gpu2_tp2): DDP ranks.
 # RUN_DIR (default /tmp/run): one per concurrent run, e.g. two configs, one per GPU
-# (CUDA_VISIBLE_DEVICES=0 / 1), each with its own OUT subfolder: scripts/rented_gpu/gpu_ab_train.sh
+# (CUDA_VISIBLE_DEVICES=0 / 1), each with its own OUT subfolder: lab/leased_gpu/gpu_ab_train.sh
 RUN_DIR=${RUN_DIR:-$TMPD/run}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # NVLink multicast stays off (device notes)
 time ${TRAIN_LAUNCH:-${PYTHON:-python3}} train.py "${COMMON[@]}" hydra.run.dir=$RUN_DIR 2>&1 | grep -vE "Loading weights|it/s\]" | tail -60
@@ -73,7 +73,7 @@ OUTD=${OUT:-$TMPD/out}; mkdir -p "$OUTD"
 # regenerated answers (text, a few MiB compressed: the next lease carries them back).
 # What comes back from one call is capped (8 files, ~64 MiB in all), so the tar is
 # cut in 15 MiB parts and this call returns the first RETURN_PARTS (default 4); `fetch` returns
-# the rest. Here: bash scripts/rented_gpu/gpu_unpack.sh DIR SHA256 PARTS... (the sha256 is printed below).
+# the rest. Here: bash lab/leased_gpu/gpu_unpack.sh DIR SHA256 PARTS... (the sha256 is printed below).
 PACK=$TMPD/pack-$(basename "$RUN_DIR"); rm -rf "$PACK" "$PACK".tar*; mkdir -p "$PACK/export"
 cp "$RUN_DIR/summary.json" "$PACK/"
 cp "$RUN_DIR/export/config.json" "$RUN_DIR/export/model.safetensors" "$PACK/export/"

@@ -6,16 +6,16 @@
 # bench/peer_train.py (speculators' Eagle3DraftModel, its loss and recipe). Then both are
 # replayed on the validation split (needs the shards, so here), ours' tokens are recounted,
 # and everything is packed.
-#   MINUTES=5 bash scripts/rented_gpu/gpu_peer_quality.sh [overrides of ours...]   # carry .whl
+#   MINUTES=5 bash lab/leased_gpu/gpu_peer_quality.sh [overrides of ours...]   # carry .whl
 #   OURS_B="head.norm_output=true ..." adds a third run beside them: ours with those overrides
 #   (an A/B of our options at the same budget, packed as oursb/)
 #   ONLY=peer, then ONLY=ours (one call each): each run alone on the GPU for MINUTES, where side
 #   by side the faster loop takes more of the GPU (docs/results.md section 4 has both)
-#   bash scripts/rented_gpu/gpu_quality_run.sh fetch peerq 4                       # parts this call did not return
+#   bash lab/leased_gpu/gpu_quality_run.sh fetch peerq 4                       # parts this call did not return
 #   (fetch peerq-ours 4 after ONLY=ours)
 # (MINUTES + ~1.5 min of start-up, export and replays must fit the call's 10 minutes; the peer
 # cannot resume, so the budget is one call's.) Here:
-#   bash scripts/rented_gpu/gpu_unpack.sh outputs/peerq <sha256> <parts>     # -> ours/ peer/ dataset/manifest.json
+#   bash lab/leased_gpu/gpu_unpack.sh outputs/peerq <sha256> <parts>     # -> ours/ peer/ dataset/manifest.json
 #   python bench/peer_quality.py table --run ours=outputs/peerq/ours --run peer=outputs/peerq/peer \
 #       --dataset-dir outputs/peerq/dataset --target .cache/targets/smollm2_135m-bf16-98362432
 #   (with /tmp/sharegpt.jsonl recreated from .gpu/sharegpt.jsonl.xz: the val prompts are read from it)
@@ -39,7 +39,7 @@ echo "dataset $DS, $MINUTES min each ($MAX_TIME)"
 RUNS=${ONLY:-ours ${OURS_B:+oursb} peer}
 train_ours() {  # NAME [overrides...]: ours through gpu_quality_run.sh's train stage
   local name=$1; shift
-  RETURN_PARTS=0 RUN_DIR=$TMPD/run-$name OUT=$OUTD/$name bash scripts/rented_gpu/gpu_quality_run.sh train \
+  RETURN_PARTS=0 RUN_DIR=$TMPD/run-$name OUT=$OUTD/$name bash lab/leased_gpu/gpu_quality_run.sh train \
     train.max_time=$MAX_TIME "$@" > "$OUTD/$name.log" 2>&1
 }
 for r in $RUNS; do
@@ -65,7 +65,7 @@ for r in $RUNS; do
 done
 # One pack for both (layout of gpu_unpack.sh: dataset_manifest.json at the top), cut in 15 MiB
 # parts: a call returns at most 8 files and 64 MiB, so RETURN_PARTS (4) come back now, the
-# rest with `bash scripts/rented_gpu/gpu_quality_run.sh fetch peerq 4` while the machine is warm.
+# rest with `bash lab/leased_gpu/gpu_quality_run.sh fetch peerq 4` while the machine is warm.
 PACK=$TMPD/pack-peerq${ONLY:+-$ONLY}; rm -rf "$PACK" "$PACK".tar*; mkdir -p "$PACK"
 for r in $RUNS; do
   mkdir -p "$PACK/$r/export"

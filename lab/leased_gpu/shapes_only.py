@@ -4,7 +4,7 @@ target class, c(K, load), depend on its shapes alone, so they can be measured on
 holds neither the target's weights nor room for them (Qwen3-30B-A3B's 61 GB, Kimi-K2.5's 1T
 parameters cut to what one GPU holds); acceptance and outputs then mean nothing.
 
-    python scripts/rented_gpu/shapes_only.py OUT experiment=qwen3_30b_a3b model.tokenizer_from=DIR \
+    python lab/leased_gpu/shapes_only.py OUT experiment=qwen3_30b_a3b model.tokenizer_from=DIR \
         [model.num_layers=... model.extra_config.n_routed_experts=...]
 
 writes OUT/target (config.json from the preset, as model.source=tiny builds it, and the

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Here, after a GPU run's train (+ fetch) calls: reassemble its result parts, check the sha256
 # the train stage printed ("pack pack-run: N parts, sha256 ..."), and lay it out for evaluate.
-#   bash scripts/rented_gpu/gpu_unpack.sh DIR SHA256 PART...      (parts in order: *.part00 *.part01 ...)
+#   bash lab/leased_gpu/gpu_unpack.sh DIR SHA256 PART...      (parts in order: *.part00 *.part01 ...)
 # -> DIR/export (config.json, model.safetensors), DIR/dataset/manifest.json, DIR/summary.json,
 #    DIR/regenerated.tar.xz (carry it as .gpu/regenerated.tar.xz with the next lease's part 0)
 set -euo pipefail
