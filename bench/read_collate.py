@@ -7,7 +7,7 @@ cache cold) and tokens/s at the fastest pass.
     python bench/read_collate.py <datasets dir or dataset dir> [--max-tokens 32768] [--passes 4]
 
 Compare two checkouts on the same dataset, back to back: PYTHONPATH=<checkout> python
-<checkout>/bench/read_collate.py <dir> (docs/results.md, section 17).
+<checkout>/bench/read_collate.py <dir> (docs/records/2026-12-05-storage-formats.md).
 """
 
 from __future__ import annotations

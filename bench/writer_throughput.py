@@ -2,7 +2,7 @@
 host) written into shards by ShardWriter in each storage format, encoded where a GPU topology's
 writer threads encode them (``encode_device``, a chunk of samples at a time), each format against
 exact in the same run. What it answers: whether the writer keeps up with the capture at that width
-(vLLM's capture rates: docs/results.md sections 11, 13 and 17). At SmolLM2's width vLLM's capture
+(vLLM's capture rates: docs/records/2026-12-02-vllm-capture-eval-serving.md, 2026-12-04-rehearsal-llama3-8b.md and 2026-12-05-storage-formats.md). At SmolLM2's width vLLM's capture
 with fp8 + the top-32 ran at 0.77x of exact's rate on an H100; this bench separates the writer's
 part of that from the reading of vLLM's files, and measures it at 8B-and-up widths without vLLM.
 

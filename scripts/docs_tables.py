@@ -2,7 +2,7 @@
 reads (eagle3/planning/rates.yaml, eagle3/serving/step_costs.yaml), so a doc never shows a figure
 the planner or the advice does not use.
 
-    python scripts/docs_tables.py          # rewrite the generated blocks in docs/
+    python scripts/docs_tables.py          # rewrite the generated blocks in docs/ (records included)
     python scripts/docs_tables.py --check  # exit 1 naming each block that differs (the suite runs it)
 
 A generated block sits between `<!-- generated: NAME -->` and `<!-- end generated -->`.
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 where a block differs")
     args = parser.parse_args(argv)
     stale = []
-    for doc in sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]:
+    for doc in sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]:
         new, changed = refresh(doc.read_text())
         stale += [f"{doc.relative_to(ROOT)}: {name}" for name in changed]
         if changed and not args.check:

@@ -59,7 +59,7 @@ def test_kimi_disk_per_million_tokens_is_what_extract_checks(kimi_resolved):
 def test_kimi_checkpoint_disk_is_the_size_its_training_wrote(kimi_resolved):
     """The head at Kimi-K2.5's width (hidden 7,168, one decoder layer of its dense sizes, a
     32,000-token draft vocabulary) built on the meta device: 1.14B trainable parameters. Its
-    rehearsal on the H200 (docs/results.md, section 15) wrote checkpoints of 13,675,525,472 bytes."""
+    rehearsal on the H200 (docs/records/2026-12-04-rehearsal-kimi-k2-5.md) wrote checkpoints of 13,675,525,472 bytes."""
     estimate = str(kimi_resolved.callbacks.model_checkpoint.disk)
     assert estimate.startswith("12.7 GiB a checkpoint (1.14B trainable parameters), up to 3 at once: 38.2 GiB")
     assert format_bytes(13_675_525_472) == "12.7 GiB"

@@ -18,7 +18,7 @@ import pytest
 from conftest import ROOT
 from omegaconf import OmegaConf
 
-DOCS = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "changelog.md")]
+DOCS = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md") if p.name != "changelog.md")]
 COMMAND = re.compile(r"\b(?:python3?|torchrun(?: --[\w-]+(?:[ =]\S+)?)*)\s+(extract|train|evaluate|export)\.py\b")
 # a key's value where the doc writes a placeholder: what composing needs, nothing a run would read
 FILL = {
@@ -28,6 +28,7 @@ FILL = {
     "out": "outputs/x/export",
     "push_to_hub": "org/name",
     "data.path": "chats.jsonl",
+    "model.tokenizer_from": "tok",  # a tokenizer directory: read by a run, not by composing
     "hydra.run.dir": "outputs/x",
     "eval.max_prompts": "16",
     "experiment": "llama3_1_8b",  # "<recipe>": one of the GPU recipes
@@ -226,5 +227,47 @@ def test_the_tables_of_rates_and_step_costs_are_the_data_files():
         [sys.executable, str(ROOT / "scripts" / "docs_tables.py"), "--check"], capture_output=True, text=True, cwd=ROOT
     )
     assert p.returncode == 0, p.stdout + p.stderr + "\n(run: python scripts/docs_tables.py)"
-    results = (ROOT / "docs" / "results.md").read_text()
-    assert "<!-- generated: rates.yaml -->" in results and "<!-- generated: step_costs.yaml -->" in results
+    record = (ROOT / "docs" / "records" / "2026-12-05-multi-gpu-and-planner-rates.md").read_text()
+    assert "<!-- generated: rates.yaml -->" in record and "<!-- generated: step_costs.yaml -->" in record
+
+
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _anchors(doc: Path) -> set[str]:
+    """GitHub's anchors of a markdown file's headings: lower case, punctuation dropped, spaces to '-'."""
+    heads = re.findall(r"^#{1,6} (.+)$", doc.read_text(), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in heads}
+
+
+def broken_links(docs: list[Path], root: Path = ROOT) -> list[str]:
+    """Every relative link of ``docs`` whose file (or heading anchor) does not exist, as "where: link"."""
+    bad = []
+    for doc in docs:
+        text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)  # code blocks hold no links
+        for target in LINK.findall(text):
+            if re.match(r"[a-z]+:", target):  # http(s):, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            file = (doc.parent / path).resolve() if path else doc
+            if not file.exists():
+                bad.append(f"{doc.relative_to(root)}: {target} (no such file)")
+            elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
+                bad.append(f"{doc.relative_to(root)}: {target} (no heading with that anchor)")
+    return bad
+
+
+def test_every_relative_link_in_the_docs_resolves():
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    assert sum(len(LINK.findall(d.read_text())) for d in docs) > 20  # the finder sees the docs' links
+    assert broken_links(docs) == []
+
+
+def test_the_link_check_sees_a_missing_file_and_a_missing_anchor(tmp_path):
+    (tmp_path / "a.md").write_text(
+        "# A title\n[ok](a.md#a-title) [gone](b.md) [no anchor](a.md#other) [web](https://x.org)\n"
+    )
+    assert broken_links([tmp_path / "a.md"], tmp_path) == [
+        "a.md: b.md (no such file)",
+        "a.md: a.md#other (no heading with that anchor)",
+    ]
