@@ -136,9 +136,10 @@ class RunConfig:
     # it (computed from sizes and topology.accelerator; never set by hand)
     sizes_source: str = "${eagle3.sizes_source:${sizes},${topology.accelerator}}"
     # the metric train.py's main() returns (Optuna maximises it) and that picks the exported
-    # checkpoint. The replay at K = eval.num_draft_tokens is what vLLM measures (within 0.01-0.02,
-    # docs/results.md) and compares runs of different train.ttt_steps; val/sim_accept_len
-    # grows with ttt_steps whatever the head, so a sweep over it would favour the longest TTT
+    # checkpoint. The replay at K = eval.num_draft_tokens tracks what vLLM measures
+    # (docs/records/2026-12-01-train-side-estimates.md) and compares runs of different
+    # train.ttt_steps; val/sim_accept_len grows with ttt_steps whatever the head, so a sweep over
+    # it would favour the longest TTT
     optimized_metric: str = DEFAULT_OPTIMIZED_METRIC
 
 

@@ -55,7 +55,8 @@ class TopologyConfig:
     extract_dp: int = 1  # data-parallel extraction replicas
     strategy: Strategy = Strategy.auto  # training: auto | ddp | fsdp
     # Lightning precision (32-true, bf16-mixed, ...). auto: bf16-mixed on CUDA and on a CPU with
-    # native bf16 matmuls (avx512_bf16 / AMX: ~1.9x the fp32 step, docs/results.md), else 32-true
+    # native bf16 matmuls (avx512_bf16 / AMX: a much faster step than fp32,
+    # docs/records/2026-12-01-make-demo.md), else 32-true
     precision: str = "auto"
 
 

@@ -49,7 +49,8 @@ class TrainConfig:
     step_decay: float = 0.8
     loss: LossKind = LossKind.forward_kl
     # which positions the training loss (and train/* metrics) counts; validation always scores the
-    # answers. all: +0.09 in vLLM at equal GPU minutes, +0.01 on the CPU demo (docs/results.md)
+    # answers. all: the better head in vLLM at equal GPU minutes, and no worse on the CPU demo
+    # (docs/records/2026-12-01-equal-budget-vs-speculators.md, docs/changelog.md)
     loss_tokens: LossTokens = LossTokens.all
     # flex: block-sparse TTT masks (eagle3/draft/flex.py), needs CUDA and max_tokens_per_batch a
     # multiple of 128 (rows are padded to it); sdpa: a dense bool mask, any device. auto: flex

@@ -4,8 +4,9 @@ Same mask as ``mask.py`` (block 0 causal within a segment, blocks 1..k the diago
 block-sparse: with 128-token blocks, step k touches the causal half of block 0 plus one
 diagonal block per earlier step instead of a dense bool [T, T * (k+1)], and no keys past
 step k exist (the kernel gets the keys of all steps, padded, and the block mask stops at
-the current step). Measured on an H200 in the bench (Llama-3.1-8B shapes, TTT 3, compiled
-step): 1.37x speculators' compiled step, against 1.27x for the dense-mask SDPA path.
+the current step). It is the CUDA default because in the bench (Llama-3.1-8B shapes, TTT 3,
+compiled step) it beat both speculators' compiled step and our dense-mask SDPA path
+(docs/records/2026-12-01-train-step-vs-speculators.md).
 
 Constraints: one packed row per batch (B = 1) and T a multiple of FLEX_BLOCK (the
 datamodule pads rows when ``fixed_shape``). flex_attention runs eagerly as a slow reference

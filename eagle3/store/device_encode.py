@@ -2,8 +2,8 @@
 
 vLLM's capture hands its states over on the host (its connector files). Encoded on the GPU sample
 by sample, each sample cost a copy there, the format's handful of kernels and a wait for the copies
-back (about a millisecond each): vLLM's capture ran at 0.68x of exact's rate (fp8) and 0.52x (fp8 +
-the teacher's top-32) on an H100, 3,000 ShareGPT samples of ~850 tokens. Here the samples of a
+back (about a millisecond each), which held vLLM's capture far below exact's rate on an H100
+(docs/records/2026-12-05-storage-formats.md). Here the samples of a
 chunk are copied into one device buffer, encoded by one call, and copied back once. Each token's
 rows are encoded on their own (storage_format.encode), so a chunk's tensors are its samples'
 tensors concatenated, bit for bit, and the shard file is the one the per-sample encode writes."""

@@ -157,8 +157,8 @@ class HFCaptureBackend:
         self.hidden_size = int(self.model.config.get_text_config().hidden_size)
         self._captured: dict[int, torch.Tensor] = {}
         # CUDA: finish batch i after queueing forward i+1, so its host copy runs beside that
-        # forward. Off until measured faster: an H200 run gave 0.92x of a plain forward with it
-        # (another job sharing the host) vs 0.96x without (bench/extract_throughput.py hf_overlap)
+        # forward. Off until measured faster: on an H200 it bought nothing over the plain path
+        # (bench/extract_throughput.py hf_overlap; docs/records/2026-12-01-extraction-throughput.md)
         self.overlap_host_copy = False
         self._hooks = []
         for lid in ids:

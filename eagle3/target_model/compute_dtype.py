@@ -4,9 +4,9 @@ The stored dtype (capture.dtype, bf16 by default) is the dataset's format and is
 fingerprint; the compute dtype is only how this machine gets there. CUDA, and an x86 CPU with
 half-precision dot products (avx512_bf16 or AMX tiles for bf16; avx512_fp16 or AMX-FP16 for
 fp16), run half-precision matmuls natively, unless oneDNN is capped below those instructions
-(ONEDNN_MAX_CPU_ISA). Any other CPU emulates them: SmolLM2-135M's capture forward ran 117
-tok/s in bf16 against 647 tok/s in fp32 with oneDNN and ATen capped to AVX2, and 2,035 against
-664 uncapped on the same Xeon with AMX (bench/cpu_capture_dtype.py; docs/results.md, section 1).
+(ONEDNN_MAX_CPU_ISA). Any other CPU emulates them: SmolLM2-135M's capture forward in bf16 ran
+several times slower than in fp32 with oneDNN and ATen capped to AVX2, and several times faster
+uncapped on the same Xeon with AMX (bench/cpu_capture_dtype.py; docs/records/2026-12-01-make-demo.md).
 Where bf16 is emulated the forward runs in fp32 and its hidden states are cast to the stored
 dtype before they reach the adapter: the same layout, the same dataset identity, values within
 one bf16 rounding of a native bf16 forward.

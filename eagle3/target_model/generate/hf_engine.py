@@ -22,8 +22,8 @@ class HFRegenerator(Regenerator):
     and its first end-of-turn token, so batching never changes an answer's length limit.
 
     ``fast_decode`` (default): ``eagle3.target_model.generate.fast_decode.decode`` for Llama-family targets, a
-    preallocated KV cache read once per step (H200: 1.95x ``generate`` on a random-weight probe;
-    all 17,295 ShareGPT first turns in ~2.5 min, ~4x ``generate``), the same greedy
+    preallocated KV cache read once per step (faster than ``generate`` on an H200:
+    docs/records/2026-12-01-regeneration.md, docs/changelog.md), the same greedy
     answers in fp32 (bf16 near ties may flip); ``generate`` for any other target, with
     ``static_cache``, or when the generation_config asks for processing decode lacks."""
 
