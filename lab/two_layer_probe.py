@@ -1,7 +1,7 @@
 """A trained one-layer export + a random second layer (o_proj, down_proj scaled up so it
 matters), exported again: `python evaluate.py` on it compares vLLM's counters with our
 served replay of the same two-layer head, i.e. whether vLLM runs layer 2 as we do.
-    python lab/two_layer_probe.py SRC_EXPORT VERIFIER_DIR OUT_EXPORT SCALE   (docs/results.md: SCALE 10)
+    python lab/two_layer_probe.py SRC_EXPORT VERIFIER_DIR OUT_EXPORT SCALE   (docs/records/2026-12-01-train-side-estimates.md: SCALE 10)
 """
 
 import dataclasses

@@ -12,7 +12,7 @@
 - .gpu/sharegpt.jsonl.xz  the usable ShareGPT conversations as JSONL (ids kept), xz'd
 - .gpu/tok/             SmolLM2's tokenizer files (for random-weight models)
 
-On the GPU machine: `bash lab/leased_gpu/gpu_quality_run.sh` (see docs/results.md).
+On the GPU machine: `bash lab/leased_gpu/gpu_quality_run.sh` (see docs/records/).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
 #   OURS_B="head.norm_output=true ..." adds a third run beside them: ours with those overrides
 #   (an A/B of our options at the same budget, packed as oursb/)
 #   ONLY=peer, then ONLY=ours (one call each): each run alone on the GPU for MINUTES, where side
-#   by side the faster loop takes more of the GPU (docs/results.md section 4 has both)
+#   by side the faster loop takes more of the GPU (docs/records/2026-12-01-equal-budget-vs-speculators.md has both)
 #   bash lab/leased_gpu/gpu_quality_run.sh fetch peerq 4                       # parts this call did not return
 #   (fetch peerq-ours 4 after ONLY=ours)
 # (MINUTES + ~1.5 min of start-up, export and replays must fit the call's 10 minutes; the peer

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The smollm2_full quality run on a bare GPU machine (see docs/results.md).
+# The smollm2_full quality run on a bare GPU machine (docs/records/2026-12-05-smollm2-full-two-turns.md).
 #   bash lab/leased_gpu/gpu_quality_run.sh part 0     # carry .gpu/parts/gguf.0 .gpu/site .gpu/gguf.sha256
 #                                              # [+ .gpu/regenerated.tar.xz from an earlier train stage]
 #   bash lab/leased_gpu/gpu_quality_run.sh part 1     # carry .gpu/parts/gguf.1 .gpu/sharegpt.jsonl.xz
