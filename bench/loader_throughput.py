@@ -38,7 +38,7 @@ from harness import ints, target_config, write_json  # beside this file; puts th
 
 from eagle3.store import HiddenStateDataset, ShardWriter
 from eagle3.store.packing import decode_hidden, pack_rows, packed_loader
-from eagle3.store.storage_format import EXACT, STORAGES
+from eagle3.store.storage_format import EXACT, STORAGES, StorageFormat
 from eagle3.target_model.records import CapturedSample
 
 LAYERS = 4  # three aux ids and the final state
@@ -55,7 +55,7 @@ def write_dataset(directory: Path, hidden: int, samples: int, tokens: int, stora
         hidden_size=hidden,
         dtype=torch.bfloat16,
         fingerprint_inputs={"bench": "loader_throughput", "hidden": hidden},
-        storage=storage,
+        storage=StorageFormat(storage),
         background=True,
         writer_threads=2,
     )

@@ -43,7 +43,7 @@ def main() -> None:
             collate_rows([ds[i] for i in b], args.max_tokens, None, True, split=False)
         ms.append((time.perf_counter() - t) / len(batches) * 1e3)
     tokens = int(ds.lengths.sum()) / len(batches)
-    print(f"checkout {ROOT}; {d.name}: storage {ds.storage}, teacher_topk {ds.teacher_topk}, {len(batches)} batches")
+    print(f"checkout {ROOT}; {d.name}: storage {ds.storage}, {len(batches)} batches")
     print(f"ms per batch by pass: {[round(x, 1) for x in ms]}; {tokens / min(ms) * 1e3:,.0f} tok/s at the fastest")
 
 

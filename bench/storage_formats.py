@@ -34,7 +34,7 @@ from topk_teacher import dataset_vocab, topk_bytes, topk_check
 
 from eagle3.store import HiddenStateDataset, ShardWriter
 from eagle3.store.packing import pack_rows
-from eagle3.store.storage_format import decode, encode
+from eagle3.store.storage_format import StorageFormat
 from eagle3.target_model.records import CapturedSample
 
 FORMATS = ("exact", "fp8", "int4")
@@ -48,7 +48,7 @@ def rewrite(src: HiddenStateDataset, directory: Path, storage: str, limit: int) 
         hidden_size=src.hidden_size,
         dtype=src.dtype,
         fingerprint_inputs={"bench": "storage_formats", "source": src.fingerprint, "storage": storage},
-        storage=storage,
+        storage=StorageFormat(storage),
     )
     samples = [src[i] for i in range(limit)]
     t0, tokens = time.perf_counter(), 0
@@ -65,7 +65,8 @@ def errors(src: HiddenStateDataset, limit: int, storage: str) -> dict[str, list[
     num, den, worst = None, None, None
     for i in range(limit):
         h = src[i]["hidden"]  # [T, L, H]
-        back = decode(encode(h, storage), storage, h.dtype)
+        fmt = StorageFormat(storage)
+        back = fmt.decode(fmt.encode(h), h.dtype)
         d = back[:, :-1].float() - h[:, :-1].float()  # [T, L-1, H]
         x = h[:, :-1].float()
         n, q = d.pow(2).sum((0, 2)), x.pow(2).sum((0, 2))
@@ -88,7 +89,8 @@ def teacher_check(src: HiddenStateDataset, model_dir: str, limit: int) -> dict[s
         for i in range(limit):
             h = src[i]["hidden"][:, -1:]  # [T, 1, H]: the final state
             as_aux = torch.cat([h, h], dim=1)  # the codec stores all but the last layer: encode it as an aux one
-            q = decode(encode(as_aux, "fp8"), "fp8", h.dtype)[:, :1]
+            fp8 = StorageFormat("fp8")
+            q = fp8.decode(fp8.encode(as_aux), h.dtype)[:, :1]
             lp = torch.log_softmax(head(norm(h[:, 0].float())), -1)
             lq = torch.log_softmax(head(norm(q[:, 0].float())), -1)
             kl_sum += float((lp.exp() * (lp - lq)).sum())
@@ -114,7 +116,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     src = HiddenStateDataset(args.dataset)
-    if src.storage != "exact":
+    if not src.storage.is_exact:
         raise SystemExit(f"{args.dataset}: storage {src.storage}: expected an exact dataset")
     n = min(args.samples, len(src))
     result: dict = {"dataset": str(args.dataset), "samples": n, "layer_ids": list(src.layer_ids)}

@@ -29,6 +29,7 @@ import torch
 from harness import add_out, target_config, write_json  # beside this file; puts the checkout on sys.path
 
 from eagle3.store import ShardWriter
+from eagle3.store.storage_format import StorageFormat
 from eagle3.store.teacher_topk import TeacherProjection
 from eagle3.target_model.records import CapturedSample
 
@@ -57,8 +58,7 @@ def projection(hidden: int, vocab: int, k: int, device: str) -> TeacherProjectio
 def write_rate(
     directory: Path,
     data: list[CapturedSample],
-    storage: str,
-    k: int | None,
+    storage: StorageFormat,
     teacher: TeacherProjection | None,
     device: str | None,
     threads: int,
@@ -71,7 +71,6 @@ def write_rate(
         dtype=torch.bfloat16,
         fingerprint_inputs={"bench": "writer_throughput"},
         storage=storage,
-        teacher_topk=k,
         background=True,
         writer_threads=threads,
         encode_device=device,
@@ -113,12 +112,13 @@ def main() -> None:
     best: dict[str, tuple[float, int]] = {}
     for _ in range(args.rounds):
         for name in formats:
-            storage, _, k_text = name.partition("+")
-            k = int(k_text) if k_text else None
+            kind, _, k_text = name.partition("+")
+            k = int(k_text.removeprefix("top")) if k_text else None
+            storage = StorageFormat(kind, k)
             teacher = projection(hidden, vocab, k, device or "cpu") if k else None
             directory = work / name
             shutil.rmtree(directory, ignore_errors=True)
-            seconds, size = write_rate(directory, data, storage, k, teacher, device, args.writer_threads)
+            seconds, size = write_rate(directory, data, storage, teacher, device, args.writer_threads)
             shutil.rmtree(directory, ignore_errors=True)
             if name not in best or seconds < best[name][0]:
                 best[name] = (seconds, size)

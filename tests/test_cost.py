@@ -24,6 +24,7 @@ from eagle3.planning.cost import (
 )
 from eagle3.planning.disk_estimate import disk_bytes
 from eagle3.store.disk import format_bytes
+from eagle3.store.storage_format import StorageFormat
 
 CPU_RATE = next(r for r in measured_rates() if r.accelerator == "cpu")
 SMOL_SHAPE = dict(
@@ -52,7 +53,10 @@ def test_extract_estimate_follows_the_config():
     tokens = 300 * 512
     assert f"300 samples x <= 512 tokens = <= {tokens:,} tokens" in line
     # the CPU's storage format (capture.storage=fp8): the aux layers in 1 byte and a scale
-    assert f"disk <= {format_bytes(disk_bytes(tokens, [2, 15, 27, 30], 576, 'bfloat16', 65536, 'fp8'))}" in line
+    assert (
+        f"disk <= {format_bytes(disk_bytes(tokens, [2, 15, 27, 30], 576, 'bfloat16', 65536, StorageFormat('fp8')))}"
+        in line
+    )
     # SmolLM2 on the CPU is the measured entry itself: tokens / its capture rate
     secs = capture_seconds(cfg, tokens)
     assert secs == pytest.approx(tokens / CPU_RATE.capture_tok_s)

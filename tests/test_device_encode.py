@@ -13,13 +13,13 @@ from test_teacher_topk import projection
 from test_teacher_topk import states as teacher_states
 
 from eagle3.store.device_encode import encoded_parts
-from eagle3.store.storage_format import encode
+from eagle3.store.storage_format import StorageFormat
 from eagle3.store.teacher_topk import TeacherProjection
 
 
-def per_sample(hiddens, storage, teacher=None) -> dict[str, torch.Tensor]:
+def per_sample(hiddens, storage: StorageFormat, teacher=None) -> dict[str, torch.Tensor]:
     """What encoding each sample on its own and concatenating gives."""
-    each = [encode(h, storage, teacher) for h in hiddens]
+    each = [storage.encode(h, teacher) for h in hiddens]
     return {name: torch.cat([e[name] for e in each]) for name in each[0]}
 
 
@@ -28,7 +28,7 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.uint8)
 
 
-@pytest.mark.parametrize("storage", ENCODED)
+@pytest.mark.parametrize("storage", ENCODED, ids=str)
 @pytest.mark.parametrize("chunk_bytes", [1, 20_000, 1 << 30])
 def test_chunks_concatenate_to_the_per_sample_encode(storage, chunk_bytes):
     hiddens = [r.states() for r in samples(7).values()]
@@ -52,15 +52,16 @@ def test_the_teachers_top_k_and_encoded_samples_keep_their_places():
     p = projection()
     hiddens = [teacher_states(5 + 3 * i, seed=i) for i in range(6)]
     mixed = list(hiddens)
-    mixed[2] = encode(hiddens[2], "fp8", p)
-    parts = encoded_parts(mixed, "fp8", p, torch.device("cpu"), chunk_bytes=1 << 30)
+    top_k = StorageFormat("fp8", p.k)
+    mixed[2] = top_k.encode(hiddens[2], p)
+    parts = encoded_parts(mixed, top_k, p, torch.device("cpu"), chunk_bytes=1 << 30)
     assert len(parts["teacher_ids"]) == 3  # samples 0-1, the encoded 2, samples 3-5
-    want = per_sample(hiddens, "fp8", p)
+    want = per_sample(hiddens, top_k, p)
     for name, t in want.items():
         assert torch.equal(bits(torch.cat(parts[name])), bits(t)), name
 
 
-@pytest.mark.parametrize("storage", ENCODED)
+@pytest.mark.parametrize("storage", ENCODED, ids=str)
 def test_the_writer_encoding_by_chunks_writes_the_per_sample_shard_files(tmp_path, storage):
     records = samples()
     host = write(tmp_path / "host", records, storage)

@@ -18,6 +18,7 @@ from eagle3.config.errors import ConfigError
 from eagle3.planning.disk_estimate import disk_bytes
 from eagle3.stages.validate import validate_run_config
 from eagle3.store.disk import disk_needed_bytes, format_bytes
+from eagle3.store.storage_format import StorageFormat
 
 KIMI = ["model=kimi_k2_5", "topology=gpu8_tp8", "capture=vllm"]
 KIMI_BYTES_PER_TOKEN = 4 * 7168 * 2 + 8 + 1  # 4 layers x hidden x bf16 + token id + mask
@@ -109,14 +110,14 @@ def test_checkpoint_disk_of_your_own_model_reads_its_config_json(tmp_path):
 def test_smollm2_estimate_follows_the_model():
     cfg = compose("extract")
     assert cfg.capture.hidden_layout == "bfloat16 [T, 4, 576]"
-    assert disk_bytes(1_000_000, [2, 15, 27, 30], 576, "bfloat16") == disk_needed_bytes(
+    assert disk_bytes(1_000_000, [2, 15, 27, 30], 576, "bfloat16", 65536, StorageFormat()) == disk_needed_bytes(
         1_000_000, 4, 576, torch.bfloat16, 0, 65536
     )
     # more layers, wider dtype: the estimate follows the config, never a hard-coded figure
     wide = compose("extract", ["layers.aux_ids=[1,5,9,15,27]", "capture.dtype=float32"])
     assert wide.capture.hidden_layout == "float32 [T, 6, 576]"
     assert wide.capture.disk_per_1m_tokens == format_bytes(
-        disk_needed_bytes(1_000_000, 6, 576, torch.float32, 0, 65536, wide.capture.storage)
+        disk_needed_bytes(1_000_000, 6, 576, torch.float32, 0, 65536, StorageFormat.from_config(wide.capture))
     )
 
 

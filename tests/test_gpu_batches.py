@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from eagle3.store import ShardWriter
+from eagle3.store.storage_format import StorageFormat
 from eagle3.target_model.adapter import CapturedSample
 from eagle3.training.datamodule import Eagle3DataModule
 
@@ -29,7 +30,7 @@ def _dataset(path, n: int = 24, storage: str = "exact"):
         hidden_size=H,
         dtype=torch.bfloat16,
         fingerprint_inputs={"test": "gpu_batches"},
-        storage=storage,
+        storage=StorageFormat(storage),
     )
     g = torch.Generator().manual_seed(0)
     for i in range(n):

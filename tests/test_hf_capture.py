@@ -6,7 +6,6 @@ Real SmolLM2-135M (tokenizer + weights) and the random tiny DeepSeek-V3 (MLA + M
 from __future__ import annotations
 
 import hashlib
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ import yaml
 
 from eagle3.config.target import ModelConfig
 from eagle3.store import HiddenStateDataset, ShardWriter
-from eagle3.store.storage_format import encode
+from eagle3.store.storage_format import StorageFormat
 from eagle3.target_model.adapter import CaptureError
 from eagle3.target_model.capture_hf import HFCaptureBackend
 from eagle3.target_model.records import DeviceEncoding
@@ -282,7 +281,7 @@ def test_cuda_nan_is_refused_after_the_device_check(tiny_deepseek_cuda):
 
 
 @cuda
-@pytest.mark.parametrize("storage", ["fp8", "int4"])
+@pytest.mark.parametrize("storage", [StorageFormat("fp8"), StorageFormat("int4")], ids=str)
 def test_cuda_encoded_batch_copies_are_the_cpu_encode_bit_for_bit_and_write_the_same_shards(tmp_path, storage):
     """BatchToHost with a DeviceEncoding: a [B, T, L, H] batch encoded on the GPU; each row's host
     tensors equal the CPU encode of that sample alone, bit for bit (amaxes whose quotient by 448
@@ -297,12 +296,12 @@ def test_cuda_encoded_batch_copies_are_the_cpu_encode_bit_for_bit_and_write_the_
     )
     lengths = [96, 70, 33, 5]
     valid = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]  # [B, T]
-    encoding = DeviceEncoding(storage, partial(encode, storage=storage))
+    encoding = DeviceEncoding(storage, storage.encode)
     rows = BatchToHost(h.cuda(), valid.cuda(), lengths, torch.bfloat16, encoding).rows()
     device, cpu = {}, {}
     for b, ((tensors, finite), t) in enumerate(zip(rows, lengths)):
         alone = h[b, :t]
-        want = encode(alone, storage)
+        want = storage.encode(alone)
         assert finite and sorted(tensors) == sorted(want)
         for name, v in want.items():
             assert tensors[name].dtype == v.dtype and torch.equal(tensors[name].view(torch.uint8), v.view(torch.uint8))
@@ -331,14 +330,14 @@ def test_cuda_encoded_batch_copies_are_the_cpu_encode_bit_for_bit_and_write_the_
 
 
 @cuda
-@pytest.mark.parametrize("storage", ["fp8", "int4"])
+@pytest.mark.parametrize("storage", [StorageFormat("fp8"), StorageFormat("int4")], ids=str)
 def test_cuda_capture_with_a_device_encoding_hands_over_encoded_records(tiny_deepseek_cuda, tmp_path, storage):
     """The HF backend on a GPU with capture.storage fp8/int4: records carry the format's tensors
     (no exact states on the host); the dataset written from them reads back within the format's
     error of the same prompts captured whole."""
     backend, samples = tiny_deepseek_cuda
     whole = dict(backend.capture_with_ids(samples))
-    backend.device_encoding = DeviceEncoding(storage, partial(encode, storage=storage))
+    backend.device_encoding = DeviceEncoding(storage, storage.encode)
     try:
         on_device = dict(backend.capture_with_ids(samples))
     finally:
@@ -359,5 +358,5 @@ def test_cuda_capture_with_a_device_encoding_hands_over_encoded_records(tiny_dee
     for i in range(len(ds)):
         got, want = ds[i]["hidden"], whole[ds.sample_id(i)].states()
         assert got.shape == want.shape
-        assert rel_err(got[:, :-1], want[:, :-1]) < (0.05 if storage == "fp8" else 0.2)
+        assert rel_err(got[:, :-1], want[:, :-1]) < (0.05 if storage.kind == "fp8" else 0.2)
         assert rel_err(got[:, -1], want[:, -1]) < BATCHED_REL_TOL  # the final layer exact

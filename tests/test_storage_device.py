@@ -8,7 +8,6 @@ float path included); tests/test_hf_capture.py and tests/test_gpu_batches.py run
 from __future__ import annotations
 
 import hashlib
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ import torch
 from eagle3.store import HiddenStateDataset, ShardWriter, StoreError
 from eagle3.store.packing import collate_rows, decode_hidden, split_hidden
 from eagle3.store.reader import DamagedDatasetError
-from eagle3.store.storage_format import FP8_MAX, decode, decode_split, decodes_finite, encode
+from eagle3.store.storage_format import FP8_MAX, StorageFormat
 from eagle3.target_model.adapter import CaptureError, CaptureSpec, to_encoded_sample
 from eagle3.target_model.records import CapturedSample, DeviceEncoding
 from eagle3.training.datamodule import Eagle3DataModule
@@ -27,7 +26,8 @@ H = 64
 DT = torch.bfloat16
 VOCAB = 50
 INPUTS = {"model": "tiny", "layer_ids": list(LAYER_IDS), "dtype": "bfloat16"}
-ENCODED = ("fp8", "int4")
+FP8, INT4 = StorageFormat("fp8"), StorageFormat("int4")
+ENCODED = (FP8, INT4)
 
 
 def states(T: int, seed: int = 0, dtype: torch.dtype = DT) -> torch.Tensor:
@@ -48,7 +48,7 @@ def samples(n: int = 7) -> dict[str, CapturedSample]:
     return out
 
 
-def batch_as_the_device_encodes_it(records: list[CapturedSample], storage: str) -> list[CapturedSample]:
+def batch_as_the_device_encodes_it(records: list[CapturedSample], storage: StorageFormat) -> list[CapturedSample]:
     """What HFCaptureBackend + BatchToHost do on a GPU, on this CPU: the samples right-padded into
     one [B, T, L, H] batch (padding holds huge values: it must not touch a real token's codes),
     encoded as a batch, each row's first t tokens made a record by to_encoded_sample."""
@@ -56,7 +56,7 @@ def batch_as_the_device_encodes_it(records: list[CapturedSample], storage: str) 
     batch = torch.full((len(records), max(lengths), len(LAYER_IDS), H), 3e4, dtype=DT)  # [B, T, L, H]
     for b, r in enumerate(records):
         batch[b, : lengths[b]] = r.states()
-    encoded = DeviceEncoding(storage, partial(encode, storage=storage)).encode(batch)  # each [B, T, ...]
+    encoded = DeviceEncoding(storage, storage.encode).encode(batch)  # each [B, T, ...]
     out = []
     for b, r in enumerate(records):
         rows = {name: t[b, : lengths[b]] for name, t in encoded.items()}
@@ -75,7 +75,11 @@ def batch_as_the_device_encodes_it(records: list[CapturedSample], storage: str) 
 
 
 def write(
-    directory: Path, records: dict[str, CapturedSample], storage: str, background: bool = False, encode_device=None
+    directory: Path,
+    records: dict[str, CapturedSample],
+    storage: StorageFormat,
+    background: bool = False,
+    encode_device=None,
 ):
     w = ShardWriter(
         directory,
@@ -101,11 +105,11 @@ def sha256(path: Path) -> str:
 # ------------------------------------------------------------------ encode where the states are
 
 
-@pytest.mark.parametrize("storage", ENCODED)
+@pytest.mark.parametrize("storage", ENCODED, ids=str)
 def test_a_batch_encoded_at_once_gives_each_sample_its_own_encoding_bit_for_bit(storage):
     records = list(samples().values())
     for r, device in zip(records, batch_as_the_device_encodes_it(records, storage)):
-        alone = encode(r.states(), storage)
+        alone = storage.encode(r.states())
         assert device.encoded is not None and sorted(device.encoded) == sorted(alone)
         for name, t in alone.items():
             assert device.encoded[name].dtype == t.dtype
@@ -123,12 +127,12 @@ def test_the_scale_is_a_true_division_not_a_product_with_the_reciprocal():
     assert differs.numel() > 0  # the two are not the same computation
     h = torch.zeros(differs.numel(), 2, 4)  # [T, 2 layers, H]: the aux row's amax is the value
     h[:, 0, 0] = differs
-    scale = encode(h, "fp8")["hidden_aux_scale"][:, 0]
+    scale = FP8.encode(h)["hidden_aux_scale"][:, 0]
     want = (differs.double() / FP8_MAX).float().clamp_min(1e-30).to(torch.bfloat16)
     assert torch.equal(scale, want)
 
 
-@pytest.mark.parametrize("storage", ENCODED)
+@pytest.mark.parametrize("storage", ENCODED, ids=str)
 def test_pre_encoded_samples_through_the_real_writer_make_the_same_shard_files(tmp_path, storage):
     records = samples()
     device = dict(zip(records, batch_as_the_device_encodes_it(list(records.values()), storage)))
@@ -143,7 +147,7 @@ def test_pre_encoded_samples_through_the_real_writer_make_the_same_shard_files(t
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("storage", ENCODED)
+@pytest.mark.parametrize("storage", ENCODED, ids=str)
 def test_the_writer_threads_encoding_on_the_gpu_write_the_host_encodes_shard_files(tmp_path, storage):
     """vLLM's capture hands its states over on the host; a GPU topology's writer threads encode
     them on the GPU (encode_device): the same files, byte for byte, as the host's encode."""
@@ -157,11 +161,11 @@ def test_the_writer_threads_encoding_on_the_gpu_write_the_host_encodes_shard_fil
 
 def test_the_writer_refuses_an_encoded_sample_of_another_format_by_name(tmp_path):
     records = list(samples(2).values())
-    int4 = batch_as_the_device_encodes_it(records, "int4")[0]
-    w = ShardWriter(tmp_path, layer_ids=LAYER_IDS, hidden_size=H, dtype=DT, fingerprint_inputs=INPUTS, storage="fp8")
+    int4 = batch_as_the_device_encodes_it(records, INT4)[0]
+    w = ShardWriter(tmp_path, layer_ids=LAYER_IDS, hidden_size=H, dtype=DT, fingerprint_inputs=INPUTS, storage=FP8)
     with pytest.raises(StoreError, match="sample 'a' storage: expected fp8, got int4"):
         w.add("a", int4)
-    fp8 = batch_as_the_device_encodes_it(records, "fp8")[0]
+    fp8 = batch_as_the_device_encodes_it(records, FP8)[0]
     assert fp8.encoded is not None
     fp8.encoded["hidden_final"] = fp8.encoded["hidden_final"].float()
     with pytest.raises(StoreError, match=r"sample 'b' encoded hidden_final: expected torch.bfloat16 \[4, 1, 64\]"):
@@ -170,7 +174,7 @@ def test_the_writer_refuses_an_encoded_sample_of_another_format_by_name(tmp_path
     with pytest.raises(CaptureError, match="NaN/Inf in torch.bfloat16 on the device"):
         to_encoded_sample(
             dict(fp8.encoded),
-            storage="fp8",
+            storage=FP8,
             spec=CaptureSpec(LAYER_IDS, H, DT, 4),
             sent_token_ids=fp8.token_ids,
             loss_mask=fp8.loss_mask,
@@ -178,7 +182,7 @@ def test_the_writer_refuses_an_encoded_sample_of_another_format_by_name(tmp_path
             sample_id="s0",
         )
     with pytest.raises(CaptureError, match="DeviceEncoding.storage: expected a format other than exact"):
-        DeviceEncoding("exact", partial(encode, storage="exact"))
+        DeviceEncoding(StorageFormat(), StorageFormat().encode)
     with pytest.raises(
         CaptureError, match="CapturedSample.hidden: expected the states as captured, got only their fp8"
     ):
@@ -193,15 +197,15 @@ def test_the_devices_float_path_decodes_the_bits_the_cpu_bits_path_decodes(dtype
     h = states(40, dtype=dtype)
     h[3, 0] = 0  # an all-zero row
     h[5, 1, :8] = torch.tensor([1e-3, -2e-3, 3e-4, 0, 5, -448, 448, 1], dtype=dtype)  # subnormal codes
-    enc = encode(h, "fp8")
-    cpu = decode(enc, "fp8", dtype)  # bf16: the bits path
+    enc = FP8.encode(h)
+    cpu = FP8.decode(enc, dtype)  # bf16: the bits path
     meta = {k: v.to("meta") for k, v in enc.items()}
-    assert decode(meta, "fp8", dtype).device.type == "meta"  # off the CPU: no host read of the scales
+    assert FP8.decode(meta, dtype).device.type == "meta"  # off the CPU: no host read of the scales
     aux = torch.empty(40, 2, H, dtype=dtype)
     aux.copy_(enc["hidden_aux"].to(torch.float32).mul_(enc["hidden_aux_scale"].float().unsqueeze(-1)))
     assert torch.equal(cpu[:, :2], aux) and torch.equal(cpu[:, 2], h[:, 2])
-    assert torch.equal(decode(enc, "fp8", dtype, float_path=True), cpu)
-    split_aux, split_final = decode_split(enc, "fp8", dtype)
+    assert torch.equal(FP8.decode(enc, dtype, float_path=True), cpu)
+    split_aux, split_final = FP8.decode_split(enc, dtype)
     assert torch.equal(split_aux, cpu[:, :2]) and torch.equal(split_final, cpu[:, 2])
 
 
@@ -212,21 +216,21 @@ def test_every_e4m3_code_decodes_alike_on_both_paths_but_nan_which_only_the_floa
         "hidden_aux_scale": torch.tensor([0.5, 1, 2, 3e-3, 7, 100, 1e-30, 127], dtype=DT).reshape(8, 1),
         "hidden_final": torch.zeros(8, 1, 32, dtype=DT),
     }
-    bits, floats = decode(rows, "fp8", DT)[:, 0], decode(rows, "fp8", DT, float_path=True)[:, 0]  # [8, 32]
+    bits, floats = FP8.decode(rows, DT)[:, 0], FP8.decode(rows, DT, float_path=True)[:, 0]  # [8, 32]
     nan = torch.isnan(floats)
     assert nan.sum() == 2 and not torch.isnan(bits).any()  # 0x7F and 0xFF: a number on the bits path
     assert torch.equal(bits[~nan], floats[~nan])
     product = (codes.float().reshape(8, 32) * rows["hidden_aux_scale"].float()).to(DT)  # rounded once
     assert torch.equal(floats[~nan], product[~nan])
-    assert not decodes_finite(rows, "fp8", DT)
+    assert not FP8.decodes_finite(rows, DT)
 
 
-@pytest.mark.parametrize("storage", ENCODED)
+@pytest.mark.parametrize("storage", ENCODED, ids=str)
 @pytest.mark.parametrize("row_tokens", [None, 32])
 def test_a_batch_decoded_after_the_copy_equals_the_batch_of_decoded_samples(storage, row_tokens):
     items = [{"input_ids": r.token_ids, "loss_mask": r.loss_mask, "hidden": r.states()} for r in samples().values()]
-    enc = [{"input_ids": i["input_ids"], "loss_mask": i["loss_mask"], **encode(i["hidden"], storage)} for i in items]
-    dec = [{**i, "hidden": decode(encode(i["hidden"], storage), storage, DT)} for i in items]
+    enc = [{"input_ids": i["input_ids"], "loss_mask": i["loss_mask"], **storage.encode(i["hidden"])} for i in items]
+    dec = [{**i, "hidden": storage.decode(storage.encode(i["hidden"]), DT)} for i in items]
     for fixed in (False, True):
         want = collate_rows(dec, 64, row_tokens, fixed)
         travelled = collate_rows(enc, 64, row_tokens, fixed, split=False)
@@ -238,13 +242,14 @@ def test_a_batch_decoded_after_the_copy_equals_the_batch_of_decoded_samples(stor
     # an exact batch is split as before
     exact = collate_rows(items, 64, None, split=False)
     assert all(
-        torch.equal(a, b) for a, b in zip(decode_hidden(exact, "exact", DT).values(), split_hidden(exact).values())
+        torch.equal(a, b)
+        for a, b in zip(decode_hidden(exact, StorageFormat(), DT).values(), split_hidden(exact).values())
     )
 
 
 @pytest.mark.parametrize("workers", [0, 1])
 def test_the_data_module_decoding_after_the_transfer_gives_the_workers_batches(tmp_path, workers):
-    write(tmp_path / "ds", samples(), "fp8")
+    write(tmp_path / "ds", samples(), FP8)
     kw = dict(max_tokens_per_batch=96, num_workers=workers, row_tokens=48)
     on_device = Eagle3DataModule(str(tmp_path / "ds"), decode_on_device=True, **kw)
     in_workers = Eagle3DataModule(str(tmp_path / "ds"), decode_on_device=False, **kw)
@@ -261,21 +266,21 @@ def test_the_data_module_decoding_after_the_transfer_gives_the_workers_batches(t
 
 def test_a_damaged_encoded_sample_is_refused_without_decoding_the_good_ones(tmp_path):
     records = samples(3)
-    write(tmp_path / "ds", records, "fp8")
+    write(tmp_path / "ds", records, FP8)
     ds = HiddenStateDataset(tmp_path / "ds").encoded_rows()
     row = ds[0]
-    assert "hidden" not in row and decodes_finite({k: row[k] for k in row if k.startswith("hidden")}, "fp8", DT)
-    assert decode({k: row[k] for k in row if k.startswith("hidden")}, "fp8", DT).shape == (
+    assert "hidden" not in row and FP8.decodes_finite({k: row[k] for k in row if k.startswith("hidden")}, DT)
+    assert FP8.decode({k: row[k] for k in row if k.startswith("hidden")}, DT).shape == (
         row["input_ids"].shape[0],
         3,
         H,
     )
     bad = {k: v.clone() for k, v in row.items()}
     bad["hidden_aux"].view(torch.uint8)[2, 1, 5] = 0x7F  # e4m3fn's NaN
-    assert not decodes_finite({k: bad[k] for k in ("hidden_aux", "hidden_aux_scale", "hidden_final")}, "fp8", DT)
+    assert not FP8.decodes_finite({k: bad[k] for k in ("hidden_aux", "hidden_aux_scale", "hidden_final")}, DT)
     big = {k: v.clone() for k, v in row.items() if k.startswith("hidden")}
     big["hidden_aux_scale"][0, 0] = 1e3  # x 448 overflows float16 (not bf16): a possible Inf, decoded to know
-    assert not decodes_finite(big, "fp8", torch.float16) and decodes_finite(big, "fp8", DT)
+    assert not FP8.decodes_finite(big, torch.float16) and FP8.decodes_finite(big, DT)
     # on disk: a scale turned Inf is refused by the reader, naming the shard, sample and layer
     shard = tmp_path / "ds" / ds.manifest.shards[0].file
     from safetensors import safe_open
@@ -346,7 +351,7 @@ def test_training_on_batches_decoded_after_the_transfer_steps_to_the_same_weight
     """The LightningModule's steps on batches that crossed encoded and were decoded in
     on_after_batch_transfer (the GPU route, run on this CPU) end at the weights of the steps on
     batches the loader decoded, bit for bit."""
-    write(tmp_path / "ds", samples(), "fp8")
+    write(tmp_path / "ds", samples(), FP8)
     (before, after_transfer), (_, in_loader) = _fit(tmp_path / "ds", True), _fit(tmp_path / "ds", False)
     assert sorted(after_transfer) == sorted(in_loader)
     for k, v in in_loader.items():

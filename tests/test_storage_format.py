@@ -22,11 +22,11 @@ from eagle3.store import (
     disk_needed_bytes,
 )
 from eagle3.store.merge import merge_parts, part_dir
-from eagle3.store.storage_format import FP8_MAX, decode, encode
+from eagle3.store.storage_format import FP8_MAX, StorageFormat
 from eagle3.target_model.adapter import CapturedSample
-from eagle3.util.hidden_dtypes import hidden_bytes_per_token
 
 LAYER_IDS = (1, 2, 4)
+FP8, INT4 = StorageFormat("fp8"), StorageFormat("int4")
 H = 64
 DT = torch.bfloat16
 INPUTS = {"model": "tiny", "layer_ids": list(LAYER_IDS), "dtype": "bfloat16"}
@@ -51,10 +51,10 @@ def row_errors(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
 def test_fp8_error_is_bounded_per_token_and_layer_and_the_final_layer_is_exact():
     h = states(12)
     h[3, 0] = 0  # an all-zero row: zeros back, not NaN
-    enc = encode(h, "fp8")
+    enc = FP8.encode(h)
     assert enc["hidden_aux"].dtype == torch.float8_e4m3fn and list(enc["hidden_aux"].shape) == [12, 2, H]
     assert enc["hidden_aux_scale"].dtype == torch.bfloat16 and list(enc["hidden_aux_scale"].shape) == [12, 2]
-    back = decode(enc, "fp8", DT)
+    back = FP8.decode(enc, DT)
     assert back.dtype == DT and back.shape == h.shape
     assert torch.equal(back[:, -1], h[:, -1])  # the teacher's state, bit for bit
     assert torch.equal(back[3, 0], torch.zeros(H, dtype=DT))
@@ -74,7 +74,7 @@ def test_an_fp8_dataset_round_trips_at_the_estimated_size(tmp_path):
         dtype=DT,
         fingerprint_inputs=INPUTS,
         shard_max_tokens=40,
-        storage="fp8",
+        storage=FP8,
     )
     want = {}
     for i in range(8):
@@ -82,12 +82,12 @@ def test_an_fp8_dataset_round_trips_at_the_estimated_size(tmp_path):
         want[f"s{i}"] = CapturedSample(torch.arange(T), torch.arange(T) % 2 == 0, states(T, seed=i))
         w.add(f"s{i}", want[f"s{i}"])
     m = w.finish(torch.arange(50), {})
-    assert m.storage == "fp8" and json.loads((tmp_path / "manifest.json").read_text())["storage"] == "fp8"
+    assert m.storage == FP8 and json.loads((tmp_path / "manifest.json").read_text())["storage"] == "fp8"
     with safe_open(str(tmp_path / m.shards[0].file), framework="pt") as f:
         assert f.metadata()["storage"] == "fp8"
         assert set(f.keys()) == {"input_ids", "loss_mask", "hidden_aux", "hidden_aux_scale", "hidden_final", "offsets"}
     ds = HiddenStateDataset(tmp_path, verify="full")
-    assert ds.storage == "fp8"
+    assert ds.storage == FP8
     for i in range(len(ds)):
         got, ref = ds[i], want[ds.sample_id(i)]
         assert got["hidden"].dtype == DT and torch.equal(got["input_ids"], ref.token_ids)
@@ -95,24 +95,25 @@ def test_an_fp8_dataset_round_trips_at_the_estimated_size(tmp_path):
         assert float(row_errors(got["hidden"], ref.hidden).max()) <= ROW_BOUND
     # the disk check's figure holds the shards, and is fp8's, not bf16's
     on_disk = sum(s.size_bytes for s in m.shards)
-    need = disk_needed_bytes(m.num_tokens, 3, H, DT, m.num_samples, 40, "fp8")
+    need = disk_needed_bytes(m.num_tokens, 3, H, DT, m.num_samples, 40, FP8)
     assert on_disk <= need < disk_needed_bytes(m.num_tokens, 3, H, DT, m.num_samples, 40)
 
 
 def test_reopening_with_another_storage_is_refused_by_name(tmp_path):
     kw = dict(layer_ids=LAYER_IDS, hidden_size=H, dtype=DT, fingerprint_inputs=INPUTS)
-    with ShardWriter(tmp_path, storage="fp8", **kw) as w:
+    with ShardWriter(tmp_path, storage=FP8, **kw) as w:
         w.add("a", CapturedSample(torch.arange(4), torch.ones(4, dtype=torch.bool), states(4)))
     with pytest.raises(FingerprintMismatchError, match="storage: expected exact, got fp8"):
         ShardWriter(tmp_path, **kw)
-    with pytest.raises(StoreError, match=r"storage: expected one of \['exact', 'fp8', 'int4'\], got 'int3'"):
-        ShardWriter(tmp_path / "other", storage="int3", **kw)
+    with pytest.raises(StoreError, match="storage: expected a StorageFormat .*got 'fp8'"):
+        ShardWriter(tmp_path / "other", storage="fp8", **kw)  # the config's string: built once, by the caller
     with pytest.raises(StoreError, match="int4 groups 32 channels: expected a hidden size divisible by it, got 40"):
-        ShardWriter(tmp_path / "narrow", storage="int4", **{**kw, "hidden_size": 40})
+        ShardWriter(tmp_path / "narrow", storage=INT4, **{**kw, "hidden_size": 40})
 
 
 def _write(directory: Path, storage: str, ids: range) -> None:
-    w = ShardWriter(directory, layer_ids=LAYER_IDS, hidden_size=H, dtype=DT, fingerprint_inputs=INPUTS, storage=storage)
+    kw = dict(layer_ids=LAYER_IDS, hidden_size=H, dtype=DT, fingerprint_inputs=INPUTS)
+    w = ShardWriter(directory, storage=StorageFormat(storage), **kw)
     for i in ids:
         w.add(f"s{i}", CapturedSample(torch.arange(6), torch.ones(6, dtype=torch.bool), states(6, seed=i)))
     w.finish(torch.arange(50), {})
@@ -125,7 +126,7 @@ def test_a_manifest_without_the_field_reads_as_exact(tmp_path):
     assert raw.pop("storage") == "exact"
     path.write_text(json.dumps(raw))  # as written before the field existed
     ds = HiddenStateDataset(tmp_path, verify="full")
-    assert ds.storage == "exact" and torch.equal(ds[0]["hidden"], states(6, seed=0))
+    assert ds.storage == StorageFormat() and torch.equal(ds[0]["hidden"], states(6, seed=0))
     with safe_open(str(tmp_path / raw["shards"][0]["file"]), framework="pt") as f:
         assert "storage" not in f.metadata()  # exact shards are byte for byte those of before
 
@@ -134,13 +135,13 @@ def test_a_merge_of_mixed_formats_is_refused_by_name(tmp_path):
     final = tmp_path / f"ds-{dataset_fingerprint(INPUTS)}"
     _write(part_dir(final, 0, 2), "exact", range(0, 3))
     _write(part_dir(final, 1, 2), "fp8", range(3, 6))
-    with pytest.raises(StoreError, match=r"part-1-of-2/manifest.json: storage: expected 'exact' .*got 'fp8'"):
+    with pytest.raises(StoreError, match=r"part-1-of-2/manifest.json: storage: expected exact .*got fp8;"):
         merge_parts(final, 2)
     assert not final.exists()
     shutil.rmtree(part_dir(final, 0, 2))  # one format: merged, the format kept
     _write(part_dir(final, 0, 2), "fp8", range(0, 3))
     m = merge_parts(final, 2)
-    assert m.storage == "fp8" and len(HiddenStateDataset(final, verify="full")) == 6
+    assert m.storage == FP8 and len(HiddenStateDataset(final, verify="full")) == 6
 
 
 def test_resolve_shows_bytes_per_token_and_the_dataset_size_of_the_format():
@@ -153,9 +154,9 @@ def test_resolve_shows_bytes_per_token_and_the_dataset_size_of_the_format():
     # SmolLM2: 3 x (576 + 2) + 1152 + 9
     assert cfg.capture.bytes_per_token == "2,895 B (0.63x of exact bfloat16: 4,617 B)"
     ids, h, shard = list(cfg.layers.layer_ids), cfg.model.hidden_size, cfg.capture.shard_max_tokens
-    size = disk_bytes(100 * cfg.data.max_length, ids, h, "bfloat16", shard, "fp8")
+    size = disk_bytes(100 * cfg.data.max_length, ids, h, "bfloat16", shard, FP8)
     assert cfg.capture.dataset_disk == f"<= {format_bytes(size)} (100 samples x <= {cfg.data.max_length} tokens)"
-    assert size < disk_bytes(100 * cfg.data.max_length, ids, h, "bfloat16", shard)
+    assert size < disk_bytes(100 * cfg.data.max_length, ids, h, "bfloat16", shard, StorageFormat())
     exact = compose("extract", ["capture.storage=exact"])
     assert exact.capture.storage_layout == "exact: hidden bfloat16 [T, 4, 576]"
     assert exact.capture.bytes_per_token == "4,617 B"
@@ -251,7 +252,7 @@ def test_a_real_smollm2_capture_in_fp8_is_within_tolerance_of_bf16(smollm2_dir, 
         backend.close()
     kw = dict(layer_ids=(2, 15, 27, 30), hidden_size=576, dtype=DT, fingerprint_inputs=INPUTS)
     for storage in ("exact", "fp8"):
-        w = ShardWriter(tmp_path / storage, storage=storage, **kw)
+        w = ShardWriter(tmp_path / storage, storage=StorageFormat(storage), **kw)
         for (sid, _, _), s in zip(samples, captured):
             w.add(sid, s)
         w.finish(torch.zeros(49152, dtype=torch.int64), {})
@@ -268,7 +269,7 @@ def test_a_real_smollm2_capture_in_fp8_is_within_tolerance_of_bf16(smollm2_dir, 
 
 def test_the_int4_option_round_trips_at_under_half_the_bytes(tmp_path):
     """Not a default: 4-bit codes with a bf16 scale per 32 channels; error within half a step."""
-    w = ShardWriter(tmp_path, layer_ids=LAYER_IDS, hidden_size=H, dtype=DT, fingerprint_inputs=INPUTS, storage="int4")
+    w = ShardWriter(tmp_path, layer_ids=LAYER_IDS, hidden_size=H, dtype=DT, fingerprint_inputs=INPUTS, storage=INT4)
     want = {
         f"s{i}": CapturedSample(torch.arange(9), torch.ones(9, dtype=torch.bool), states(9, seed=i)) for i in range(4)
     }
@@ -276,14 +277,14 @@ def test_the_int4_option_round_trips_at_under_half_the_bytes(tmp_path):
         w.add(sid, sample)
     m = w.finish(torch.arange(50), {})
     ds = HiddenStateDataset(tmp_path, verify="full")
-    assert m.storage == ds.storage == "int4"
+    assert m.storage == ds.storage == INT4
     for i in range(len(ds)):
         got, ref = ds[i]["hidden"], want[ds.sample_id(i)].hidden
         assert torch.equal(got[:, -1], ref[:, -1])
         g = ref[:, :-1].float().reshape(9, 2, H // 32, 32)
         err = (got[:, :-1].float().reshape(9, 2, H // 32, 32) - g).abs().amax(-1)
         assert bool((err <= g.abs().amax(-1) * (0.5 / 7 + 2**-7) + 1e-30).all())  # half a step of its group
-    need = disk_needed_bytes(m.num_tokens, 3, H, DT, m.num_samples, storage="int4")
+    need = disk_needed_bytes(m.num_tokens, 3, H, DT, m.num_samples, storage=INT4)
     assert sum(s.size_bytes for s in m.shards) <= need
     # SmolLM2's 4 layers: 3 x (288 + 36) + 1152 = 2,124 bytes of states against 4,608
-    assert hidden_bytes_per_token("int4", 4, 576, 2) == 2124 and hidden_bytes_per_token("exact", 4, 576, 2) == 4608
+    assert INT4.bytes_per_token(4, 576, 2) == 2124 and StorageFormat().bytes_per_token(4, 576, 2) == 4608

@@ -16,7 +16,7 @@ from safetensors import safe_open
 from eagle3.store import FingerprintMismatchError, HiddenStateDataset, ShardWriter, StoreError, dataset_fingerprint
 from eagle3.store.merge import merge_parts, part_dir
 from eagle3.store.packing import decode_hidden, pack_rows, packed_loader
-from eagle3.store.storage_format import decode, decode_aux, decodes_finite, encode
+from eagle3.store.storage_format import StorageFormat
 from eagle3.store.teacher_topk import TeacherProjection
 from eagle3.target_model.adapter import CapturedSample
 
@@ -50,7 +50,8 @@ def reference(final: torch.Tensor, p: TeacherProjection) -> tuple[torch.Tensor, 
 @pytest.mark.parametrize("storage", ["fp8", "int4"])
 def test_the_stored_top_k_is_the_teachers(storage):
     h, p = states(23), projection()
-    enc = encode(h, storage, p)
+    top_k, plain_format = StorageFormat(storage, K), StorageFormat(storage)
+    enc = top_k.encode(h, p)
     assert "hidden_final" not in enc
     assert enc["teacher_ids"].dtype == torch.int32 and list(enc["teacher_ids"].shape) == [23, K]
     assert enc["teacher_logprobs"].dtype == torch.float16 and list(enc["teacher_logprobs"].shape) == [23, K]
@@ -60,12 +61,12 @@ def test_the_stored_top_k_is_the_teachers(storage):
     lp = enc["teacher_logprobs"].float()
     assert bool((lp[:, 1:] <= lp[:, :-1]).all()) and float(lp.exp().sum(-1).max()) <= 1.0 + 1e-3
     # the aux layers are those of the format without the top-k, bit for bit
-    plain = encode(h, storage)
-    assert torch.equal(decode_aux(enc, storage, DT), decode(plain, storage, DT)[:, :-1])
+    plain = plain_format.encode(h)
+    assert torch.equal(top_k.decode_aux(enc, DT), plain_format.decode(plain, DT)[:, :-1])
     with pytest.raises(ValueError, match="expected rows with the final layer"):
-        decode(enc, storage, DT)
+        top_k.decode(enc, DT)
     # a batch [B, T, L, H] encodes as its samples do
-    both = encode(torch.stack([h[:20], states(20, 1)]), storage, p)
+    both = top_k.encode(torch.stack([h[:20], states(20, 1)]), p)
     assert torch.equal(both["teacher_ids"][0], enc["teacher_ids"][:20])
 
 
@@ -91,18 +92,20 @@ def test_the_writer_encoding_on_the_gpu_stores_the_teachers_top_k(tmp_path):
         ids, top = reference(h[:, -1], projection())
         assert torch.equal(rows["teacher_ids"].long(), ids), sid
         torch.testing.assert_close(rows["teacher_logprobs"].float(), top, rtol=2e-3, atol=2e-3)
-        assert torch.equal(decode_aux(rows, "fp8", DT), decode(encode(h, "fp8"), "fp8", DT)[:, :-1])
+        fp8 = StorageFormat("fp8")
+        assert torch.equal(ds.storage.decode_aux(rows, DT), fp8.decode(fp8.encode(h), DT)[:, :-1])
 
 
 def test_a_nan_log_probability_or_an_id_out_of_range_does_not_decode_finite():
-    enc = encode(states(6), "fp8", projection())
-    assert decodes_finite(enc, "fp8", DT, V)
+    top_k = StorageFormat("fp8", K)
+    enc = top_k.encode(states(6), projection())
+    assert top_k.decodes_finite(enc, DT, V)
     bad = dict(enc, teacher_logprobs=enc["teacher_logprobs"].clone())
     bad["teacher_logprobs"][2, 3] = float("nan")
-    assert not decodes_finite(bad, "fp8", DT, V)
+    assert not top_k.decodes_finite(bad, DT, V)
     far = dict(enc, teacher_ids=enc["teacher_ids"].clone())
     far["teacher_ids"][0, 0] = V
-    assert decodes_finite(far, "fp8", DT) and not decodes_finite(far, "fp8", DT, V)
+    assert top_k.decodes_finite(far, DT) and not top_k.decodes_finite(far, DT, V)
 
 
 def test_k_and_the_projection_are_checked():
@@ -110,8 +113,8 @@ def test_k_and_the_projection_are_checked():
         projection(k=0)
     with pytest.raises(ValueError, match=r"capture.teacher_topk: expected an integer in 1..300 .*got 301"):
         projection(k=V + 1)
-    with pytest.raises(ValueError, match="teacher_topk: expected null with capture.storage=exact"):
-        encode(states(2), "exact", projection())
+    with pytest.raises(ValueError, match="encode: teacher: expected a projection with k=None for exact, got k=8"):
+        StorageFormat().encode(states(2), projection())
 
 
 def _writer(directory: Path, k: int | None = K, storage: str = "fp8", teach: bool = True, **kw) -> ShardWriter:
@@ -121,8 +124,7 @@ def _writer(directory: Path, k: int | None = K, storage: str = "fp8", teach: boo
         hidden_size=H,
         dtype=DT,
         fingerprint_inputs=INPUTS,
-        storage=storage,
-        teacher_topk=k,
+        storage=StorageFormat(storage, k),
         **kw,
     )
     if k is not None and teach:
@@ -157,7 +159,7 @@ def test_both_loader_routes_give_the_interface_keys(tmp_path, storage):
             "offsets",
         }
     ds = HiddenStateDataset(tmp_path, verify="full")
-    assert ds.teacher_topk == K
+    assert ds.storage == StorageFormat(storage, K)
     s = ds[0]
     assert set(s) == {"input_ids", "loss_mask", "aux_layers", "teacher_ids", "teacher_logprobs"}
     ids, _ = reference(want[ds.sample_id(0)][:, -1], projection())
@@ -167,7 +169,7 @@ def test_both_loader_routes_give_the_interface_keys(tmp_path, storage):
     cpu = list(packed_loader(ds, idx, batches, max_tokens=48, row_tokens=24, fixed_shape=True))
     enc = ds.encoded_rows()
     gpu = [
-        decode_hidden(b, storage, DT)
+        decode_hidden(b, ds.storage, DT)
         for b in packed_loader(enc, idx, batches, max_tokens=48, row_tokens=24, fixed_shape=True, split=False)
     ]
     assert len(cpu) == len(gpu) == len(batches)
@@ -181,7 +183,7 @@ def test_both_loader_routes_give_the_interface_keys(tmp_path, storage):
         pad = a["segment_ids"] < 0
         assert bool(pad.any()) and not bool(a["teacher_ids"][pad].any()) and not bool(a["teacher_logprobs"][pad].any())
     with pytest.raises(ValueError, match="expected rows with the final layer"):
-        decode(ds.encoded_rows()[0] | {}, storage, DT)
+        ds.storage.decode(ds.encoded_rows()[0] | {}, DT)
 
 
 def test_a_damaged_log_probability_is_refused_by_the_reader(tmp_path):
@@ -200,9 +202,9 @@ def test_a_damaged_log_probability_is_refused_by_the_reader(tmp_path):
 
 def test_k_is_in_the_identity_the_manifest_and_a_merge(tmp_path):
     _write(tmp_path / "a", range(2))
-    with pytest.raises(FingerprintMismatchError, match="teacher_topk: expected 4, got 8"):
+    with pytest.raises(FingerprintMismatchError, match=r"storage: expected fp8\+top4, got fp8\+top8"):
         _writer(tmp_path / "a", k=4)
-    with pytest.raises(StoreError, match="teacher_topk: expected null with capture.storage=exact"):
+    with pytest.raises(ValueError, match="teacher_topk: expected null with capture.storage=exact"):
         _writer(tmp_path / "b", storage="exact")
     w = _writer(tmp_path / "c", k=4)
     with pytest.raises(StoreError, match=r"set_teacher: expected a projection with k=4 .*got k=8"):
@@ -222,7 +224,7 @@ def test_an_old_manifest_reads_as_holding_the_final_layer(tmp_path):
     assert raw.pop("teacher_topk") is None
     path.write_text(json.dumps(raw))  # as written before the field existed
     ds = HiddenStateDataset(tmp_path, verify="full")
-    assert ds.teacher_topk is None and ds[0]["hidden"].shape == (5, 3, H)
+    assert ds.storage == StorageFormat("fp8") and ds[0]["hidden"].shape == (5, 3, H)
     with safe_open(str(tmp_path / raw["shards"][0]["file"]), framework="pt") as f:
         assert "teacher_topk" not in f.metadata()  # shards with the final layer are those of before
 
@@ -231,12 +233,12 @@ def test_a_merge_of_mixed_teacher_topk_is_refused_by_name(tmp_path):
     final = tmp_path / f"ds-{dataset_fingerprint(INPUTS)}"
     _write(part_dir(final, 0, 2), range(0, 3), k=None)
     _write(part_dir(final, 1, 2), range(3, 6))
-    with pytest.raises(StoreError, match=r"part-1-of-2/manifest.json: teacher_topk: expected None .*got 8"):
+    with pytest.raises(StoreError, match=r"part-1-of-2/manifest.json: storage: expected fp8 .*got fp8\+top8;"):
         merge_parts(final, 2)
     shutil.rmtree(part_dir(final, 0, 2))
     _write(part_dir(final, 0, 2), range(0, 3))  # one k: merged, the k kept
     m = merge_parts(final, 2)
-    assert m.teacher_topk == K and HiddenStateDataset(final, verify="full")[5]["teacher_ids"].shape == (20, K)
+    assert m.storage.teacher_topk == K and HiddenStateDataset(final, verify="full")[5]["teacher_ids"].shape == (20, K)
 
 
 # ---------------------------------------------------------------- config and identity
@@ -314,7 +316,7 @@ def test_a_real_smollm2_extraction_stores_the_targets_top_k(smollm2_dir, tmp_pat
     print("bytes per token:", {k: round(v, 1) for k, v in per_token.items()})
     assert per_token["fp8_top32"] < 0.5 * per_token["exact"] and per_token["int4_top32"] < 0.3 * per_token["exact"]
     exact, top = HiddenStateDataset(dirs["exact"]), HiddenStateDataset(dirs["fp8_top32"], verify="full")
-    assert top.manifest.teacher_topk == 32 and top.manifest.storage == "fp8"
+    assert top.manifest.storage == StorageFormat("fp8", 32)
     # the target's logits from transformers' own final norm and lm_head, not the projection's code,
     # in fp32: bf16 logits (steps of 1/16 at SmolLM2's magnitudes) tie often, and a tie's argmax is arbitrary
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
@@ -348,7 +350,7 @@ def test_the_vllm_route_stores_the_top_k_the_hf_route_stores(tmp_path):
         extract(compose("extract", [*base, f"capture={backend}", f"paths.datasets_dir={tmp_path / backend}"]))
         (dirs[backend],) = [p for p in (tmp_path / backend).iterdir() if p.is_dir()]
     hf, vllm = (HiddenStateDataset(dirs[b], verify="full") for b in ("hf", "vllm"))
-    assert vllm.manifest.teacher_topk == 8 and vllm.manifest.provenance["capture"].startswith("vllm/")
+    assert vllm.manifest.storage.teacher_topk == 8 and vllm.manifest.provenance["capture"].startswith("vllm/")
     assert sorted(hf.manifest.sample_ids) == sorted(vllm.manifest.sample_ids) and len(hf) == 6
     agree = total = 0
     for i in range(len(hf)):

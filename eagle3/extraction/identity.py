@@ -36,9 +36,9 @@ from eagle3.data.conversation import DataError
 from eagle3.data.hf_source import HF_FIELDS
 from eagle3.store import FingerprintMismatchError, Manifest, StoreError, dataset_dir, dataset_fingerprint
 from eagle3.store.layout import MANIFEST
+from eagle3.store.storage_format import StorageFormat
 from eagle3.target_model.generate.common import content_cache, weights_identity
 from eagle3.util.hashing import ContentShaCache, file_sha256, file_short_sha, short_sha, tree_sha
-from eagle3.util.hidden_dtypes import EXACT
 
 FINGERPRINT_VERSION = 2
 LEGACY_VERSION = 1
@@ -71,8 +71,8 @@ class DatasetIdentity:
     # data fields named otherwise than by their value, where the stages sized the data (a time
     # budget: by the budget asked, not the count the time shares derive from rates; eagle3/stages/narrow.py)
     named_by: dict[str, Any] | None = None
-    storage: str = EXACT  # capture.storage: how the shards hold the states (eagle3/store/storage_format.py)
-    teacher_topk: int | None = None  # capture.teacher_topk: the top-k in place of the final layer
+    # capture.storage and capture.teacher_topk: how the shards hold the states (eagle3/store/storage_format.py)
+    storage: StorageFormat = StorageFormat()
 
     @property
     def prefix(self) -> str:
@@ -169,9 +169,8 @@ def fingerprint_inputs(identity: DatasetIdentity, *, chat_content: bool = True) 
         },
         "data": data,
         **_capture_and_tokenizer(identity),
-        **({} if identity.storage == EXACT else {"storage": identity.storage}),
-        # a dataset with the teacher's top-k is another dataset than one with the final layer
-        **({} if identity.teacher_topk is None else {"teacher_topk": int(identity.teacher_topk)}),
+        # the format when it is not exact, its top-k when set: the names of before the format existed
+        **identity.storage.fingerprint_inputs(),
     }
 
 
@@ -376,7 +375,7 @@ def locate_dataset(identity: DatasetIdentity) -> tuple[Path, str | None]:
     if missing is None and (where / MANIFEST).is_file():
         return where, None
     old = legacy_dataset_path(identity)  # needs no chat content: the first scheme named its path
-    if identity.storage == EXACT and (old / MANIFEST).is_file():  # the first scheme stored states exact
+    if identity.storage.is_exact and (old / MANIFEST).is_file():  # the first scheme stored states exact
         return old, f"found by the first fingerprint scheme (model directory name and chat file path in it): {old}"
     near = _neighbours(identity, ours)
     if missing is not None:

@@ -26,7 +26,7 @@ from eagle3.store import DiskSpaceError, Manifest, ShardWriter, check_free_disk,
 from eagle3.store.disk import free_bytes
 from eagle3.store.merge import owner_shard
 from eagle3.store.provenance import with_capture
-from eagle3.store.storage_format import EXACT, encode
+from eagle3.store.storage_format import StorageFormat
 from eagle3.store.teacher_topk import TeacherProjection
 from eagle3.target_model.backend import CaptureBackend, make_backend
 from eagle3.target_model.capture_hf import HFCaptureBackend
@@ -114,8 +114,7 @@ def _open_writer(job: ExtractionJob, setup: CaptureSetup, engine: str | None, lo
         verify="fast" if found.damaged else found.verify,
         redo=[file for file, _ in found.damaged],
         lock=lock,
-        storage=setup.capture.storage,
-        teacher_topk=setup.capture.teacher_topk,
+        storage=job.identity.storage,
         encode_device=_writer_encode_device(setup),
     )
 
@@ -132,10 +131,7 @@ def _disk_need(job: ExtractionJob, setup: CaptureSetup, samples: list[PreparedSa
     hidden = job.identity.model.hidden_size
     layers = len(job.identity.layer_ids)
     shard = setup.capture.shard_max_tokens
-    cap = setup.capture
-    return tokens, disk_needed_bytes(
-        tokens, layers, hidden, setup.dtype, len(samples), shard, cap.storage, cap.teacher_topk
-    )
+    return tokens, disk_needed_bytes(tokens, layers, hidden, setup.dtype, len(samples), shard, job.identity.storage)
 
 
 def _todo(
@@ -154,25 +150,25 @@ def _todo(
     console.print(
         f"dataset {ds_dir}\n  {len(samples)} samples ({len(done_ids)} already done), {todo_tokens} tokens to "
         f"capture x {len(job.identity.layer_ids)} layers x {job.identity.model.hidden_size} x {setup.dtype} "
-        f"(stored {setup.capture.storage}): needs "
+        f"(stored {job.identity.storage}): needs "
         f"{format_bytes(need)}, free {format_bytes(free)}"
     )
     return todo
 
 
-def _device_encoding(storage: str, teacher: TeacherProjection | None = None) -> DeviceEncoding | None:
-    """capture.storage's encode for a capture on a GPU to run there (the store's math: the bytes
-    are those the writer threads would write), with the teacher's top-k when ``teacher``; None for
-    exact states."""
-    return None if storage == EXACT else DeviceEncoding(storage, partial(encode, storage=storage, teacher=teacher))
+def _device_encoding(storage: StorageFormat, teacher: TeacherProjection | None = None) -> DeviceEncoding | None:
+    """The format's encode for a capture on a GPU to run there (the store's math: the bytes are
+    those the writer threads would write), with the teacher's top-k when ``teacher`` (a format with
+    the top-k encodes nothing until it is given); None for exact states."""
+    return None if storage.is_exact else DeviceEncoding(storage, partial(storage.encode, teacher=teacher))
 
 
-def _teach(backend: CaptureBackend, setup: CaptureSetup, model_dir: str, writer: ShardWriter) -> None:
+def _teach(backend: CaptureBackend, storage: StorageFormat, model_dir: str, writer: ShardWriter) -> None:
     """capture.teacher_topk: the target's projection handed to the writer (whose threads encode
     the captured states that reach the host) and, for the HF capture on a GPU, to its device encode.
     The HF capture's model in memory gives the weights; the vLLM route's are read from the
     directory vLLM serves, onto the GPU when there is one (the projection runs there)."""
-    k, storage = setup.capture.teacher_topk, setup.capture.storage
+    k = storage.teacher_topk
     if k is None:
         return
     if isinstance(backend, HFCaptureBackend):
@@ -206,10 +202,10 @@ def _capture(
         setup.dtype,
         identity.data.max_length,
         trust_remote_code=identity.model.trust_remote_code,
-        device_encoding=_device_encoding(setup.capture.storage),
+        device_encoding=_device_encoding(identity.storage),
     )
     try:
-        _teach(backend, setup, identity.model_dir, writer)
+        _teach(backend, identity.storage, identity.model_dir, writer)
         # every run that captures is kept (provenance.captures): a dataset resumed or repaired under
         # another backend says each route its samples came from
         run = "repair" if job.repair else ("resume" if writer.done_ids() else "extract")

@@ -31,6 +31,7 @@ from eagle3.config.choices import CaptureBackend
 from eagle3.config.schema import RunConfig
 from eagle3.planning import disk_estimate
 from eagle3.planning.disk_estimate import MILLION
+from eagle3.store.storage_format import StorageFormat
 from eagle3.target_model.compute_dtype import compute_dtype, cpu_bf16_on_amx
 from eagle3.target_model.size import preset_config, target_size
 from eagle3.util.hidden_dtypes import torch_dtype
@@ -283,6 +284,7 @@ def extract_lines(cfg: RunConfig, rates: RunRates | None = None) -> list[str]:
     from eagle3.store.disk import format_bytes
 
     data, ids = cfg.data, [int(i) for i in cfg.layers.layer_ids]
+    storage = StorageFormat.from_config(cfg.capture)
     length = data.max_length
     rates = rates or run_rates(cfg)
     rate, basis, tok_s, forward = rates.measured, rates.basis, rates.capture_tok_s, rates.forward
@@ -295,8 +297,7 @@ def extract_lines(cfg: RunConfig, rates: RunRates | None = None) -> list[str]:
             cfg.model.hidden_size,
             cfg.capture.dtype,
             cfg.capture.shard_max_tokens,
-            cfg.capture.storage,
-            cfg.capture.teacher_topk,
+            storage,
         )
         line = f"extract: every sample of data={data.name} (counted once read), <= {length:,} tokens each; {per_m} per 1M tokens"
         if tok_s:
@@ -310,8 +311,7 @@ def extract_lines(cfg: RunConfig, rates: RunRates | None = None) -> list[str]:
         cfg.model.hidden_size,
         cfg.capture.dtype,
         cfg.capture.shard_max_tokens,
-        cfg.capture.storage,
-        cfg.capture.teacher_topk,
+        storage,
     )
     line = f"extract: {samples:,} samples x <= {length:,} tokens = <= {tokens:,} tokens; disk <= {format_bytes(disk)}"
     if tok_s:

@@ -21,10 +21,12 @@ extract.py checks against free space before it starts (eagle3.store.disk).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eagle3.util import hidden_dtypes
-from eagle3.util.hidden_dtypes import EXACT
+
+if TYPE_CHECKING:  # the store imports torch: only once a figure is resolved (composing stays light)
+    from eagle3.store.storage_format import StorageFormat
 
 MILLION = 1_000_000
 
@@ -43,31 +45,14 @@ def hidden_layout(dtype: str, layer_ids: Sequence[int], hidden_size: int) -> str
 
 
 def storage_layout(
-    dtype: str,
-    layer_ids: Sequence[int],
-    hidden_size: int,
-    storage: str = EXACT,
-    teacher_topk: int | None = None,
-    vocab_size: int | None = None,
+    dtype: str, layer_ids: Sequence[int], hidden_size: int, storage: StorageFormat, vocab_size: int | None = None
 ) -> str:
-    """How the shards hold those states in ``storage`` (eagle3/store/storage_format.py); a
-    ``teacher_topk`` that the format cannot hold or the target's vocabulary cannot give is refused."""
-    L, H = len(layer_ids), int(hidden_size)
-    k = hidden_dtypes.check_teacher_topk(storage, teacher_topk)
+    """How the shards hold those states in ``storage`` (eagle3/store/storage_format.py); a top-k
+    the target's vocabulary cannot give is refused."""
+    k = storage.teacher_topk
     if k is not None and vocab_size is not None and k > int(vocab_size):
         raise ValueError(f"capture.teacher_topk: expected an integer in 1..{vocab_size} (model.vocab_size), got {k}")
-    if hidden_dtypes.check_storage(storage) == EXACT:
-        return f"exact: hidden {_check_dtype(dtype)} [T, {L}, {H}]"
-    final = f"final {_check_dtype(dtype)} [T, 1, {H}]"
-    if k is not None:
-        final = f"teacher top-{k}: ids int32 [T, {k}] + log-probabilities float16 [T, {k}] (no final layer)"
-    if storage == hidden_dtypes.INT4:
-        G = hidden_dtypes.INT4_GROUP
-        return (
-            f"int4: aux uint8 [T, {L - 1}, {H // 2}] (2 codes a byte) + bfloat16 scale per {G} channels "
-            f"[T, {L - 1}, {H // G}], {final}"
-        )
-    return f"fp8: aux float8_e4m3fn [T, {L - 1}, {H}] + bfloat16 scale [T, {L - 1}], {final}"
+    return storage.layout(_check_dtype(dtype), len(layer_ids), int(hidden_size))
 
 
 # capture.teacher_topk where a GPU's HF capture stores fp8 or int4: the k whose head matched exact's
@@ -83,34 +68,37 @@ def default_storage(accelerator: str, backend: str) -> str:
     over two seeds on well under half the disk, and captured and trained faster. exact for vLLM's
     capture on a GPU: its writer threads' encode beside vLLM's engine held the capture well below
     exact's rate (docs/records/2026-12-05-storage-formats.md)."""
+    from eagle3.store.storage_format import EXACT, FP8
+
     if str(accelerator) == "cpu" or str(backend) == "hf":
-        return hidden_dtypes.FP8
+        return FP8
     return EXACT
 
 
-def default_teacher_topk(accelerator: str, backend: str, storage: str) -> int | None:
-    """capture.teacher_topk where the capture group leaves it: the top-32 in place of the final layer
-    for the HF capture on a GPU storing fp8 or int4; else None (the final layer kept). On a 2-core
-    CPU the projection (hidden x vocab multiply-adds a token) slows the capture well below exact's
-    rate (docs/records/2026-12-05-storage-formats.md); on a GPU it is free."""
+def default_teacher_topk(accelerator: str, backend: str, kind: str) -> int | None:
+    """capture.teacher_topk where the capture group leaves it, given capture.storage's ``kind``: the
+    top-32 in place of the final layer for the HF capture on a GPU storing fp8 or int4; else None
+    (the final layer kept). On a 2-core CPU the projection (hidden x vocab multiply-adds a token)
+    slows the capture well below exact's rate (docs/records/2026-12-05-storage-formats.md); on a
+    GPU it is free."""
+    from eagle3.store.storage_format import StorageFormat
+
     gpu_hf = str(accelerator) != "cpu" and str(backend) == "hf"
-    return DEFAULT_TEACHER_TOPK if gpu_hf and hidden_dtypes.check_storage(storage) != EXACT else None
+    return DEFAULT_TEACHER_TOPK if gpu_hf and not StorageFormat(kind).is_exact else None
 
 
-def bytes_per_token(
-    layer_ids: Sequence[int], hidden_size: int, dtype: str, storage: str = EXACT, teacher_topk: int | None = None
-) -> str:
+def bytes_per_token(layer_ids: Sequence[int], hidden_size: int, dtype: str, storage: StorageFormat) -> str:
     """Bytes one token takes in the dataset (hidden states, id, mask), and the ratio to exact."""
     from eagle3.store.disk import disk_needed_bytes
+    from eagle3.store.storage_format import StorageFormat
 
-    def per_token(fmt: str, k: int | None = None) -> int:
+    def per_token(fmt: StorageFormat) -> int:
         d = hidden_dtypes.torch_dtype(_check_dtype(dtype))
-        return disk_needed_bytes(1, len(layer_ids), int(hidden_size), d, 0, 1, fmt, k) - disk_needed_bytes(
-            0, len(layer_ids), int(hidden_size), d, 0, 1, fmt, k
-        )
+        L, H = len(layer_ids), int(hidden_size)
+        return disk_needed_bytes(1, L, H, d, 0, 1, fmt) - disk_needed_bytes(0, L, H, d, 0, 1, fmt)
 
-    mine, exact = per_token(hidden_dtypes.check_storage(storage), teacher_topk), per_token(EXACT)
-    return f"{mine:,} B" if storage == EXACT else f"{mine:,} B ({mine / exact:.2f}x of exact {dtype}: {exact:,} B)"
+    mine, exact = per_token(storage), per_token(StorageFormat())
+    return f"{mine:,} B" if storage.is_exact else f"{mine:,} B ({mine / exact:.2f}x of exact {dtype}: {exact:,} B)"
 
 
 def dataset_disk(
@@ -119,9 +107,8 @@ def dataset_disk(
     layer_ids: Sequence[int],
     hidden_size: int,
     dtype: str,
-    shard_max_tokens: int = 65536,
-    storage: str = EXACT,
-    teacher_topk: int | None = None,
+    shard_max_tokens: int,
+    storage: StorageFormat,
 ) -> str:
     """The dataset's bound on disk: every sample at data.max_length (what extract.py's disk check assumes)."""
     from eagle3.store.disk import format_bytes
@@ -129,7 +116,7 @@ def dataset_disk(
     if max_samples is None:
         return "every sample of the data (counted once read): see disk_per_1m_tokens"
     tokens = int(max_samples) * int(max_length)
-    size = disk_bytes(tokens, layer_ids, hidden_size, dtype, shard_max_tokens, storage, teacher_topk)
+    size = disk_bytes(tokens, layer_ids, hidden_size, dtype, shard_max_tokens, storage)
     return f"<= {format_bytes(size)} ({int(max_samples):,} samples x <= {int(max_length):,} tokens)"
 
 
@@ -138,11 +125,10 @@ def disk_bytes(
     layer_ids: Sequence[int],
     hidden_size: int,
     dtype: str,
-    shard_max_tokens: int = 65536,
-    storage: str = EXACT,
-    teacher_topk: int | None = None,
+    shard_max_tokens: int,
+    storage: StorageFormat,
 ) -> int:
-    from eagle3.store.disk import disk_needed_bytes  # only when resolved: composing a config stays light
+    from eagle3.store.disk import disk_needed_bytes
 
     return disk_needed_bytes(
         int(num_tokens),
@@ -151,22 +137,16 @@ def disk_bytes(
         hidden_dtypes.torch_dtype(_check_dtype(dtype)),
         0,
         int(shard_max_tokens),
-        hidden_dtypes.check_storage(storage),
-        teacher_topk,
+        storage,
     )
 
 
 def disk_per_million_tokens(
-    layer_ids: Sequence[int],
-    hidden_size: int,
-    dtype: str,
-    shard_max_tokens: int = 65536,
-    storage: str = EXACT,
-    teacher_topk: int | None = None,
+    layer_ids: Sequence[int], hidden_size: int, dtype: str, shard_max_tokens: int, storage: StorageFormat
 ) -> str:
     from eagle3.store.disk import format_bytes
 
-    return format_bytes(disk_bytes(MILLION, layer_ids, hidden_size, dtype, shard_max_tokens, storage, teacher_topk))
+    return format_bytes(disk_bytes(MILLION, layer_ids, hidden_size, dtype, shard_max_tokens, storage))
 
 
 def checkpoint_disk(model: Any, head: Any, layer_ids: Sequence[int], save_top_k: int, save_last: bool) -> str:

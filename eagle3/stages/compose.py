@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -17,6 +18,9 @@ from eagle3.planning import disk_estimate
 from eagle3.target_model import layer_ids
 from eagle3.target_model.hub import model_config_file
 from eagle3.util import launch
+
+if TYPE_CHECKING:
+    from eagle3.store.storage_format import StorageFormat
 
 _GROUPS = {
     "model": target.ModelConfig,
@@ -84,19 +88,23 @@ def register_resolvers() -> None:
     )
     OmegaConf.register_new_resolver(
         "eagle3.storage_layout",
-        lambda dtype, ids, h, *storage: disk_estimate.storage_layout(dtype, _plain(ids), h, *storage),
+        lambda dtype, ids, h, kind, k, vocab: disk_estimate.storage_layout(
+            dtype, _plain(ids), h, _storage(kind, k), vocab
+        ),
         replace=True,
     )
     OmegaConf.register_new_resolver("eagle3.default_storage", disk_estimate.default_storage, replace=True)
     OmegaConf.register_new_resolver("eagle3.default_teacher_topk", disk_estimate.default_teacher_topk, replace=True)
     OmegaConf.register_new_resolver(
         "eagle3.bytes_per_token",
-        lambda ids, h, dtype, *storage: disk_estimate.bytes_per_token(_plain(ids), h, dtype, *storage),
+        lambda ids, h, dtype, kind, k: disk_estimate.bytes_per_token(_plain(ids), h, dtype, _storage(kind, k)),
         replace=True,
     )
     OmegaConf.register_new_resolver(
         "eagle3.dataset_disk",
-        lambda n, length, ids, *rest: disk_estimate.dataset_disk(n, length, _plain(ids), *rest),
+        lambda n, length, ids, h, dtype, shard, kind, k: disk_estimate.dataset_disk(
+            n, length, _plain(ids), h, dtype, shard, _storage(kind, k)
+        ),
         replace=True,
     )
     OmegaConf.register_new_resolver("eagle3.vllm_capture_route", disk_estimate.vllm_capture_route, replace=True)
@@ -107,11 +115,19 @@ def register_resolvers() -> None:
     )
     OmegaConf.register_new_resolver(
         "eagle3.disk_per_million_tokens",
-        lambda ids, h, dtype, shard, *storage: disk_estimate.disk_per_million_tokens(
-            _plain(ids), h, dtype, shard, *storage
+        lambda ids, h, dtype, shard, kind, k: disk_estimate.disk_per_million_tokens(
+            _plain(ids), h, dtype, shard, _storage(kind, k)
         ),
         replace=True,
     )
+
+
+def _storage(kind: str, teacher_topk: int | None) -> StorageFormat:
+    """capture.storage and capture.teacher_topk as the store's one value, built where a resolver
+    reads them (the store imports torch: only once a figure is resolved, composing stays light)."""
+    from eagle3.store.storage_format import StorageFormat
+
+    return StorageFormat(kind, teacher_topk)
 
 
 def visible_gpus() -> int:

@@ -7,6 +7,7 @@ from eagle3.config.schema import RunConfig
 from eagle3.extraction.identity import DatasetIdentity
 from eagle3.extraction.samples import RegenMachine
 from eagle3.planning import time_budget
+from eagle3.store.storage_format import StorageFormat
 
 
 def dataset_identity(cfg: RunConfig, model_dir: str) -> DatasetIdentity:
@@ -22,8 +23,7 @@ def dataset_identity(cfg: RunConfig, model_dir: str) -> DatasetIdentity:
         datasets_dir=str(cfg.paths.datasets_dir),
         cache_dir=str(cfg.paths.cache_dir),
         named_by=time_budget.asked(cfg),
-        storage=cfg.capture.storage,
-        teacher_topk=cfg.capture.teacher_topk,
+        storage=StorageFormat.from_config(cfg.capture),  # the one place the stages build it
     )
 
 

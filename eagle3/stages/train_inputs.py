@@ -92,10 +92,10 @@ def check_loss_fits_teacher(cfg: RunConfig, ds_dir: Path, manifest: Manifest) ->
     top-k the stored teacher is 0 (its logit -1e4, eagle3/draft/teacher.py), and KL(q || p) charges
     each unit of draft mass there ~1e4, a loss and gradients that drown everything else. The
     forward KL, JSD and TV are bounded there (forward KL sees the truncated teacher exactly)."""
-    if manifest.teacher_topk is not None and cfg.train.loss == LossKind.reverse_kl:
+    if manifest.storage.teacher_topk is not None and cfg.train.loss == LossKind.reverse_kl:
         raise ValueError(
             f"train.loss: expected forward_kl, ce_argmax, jsd or tv with {ds_dir} (its shards hold the "
-            f"teacher's top-{manifest.teacher_topk}, capture.teacher_topk, not its whole distribution), "
+            f"teacher's top-{manifest.storage.teacher_topk}, capture.teacher_topk, not its whole distribution), "
             "got reverse_kl: it would charge ~1e4 per unit of draft mass outside the top-k; train from a "
             "dataset that holds the final layer (capture.teacher_topk=null) for reverse_kl"
         )

@@ -5,7 +5,7 @@ by sample, each sample cost a copy there, the format's handful of kernels and a 
 back (about a millisecond each), which held vLLM's capture far below exact's rate on an H100
 (docs/records/2026-12-05-storage-formats.md). Here the samples of a
 chunk are copied into one device buffer, encoded by one call, and copied back once. Each token's
-rows are encoded on their own (storage_format.encode), so a chunk's tensors are its samples'
+rows are encoded on their own (StorageFormat.encode), so a chunk's tensors are its samples'
 tensors concatenated, bit for bit, and the shard file is the one the per-sample encode writes."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from eagle3.store.storage_format import EXACT, encode
+from eagle3.store.storage_format import StorageFormat
 from eagle3.store.teacher_topk import TeacherProjection
 
 # captured bytes a chunk holds on the device: 58k tokens of SmolLM2's 4 x 576 bf16 states, 8k of
@@ -24,7 +24,7 @@ CHUNK_BYTES = 256 << 20
 
 def encoded_parts(
     hiddens: Sequence[torch.Tensor | Mapping[str, torch.Tensor]],
-    storage: str,
+    storage: StorageFormat,
     teacher: TeacherProjection | None,
     device: torch.device | None,
     chunk_bytes: int = CHUNK_BYTES,
@@ -52,9 +52,9 @@ def encoded_parts(
         if isinstance(h, Mapping):
             flush()
             add(h)
-        elif device is None or storage == EXACT:
+        elif device is None or storage.is_exact:
             flush()
-            add(encode(h, storage, teacher))
+            add(storage.encode(h, teacher))
         else:
             nbytes = h.numel() * h.element_size()
             if run and run_bytes + nbytes > chunk_bytes:
@@ -66,7 +66,7 @@ def encoded_parts(
 
 
 def _encode_chunk(
-    hiddens: list[torch.Tensor], storage: str, teacher: TeacherProjection | None, device: torch.device | None
+    hiddens: list[torch.Tensor], storage: StorageFormat, teacher: TeacherProjection | None, device: torch.device | None
 ) -> dict[str, torch.Tensor]:
     """Samples' hidden [T_i, L, H] (host) copied into one [sum T_i, L, H] buffer on ``device``,
     encoded there, the format's tensors back on the host."""
@@ -76,4 +76,4 @@ def _encode_chunk(
     for h in hiddens:  # straight into the buffer: no concatenation on the host first
         x[a : a + h.shape[0]].copy_(h, non_blocking=True)
         a += h.shape[0]
-    return {name: t.to("cpu") for name, t in encode(x, storage, teacher).items()}
+    return {name: t.to("cpu") for name, t in storage.encode(x, teacher).items()}

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from eagle3.store.layout import StoreError
-from eagle3.util.hidden_dtypes import EXACT, hidden_bytes_per_token
+from eagle3.store.storage_format import StorageFormat
 
 _PER_SHARD_OVERHEAD = 4096  # safetensors header + JSON metadata, generously
 
@@ -40,13 +40,12 @@ def disk_needed_bytes(
     dtype: torch.dtype,
     num_samples: int = 0,
     shard_max_tokens: int = 65536,
-    storage: str = EXACT,
-    teacher_topk: int | None = None,
+    storage: StorageFormat = StorageFormat(),
 ) -> int:
     """Bytes for ``num_tokens`` tokens: hidden states in ``storage``'s format (fp8: about half)
     + ids (8 B) + mask (1 B) + offsets."""
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    per_token = hidden_bytes_per_token(storage, num_layers, hidden_size, itemsize, teacher_topk) + 8 + 1
+    per_token = storage.bytes_per_token(num_layers, hidden_size, itemsize) + 8 + 1
     shards = max(1, -(-int(num_tokens) // max(1, int(shard_max_tokens))))
     return int(num_tokens) * per_token + 8 * (int(num_samples) + shards) + _PER_SHARD_OVERHEAD * shards
 

@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
+from eagle3.store.storage_format import StorageFormat
 from eagle3.util.atomic import TMP_MARK, atomic_path, write_bytes  # noqa: F401 - TMP_MARK: the writer's temp names
 from eagle3.util.hashing import file_sha256  # noqa: F401 - shard checksums, spelled once
-from eagle3.util.hidden_dtypes import EXACT, STORAGES
 
 SCHEMA_VERSION = 1
 FORMAT = "eagle3-hidden-states"
@@ -107,12 +107,10 @@ class Manifest:
     # "stored": the shards hold hidden states; "online": token ids only, the trainer runs the
     # target (layer_ids, hidden_size and dtype then say what it will capture)
     hidden_states: str = STORED
-    # the shards' on-disk format (capture.storage; dtype stays what a reader gets back): a manifest
-    # written before the field existed is "exact", the states as captured
-    storage: str = EXACT
-    # capture.teacher_topk: k when the shards hold the teacher's top-k in place of the final layer
-    # (eagle3/store/teacher_topk.py); a manifest written before the field existed holds the layer
-    teacher_topk: int | None = None
+    # the shards' on-disk format (capture.storage and capture.teacher_topk; dtype stays what a reader
+    # gets back), in the JSON as its two keys "storage" and "teacher_topk", last (StorageFormat.to_manifest):
+    # a manifest written before the keys existed is exact, the states as captured, the final layer kept
+    storage: StorageFormat = StorageFormat()
 
     def recount(self) -> None:
         """Counts follow the shard list: one source of truth."""
@@ -132,7 +130,9 @@ class Manifest:
         return out
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1)
+        raw = asdict(self)
+        raw.pop("storage")  # the last field: its two keys end the JSON, as the fields they were
+        return json.dumps(raw | self.storage.to_manifest(), indent=1)
 
     @classmethod
     def read(cls, directory: Path) -> "Manifest":
@@ -155,14 +155,11 @@ class Manifest:
                 f"{path}: schema_version: expected {SCHEMA_VERSION}, got {raw.get('schema_version')} "
                 "(written by another eagle3 version; re-run extract.py into a new directory)"
             )
-        if raw.get("storage", EXACT) not in STORAGES:
-            raise StoreError(
-                f"{path}: storage: expected one of {list(STORAGES)}, got {raw.get('storage')!r} "
-                "(written by another eagle3 version?)"
-            )
-        k = raw.get("teacher_topk")
-        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-            raise StoreError(f"{path}: teacher_topk: expected null or an integer >= 1, got {k!r}")
+        try:
+            raw["storage"] = StorageFormat.from_manifest(raw)
+        except ValueError as e:
+            raise StoreError(f"{path}: keys storage, teacher_topk: {e} (written by another eagle3 version?)") from None
+        raw.pop("teacher_topk", None)
         raw["shards"] = [ShardInfo(**s) for s in raw.get("shards", [])]
         try:
             return cls(**raw)

@@ -92,17 +92,15 @@ def _check_parts(final: Path, parts: list[Path]) -> list[Manifest]:
 
 
 def _check_storage(parts: list[Path], manifests: list[Manifest]) -> None:
-    """One storage format (and teacher_topk) in all parts, refused by name before the fingerprint
-    (which holds them) is found to differ."""
-    first = manifests[0]
+    """One storage format in all parts, refused by name before the fingerprint (which holds it) is
+    found to differ."""
+    want = manifests[0].storage
     for p, m in zip(parts, manifests):
-        for field in ("storage", "teacher_topk"):
-            want, got = getattr(first, field), getattr(m, field)
-            if got != want:
-                raise StoreError(
-                    f"{p / MANIFEST}: {field}: expected {want!r} (as part 0, {parts[0]}), got {got!r}; "
-                    f"a dataset holds one storage format: extract every part with the same capture.{field}"
-                )
+        if m.storage != want:
+            raise StoreError(
+                f"{p / MANIFEST}: storage: expected {want} (as part 0, {parts[0]}), got {m.storage}; a dataset "
+                "holds one storage format: extract every part with the same capture.storage and capture.teacher_topk"
+            )
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -186,7 +184,6 @@ def _merge(
         hidden_size=first.hidden_size,
         dtype=first.dtype,
         storage=first.storage,
-        teacher_topk=first.teacher_topk,
         shards=shards,
         sample_ids=[s for m in manifests for s in m.sample_ids],
         val_ids=sorted(v for m in manifests for v in m.val_ids),

@@ -20,13 +20,13 @@ from typing import Any, Callable, Protocol
 import torch
 
 from eagle3.store.read_ahead import ReadAheadLoader
-from eagle3.store.storage_format import decode_aux, decode_split, decode_teacher, tensor_names
+from eagle3.store.storage_format import FP8, StorageFormat, decode_teacher
 from eagle3.store.teacher_topk import TEACHER_TENSORS
 
 # a sample's states: hidden [T, L, H], or a storage format's tensors (fp8 and int4 share the names),
 # or with the teacher's top-k in place of the final layer: those tensors, its aux layers decoded
 # (aux_layers [T, L-1, H]) or not
-_STATE_KEYS = ("hidden", *tensor_names("fp8"), *TEACHER_TENSORS, "aux_layers")
+_STATE_KEYS = ("hidden", *StorageFormat(FP8).tensor_names(), *TEACHER_TENSORS, "aux_layers")
 
 
 def pack_by_length(lengths: Sequence[int], max_tokens: int, *, bucket: int = 256, seed: int = 0) -> list[list[int]]:
@@ -261,26 +261,26 @@ def _shared_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(0, dtype=dtype).set_(storage, 0, shape, stride)
 
 
-def decode_hidden(batch: dict[str, torch.Tensor], storage: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def decode_hidden(
+    batch: dict[str, torch.Tensor], storage: StorageFormat, dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
     """A batch collated from ``HiddenStateDataset.encoded_rows()`` (the format's tensors, each
     [B, T, ...]) -> aux_hidden [B, T, (L-1)H] and final_hidden [B, T, H] in ``dtype``, decoded on
     the tensors' device: the values of ``split_hidden`` over the batch of decoded samples, bit for
     bit. A batch that holds ``hidden`` is split as it is. A batch with the teacher's top-k
     (capture.teacher_topk) gives, in place of final_hidden, teacher_ids int64 [B, T, k] and
     teacher_logprobs float32 [B, T, k] (padding: ids 0, log-probabilities 0.0)."""
-    if "teacher_ids" in batch and "hidden_aux" in batch:
-        names = tensor_names(storage, int(batch["teacher_ids"].shape[-1]))
-        out = {k: v for k, v in batch.items() if k not in names}
-        rows = {name: batch[name] for name in names}
-        aux = decode_aux(rows, storage, dtype)  # [B, T, L-1, H]
-        out["aux_hidden"] = _concat_layers(aux)  # [B, T, (L-1)H], a view
-        out["teacher_ids"], out["teacher_logprobs"] = decode_teacher(rows)  # [B, T, k] int64, float32
-        return out
-    names = tensor_names(storage)
+    names = storage.tensor_names()
     if "hidden" in batch or not all(name in batch for name in names):
         return split_hidden(batch)
     out = {k: v for k, v in batch.items() if k not in names}
-    aux, final = decode_split({name: batch[name] for name in names}, storage, dtype)  # [B, T, L-1, H], [B, T, H]
+    rows = {name: batch[name] for name in names}
+    if storage.teacher_topk is not None:
+        aux = storage.decode_aux(rows, dtype)  # [B, T, L-1, H]
+        out["aux_hidden"] = _concat_layers(aux)  # [B, T, (L-1)H], a view
+        out["teacher_ids"], out["teacher_logprobs"] = decode_teacher(rows)  # [B, T, k] int64, float32
+        return out
+    aux, final = storage.decode_split(rows, dtype)  # [B, T, L-1, H], [B, T, H]
     out["aux_hidden"] = _concat_layers(aux)  # [B, T, (L-1)H], a view
     out["final_hidden"] = final  # [B, T, H]
     return out

@@ -28,15 +28,7 @@ from eagle3.store.layout import (
     dtype_from_name,
 )
 from eagle3.store.shard_file import inspect_shard, manifest_identity, map_shard
-from eagle3.store.storage_format import (
-    EXACT,
-    decode,
-    decode_aux,
-    decode_teacher,
-    decodes_finite,
-    teacher_valid,
-    tensor_names,
-)
+from eagle3.store.storage_format import StorageFormat, decode_teacher, teacher_valid
 from eagle3.store.vocab_files import check_token_freq, check_vocab, load_tensors
 
 
@@ -81,9 +73,9 @@ class SampleFiles:
         self.layer_ids: tuple[int, ...] = tuple(m.layer_ids)
         self.hidden_size: int = m.hidden_size
         self.dtype: torch.dtype = dtype_from_name(m.dtype)  # what a sample's hidden comes back in
-        self.storage: str = m.storage  # how the shards hold it (eagle3/store/storage_format.py)
-        # k: the shards hold the teacher's top-k in place of the final layer (eagle3/store/teacher_topk.py)
-        self.teacher_topk: int | None = m.teacher_topk
+        # how the shards hold it (eagle3/store/storage_format.py); with teacher_topk, the teacher's
+        # top-k in place of the final layer (eagle3/store/teacher_topk.py)
+        self.storage: StorageFormat = m.storage
         self.fingerprint: str = m.fingerprint
         shard_of, start_of, lengths = [], [], []
         for k, info in enumerate(m.shards):
@@ -229,33 +221,33 @@ class HiddenStateDataset(SampleFiles):
 
     def encoded_rows(self) -> "HiddenStateDataset":
         """This dataset, its samples as stored: dict(input_ids, loss_mask, and the tensors of
-        ``storage_format.tensor_names(storage)``, each [T, ...]), checked to decode to finite values
+        ``storage.tensor_names()``, each [T, ...]), checked to decode to finite values
         without decoding them; an exact dataset's samples are the same either way."""
         view = copy.copy(self)
         view.decode_rows = False
         return view
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        names = tensor_names(self.storage, self.teacher_topk)
+        names = self.storage.tensor_names()
         rows = self._rows(i, ("input_ids", "loss_mask", *names))
-        if self.storage == EXACT:
+        if self.storage.is_exact:
             self._check_finite(i, rows["hidden"])
             return rows
         stored = {name: rows.pop(name) for name in names}
-        if self.teacher_topk is not None:
+        if self.storage.teacher_topk is not None:
             return rows | self._teacher_sample(i, stored)
         # judged on the codes and scales (a NaN code too, which the CPU's bits path would decode to
         # a number); a possible non-finite value is located in the float path's decode, as the
         # device computes it (a bound that was only conservative passes)
-        if not decodes_finite(stored, self.storage, self.dtype):
-            self._check_finite(i, decode(stored, self.storage, self.dtype, float_path=True))
+        if not self.storage.decodes_finite(stored, self.dtype):
+            self._check_finite(i, self.storage.decode(stored, self.dtype, float_path=True))
         if not self.decode_rows:
             return rows | stored
-        return rows | {"hidden": decode(stored, self.storage, self.dtype)}
+        return rows | {"hidden": self.storage.decode(stored, self.dtype)}
 
     def _teacher_sample(self, i: int, stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """A top-k sample's stored tensors (``encoded_rows``) or their decoded values, checked."""
-        if not decodes_finite(stored, self.storage, self.dtype, self._vocab_size()):
+        if not self.storage.decodes_finite(stored, self.dtype, self._vocab_size()):
             if not teacher_valid(stored, self._vocab_size()):
                 i %= len(self)
                 shard = self.directory / self.manifest.shards[int(self._shard_of[i])].file
@@ -265,11 +257,11 @@ class HiddenStateDataset(SampleFiles):
                     f"log-probabilities and ids in 0..{self._vocab_size() - 1}, got a value outside",
                     needs_hash=True,
                 )
-            self._check_finite(i, decode_aux(stored, self.storage, self.dtype))
+            self._check_finite(i, self.storage.decode_aux(stored, self.dtype))
         if not self.decode_rows:
             return stored
         ids, logprobs = decode_teacher(stored)  # [T, k] int64, [T, k] float32
-        aux = decode_aux(stored, self.storage, self.dtype)  # [T, L-1, H]
+        aux = self.storage.decode_aux(stored, self.dtype)  # [T, L-1, H]
         return {"aux_layers": aux, "teacher_ids": ids, "teacher_logprobs": logprobs}
 
     def _vocab_size(self) -> int:

@@ -44,7 +44,6 @@ def open_manifest(directory: Path, ident: ShardIdentity, fingerprint_inputs: Map
             hidden_size=ident.hidden_size,
             dtype=dtype_name(ident.dtype),
             storage=ident.storage,
-            teacher_topk=ident.teacher_topk,
         )
         m.write(directory)
         return m
@@ -71,12 +70,11 @@ def open_manifest(directory: Path, ident: ShardIdentity, fingerprint_inputs: Map
         ("hidden_size", ident.hidden_size, m.hidden_size),
         ("dtype", dtype_name(ident.dtype), m.dtype),
         ("storage", ident.storage, m.storage),
-        ("teacher_topk", ident.teacher_topk, m.teacher_topk),
     ):
         if want != got:
             raise FingerprintMismatchError(
                 f"{directory / MANIFEST}: {name}: expected {want}, got {got} (same fingerprint: "
-                "the fingerprint inputs must include layer ids, hidden size, dtype, storage and teacher_topk)"
+                "the fingerprint inputs must include layer ids, hidden size, dtype and the storage format)"
             )
     return m
 

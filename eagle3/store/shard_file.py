@@ -34,7 +34,7 @@ from eagle3.store.layout import (
     dtype_name,
     file_sha256,
 )
-from eagle3.store.storage_format import EXACT, tensor_names, tensor_shapes
+from eagle3.store.storage_format import StorageFormat
 from eagle3.store.teacher_topk import TeacherProjection
 from eagle3.util.atomic import atomic_path
 
@@ -66,21 +66,16 @@ class ShardIdentity:
     layer_ids: tuple[int, ...]
     hidden_size: int
     dtype: torch.dtype
-    storage: str = EXACT  # the on-disk format (capture.storage): eagle3/store/storage_format.py
-    # capture.teacher_topk: the teacher's top-k stored in place of the final layer (None: the layer)
-    teacher_topk: int | None = None
+    storage: StorageFormat = StorageFormat()  # the on-disk format: eagle3/store/storage_format.py
 
     def tensors(self) -> tuple[str, ...]:
         """The tensors a shard of this identity holds."""
-        return ("input_ids", "loss_mask", *tensor_names(self.storage, self.teacher_topk), "offsets")
+        return ("input_ids", "loss_mask", *self.storage.tensor_names(), "offsets")
 
     def metadata(self) -> dict[str, str]:
         # exact shards carry no storage key, and shards with the final layer no teacher_topk key:
         # those written before the keys existed are the same
-        extra = {} if self.storage == EXACT else {"storage": self.storage}
-        if self.teacher_topk is not None:
-            extra["teacher_topk"] = str(self.teacher_topk)
-        return extra | {
+        return self.storage.to_metadata() | {
             "format": FORMAT,
             "schema_version": str(SCHEMA_VERSION),
             "fingerprint": self.fingerprint,
@@ -92,9 +87,7 @@ class ShardIdentity:
 
 def manifest_identity(m: Manifest) -> ShardIdentity:
     """The identity every shard a manifest lists must have."""
-    return ShardIdentity(
-        m.fingerprint, tuple(m.layer_ids), m.hidden_size, dtype_from_name(m.dtype), m.storage, m.teacher_topk
-    )
+    return ShardIdentity(m.fingerprint, tuple(m.layer_ids), m.hidden_size, dtype_from_name(m.dtype), m.storage)
 
 
 _DTYPE_OF_ST = {name: dtype for dtype, (name, _) in _ST_DTYPE.items()}
@@ -196,13 +189,14 @@ def write_shard(
     sha256 is taken from the bytes as they are written (see ``save_concatenated_hashing``).
     ``hiddens``: per sample hidden [T, L, H], encoded here in ``ident.storage``, or that format's
     tensors already (encoded on the capture device), written as they are. ``teacher``: the
-    projection that gives the top-k of ``ident.teacher_topk`` from a sample's final layer.
+    projection that gives the format's top-k (``teacher_topk``) from a sample's final layer.
     ``encode_device``: where the encode runs (a GPU: the same bits, a chunk of samples at a time)."""
-    if ident.teacher_topk is not None and (teacher is None or teacher.k != ident.teacher_topk):
+    k = ident.storage.teacher_topk
+    if k is not None and (teacher is None or teacher.k != k):
         if any(not isinstance(h, Mapping) for h in hiddens):
             got = "none" if teacher is None else f"k={teacher.k}"
             raise StoreError(
-                f"{path}: teacher: expected the target's projection with k={ident.teacher_topk} to encode "
+                f"{path}: teacher: expected the target's projection with k={k} to encode "
                 f"captured states (capture.teacher_topk), got {got}"
             )
     lengths = torch.tensor([t.shape[0] for t in input_ids], dtype=torch.int64)
@@ -217,7 +211,7 @@ def write_shard(
     # the big ones: streamed piece by piece, never concatenated on the host (on a GPU, encoded a
     # chunk of samples at a time: eagle3/store/device_encode.py)
     encoded = encoded_parts(hiddens, ident.storage, teacher, encode_device)
-    parts |= {name: encoded[name] for name in tensor_names(ident.storage, ident.teacher_topk)}
+    parts |= {name: encoded[name] for name in ident.storage.tensor_names()}
     meta = ident.metadata() | {"sample_ids": json.dumps(sample_ids)}
     size, sha = save_concatenated_hashing(path, parts, meta)
     return ShardInfo(
@@ -255,10 +249,13 @@ def inspect_shard(
             offsets = f.get_tensor("offsets") if "offsets" in keys else None
     except Exception as e:  # safetensors raises its own error types for bad headers
         raise StoreError(f"{path}: unreadable safetensors file ({type(e).__name__}: {e})") from None
-    want_meta = ident.metadata() | {"storage": ident.storage, "teacher_topk": str(ident.teacher_topk)}
-    # a shard without the keys is exact / holds the final layer (written before they existed)
-    meta = {"storage": EXACT, "teacher_topk": "None"} | meta
-    wrong = {k: (v, meta.get(k)) for k, v in want_meta.items() if meta.get(k) != v}
+    try:  # a shard without the keys is exact / holds the final layer (written before they existed)
+        stored = StorageFormat.from_metadata(meta)
+    except ValueError as e:
+        raise StoreError(f"{path}: metadata storage, teacher_topk: {e}") from None
+    if stored != ident.storage:
+        raise StoreError(f"{path}: metadata storage: expected {ident.storage}, got {stored}")
+    wrong = {k: (v, meta.get(k)) for k, v in ident.metadata().items() if meta.get(k) != v}
     if wrong:
         field, (want_value, got_value) = next(iter(wrong.items()))
         raise StoreError(f"{path}: metadata {field}: expected {want_value}, got {got_value}")
@@ -277,10 +274,7 @@ def inspect_shard(
         ("offsets", [n + 1], shapes["offsets"]),
         ("input_ids", [total], shapes["input_ids"]),
         ("loss_mask", [total], shapes["loss_mask"]),
-        *(
-            (name, want, shapes[name])
-            for name, want in tensor_shapes(ident.storage, total, L, H, ident.teacher_topk).items()
-        ),
+        *((name, want, shapes[name]) for name, want in ident.storage.tensor_shapes(total, L, H).items()),
     ]
     for name, want, got in checks:
         if list(got) != want:

@@ -45,11 +45,10 @@ from eagle3.store.layout import (
 )
 from eagle3.store.reopen import open_manifest, recover
 from eagle3.store.shard_file import ShardIdentity, write_shard
-from eagle3.store.storage_format import EXACT, STORAGES, check_width, tensor_dtypes, tensor_shapes
+from eagle3.store.storage_format import StorageFormat
 from eagle3.store.teacher_topk import TeacherProjection
 from eagle3.store.vocab_files import save_token_freq, save_vocab
 from eagle3.store.writer_threads import BackgroundWrites
-from eagle3.util.hidden_dtypes import check_teacher_topk
 from eagle3.util.locks import DirLock, LockHeldError
 
 log = logging.getLogger(__name__)
@@ -63,12 +62,12 @@ class ShardWriter(BackgroundWrites):
     the caller already found damaged (redone without being inspected again). ``lock``: the
     dataset's lock (``LOCK``) when the caller holds it already (released by the caller). ``background``: write
     shards on a writer thread (see the module doc); ``flush()`` still waits until every
-    queued sample is durable. ``storage``: the shards' on-disk format (``exact``, ``fp8``, ``int4``:
-    eagle3/store/storage_format.py), encoded on the writer threads as each shard is written; a
-    sample that comes encoded already (``encoded``: a GPU capture encodes on the device) is
-    written as it is. ``teacher_topk``: the shards hold the teacher's top-k in place of the final
-    layer (eagle3/store/teacher_topk.py); a sample that comes with its states as captured is
-    encoded with the projection ``set_teacher`` gave (the target's, known once it is loaded).
+    queued sample is durable. ``storage``: the shards' on-disk format (eagle3/store/storage_format.py),
+    encoded on the writer threads as each shard is written; a sample that comes encoded already
+    (``encoded``: a GPU capture encodes on the device) is written as it is. A format with the
+    teacher's top-k in place of the final layer (``teacher_topk``: eagle3/store/teacher_topk.py)
+    encodes a sample that comes with its states as captured with the projection ``set_teacher``
+    gave (the target's, known once it is loaded).
     ``encode_device``: the writer threads encode there (a GPU: vLLM's capture hands its states
     over on the host); None: on the host.
     """
@@ -88,8 +87,7 @@ class ShardWriter(BackgroundWrites):
         provenance: Mapping[str, Any] | None = None,
         redo: Sequence[str] = (),
         lock: DirLock | None = None,
-        storage: str = EXACT,
-        teacher_topk: int | None = None,
+        storage: StorageFormat = StorageFormat(),
         encode_device: torch.device | str | None = None,
     ):
         if shard_max_tokens < 1:
@@ -99,15 +97,11 @@ class ShardWriter(BackgroundWrites):
         self.directory = Path(directory)
         self.shard_max_tokens = int(shard_max_tokens)
         self.fingerprint = dataset_fingerprint(fingerprint_inputs)
-        if storage not in STORAGES:
-            raise StoreError(f"storage: expected one of {list(STORAGES)}, got {storage!r}")
-        if check_width(storage, hidden_size):
-            raise StoreError(f"storage: {check_width(storage, hidden_size)}")
-        try:
-            teacher_topk = check_teacher_topk(storage, teacher_topk, "teacher_topk")
-        except ValueError as e:
-            raise StoreError(str(e)) from None
-        ident = (self.fingerprint, tuple(int(i) for i in layer_ids), int(hidden_size), dtype, storage, teacher_topk)
+        if not isinstance(storage, StorageFormat):
+            raise StoreError(f"storage: expected a StorageFormat (StorageFormat.from_config), got {storage!r}")
+        if storage.check_width(hidden_size):
+            raise StoreError(f"storage: {storage.check_width(hidden_size)}")
+        ident = (self.fingerprint, tuple(int(i) for i in layer_ids), int(hidden_size), dtype, storage)
         self.ident = ShardIdentity(*ident)
         self.teacher: TeacherProjection | None = None  # set_teacher: encodes captured final layers
         self.encode_device = None if encode_device is None else torch.device(encode_device)
@@ -143,9 +137,10 @@ class ShardWriter(BackgroundWrites):
     def set_teacher(self, teacher: TeacherProjection) -> None:
         """The target's projection that gives the top-k of the dataset's ``teacher_topk`` from a
         captured final layer, on the writer threads. Call it before the first ``add``."""
-        if self.ident.teacher_topk is None or teacher.k != self.ident.teacher_topk:
+        k = self.ident.storage.teacher_topk
+        if k is None or teacher.k != k:
             raise StoreError(
-                f"{self.directory}: set_teacher: expected a projection with k={self.ident.teacher_topk} "
+                f"{self.directory}: set_teacher: expected a projection with k={k} "
                 f"(the dataset's teacher_topk), got k={teacher.k}"
             )
         self.teacher = teacher
@@ -251,10 +246,10 @@ class ShardWriter(BackgroundWrites):
         """(field, expected, ok, got) for the sample's states: ``hidden`` [T, L, H] as captured, or
         (``encoded``: encoded on the capture device) this dataset's storage format's tensors."""
         storage = self.ident.storage
+        k = storage.teacher_topk
         if getattr(s, "encoded", None) is None:
             ok = s.hidden is not None and s.hidden.dtype == self.ident.dtype and list(s.hidden.shape) == [T, L, H]
             got = "None" if s.hidden is None else f"{s.hidden.dtype} {list(s.hidden.shape)}"
-            k = self.ident.teacher_topk
             # captured states need the target's projection for their top-k (set_teacher)
             teacher = (
                 "teacher",
@@ -263,10 +258,9 @@ class ShardWriter(BackgroundWrites):
                 "none",
             )
             return [("hidden", f"{self.ident.dtype} [{T}, {L}, {H}]", ok, got), teacher]
-        k = self.ident.teacher_topk
-        shapes, dtypes = tensor_shapes(storage, T, L, H, k), tensor_dtypes(storage, self.ident.dtype, k)
+        shapes, dtypes = storage.tensor_shapes(T, L, H), storage.tensor_dtypes(self.ident.dtype)
         problems = [
-            ("storage", storage, s.storage == storage, s.storage),
+            ("storage", str(storage), s.storage == storage, str(s.storage)),
             ("encoded", f"the tensors {sorted(shapes)}", set(s.encoded) == set(shapes), f"{sorted(s.encoded)}"),
         ]
         for name, t in s.encoded.items():
@@ -305,9 +299,7 @@ class ShardWriter(BackgroundWrites):
         tokens = sum(int(s.token_ids.shape[0]) for s in samples)
         L, H = len(self.ident.layer_ids), self.ident.hidden_size
         ident = self.ident
-        need = disk_needed_bytes(
-            tokens, L, H, ident.dtype, len(samples), max(tokens, 1), ident.storage, ident.teacher_topk
-        )
+        need = disk_needed_bytes(tokens, L, H, ident.dtype, len(samples), max(tokens, 1), ident.storage)
         with disk_full_as_error(path, need):
             info = write_shard(
                 path,

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from eagle3.target_model.records import CapturedSample, CaptureError, CaptureSpec
+from eagle3.target_model.records import CapturedSample, CaptureError, CaptureSpec, StateFormat
 
 __all__ = ["CaptureError", "CaptureSpec", "CapturedSample", "is_rpc_tensor", "to_captured_sample", "to_encoded_sample"]
 
@@ -289,7 +289,7 @@ def to_captured_sample(
 def to_encoded_sample(
     encoded: dict[str, torch.Tensor],
     *,
-    storage: str,
+    storage: StateFormat,
     spec: CaptureSpec,
     sent_token_ids: Any,
     loss_mask: Any,

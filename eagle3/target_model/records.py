@@ -5,11 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
-
-from eagle3.util.hidden_dtypes import EXACT, check_storage
 
 # The file vLLM's hidden-state connector (ExampleHiddenStatesConnector) writes per request, read
 # by capture_vllm.py and written the same way by vllm_internals.py's host-copy connector:
@@ -59,18 +57,26 @@ class CaptureSpec:
         return (self.num_tokens, self.num_layers, self.hidden_size)
 
 
+class StateFormat(Protocol):
+    """The store's on-disk format (eagle3/store/storage_format.py ``StorageFormat``) as a capture
+    carries it: the target model does not import the store. Its str names it (``fp8+top32``)."""
+
+    @property
+    def is_exact(self) -> bool: ...
+
+
 @dataclass(frozen=True)
 class DeviceEncoding:
     """A capture on a GPU stores its states in ``storage`` (capture.storage: fp8, int4) before they
     leave the device: ``encode`` maps hidden [..., L, H] to that format's tensors on their device.
-    The math is the store's (eagle3/store/storage_format.py ``encode``), handed in by extraction:
-    the target model does not import the store."""
+    The math is the store's (``StorageFormat.encode``), handed in by extraction: the target model
+    does not import the store."""
 
-    storage: str
+    storage: StateFormat
     encode: Callable[[torch.Tensor], dict[str, torch.Tensor]]
 
     def __post_init__(self):
-        if check_storage(self.storage, "DeviceEncoding.storage") == EXACT:
+        if self.storage.is_exact:
             raise CaptureError("DeviceEncoding.storage", "a format other than exact (fp8, int4)", self.storage)
 
 
@@ -82,8 +88,9 @@ class CapturedSample:
     # came to the host already encoded (``encoded``)
     hidden: torch.Tensor | None
     # the states in ``storage``'s tensors (each [T, ...], on the host), encoded on the capture device
+    # (None: the states came as captured, in ``hidden``)
     encoded: dict[str, torch.Tensor] | None = None
-    storage: str = EXACT
+    storage: StateFormat | None = None
 
     @property
     def num_tokens(self) -> int:
