@@ -25,12 +25,13 @@ import re
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from eagle3.draft.export_files import ACCEPTANCE, CARD, CONFIG
 from eagle3.serving.advice import ServingAdvice, advice_for
 from eagle3.serving.serve_command import read_acceptance, serving_lines
 from eagle3.serving.training_record import META_FILE, read_json, read_record
 from eagle3.util.atomic import write_text
 
-CARD_FILE = "README.md"
+CARD_FILE = CARD
 TAGS = ["eagle3", "speculative-decoding", "speculators", "vllm", "draft-model"]
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 NOT_RECORDED = "not recorded"
@@ -51,10 +52,10 @@ def card_text(export_dir: str | Path, model_ref: str | None = None, target_dir: 
     directory; a Hub repo id for the card that is pushed). ``target_dir``: the target's local copy,
     for the size class of a predicted advice where serving.json holds none yet (advice_for)."""
     export_dir = Path(export_dir)
-    config = json.loads((export_dir / "config.json").read_text())
+    config = json.loads((export_dir / CONFIG).read_text())
     meta = read_json(export_dir / META_FILE) or {}
     record = read_record(export_dir)
-    acceptance = read_acceptance(export_dir / "acceptance.json")
+    acceptance = read_acceptance(export_dir / ACCEPTANCE)
     target = str(config["speculators_config"]["verifier"]["name_or_path"])
     hub_target = _hub_id(target, record)
     advice = advice_for(export_dir, acceptance, target_dir=target_dir or target)

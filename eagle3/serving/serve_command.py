@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
+from eagle3.draft.export_files import ACCEPTANCE, CONFIG, META
 from eagle3.serving.advice import ServingAdvice, advice_for
 
 
@@ -91,11 +92,11 @@ def export_serving_lines(
     step costs of the size class nearest the target (read from ``target_dir``, default the export's
     verifier where that is a directory here)."""
     export_dir = Path(export_dir)
-    config = json.loads((export_dir / "config.json").read_text())["speculators_config"]
-    meta_file = export_dir / "eagle3_meta.json"
+    config = json.loads((export_dir / CONFIG).read_text())["speculators_config"]
+    meta_file = export_dir / META
     meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
     target = config["verifier"]["name_or_path"]
-    acceptance = read_acceptance(acceptance_file or export_dir / "acceptance.json")
+    acceptance = read_acceptance(acceptance_file or export_dir / ACCEPTANCE)
     advice = advice_for(export_dir, acceptance, target_dir=target_dir or target)
     return serving_lines(
         export_dir,

@@ -16,9 +16,10 @@ import platform
 from pathlib import Path
 from typing import Any, Optional
 
+from eagle3.draft.export_files import META
 from eagle3.util.atomic import write_text
 
-META_FILE = "eagle3_meta.json"
+META_FILE = META
 RECORD_KEY = "training"  # the training record's key in eagle3_meta.json
 
 
