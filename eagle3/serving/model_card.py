@@ -2,11 +2,12 @@
 files in the export directory and nothing else, so a card never shows a figure that was not
 measured for these weights.
 
-    config.json, eagle3_meta.json   the target, the layer ids, the draft vocabulary, the trained K
-    eagle3_meta.json "training"     how it was trained (added here, at export time, from the run dir
+    config.json, eagle3_meta.json   the target, the layer ids, the draft vocabulary, the K served
+    eagle3_meta.json "training"     how it was trained (added at export time, from the run dir
                                     beside the checkpoint: summary.json, dataset_manifest.json,
-                                    run_config.json): the target's revision and weights hash, the
-                                    data, the steps, the minutes and the machine
+                                    run_config.json, the checkpoint): the target's revision and
+                                    weights hash, the data, the steps, the K trained with, the
+                                    minutes and the machine
     acceptance.json                 vLLM's acceptance per prompt set (python evaluate.py), and how
                                     the answers ended (at EOS, or cut at max_new_tokens)
     serving.json                    the advised K per load (eagle3/serving/advice.py): measured
@@ -135,7 +136,11 @@ def _head_section(config: dict, target: str, hub_target: Optional[str], record: 
         ("draft vocabulary", f"{config.get('draft_vocab_size')} of {layer.get('vocab_size')} target tokens"),
         ("draft layers", str(layer.get("num_hidden_layers", 1))),
         ("hidden size", str(layer.get("hidden_size"))),
-        ("trained draft tokens (K)", str(config["speculators_config"]["proposal_methods"][0]["speculative_tokens"])),
+        ("trained draft tokens (K)", str((record.get("run") or {}).get("num_draft_tokens") or NOT_RECORDED)),
+        (
+            "served draft tokens (K, config.json)",
+            str(config["speculators_config"]["proposal_methods"][0]["speculative_tokens"]),
+        ),
     ]
     return "## The head\n\n" + _table(("", ""), rows)
 
