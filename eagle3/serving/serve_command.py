@@ -6,6 +6,7 @@ command (the model card, eagle3/serving/model_card.py, shows the same lines)."""
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any, Optional
 
@@ -25,13 +26,16 @@ def serve_command(
     trust_remote_code: bool = False,
 ) -> str:
     """``vllm serve``, with the head at K draft tokens, or the target alone for K = 0; with the
-    tensor parallelism and remote code the target ran with in extraction."""
-    flags = f" --tensor-parallel-size {int(tensor_parallel_size)}" if int(tensor_parallel_size) > 1 else ""
-    flags += " --trust-remote-code" if trust_remote_code else ""
-    if num_draft_tokens <= 0:
-        return f"vllm serve {target}{flags}"
-    spec = json.dumps({"model": str(export_dir), "method": "eagle3", "num_speculative_tokens": int(num_draft_tokens)})
-    return f"vllm serve {target}{flags} --speculative-config '{spec}'"
+    tensor parallelism and remote code the target ran with in extraction. A shell line:
+    ``shlex.split`` of it gives back each argument exactly."""
+    args = ["vllm", "serve", str(target)]
+    args += ["--tensor-parallel-size", str(int(tensor_parallel_size))] if int(tensor_parallel_size) > 1 else []
+    args += ["--trust-remote-code"] if trust_remote_code else []
+    if num_draft_tokens > 0:
+        spec = {"model": str(export_dir), "method": "eagle3", "num_speculative_tokens": int(num_draft_tokens)}
+        args += ["--speculative-config", json.dumps(spec)]
+    # every argument shell-quoted: a path with a space or a quote is one argument, as given
+    return " ".join(shlex.quote(a) for a in args)
 
 
 def serving_lines(
