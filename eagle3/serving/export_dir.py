@@ -24,6 +24,8 @@ export) and ``publish_export`` (its training record, serving advice, card and up
     serving_work/         bench/serving_speedup.py's engines beside its --out file no (an export
                                                                                    holding it is refused)
 
+"On the Hub": what a push (eagle3/serving/hub_push.py) uploads, decided by
+eagle3/serving/hub_upload.py, which also deletes the previous head's files the new export lacks.
 The names are eagle3/draft/export_files.py's constants (every layer that reads one imports
 them there). Anything else in the directory makes it no export: write_export refuses it,
 touching nothing (serving_format.check_export_dir).
