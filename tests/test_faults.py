@@ -14,12 +14,13 @@ from conftest import CACHE, compose
 from fault_helpers import ARGS, assert_killed, assert_same_dataset, cli, file_bytes, temps
 from safetensors.torch import load, load_file
 
+from eagle3.serving.export_dir import write_export
 from eagle3.stages.extract import run as extract
 from eagle3.stages.train import run as train
 from eagle3.store import DiskSpaceError, Manifest, format_bytes
 from eagle3.store.merge import merge_parts, part_dir
 from eagle3.store.reader import damaged_shards
-from eagle3.training.checkpoint_io import export_checkpoint
+from eagle3.training.checkpoint_io import checkpoint_head
 from eagle3.util import faults
 
 
@@ -208,7 +209,7 @@ def test_export_killed_leaves_the_previous_one_and_the_rerun_exports(reference, 
     )
     assert_killed(again)
     assert file_bytes(run_dir / "export") == before  # the previous export, whole and unchanged
-    export_checkpoint(run_dir / "checkpoints" / "last.ckpt", run_dir / "export", 5)  # unkilled: swapped in
+    write_export(*checkpoint_head(run_dir / "checkpoints" / "last.ckpt", 5), run_dir / "export")  # unkilled: swapped in
     config = json.loads((run_dir / "export" / "config.json").read_text())
     assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 5
     assert load_file(str(run_dir / "export" / "model.safetensors")).keys() == load(before["model.safetensors"]).keys()

@@ -131,9 +131,10 @@ def test_export_cli_reproduces_the_export(datasets_dir, tmp_path):
     from_cli = load_file(str(tmp_path / "cli_export" / "model.safetensors"))
     # the run exported its best checkpoint; re-export that one for an exact comparison
     summary = json.loads((tmp_path / "summary.json").read_text())
-    from eagle3.training.checkpoint_io import export_checkpoint
+    from eagle3.serving.export_dir import write_export
+    from eagle3.training.checkpoint_io import checkpoint_head
 
-    best = export_checkpoint(summary["best_checkpoint"], tmp_path / "best_export")
+    best = write_export(*checkpoint_head(summary["best_checkpoint"]), tmp_path / "best_export").directory
     ref = load_file(str(Path(summary["export_dir"]) / "model.safetensors"))
     again = load_file(str(best / "model.safetensors"))
     assert from_cli.keys() == ref.keys() == again.keys()

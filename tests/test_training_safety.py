@@ -18,6 +18,7 @@ from eagle3.config.schema import run_config
 from eagle3.draft.config import DraftConfig
 from eagle3.draft.head import Eagle3DraftHead
 from eagle3.draft.serving_format import DraftMeta, NonFiniteWeightsError, save_head
+from eagle3.serving.export_dir import write_export
 from eagle3.store import HiddenStateDataset, ShardWriter
 from eagle3.store.disk import DiskSpaceError, free_bytes
 from eagle3.store.reader import DamagedDatasetError
@@ -27,8 +28,8 @@ from eagle3.training.checkpoint_io import (
     AtomicCheckpointIO,
     UnsafeCheckpointError,
     check_checkpoint_disk,
+    checkpoint_head,
     checkpoints_at_once,
-    export_checkpoint,
 )
 
 TINY = ["experiment=tiny_test"]
@@ -173,14 +174,14 @@ def test_a_checkpoint_carrying_a_pickled_object_is_refused_and_its_code_never_ru
     marker = tmp_path / "the-pickle-ran"
     evil = _checkpoint(tmp_path / "evil.ckpt", {"callbacks": {"x": _SideEffect(marker)}})
     with pytest.raises(UnsafeCheckpointError) as e:
-        export_checkpoint(evil, tmp_path / "export")
+        write_export(*checkpoint_head(evil), tmp_path / "export")
     assert str(evil) in str(e.value) and "expected a checkpoint of tensors and plain data" in str(e.value)
     assert "os.makedirs" in str(e.value)  # the global it refused
     with pytest.raises(Exception, match="os.makedirs"):  # a resume (Lightning's load) refuses it too
         AtomicCheckpointIO().load_checkpoint(evil, weights_only=False)
     assert not marker.exists() and not (tmp_path / "export").exists()
     # a checkpoint of tensors and plain data still exports
-    out = export_checkpoint(_checkpoint(tmp_path / "good.ckpt"), tmp_path / "export")
+    out = write_export(*checkpoint_head(_checkpoint(tmp_path / "good.ckpt")), tmp_path / "export").directory
     assert set(load_file(str(out / "model.safetensors"))) >= {"fc.weight", "d2t", "t2d"}
 
 
@@ -215,18 +216,19 @@ def test_a_summary_write_that_fails_midway_leaves_the_previous_summary(tmp_path,
 
 
 def test_re_export_keeps_serving_and_acceptance_whole_when_their_write_fails(tmp_path, monkeypatch):
+    from eagle3.serving import export_dir
     from eagle3.serving.advice import head_sha256
     from eagle3.stages import export as export_stage
 
     ckpt = _checkpoint(tmp_path / "a.ckpt")
-    out = export_checkpoint(ckpt, tmp_path / "export")
+    out = write_export(*checkpoint_head(ckpt), tmp_path / "export").directory
     serving = json.dumps({"source": "rule", "loads": [], "head_sha256": head_sha256(out)}, indent=2)
     acceptance = json.dumps({"acceptance_length": 2.0, "per_position": [0.6, 0.3]}, indent=2)
     (out / "serving.json").write_text(serving)
     (out / "acceptance.json").write_text(acceptance)
     monkeypatch.setattr("eagle3.serving.serve_command.export_serving_lines", lambda *_a, **_k: [])
 
-    real_export = export_stage.export_checkpoint
+    real_export = export_dir.write_export
 
     def export_then_tear(*args, **kwargs):  # the swap in happened; the metadata writes fail midway
         result = real_export(*args, **kwargs)
@@ -241,7 +243,7 @@ def test_re_export_keeps_serving_and_acceptance_whole_when_their_write_fails(tmp
         monkeypatch.setattr(Path, "write_bytes", half)
         return result
 
-    monkeypatch.setattr(export_stage, "export_checkpoint", export_then_tear)
+    monkeypatch.setattr(export_dir, "write_export", export_then_tear)
     with pytest.raises(OSError, match="No space left"):
         export_stage.run(export_stage.ExportCliConfig(ckpt=str(ckpt), out=str(out)))
     monkeypatch.undo()

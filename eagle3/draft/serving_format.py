@@ -34,13 +34,14 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from eagle3.draft.config import VLLM_NORM_DEFAULTS, DraftConfig
+from eagle3.draft.export_files import CONFIG, EXPORT_FILES, WEIGHTS
 from eagle3.draft.head import Eagle3DraftHead
 from eagle3.util.atomic import TMP_MARK, atomic_dir
 
@@ -204,25 +205,6 @@ class DraftMeta:
         return cls(**d)
 
 
-# What an export directory may hold: save_head's three files and what evaluate.py, the serving
-# measurement and the model card write beside them. A directory holding anything else is not
-# ours to replace (save_head swaps the directory whole).
-EXPORT_FILES = frozenset(
-    {
-        "config.json",
-        "model.safetensors",
-        "eagle3_meta.json",
-        "serving.json",
-        "serving_speedup.json",
-        "acceptance.json",
-        "acceptance.png",
-        "acceptance-logs",  # evaluate.py's engine logs
-        "wandb",  # evaluate.py's W&B run directory (logger.backend=wandb, out_dir null)
-        "README.md",  # the model card
-    }
-)
-
-
 class ExportDirError(ValueError):
     """``out`` is a directory that is neither empty nor a previous export: replacing it would
     delete files the export did not write."""
@@ -240,8 +222,7 @@ def check_export_dir(out_dir: Path) -> None:
     if not names:
         return
     foreign = [n for n in names if n not in EXPORT_FILES and TMP_MARK not in n]
-    config = out_dir / "config.json"
-    is_export = (out_dir / "model.safetensors").is_file() and _is_eagle3_config(config)
+    is_export = (out_dir / WEIGHTS).is_file() and _is_eagle3_config(out_dir / CONFIG)
     if is_export and not foreign:
         return
     what = "a previous export (config.json of speculators_model_type eagle3 + model.safetensors)"
@@ -262,10 +243,14 @@ def _is_eagle3_config(config: Path) -> bool:
         return False
 
 
-def save_head(head: Eagle3DraftHead, meta: DraftMeta, out_dir: str | Path) -> Path:
+def save_head(
+    head: Eagle3DraftHead, meta: DraftMeta, out_dir: str | Path, before_swap: Callable[[Path], None] | None = None
+) -> Path:
     """config.json + model.safetensors (bf16), written to a temp dir then swapped into place
     (``eagle3.util.atomic.atomic_dir``): a killed export leaves the previous one whole. Only
-    into a new or empty directory or over a previous export (check_export_dir)."""
+    into a new or empty directory or over a previous export (check_export_dir). ``before_swap``:
+    called with the finished temp dir before it replaces ``out_dir`` (the export's owner,
+    eagle3/serving/export_dir.py, carries over what the previous export holds beside these files)."""
     out_dir = Path(out_dir)
     check_export_dir(out_dir)
     config = speculators_config_dict(
@@ -291,6 +276,8 @@ def save_head(head: Eagle3DraftHead, meta: DraftMeta, out_dir: str | Path) -> Pa
                 indent=2,
             )
         )
+        if before_swap is not None:
+            before_swap(tmp)
     return out_dir
 
 
@@ -301,11 +288,11 @@ class ExportError(RuntimeError):
 def read_config(export_dir: str | Path) -> dict[str, Any]:
     """config.json of an export directory that holds both files and is an EAGLE-3 head."""
     export_dir = Path(export_dir).expanduser()
-    config_file = export_dir / "config.json"
+    config_file = export_dir / CONFIG
     if not config_file.is_file():
         raise ExportError(f"export_dir={export_dir}: no config.json (expected train.py's export directory)")
-    if not (export_dir / "model.safetensors").is_file():
-        raise ExportError(f"export_dir={export_dir}: no model.safetensors")
+    if not (export_dir / WEIGHTS).is_file():
+        raise ExportError(f"export_dir={export_dir}: no {WEIGHTS}")
     cfg = json.loads(config_file.read_text())
     if cfg.get("speculators_model_type") != "eagle3":
         raise ExportError(
@@ -328,7 +315,7 @@ def load_head(
     (``target_config``); its frozen pieces from ``target_weights`` (embed [Vt, H], norm [H],
     lm_head [Vt, H], as eagle3.target_model's load_target_head_weights returns them)."""
     export_dir = Path(export_dir)
-    cfg = json.loads((export_dir / "config.json").read_text())
+    cfg = json.loads((export_dir / CONFIG).read_text())
     layer = cfg["transformer_layer_config"]
     aux_layer_ids = [int(i) for i in cfg["eagle_aux_hidden_state_layer_ids"]]
     # the norm flags as vLLM reads them, its defaults for a key the file lacks
@@ -344,7 +331,7 @@ def load_head(
         num_layers=int(layer.get("num_hidden_layers", 1)),
     )
     head = Eagle3DraftHead(draft_cfg)
-    weights = load_file(str(export_dir / "model.safetensors"))
+    weights = load_file(str(export_dir / WEIGHTS))
     w = target_weights
     head.load_target_weights(
         w["embed"].float(),

@@ -25,6 +25,7 @@ from typing import Any, Mapping, cast
 
 from eagle3.config.engine import EngineOptions
 from eagle3.config.schema import EvalConfig
+from eagle3.draft.export_files import ENGINE_LOGS
 from eagle3.evaluation.report import AcceptanceReport
 
 
@@ -117,7 +118,7 @@ def evaluate(
         num_draft_tokens=int(settings.num_draft_tokens),
         max_new_tokens=int(settings.max_new_tokens),
         engine=options,
-        work_dir=out_dir / "acceptance-logs",
+        work_dir=out_dir / ENGINE_LOGS,
         baseline=baseline,
         diagnostics=bool(settings.diagnostics),
         chat_template=chat_template,

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from eagle3.draft.export_files import CONFIG
 from eagle3.draft.serving_format import ExportError, read_config
 
 __all__ = ["ExportError", "ExportInfo", "read_export"]
@@ -43,7 +44,7 @@ def _resolve_target(given: str, export_dir: Path, config_file: Path) -> str:
                 "pass target=<target dir>"
             )
         return str(path)
-    found = _find_relative(path, export_dir, "config.json")
+    found = _find_relative(path, export_dir, CONFIG)
     if found is not None:
         return str(found)
     if given.count("/") == 1 and not given.startswith("."):
@@ -56,7 +57,7 @@ def _resolve_target(given: str, export_dir: Path, config_file: Path) -> str:
 
 def read_export(export_dir: str | Path, target: str | None = None) -> ExportInfo:
     export_dir = Path(export_dir).expanduser()
-    config_file = export_dir / "config.json"
+    config_file = export_dir / CONFIG
     cfg = read_config(export_dir)
     summary_file = export_dir.parent / "summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}

@@ -18,14 +18,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from eagle3.draft.export_files import ACCEPTANCE, ACCEPTANCE_PLOT
 from eagle3.evaluation.figures import Figures, PromptOutcome
 from eagle3.evaluation.prompts import SET_LABELS, VAL
 from eagle3.util.atomic import write_text
 
 MEASURED_BY = "vLLM spec-decode counters (real serving acceptance, greedy)"
 ENDS = "natural EOS (ignore_eos=false), capped at max_new_tokens"
-JSON_NAME = "acceptance.json"
-PNG_NAME = "acceptance.png"
+JSON_NAME = ACCEPTANCE
+PNG_NAME = ACCEPTANCE_PLOT
 
 
 @dataclass

@@ -45,10 +45,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Optional
 
+from eagle3.draft.export_files import ADVICE, WEIGHTS
 from eagle3.target_model.resolve import read_hf_config
 from eagle3.target_model.size import TargetSize, target_size
 
-FILE_NAME = "serving.json"
+FILE_NAME = ADVICE
 ADVICE_LOADS = (1, 8, 32, 64)  # the loads the rule advises for (the bench's default loads)
 # A K is advised only where it beats the target alone by this factor: below it, the waves'
 # timing noise (measured) or the rule's model error (rule) could make the head a slow-down.
@@ -169,7 +170,7 @@ class ServingAdvice:
 
 
 def head_sha256(export_dir: str | Path) -> Optional[str]:
-    weights = Path(export_dir) / "model.safetensors"
+    weights = Path(export_dir) / WEIGHTS
     if not weights.is_file():
         return None
     h = hashlib.sha256()

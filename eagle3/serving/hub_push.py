@@ -11,7 +11,9 @@ Two steps, far apart in time on purpose:
 - ``push`` uploads the export folder in one commit: every file a user needs (weights, config.json,
   eagle3_meta.json with its training record, acceptance.json/.png, serving.json), the engine logs and
   W&B files left out, and the model card (README.md) written for the Hub: its ``vllm serve``
-  command names the repo instead of the local directory. The repo is created private unless
+  command names the repo instead of the local directory. No path of this machine is uploaded, and
+  the previous head's files the new export lacks are deleted in the same commit (what is uploaded
+  and deleted: eagle3/serving/hub_upload.py). The repo is created private unless
   ``hub_private=false`` (an existing repo keeps its visibility).
 """
 
@@ -23,9 +25,11 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from eagle3.serving.hub_upload import operations, upload_paths, uploads
+
+__all__ = ["HubPushError", "HubTarget", "preflight", "publish_lines", "push", "push_line", "upload_paths"]
+
 CHECK_TIMEOUT_S = 5.0  # a reachable Hub answers in well under a second; a missing network never does
-# folders of an export that stay local (vLLM's engine logs, W&B's run files); hidden files too
-LOCAL_ONLY = ("acceptance-logs", "wandb", "serving_work")
 
 
 class HubPushError(RuntimeError):
@@ -108,43 +112,25 @@ def _whoami(endpoint: str, token: str, where: str, end: str) -> str:
     return str(info.get("name", "unknown"))
 
 
-def upload_paths(export_dir: Path) -> list[Path]:
-    """The export's files that are published (relative paths), the local-only ones left out."""
-    files = sorted(p.relative_to(export_dir) for p in export_dir.rglob("*") if p.is_file())
-    return [p for p in files if not any(part.startswith(".") for part in p.parts) and p.parts[0] not in LOCAL_ONLY]
-
-
 def push(export_dir: str | Path, target: HubTarget) -> str:
-    """Upload ``export_dir`` to ``target`` in one commit, the card rendered for the Hub; returns
-    the repo's URL."""
-    from huggingface_hub import CommitOperationAdd, HfApi
+    """Upload ``export_dir`` to ``target`` in one commit (hub_upload: the files as the Hub gets them,
+    the previous head's the export lacks deleted); returns the repo's URL."""
+    from huggingface_hub import HfApi
 
-    from eagle3.serving.model_card import CARD_FILE, card_text
+    from eagle3.serving.hub_upload import hub_config
 
     export_dir = Path(export_dir)
     api = HfApi(endpoint=target.endpoint)
     url = api.create_repo(target.repo_id, private=target.private, exist_ok=True, repo_type="model")
-    card = card_text(export_dir, model_ref=target.repo_id).encode()
-    operations = [
-        CommitOperationAdd(path_in_repo=rel.as_posix(), path_or_fileobj=str(export_dir / rel))
-        for rel in upload_paths(export_dir)
-        if rel.as_posix() != CARD_FILE
-    ]
-    operations.append(CommitOperationAdd(path_in_repo=CARD_FILE, path_or_fileobj=card))
+    remote = api.list_repo_files(target.repo_id, repo_type="model")
+    name = hub_config(export_dir)["speculators_config"]["verifier"]["name_or_path"]
     api.create_commit(
         target.repo_id,
-        operations=operations,
-        commit_message=f"EAGLE-3 head for {_target_name(export_dir)}",
+        operations=operations(uploads(export_dir, target.repo_id), remote),
+        commit_message=f"EAGLE-3 head for {name}",
         repo_type="model",
     )
     return str(url)
-
-
-def _target_name(export_dir: Path) -> str:
-    import json
-
-    config = json.loads((export_dir / "config.json").read_text())
-    return str(config["speculators_config"]["verifier"]["name_or_path"])
 
 
 def push_line(url: str, target: HubTarget) -> str:

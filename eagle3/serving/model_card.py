@@ -2,11 +2,12 @@
 files in the export directory and nothing else, so a card never shows a figure that was not
 measured for these weights.
 
-    config.json, eagle3_meta.json   the target, the layer ids, the draft vocabulary, the trained K
-    eagle3_meta.json "training"     how it was trained (added here, at export time, from the run dir
+    config.json, eagle3_meta.json   the target, the layer ids, the draft vocabulary, the K served
+    eagle3_meta.json "training"     how it was trained (added at export time, from the run dir
                                     beside the checkpoint: summary.json, dataset_manifest.json,
-                                    run_config.json): the target's revision and weights hash, the
-                                    data, the steps, the minutes and the machine
+                                    run_config.json, the checkpoint): the target's revision and
+                                    weights hash, the data, the steps, the K trained with, the
+                                    minutes and the machine
     acceptance.json                 vLLM's acceptance per prompt set (python evaluate.py), and how
                                     the answers ended (at EOS, or cut at max_new_tokens)
     serving.json                    the advised K per load (eagle3/serving/advice.py): measured
@@ -25,15 +26,18 @@ import re
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from eagle3.draft.export_files import ACCEPTANCE, CARD, CONFIG
 from eagle3.serving.advice import ServingAdvice, advice_for
 from eagle3.serving.serve_command import read_acceptance, serving_lines
 from eagle3.serving.training_record import META_FILE, read_json, read_record
 from eagle3.util.atomic import write_text
 
-CARD_FILE = "README.md"
+CARD_FILE = CARD
 TAGS = ["eagle3", "speculative-decoding", "speculators", "vllm", "draft-model"]
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 NOT_RECORDED = "not recorded"
+LOCAL_TARGET = "<path to the target>"  # the Hub card's name for a target known here only by its path
+LOCAL_EXPORT = "<this repo, downloaded>"  # the Hub card's name for the export directory
 
 
 # ------------------------------------------------------------ the card
@@ -48,16 +52,22 @@ def write_card(export_dir: str | Path, model_ref: str | None = None, target_dir:
 
 def card_text(export_dir: str | Path, model_ref: str | None = None, target_dir: str | Path | None = None) -> str:
     """The card; ``model_ref``: what the serve command names as the head (default: the export
-    directory; a Hub repo id for the card that is pushed). ``target_dir``: the target's local copy,
-    for the size class of a predicted advice where serving.json holds none yet (advice_for)."""
+    directory; a Hub repo id for the card that is pushed, which then names no local path: the
+    target by its Hub id, else as LOCAL_TARGET with its architecture). ``target_dir``: the target's
+    local copy, for the size class of a predicted advice where serving.json holds none yet (advice_for)."""
     export_dir = Path(export_dir)
-    config = json.loads((export_dir / "config.json").read_text())
+    config = json.loads((export_dir / CONFIG).read_text())
     meta = read_json(export_dir / META_FILE) or {}
     record = read_record(export_dir)
-    acceptance = read_acceptance(export_dir / "acceptance.json")
-    target = str(config["speculators_config"]["verifier"]["name_or_path"])
-    hub_target = _hub_id(target, record)
-    advice = advice_for(export_dir, acceptance, target_dir=target_dir or target)
+    acceptance = read_acceptance(export_dir / ACCEPTANCE)
+    local = str(config["speculators_config"]["verifier"]["name_or_path"])
+    hub_target = hub_id(local, record)
+    advice = advice_for(export_dir, acceptance, target_dir=target_dir or local)
+    target, here = local, str(export_dir)
+    if model_ref is not None:  # the Hub's card: the target as the Hub knows it, no path of this machine
+        architectures = ", ".join(config["speculators_config"]["verifier"].get("architectures") or [])
+        target = hub_target or f"{LOCAL_TARGET}" + (f" ({architectures})" if architectures else "")
+        here = LOCAL_EXPORT
     parts = [
         _front_matter(hub_target),
         f"# EAGLE-3 draft head for {hub_target or target}\n\n"
@@ -65,18 +75,18 @@ def card_text(export_dir: str | Path, model_ref: str | None = None, target_dir: 
         "it proposes the next tokens from three of the target's hidden layers and the target checks them in one "
         "forward pass (the output is the target's own). Trained and exported by eagle3; every figure below was "
         "measured for these weights and comes from the files in this folder.",
-        _serve_section(export_dir, model_ref, config, meta, advice),
+        _serve_section(export_dir, model_ref, config, meta, advice, hub_target),
         _head_section(config, target, hub_target, record),
         _data_section(record),
         _run_section(record),
-        _acceptance_section(acceptance, export_dir),
-        _serving_section(advice, export_dir),
+        _acceptance_section(acceptance, here),
+        _serving_section(advice, here),
         _files_section(export_dir),
     ]
     return "\n\n".join(p.strip() for p in parts) + "\n"
 
 
-def _hub_id(target: str, record: dict[str, Any]) -> Optional[str]:
+def hub_id(target: str, record: dict[str, Any]) -> Optional[str]:
     """The target as the Hub knows it: the name the export gives it when that is a Hub id, else the
     model's hub_id the training recorded; None for a local directory only."""
     if _HUB_ID.fullmatch(target) and not target.startswith(".") and not Path(target).expanduser().exists():
@@ -96,12 +106,18 @@ def _front_matter(hub_target: Optional[str]) -> str:
 
 
 def _serve_section(
-    export_dir: Path, model_ref: str | None, config: dict, meta: dict, advice: Optional[ServingAdvice]
+    export_dir: Path,
+    model_ref: str | None,
+    config: dict,
+    meta: dict,
+    advice: Optional[ServingAdvice],
+    hub_target: Optional[str],
 ) -> str:
     spec = config["speculators_config"]
+    local = str(spec["verifier"]["name_or_path"])
     lines = serving_lines(
         model_ref or export_dir,
-        str(spec["verifier"]["name_or_path"]),
+        local if model_ref is None else hub_target or LOCAL_TARGET,
         int(spec["proposal_methods"][0]["speculative_tokens"]),
         advice,
         tensor_parallel_size=int(meta.get("serve_tensor_parallel_size", 1)),
@@ -134,7 +150,11 @@ def _head_section(config: dict, target: str, hub_target: Optional[str], record: 
         ("draft vocabulary", f"{config.get('draft_vocab_size')} of {layer.get('vocab_size')} target tokens"),
         ("draft layers", str(layer.get("num_hidden_layers", 1))),
         ("hidden size", str(layer.get("hidden_size"))),
-        ("trained draft tokens (K)", str(config["speculators_config"]["proposal_methods"][0]["speculative_tokens"])),
+        ("trained draft tokens (K)", str((record.get("run") or {}).get("num_draft_tokens") or NOT_RECORDED)),
+        (
+            "served draft tokens (K, config.json)",
+            str(config["speculators_config"]["proposal_methods"][0]["speculative_tokens"]),
+        ),
     ]
     return "## The head\n\n" + _table(("", ""), rows)
 
@@ -265,7 +285,7 @@ def _acceptance_rows(acceptance: dict[str, Any], cap: int) -> list[tuple[str, ..
     return rows
 
 
-def _acceptance_section(acceptance: Optional[dict[str, Any]], export_dir: Path) -> str:
+def _acceptance_section(acceptance: Optional[dict[str, Any]], export_dir: str) -> str:
     if acceptance is None:
         return (
             "## Acceptance in vLLM\n\nNot measured yet for these weights. Measure it with "
@@ -299,7 +319,7 @@ def _measured(advice: ServingAdvice, load: Any) -> bool:
     return basis == "measured" if basis else advice.source == "measured"
 
 
-def _serving_section(advice: Optional[ServingAdvice], export_dir: Path) -> str:
+def _serving_section(advice: Optional[ServingAdvice], export_dir: str) -> str:
     title = "## Serving speed-up"
     how = f"`python evaluate.py export_dir={export_dir} serving.measure=true`"
     measured = [a for a in sorted(advice.loads, key=lambda a: a.load) if _measured(advice, a)] if advice else []

@@ -6,9 +6,11 @@ command (the model card, eagle3/serving/model_card.py, shows the same lines)."""
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any, Optional
 
+from eagle3.draft.export_files import ACCEPTANCE, CONFIG, META
 from eagle3.serving.advice import ServingAdvice, advice_for
 
 
@@ -24,13 +26,16 @@ def serve_command(
     trust_remote_code: bool = False,
 ) -> str:
     """``vllm serve``, with the head at K draft tokens, or the target alone for K = 0; with the
-    tensor parallelism and remote code the target ran with in extraction."""
-    flags = f" --tensor-parallel-size {int(tensor_parallel_size)}" if int(tensor_parallel_size) > 1 else ""
-    flags += " --trust-remote-code" if trust_remote_code else ""
-    if num_draft_tokens <= 0:
-        return f"vllm serve {target}{flags}"
-    spec = json.dumps({"model": str(export_dir), "method": "eagle3", "num_speculative_tokens": int(num_draft_tokens)})
-    return f"vllm serve {target}{flags} --speculative-config '{spec}'"
+    tensor parallelism and remote code the target ran with in extraction. A shell line:
+    ``shlex.split`` of it gives back each argument exactly."""
+    args = ["vllm", "serve", str(target)]
+    args += ["--tensor-parallel-size", str(int(tensor_parallel_size))] if int(tensor_parallel_size) > 1 else []
+    args += ["--trust-remote-code"] if trust_remote_code else []
+    if num_draft_tokens > 0:
+        spec = {"model": str(export_dir), "method": "eagle3", "num_speculative_tokens": int(num_draft_tokens)}
+        args += ["--speculative-config", json.dumps(spec)]
+    # every argument shell-quoted: a path with a space or a quote is one argument, as given
+    return " ".join(shlex.quote(a) for a in args)
 
 
 def serving_lines(
@@ -91,11 +96,11 @@ def export_serving_lines(
     step costs of the size class nearest the target (read from ``target_dir``, default the export's
     verifier where that is a directory here)."""
     export_dir = Path(export_dir)
-    config = json.loads((export_dir / "config.json").read_text())["speculators_config"]
-    meta_file = export_dir / "eagle3_meta.json"
+    config = json.loads((export_dir / CONFIG).read_text())["speculators_config"]
+    meta_file = export_dir / META
     meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
     target = config["verifier"]["name_or_path"]
-    acceptance = read_acceptance(acceptance_file or export_dir / "acceptance.json")
+    acceptance = read_acceptance(acceptance_file or export_dir / ACCEPTANCE)
     advice = advice_for(export_dir, acceptance, target_dir=target_dir or target)
     return serving_lines(
         export_dir,

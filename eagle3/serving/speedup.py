@@ -43,6 +43,7 @@ from typing import Any, Callable
 
 from eagle3.config.cli import ServingConfig
 from eagle3.config.engine import EngineOptions
+from eagle3.draft.export_files import SERVING_WORK
 from eagle3.evaluation.engine_io import EngineRequest, EngineResult, PromptBatch
 from eagle3.evaluation.subprocess_engine import EngineRunError
 from eagle3.serving import advice as advice_rules
@@ -271,7 +272,7 @@ def measure_serving(
         raise ValueError("no held-out prompts")
     loads = [int(x) for x in serving.loads]
     load_prompts = {c: wave_requests(len(prompts), c, serving.min_waves) for c in loads}
-    work = Path(serving.work_dir) if serving.work_dir else Path(out).parent / "serving_work"
+    work = Path(serving.work_dir) if serving.work_dir else Path(out).parent / SERVING_WORK
     work.mkdir(parents=True, exist_ok=True)
     alone, with_head, missing = run_engines(target, str(export_dir), prompts, load_prompts, serving, engine, work)
     if not with_head:

@@ -16,9 +16,10 @@ import platform
 from pathlib import Path
 from typing import Any, Optional
 
+from eagle3.draft.export_files import META
 from eagle3.util.atomic import write_text
 
-META_FILE = "eagle3_meta.json"
+META_FILE = META
 RECORD_KEY = "training"  # the training record's key in eagle3_meta.json
 
 
@@ -41,16 +42,18 @@ def read_json(path: Path) -> Optional[dict[str, Any]]:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _checkpoint_step(ckpt: Optional[Path]) -> Optional[int]:
-    """The optimizer steps the exported checkpoint had taken (Lightning's global_step), read
-    memory-mapped: the tensors are not loaded."""
+def _checkpoint_facts(ckpt: Optional[Path]) -> tuple[Optional[int], Optional[int]]:
+    """(the optimizer steps the exported checkpoint had taken, Lightning's global_step; the number
+    of draft tokens it was trained and evaluated with, its eagle3_meta's), read memory-mapped: the
+    tensors are not loaded."""
     if ckpt is None or not ckpt.is_file():
-        return None
+        return None, None
     import torch
 
     state = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
-    step = state.get("global_step") if isinstance(state, dict) else None
-    return int(step) if step is not None else None
+    state = state if isinstance(state, dict) else {}
+    step, k = state.get("global_step"), (state.get("eagle3_meta") or {}).get("num_speculative_tokens")
+    return (int(step) if step is not None else None), (int(k) if k is not None else None)
 
 
 def training_record(run_dir: str | Path, ckpt: str | Path | None = None) -> Optional[dict[str, Any]]:
@@ -68,6 +71,7 @@ def training_record(run_dir: str | Path, ckpt: str | Path | None = None) -> Opti
     model = ((read_json(run_dir / "run_config.json") or {}).get("config") or {}).get("model") or {}
     fingerprint = manifest.get("fingerprint_inputs") or {}
     checkpoint = Path(ckpt) if ckpt else Path(summary.get("best_checkpoint") or run_dir / "checkpoints" / "last.ckpt")
+    step, trained_k = _checkpoint_facts(checkpoint)
     return {
         "target": {
             **{k: model.get(k) for k in ("name", "hub_id", "path", "revision")},
@@ -88,7 +92,10 @@ def training_record(run_dir: str | Path, ckpt: str | Path | None = None) -> Opti
         "run": {
             "global_step": summary.get("global_step"),
             "checkpoint": checkpoint.name,
-            "checkpoint_step": _checkpoint_step(checkpoint),
+            "checkpoint_step": step,
+            # the K of the training (its replay and evaluation); config.json's is the export's, which
+            # python export.py num_draft_tokens=<K> sets for serving
+            "num_draft_tokens": trained_k,
             "fit_seconds": summary.get("fit_seconds"),
             "machine": summary.get("machine"),
             "best_metric": summary.get("best_metric"),

@@ -25,6 +25,7 @@ from typing import Any, cast
 
 from eagle3.config.cli import EvaluateConfig
 from eagle3.config.schema import RunConfig, plain, typed
+from eagle3.draft.export_files import SPEEDUP
 from eagle3.evaluation.acceptance import evaluate, vllm_available
 from eagle3.stages.compose import register_evaluate_config
 from eagle3.util.report import say
@@ -117,7 +118,7 @@ def run_serving(c: EvaluateConfig, out_dir: Path | None) -> float:
 
     info = read_export(c.export_dir, c.target)
     dataset = Path(c.dataset_dir).expanduser().resolve() if c.dataset_dir else info.dataset_dir
-    out = (out_dir or info.export_dir) / "serving_speedup.json"
+    out = (out_dir or info.export_dir) / SPEEDUP
     out.parent.mkdir(parents=True, exist_ok=True)
     serving = c.serving
     if serving.work_dir is None:  # one per export, outside it: a rerun reuses the engines that finished

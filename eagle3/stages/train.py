@@ -22,9 +22,9 @@ from eagle3.draft.serving_format import DraftMeta
 from eagle3.extraction.identity import dataset_path
 from eagle3.planning import time_budget
 from eagle3.planning.cost import train_lines
-from eagle3.serving.hub_push import HubPushError, preflight, publish_lines
-from eagle3.serving.model_card import write_card
-from eagle3.serving.training_record import machine_record, write_training_record
+from eagle3.serving.export_dir import publish_export, write_export
+from eagle3.serving.hub_push import HubPushError, preflight
+from eagle3.serving.training_record import machine_record
 from eagle3.stages.narrow import dataset_identity
 from eagle3.stages.train_inputs import check_loss_fits_teacher, find_dataset, find_token_dataset, online_target
 from eagle3.stages.validate import validate_run_config
@@ -36,8 +36,8 @@ from eagle3.training.callbacks import build_callbacks
 from eagle3.training.checkpoint_io import (
     AtomicCheckpointIO,
     check_checkpoint_disk,
+    checkpoint_head,
     checkpoints_at_once,
-    export_checkpoint,
     newest_whole_checkpoint,
 )
 from eagle3.training.datamodule import Eagle3DataModule
@@ -155,11 +155,11 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
         # this process's fit and last validation (a resumed run: its last part), and where: the model card's
         summary["fit_seconds"] = round(time.monotonic() - fit_start, 1)
         summary["machine"] = machine_record(cfg.topology.accelerator, cfg.topology.devices, cfg.topology.num_nodes)
-        export_dir = _export_and_evaluate(cfg, parts, output_dir, ds_dir, model_dir, summary)
+        export_dir, carried = _export_and_evaluate(cfg, parts, output_dir, ds_dir, model_dir, summary)
         if clock is not None:
             summary["time_budget"] = clock.outcome()
             report([time_budget.outcome_line(summary["time_budget"])])
-        push_failed = _write_summary(output_dir, export_dir, summary, cfg.export)
+        push_failed = _write_summary(output_dir, export_dir, summary, cfg.export, carried)
     _finish_logger(parts, initial)
     if parts.trainer.is_global_zero and push_failed:  # the export, the card and the logs are whole first
         raise HubPushError(push_failed)
@@ -326,42 +326,51 @@ def _summary(
 
 def _export_and_evaluate(
     cfg: RunConfig, parts: _Parts, output_dir: Path, ds_dir: Path, model_dir: str, summary: dict[str, Any]
-) -> Path:
+) -> tuple[Path, list[str]]:
     """The export of the best checkpoint (else last.ckpt), and vLLM's acceptance of it, into
-    ``summary``. From the checkpoint file, not the live module: the same path as `python
-    export.py`, and correct under FSDP (whose live parameters are shards)."""
+    ``summary``; returns the export directory and what its owner carried over from a previous
+    export there (eagle3/serving/export_dir.py). From the checkpoint file, not the live module: the
+    same path as `python export.py`, and correct under FSDP (whose live parameters are shards)."""
     best = parts.checkpoint.best_model_path or output_dir / "checkpoints" / "last.ckpt"
-    export_dir = export_checkpoint(best, output_dir / "export")
+    written = write_export(*checkpoint_head(best), output_dir / "export")
+    export_dir = written.directory
     summary["export_dir"] = str(export_dir)
     from eagle3.stages.evaluate import evaluate_trained  # the evaluate stage, loaded only here
 
     summary["acceptance"] = evaluate_trained(cfg, export_dir, ds_dir, model_dir, parts.logger)
-    return export_dir
+    return export_dir, written.lines
 
 
 def _write_summary(
-    output_dir: Path, export_dir: Path, summary: Mapping[str, Any], export: ExportConfig | None = None
+    output_dir: Path,
+    export_dir: Path,
+    summary: Mapping[str, Any],
+    export: ExportConfig | None = None,
+    carried: Sequence[str] = (),
 ) -> str | None:
-    """summary.json, the export's training record and model card (eagle3/serving/model_card.py),
-    its upload (export.push_to_hub), then the `vllm serve` command with the advised number of draft
-    tokens (the rule on the acceptance just measured, eagle3/serving/advice.py) and, last, the export
-    directory (scripts read it). Returns why the upload failed (raised once the logger is closed)."""
-    from eagle3.serving.serve_command import export_serving_lines
-
+    """summary.json, then the export's publish step (eagle3/serving/export_dir.py: its training
+    record, the advice on the acceptance just measured, the card, the upload to export.push_to_hub),
+    then the lines: what the export carried over (``carried``), the `vllm serve` command with the
+    advised number of draft tokens and, last, the export directory (scripts read it). Returns why
+    the upload failed (raised once the logger is closed)."""
     write_text(output_dir / "summary.json", json.dumps(summary, indent=2))  # never a torn one (sweep tables read it)
-    serve = export_serving_lines(
-        export_dir, (summary.get("acceptance") or {}).get("json"), target_dir=summary.get("target_dir")
-    )  # first: the advice it writes (serving.json) is the one the card shows
-    write_training_record(export_dir, output_dir)
-    write_card(export_dir)
     exported = summary.get("best_checkpoint") or output_dir / "checkpoints" / "last.ckpt"
     repo = export.push_to_hub if export is not None else None
-    retry = f"python export.py ckpt={exported} out={export_dir} push_to_hub={repo}"
-    pushed, failed = publish_lines(export_dir, repo, bool(export and export.hub_private), "export.push_to_hub", retry)
+    published = publish_export(
+        export_dir,
+        run_dir=output_dir,
+        acceptance_file=(summary.get("acceptance") or {}).get("json"),
+        target_dir=summary.get("target_dir"),
+        push_to_hub=repo,
+        hub_private=bool(export and export.hub_private),
+        hub_key="export.push_to_hub",
+        retry=f"python export.py ckpt={exported} out={export_dir} push_to_hub={repo}",
+    )
     line = best_metric_line(summary.get("best_metric"), summary.get("best_metric_value"))
     # to stdout and train.log alike: the serve command is what a reader of the log looks for
-    say([f"summary: {output_dir / 'summary.json'}"] + ([line] if line else []) + serve + pushed + [str(export_dir)])
-    return failed
+    summary_lines = [f"summary: {output_dir / 'summary.json'}"] + ([line] if line else [])
+    say(summary_lines + list(carried) + published.lines + [str(export_dir)])
+    return published.push_failed
 
 
 def best_metric_line(name: str | None, value: float | None) -> str | None:

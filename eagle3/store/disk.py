@@ -25,6 +25,19 @@ class DiskSpaceError(StoreError):
     pass
 
 
+# what a write's error says where the writer does not pass errno on: torch.save's C++ writer, and
+# safetensors' Rust one ("I/O error: No space left on device (os error 28)"; 122: a quota)
+_WRITE_FAILED = ("file write failed", "unexpected pos", "(os error 28)", "(os error 122)")
+
+
+def disk_full(e: BaseException) -> bool:
+    """A write's error that is the disk: ENOSPC or EDQUOT, or torch.save's or safetensors'
+    writer failing to write (their errors carry no errno)."""
+    if isinstance(e, OSError):
+        return e.errno in (errno.ENOSPC, errno.EDQUOT)
+    return isinstance(e, Exception) and any(m in str(e) for m in _WRITE_FAILED)
+
+
 def format_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":

@@ -10,12 +10,12 @@ that the disk holds them (``check_checkpoint_disk``), and a save that meets a fu
 fails naming the file, the checkpoint's size, the free space and the whole checkpoints left.
 
 A training checkpoint also exports as a vLLM/speculators eagle3 directory
-(eagle3/draft/serving_format.py): it carries everything needed (draft config, aux layer ids,
-target path, the trained weights and d2t/t2d), so the target is not loaded."""
+(eagle3/draft/serving_format.py, written by the export's owner eagle3/serving/export_dir.py): it
+carries everything needed (draft config, aux layer ids, target path, the trained weights and
+d2t/t2d), so the target is not loaded."""
 
 from __future__ import annotations
 
-import errno
 import pickle
 import zipfile
 from dataclasses import replace
@@ -26,8 +26,8 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
 from eagle3.draft.head import Eagle3DraftHead
-from eagle3.draft.serving_format import DraftMeta, save_head
-from eagle3.store.disk import DiskSpaceError, check_free_disk, format_bytes, free_bytes
+from eagle3.draft.serving_format import DraftMeta
+from eagle3.store.disk import DiskSpaceError, check_free_disk, disk_full, format_bytes, free_bytes
 from eagle3.util.atomic import atomic_path
 
 
@@ -57,17 +57,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         """A resume reads tensors and plain data only (``weights_only=True`` whatever the caller
         or TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD says): a checkpoint is never a program."""
         return super().load_checkpoint(path, map_location=map_location or _cpu_storage, weights_only=True)
-
-
-# what torch.save's C++ writer says when a write fails (a full disk or quota: it does not pass errno on)
-_TORCH_WRITE_FAILED = ("file write failed", "unexpected pos")
-
-
-def disk_full(e: BaseException) -> bool:
-    """A save's error that is the disk: ENOSPC or EDQUOT, or torch.save's writer failing to write."""
-    if isinstance(e, OSError):
-        return e.errno in (errno.ENOSPC, errno.EDQUOT)
-    return isinstance(e, RuntimeError) and any(m in str(e) for m in _TORCH_WRITE_FAILED)
 
 
 def _cpu_storage(storage: Any, location: Any) -> Any:  # Lightning's default map_location
@@ -171,7 +160,10 @@ def newest_whole_checkpoint(ckpt_dir: Path) -> Path | None:
     return next((p for p in others if whole_checkpoint(p)), None)
 
 
-def export_checkpoint(ckpt: str | Path, out: str | Path | None = None, num_draft_tokens: int | None = None) -> Path:
+def checkpoint_head(ckpt: str | Path, num_draft_tokens: int | None = None) -> tuple[Eagle3DraftHead, DraftMeta]:
+    """The head a training checkpoint holds and what its export needs besides the weights (the
+    number of draft tokens replaced by ``num_draft_tokens`` where given): what the export's
+    owner (eagle3/serving/export_dir.py: write_export) writes."""
     ckpt = Path(ckpt)
     if not ckpt.is_file():
         raise FileNotFoundError(f"ckpt={ckpt}: no such checkpoint file")
@@ -189,5 +181,4 @@ def export_checkpoint(ckpt: str | Path, out: str | Path | None = None, num_draft
         raise ValueError(
             f"{ckpt}: weights do not fit the draft config (missing {trained_missing}, unexpected {unexpected})"
         )
-    out = Path(out) if out else ckpt.parent.parent / "export"
-    return save_head(head, meta, out)
+    return head, meta
