@@ -158,7 +158,7 @@ def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
     declared = {f.name for f in dataclasses.fields(kind)} if dataclasses.is_dataclass(kind) else None
     found: list[str] = []
     for key in node.keys():
-        name = f"{prefix}{key}"
+        name = f"{prefix}{key!s}"
         if declared is not None and key not in declared:
             found.append(name)
             continue
