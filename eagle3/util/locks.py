@@ -118,6 +118,23 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
 
 
+def _lost(path: Path, what: str, inode: int) -> str | None:
+    """Why the holder of ``path`` (its lock file of inode ``inode``) no longer holds it (the
+    file replaced: taken over while this process was stopped or silent), or None while it does.
+    Takes no DirLock: the heartbeat thread must not keep one alive past its last reference."""
+    try:
+        if os.stat(path, follow_symlinks=False).st_ino == inode:
+            return None
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return None
+    return (
+        f"{what}: this process (pid {os.getpid()}) lost its lock {path}: another process took it over "
+        f"({describe(_read_holder(path))}) while this one sent no heartbeat"
+    )
+
+
 class DirLock:
     """``with DirLock(dir / ".lock", "another run is writing dir"):`` or ``acquire()`` /
     ``release()``; ``what`` opens the refusal a second process gets. ``wait_s``: how long to
@@ -197,18 +214,12 @@ class DirLock:
             f.flush()
             os.fsync(f.fileno())
             self._file = f
-            self._heartbeat = owner.Heartbeat(f.fileno(), owner.HEARTBEAT_S, lost=functools.partial(self._lost, f))
+            self._heartbeat = owner.Heartbeat(
+                f.fileno(),
+                owner.HEARTBEAT_S,
+                lost=functools.partial(_lost, self.path, self.what, os.fstat(f.fileno()).st_ino),
+            )
             return self
-
-    def _lost(self, f) -> str | None:
-        """Why this holder no longer holds its lock (the lock file replaced: taken over while this
-        process was stopped or silent), or None while it does."""
-        if self._file is not f or self._names_this_file(f):
-            return None
-        return (
-            f"{self.what}: this process (pid {os.getpid()}) lost its lock {self.path}: another process took it "
-            f"over ({describe(_read_holder(self.path))}) while this one sent no heartbeat"
-        )
 
     def _names_this_file(self, f) -> bool:
         try:
