@@ -73,6 +73,9 @@ class EvalConfig:
     # head train-side on the served prompts: costly; for investigating train/serve mismatches.
     # Off: vLLM's measured acceptance and a count of greedy mismatches only.
     diagnostics: bool = False
+    # train.py: a failed evaluation ends it with an error (after the export and summary.json are
+    # written); false: it exits 0, the failure said on its last line and in summary.json
+    required: bool = False
 
 
 @dataclass
