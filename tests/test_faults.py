@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import traceback
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,19 @@ def test_full_disk_during_extraction_stops_cleanly_and_resumes(reference, tmp_pa
 
     extract(compose("extract", ARGS + [f"paths.datasets_dir={tmp_path}"]))  # space freed: the same command
     assert_same_dataset(ds, reference)
+
+
+def test_a_full_disk_is_reported_once_with_its_advice(tmp_path, monkeypatch):
+    """The error the user sees (the traceback with its causes) says disk full once, with the advice:
+    it used to chain three copies (the writer thread's, its re-raise, the extraction's), the advice
+    only in the last."""
+    monkeypatch.setenv(faults.ENV, "shard_write@3:enospc")
+    faults.reset()
+    with pytest.raises(DiskSpaceError) as e:
+        extract(compose("extract", ARGS + [f"paths.datasets_dir={tmp_path}"]))
+    printed = "".join(traceback.format_exception(e.value))
+    assert printed.count("disk full (") == 1, printed
+    assert "re-run the same command to resume" in printed
 
 
 def test_regeneration_killed_resumes_to_the_same_dataset(tmp_path):

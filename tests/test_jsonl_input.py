@@ -71,12 +71,21 @@ def test_invalid_utf8_is_counted_and_named_per_line(tmp_path):
 
 
 def test_repeated_ids_become_unique_in_file_order(tmp_path):
-    ids = ["x", "x", "x#2", "y#2", "y#2", "y", "y"]
+    # a user's own unique "x#2" and "y#2" keep their ids; only the second "x", "y#2" and "y" get a
+    # suffix, one no id of the file has (the second "x" used to take "x#2" and push the user's to "x#3")
+    ids = ["x", "x", "x#2", "y#2", "y#2", "y", "y", "z"]
     path = tmp_path / "chats.jsonl"
     path.write_text("".join(json.dumps(_good(i, rid, "openai")) + "\n" for i, rid in enumerate(ids)))
     got = [c.id for c in load_conversations("jsonl", str(path)).conversations]
-    assert got == ["x", "x#2", "x#3", "y#2", "y#3", "y", "y#4"]
+    assert got == ["x", "x#3", "x#2", "y#2", "y#3", "y", "y#4", "z"]
     assert len(set(got)) == len(got)
+
+
+def test_unique_ids_are_kept_as_they_are(tmp_path):
+    ids = ["a#2", "a", "b#1", "b#3", "b"]
+    path = tmp_path / "chats.jsonl"
+    path.write_text("".join(json.dumps(_good(i, rid, "openai")) + "\n" for i, rid in enumerate(ids)))
+    assert [c.id for c in load_conversations("jsonl", str(path)).conversations] == ids
 
 
 def test_extraction_of_repeated_ids_finishes_with_each_sample(tmp_path):

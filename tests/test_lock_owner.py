@@ -11,11 +11,13 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 from conftest import ROOT
@@ -146,3 +148,86 @@ def test_start_ticks_tell_processes_apart():
     me = owner.identity()
     assert not owner.provably_dead(me) and owner.provably_dead({**me, "pid": _dead_pid()})
     assert not owner.provably_dead({**me, "pid": _dead_pid(), "pid_ns": None})  # no identity: never provable
+
+
+# a holder here that prints once it holds, then sleeps (it is stopped by the test)
+HOLDER_HERE = textwrap.dedent("""
+    import sys, time
+    from eagle3.util.locks import DirLock
+    lock = DirLock(sys.argv[1], "a holder to stop").acquire()
+    print("held", flush=True)
+    time.sleep(120)
+""")
+
+
+def _stopped(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rfind(")") + 2] in "Tt"
+
+
+def test_a_stopped_holder_here_is_never_taken_over_on_heartbeat_age(tmp_path, monkeypatch):
+    path = tmp_path / ".lock"
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER_HERE, str(path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        inode = path.stat().st_ino
+        os.kill(proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while not _stopped(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        monkeypatch.setattr(owner, "STALE_S", 0.5)  # its heartbeat long past the limit ...
+        old = time.time() - 60
+        os.utime(path, (old, old))
+        with pytest.raises(LockHeldError, match=rf"pid {proc.pid} .*is stopped.*kill -CONT {proc.pid}.* or end it"):
+            DirLock(path, "a test").acquire()  # ... yet it is alive here: refused
+        assert path.stat().st_ino == inode and json.loads(path.read_text())["pid"] == proc.pid
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+        proc.wait(30)
+
+
+def test_a_stopped_capture_here_keeps_its_spill_dir_whatever_its_heartbeat(tmp_path, monkeypatch):
+    from eagle3.target_model.spill_dirs import OWNER_FILE, remove_stale_spill_dirs
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        os.kill(proc.pid, signal.SIGSTOP)
+        spill = tmp_path / f"eagle3-vllm-capture-{proc.pid}@{socket.gethostname()}-x"
+        spill.mkdir()
+        owner.write_record(spill / OWNER_FILE, {**owner.identity(proc.pid)})
+        old = time.time() - 60
+        os.utime(spill / OWNER_FILE, (old, old))
+        monkeypatch.setattr(owner, "STALE_S", 0.5)
+        assert remove_stale_spill_dirs(tmp_path) == [] and spill.is_dir()
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+        proc.wait(30)
+
+
+def test_a_holder_elsewhere_taken_over_while_stopped_fails_loudly_once_resumed(tmp_path, monkeypatch):
+    path = tmp_path / ".lock"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FOREIGN_HOLDER, str(path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        os.kill(proc.pid, signal.SIGSTOP)
+        monkeypatch.setattr(owner, "STALE_S", 0.5)  # its liveness cannot be checked from here: its heartbeat rules
+        old = time.time() - 60
+        os.utime(path, (old, old))
+        with DirLock(path, "a test"):
+            os.kill(proc.pid, signal.SIGCONT)
+            rc = proc.wait(30)  # its heartbeat finds the lock file is no longer its own
+            assert json.loads(path.read_text())["pid"] == os.getpid()
+        err = proc.stderr.read()
+        assert rc != 0 and f"lost its lock {path}" in err and "another process took it over" in err, err
+    finally:
+        os.kill(proc.pid, signal.SIGCONT) if proc.poll() is None else None
+        proc.kill()
+        proc.wait(30)

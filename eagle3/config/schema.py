@@ -23,6 +23,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from eagle3.config.dataset import CaptureConfig, DataConfig
 from eagle3.config.engine import EngineOptions
+from eagle3.config.errors import ConfigError
 from eagle3.config.target import LayersConfig, ModelConfig, TopologyConfig
 from eagle3.config.training import CallbacksConfig, HeadConfig, LoggerConfig, TrainConfig, TrainerConfig
 
@@ -72,6 +73,9 @@ class EvalConfig:
     # head train-side on the served prompts: costly; for investigating train/serve mismatches.
     # Off: vLLM's measured acceptance and a count of greedy mismatches only.
     diagnostics: bool = False
+    # train.py: a failed evaluation ends it with an error (after the export and summary.json are
+    # written); false: it exits 0, the failure said on its last line and in summary.json
+    required: bool = False
 
 
 @dataclass
@@ -143,9 +147,51 @@ class RunConfig:
     optimized_metric: str = DEFAULT_OPTIMIZED_METRIC
 
 
+# keys renamed in the schema: the old name, refused, names the new one
+RENAMED_KEYS = {
+    "paths.data_dir": "paths.datasets_dir",
+    "eval.enforce_eager": "engine.enforce_eager",
+}
+
+
+def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
+    """The dotted keys of ``node`` its schema's dataclasses do not declare (Hydra's ``+key=``
+    adds them to a structured config; converting it to the dataclass would drop them unread).
+    A field typed ``Any`` holding a dict (``callbacks.extra``, ``model.extra_config``) is free."""
+    kind = OmegaConf.get_type(node)
+    declared = {f.name for f in dataclasses.fields(kind)} if dataclasses.is_dataclass(kind) else None
+    found: list[str] = []
+    for key in node.keys():
+        name = f"{prefix}{key!s}"
+        if declared is not None and key not in declared:
+            found.append(name)
+            continue
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+            found += unknown_keys(child, f"{name}.")
+    return found
+
+
+def refuse_unknown_keys(cfg: DictConfig) -> None:
+    """``ConfigError`` naming each key of ``cfg`` that its schema lacks (a renamed one with its
+    new name), before any work."""
+    unknown = unknown_keys(cfg)
+    if not unknown:
+        return
+    named = [f"{k!r} (renamed: {RENAMED_KEYS[k]})" if k in RENAMED_KEYS else repr(k) for k in unknown]
+    raise ConfigError(
+        f"unknown config key(s) {', '.join(named)}: not in the schema (eagle3/config/); `+key=value` adds a "
+        "key Hydra's schema would refuse, and nothing reads it. Set an existing key (`key=value`; "
+        "`python train.py --cfg job` lists them)"
+    )
+
+
 def typed(cfg: Any, schema: type[T]) -> T:
     """A composed config as its schema's dataclass (interpolations resolved, enums as members,
-    every group its dataclass); an instance of the schema is returned as it is."""
+    every group its dataclass); an instance of the schema is returned as it is. A key the schema
+    lacks is refused (``refuse_unknown_keys``)."""
+    if isinstance(cfg, DictConfig):
+        refuse_unknown_keys(cfg)
     obj = OmegaConf.to_object(cfg) if isinstance(cfg, DictConfig) else cfg
     if not isinstance(obj, schema):
         raise TypeError(f"expected a config of the {schema.__name__} schema, got {type(obj).__name__}")

@@ -92,6 +92,10 @@ class StreamEnd:
         return f"{path}: skipped {self.bad_lines_text()}" if self.bad_lines else f"{path}: {self.bad_lines_text()}"
 
 
+# a record deeper than the decoder's recursion limit (about a thousand levels; no chat record nests so)
+NESTED_TOO_DEEPLY = "a record nested too deeply to decode (Python's recursion limit)"
+
+
 class JsonRecordStream:
     """Iterate over the top-level records of ``path``; read ``.end`` afterwards."""
 
@@ -129,6 +133,11 @@ class JsonRecordStream:
                 line = line.rstrip("\r\n")  # an error at the line's end is at its real column, not line 2's first
                 try:
                     value = self._decoder.decode(line)
+                except RecursionError:  # a bad record too: skipped and counted, not the end of the read
+                    end.bad_lines += 1
+                    if len(end.first_bad) < SHOWN_BAD_LINES:
+                        end.first_bad.append((line_no, NESTED_TOO_DEEPLY))
+                    continue
                 except json.JSONDecodeError as err:
                     end.bad_lines += 1
                     if len(end.first_bad) < SHOWN_BAD_LINES:
@@ -233,6 +242,8 @@ class _Reader:
         while True:
             try:
                 value, end = self.decoder.raw_decode(self.buf, self.pos)
+            except RecursionError:
+                raise self._invalid(NESTED_TOO_DEEPLY, self.pos) from None
             except json.JSONDecodeError as err:
                 tail = len(self.buf.rstrip(_WHITESPACE))
                 at_end = err.msg.startswith("Unterminated string") or err.pos >= tail - _CUT_SLACK_CHARS

@@ -30,7 +30,7 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generator, Iterable, Iterator
+from typing import Any, Callable, Generator, Iterable, Iterator
 
 from eagle3.data.conversation import Conversation, DataError, DataWarning, normalise_record
 from eagle3.data.hf_source import HFOptions, hf_records
@@ -162,23 +162,29 @@ _COPY_SUFFIX = re.compile(r"^(.+)#(\d+)$")
 
 
 class _Dedup:
-    """Repeated ids get "#2", "#3", ... in file order (stable under max_samples growth); the
-    split key stays the id the source gave, so all of them land on one side of the split. An id
-    that is taken (``x, x, x#2``: the second ``x`` became ``x#2``) takes the next free suffix of
-    its base (``x#3``), so every id handed on is unique: the dataset stores samples by id."""
+    """Ids kept as the source gave them where unique; a repeated id gets "#2", "#3", ... in file
+    order, the first suffix of its base that no id of the source has (``x, x, x#2``: the second
+    ``x`` becomes ``x#3``, the user's own ``x#2`` stays). The split key stays the id the source
+    gave, so all copies land on one side of the split; every id handed on is unique: the dataset
+    stores samples by id. ``all_ids`` (every id of the source, a second read of it) is asked only
+    at the first repeat: a source without one is read once."""
 
-    def __init__(self) -> None:
+    def __init__(self, all_ids: Callable[[], set[str]]) -> None:
         self.taken: set[str] = set()
         self.next_copy: Counter = Counter()  # base id -> the last suffix handed out
+        self._all_ids = all_ids
+        self._source_ids: set[str] | None = None
 
     def __call__(self, rid: str) -> str:
         if rid not in self.taken:
             self.taken.add(rid)
             return rid
+        if self._source_ids is None:
+            self._source_ids = self._all_ids()
         copy = _COPY_SUFFIX.match(rid)
         base = copy.group(1) if copy else rid
         n = max(self.next_copy[base], 2)
-        while f"{base}#{n}" in self.taken:
+        while f"{base}#{n}" in self.taken or f"{base}#{n}" in self._source_ids:
             n += 1
         self.next_copy[base] = n
         self.taken.add(f"{base}#{n}")
@@ -212,13 +218,16 @@ def iter_conversations(
     report = report if report is not None else LoadReport(source, where)
     report.source, report.path = source, where
     stream: JsonRecordStream | None = None
+    reread: Callable[[], Iterable[Any]]
     if source == "hf":
         records: Iterable[Any] = hf_records(hf, file)
         stem = hf.id_stem(file)
+        reread = lambda: hf_records(hf, file)  # noqa: E731
     elif source == "hf_disk":
         assert file is not None  # None only for source hf
         records = _hf_disk_records(file)
         stem = file.name
+        reread = lambda: _hf_disk_records(file)  # noqa: E731
     else:
         assert file is not None  # None only for source hf
         if file.is_dir():
@@ -227,7 +236,13 @@ def iter_conversations(
         records = stream
         stem = file.stem
         report.json_lines = stream.end  # filled as the stream reads
-    dedup, handed, where_file = _Dedup(), set(), where
+        # the ids only: its bad lines are the first read's to count and judge
+        reread = lambda: JsonRecordStream(file, max_bad_fraction=1.0)  # noqa: E731
+
+    def all_ids() -> set[str]:
+        return {_record_id(record, f"{stem}:{index}") for index, record in enumerate(reread())}
+
+    dedup, handed, where_file = _Dedup(all_ids), set(), where
     for index, record in enumerate(records):
         report.records_read += 1
         norm = normalise_record(record)

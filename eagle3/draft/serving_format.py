@@ -44,6 +44,7 @@ from eagle3.draft.config import VLLM_NORM_DEFAULTS, DraftConfig
 from eagle3.draft.export_files import CONFIG, EXPORT_FILES, WEIGHTS
 from eagle3.draft.head import Eagle3DraftHead
 from eagle3.util.atomic import TMP_MARK, atomic_dir
+from eagle3.util.file_mode import apply_umask
 
 SPECULATORS_VERSION = "0.9.0"
 _TRAINING_ONLY_PREFIXES = ("target_norm.", "target_lm_head.")
@@ -265,6 +266,7 @@ def save_head(
     with atomic_dir(out_dir, point="export_write") as tmp:
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        apply_umask(tmp / "model.safetensors")  # safetensors leaves its files 0600
         (tmp / "eagle3_meta.json").write_text(
             json.dumps(
                 {

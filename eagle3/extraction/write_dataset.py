@@ -52,7 +52,8 @@ def extract_dataset(job: ExtractionJob, setup: CaptureSetup, timing: ExtractionT
                 samples, val_ids = _keep_done(job, writer, samples, val_ids, data.report.deadline_stop, cut)
             manifest = _finish(job, setup, timing, writer, samples, val_ids)
         except DiskSpaceError as e:  # the disk filled up during the run (another job, a bad estimate)
-            raise DiskSpaceError(_disk_full_message(e, job, setup, todo, writer)) from e
+            # from None: the message holds e's; chained, the traceback printed it again without the advice
+            raise DiskSpaceError(_disk_full_message(e, job, setup, todo, writer)) from None
     finally:
         writer.close()
     console.print(

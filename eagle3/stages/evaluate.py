@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from eagle3.config.cli import EvaluateConfig
-from eagle3.config.schema import RunConfig, plain, typed
+from eagle3.config.schema import EvalConfig, RunConfig, plain, typed
 from eagle3.draft.export_files import SPEEDUP
 from eagle3.evaluation.acceptance import evaluate, vllm_available
 from eagle3.stages.compose import register_evaluate_config
@@ -54,6 +54,26 @@ def evaluate_trained(cfg: RunConfig, export_dir: Path, ds_dir: Path, model_dir: 
         say([f"eval failed: {type(e).__name__}: {e}"])  # stdout and train.log: summary.json keeps it too
         return {"error": f"{type(e).__name__}: {e}"}
     return {"json": str(result.json_path), "mean_acceptance_length": result.mean_acceptance_length}
+
+
+class EvaluationFailedError(RuntimeError):
+    """train.py's evaluation failed under ``eval.required=true``."""
+
+
+def note_evaluation_failure(summary: dict[str, Any], export_dir: Path) -> str | None:
+    """The line train.py ends with when its evaluation failed (also summary.json's "evaluation"),
+    or None when it was measured or skipped."""
+    error = (summary.get("acceptance") or {}).get("error")
+    if error is None:
+        return None
+    summary["evaluation"] = f"evaluation failed: {error}; the head is exported: {export_dir}"
+    return summary["evaluation"]
+
+
+def require_evaluation(eval_cfg: EvalConfig, failure: str | None) -> None:
+    """Raise ``EvaluationFailedError`` for a ``failure`` under ``eval.required=true``."""
+    if failure is not None and eval_cfg.required:
+        raise EvaluationFailedError(f"eval.required=true: {failure}")
 
 
 # ---------------------------------------------------------------- the CLI

@@ -24,6 +24,7 @@ from eagle3.config.schema import typed
 from eagle3.evaluation.diagnostics.head_replay import load_exported_head, train_side_figures
 from eagle3.evaluation.export_info import read_export
 from eagle3.stages.compose import register_replay_export_config
+from eagle3.util.atomic import write_text
 
 
 def run(cfg: Any) -> dict[str, float]:
@@ -52,8 +53,13 @@ def run(cfg: Any) -> dict[str, float]:
     for k, v in out.items():
         print(f"{k:>24}: {v:.4f}")
     if c.out:
-        Path(c.out).write_text(json.dumps(out, indent=2))
+        write_figures(Path(c.out), out)
     return out
+
+
+def write_figures(path: Path, figures: dict[str, float]) -> None:
+    """The figures as JSON at ``path``, whole or not at all (a full disk leaves the previous file)."""
+    write_text(path, json.dumps(figures, indent=2))
 
 
 def _main() -> None:

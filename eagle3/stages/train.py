@@ -147,7 +147,7 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
                 f"once: {format_bytes(at_once * checkpoint_bytes)}; {format_bytes(free)} free there"
             ]
         )
-    fit_start, push_failed = time.monotonic(), None
+    fit_start, push_failed, eval_failed = time.monotonic(), None, None
     initial, final = _fit_and_validate(cfg, parts, output_dir / "checkpoints")
     if parts.trainer.is_global_zero:
         summary = _summary(cfg, parts, ds_dir, model_dir, initial, final)
@@ -156,13 +156,22 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
         summary["fit_seconds"] = round(time.monotonic() - fit_start, 1)
         summary["machine"] = machine_record(cfg.topology.accelerator, cfg.topology.devices, cfg.topology.num_nodes)
         export_dir, carried = _export_and_evaluate(cfg, parts, output_dir, ds_dir, model_dir, summary)
+        from eagle3.stages.evaluate import note_evaluation_failure  # the evaluate stage, loaded only here
+
+        eval_failed = note_evaluation_failure(summary, export_dir)
         if clock is not None:
             summary["time_budget"] = clock.outcome()
             report([time_budget.outcome_line(summary["time_budget"])])
         push_failed = _write_summary(output_dir, export_dir, summary, cfg.export, carried)
+        if eval_failed:  # the last line: an exit 0 with no acceptance measured says why
+            say([eval_failed])
     _finish_logger(parts, initial)
     if parts.trainer.is_global_zero and push_failed:  # the export, the card and the logs are whole first
         raise HubPushError(push_failed)
+    if eval_failed:  # rank 0's, after everything above is written
+        from eagle3.stages.evaluate import require_evaluation
+
+        require_evaluation(cfg.eval, eval_failed)
     return final.get(cfg.optimized_metric, float("nan"))
 
 

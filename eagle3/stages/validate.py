@@ -9,6 +9,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from eagle3.config.errors import ConfigError
+from eagle3.config.schema import refuse_unknown_keys
 from eagle3.draft.config import NORM_OPTIONS, DraftConfigError, check_norm_options
 from eagle3.util import hidden_dtypes
 
@@ -58,6 +59,7 @@ def _missing(cfg: DictConfig, key: str) -> bool:
 
 def validate_run_config(cfg: DictConfig) -> None:
     """Everything a stage checks before doing any work."""
+    refuse_unknown_keys(cfg)
     # the run sizes have no schema default: without a sizes preset the first of them would fail alone
     unset = [k for k in _SIZE_KEYS if _missing(cfg, k)]
     if unset:

@@ -30,6 +30,7 @@ import torch
 
 from eagle3.store.storage_format import StorageFormat
 from eagle3.util.atomic import TMP_MARK, atomic_path, write_bytes  # noqa: F401 - TMP_MARK: the writer's temp names
+from eagle3.util.file_mode import apply_umask
 from eagle3.util.hashing import file_sha256  # noqa: F401 - shard checksums, spelled once
 
 SCHEMA_VERSION = 1
@@ -185,3 +186,4 @@ def save_tensors_atomic(final: Path, tensors: dict[str, torch.Tensor], metadata:
 
     with atomic_path(final) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
+        apply_umask(tmp)  # safetensors leaves its files 0600

@@ -32,6 +32,12 @@ from eagle3.store.storage_format import StorageFormat, decode_teacher, teacher_v
 from eagle3.store.vocab_files import check_token_freq, check_vocab, load_tensors
 
 
+def _stamp(path: Path) -> tuple[int, int, int]:
+    """What tells a file changed: inode, size, mtime (ns)."""
+    st = os.stat(path)
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
 class DamagedDatasetError(StoreError):
     """A complete dataset whose shard on disk is not the one its manifest lists. ``problem``
     says which and how; ``needs_hash``: whether the repair should hash every shard
@@ -113,23 +119,52 @@ class SampleFiles:
                 self.directory, f"{path}: size: expected {info.size_bytes} bytes, got {got}", needs_hash=False
             )
 
-    # mappings are not picklable and not fork-safe: keep them per process
+    # mappings are not picklable and not fork-safe: keep them per process, each with the file's
+    # stamp when it was mapped (inode, size, mtime)
     _maps: dict[int, dict[str, torch.Tensor]] | None = None
+    _stamps: dict[int, tuple[int, int, int]] | None = None
     _pid: int | None = None
 
     def _mapped(self, k: int) -> dict[str, torch.Tensor]:
         """Shard k's tensors as views of the file mapped in memory (shard_file.map_shard): a
-        sample's rows are views, copied once, by the batch's collate."""
-        if self._pid != os.getpid() or self._maps is None:
-            self._maps, self._pid = {}, os.getpid()
+        sample's rows are views, copied once, by the batch's collate. Each use checks the file
+        is still the one mapped (``_check_unchanged``)."""
+        if self._pid != os.getpid() or self._maps is None or self._stamps is None:
+            self._maps, self._stamps, self._pid = {}, {}, os.getpid()
+        path = self.directory / self.manifest.shards[k].file
         views = self._maps.get(k)
         if views is None:
-            views = self._maps[k] = map_shard(self.directory / self.manifest.shards[k].file)
+            stamp = _stamp(path)
+            views = self._maps[k] = map_shard(path)
+            self._stamps[k] = stamp
+        else:
+            self._check_unchanged(path, self._stamps[k])
         return views
+
+    def _check_unchanged(self, path: Path, mapped: tuple[int, int, int]) -> None:
+        """Refuse a shard changed on disk since it was mapped (cut short, rewritten in place or
+        replaced: a copy over a shared dataset during training), before its mapping is read: a
+        page past a file's new end reads as SIGBUS, which names nothing. A stat per sample: a
+        few microseconds beside the sample's copy."""
+        try:
+            now: tuple[int, int, int] | None = _stamp(path)
+        except OSError:
+            now = None
+        if now == mapped:
+            return
+        got = "gone" if now is None else f"inode {now[0]}, {now[1]} bytes, mtime {now[2]} ns"
+        raise DamagedDatasetError(
+            self.directory,
+            f"{path}: changed on disk while this process read it (mapped: inode {mapped[0]}, {mapped[1]} bytes, "
+            f"mtime {mapped[2]} ns; now: {got}): a dataset must not be copied over or rewritten while a run "
+            "reads it",
+            needs_hash=True,
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_maps", None)
+        state.pop("_stamps", None)
         state.pop("_pid", None)
         return state
 

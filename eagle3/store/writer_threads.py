@@ -71,8 +71,8 @@ class BackgroundWrites:
     def _raise_writer_error(self) -> None:
         if self._error is not None:
             self._error_reported = True
-            if isinstance(self._error, DiskSpaceError):  # its own message says what to do
-                raise DiskSpaceError(str(self._error)) from self._error
+            if isinstance(self._error, DiskSpaceError):  # its own message says what to do: said once
+                raise DiskSpaceError(str(self._error)) from None
             raise StoreError(
                 f"{self.directory}: writing a shard failed on the writer thread: "
                 f"{type(self._error).__name__}: {self._error}"

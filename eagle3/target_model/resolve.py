@@ -23,6 +23,7 @@ from eagle3.config.target import ModelConfig
 from eagle3.target_model.hub import resolve_model_dir
 from eagle3.target_model.size import PRESET_FACTS
 from eagle3.util.atomic import atomic_dir
+from eagle3.util.file_mode import apply_umask
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -54,6 +55,7 @@ def _build_once(final: Path, build) -> Path:
         return final
     with atomic_dir(final) as tmp:
         build(tmp)
+        apply_umask(tmp)  # safetensors (save_pretrained) leaves its files 0600: a shared cache reads them
     return final
 
 

@@ -36,6 +36,7 @@ import torch
 
 from eagle3.target_model.records import CONNECTOR_HIDDEN_KEY, CONNECTOR_TOKENS_KEY, CaptureError
 from eagle3.target_model.vllm_versions import VLLMVersionError, check_vllm_version
+from eagle3.util.file_mode import apply_umask
 
 NATIVE_CONNECTOR = "ExampleHiddenStatesConnector"
 HOST_COPY_CONNECTOR = "HostCopyHiddenStatesConnector"
@@ -173,6 +174,7 @@ class HostCopyHiddenStatesConnector(_native.ExampleHiddenStatesConnector):
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
         try:
             save_file(tensors, pending.filename)
+            apply_umask(pending.filename)  # safetensors leaves its files 0600
         finally:
             if lock_fd is not None:
                 os.close(lock_fd)  # releases the lock: readers see a whole file

@@ -246,7 +246,8 @@ def check_dataset(output_dir: Path, cfg: RunConfig, ds_dir: Path) -> None:
     on: ``<run dir>/dataset_manifest.json`` (written as training starts) holds its fingerprint; a
     changed chat file (or data settings) makes extract.py write a dataset of another fingerprint,
     and resuming a finished run would train 0 steps and export the old head as the new data's.
-    ``resume_anyway=true`` resumes all the same. A run dir without the record is not checked."""
+    ``resume_anyway=true`` resumes all the same. A run dir without the record is not checked (one
+    written before the record was); a record that cannot be read is refused, naming it."""
     output_dir, ds_dir = Path(output_dir), Path(ds_dir)
     record = output_dir / "dataset_manifest.json"
     ckpt = resume_point(output_dir, cfg)
@@ -254,8 +255,14 @@ def check_dataset(output_dir: Path, cfg: RunConfig, ds_dir: Path) -> None:
         return
     try:
         old = str(json.loads(record.read_text())["fingerprint"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return  # not ours to judge: the record is rewritten as this training starts
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        # the one record of which dataset the checkpoints were trained on: unread, nothing is checked
+        raise RunConfigChangedError(
+            f"{record}: cannot be read ({type(e).__name__}: {e}): it says which dataset the run dir "
+            f"{output_dir}'s checkpoints were trained on, and resuming {ckpt} without it could train them on "
+            "another. Restore it, train into a new run dir (hydra.run.dir=<new dir>), or add resume_anyway=true "
+            "to resume on this config's dataset all the same"
+        ) from None
     new = str(json.loads((ds_dir / "manifest.json").read_text())["fingerprint"])
     if old == new:
         return

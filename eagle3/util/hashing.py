@@ -64,8 +64,11 @@ def sampled_file_sha(path: Path, windows: int = SAMPLE_WINDOWS, window: int = SA
 
 
 class ContentShaCache:
-    """Hashes of files kept in one JSON file, each valid while the file's resolved path, size
-    and mtime are the ones it was computed for (a rewrite or an edit changes the mtime)."""
+    """Hashes of files kept in one JSON file, each valid while the file's resolved path, size,
+    mtime, inode number and inode change time (ctime) are the ones it was computed for. The
+    mtime alone can be put back after an edit (``touch -d``, ``cp -p``, ``rsync -t``); the ctime
+    cannot (the kernel sets it on every change, a restored mtime included), and a file replaced
+    under its name has another inode."""
 
     def __init__(self, cache_file: str | Path | None):
         self.cache_file = Path(cache_file) if cache_file is not None else None
@@ -82,12 +85,12 @@ class ContentShaCache:
         return self._entries
 
     def sha(self, path: Path, kind: str, compute: Callable[[Path], str]) -> str:
-        """``compute(path)``, or the remembered value when path, size and mtime are unchanged.
+        """``compute(path)``, or the remembered value when path, size, mtime, inode and ctime are unchanged.
         ``kind`` names the hash (a sampled hash and a full one of one file are kept apart)."""
         real = Path(path).resolve()
         st = real.stat()
         key = f"{kind}:{real}"
-        stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "inode": st.st_ino}
         entries = self._load()
         hit = entries.get(key)
         if isinstance(hit, dict) and {k: hit.get(k) for k in stamp} == stamp and isinstance(hit.get("sha"), str):

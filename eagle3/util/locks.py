@@ -9,8 +9,11 @@ the lock alive after its parent. The record names the holder beyond pid and host
 namespace, start time: eagle3/util/owner.py) and the holder refreshes the file's mtime while it
 holds it (a heartbeat). The lock is taken over (the file replaced by a fresh one and locked, with
 a message) only when its holder is provably dead in this PID namespace of this kernel, or silent
-for ``owner.STALE_S``: a holder in another container or on another machine sharing the storage
-is waited for, never taken over while its heartbeat goes on.
+for ``owner.STALE_S`` where its liveness cannot be checked: a holder in another container or on
+another machine sharing the storage is waited for, never taken over while its heartbeat goes on;
+a holder provably alive here is never taken over, even stopped (SIGSTOP) with its heartbeat
+silent: the refusal says it is stopped. A holder that resumes to find its lock file replaced
+(taken over while it was silent elsewhere) ends itself, loudly, at its next heartbeat.
 
 Waiting (``wait_s`` > 0) prints who holds the lock when the wait starts, again when the holder
 changes and every ``WAIT_REPORT_S``, and gives up after ``wait_s`` without a heartbeat from
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import json
 import math
 import os
@@ -114,6 +118,23 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
 
 
+def _lost(path: Path, what: str, inode: int) -> str | None:
+    """Why the holder of ``path`` (its lock file of inode ``inode``) no longer holds it (the
+    file replaced: taken over while this process was stopped or silent), or None while it does.
+    Takes no DirLock: the heartbeat thread must not keep one alive past its last reference."""
+    try:
+        if os.stat(path, follow_symlinks=False).st_ino == inode:
+            return None
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return None
+    return (
+        f"{what}: this process (pid {os.getpid()}) lost its lock {path}: another process took it over "
+        f"({describe(_read_holder(path))}) while this one sent no heartbeat"
+    )
+
+
 class DirLock:
     """``with DirLock(dir / ".lock", "another run is writing dir"):`` or ``acquire()`` /
     ``release()``; ``what`` opens the refusal a second process gets. ``wait_s``: how long to
@@ -156,15 +177,17 @@ class DirLock:
                         f"; gave up after waiting {_duration(self.wait_s)} without a heartbeat from its holder "
                         f"({WAIT_ENV} sets how long)"
                     )
+                    stopped = owner.stopped_note(holder)
                     raise LockHeldError(
-                        f"{self.what}: {self.path} is held by {describe(holder)}"
-                        f"{waited if self.wait_s > 0 else ''}; wait for it or stop it",
+                        f"{self.what}: {self.path} is held by {describe(holder)}{stopped}"
+                        f"{waited if self.wait_s > 0 else ''}{'' if stopped else '; wait for it or stop it'}",
                         holder,
                     ) from None
                 key = (holder.get("pid"), holder.get("host"))
                 if reported is None or reported[0] != key or now - reported[1] >= WAIT_REPORT_S:
                     print(
-                        f"[eagle3] waiting for {self.path} ({self.what}): held by {describe(holder)}; "
+                        f"[eagle3] waiting for {self.path} ({self.what}): held by {describe(holder)}"
+                        f"{owner.stopped_note(holder)}; "
                         f"waited {now - t0:.0f} s, giving up after {_duration(self.wait_s)} without its heartbeat "
                         f"({WAIT_ENV})",
                         file=sys.stderr,
@@ -191,7 +214,11 @@ class DirLock:
             f.flush()
             os.fsync(f.fileno())
             self._file = f
-            self._heartbeat = owner.Heartbeat(f.fileno(), owner.HEARTBEAT_S)
+            self._heartbeat = owner.Heartbeat(
+                f.fileno(),
+                owner.HEARTBEAT_S,
+                lost=functools.partial(_lost, self.path, self.what, os.fstat(f.fileno()).st_ino),
+            )
             return self
 
     def _names_this_file(self, f) -> bool:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.data.conversation import Conversation, answer_id
+from eagle3.util.append_lines import append_lines
 from eagle3.util.faults import fault
 from eagle3.util.hashing import ContentShaCache, file_short_sha, sampled_file_sha, short_sha
 
@@ -298,14 +298,12 @@ class Regenerator:
         ]
         if todo:
             fresh = self._generate(todo, [answer_of[c.id] for c in todo])
-            self.cache_file.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.cache_file, "a") as f:
-                for c, messages in zip(todo, fresh):
-                    rec = {"id": c.id, "user_sha": _user_turns_sha(c.messages), "messages": messages}
-                    self.cache[c.id] = rec
-                    f.write(json.dumps(rec) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            recs: dict[str, dict] = {
+                c.id: {"id": c.id, "user_sha": _user_turns_sha(c.messages), "messages": messages}
+                for c, messages in zip(todo, fresh)
+            }
+            append_lines(self.cache_file, [json.dumps(rec) for rec in recs.values()], "the regenerated-answer cache")
+            self.cache.update(recs)
             self.generated += len(todo)
             fault("regen")  # crash tests: killed with this batch's answers durable, the rest not
         # a conversation with no answered turn (prompt too long) renders with no loss

@@ -26,6 +26,7 @@ from typing import Any
 
 from eagle3.data.conversation import Conversation
 from eagle3.target_model.generate.common import Regenerator, cache_records, content_cache, target_identity
+from eagle3.util.append_lines import append_lines
 from eagle3.util.hashing import short_sha
 
 log = logging.getLogger(__name__)
@@ -124,11 +125,9 @@ class SelfPrompts:
         with self.regen.sampling(self.temperature, base):
             texts = self.regen.complete(prompts, rooms, [base + i for i in range(n)])
         self.generated += len(texts)
-        self.cache_file.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.cache_file, "a") as f:
-            for k, text in zip(range(start, start + n), texts):
-                self.cache[k] = text
-                f.write(json.dumps({"index": k, "text": text}) + "\n")
+        lines = [json.dumps({"index": k, "text": text}) for k, text in zip(range(start, start + n), texts)]
+        append_lines(self.cache_file, lines, "the self-prompt cache")  # under its lock, fsynced
+        self.cache.update(zip(range(start, start + n), texts))
         return texts
 
     def __iter__(self) -> Iterator[Conversation]:
