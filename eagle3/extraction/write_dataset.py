@@ -207,6 +207,7 @@ def _capture(
         identity.data.max_length,
         trust_remote_code=identity.model.trust_remote_code,
         device_encoding=_device_encoding(setup.capture.storage),
+        quantization=identity.model.quantization,
     )
     try:
         _teach(backend, setup, identity.model_dir, writer)

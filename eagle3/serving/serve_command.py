@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from eagle3.serving.advice import ServingAdvice, advice_for
+from eagle3.target_model.quantization import serve_flags
 
 
 def read_acceptance(path: str | Path | None) -> Optional[dict[str, Any]]:
@@ -22,11 +23,14 @@ def serve_command(
     num_draft_tokens: int,
     tensor_parallel_size: int = 1,
     trust_remote_code: bool = False,
+    quantization: str | None = None,
 ) -> str:
     """``vllm serve``, with the head at K draft tokens, or the target alone for K = 0; with the
-    tensor parallelism and remote code the target ran with in extraction."""
+    tensor parallelism, remote code and quantization (model.quantization) the target ran with in
+    extraction."""
     flags = f" --tensor-parallel-size {int(tensor_parallel_size)}" if int(tensor_parallel_size) > 1 else ""
     flags += " --trust-remote-code" if trust_remote_code else ""
+    flags += serve_flags(quantization)
     if num_draft_tokens <= 0:
         return f"vllm serve {target}{flags}"
     spec = json.dumps({"model": str(export_dir), "method": "eagle3", "num_speculative_tokens": int(num_draft_tokens)})
@@ -40,12 +44,13 @@ def serving_lines(
     advice: Optional[ServingAdvice],
     tensor_parallel_size: int = 1,
     trust_remote_code: bool = False,
+    quantization: str | None = None,
 ) -> list[str]:
     """What train.py and ``python export.py`` print: the command with the advised K and
     the loads at which the head pays off (the trained K, and no verdict, without advice)."""
 
     def command(directory: str | Path, k: int) -> str:
-        return serve_command(directory, target, k, tensor_parallel_size, trust_remote_code)
+        return serve_command(directory, target, k, tensor_parallel_size, trust_remote_code, quantization)
 
     if advice is None or not advice.loads:
         return [
@@ -104,4 +109,5 @@ def export_serving_lines(
         advice,
         tensor_parallel_size=int(meta.get("serve_tensor_parallel_size", 1)),
         trust_remote_code=bool(meta.get("serve_trust_remote_code", False)),
+        quantization=meta.get("serve_quantization"),
     )
