@@ -45,8 +45,8 @@ def test_kimi_estimate_shows_the_8_gpu_layout(kimi_resolved):
     assert list(cfg.layers.layer_ids) == [2, 30, 58, 61]
     assert cfg.model.hidden_size == 7168 and cfg.model.num_layers == 61
     assert cfg.capture.backend == "vllm" and cfg.capture.enable_prefix_caching is False
-    # the INT4 weight format stays in model.quantization; hidden states are bf16
-    assert cfg.model.quantization == "int4"
+    # the INT4 weight format (the checkpoint's compressed-tensors) stays in model.quantization; hidden states are bf16
+    assert cfg.model.quantization == cfg.engine.quantization == "compressed_tensors"  # --cfg job prints the name
     assert cfg.capture.dtype == "bfloat16"
     assert cfg.capture.hidden_layout == "bfloat16 [T, 4, 7168]"
 

@@ -14,6 +14,18 @@ class ModelSource(str, Enum):
     hf = "hf"  # a local HF directory or a hub id in model.path
 
 
+class Quantization(str, Enum):
+    """model.quantization: how vLLM runs the served target's weights, named as the config accepts
+    it (Hydra matches the names); the value is vLLM's ``quantization`` argument and ``--quantization``
+    flag. A checkpoint that carries its own ``quantization_config`` is served in that format
+    without it (eagle3/target_model/quantization.py detects it)."""
+
+    fp8 = "fp8"  # vLLM quantizes a bf16/fp16 checkpoint's weights to FP8 as it loads them (online)
+    compressed_tensors = "compressed-tensors"  # the checkpoint's own format (Kimi-K2.5's INT4 weights)
+    awq = "awq"  # an AWQ checkpoint
+    gptq = "gptq"  # a GPTQ checkpoint
+
+
 class Overflow(str, Enum):
     truncate = "truncate"
     drop = "drop"

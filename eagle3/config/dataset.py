@@ -5,8 +5,8 @@ of ours beyond eagle3/config."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, List, Optional
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
@@ -78,6 +78,13 @@ class DataConfig:
     # several sources, each drawn by its weight (seeded by data.seed): data.source, data.path and
     # the hf_* fields above are then unused (conf/data/mixture_default.yaml; eagle3/data/mixture.py)
     mixture: Optional[List[MixtureSource]] = None
+    # how the deployment calls the chat template, in one place: extra apply_chat_template arguments
+    # (enable_thinking: false, tools: [...], ...) and a system prompt put first in every conversation
+    # that has none of its own. They reach the samples' rendering, the regenerated answers' prompts
+    # and the acceptance evaluation's prompts (read back from the dataset's manifest), and the
+    # dataset's fingerprint when set (unset: the names of before)
+    chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
+    system_prompt: Optional[str] = None
 
 
 @dataclass

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from eagle3.config.choices import Quantization
+
 
 @dataclass
 class EngineOptions:
@@ -37,5 +39,9 @@ class EngineOptions:
     # read (the head's too): the step costs of a target whose weights are not on this machine,
     # whose acceptance and outputs then mean nothing
     load_format: str = "auto"
+    # the served target's quantization (model.quantization): train.py's conf/engine/default.yaml
+    # points it at model.quantization; evaluate.py's null takes the export's (eagle3_meta.json
+    # serve_quantization), so the head is measured against the target it was trained on
+    quantization: Optional[Quantization] = None
     # each engine runs in its own subprocess; the caller kills it (and reports it) after this long
     timeout_s: int = 3600

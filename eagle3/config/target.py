@@ -10,7 +10,7 @@ from typing import Any, List, Optional
 
 from omegaconf import MISSING
 
-from eagle3.config.choices import LayerNumbering, ModelSource, Strategy
+from eagle3.config.choices import LayerNumbering, ModelSource, Quantization, Strategy
 
 
 @dataclass
@@ -30,8 +30,13 @@ class ModelConfig:
     intermediate_size: Optional[int] = None
     # dtype the target computes in, and so the dtype of captured hidden states
     dtype: str = "bfloat16"
-    # weight quantization of the served target (e.g. int4); never the hidden-state dtype
-    quantization: Optional[str] = None
+    # how vLLM runs the served target's weights (choices.Quantization: fp8, compressed_tensors, awq,
+    # gptq); null: as the checkpoint is (its own quantization_config, if any, is detected and
+    # recorded). Every vLLM engine of the run gets it (regeneration, capture, evaluation, serving
+    # measurement), the printed `vllm serve` line says it, and the dataset's fingerprint holds it
+    # when set. Never the hidden-state dtype (capture.dtype). The HF capture and regeneration
+    # cannot run it: refused at compose (eagle3/stages/validate.py)
+    quantization: Optional[Quantization] = None
     # None: the tokenizer's own chat template (what vLLM serves). A string overrides it.
     chat_template: Optional[str] = None
     # tiny presets: the tokenizer is borrowed from this preset (real vocab, real template)

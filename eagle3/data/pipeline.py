@@ -22,8 +22,8 @@ from __future__ import annotations
 import time
 from collections import Counter
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
@@ -32,7 +32,7 @@ from eagle3.data.hf_source import HFOptions
 from eagle3.data.json_stream import DEFAULT_MAX_BAD_FRACTION
 from eagle3.data.loaders import LoadReport, iter_conversations, no_usable_data_error
 from eagle3.data.mixture import Mixture, MixtureReport
-from eagle3.data.render import ChatRenderer
+from eagle3.data.render import ChatRenderer, with_system_prompt
 from eagle3.data.split import check_val_fraction, is_validation
 from eagle3.util.clock import Deadline
 
@@ -206,6 +206,8 @@ def prepare_samples(
     val_fraction: float,
     seed: int,
     chat_template: str | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
+    system_prompt: str | None = None,
     progress: bool = True,
     regenerate: Regenerate | None = None,
     regenerate_batch_size: int = 64,
@@ -215,12 +217,15 @@ def prepare_samples(
     max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION,
 ) -> PreparedData:
     """``hf``: name, split and columns of ``source="hf"`` (``HFOptions.from_data(cfg.data)``).
-    ``mixture``: data.mixture's sources, read in its draw order instead of ``source``/``path``."""
+    ``mixture``: data.mixture's sources, read in its draw order instead of ``source``/``path``.
+    ``template_kwargs``, ``system_prompt``: how the deployment calls the chat template
+    (data.chat_template_kwargs, data.system_prompt): the system prompt is put in each conversation
+    before the target answers it, so regenerated answers and rendered samples both see it."""
     if max_samples is not None and max_samples <= 0:
         raise DataError(f"max_samples must be positive or null, got {max_samples}")
     check_val_fraction(val_fraction)  # before any work
     source = getattr(source, "value", source)
-    renderer = ChatRenderer(tokenizer, chat_template)
+    renderer = ChatRenderer(tokenizer, chat_template, template_kwargs)
     load_report = LoadReport(source, str(path), max_bad_fraction=max_bad_fraction)
     report = PrepareReport(
         load=load_report, max_samples=max_samples, mixture=None if mixture is None else mixture.report
@@ -245,6 +250,8 @@ def prepare_samples(
     with _progress(progress) as bar:
         task = bar.add_task("render", total=max_samples)
         for batch in _batches(stream, batch_size, pace if regenerate is not None else None):
+            if system_prompt is not None:
+                batch = [replace(c, messages=with_system_prompt(c.messages, system_prompt)) for c in batch]
             if regenerate is not None:
                 if regen_deadline is not None and (why := pace.stop(regen_deadline, len(batch))):
                     report.deadline_stop = why

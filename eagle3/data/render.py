@@ -32,6 +32,7 @@ How the mask is found, for any template, without knowing its syntax:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,12 +77,24 @@ def _special_token_texts(tokenizer) -> list[str]:
     return [t for t in texts if t]
 
 
-class ChatRenderer:
-    """Holds the tokenizer, the template and its end-of-turn marker (probed once)."""
+def with_system_prompt(messages: list[dict], system_prompt: str | None) -> list[dict]:
+    """``messages`` with data.system_prompt first, unless it is None or they start with a system
+    turn of their own (the conversation says how it was asked)."""
+    if system_prompt is None or (messages and messages[0].get("role") == "system"):
+        return list(messages)
+    return [{"role": "system", "content": system_prompt}, *messages]
 
-    def __init__(self, tokenizer, chat_template: str | None = None) -> None:
+
+class ChatRenderer:
+    """Holds the tokenizer, the template, the extra arguments it is called with
+    (data.chat_template_kwargs: enable_thinking, tools, ...) and its end-of-turn marker (probed once)."""
+
+    def __init__(
+        self, tokenizer, chat_template: str | None = None, template_kwargs: Mapping[str, Any] | None = None
+    ) -> None:
         self.tokenizer = tokenizer
         self.chat_template = chat_template
+        self.template_kwargs = dict(template_kwargs or {})
         self.end_of_turn = self._probe_end_of_turn()
 
     def render_text(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
@@ -91,6 +104,7 @@ class ChatRenderer:
                 chat_template=self.chat_template,
                 add_generation_prompt=add_generation_prompt,
                 tokenize=False,
+                **self.template_kwargs,
             )
         except ValueError as err:
             if "chat template" in str(err).lower() or "chat_template" in str(err):
@@ -193,6 +207,7 @@ def render_conversation(
     max_length: int,
     overflow: str = "truncate",
     chat_template: str | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> RenderResult:
     """One-off form of `ChatRenderer` (which probes the template once for many calls)."""
-    return ChatRenderer(tokenizer, chat_template)(messages, max_length, overflow)
+    return ChatRenderer(tokenizer, chat_template, template_kwargs)(messages, max_length, overflow)

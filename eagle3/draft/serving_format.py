@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -193,6 +193,11 @@ class DraftMeta:
     # (--tensor-parallel-size, --trust-remote-code); a checkpoint without them: 1 and false
     serve_tensor_parallel_size: int = 1
     serve_trust_remote_code: bool = False
+    # model.quantization as vLLM names it (--quantization; the evaluation's engines); None: none
+    serve_quantization: Optional[str] = None
+    # what the served target runs in, the flag's or the checkpoint's own quantization_config
+    # (eagle3/target_model/quantization.py ServedQuantization.to_dict); None: not recorded
+    served_target: Optional[dict[str, Any]] = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -274,6 +279,8 @@ def save_head(
                     "aux_layer_ids": meta.aux_layer_ids,
                     "serve_tensor_parallel_size": meta.serve_tensor_parallel_size,
                     "serve_trust_remote_code": meta.serve_trust_remote_code,
+                    "serve_quantization": meta.serve_quantization,
+                    "served_target": meta.served_target,
                 },
                 indent=2,
             )

@@ -90,18 +90,20 @@ def evaluate(
     from transformers import AutoTokenizer
 
     from eagle3.evaluation.acceptance_run import run_acceptance
-    from eagle3.evaluation.export_info import read_export
+    from eagle3.evaluation.export_info import read_export, served_engine
     from eagle3.evaluation.plot import save_acceptance_plot
-    from eagle3.evaluation.prompts import heldout_prompts
+    from eagle3.evaluation.prompts import chat_style, heldout_prompts
     from eagle3.evaluation.report import print_table, write_json
     from eagle3.evaluation.wandb_log import log_report
 
     settings = eval_cfg if eval_cfg is not None else EvalConfig()
     options = _engine_options(engine)
     info = read_export(export_dir, target)
+    options = served_engine(options, info)
     out_dir = Path(out_dir) if out_dir is not None else info.export_dir
     dataset = Path(dataset_dir).expanduser().resolve() if dataset_dir is not None else info.dataset_dir
     tokenizer = AutoTokenizer.from_pretrained(info.target, trust_remote_code=bool(options.trust_remote_code))
+    template_kwargs, system_prompt = chat_style(dataset)  # as the dataset's samples were rendered
     prompts = heldout_prompts(
         dataset,
         int(settings.max_prompts),
@@ -111,6 +113,8 @@ def evaluate(
         max_prompt_tokens=int(options.max_prompt_tokens),
         suite=int(getattr(settings, "suite_prompts", EvalConfig.suite_prompts)),
         math=int(getattr(settings, "math_prompts", EvalConfig.math_prompts)),
+        template_kwargs=template_kwargs,
+        system_prompt=system_prompt,
     )
     report = run_acceptance(
         info,
@@ -122,6 +126,7 @@ def evaluate(
         baseline=baseline,
         diagnostics=bool(settings.diagnostics),
         chat_template=chat_template,
+        chat_template_kwargs=template_kwargs,
     )
     report.dataset_dir = str(dataset) if dataset is not None else None
     if settings.diagnostics:

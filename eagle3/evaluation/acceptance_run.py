@@ -42,6 +42,7 @@ def run_acceptance(
     baseline: bool = True,
     diagnostics: bool = False,
     chat_template: str | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> AcceptanceReport:
     """vLLM's acceptance (with-head engine), speed and greedy agreement (with the baseline).
     diagnostics: also explain each greedy mismatch with an fp32 target forward (costly)."""
@@ -61,6 +62,7 @@ def run_acceptance(
         batches=batches,
         options=engine,
         chat_template=chat_template,
+        chat_template_kwargs=dict(chat_template_kwargs or {}),
         together=True,  # one generate() call for every set where vLLM gives per-request figures
     )
     with_head, wall_head = run_engine_process(

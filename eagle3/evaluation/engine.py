@@ -32,6 +32,7 @@ from eagle3.evaluation.engine_io import (
     merge_batches,
     split_batch,
 )
+from eagle3.target_model.quantization import engine_kwargs
 from eagle3.target_model.vllm_versions import check_vllm_version
 from eagle3.util.atomic import write_text
 from eagle3.util.processes import end_descendants
@@ -43,6 +44,7 @@ def run_engine(req: EngineRequest) -> EngineResult:
     Must run under `if __name__ == "__main__"` (vLLM spawns workers)."""
     import vllm
     from vllm import LLM, SamplingParams
+    from vllm.engine.arg_utils import EngineArgs
     from vllm.inputs import TokensPrompt
     from vllm.platforms import current_platform
 
@@ -50,37 +52,9 @@ def run_engine(req: EngineRequest) -> EngineResult:
 
     check_vllm_version(vllm.__version__, "evaluate")
     on_cpu = bool(current_platform.is_cpu())
-    opts = req.options
-    eager = opts.enforce_eager if opts.enforce_eager is not None else on_cpu
-    kwargs: dict[str, Any] = dict(
-        model=req.model,
-        tokenizer=req.model,
-        dtype=opts.dtype,
-        seed=opts.seed,
-        tensor_parallel_size=opts.tensor_parallel_size,
-        gpu_memory_utilization=opts.gpu_memory_utilization,
-        max_model_len=req.max_model_len,
-        max_num_seqs=opts.max_num_seqs,
-        enforce_eager=eager,
-        trust_remote_code=opts.trust_remote_code,
-        load_format=opts.load_format,
-        # timing must count every prompt token, and the two engines must do the same work
-        enable_prefix_caching=False,
-        disable_log_stats=False,  # the spec-decode counters live in the stats loggers
-    )
-    from vllm.engine.arg_utils import EngineArgs
-
     per_request = "per_request_spec_decode_metrics" in getattr(EngineArgs, "__dataclass_fields__", {})
-    if req.head is not None:
-        kwargs["speculative_config"] = {
-            "model": req.head,
-            "method": "eagle3",
-            "num_speculative_tokens": req.num_draft_tokens,
-        }
-        # per-request figures where this vLLM offers them (0.32 does, 0.26 does not: the
-        # engine-wide counters, which every figure is built from, are in both)
-        if per_request:
-            kwargs["per_request_spec_decode_metrics"] = "summary"
+    kwargs = llm_kwargs(req, on_cpu=on_cpu, per_request=per_request)
+    eager = bool(kwargs["enforce_eager"])
     t0 = time.perf_counter()
     llm = LLM(**kwargs)
     load_seconds = time.perf_counter() - t0
@@ -151,6 +125,42 @@ def run_engine(req: EngineRequest) -> EngineResult:
     return result
 
 
+def llm_kwargs(req: EngineRequest, *, on_cpu: bool, per_request: bool) -> dict[str, Any]:
+    """The LLM(...) arguments of ``req``'s engine (no vLLM import): the options, the served
+    target's quantization, and the head's speculative config where there is one. ``per_request``:
+    this vLLM offers per-request spec-decode figures (0.32 does, 0.26 does not: the engine-wide
+    counters, which every figure is built from, are in both)."""
+    opts = req.options
+    kwargs: dict[str, Any] = dict(
+        model=req.model,
+        tokenizer=req.model,
+        dtype=opts.dtype,
+        seed=opts.seed,
+        tensor_parallel_size=opts.tensor_parallel_size,
+        gpu_memory_utilization=opts.gpu_memory_utilization,
+        max_model_len=req.max_model_len,
+        max_num_seqs=opts.max_num_seqs,
+        enforce_eager=opts.enforce_eager if opts.enforce_eager is not None else on_cpu,
+        trust_remote_code=opts.trust_remote_code,
+        load_format=opts.load_format,
+        # timing must count every prompt token, and the two engines must do the same work
+        enable_prefix_caching=False,
+        disable_log_stats=False,  # the spec-decode counters live in the stats loggers
+        # the served target's quantization (model.quantization, or the export's): the head is
+        # measured against the target it was trained on, with and without it alike
+        **engine_kwargs(opts.quantization),
+    )
+    if req.head is not None:
+        kwargs["speculative_config"] = {
+            "model": req.head,
+            "method": "eagle3",
+            "num_speculative_tokens": req.num_draft_tokens,
+        }
+        if per_request:
+            kwargs["per_request_spec_decode_metrics"] = "summary"
+    return kwargs
+
+
 def _first_pass(llm: Any, batch: PromptBatch, params: Any) -> tuple[list[Any], Optional[list[int]]]:
     """The batch's outputs in prompt order, and the wave sizes where it runs in waves."""
     from vllm.inputs import TokensPrompt
@@ -204,7 +214,11 @@ def _second_turns(req: EngineRequest, batch: PromptBatch, answers: list[list[int
         messages = [*turn["messages"], {"role": "assistant", "content": answer}]
         messages.append({"role": "user", "content": turn["question"]})
         text = tok.apply_chat_template(
-            messages, chat_template=req.chat_template, add_generation_prompt=True, tokenize=False
+            messages,
+            chat_template=req.chat_template,
+            add_generation_prompt=True,
+            tokenize=False,
+            **req.chat_template_kwargs,
         )
         ids = list(tok(text, add_special_tokens=False)["input_ids"])
         prompts.append(ids)

@@ -40,7 +40,7 @@ class EngineRequest:
     batches: list[PromptBatch]
     # how the engine is built, the same for the engine with the head and the one without. The
     # engine reads enforce_eager, tensor_parallel_size, gpu_memory_utilization, max_num_seqs, dtype,
-    # seed and trust_remote_code; the rest is the parent's: timeout_s and cpu_kvcache_space_gb
+    # seed, trust_remote_code, load_format and quantization; the rest is the parent's: timeout_s and cpu_kvcache_space_gb
     # (VLLM_CPU_KVCACHE_SPACE, set before the engine starts) are read by run_engine_process, and
     # max_prompt_tokens chose the prompts before the request was built
     options: EngineOptions = field(default_factory=EngineOptions)
@@ -51,6 +51,8 @@ class EngineRequest:
     # seconds are then the call's, shared by generated tokens (its tok/s is the call's)
     together: bool = False
     chat_template: Optional[str] = None  # renders second turns (None: the tokenizer's own)
+    # the template's extra arguments for second turns (the dataset's data.chat_template_kwargs)
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def warmup_sizes(self) -> list[int]:
         """Requests per warm-up call: ``warmup_prompts``, then each other wave size of the batches.

@@ -5,14 +5,15 @@ against on this machine, and which dataset its training read (summary.json besid
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
+from eagle3.config.engine import EngineOptions
 from eagle3.draft.export_files import CONFIG
 from eagle3.draft.serving_format import ExportError, read_config
 
-__all__ = ["ExportError", "ExportInfo", "read_export"]
+__all__ = ["ExportError", "ExportInfo", "read_export", "served_engine"]
 
 
 @dataclass
@@ -22,6 +23,17 @@ class ExportInfo:
     aux_layer_ids: list[int]
     draft_vocab_size: int
     dataset_dir: Optional[Path]  # from summary.json beside the export, if train.py wrote one
+    # the target's quantization the head was trained against (eagle3_meta.json serve_quantization,
+    # vLLM's name); None: unquantized, or an export written before it was recorded
+    quantization: Optional[str] = None
+
+
+def served_engine(options: EngineOptions, info: ExportInfo) -> EngineOptions:
+    """The engine options with the export's quantization where engine.quantization is null: the
+    head is measured against the target it was trained against (evaluate.py has no model group)."""
+    if options.quantization is not None or not info.quantization:
+        return options
+    return replace(options, quantization=info.quantization)  # type: ignore[arg-type]  # vLLM's name
 
 
 def _find_relative(path: Path, export_dir: Path, marker: str) -> Optional[Path]:
@@ -87,4 +99,10 @@ def read_export(export_dir: str | Path, target: str | None = None) -> ExportInfo
         aux_layer_ids=[int(i) for i in cfg.get("eagle_aux_hidden_state_layer_ids") or []],
         draft_vocab_size=int(cfg.get("draft_vocab_size") or 0),
         dataset_dir=dataset_dir,
+        quantization=_meta(export_dir).get("serve_quantization"),
     )
+
+
+def _meta(export_dir: Path) -> dict:
+    path = export_dir / "eagle3_meta.json"
+    return json.loads(path.read_text()) if path.is_file() else {}

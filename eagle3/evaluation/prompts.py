@@ -27,8 +27,9 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
+from eagle3.data.render import with_system_prompt
 from eagle3.evaluation.suite import BROAD, MATH_WORD, suite_prompts
 from eagle3.evaluation.val_prompts import (
     PromptError,
@@ -117,12 +118,18 @@ def humaneval_messages(prompt: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"{HUMANEVAL_INSTRUCTION}```python\n{prompt.strip()}\n```"}]
 
 
-def render_prompt(tokenizer: Any, messages: list[dict[str, str]], chat_template: str | None = None) -> list[int]:
+def render_prompt(
+    tokenizer: Any,
+    messages: list[dict[str, str]],
+    chat_template: str | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> list[int]:
     """The served prompt's token ids: chat template + generation prompt (the template writes
-    BOS itself, so no special tokens are added again)."""
+    BOS itself, so no special tokens are added again), called with ``template_kwargs`` (the
+    dataset's data.chat_template_kwargs: how the deployment calls it)."""
     try:
         text = tokenizer.apply_chat_template(
-            messages, chat_template=chat_template, add_generation_prompt=True, tokenize=False
+            messages, chat_template=chat_template, add_generation_prompt=True, tokenize=False, **(template_kwargs or {})
         )
     except ValueError as err:
         name = getattr(tokenizer, "name_or_path", type(tokenizer).__name__)
@@ -140,12 +147,16 @@ def heldout_prompts(
     max_prompt_tokens: int | None = None,
     suite: int = 0,
     math: int = 0,
+    template_kwargs: Mapping[str, Any] | None = None,
+    system_prompt: str | None = None,
 ) -> PromptSet:
     """`suite` prompts of the broad suite (stratified over its categories), `math` of the math
     word problems, and `max_prompts` more: `humaneval_prompts` of them HumanEval, the rest the
     validation split's opening turns (none when dataset_dir is None). A source with fewer
     usable prompts than its share leaves its share short (the mix is never silently changed):
-    `notes` says why."""
+    `notes` says why. ``template_kwargs``, ``system_prompt``: how the deployment calls the chat
+    template (the dataset's data.chat_template_kwargs and data.system_prompt: ``chat_style``); the
+    system prompt goes first in every prompt that has no system turn of its own."""
     if min(max_prompts, humaneval_prompts, suite, math) < 0 or max_prompts + suite + math < 1:
         raise PromptError(
             "eval.max_prompts, eval.humaneval_prompts, eval.suite_prompts and eval.math_prompts must be >= 0 "
@@ -155,14 +166,19 @@ def heldout_prompts(
     n_val = max_prompts - n_humaneval
     out = PromptSet(prompts=[])
 
+    def render(messages: list[dict[str, str]]) -> list[int]:
+        return render_prompt(tokenizer, messages, chat_template, template_kwargs)
+
     def admit(source: str, pid: str, messages: list[dict[str, str]], ids: list[int] | None = None, **more: Any) -> bool:
-        ids = render_prompt(tokenizer, messages, chat_template) if ids is None else ids
+        if ids is None:
+            messages = with_system_prompt(messages, system_prompt)
+            ids = render(messages)
         if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
             out.skipped_too_long[source] += 1
             return False
         if more.get("second_turn"):
             around = [*messages, {"role": "assistant", "content": ""}, {"role": "user", "content": more["second_turn"]}]
-            more["second_turn_tokens"] = len(render_prompt(tokenizer, around, chat_template))
+            more["second_turn_tokens"] = len(render(around))
         out.prompts.append(HeldOutPrompt(source, pid, messages, ids, **more))
         return True
 
@@ -190,7 +206,8 @@ def heldout_prompts(
         turns = val_first_turns(dataset_dir)
         try:
             for pid, messages in turns:
-                ids = render_prompt(tokenizer, messages, chat_template)
+                messages = with_system_prompt(messages, system_prompt)
+                ids = render(messages)
                 recorded.check(pid, ids, tokenizer)
                 taken += admit(VAL, pid, messages, ids)
                 if taken >= n_val:
@@ -213,3 +230,14 @@ def heldout_prompts(
     if not out.prompts:
         raise PromptError("no held-out prompts: " + ("; ".join(out.notes) or f"max_prompts={max_prompts}"))
     return out
+
+
+def chat_style(dataset_dir: str | Path | None) -> tuple[dict[str, Any], Optional[str]]:
+    """(data.chat_template_kwargs, data.system_prompt) the dataset was rendered with, from its
+    manifest (its fingerprint holds them when set): the evaluation renders its prompts as the
+    training samples were. ({}, None) without a dataset or for one written before the options."""
+    manifest = Path(dataset_dir) / "manifest.json" if dataset_dir is not None else None
+    if manifest is None or not manifest.is_file():
+        return {}, None
+    data = (json.loads(manifest.read_text()).get("fingerprint_inputs") or {}).get("data") or {}
+    return dict(data.get("chat_template_kwargs") or {}), data.get("system_prompt")

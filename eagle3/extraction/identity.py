@@ -13,7 +13,12 @@ machine is found on another, and moving the model or the chat file changes nothi
   ``data.hf_name``) by name, config, split and revision;
 - the data settings that shape samples, the layer ids, the capture dtype, a chat template
   override, and the storage format when it is not ``exact`` (so the datasets named before the
-  format existed keep their names, and an online dataset, which stores no states, has none).
+  format existed keep their names, and an online dataset, which stores no states, has none);
+- the served target's quantization (model.quantization, vLLM's name) when it is set: a head
+  trained on an FP8 target's states is another dataset than one of the bf16 target's, and the
+  datasets named before the option (null) keep their names. A checkpoint's own
+  quantization_config is in its weights' hash already; the manifest's provenance names it
+  (``served_target``).
 
 Which engine regenerated the answers is not in it (``data.regen_backend=auto`` resolves per
 machine): extraction records it in the manifest's ``provenance``, train.py prints it.
@@ -38,6 +43,7 @@ from eagle3.store import FingerprintMismatchError, Manifest, StoreError, dataset
 from eagle3.store.layout import MANIFEST
 from eagle3.store.storage_format import StorageFormat
 from eagle3.target_model.generate.common import content_cache, weights_identity
+from eagle3.target_model.quantization import served_quantization, vllm_name
 from eagle3.util.hashing import ContentShaCache, file_sha256, file_short_sha, short_sha, tree_sha
 
 FINGERPRINT_VERSION = 2
@@ -146,6 +152,7 @@ def fingerprint_inputs(identity: DatasetIdentity, *, chat_content: bool = True) 
     source, path = data["source"], data.get("path")
     for key in ("name", "path", "max_bad_fraction", *_REGEN_HOW):  # the name is in the directory's prefix, for people
         data.pop(key, None)
+    _drop_unset_chat_style(data)
     regenerate = bool(data.get("regenerate"))
     if not regenerate:
         data = {k: v for k, v in data.items() if not k.startswith("regen_")}
@@ -171,7 +178,23 @@ def fingerprint_inputs(identity: DatasetIdentity, *, chat_content: bool = True) 
         **_capture_and_tokenizer(identity),
         # the format when it is not exact, its top-k when set: the names of before the format existed
         **identity.storage.fingerprint_inputs(),
+        **_quantization(identity),
     }
+
+
+def _quantization(identity: DatasetIdentity) -> dict[str, Any]:
+    """{"quantization": vLLM's name} of model.quantization, {} when null (the names of before)."""
+    name = vllm_name(identity.model.quantization)
+    return {"quantization": name} if name else {}
+
+
+def _drop_unset_chat_style(data: dict[str, Any]) -> None:
+    """data.chat_template_kwargs and data.system_prompt leave the fingerprint when unset (empty,
+    null): the datasets named before the options keep their names; set, they name another dataset."""
+    if not data.get("chat_template_kwargs"):
+        data.pop("chat_template_kwargs", None)
+    if data.get("system_prompt") is None:
+        data.pop("system_prompt", None)
 
 
 def _mixture_source_identity(entry: dict[str, Any], cache: ContentShaCache, chat_content: bool) -> dict[str, Any]:
@@ -231,6 +254,9 @@ def provenance(identity: DatasetIdentity, regen_engine: str | None) -> dict[str,
         "model_dir": str(model.resolve()) if model.is_dir() else identity.model_dir,
         "data_path": str(Path(path).expanduser().resolve()) if path else None,
     }
+    served = served_quantization(identity.model.quantization, identity.model_dir)
+    if served.name:  # what the target ran in: the flag's, or the checkpoint's own quantization_config
+        out["served_target"] = served.to_dict()
     mixture = plain(identity.data).get("mixture")
     if mixture:  # each source's file (the counts per source come with the samples: mixture_counts)
         out["data_path"] = None
@@ -303,6 +329,7 @@ def legacy_fingerprint_inputs(identity: DatasetIdentity) -> dict[str, Any]:
     d = Path(identity.model_dir)
     data: dict[str, Any] = plain(identity.data)
     data.pop("mixture", None)  # the first scheme predates mixtures (and found none)
+    _drop_unset_chat_style(data)
     for key in ("regen_batch_size", "regen_static_cache", *HF_FIELDS):
         data.pop(key, None)
     if data.get("regen_num_answers") == 1:  # the first scheme knew one answer only
@@ -323,6 +350,7 @@ def legacy_fingerprint_inputs(identity: DatasetIdentity) -> dict[str, Any]:
         },
         "data": data,
         **_capture_and_tokenizer(identity),
+        **_quantization(identity),  # the first scheme's datasets are all of the unquantized target
     }
 
 

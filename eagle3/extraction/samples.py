@@ -47,6 +47,7 @@ def regenerator_for(identity: DatasetIdentity, machine: RegenMachine) -> Any:
         seed=data.seed,
         max_model_len=data.max_length,
         chat_template=model.chat_template,
+        template_kwargs=data.chat_template_kwargs,
         max_turns=data.regen_max_turns,
         gen_batch_size=data.regen_batch_size,
         static_cache=data.regen_static_cache,
@@ -54,6 +55,7 @@ def regenerator_for(identity: DatasetIdentity, machine: RegenMachine) -> Any:
         gpu_memory_utilization=machine.gpu_memory_utilization,
         tensor_parallel_size=machine.tensor_parallel_size,
         trust_remote_code=model.trust_remote_code,
+        quantization=model.quantization,
     )
 
 
@@ -78,6 +80,8 @@ def prepare(
         val_fraction=data.val_fraction,
         seed=data.seed,
         chat_template=chat_template,
+        template_kwargs=data.chat_template_kwargs,
+        system_prompt=data.system_prompt,
         regenerate=regenerator,
         regenerate_batch_size=data.regen_batch_size,
         regen_deadline=regen_deadline,

@@ -204,6 +204,7 @@ def _capture(
         identity.data.max_length,
         trust_remote_code=identity.model.trust_remote_code,
         device_encoding=_device_encoding(identity.storage),
+        quantization=identity.model.quantization,
     )
     try:
         _teach(backend, identity.storage, identity.model_dir, writer)

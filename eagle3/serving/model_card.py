@@ -30,6 +30,7 @@ from eagle3.draft.export_files import ACCEPTANCE, CARD, CONFIG
 from eagle3.serving.advice import ServingAdvice, advice_for
 from eagle3.serving.serve_command import read_acceptance, serving_lines
 from eagle3.serving.training_record import META_FILE, read_json, read_record
+from eagle3.target_model.quantization import ServedQuantization
 from eagle3.util.atomic import write_text
 
 CARD_FILE = CARD
@@ -76,7 +77,7 @@ def card_text(export_dir: str | Path, model_ref: str | None = None, target_dir: 
         "forward pass (the output is the target's own). Trained and exported by eagle3; every figure below was "
         "measured for these weights and comes from the files in this folder.",
         _serve_section(export_dir, model_ref, config, meta, advice, hub_target),
-        _head_section(config, target, hub_target, record),
+        _head_section(config, target, hub_target, record, meta),
         _data_section(record),
         _run_section(record),
         _acceptance_section(acceptance, here),
@@ -122,6 +123,7 @@ def _serve_section(
         advice,
         tensor_parallel_size=int(meta.get("serve_tensor_parallel_size", 1)),
         trust_remote_code=bool(meta.get("serve_trust_remote_code", False)),
+        quantization=meta.get("serve_quantization"),
     )
     # only the command: serving_lines' advice lines may carry predicted speed-ups, which the
     # serving section below keeps apart from the measured ones
@@ -133,7 +135,7 @@ def _serve_section(
     return "\n".join(out)
 
 
-def _head_section(config: dict, target: str, hub_target: Optional[str], record: dict[str, Any]) -> str:
+def _head_section(config: dict, target: str, hub_target: Optional[str], record: dict[str, Any], meta: dict) -> str:
     layer = config.get("transformer_layer_config") or {}
     t = record.get("target") or {}
     weights = t.get("weights") or {}
@@ -144,6 +146,7 @@ def _head_section(config: dict, target: str, hub_target: Optional[str], record: 
     )
     rows = [
         ("target", f"`{target}`" + (f" (Hub: `{hub_target}`)" if hub_target and hub_target != target else "")),
+        ("served target", served_target_line(meta)),
         ("target revision or weights hash", revision or NOT_RECORDED),
         ("target architectures", ", ".join(config["speculators_config"]["verifier"].get("architectures") or []) or "-"),
         ("aux layer ids (vLLM numbering)", str(config.get("eagle_aux_hidden_state_layer_ids"))),
@@ -157,6 +160,14 @@ def _head_section(config: dict, target: str, hub_target: Optional[str], record: 
         ),
     ]
     return "## The head\n\n" + _table(("", ""), rows)
+
+
+def served_target_line(meta: dict) -> str:
+    """What the target the head was trained against runs in (eagle3_meta.json "served_target")."""
+    served = meta.get("served_target")
+    if not isinstance(served, dict):
+        return NOT_RECORDED
+    return ServedQuantization(served.get("name"), served.get("source")).describe()
 
 
 _ORIGIN_KEYS = ("file_name", "path", "hf_name", "hf_config", "hf_split", "content_sha")

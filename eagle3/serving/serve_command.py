@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from eagle3.draft.export_files import ACCEPTANCE, CONFIG, META
 from eagle3.serving.advice import ServingAdvice, advice_for
+from eagle3.target_model.quantization import serve_flags
 
 
 def read_acceptance(path: str | Path | None) -> Optional[dict[str, Any]]:
@@ -24,13 +25,15 @@ def serve_command(
     num_draft_tokens: int,
     tensor_parallel_size: int = 1,
     trust_remote_code: bool = False,
+    quantization: str | None = None,
 ) -> str:
     """``vllm serve``, with the head at K draft tokens, or the target alone for K = 0; with the
-    tensor parallelism and remote code the target ran with in extraction. A shell line:
-    ``shlex.split`` of it gives back each argument exactly."""
+    tensor parallelism, remote code and quantization (model.quantization) the target ran with in
+    extraction. A shell line: ``shlex.split`` of it gives back each argument exactly."""
     args = ["vllm", "serve", str(target)]
     args += ["--tensor-parallel-size", str(int(tensor_parallel_size))] if int(tensor_parallel_size) > 1 else []
     args += ["--trust-remote-code"] if trust_remote_code else []
+    args += serve_flags(quantization).split()
     if num_draft_tokens > 0:
         spec = {"model": str(export_dir), "method": "eagle3", "num_speculative_tokens": int(num_draft_tokens)}
         args += ["--speculative-config", json.dumps(spec)]
@@ -45,12 +48,13 @@ def serving_lines(
     advice: Optional[ServingAdvice],
     tensor_parallel_size: int = 1,
     trust_remote_code: bool = False,
+    quantization: str | None = None,
 ) -> list[str]:
     """What train.py and ``python export.py`` print: the command with the advised K and
     the loads at which the head pays off (the trained K, and no verdict, without advice)."""
 
     def command(directory: str | Path, k: int) -> str:
-        return serve_command(directory, target, k, tensor_parallel_size, trust_remote_code)
+        return serve_command(directory, target, k, tensor_parallel_size, trust_remote_code, quantization)
 
     if advice is None or not advice.loads:
         return [
@@ -109,4 +113,5 @@ def export_serving_lines(
         advice,
         tensor_parallel_size=int(meta.get("serve_tensor_parallel_size", 1)),
         trust_remote_code=bool(meta.get("serve_trust_remote_code", False)),
+        quantization=meta.get("serve_quantization"),
     )

@@ -105,6 +105,11 @@ def engine_key(request: EngineRequest) -> dict[str, Any]:
     sha = advice_rules.head_sha256(request.head) if request.head else None
     raw = json.loads(request.to_json())
     del raw["options"]["timeout_s"]
+    # options unset keep the keys of the engines run before them
+    if raw["options"].get("quantization") is None:
+        raw["options"].pop("quantization", None)
+    if not raw.get("chat_template_kwargs"):
+        raw.pop("chat_template_kwargs", None)
     return {"request": raw, "head_sha256": sha}
 
 
@@ -153,8 +158,17 @@ def step_costs_in_work_dir(work: Path) -> dict[int, dict[int, float]]:
     return table_step_costs(summarise(alone, with_head, load_prompts, int(base_req["max_new_tokens"])))[1]
 
 
-def jsonl_prompts(path: str, n: int, tokenizer: Any, max_tokens: int) -> tuple[list[list[int]], dict[str, int]]:
-    """The opening turns (a leading system turn, then the first user turn) of chat lines."""
+def jsonl_prompts(
+    path: str,
+    n: int,
+    tokenizer: Any,
+    max_tokens: int,
+    template_kwargs: dict[str, Any] | None = None,
+    system_prompt: str | None = None,
+) -> tuple[list[list[int]], dict[str, int]]:
+    """The opening turns (a leading system turn, then the first user turn) of chat lines, rendered
+    as the deployment calls the template (``template_kwargs``, ``system_prompt``: the dataset's)."""
+    from eagle3.data.render import with_system_prompt
     from eagle3.evaluation.prompts import render_prompt
 
     out: list[list[int]] = []
@@ -165,7 +179,7 @@ def jsonl_prompts(path: str, n: int, tokenizer: Any, max_tokens: int) -> tuple[l
             continue
         messages = json.loads(line)["messages"]
         opening = messages[: 2 if messages[0]["role"] == "system" else 1]
-        ids = render_prompt(tokenizer, opening, None)
+        ids = render_prompt(tokenizer, with_system_prompt(opening, system_prompt), None, template_kwargs)
         if len(ids) <= max_tokens:
             out.append(ids)
     return out, {"jsonl": len(out)}
@@ -175,20 +189,31 @@ def held_out(
     target: str, dataset_dir: str | Path | None, serving: ServingConfig, trust_remote_code: bool = False
 ) -> tuple[list[list[int]], dict[str, int]]:
     """The prompts (token ids) and their counts by source: the held-out suite's opening turns
-    (``dataset_dir`` is not read: the validation split is the training data's distribution, not
-    the traffic a server gets)."""
+    (``dataset_dir``'s prompts are not read: the validation split is the training data's
+    distribution, not the traffic a server gets; only how it called the chat template is)."""
     from transformers import AutoTokenizer
 
-    from eagle3.evaluation.prompts import heldout_prompts
+    from eagle3.evaluation.prompts import chat_style, heldout_prompts
 
     tok = AutoTokenizer.from_pretrained(target, trust_remote_code=trust_remote_code)
     max_prompt = serving.max_model_len - serving.max_new_tokens - 8
+    template_kwargs, system_prompt = chat_style(dataset_dir)
     if serving.prompts_jsonl:
-        return jsonl_prompts(serving.prompts_jsonl, serving.prompts, tok, max_prompt)
+        return jsonl_prompts(serving.prompts_jsonl, serving.prompts, tok, max_prompt, template_kwargs, system_prompt)
     # the held-out suite: the broad prompts, then an eighth each of math word problems and HumanEval
     eighth = serving.prompts // 8
     suite, math = serving.prompts - 2 * eighth, eighth
-    held = heldout_prompts(None, eighth, eighth, tok, max_prompt_tokens=max_prompt, suite=suite, math=math)
+    held = heldout_prompts(
+        None,
+        eighth,
+        eighth,
+        tok,
+        max_prompt_tokens=max_prompt,
+        suite=suite,
+        math=math,
+        template_kwargs=template_kwargs,
+        system_prompt=system_prompt,
+    )
     return [p.token_ids for p in held.prompts], {k: v for k, v in held.counts().items() if v}
 
 

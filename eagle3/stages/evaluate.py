@@ -133,7 +133,7 @@ def run(cfg: Any) -> float:
 def run_serving(c: EvaluateConfig, out_dir: Path | None) -> float:
     """`serving.measure=true`: the serving measurement of the export; returns the best speed-up
     at the first load (1.0: none beats the target alone there)."""
-    from eagle3.evaluation.export_info import read_export
+    from eagle3.evaluation.export_info import read_export, served_engine
     from eagle3.serving.speedup import measure_serving
 
     info = read_export(c.export_dir, c.target)
@@ -144,7 +144,8 @@ def run_serving(c: EvaluateConfig, out_dir: Path | None) -> float:
     if serving.work_dir is None:  # one per export, outside it: a rerun reuses the engines that finished
         key = hashlib.sha1(str(Path(info.export_dir).resolve()).encode()).hexdigest()[:12]
         serving = dataclasses.replace(serving, work_dir=str(Path(c.paths.cache_dir) / "serving" / key))
-    result, _ = measure_serving(info.export_dir, str(info.target), dataset, serving, c.engine, out)
+    engine = served_engine(c.engine, info)  # the target the head was trained against
+    result, _ = measure_serving(info.export_dir, str(info.target), dataset, serving, engine, out)
     if serving.write_advice:  # serving.json is in the export now: its card shows the measured speed-ups
         refresh_card(info.export_dir, info.target)
     sys.stdout.flush()

@@ -29,6 +29,7 @@ from eagle3.stages.narrow import dataset_identity
 from eagle3.stages.train_inputs import check_loss_fits_teacher, find_dataset, find_token_dataset, online_target
 from eagle3.stages.validate import validate_run_config
 from eagle3.store import DamagedDatasetError, Manifest, format_bytes
+from eagle3.target_model.quantization import served_quantization, vllm_name
 from eagle3.target_model.resolve import resolve_target
 from eagle3.training import run_dir
 from eagle3.training.builder import build_head, target_name
@@ -209,6 +210,9 @@ def _build(
         num_speculative_tokens=cfg.eval.num_draft_tokens,
     )
     draft_meta.serve_tensor_parallel_size = int(cfg.topology.extract_tp)  # the target's TP in extraction
+    # the target it was trained against: --quantization of the serve line, the evaluation's engines, the card
+    draft_meta.serve_quantization = vllm_name(cfg.model.quantization)
+    draft_meta.served_target = served_quantization(cfg.model.quantization, model_dir).to_dict()
     module = Eagle3LitModule(
         head,
         cfg.train,  # settled: the step compiles by it, and the checkpoint records it

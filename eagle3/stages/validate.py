@@ -107,5 +107,38 @@ def validate_run_config(cfg: DictConfig) -> None:
             f"optimized_metric={metric}: the replay needs eval.num_draft_tokens >= 1 (its K), "
             f"got {cfg.eval.num_draft_tokens}"
         )
+    validate_quantization(cfg)
     if not 0 <= int(cfg.shard_index) < int(cfg.num_shards):
         raise ConfigError(f"shard_index: expected 0..num_shards-1={int(cfg.num_shards) - 1}, got {cfg.shard_index}")
+
+
+def validate_quantization(cfg: DictConfig) -> None:
+    """model.quantization runs only in vLLM: a route that runs the target through transformers
+    (the HF capture, the HF regeneration, the trainer's own copy of an online run) would train the
+    head against another target than the served one, silently. Refused here, naming the vLLM route."""
+    quantization = cfg.model.quantization
+    if quantization is None:
+        return
+    from eagle3.target_model.generate.common import resolve_backend
+    from eagle3.target_model.quantization import hf_route_refusal
+
+    if _value(cfg.train.hidden_states) == "online":
+        raise ConfigError(
+            hf_route_refusal(
+                "train.hidden_states=online", quantization, "train.hidden_states=offline with capture=vllm"
+            )
+        )
+    if _value(cfg.capture.backend) == "hf":
+        raise ConfigError(hf_route_refusal("capture=hf", quantization, "capture=vllm"))
+    if cfg.data.regenerate and resolve_backend(cfg.data.regen_backend) == "hf":
+        route = (
+            "data.regen_backend=hf"
+            if _value(cfg.data.regen_backend) == "hf"
+            else "data.regen_backend=auto (vLLM does not import here)"
+        )
+        raise ConfigError(hf_route_refusal(route, quantization, "data.regen_backend=vllm on a machine with vLLM"))
+
+
+def _value(node: object) -> str:
+    """An enum field's value as the YAML writes it."""
+    return str(getattr(node, "value", node))

