@@ -20,7 +20,7 @@ from eagle3.config.training import TrainerConfig
 from eagle3.draft.replay import MEASURED_AGAINST_VLLM
 from eagle3.draft.serving_format import DraftMeta
 from eagle3.extraction.identity import dataset_path
-from eagle3.planning import time_budget
+from eagle3.planning import machine_rates, time_budget
 from eagle3.planning.cost import train_lines
 from eagle3.serving.hub_push import HubPushError, preflight, publish_lines
 from eagle3.serving.model_card import write_card
@@ -42,6 +42,7 @@ from eagle3.training.checkpoint_io import (
 )
 from eagle3.training.datamodule import Eagle3DataModule
 from eagle3.training.final_checkpoint import keep_final_if_best
+from eagle3.training.fit_record import fit_record
 from eagle3.training.loggers import build_logger
 from eagle3.training.module import Eagle3LitModule
 from eagle3.training.run_dir import global_rank, run_dir_lock
@@ -125,6 +126,7 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
     run_dir.check_dataset(output_dir, cfg, ds_dir)  # on every rank: a resume on other data is refused by all
     manifest = Manifest.read(ds_dir)
     check_loss_fits_teacher(cfg, ds_dir, manifest)
+    planned = cfg  # as a plan reads it: the rates recorded below are keyed by these settings, not those resolved
     clock = time_budget.train_clock(cfg, manifest.provenance.get("extract_seconds"), stage)
     if clock is not None:  # training gets what the extraction and the end of this run leave
         cfg = time_budget.timed_train(cfg, clock)
@@ -147,7 +149,7 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
                 f"once: {format_bytes(at_once * checkpoint_bytes)}; {format_bytes(free)} free there"
             ]
         )
-    fit_start, push_failed = time.monotonic(), None
+    fit_start, push_failed, started_s = time.monotonic(), None, stage.seconds()
     initial, final = _fit_and_validate(cfg, parts, output_dir / "checkpoints")
     if parts.trainer.is_global_zero:
         summary = _summary(cfg, parts, ds_dir, model_dir, initial, final)
@@ -155,7 +157,19 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
         # this process's fit and last validation (a resumed run: its last part), and where: the model card's
         summary["fit_seconds"] = round(time.monotonic() - fit_start, 1)
         summary["machine"] = machine_record(cfg.topology.accelerator, cfg.topology.devices, cfg.topology.num_nodes)
+        fit = fit_record(
+            parts.trainer, parts.datamodule, summary["fit_seconds"], cfg.time_budget.passes if clock else None
+        )
+        summary["fit"] = fit.as_dict()
+        report([fit.line()])
+        if parts.logger:
+            parts.logger.experiment.summary.update({f"fit/{k}": v for k, v in summary["fit"].items()})
+        eval_start = time.monotonic()
         export_dir = _export_and_evaluate(cfg, parts, output_dir, ds_dir, model_dir, summary)
+        measured = {"train_tok_s": fit.tok_s if fit.tokens else None, "start_s": started_s}
+        if cfg.eval.enabled and not (summary.get("acceptance") or {}).get("error"):
+            measured["eval_s"] = time.monotonic() - eval_start
+        machine_rates.record(planned, measured)
         if clock is not None:
             summary["time_budget"] = clock.outcome()
             report([time_budget.outcome_line(summary["time_budget"])])
