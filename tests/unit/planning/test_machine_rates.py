@@ -25,7 +25,12 @@ def _cfg(tmp_path, *overrides: str):
     return run_config(
         compose(
             "extract",
-            ["experiment=smollm2_budget", "time_budget.minutes=10", f"paths.machine_rates={tmp_path / machine_rates.FILE}", *overrides],
+            [
+                "experiment=smollm2_budget",
+                "time_budget.minutes=10",
+                f"paths.machine_rates={tmp_path / machine_rates.FILE}",
+                *overrides,
+            ],
         )
     )
 
