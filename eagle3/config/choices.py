@@ -108,3 +108,10 @@ class Strategy(str, Enum):
     auto = "auto"
     ddp = "ddp"
     fsdp = "fsdp"
+
+
+class BudgetRates(str, Enum):
+    """Where a time budget's shares take their rates (eagle3/planning/machine_rates.py)."""
+
+    table = "table"  # eagle3/planning/rates.yaml alone
+    machine = "machine"  # what budgeted runs on this machine recorded; the table where nothing matches

@@ -21,6 +21,7 @@ from typing import Any, List, Optional, TypeVar
 
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
+from eagle3.config.choices import BudgetRates
 from eagle3.config.dataset import CaptureConfig, DataConfig
 from eagle3.config.engine import EngineOptions
 from eagle3.config.errors import ConfigError
@@ -38,6 +39,8 @@ class PathsConfig:
     root_dir: str = MISSING
     datasets_dir: str = MISSING  # datasets (fingerprinted subdirectories)
     cache_dir: str = MISSING  # materialised targets, regenerated answers
+    # the rates budgeted runs measured on this machine (eagle3/planning/machine_rates.py)
+    machine_rates: str = MISSING
     log_dir: str = MISSING
     output_dir: Optional[str] = None  # the Hydra run dir (None under --cfg)
 
@@ -86,6 +89,12 @@ class TimeBudgetConfig:
 
     minutes: Optional[float] = None  # null: no budget (the run sizes alone decide)
     passes: float = 2.0  # training passes over the data the shares aim at (their one knob)
+    # where the shares' rates come from: the table of measured runs, or what budgeted runs recorded on
+    # this machine (a card faster than the table would otherwise spend its spare minutes re-reading)
+    rates: BudgetRates = BudgetRates.table
+    # regeneration answers conversations until the end of its share, not only the count the shares
+    # derive: a machine faster than planned buys more distinct data, not more passes over the same
+    fill: bool = False
 
 
 @dataclass

@@ -61,6 +61,13 @@ class PrepareReport:
     loss_tokens: int = 0
     deadline_stop: str | None = None  # why regeneration stopped at its deadline, if it did
     mixture: MixtureReport | None = None  # data.mixture: the counts per source
+    regen_seconds: float = 0.0  # the regeneration batches' wall time, the engine's start left out
+    regen_engine_start_s: float = 0.0  # the regeneration engine's start (0: none started here)
+
+    def regen_tok_s(self) -> float | None:
+        """Answer tokens kept per second of regeneration (a floor of the engine's rate: the answers of
+        dropped samples and cut tails are not counted); None without regeneration."""
+        return self.loss_tokens / self.regen_seconds if self.regen_seconds > 0 and self.loss_tokens else None
 
     def rows(self) -> list[tuple[str, str]]:
         load = self.load
@@ -288,6 +295,7 @@ def prepare_samples(
                 break
 
     report.train_samples, report.val_samples = len(train), len(val)
+    report.regen_seconds, report.regen_engine_start_s = pace.seconds, pace._engine_start()
     load_report.check_json_lines()  # the lines read, when max_samples or the deadline stopped the reading
     if load_report.usable == 0:
         raise no_usable_data_error(load_report)

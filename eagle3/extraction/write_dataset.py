@@ -9,6 +9,7 @@ budget the dataset is finished with the samples done by its deadlines (``budget_
 
 from __future__ import annotations
 
+import time
 from functools import partial
 from pathlib import Path
 
@@ -36,21 +37,24 @@ from eagle3.util.locks import DirLock
 from eagle3.util.report import minutes, report
 
 console = Console(stderr=True)
+# provenance key: the rates this extraction measured (a time budget on this machine plans from them next)
+MEASURED_RATES = "measured_rates"
 
 
 def extract_dataset(job: ExtractionJob, setup: CaptureSetup, timing: ExtractionTiming, lock: DirLock) -> Manifest:
     """Regenerate, render, capture and write ``job``'s dataset, holding its ``lock``."""
-    data, engine = _render(job, setup, timing)
+    measured: dict[str, float] = {}  # this machine's rates, as this run saw them (provenance.measured_rates)
+    data, engine = _render(job, setup, timing, measured)
     samples, val_ids = _select(job, data)
     writer = _open_writer(job, setup, engine, lock)
     try:
         todo = _todo(job, setup, writer, samples)
         try:
-            cut = _capture(job, setup, timing, writer, todo) if todo else None
+            cut = _capture(job, setup, timing, writer, todo, measured) if todo else None
             if data.report.deadline_stop is not None or cut is not None:
                 # the samples done in time make the dataset
                 samples, val_ids = _keep_done(job, writer, samples, val_ids, data.report.deadline_stop, cut)
-            manifest = _finish(job, setup, timing, writer, samples, val_ids)
+            manifest = _finish(job, setup, timing, writer, samples, val_ids, measured)
         except DiskSpaceError as e:  # the disk filled up during the run (another job, a bad estimate)
             # from None: the message holds e's; chained, the traceback printed it again without the advice
             raise DiskSpaceError(_disk_full_message(e, job, setup, todo, writer)) from None
@@ -63,7 +67,9 @@ def extract_dataset(job: ExtractionJob, setup: CaptureSetup, timing: ExtractionT
     return manifest
 
 
-def _render(job: ExtractionJob, setup: CaptureSetup, timing: ExtractionTiming) -> tuple[PreparedData, str | None]:
+def _render(
+    job: ExtractionJob, setup: CaptureSetup, timing: ExtractionTiming, measured: dict[str, float]
+) -> tuple[PreparedData, str | None]:
     """The config's samples, and the engine that answered them (None: the chat data's own). A
     repair changes only what was damaged: the dataset keeps its samples, validation ids, counts
     and budget cut, whichever node's command (a merged dataset) or time budget runs it; only the
@@ -82,7 +88,23 @@ def _render(job: ExtractionJob, setup: CaptureSetup, timing: ExtractionTiming) -
     data = prepare(
         identity.data, tokenizer, regenerator, chat_template=identity.model.chat_template, regen_deadline=regen_deadline
     )
+    if regenerator is not None:
+        measured.update(_regen_rates(regenerator, data))
     return data, engine
+
+
+def _regen_rates(regenerator, data: PreparedData) -> dict[str, float]:
+    """The regeneration's new tokens per second and engine start, when this run answered every
+    conversation itself (answers from the cache would flatter the rate: nothing then)."""
+    report = data.report
+    if not regenerator.generated or regenerator.seeded_turns or report.regen_seconds <= 0:
+        return {}
+    if regenerator.generated < report.conversations_rendered:  # some came from the cache
+        return {}
+    out = {"regen_tok_s": regenerator.new_tokens / report.regen_seconds}
+    if report.regen_engine_start_s > 0:
+        out["regen_start_s"] = report.regen_engine_start_s
+    return out
 
 
 def _select(job: ExtractionJob, data: PreparedData) -> tuple[list[PreparedSample], list[str]]:
@@ -187,7 +209,12 @@ def _teach(backend: CaptureBackend, storage: StorageFormat, model_dir: str, writ
 
 
 def _capture(
-    job: ExtractionJob, setup: CaptureSetup, timing: ExtractionTiming, writer: ShardWriter, todo: list[PreparedSample]
+    job: ExtractionJob,
+    setup: CaptureSetup,
+    timing: ExtractionTiming,
+    writer: ShardWriter,
+    todo: list[PreparedSample],
+    measured: dict[str, float],
 ) -> str | None:
     """Capture ``todo`` into ``writer``; why a time budget stopped it (None: all captured)."""
     todo_tokens = sum(int(s.input_ids.numel()) for s in todo)
@@ -216,7 +243,14 @@ def _capture(
         # a repair captures every sample it lost: no deadline
         deadline = None if job.repair else timing.capture_deadline(len(todo))
         prompts = [(s.id, s.input_ids, s.loss_mask) for s in todo]
-        return capture_into(backend, prompts, writer, deadline).cut
+        started = time.monotonic()
+        outcome = capture_into(backend, prompts, writer, deadline)
+        writer.flush()  # the shards written: what a budget's capture share pays for
+        done = set(writer.done_ids())
+        tokens = sum(int(s.input_ids.numel()) for s in todo if s.id in done)
+        if tokens and not job.repair:
+            measured["capture_tok_s"] = tokens / max(1e-6, time.monotonic() - started)
+        return outcome.cut
     finally:
         backend.close()
 
@@ -247,6 +281,7 @@ def _finish(
     writer: ShardWriter,
     samples: list[PreparedSample],
     val_ids: list[str],
+    measured: dict[str, float],
 ) -> Manifest:
     """The token frequencies and draft vocabulary of ``samples``, and the manifest: complete."""
     model = job.identity.model
@@ -256,7 +291,10 @@ def _finish(
     seconds = float(writer.manifest.provenance.get("extract_seconds", 0.0)) + timing.clock.seconds()
     vocabs = {size: build_draft_vocab(freq, size)}
     counts = mixture_counts(job.identity.data, samples, val_ids)  # per source, of the samples kept
-    return writer.finish(freq, vocabs, val_ids=val_ids, provenance={"extract_seconds": round(seconds, 1), **counts})
+    rates = {MEASURED_RATES: {k: round(v, 2) for k, v in measured.items()}} if measured else {}
+    return writer.finish(
+        freq, vocabs, val_ids=val_ids, provenance={"extract_seconds": round(seconds, 1), **counts, **rates}
+    )
 
 
 def _disk_full_message(

@@ -30,9 +30,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from eagle3.config.choices import RegenBackend
+from eagle3.config.choices import BudgetRates, RegenBackend
 from eagle3.config.schema import RunConfig, TimeBudgetConfig
-from eagle3.planning import cost
+from eagle3.planning import cost, machine_rates
 from eagle3.util.clock import Deadline, StageClock
 from eagle3.util.report import minutes
 
@@ -71,6 +71,8 @@ class TimeShares:
     # data.mixture: (source, conversations): the shares' count split by the weights
     by_source: tuple[tuple[str, int], ...] = ()
     prompt_s: float = 0.0  # of regen_s: the self-prompts written (a generation of the prompt each)
+    basis: str = ""  # where the rates came from, when not the table alone (time_budget.rates=machine)
+    fill: bool = False  # time_budget.fill: regeneration runs to its share's end, the count is no cap
 
     def regen_end_s(self) -> float:
         """When extract.py's regeneration should be done, on its clock: its share's end."""
@@ -90,12 +92,14 @@ class TimeShares:
             parts = " + ".join(f"{name} {n:,}" for name, n in self.by_source)
             prompts = f" (their prompts written first: ~{minutes(self.prompt_s)} of it)" if self.prompt_s else ""
             mixture = [f"  data.mixture: {parts} conversations; regeneration ~{minutes(self.regen_s)}{prompts}"]
+        fill = " (at least: time_budget.fill answers more while its share lasts)" if self.fill else ""
         return [
             f"time budget: {minutes(self.total_s)} in all (time_budget.minutes): {self.conversations:,} conversations"
-            f"{cap} -> {self.samples:,} samples of ~{self.sample_tokens:,.0f} tokens; {data}; training "
+            f"{cap}{fill} -> {self.samples:,} samples of ~{self.sample_tokens:,.0f} tokens; {data}; training "
             f"~{minutes(self.train_s)} (~{self.passes:.1f} passes); evaluation ~{minutes(self.eval_s)}; "
             f"starts and export ~{minutes(self.fixed_s - self.eval_s)}",
             *mixture,
+            *([self.basis.strip()] if self.basis else []),
         ]
 
 
@@ -193,7 +197,7 @@ def time_shares(cfg: RunConfig, rates: cost.RunRates | None = None) -> TimeShare
         raise ValueError(
             f"time_budget: expected minutes > 0 and passes > 0, got minutes={budget.minutes}, passes={budget.passes}"
         )
-    rates = rates or cost.run_rates(cfg)
+    rates = rates or budget_rates(cfg)
     rate, capture_tok_s, train_tok_s = rates.measured, rates.capture_tok_s, rates.train_tok_s
     if rate is None or not capture_tok_s or not train_tok_s:
         return None
@@ -244,7 +248,16 @@ def time_shares(cfg: RunConfig, rates: cost.RunRates | None = None) -> TimeShare
         regen_start_s=regen_start,
         by_source=_split(conversations, sources) if cfg.data.mixture else (),
         prompt_s=conversations * per_conv_prompt,
+        basis=rates.basis if cfg.time_budget.rates == BudgetRates.machine else "",
+        # without regeneration there is nothing to answer faster: the count stays the shares'
+        fill=bool(budget.fill) and capped_by is None and bool(cfg.data.regenerate),
     )
+
+
+def budget_rates(cfg: RunConfig) -> cost.RunRates:
+    """The rates a budget plans from: the table's (cost.run_rates), this machine's recorded figures
+    in their place with time_budget.rates=machine (eagle3/planning/machine_rates.py)."""
+    return machine_rates.applied(cfg, cost.run_rates(cfg))
 
 
 @dataclass
@@ -262,8 +275,11 @@ def sized(cfg: RunConfig, rates: cost.RunRates | None = None) -> tuple[RunConfig
     shares = time_shares(cfg, rates)
     if shares is None:
         return cfg, None
-    budget = AskedBudget(cfg.time_budget.minutes, cfg.time_budget.passes, data_max_samples=_data_cap(cfg))
-    data = dataclasses.replace(cfg.data, max_samples=shares.conversations)
+    tb = cfg.time_budget
+    budget = AskedBudget(tb.minutes, tb.passes, tb.rates, tb.fill, data_max_samples=_data_cap(cfg))
+    # fill: the data's own cap only; regeneration's deadline ends it (a faster machine answers more)
+    count = _data_cap(cfg) if shares.fill else shares.conversations
+    data = dataclasses.replace(cfg.data, max_samples=count)
     return dataclasses.replace(cfg, data=data, time_budget=budget), shares
 
 
@@ -281,10 +297,10 @@ def asked(cfg: RunConfig) -> dict[str, Any] | None:
     budget = cfg.time_budget
     if budget.minutes is None:
         return None
-    return {
-        "max_samples": _data_cap(cfg),
-        "time_budget": {"minutes": float(budget.minutes), "passes": float(budget.passes)},
-    }
+    named: dict[str, Any] = {"minutes": float(budget.minutes), "passes": float(budget.passes)}
+    if budget.fill:  # other data than a fixed count's: another dataset (the key absent otherwise: names kept)
+        named["fill"] = True
+    return {"max_samples": _data_cap(cfg), "time_budget": named}
 
 
 def regen_deadline(shares: TimeShares | None, clock: StageClock) -> Deadline | None:
@@ -303,7 +319,9 @@ def capture_deadline(shares: TimeShares | None, clock: StageClock, samples: int)
     that overran (its first batch always runs) leaves capture its minutes, not an empty dataset."""
     if shares is None:
         return None
-    own = shares.capture_s * min(1.0, samples / max(1, shares.samples))
+    ratio = samples / max(1, shares.samples)
+    # fill: regeneration may have answered more than planned; all of it is captured (training gets less)
+    own = shares.capture_s * (ratio if shares.fill else min(1.0, ratio))
     return Deadline(clock, max(shares.extract_end_s(), clock.seconds() + own), "capture")
 
 
@@ -355,7 +373,7 @@ def train_clock(
     ``rates``: cfg's, default cost.run_rates(cfg)); None without a budget."""
     if cfg.time_budget.minutes is None:
         return None
-    reserve = _end_reserve(cfg, (rates or cost.run_rates(cfg)).measured)
+    reserve = _end_reserve(cfg, (rates or budget_rates(cfg)).measured)
     total = float(cfg.time_budget.minutes) * 60.0
     stage = stage or StageClock()
     started = stage.seconds()

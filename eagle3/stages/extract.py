@@ -28,8 +28,8 @@ from eagle3.config.schema import RunConfig, run_config
 from eagle3.extraction.existing import find_existing_dataset
 from eagle3.extraction.identity import DatasetIdentity, dataset_path, fingerprint_inputs
 from eagle3.extraction.job import CaptureSetup, ExtractionJob, ExtractionTiming
-from eagle3.extraction.write_dataset import extract_dataset
-from eagle3.planning import time_budget
+from eagle3.extraction.write_dataset import MEASURED_RATES, extract_dataset
+from eagle3.planning import machine_rates, time_budget
 from eagle3.planning.cost import capture_seconds, extract_lines
 from eagle3.stages.narrow import dataset_identity, regen_machine
 from eagle3.stages.validate import config_torch_dtype, validate_run_config
@@ -70,7 +70,8 @@ def run(composed: DictConfig) -> str:
     # one extraction per dataset, from here on: a second is refused at once, naming this one
     with DirLock(found.ds_dir / LOCK, f"{found.ds_dir}: another extraction is writing this dataset") as lock:
         report(extract_lines(cfg))  # what this run will cost, before any work
-        extract_dataset(job, _capture_setup(cfg), _timing(cfg, shares, clock), lock)
+        manifest = extract_dataset(job, _capture_setup(cfg), _timing(cfg, shares, clock), lock)
+        machine_rates.record(cfg, manifest.provenance.get(MEASURED_RATES) or {})
         return _said(found.ds_dir)
 
 

@@ -20,11 +20,12 @@ from eagle3.config.training import TrainerConfig
 from eagle3.draft.replay import MEASURED_AGAINST_VLLM
 from eagle3.draft.serving_format import DraftMeta
 from eagle3.extraction.identity import dataset_path
-from eagle3.planning import time_budget
+from eagle3.planning import machine_rates, time_budget
 from eagle3.planning.cost import train_lines
 from eagle3.serving.export_dir import publish_export, write_export
 from eagle3.serving.hub_push import HubPushError, preflight
 from eagle3.serving.training_record import machine_record
+from eagle3.stages.fit_report import report_fit
 from eagle3.stages.narrow import dataset_identity
 from eagle3.stages.train_inputs import check_loss_fits_teacher, find_dataset, find_token_dataset, online_target
 from eagle3.stages.validate import validate_run_config
@@ -126,6 +127,7 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
     run_dir.check_dataset(output_dir, cfg, ds_dir)  # on every rank: a resume on other data is refused by all
     manifest = Manifest.read(ds_dir)
     check_loss_fits_teacher(cfg, ds_dir, manifest)
+    planned = cfg  # as a plan reads it: the rates recorded below are keyed by these settings, not those resolved
     clock = time_budget.train_clock(cfg, manifest.provenance.get("extract_seconds"), stage)
     if clock is not None:  # training gets what the extraction and the end of this run leave
         cfg = time_budget.timed_train(cfg, clock)
@@ -148,7 +150,7 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
                 f"once: {format_bytes(at_once * checkpoint_bytes)}; {format_bytes(free)} free there"
             ]
         )
-    fit_start, push_failed, eval_failed = time.monotonic(), None, None
+    fit_start, push_failed, eval_failed, started_s = time.monotonic(), None, None, stage.seconds()
     initial, final = _fit_and_validate(cfg, parts, output_dir / "checkpoints")
     if parts.trainer.is_global_zero:
         summary = _summary(cfg, parts, ds_dir, model_dir, initial, final)
@@ -156,10 +158,21 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
         # this process's fit and last validation (a resumed run: its last part), and where: the model card's
         summary["fit_seconds"] = round(time.monotonic() - fit_start, 1)
         summary["machine"] = machine_record(cfg.topology.accelerator, cfg.topology.devices, cfg.topology.num_nodes)
+        fit = report_fit(
+            parts.trainer,
+            parts.datamodule,
+            parts.logger,
+            summary,
+            planned_passes=cfg.time_budget.passes if clock else None,
+        )
+        eval_start = time.monotonic()
         export_dir, carried = _export_and_evaluate(cfg, parts, output_dir, ds_dir, model_dir, summary)
         from eagle3.stages.evaluate import note_evaluation_failure  # the evaluate stage, loaded only here
 
         eval_failed = note_evaluation_failure(summary, export_dir)
+        # this machine's rates, keyed by the settings as planned: the next budget here plans from them
+        eval_s = time.monotonic() - eval_start if cfg.eval.enabled and not eval_failed else None
+        machine_rates.record(planned, {"train_tok_s": fit.tok_s or None, "start_s": started_s, "eval_s": eval_s})
         if clock is not None:
             summary["time_budget"] = clock.outcome()
             report([time_budget.outcome_line(summary["time_budget"])])
