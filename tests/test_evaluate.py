@@ -343,7 +343,7 @@ def test_figures_per_source_and_overall(tmp_path):
     assert r.overall.per_position_acceptance_rate == pytest.approx([4 / 6, 1 / 6, 0])
     assert r.overall.tokens_per_s_with_head == pytest.approx(9 / 3.0)
     assert r.overall.tokens_per_s_without_head == pytest.approx(9 / 4.5)
-    assert r.overall.speedup == pytest.approx(1.5)
+    assert r.overall.eval_engines_tok_s_ratio == pytest.approx(1.5)
     assert (r.overall.greedy_matches, r.overall.greedy_match_rate) == (2, pytest.approx(2 / 3))
     assert [p.first_difference for p in r.per_prompt] == [None, 1, None]
 
@@ -370,13 +370,18 @@ def test_json_png_and_wandb_offline_run(tmp_path):
         "prompts",
         "tokens_per_s_with_head",
         "tokens_per_s_without_head",
-        "speedup",
+        "eval_engines_tok_s_ratio",
+        "eval_engines_tok_s_ratio_is",
+        "interval_method",
         "greedy_match_rate",
         "by_source",
         "measured_by",
     ):
         assert key in data, key
     assert data["prompts"] == {"val": 2, "humaneval": 1}
+    # the engines' tok/s ratio under a name that says what it is: no "speedup" to mistake for serving's
+    assert "speedup" not in data and "speedup" not in data["by_source"]["val"]
+    assert "not a serving figure" in data["eval_engines_tok_s_ratio_is"]
     assert len(data["per_position_acceptance_rate"]) == K
     assert data["by_source"]["humaneval"]["mean_acceptance_length"] == pytest.approx(2.5)
     assert data["greedy_mismatches"] == [{"source": "val", "id": "b", "first_difference": 1}]
@@ -391,6 +396,7 @@ def test_json_png_and_wandb_offline_run(tmp_path):
     assert logged["eval/mean_acceptance_length"] == pytest.approx(1 + 5 / 6)
     assert logged["eval/humaneval/mean_acceptance_length"] == pytest.approx(2.5)
     assert logged["eval/accept_rate_pos0"] == pytest.approx(4 / 6)
+    assert logged["eval/eval_engines_tok_s_ratio"] == pytest.approx(1.5) and "eval/speedup" not in logged
     assert logged["eval/served_replay_accept_len"] == pytest.approx(1.8)  # beside eval/mean_acceptance_length
     assert logged["eval/val/served_replay_accept_len"] == pytest.approx(1.52)
     assert logged["eval/acceptance_per_position/_type"] == "table-file"

@@ -9,7 +9,12 @@ engine with the head runs first and is gone (its process exited) before the one 
 The headline (``overall``) is the held-out suite (every set but the validation split); the
 validation split is reported beside it as the in-distribution figure. Per category and per set:
 the acceptance from vLLM's per-request figures with a bootstrap interval over prompts
-(eagle3/evaluation/intervals.py).
+(eagle3/evaluation/intervals.py); where vLLM gives none (CUDA vLLM 0.26), from its counters read
+around each category's own call, with no interval ("n/a": eagle3/evaluation/breakdown.py).
+
+The two engines' tokens/s ratio is the evaluation's own (its engines, its prompts, run as the
+evaluation runs them), kept as ``eval_engines_tok_s_ratio``: not a serving figure. The serving
+speed-up is the serving measurement's (eagle3/serving/speedup.py).
 """
 
 from __future__ import annotations
@@ -18,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.config.engine import EngineOptions
+from eagle3.evaluation.breakdown import breakdown, counter_breakdown
 from eagle3.evaluation.diagnostics.mismatch import MAX_REFERENCE_BYTES, cases_from, explain, weights_bytes
 from eagle3.evaluation.engine_io import EngineRequest, PromptBatch
 from eagle3.evaluation.export_info import ExportInfo
 from eagle3.evaluation.figures import consistency_problems, figures_of, prompt_outcomes
-from eagle3.evaluation.intervals import Unit, set_figures
-from eagle3.evaluation.prompts import HELD_OUT, SOURCES, VAL, PromptSet
+from eagle3.evaluation.prompts import HELD_OUT, SOURCES, PromptSet
 from eagle3.evaluation.report import AcceptanceReport
 from eagle3.evaluation.subprocess_engine import run_engine_process
 
@@ -43,9 +48,11 @@ def run_acceptance(
     diagnostics: bool = False,
     chat_template: str | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
+    per_request: bool | None = None,
 ) -> AcceptanceReport:
     """vLLM's acceptance (with-head engine), speed and greedy agreement (with the baseline).
-    diagnostics: also explain each greedy mismatch with an fp32 target forward (costly)."""
+    diagnostics: also explain each greedy mismatch with an fp32 target forward (costly).
+    per_request: EngineRequest.per_request (None: vLLM's per-request figures where it offers them)."""
     if num_draft_tokens < 1:
         raise ValueError(f"eval.num_draft_tokens must be >= 1, got {num_draft_tokens}")
     if max_new_tokens < 1:
@@ -64,6 +71,7 @@ def run_acceptance(
         chat_template=chat_template,
         chat_template_kwargs=dict(chat_template_kwargs or {}),
         together=True,  # one generate() call for every set where vLLM gives per-request figures
+        per_request=per_request,
     )
     with_head, wall_head = run_engine_process(
         EngineRequest(head=str(info.export_dir), **common), work_dir=work_dir, label="with-head"
@@ -111,6 +119,9 @@ def run_acceptance(
         "logs": str(work_dir),
         # the sets ran in one generate() call: each set's tok/s is the call's
         "sets_run_together": with_head.together_counters is not None,
+        "per_request_figures": with_head.per_request,
+        # no per-request figures: each category ran as a call of its own (counters read around it)
+        "categories_run_apart": any(b.category_counters for b in with_head.batches),
     }
     problems += _together_problems(with_head)
     if without_head is not None:
@@ -137,11 +148,17 @@ def run_acceptance(
     )
     report.prompt_notes += notes
     report.headline_sets = [s for s in SOURCES if s in head_names]
-    report.by_category, report.intervals = breakdown(per_prompt, num_draft_tokens, report.headline_sets)
-    if per_prompt and not any(p.drafts for p in per_prompt):
-        report.prompt_notes.append(
-            f"no per-request spec-decode figures from vLLM {with_head.vllm_version}: no per-category figures "
-            "nor intervals (the sets' figures come from the engine counters)"
+    if with_head.per_request:
+        report.by_category, report.intervals = breakdown(per_prompt, num_draft_tokens, report.headline_sets)
+    else:
+        categories = {b.name: [p.category for p in prompts.by_source(b.name)] for b in with_head.batches}
+        report.by_category, report.intervals = counter_breakdown(
+            with_head.batches, categories, num_draft_tokens, report.headline_sets
+        )
+        report.no_interval_reason = (
+            f"vLLM {with_head.vllm_version} gives no per-request spec-decode figures: each category ran as a "
+            "generate() call of its own, its figures from the engine counters read around it (a set's are the "
+            "sum of its categories'); an interval needs each prompt's own figures"
         )
     report.served = {
         b.name: list(zip((p.token_ids for p in prompts.by_source(b.name)), b.outputs)) for b in with_head.batches
@@ -169,32 +186,6 @@ def _batch(source: str, prompts: PromptSet) -> PromptBatch:
     items = prompts.by_source(source)
     second = [{"messages": p.messages, "question": p.second_turn} if p.second_turn else None for p in items]
     return PromptBatch(source, [p.token_ids for p in items], second_turns=second if any(second) else None)
-
-
-def breakdown(per_prompt: list, k: int, headline_sets: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(per category, per set and "held_out") figures from the per-request outcomes: pooled
-    acceptance and its bootstrap interval over prompts (a prompt's two turns are one unit)."""
-    units: dict[tuple[str, str], list] = {}
-    for p in per_prompt:
-        units.setdefault((p.source, p.id.split("#")[0]), []).append(p)
-
-    def unit(rows: list) -> Unit:
-        per_pos = [
-            sum(r.accepted_per_position[i] if i < len(r.accepted_per_position) else 0 for r in rows) for i in range(k)
-        ]
-        return Unit(sum(r.drafts for r in rows), tuple(per_pos))
-
-    by_category: dict[str, Any] = {}
-    by_set: dict[str, list[Unit]] = {}
-    for (source, _), rows in units.items():
-        u = unit(rows)
-        by_category.setdefault(rows[0].category, {"set": source, "units": []})["units"].append(u)
-        by_set.setdefault(source, []).append(u)
-    categories = {c: {"set": v["set"], **set_figures(v["units"], k)} for c, v in by_category.items()}
-    intervals = {s: set_figures(v, k)["interval"] for s, v in by_set.items()}
-    held = [u for s in headline_sets for u in by_set.get(s, [])]
-    intervals["held_out" if headline_sets != [VAL] else VAL] = set_figures(held, k)["interval"]
-    return categories, intervals
 
 
 def _explain_mismatches(

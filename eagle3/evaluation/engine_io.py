@@ -28,6 +28,10 @@ class PromptBatch:
     # turn}: after the first pass, the second turn is served as the first turn, the engine's own
     # greedy answer to it, and the question (rendered with the chat template), in a second pass
     second_turns: Optional[list[Optional[dict[str, Any]]]] = None
+    # per prompt, its category (None: the set is one). Where vLLM gives no per-request figures the
+    # engine runs each category as a call of its own, its counters read around it
+    # (eagle3/evaluation/category_calls.py): the only route to per-category figures there
+    categories: Optional[list[str]] = None
 
 
 @dataclass
@@ -53,6 +57,10 @@ class EngineRequest:
     chat_template: Optional[str] = None  # renders second turns (None: the tokenizer's own)
     # the template's extra arguments for second turns (the dataset's data.chat_template_kwargs)
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # vLLM's per-request spec-decode figures (per_request_spec_decode_metrics): None asks for them
+    # where the installed vLLM offers them (0.32 does, CUDA 0.26 does not); False runs without them
+    # as an engine that lacks them does (each category its own call, figures from the counters)
+    per_request: Optional[bool] = None
 
     def warmup_sizes(self) -> list[int]:
         """Requests per warm-up call: ``warmup_prompts``, then each other wave size of the batches.
@@ -87,6 +95,9 @@ class BatchResult:
     # "prompt_tokens": the rendered second turn's length}
     followups: Optional[list[dict[str, int]]] = None
     finish_reasons: Optional[list[str]] = None  # per request: "stop" (EOS) or "length" (max_tokens)
+    # per category, the counter difference around its own call (no per-request figures: the
+    # batch's counters are their sum); None where the set ran as one call
+    category_counters: Optional[dict[str, dict[str, Any]]] = None
 
     @property
     def generated_tokens(self) -> int:
@@ -104,6 +115,7 @@ class EngineResult:
     # the engine counters around the one call the batches ran in together (None: each on its own);
     # the batches' counters are rebuilt from their requests' histograms, which must add up to these
     together_counters: Optional[dict[str, Any]] = None
+    per_request: bool = True  # whether the engine gave per-request spec-decode figures
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -34,7 +34,10 @@ class Figures:
     generated_tokens_without_head: Optional[int] = None
     seconds_without_head: Optional[float] = None
     tokens_per_s_without_head: Optional[float] = None
-    speedup: Optional[float] = None  # tokens/s with head / without
+    # tokens/s with the head / without, in the evaluation's own two engines (eager on a CPU, its
+    # prompts as it runs them): not a serving figure, which the serving measurement gives
+    # (eagle3/serving/speedup.py, serving.json)
+    eval_engines_tok_s_ratio: Optional[float] = None
     greedy_matches: Optional[int] = None  # prompts whose output is identical with and without the head
     greedy_match_rate: Optional[float] = None
 
@@ -96,7 +99,7 @@ def figures_of(with_head: list[BatchResult], without_head: list[BatchResult] | N
         fig.generated_tokens_without_head = base_gen
         fig.seconds_without_head = base_secs
         fig.tokens_per_s_without_head = _rate(base_gen, base_secs)
-        fig.speedup = (
+        fig.eval_engines_tok_s_ratio = (
             fig.tokens_per_s_with_head / fig.tokens_per_s_without_head if fig.tokens_per_s_without_head else math.nan
         )
         pairs = [(x, y) for a, b in zip(with_head, without_head) for x, y in zip(a.outputs, b.outputs)]

@@ -9,8 +9,10 @@ interval of each rate; ``per_position_lower`` (each position's lower end) is wha
 advice predicts from (eagle3/serving/advice.py): summed, it is never above the lower end of the
 tokens per step it implies, so a prediction made from it errs towards "the head does not pay".
 
-Without per-request figures (a vLLM release that does not give them) there is no interval: the
-caller says so.
+Without per-request figures (a vLLM release that does not give them: CUDA vLLM 0.26) there is
+no interval: the engine counters give each category's totals (eagle3/evaluation/category_calls.py),
+not each prompt's, and resampling the eight categories of a set would treat strata chosen by
+design as a random sample. The report says "n/a" there, with that reason (report.py).
 """
 
 from __future__ import annotations
@@ -86,5 +88,7 @@ def set_figures(units: Sequence[Unit], k: int) -> dict[str, Any]:
         "prompts": len(units),
         "mean_acceptance_length": length,
         "per_position_acceptance_rate": rates,
+        "drafts": sum(u.drafts for u in units),
+        "accepted_per_position": [sum(u.accepted_per_position[i] for u in units) for i in range(k)],
         "interval": bootstrap(units, k),
     }

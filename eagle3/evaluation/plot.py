@@ -29,6 +29,8 @@ def save_acceptance_plot(report: AcceptanceReport, out_dir: str | Path) -> Path:
         span = (
             f" [{interval['mean_acceptance_length'][0]:.2f}, {interval['mean_acceptance_length'][1]:.2f}]"
             if interval
+            else " [interval n/a]"
+            if report.no_interval_reason is not None
             else ""
         )
         label = (

@@ -8,6 +8,12 @@ headline, labelled "validation split (in-distribution)": it is the training data
 distribution, not the traffic a server gets. ``by_category`` breaks the sets down (the suite's
 eight categories). ``measured_by`` says these are vLLM's serving counters, not the
 training-time simulation (``val/sim_accept_len``): the two differ, and users compare them.
+
+``interval_method`` says how the intervals were made, or "n/a: <why>" where vLLM gives no
+per-request figures: every interval is then the string "n/a", in the JSON and the table alike
+(null stays for a set of under two prompts with drafts: no spread to resample). The engines'
+tokens/s ratio is ``eval_engines_tok_s_ratio`` (``eval_engines_tok_s_ratio_is`` says what it
+is): the evaluation's engines, not a serving speed-up, which serving.json alone holds.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any, Optional
 
 from eagle3.draft.export_files import ACCEPTANCE, ACCEPTANCE_PLOT
 from eagle3.evaluation.figures import Figures, PromptOutcome
+from eagle3.evaluation.intervals import METHOD
 from eagle3.evaluation.prompts import SET_LABELS, VAL
 from eagle3.util.atomic import write_text
 
@@ -27,6 +34,7 @@ MEASURED_BY = "vLLM spec-decode counters (real serving acceptance, greedy)"
 ENDS = "natural EOS (ignore_eos=false), capped at max_new_tokens"
 JSON_NAME = ACCEPTANCE
 PNG_NAME = ACCEPTANCE_PLOT
+NOT_AVAILABLE = "n/a"  # an interval without per-request figures (interval_method says why)
 
 
 @dataclass
@@ -60,6 +68,8 @@ class AcceptanceReport:
     by_category: dict[str, dict[str, Any]] = field(default_factory=dict)
     # per set and "held_out" (the headline): the bootstrap interval, or None (no per-request figures)
     intervals: dict[str, Optional[dict[str, Any]]] = field(default_factory=dict)
+    # why there are no intervals at all (vLLM gave no per-request figures); None: there are
+    no_interval_reason: Optional[str] = None
 
     @property
     def headline_key(self) -> str:
@@ -68,6 +78,14 @@ class AcceptanceReport:
     @property
     def mean_acceptance_length(self) -> float:
         return self.overall.mean_acceptance_length
+
+    @property
+    def interval_method(self) -> str:
+        return METHOD if self.no_interval_reason is None else f"{NOT_AVAILABLE}: {self.no_interval_reason}"
+
+    def interval_or_na(self, interval: Optional[dict[str, Any]]) -> Any:
+        """An interval as acceptance.json holds it: itself, "n/a" without per-request figures, or None."""
+        return NOT_AVAILABLE if interval is None and self.no_interval_reason is not None else interval
 
     def to_dict(self) -> dict[str, Any]:
         top = self.overall.to_dict()
@@ -88,7 +106,9 @@ class AcceptanceReport:
                 "prompts": self.overall.prompts,
             },
             **top,
-            "interval": interval,
+            "eval_engines_tok_s_ratio_is": eval_ratio_is(self.engine),
+            "interval_method": self.interval_method,
+            "interval": self.interval_or_na(interval),
             "per_position_acceptance_rate_lower": interval["per_position_lower"] if interval else None,
             "in_distribution": None
             if val is None
@@ -97,12 +117,15 @@ class AcceptanceReport:
                 "prompts": val.prompts,
                 "mean_acceptance_length": val.mean_acceptance_length,
                 "per_position_acceptance_rate": list(val.per_position_acceptance_rate),
-                "interval": self.intervals.get(VAL),
+                "interval": self.interval_or_na(self.intervals.get(VAL)),
             },
             "prompts": dict(self.prompt_counts),
             "set_labels": {name: SET_LABELS.get(name, name) for name in self.by_source},
-            "intervals": dict(self.intervals),
-            "by_category": {name: dict(fig) for name, fig in self.by_category.items()},
+            "intervals": {name: self.interval_or_na(i) for name, i in self.intervals.items()},
+            "by_category": {
+                name: {**fig, "interval": self.interval_or_na(fig.get("interval"))}
+                for name, fig in self.by_category.items()
+            },
             "prompt_notes": list(self.prompt_notes),
             "skipped_too_long": dict(self.skipped_too_long),
             "by_source": {name: fig.to_dict() for name, fig in self.by_source.items()},
@@ -122,6 +145,18 @@ class AcceptanceReport:
             "served_replay": {k: dict(v) for k, v in self.served_replay.items()},
             "per_prompt": [asdict(p) for p in self.per_prompt],
         }
+
+
+def eval_ratio_is(engine: dict[str, Any]) -> str:
+    """What ``eval_engines_tok_s_ratio`` is, with the facts of the engines that gave it."""
+    eager = engine.get("enforce_eager")
+    mode = "eager" if eager else "compiled" if eager is not None else "?"
+    together = "the sets in one call" if engine.get("sets_run_together") else "each set (or category) its own calls"
+    return (
+        f"tokens/s with the head over the target alone in the evaluation's two engines ({mode}, up to "
+        f"{engine.get('max_num_seqs', '?')} requests at once, {together}): not a serving figure; the serving "
+        "speed-up is serving.json's (python evaluate.py export_dir=<export> serving.measure=true)"
+    )
 
 
 def _ended_at_eos(per_prompt: list[PromptOutcome], sets: set[str]) -> Optional[float]:
@@ -156,9 +191,9 @@ def _fmt(x: Any, digits: int = 3) -> str:
     return str(x)
 
 
-def _interval(interval: Optional[dict[str, Any]]) -> str:
+def _interval(interval: Optional[dict[str, Any]], report: AcceptanceReport) -> str:
     if not interval:
-        return "-"
+        return NOT_AVAILABLE if report.no_interval_reason is not None else "-"
     lo, hi = interval["mean_acceptance_length"]
     return f"{lo:.2f}-{hi:.2f}"
 
@@ -168,13 +203,18 @@ def category_table(report: AcceptanceReport) -> Any:
     from rich.table import Table
 
     k = report.num_draft_tokens
-    table = Table(title="per category (vLLM per-request figures; a two-turn prompt counts once)")
+    source = (
+        "vLLM per-request figures"
+        if report.no_interval_reason is None
+        else f"vLLM engine counters around each category's own call; intervals {NOT_AVAILABLE}"
+    )
+    table = Table(title=f"per category ({source}; a two-turn prompt counts once)")
     for name in ("category", "set", "n", "accept len", "95% interval", *[f"pos {i}" for i in range(k)]):
         table.add_column(name, justify="left" if name in ("category", "set") else "right")
     for name, c in report.by_category.items():
         rates = list(c["per_position_acceptance_rate"])[:k]
         table.add_row(
-            name, c["set"], str(c["prompts"]), _fmt(c["mean_acceptance_length"]), _interval(c["interval"]),
+            name, c["set"], str(c["prompts"]), _fmt(c["mean_acceptance_length"]), _interval(c["interval"], report),
             *[_fmt(r) for r in rates],
         )  # fmt: skip
     return table
@@ -192,7 +232,8 @@ def print_table(report: AcceptanceReport, console=None) -> None:
     k = report.num_draft_tokens
     table = Table(
         title=f"EAGLE-3 acceptance in vLLM (K={k}, greedy, {ENDS} {report.max_new_tokens})",
-        caption=f"{report.export_dir}\nmeasured by {report.measured_by}",
+        caption=f"{report.export_dir}\nmeasured by {report.measured_by}\n"
+        "the eval tok/s ratio is these engines' own; the serving speed-up: evaluate.py serving.measure=true",
     )
     table.add_column("prompts", justify="left", no_wrap=True)
     table.add_column("n", justify="right")
@@ -202,7 +243,8 @@ def print_table(report: AcceptanceReport, console=None) -> None:
         table.add_column(f"pos {i}", justify="right")
     table.add_column("tok/s with head", justify="right")
     table.add_column("tok/s without", justify="right")
-    table.add_column("speedup", justify="right")
+    eager = "eager engines, " if report.engine.get("enforce_eager") else ""
+    table.add_column(f"eval tok/s ratio ({eager}not a serving figure)", justify="right")
     table.add_column("greedy match", justify="right")
     rows = [(report.headline_key, report.overall)] + [(name, fig) for name, fig in report.by_source.items()]
     for name, fig in rows:
@@ -211,11 +253,11 @@ def print_table(report: AcceptanceReport, console=None) -> None:
             SET_LABELS.get(name, name),
             str(fig.prompts),
             _fmt(fig.mean_acceptance_length),
-            _interval(report.intervals.get(name)),
+            _interval(report.intervals.get(name), report),
             *[_fmt(r) for r in rates[:k]],
             _fmt(fig.tokens_per_s_with_head, 1),
             _fmt(fig.tokens_per_s_without_head, 1),
-            _fmt(fig.speedup, 2),
+            _fmt(fig.eval_engines_tok_s_ratio, 2),
             _fmt(fig.greedy_match_rate, 2),
         )
     console.print(table)
@@ -236,6 +278,8 @@ def print_table(report: AcceptanceReport, console=None) -> None:
                 f"replay of vLLM's own with-head outputs ({source}, {int(served['samples'])} prompts, same "
                 f"tokens): [bold]{served['replay_accept_len']:.3f}[/] vs vLLM {_fmt(vllm.mean_acceptance_length)}"
             )
+    if report.no_interval_reason is not None:
+        console.print(f"[yellow]95% intervals {NOT_AVAILABLE}[/]: {report.no_interval_reason}")
     for note in report.prompt_notes:
         console.print(f"[yellow]note[/]: {note}")
     for v in report.mismatch_verdicts:

@@ -21,7 +21,7 @@ _SCALARS = (
     "acceptance_rate",
     "tokens_per_s_with_head",
     "tokens_per_s_without_head",
-    "speedup",
+    "eval_engines_tok_s_ratio",  # the evaluation engines' ratio, not a serving speed-up
     "greedy_match_rate",
 )
 

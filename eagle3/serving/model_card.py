@@ -8,10 +8,13 @@ measured for these weights.
                                     run_config.json, the checkpoint): the target's revision and
                                     weights hash, the data, the steps, the K trained with, the
                                     minutes and the machine
-    acceptance.json                 vLLM's acceptance per prompt set (python evaluate.py), and how
-                                    the answers ended (at EOS, or cut at max_new_tokens)
+    acceptance.json                 vLLM's acceptance per prompt set and category (python
+                                    evaluate.py), and how the answers ended (at EOS, or cut at
+                                    max_new_tokens); never its engines' tok/s ratio, which is not a
+                                    serving figure
     serving.json                    the advised K per load (eagle3/serving/advice.py): measured
-                                    speed-ups (serving.measure=true) or a prediction, said as such
+                                    speed-ups (serving.measure=true), with the machine, load and K,
+                                    or a prediction, said as such: the card's only speed-ups
 
 train.py and ``python export.py`` write the card with every export; ``python evaluate.py``
 rewrites it after each measurement it writes into the export. The ``vllm serve`` command is
@@ -260,7 +263,10 @@ def _fmt(x: Any, digits: int = 3) -> str:
 
 
 def _interval(interval: Any) -> str:
-    """A bootstrap interval of the acceptance length (eagle3/evaluation/intervals.py), or "-"."""
+    """A bootstrap interval of the acceptance length (eagle3/evaluation/intervals.py), "n/a" where
+    acceptance.json says so (vLLM gave no per-request figures), else "-"."""
+    if isinstance(interval, str):
+        return interval
     bounds = interval.get("mean_acceptance_length") if isinstance(interval, dict) else None
     if not bounds or len(bounds) != 2:
         return "-"
@@ -290,7 +296,6 @@ def _acceptance_rows(acceptance: dict[str, Any], cap: int) -> list[tuple[str, ..
                 " / ".join(_fmt(r, 2) for r in fig.get("per_position_acceptance_rate") or []),
                 str(natural),
                 str(cut),
-                _fmt(fig.get("speedup"), 2),
             )
         )
     return rows
@@ -309,9 +314,11 @@ def _acceptance_section(acceptance: Optional[dict[str, Any]], export_dir: str) -
         f"## Acceptance in vLLM\n\nMeasured by {acceptance.get('measured_by', 'vLLM')} with K = {k} draft tokens, "
         f"answers: {acceptance.get('ends', 'greedy')}, max_new_tokens = {cap}; vLLM "
         f"{engine.get('vllm_version', '?')} on {engine.get('platform', '?')} (`acceptance.json`). The mean "
-        "acceptance length is the tokens each target step emits (1 + accepted drafts); the speed-up is tokens/s "
-        "with the head over the target alone in the same measurement, on its machine.\n\n"
-        + _table((*head, "speed-up"), _acceptance_rows(acceptance, cap))
+        "acceptance length is the tokens each target step emits (1 + accepted drafts). What it buys in tokens/s "
+        "is the serving section's to say (this measurement's engines are not run as a server runs them)."
+        + _interval_note(acceptance)
+        + "\n\n"
+        + _table(head, _acceptance_rows(acceptance, cap))
     )
     categories = acceptance.get("by_category") or {}
     if categories:
@@ -321,6 +328,12 @@ def _acceptance_section(acceptance: Optional[dict[str, Any]], export_dir: str) -
         ]
         text += "\n\nPer category:\n\n" + _table(("category", "n", "mean acceptance length", "interval"), rows)
     return text
+
+
+def _interval_note(acceptance: dict[str, Any]) -> str:
+    """Why the intervals are n/a, where acceptance.json says they are."""
+    method = str(acceptance.get("interval_method") or "")
+    return f" Intervals: {method}." if method.startswith("n/a") else ""
 
 
 def _measured(advice: ServingAdvice, load: Any) -> bool:
@@ -339,12 +352,13 @@ def _serving_section(advice: Optional[ServingAdvice], export_dir: str) -> str:
     if measured:
         assert advice is not None
         device = advice.inputs.get("device")
+        answers = advice.inputs.get("speedups_from")
         rows = [(str(a.load), str(a.num_speculative_tokens or "none"), f"{a.speedup:.2f}x") for a in measured]
         text += (
-            f"Measured by {how}" + (f" on {device}" if device else "") + " (`serving.json`): per load (concurrent "
-            "requests) the best K and its tokens/s over the target alone's; `none`: no K beat the target alone "
-            "there.\n\n" + _table(("load", "K", "speed-up"), rows)
-        )
+            f"Measured by {how}" + (f" on {device}" if device else "") + (f", {answers}" if answers else "")
+            + " (`serving.json`): per load (concurrent requests) the best K and its tokens/s over the target "
+            "alone's; `none`: no K beat the target alone there.\n\n" + _table(("load", "K", "speed-up"), rows)
+        )  # fmt: skip
     else:
         text += f"Not measured yet for these weights ({how} measures it)."
     if predicted:
