@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import random_head_export as _random_head_export
 
 from eagle3.evaluation.counters import CounterError, SpecDecodeCounters, counters_from_histograms
 from eagle3.evaluation.engine_io import BatchResult
@@ -422,32 +423,6 @@ def _logged_history(run_dir: Path, key: str, timeout_s: float = 30.0) -> dict:
 
 
 # ------------------------------------------------------------------ real vLLM
-
-
-def _random_head_export(out_dir: Path, target_dir: Path, layers: int = 1, **norms: bool) -> Path:
-    """A SmolLM2 EAGLE-3 head built as train.py builds one, with a random draft lm_head
-    (nothing copied from the target's), exported in our serving format; `norms`: the
-    EAGLE-3.1 norm options (eagle3/draft/config.py NORM_OPTIONS) it is built with."""
-    from eagle3.data.vocab import build_draft_vocab
-    from eagle3.draft.config import DraftConfig
-    from eagle3.draft.head import Eagle3DraftHead
-    from eagle3.draft.serving_format import DraftMeta, save_head
-    from eagle3.target_model.resolve import load_target_head_weights, read_hf_config
-
-    hf = read_hf_config(target_dir)
-    vocab = 4096
-    cfg = DraftConfig.from_target_config(hf, draft_vocab_size=vocab, num_aux_layers=3, num_layers=layers, **norms)
-    torch.manual_seed(0)
-    head = Eagle3DraftHead(cfg)
-    freq = torch.zeros(int(hf["vocab_size"]), dtype=torch.int64)
-    freq[: 2 * vocab] = torch.randint(0, 1000, (2 * vocab,))
-    d2t, t2d = build_draft_vocab(freq, vocab)
-    w = load_target_head_weights(target_dir)
-    head.load_target_weights(
-        w["embed"].float(), w["norm"].float(), w["lm_head"].float(), d2t, t2d, init_lm_head_from_target=False
-    )
-    meta = DraftMeta(cfg, [2, 15, 27], str(target_dir), list(hf["architectures"]), K)
-    return save_head(head, meta, out_dir)
 
 
 @pytest.mark.slow

@@ -5,10 +5,13 @@ acceptance.py        evaluate(): held-out prompts -> both engines -> report, plo
 prompts.py           held-out prompts: the suite, HumanEval; the validation split (in-distribution)
 suite.py, suites/    the project's held-out suite: 8 MT-bench categories x 12, math word problems
 intervals.py         bootstrap intervals over prompts from vLLM's per-request figures
+breakdown.py         per category: from per-request figures, or from each category's counters
 engine.py            one vLLM engine in its own process (the only vllm import)
+category_calls.py    without per-request figures: a set run one category per call, merged back
 subprocess_engine.py runs it, with logs, timeout and clean stop
 counters.py          vLLM's spec-decode counters and the figures they give
-figures.py           per prompt set: acceptance, tokens/s with/without head, greedy match
+figures.py           per prompt set: acceptance, tokens/s with/without head (the eval engines'
+                     ratio, not a serving figure), greedy match
 acceptance_run.py    the acceptance run: with-head engine, then without-head engine, same prompts
 report.py            acceptance.json and the table; plot.py the PNG; wandb_log.py W&B
 diagnostics/         train-side figures beside vLLM's: the replays of an export on a dataset

