@@ -6,6 +6,8 @@ space happens to be short of the checkpoint."""
 from __future__ import annotations
 
 import errno
+import stat
+from pathlib import Path
 
 import pytest
 import torch
@@ -56,6 +58,9 @@ def test_what_counts_as_a_full_disk():
 
 def test_torch_saves_own_write_failure_is_its_message(tmp_path):
     """torch.save into a device that is always full: the message disk_full reads."""
+    full = Path("/dev/full")
+    if not (full.exists() and stat.S_ISCHR(full.stat().st_mode)):  # a sandbox without it: torch.save would make a file
+        pytest.skip("/dev/full is not the always-full character device here")
     try:
         torch.save({"w": torch.zeros(100_000)}, "/dev/full")
     except RuntimeError as e:
