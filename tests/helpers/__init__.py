@@ -1,0 +1,70 @@
+"""What tests share, by topic: ``from helpers import make_head`` (or ``from helpers.heads import
+...`` for a topic's sizes). No test module imports another; a builder two modules need lives here.
+
+    heads          small random draft heads, an exported SmolLM2-shaped head, a packed row's masks
+    datasets       the tiny_test overrides, a random shard dataset, a chat dataset with a val split
+    storage        samples spanning 6 orders of magnitude, written in a storage format
+    teacher        the teacher's top-k projection of a small random target, and its states
+    chats          tokenized chats, JSONL records, numbered chat files
+    hub            a local Hugging Face hub cache
+    timing         a clock that ticks on each read, a bound on a block's wait
+    faults         the entrypoints in a subprocess with a fault injected, dataset comparisons
+    processes      a real vLLM capture to kill, whether a process is gone, waiting with a deadline
+    wandb_offline  an offline W&B run file read back
+"""
+
+from helpers.chats import CHUNKED_PREFILL_CHATS, SHORT_CHATS, chat_record, chat_samples, write_numbered_chats
+from helpers.datasets import (
+    TINY,
+    VAL_SPLIT_CONVERSATIONS,
+    random_sample,
+    write_dataset_with_val_split,
+    write_random_dataset,
+)
+from helpers.heads import (
+    PACKED_ANSWERS,
+    PACKED_SEGMENTS,
+    VT,
+    H,
+    V,
+    export_random_head,
+    head_with_meta,
+    make_head,
+    random_draft_vocab,
+)
+from helpers.hub import add_hub_snapshot
+from helpers.storage import ENCODED_STORAGES, sha256_of, wide_range_samples, wide_range_states, write_in_storage
+from helpers.teacher import teacher_projection, teacher_states
+from helpers.timing import TickingClock, at_most
+
+__all__ = [
+    "CHUNKED_PREFILL_CHATS",
+    "ENCODED_STORAGES",
+    "PACKED_ANSWERS",
+    "PACKED_SEGMENTS",
+    "SHORT_CHATS",
+    "TINY",
+    "VAL_SPLIT_CONVERSATIONS",
+    "VT",
+    "H",
+    "TickingClock",
+    "V",
+    "add_hub_snapshot",
+    "at_most",
+    "chat_record",
+    "chat_samples",
+    "export_random_head",
+    "head_with_meta",
+    "make_head",
+    "random_draft_vocab",
+    "random_sample",
+    "sha256_of",
+    "teacher_projection",
+    "teacher_states",
+    "wide_range_samples",
+    "wide_range_states",
+    "write_dataset_with_val_split",
+    "write_in_storage",
+    "write_numbered_chats",
+    "write_random_dataset",
+]
