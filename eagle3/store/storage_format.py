@@ -28,7 +28,7 @@ encodes before its copy to the host (eagle3/target_model/host_copy.py) and write
 encode writes; a GPU training step decodes its batch after the copy to the device
 (``decode_split``) into the values a loader worker's ``decode`` gives. Off the CPU, decode takes
 the float path (the bits path needs the largest scale on the host, a wait for the device): it
-rounds the same exact product once, so the two paths agree bit for bit (tests/test_storage_device.py)
+rounds the same exact product once, so the two paths agree bit for bit (tests/unit/store/test_storage_device.py)
 for every code but e4m3's NaN, which no encode of finite states writes (the capture refuses NaN);
 ``decodes_finite`` finds it in a damaged shard, and the float path decodes it to NaN.
 
