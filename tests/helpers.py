@@ -33,3 +33,45 @@ def random_head_export(
     )
     meta = DraftMeta(cfg, [2, 15, 27], str(target_dir), list(hf["architectures"]), num_draft_tokens)
     return save_head(head, meta, out_dir)
+
+
+def tiny_head_with_meta(seed: int = 0, num_draft_tokens: int = 3):
+    """A random 32-wide draft head (target vocabulary 97, draft vocabulary its first 40 ids) and the
+    DraftMeta an export of it holds: the smallest head every export path accepts."""
+    from eagle3.draft.config import DraftConfig
+    from eagle3.draft.head import Eagle3DraftHead
+    from eagle3.draft.serving_format import DraftMeta
+
+    torch.manual_seed(seed)
+    cfg = DraftConfig(
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        target_vocab_size=97,
+        draft_vocab_size=40,
+        rope_theta=10000.0,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+    )
+    head = Eagle3DraftHead(cfg)
+    t2d = torch.zeros(97, dtype=torch.bool)
+    t2d[:40] = True
+    head.load_target_weights(
+        torch.randn(97, 32), torch.ones(32), torch.randn(97, 32), torch.zeros(40, dtype=torch.int64), t2d, True
+    )
+    return head, DraftMeta(cfg, [1, 2, 3], "tiny-target", ["LlamaForCausalLM"], num_draft_tokens)
+
+
+def tear_writes(monkeypatch) -> None:
+    """Every Path.write_text/write_bytes writes half its data, then fails as a full disk does."""
+    import errno
+
+    def half(self, data, *args, **kwargs):
+        raw = data.encode() if isinstance(data, str) else data
+        with open(self, "wb") as f:
+            f.write(raw[: len(raw) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+    monkeypatch.setattr(Path, "write_text", half)
+    monkeypatch.setattr(Path, "write_bytes", half)

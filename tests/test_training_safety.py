@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import compose
+from helpers import tear_writes, tiny_head_with_meta
 from safetensors.torch import load_file
 
 from eagle3.config.schema import run_config
-from eagle3.draft.config import DraftConfig
 from eagle3.draft.head import Eagle3DraftHead
 from eagle3.draft.serving_format import DraftMeta, NonFiniteWeightsError, save_head
 from eagle3.serving.export_dir import write_export
@@ -110,25 +110,7 @@ def test_a_non_finite_stored_hidden_state_is_refused_naming_shard_and_sample(tmp
 
 
 def _head(seed: int = 0) -> tuple[Eagle3DraftHead, DraftMeta]:
-    torch.manual_seed(seed)
-    cfg = DraftConfig(
-        hidden_size=32,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        target_vocab_size=97,
-        draft_vocab_size=40,
-        rope_theta=10000.0,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-5,
-    )
-    head = Eagle3DraftHead(cfg)
-    t2d = torch.zeros(97, dtype=torch.bool)
-    t2d[:40] = True
-    head.load_target_weights(
-        torch.randn(97, 32), torch.ones(32), torch.randn(97, 32), torch.zeros(40, dtype=torch.int64), t2d, True
-    )
-    return head, DraftMeta(cfg, [1, 2, 3], "tiny-target", ["LlamaForCausalLM"], 3)
+    return tiny_head_with_meta(seed)
 
 
 def test_export_of_non_finite_weights_is_refused_and_the_previous_one_kept(tmp_path):
@@ -190,17 +172,7 @@ def test_a_checkpoint_carrying_a_pickled_object_is_refused_and_its_code_never_ru
 
 @pytest.fixture
 def torn_writes(monkeypatch):
-    """Every Path.write_text/write_bytes writes half its data, then fails as a full disk does."""
-    import errno
-
-    def half(self, data, *args, **kwargs):
-        raw = data.encode() if isinstance(data, str) else data
-        with open(self, "wb") as f:
-            f.write(raw[: len(raw) // 2])
-        raise OSError(errno.ENOSPC, "No space left on device", str(self))
-
-    monkeypatch.setattr(Path, "write_text", half)
-    monkeypatch.setattr(Path, "write_bytes", half)
+    tear_writes(monkeypatch)
 
 
 def test_a_summary_write_that_fails_midway_leaves_the_previous_summary(tmp_path, torn_writes):

@@ -15,37 +15,18 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ROOT
+from helpers import tiny_head_with_meta
 
 import eagle3
 from eagle3.config.cli import ExportCliConfig
-from eagle3.draft.config import DraftConfig
 from eagle3.draft.export_files import ACCEPTANCE, ACCEPTANCE_PLOT, CARD, ENGINE_LOGS, META, WANDB, WEIGHTS
-from eagle3.draft.head import Eagle3DraftHead
-from eagle3.draft.serving_format import DraftMeta, ExportDirError
+from eagle3.draft.serving_format import ExportDirError
 from eagle3.stages.export import run as export_run
 
 
 def _checkpoint(path: Path, seed: int = 0, k: int = 3) -> Path:
     """A training checkpoint as train.py saves one (the head's weights and its eagle3_meta)."""
-    torch.manual_seed(seed)
-    cfg = DraftConfig(
-        hidden_size=32,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        target_vocab_size=97,
-        draft_vocab_size=40,
-        rope_theta=10000.0,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-5,
-    )
-    head = Eagle3DraftHead(cfg)
-    t2d = torch.zeros(97, dtype=torch.bool)
-    t2d[:40] = True
-    head.load_target_weights(
-        torch.randn(97, 32), torch.ones(32), torch.randn(97, 32), torch.zeros(40, dtype=torch.int64), t2d, True
-    )
-    meta = DraftMeta(cfg, [1, 2, 3], "tiny-target", ["LlamaForCausalLM"], k)
+    head, meta = tiny_head_with_meta(seed, k)
     state = {f"head.{n}": t for n, t in head.state_dict().items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"state_dict": state, "eagle3_meta": meta.to_dict(), "global_step": 6}, path)

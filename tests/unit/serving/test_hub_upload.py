@@ -4,16 +4,14 @@ export lacks deleted in the same commit. A tiny random head exported by the expo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 from pathlib import Path
 
-import torch
+from helpers import tiny_head_with_meta
 
-from eagle3.draft.config import DraftConfig
 from eagle3.draft.export_files import ACCEPTANCE, ACCEPTANCE_PLOT, ADVICE, CARD, CONFIG, ENGINE_LOGS, META, WEIGHTS
-from eagle3.draft.head import Eagle3DraftHead
-from eagle3.draft.serving_format import DraftMeta
 from eagle3.serving.export_dir import publish_export, write_export
 from eagle3.serving.hub_upload import operations, uploads
 from eagle3.serving.training_record import set_training_record
@@ -25,25 +23,9 @@ def _export(tmp_path: Path, hub_id: str | None = None) -> Path:
     """An export whose files name local paths the way a real run's do: the target's cache path
     (config.json's verifier), the data file and target path (the training record), the export,
     dataset and engine logs (acceptance.json), and the card that shows them."""
-    cfg = DraftConfig(
-        hidden_size=32,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        target_vocab_size=97,
-        draft_vocab_size=40,
-        rope_theta=10000.0,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-5,
-    )
-    head = Eagle3DraftHead(cfg)
-    t2d = torch.zeros(97, dtype=torch.bool)
-    t2d[:40] = True
-    head.load_target_weights(
-        torch.randn(97, 32), torch.ones(32), torch.randn(97, 32), torch.zeros(40).long(), t2d, True
-    )
+    head, meta = tiny_head_with_meta()
     target = tmp_path / "cache" / "models" / "tiny-llama"
-    meta = DraftMeta(cfg, [1, 2, 3], str(target), ["LlamaForCausalLM"], 3)
+    meta = dataclasses.replace(meta, target_name_or_path=str(target))
     out = write_export(head, meta, tmp_path / "runs" / "one" / "export").directory
     chats = tmp_path / "my data" / "chats.jsonl"
     set_training_record(

@@ -3,27 +3,17 @@ write helper: a write that fails midway (a full disk) leaves the previous file a
 
 from __future__ import annotations
 
-import errno
 import json
-from pathlib import Path
 
 import pytest
+from helpers import tear_writes
 
 from eagle3.stages.replay_export import write_figures
 
 
 @pytest.fixture
 def torn_writes(monkeypatch):
-    """Every Path.write_text/write_bytes writes half its data, then fails as a full disk does."""
-
-    def half(self, data, *args, **kwargs):
-        raw = data.encode() if isinstance(data, str) else data
-        with open(self, "wb") as f:
-            f.write(raw[: len(raw) // 2])
-        raise OSError(errno.ENOSPC, "No space left on device", str(self))
-
-    monkeypatch.setattr(Path, "write_text", half)
-    monkeypatch.setattr(Path, "write_bytes", half)
+    tear_writes(monkeypatch)
 
 
 def test_a_figures_write_that_fails_midway_leaves_the_previous_file(tmp_path, torn_writes):

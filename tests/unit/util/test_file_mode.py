@@ -10,6 +10,7 @@ import stat
 
 import pytest
 import torch
+from helpers import tiny_head_with_meta
 from safetensors.torch import save_file
 
 from eagle3.store.layout import save_tensors_atomic
@@ -52,26 +53,8 @@ def test_apply_umask_sets_a_files_mode_and_leaves_the_umask(tmp_path, umask):
 
 
 def test_an_exports_weights_follow_the_umask(tmp_path, umask):
-    from eagle3.draft.config import DraftConfig
-    from eagle3.draft.head import Eagle3DraftHead
-    from eagle3.draft.serving_format import DraftMeta, save_head
+    from eagle3.draft.serving_format import save_head
 
-    cfg = DraftConfig(
-        hidden_size=32,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        target_vocab_size=97,
-        draft_vocab_size=40,
-        rope_theta=10000.0,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-5,
-    )
-    head = Eagle3DraftHead(cfg)
-    t2d = torch.zeros(97, dtype=torch.bool)
-    t2d[:40] = True
-    head.load_target_weights(
-        torch.randn(97, 32), torch.ones(32), torch.randn(97, 32), torch.zeros(40, dtype=torch.int64), t2d, True
-    )
-    out = save_head(head, DraftMeta(cfg, [1, 2, 3], "tiny-target", ["LlamaForCausalLM"], 3), tmp_path / "export")
+    head, meta = tiny_head_with_meta()
+    out = save_head(head, meta, tmp_path / "export")
     assert _mode(out / "model.safetensors") == 0o666 & ~umask
