@@ -31,6 +31,8 @@
 #                                               the export's predicted advice and the measured one beside it
 #   bash lab/leased_gpu/gpu_vllm_run.sh storage_ab     ARMS (NAME:OVERRIDES): the same conversations captured per arm, the same
 #                                               head trained from each and measured (an A/B of capture.storage)
+#   bash lab/leased_gpu/gpu_vllm_run.sh budget_ab      ARMS (NAME:OVERRIDES): the whole budget pipeline per arm, each answering
+#                                               its own conversations (an A/B of time_budget.* at equal minutes)
 #   bash lab/leased_gpu/gpu_vllm_run.sh bg STAGE...    the stages detached (a pipeline past one call's cap), then
 #   bash lab/leased_gpu/gpu_vllm_run.sh wait_bg S      call after call: wait up to S seconds, bring back what they wrote
 # Several stages may share one call: bash lab/leased_gpu/gpu_vllm_run.sh train serving
@@ -247,6 +249,18 @@ stage_storage_ab() {
   for arm in ${ARMS:-}; do run_arm budget_train "$arm"; done
 }
 
+# budget_ab: each arm of ARMS (NAME:OVERRIDES) runs the whole budget pipeline, extraction then
+# training, from nothing regenerated (each answers its own conversations) into a datasets dir of its
+# own; paths.machine_rates is shared, so a later arm reads the rates the earlier ones recorded
+stage_budget_ab() {
+  local arm
+  for arm in ${ARMS:-}; do
+    rm -rf $TMPD/cache/regenerated
+    run_arm budget_extract "$arm" "$TMPD/data_${arm%%:*}"
+    run_arm budget_train "$arm" "$TMPD/data_${arm%%:*}"
+  done
+}
+
 # run_arm STAGE NAME:OVERRIDES [DATASETS_DIR]: one budget stage of one arm, in its own run
 # directory; an override from=NAME reads the datasets dir of capture arm NAME
 run_arm() {
@@ -280,7 +294,7 @@ while [ "$#" -gt 0 ]; do
     carry) stage_carry "$2"; shift 2 ;;
     bg) shift; stage_bg "$@"; break ;;
     wait_bg) stage_wait_bg "$2"; shift 2 ;;
-    capture|dataset|train|ranking|serving|regen|tests|storage_ab|budget_extract|budget_train|budget_peer|budget_serving|budget_measure) echo "=== $1"; "stage_$1"; shift ;;
+    capture|dataset|train|ranking|serving|regen|tests|storage_ab|budget_ab|budget_extract|budget_train|budget_peer|budget_serving|budget_measure) echo "=== $1"; "stage_$1"; shift ;;
     *) echo "unknown stage $1" >&2; exit 2 ;;
   esac
 done
