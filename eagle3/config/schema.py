@@ -21,7 +21,7 @@ from typing import Any, List, Optional, TypeVar
 
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
-from eagle3.config.choices import BudgetRates
+from eagle3.config.choices import BudgetRates, MixtureKind
 from eagle3.config.dataset import CaptureConfig, DataConfig
 from eagle3.config.engine import EngineOptions
 from eagle3.config.errors import ConfigError
@@ -98,6 +98,23 @@ class TimeBudgetConfig:
 
 
 @dataclass
+class SelectionConfig:
+    """The set that picks the exported checkpoint, apart from the training source
+    (eagle3/stages/selection.py): conversations of another source, answered by the target
+    greedily and captured like the training data by extract.py into a dataset of their own, never
+    trained on. With it, train.py's validation replays the head on it too (select/* beside val/*)
+    and optimized_metric's val/<name> is read on it: the export is the checkpoint that drafts
+    best on traffic it never saw, not on a held-out slice of the source it memorises."""
+
+    samples: int = 0  # conversations in the set; 0: none (the validation split picks the export)
+    # where they come from: prompts the target writes (self_prompts: no file, never the evaluation's
+    # suites) or a chat file (jsonl/sharegpt at selection.path) other than the training source
+    source: MixtureKind = MixtureKind.self_prompts
+    path: Optional[str] = None
+    seed: int = 1  # its draws; another seed than data.seed's, so its self-prompts are not training's
+
+
+@dataclass
 class RunConfig:
     """The primary schema shared by extract.py and train.py (same groups, so one
     `experiment=` preset drives both stages and train finds extract's dataset)."""
@@ -123,6 +140,7 @@ class RunConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     callbacks: CallbacksConfig = field(default_factory=CallbacksConfig)
     time_budget: TimeBudgetConfig = field(default_factory=TimeBudgetConfig)
+    selection: SelectionConfig = field(default_factory=SelectionConfig)
     seed: int = 0
     # train.py: null | last | a checkpoint path
     ckpt_path: Optional[str] = None

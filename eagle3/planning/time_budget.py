@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagle3.config.choices import BudgetRates, RegenBackend
+from eagle3.config.dataset import MixtureSource
 from eagle3.config.schema import RunConfig, TimeBudgetConfig
 from eagle3.planning import cost, machine_rates
 from eagle3.util.clock import Deadline, StageClock
@@ -73,10 +74,11 @@ class TimeShares:
     prompt_s: float = 0.0  # of regen_s: the self-prompts written (a generation of the prompt each)
     basis: str = ""  # where the rates came from, when not the table alone (time_budget.rates=machine)
     fill: bool = False  # time_budget.fill: regeneration runs to its share's end, the count is no cap
+    selection_s: float = 0.0  # of fixed_s: the selection set, answered and captured first (selection.*)
 
     def regen_end_s(self) -> float:
         """When extract.py's regeneration should be done, on its clock: its share's end."""
-        return self.start_s + self.regen_start_s + self.regen_s
+        return self.start_s + self.selection_s + self.regen_start_s + self.regen_s
 
     def extract_end_s(self) -> float:
         """When extract.py should be done, on its clock: regeneration's and capture's shares."""
@@ -93,11 +95,12 @@ class TimeShares:
             prompts = f" (their prompts written first: ~{minutes(self.prompt_s)} of it)" if self.prompt_s else ""
             mixture = [f"  data.mixture: {parts} conversations; regeneration ~{minutes(self.regen_s)}{prompts}"]
         fill = " (at least: time_budget.fill answers more while its share lasts)" if self.fill else ""
+        selection = f", the selection set ~{minutes(self.selection_s)}" if self.selection_s else ""
         return [
             f"time budget: {minutes(self.total_s)} in all (time_budget.minutes): {self.conversations:,} conversations"
             f"{cap}{fill} -> {self.samples:,} samples of ~{self.sample_tokens:,.0f} tokens; {data}; training "
             f"~{minutes(self.train_s)} (~{self.passes:.1f} passes); evaluation ~{minutes(self.eval_s)}; "
-            f"starts and export ~{minutes(self.fixed_s - self.eval_s)}",
+            f"starts and export ~{minutes(self.fixed_s - self.eval_s - self.selection_s)}{selection}",
             *mixture,
             *([self.basis.strip()] if self.basis else []),
         ]
@@ -206,7 +209,8 @@ def time_shares(cfg: RunConfig, rates: cost.RunRates | None = None) -> TimeShare
     sources = source_estimates(cfg)
     tokens = sum(s.share * s.sample_tokens for s in sources)
     eval_s = _eval_seconds(cfg, rate)
-    fixed = 2 * rate.start_s + _end_reserve(cfg, rate)
+    selection_s = _selection_seconds(cfg, rate, capture_tok_s)
+    fixed = 2 * rate.start_s + _end_reserve(cfg, rate) + selection_s
     per_conv_regen, per_conv_prompt, regen_start = 0.0, 0.0, 0.0
     if cfg.data.regenerate:
         regen_tok_s, regen_start = _regen_rate(cfg, rate)
@@ -251,7 +255,25 @@ def time_shares(cfg: RunConfig, rates: cost.RunRates | None = None) -> TimeShare
         basis=rates.basis if cfg.time_budget.rates == BudgetRates.machine else "",
         # without regeneration there is nothing to answer faster: the count stays the shares'
         fill=bool(budget.fill) and capped_by is None and bool(cfg.data.regenerate),
+        selection_s=selection_s,
     )
+
+
+def _selection_seconds(cfg: RunConfig, rate: cost.Rate, capture_tok_s: float) -> float:
+    """The selection set's part of extract.py (selection.samples conversations, eagle3/stages/
+    selection.py): an engine's start, each prompt written (self_prompts) and answered, then captured."""
+    samples = int(cfg.selection.samples)
+    if samples <= 0:
+        return 0.0
+    regen_tok_s, regen_start = _regen_rate(cfg, rate)
+    answer = min(MEAN_ANSWER_TOKENS, cfg.data.regen_max_tokens)
+    written = (
+        MixtureSource.prompt_max_tokens
+        if getattr(cfg.selection.source, "value", cfg.selection.source) == "self_prompts"
+        else 0
+    )
+    tokens = min(cfg.data.max_length, TEMPLATE_TOKENS + written + answer)
+    return regen_start + samples * ((written + answer) / regen_tok_s + tokens / capture_tok_s)
 
 
 def budget_rates(cfg: RunConfig) -> cost.RunRates:

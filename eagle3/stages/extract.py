@@ -18,6 +18,7 @@ capture, write), capture_loop.py (the loop the benches run too); this module com
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -32,6 +33,7 @@ from eagle3.extraction.write_dataset import MEASURED_RATES, extract_dataset
 from eagle3.planning import machine_rates, time_budget
 from eagle3.planning.cost import capture_seconds, extract_lines
 from eagle3.stages.narrow import dataset_identity, regen_machine
+from eagle3.stages.selection import selection_config, selection_line
 from eagle3.stages.validate import config_torch_dtype, validate_run_config
 from eagle3.store.layout import LOCK
 from eagle3.store.merge import merge_parts
@@ -53,7 +55,26 @@ def run(composed: DictConfig) -> str:
     cfg, shares = time_budget.sized(run_config(composed))
     if shares is not None:
         report(shares.lines())
-    identity = dataset_identity(cfg, resolve_target(cfg.model, cfg.paths.cache_dir))
+    model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
+    picked = selection_config(cfg)
+    if picked is not None and not cfg.merge and extraction_shard(cfg.num_shards, cfg.shard_index)[1] == 0:
+        # before the training data: its minutes come out of the plan's fixed costs, not the answers'
+        # share; written whole by the first of several extraction processes
+        picked = dataclasses.replace(picked, num_shards=1, shard_index=0)
+        report([selection_line(picked)])
+        _extract(picked, dataset_identity(picked, model_dir), clock, None, primary=False)
+    return _extract(cfg, dataset_identity(cfg, model_dir), clock, shares)
+
+
+def _extract(
+    cfg: RunConfig,
+    identity: DatasetIdentity,
+    clock: StageClock,
+    shares: time_budget.TimeShares | None,
+    primary: bool = True,
+) -> str:
+    """One dataset of cfg, written or completed. ``primary``: the training data, whose directory
+    is printed on stdout (the line scripts read) and whose rates this machine's plans read."""
     if cfg.train.hidden_states == HiddenStates.online:
         return _token_dataset(cfg, identity, clock, shares)
     inputs = fingerprint_inputs(identity)
@@ -65,14 +86,15 @@ def run(composed: DictConfig) -> str:
     found = find_existing_dataset(identity, ds_dir, num_shards, shard_index, cfg.capture.verify.value)
     if found.complete:
         found.say_complete()
-        return _said(found.ds_dir)
+        return _said(found.ds_dir, primary)
     job = ExtractionJob(identity, inputs, found, num_shards, shard_index)
     # one extraction per dataset, from here on: a second is refused at once, naming this one
     with DirLock(found.ds_dir / LOCK, f"{found.ds_dir}: another extraction is writing this dataset") as lock:
         report(extract_lines(cfg))  # what this run will cost, before any work
         manifest = extract_dataset(job, _capture_setup(cfg), _timing(cfg, shares, clock), lock)
-        machine_rates.record(cfg, manifest.provenance.get(MEASURED_RATES) or {})
-        return _said(found.ds_dir)
+        if primary:
+            machine_rates.record(cfg, manifest.provenance.get(MEASURED_RATES) or {})
+        return _said(found.ds_dir, primary)
 
 
 def _capture_setup(cfg: RunConfig) -> CaptureSetup:
@@ -117,7 +139,8 @@ def _merge(cfg: RunConfig, ds_dir: Path, num_shards: int) -> str:
     return _said(ds_dir)
 
 
-def _said(ds_dir: Path) -> str:
-    """The dataset's directory, printed on stdout (what scripts read) and returned."""
-    print(ds_dir)
+def _said(ds_dir: Path, say: bool = True) -> str:
+    """The dataset's directory, printed on stdout (what scripts read; ``say``) and returned."""
+    if say:
+        print(ds_dir)
     return str(ds_dir)

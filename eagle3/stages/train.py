@@ -27,6 +27,7 @@ from eagle3.serving.hub_push import HubPushError, preflight
 from eagle3.serving.training_record import machine_record
 from eagle3.stages.fit_report import report_fit
 from eagle3.stages.narrow import dataset_identity
+from eagle3.stages.selection import find_selection, picking_metric
 from eagle3.stages.train_inputs import check_loss_fits_teacher, find_dataset, find_token_dataset, online_target
 from eagle3.stages.validate import validate_run_config
 from eagle3.store import DamagedDatasetError, Manifest, format_bytes
@@ -127,6 +128,11 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
     run_dir.check_dataset(output_dir, cfg, ds_dir)  # on every rank: a resume on other data is refused by all
     manifest = Manifest.read(ds_dir)
     check_loss_fits_teacher(cfg, ds_dir, manifest)
+    selection_dir = None if online else find_selection(cfg, model_dir)
+    if selection_dir is not None:  # optimized_metric's val/<name> read on the selection set
+        cfg = dataclasses.replace(cfg, optimized_metric=picking_metric(cfg.optimized_metric, True))
+        if global_rank() == 0:
+            report([f"checkpoint selection: {cfg.optimized_metric} on the selection set {selection_dir}"])
     planned = cfg  # as a plan reads it: the rates recorded below are keyed by these settings, not those resolved
     clock = time_budget.train_clock(cfg, manifest.provenance.get("extract_seconds"), stage)
     if clock is not None:  # training gets what the extraction and the end of this run leave
@@ -135,7 +141,7 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
     if global_rank() == 0:
         report([path.line()] + ([clock.line()] if clock else []))
     cfg = _as_run(cfg, path)  # auto/null replaced by what runs: what every record below says
-    parts = _build(cfg, path, output_dir, model_dir, ds_dir, extra_callbacks)
+    parts = _build(cfg, path, output_dir, model_dir, (ds_dir, selection_dir), extra_callbacks)
     _report_cost(cfg, parts)
     # the checkpoints' disk before the first step, not after hours of it (sized before fit: FSDP
     # shards the live parameters); on every rank: ranks that share the disk agree, and none
@@ -204,12 +210,13 @@ def _build(
     path: StepPath,
     output_dir: Path,
     model_dir: str,
-    ds_dir: Path,
+    datasets: tuple[Path, Path | None],
     extra_callbacks: Sequence[L.Callback],
 ) -> _Parts:
-    """The data module, head, Lightning module, logger, callbacks (``extra_callbacks`` after
-    ours) and trainer of this run, on the step path ``path``."""
-    datamodule = _datamodule(cfg, path, model_dir, ds_dir)
+    """The data module over ``datasets`` (the training data, the selection set or None), head,
+    Lightning module, logger, callbacks (``extra_callbacks`` after ours) and trainer of this
+    run, on the step path ``path``."""
+    datamodule = _datamodule(cfg, path, model_dir, *datasets)
     # what was trained on, kept with the run (for an online run, the only record of its samples)
     write_text(output_dir / "dataset_manifest.json", datamodule.dataset.manifest.to_json())
     head, draft_meta = build_head(
@@ -254,7 +261,9 @@ def _build(
     return _Parts(datamodule, module, draft_meta, logger, checkpoint, trainer)
 
 
-def _datamodule(cfg: RunConfig, path: StepPath, model_dir: str, ds_dir: Path) -> Eagle3DataModule:
+def _datamodule(
+    cfg: RunConfig, path: StepPath, model_dir: str, ds_dir: Path, selection_dir: Path | None
+) -> Eagle3DataModule:
     online = cfg.train.hidden_states == HiddenStates.online
     # the dataset's layer ids are the one source: the head and the export declare them, the
     # online target captures them
@@ -269,6 +278,7 @@ def _datamodule(cfg: RunConfig, path: StepPath, model_dir: str, ds_dir: Path) ->
         row_tokens=path.row_tokens,
         online=online_target(cfg, model_dir, path.fixed_shape, path.row_tokens, layer_ids) if online else None,
         pin_memory=path.cuda,
+        selection_dir=str(selection_dir) if selection_dir else None,
     )
 
 
@@ -314,14 +324,14 @@ def _fit_and_validate(cfg: RunConfig, parts: _Parts, ckpt_dir: Path) -> tuple[di
     trainer, module, datamodule = parts.trainer, parts.module, parts.datamodule
     resume = _resolve_ckpt(cfg.ckpt_path, ckpt_dir)
     initial: dict[str, float] = {}
-    if resume is None and datamodule.val_idx:
+    if resume is None and datamodule.val_set_names:
         initial = _scalars(trainer.validate(module, datamodule=datamodule, verbose=False)[0])
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
     # the last train/* figures (tokens/s, peak GPU memory, loss): a validate() below resets them
     trained = {k: v for k, v in _scalars(trainer.callback_metrics).items() if k.startswith("train/")}
     # a rerun resumed at its last step trained nothing: validate, so the summary is this head's
     stale = trainer.global_step % cfg.train.val_check_interval != 0
-    if datamodule.val_idx and (stale or cfg.optimized_metric not in trainer.callback_metrics):
+    if datamodule.val_set_names and (stale or cfg.optimized_metric not in trainer.callback_metrics):
         trainer.validate(module, datamodule=datamodule, verbose=False)
         keep_final_if_best(parts.checkpoint, trainer)  # a fit stopped between validations: its last head
     final = {**trained, **_scalars(trainer.callback_metrics)}

@@ -43,9 +43,12 @@ class Eagle3DataModule(L.LightningDataModule):
         online: OnlineHiddenStates | None = None,
         pin_memory: bool = False,
         decode_on_device: bool | None = None,
+        selection_dir: str | None = None,
     ):
         """``decode_on_device``: an fp8/int4 dataset's batches travel encoded and are decoded after
-        the copy to the training device (None: when that device is a GPU, decided in ``setup``)."""
+        the copy to the training device (None: when that device is a GPU, decided in ``setup``).
+        ``selection_dir``: the selection set's dataset (eagle3/stages/selection.py), validated on
+        beside the validation split, every sample of it, never trained on."""
         super().__init__()
         self.dataset_dir = dataset_dir
         self.max_tokens = int(max_tokens_per_batch)
@@ -81,6 +84,12 @@ class Eagle3DataModule(L.LightningDataModule):
         self.val_batches = pack_rows(
             [lengths[i] for i in self.val_idx], self.max_tokens, self.row_tokens, seed=self.seed
         )
+        self.selection = _selection_set(self.dataset, selection_dir) if selection_dir else None
+        self.selection_idx = sorted(range(len(self.selection)), key=self.selection.sample_id) if self.selection else []
+        selection_lengths: list[int] = self.selection.lengths.tolist() if self.selection else []
+        self.selection_batches = pack_rows(
+            [selection_lengths[i] for i in self.selection_idx], self.max_tokens, self.row_tokens, seed=self.seed
+        )
         self._resume_start = 0
         self.decode_on_device = decode_on_device
         # CUDA: the stream batches are copied on (transfer_batch_to_device)
@@ -97,9 +106,10 @@ class Eagle3DataModule(L.LightningDataModule):
         shuffle: bool,
         batches_done: int = 0,
         split_across_ranks: bool = True,
+        dataset=None,
     ):
         rank, world = self._rank_world() if split_across_ranks else (0, 1)
-        dataset = self.dataset
+        dataset = dataset if dataset is not None else self.dataset
         if self.decode_on_device and isinstance(dataset, HiddenStateDataset):
             dataset = dataset.encoded_rows()  # the format's tensors travel; decoded on the device
         loader = packed_loader(
@@ -193,15 +203,49 @@ class Eagle3DataModule(L.LightningDataModule):
         )
         return self._loader(self.train_idx, self.train_batches, shuffle=True, batches_done=done)
 
+    @property
+    def val_set_names(self) -> list[str]:
+        """The metric prefix of each validation loader, in val_dataloader's order."""
+        return (["val"] if self.val_idx else []) + (["select"] if self.selection_idx else [])
+
     def val_dataloader(self):
-        if not self.val_idx:
-            return []
         # every validation batch counts exactly once over all ranks (the counts are summed), so
         # ranks may get unequal numbers of them; the training stream instead trims to equal counts
         rank, world = self._rank_world()
-        if len(self.val_batches) < world:
-            raise ValueError(
-                f"{self.dataset_dir}: {len(self.val_batches)} validation batches cannot feed {world} "
-                "ranks; lower train.max_tokens_per_batch or raise data.val_fraction"
+        loaders = []
+        for name, dataset, idx, batches in (
+            ("validation", self.dataset, self.val_idx, self.val_batches),
+            ("selection", self.selection, self.selection_idx, self.selection_batches),
+        ):
+            if not idx:
+                continue
+            if len(batches) < world:
+                raise ValueError(
+                    f"{getattr(dataset, 'directory', self.dataset_dir)}: {len(batches)} {name} batches cannot feed "
+                    f"{world} ranks; lower train.max_tokens_per_batch or raise "
+                    f"{'data.val_fraction' if name == 'validation' else 'selection.samples'}"
+                )
+            loaders.append(
+                self._loader(idx, batches[rank::world], shuffle=False, split_across_ranks=False, dataset=dataset)
             )
-        return self._loader(self.val_idx, self.val_batches[rank::world], shuffle=False, split_across_ranks=False)
+        return loaders[0] if len(loaders) == 1 else loaders
+
+
+def _selection_set(dataset, selection_dir: str) -> HiddenStateDataset:
+    """The selection set's dataset, read as the training data is: the same layers, hidden size,
+    dtype and storage (one decode for every batch), else an error naming what differs."""
+    selection = open_dataset(selection_dir)
+    if not isinstance(selection, HiddenStateDataset) or not isinstance(dataset, HiddenStateDataset):
+        raise ValueError(f"{selection_dir}: a selection set holds stored hidden states, as the training data must")
+    for field, want, got in (
+        ("layer_ids", list(dataset.manifest.layer_ids), list(selection.manifest.layer_ids)),
+        ("hidden_size", dataset.manifest.hidden_size, selection.manifest.hidden_size),
+        ("dtype", dataset.dtype, selection.dtype),
+        ("storage", dataset.storage, selection.storage),
+    ):
+        if want != got:
+            raise ValueError(
+                f"{selection_dir}/manifest.json: {field}: expected {want} (the training data's), got {got}; "
+                "extract the selection set with the training data's overrides"
+            )
+    return selection

@@ -67,13 +67,13 @@ class Eagle3LitModule(L.LightningModule):
         self.train_all_tokens = LossTokens(train_cfg.loss_tokens) is LossTokens.all
         # frozen target copies are rebuilt from the target, never stored in checkpoints
         self.strict_loading = False
-        self._val_counts = StepCounts.zeros(self.ttt_steps)
         # validation also replays serving's drafting rounds (eagle3/draft/replay.py) with the
         # evaluation's K (eval.num_draft_tokens, at most the TTT steps trained; 0 = off) and
         # answer length (eval.max_new_tokens): the train-side figure that vLLM's should match
         self.replay_k = min(replay_draft_tokens, self.ttt_steps)
         self.replay_max_answer_tokens = replay_max_answer_tokens
-        self._val_replay = torch.zeros(2 + max(self.replay_k, 0), dtype=torch.float64)
+        # per validation set (the validation split "val", the selection set "select"): step counts, replay counts
+        self._val_sums: dict[str, tuple[StepCounts, torch.Tensor]] = {}
         self._step = self._forward_loss
         self.lr_schedule: BudgetedCosine | None = None
         self._restored_schedule: dict | None = None  # from a checkpoint, applied when the schedule is built
@@ -201,18 +201,42 @@ class Eagle3LitModule(L.LightningModule):
         self.log_dict(logs, on_step=True, batch_size=1)
         return loss
 
-    def on_validation_epoch_start(self) -> None:
-        self._val_counts = StepCounts.zeros(self.ttt_steps, device=self.device)
-        self._val_replay = torch.zeros_like(self._val_replay)
+    @property
+    def _val_counts(self) -> StepCounts:
+        """The validation split's step counts of the last validation."""
+        return self._val_sums["val"][0]
 
-    def validation_step(self, batch, batch_idx):
+    @property
+    def _val_replay(self) -> torch.Tensor:
+        """The validation split's replay counts of the last validation."""
+        return self._val_sums["val"][1]
+
+    def _val_set_names(self) -> list[str]:
+        """The metric prefix of each validation loader, in order (the data module's names)."""
+        datamodule = getattr(self._trainer, "datamodule", None)
+        names = getattr(datamodule, "val_set_names", None)
+        return list(names) if names else ["val"]
+
+    def on_validation_epoch_start(self) -> None:
+        # every set on every rank, batches or not: the sums are reduced across ranks set by set
+        self._val_sums = {
+            name: (
+                StepCounts.zeros(self.ttt_steps, device=self.device),
+                torch.zeros(2 + max(self.replay_k, 0), dtype=torch.float64),
+            )
+            for name in self._val_set_names()
+        }
+
+    def validation_step(self, batch, batch_idx, dataloader_idx: int = 0):
         # eager even when training is compiled: validation rows vary in length, and the
         # replay needs the per-step logits
         step_logits, target_logits, covered = self._logits(batch)
         _, counts = self._loss(batch, step_logits, target_logits, batch["loss_mask"], covered)  # the answers
-        self._val_counts = self._val_counts + StepCounts.from_stacked(counts.stacked())
+        name = self._val_set_names()[dataloader_idx]
+        total, replay = self._val_sums[name]
+        total = total + StepCounts.from_stacked(counts.stacked())
         if self.replay_k > 0:
-            self._val_replay += replay_counts(
+            replay = replay + replay_counts(
                 step_logits,
                 target_logits,
                 loss_mask=batch["loss_mask"],
@@ -221,37 +245,47 @@ class Eagle3LitModule(L.LightningModule):
                 max_answer_tokens=self.replay_max_answer_tokens,
                 covered=covered,
             )
+        self._val_sums[name] = (total, replay)
 
     def on_validation_epoch_end(self) -> None:
-        stacked = self._val_counts.stacked()
+        metrics: dict[str, torch.Tensor] = {}
+        for name, (counts, replay) in self._val_sums.items():
+            metrics.update(self._val_metrics(name, counts, replay))
+        # already reduced across ranks: no sync_dist (it would average, not sum), and Lightning's
+        # advice to add it (one warning per metric, ~30 lines per DDP validation) does not apply
+        warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\('(val|select)(/|_)")
+        self.log_dict(metrics, sync_dist=False)
+        if "val/sim_accept_len" in metrics:
+            self.log("val_accept", metrics["val/sim_accept_len"], prog_bar=True, logger=False)
+        for name in ("val", "select"):  # the replay vLLM reproduces (docs/records/, train-side estimates)
+            if f"{name}/replay_accept_len" in metrics:
+                self.log(f"{name}_replay", metrics[f"{name}/replay_accept_len"], prog_bar=True, logger=False)
+
+    def _val_metrics(self, name: str, counts: StepCounts, replay: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One validation set's metrics under ``name``/, its counts summed over ranks first."""
+        stacked = counts.stacked()
         if self.trainer.world_size > 1:
             stacked = self.trainer.strategy.reduce(stacked, reduce_op="sum")  # counts, not means
         counts = StepCounts.from_stacked(stacked)
-        metrics = self._metrics(counts, "val")
+        metrics = self._metrics(counts, name)
         # the step weighting training's loss has (eagle3_loss), over the answers' per-step means
-        step_losses = [metrics[f"val/loss_k{k}"] for k in range(self.ttt_steps)]
-        metrics["val/loss"] = step_weighted(step_losses, self.train_cfg.step_decay)
-        metrics["val/tokens"] = counts.loss_count[0].float()
+        step_losses = [metrics[f"{name}/loss_k{k}"] for k in range(self.ttt_steps)]
+        metrics[f"{name}/loss"] = step_weighted(step_losses, self.train_cfg.step_decay)
+        metrics[f"{name}/tokens"] = counts.loss_count[0].float()
         if self.replay_k > 0:
-            replay = self._val_replay.to(self.device)
+            replay = replay.to(self.device)
             if self.trainer.world_size > 1:
                 replay = self.trainer.strategy.reduce(replay, reduce_op="sum")
             acc = counts.acc_full()
             # the uniform estimate at the replay's K, for a like-for-like comparison
-            metrics[f"val/sim_accept_len_k{self.replay_k}"] = 1 + acc[: self.replay_k].sum().float()
+            metrics[f"{name}/sim_accept_len_k{self.replay_k}"] = 1 + acc[: self.replay_k].sum().float()
             metrics.update(
                 {
                     k: torch.tensor(v, dtype=torch.float32, device=self.device)
-                    for k, v in replay_metrics(replay.cpu()).items()
+                    for k, v in replay_metrics(replay.cpu(), prefix=f"{name}/").items()
                 }
             )
-        # already reduced across ranks: no sync_dist (it would average, not sum), and Lightning's
-        # advice to add it (one warning per metric, ~30 lines per DDP validation) does not apply
-        warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\('val(/|_)")
-        self.log_dict(metrics, sync_dist=False)
-        self.log("val_accept", metrics["val/sim_accept_len"], prog_bar=True, logger=False)
-        if "val/replay_accept_len" in metrics:  # the one vLLM reproduces (docs/records/, train-side estimates)
-            self.log("val_replay", metrics["val/replay_accept_len"], prog_bar=True, logger=False)
+        return metrics
 
     # ---- optimisation
     def configure_optimizers(self):
