@@ -261,6 +261,20 @@ stage_budget_ab() {
   done
 }
 
+# ab_eval: each arm's export (ARMS' names) measured by evaluate.py on the held-out suite and the
+# validation split, eager engines (for arms trained with eval.enabled=false: the minutes of an arm
+# then hold no evaluation, and both heads are measured alike after)
+stage_ab_eval() {
+  local arm name model ds; model=$(smollm2_dir)
+  for arm in ${ARMS:-}; do
+    name=${arm%%:*}
+    ds=$(python3 -c "import json; print(json.load(open('$TMPD/$name/summary.json'))['dataset_dir'])")
+    python3 evaluate.py export_dir=$TMPD/$name/export target="$model" dataset_dir="$ds" out_dir=$TMPD/eval-$name \
+      eval.max_new_tokens=128 engine.enforce_eager=true baseline=false hydra.run.dir=$TMPD/eval-run-$name 2>&1 | quiet | tail -14
+    cp $TMPD/eval-$name/acceptance.json "$OUTD/${name}_eval.json" 2>/dev/null || true
+  done
+}
+
 # run_arm STAGE NAME:OVERRIDES [DATASETS_DIR]: one budget stage of one arm, in its own run
 # directory; an override from=NAME reads the datasets dir of capture arm NAME
 run_arm() {
@@ -294,7 +308,7 @@ while [ "$#" -gt 0 ]; do
     carry) stage_carry "$2"; shift 2 ;;
     bg) shift; stage_bg "$@"; break ;;
     wait_bg) stage_wait_bg "$2"; shift 2 ;;
-    capture|dataset|train|ranking|serving|regen|tests|storage_ab|budget_ab|budget_extract|budget_train|budget_peer|budget_serving|budget_measure) echo "=== $1"; "stage_$1"; shift ;;
+    capture|dataset|train|ranking|serving|regen|tests|storage_ab|budget_ab|ab_eval|budget_extract|budget_train|budget_peer|budget_serving|budget_measure) echo "=== $1"; "stage_$1"; shift ;;
     *) echo "unknown stage $1" >&2; exit 2 ;;
   esac
 done
