@@ -28,11 +28,12 @@ class HeadConfig:
 
     # the most frequent target tokens the head predicts (capped at the target's vocabulary)
     draft_vocab_size: int = 32000
-    # EAGLE-3.1 norms, named as speculators 0.9 and vLLM 0.32 name them (eagle3/draft/config.py)
-    norm_before_fc: bool = False  # one RMSNorm over the concatenated aux states before fc
+    # EAGLE-3.1 norms, named as speculators 0.9 and vLLM 0.32 name them (eagle3/draft/config.py);
+    # the defaults are head=eagle3's (conf/head/eagle3.yaml), head=compact turns them off
+    norm_before_fc: bool = True  # one RMSNorm over the concatenated aux states before fc
     fc_norm: bool = False  # an RMSNorm per aux layer before fc (exclusive with norm_before_fc)
-    norm_output: bool = False  # each TTT step reads the previous step's normed output
-    norm_before_residual: bool = False  # the first layer's residual is the normed hidden state
+    norm_output: bool = True  # each TTT step reads the previous step's normed output
+    norm_before_residual: bool = True  # the first layer's residual is the normed hidden state
     num_draft_layers: int = 1  # decoder layers of the head (vLLM eagle3 and speculators load > 1)
     num_attention_heads: Optional[int] = None  # null: the target's
     num_key_value_heads: Optional[int] = None
