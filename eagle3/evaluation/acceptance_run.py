@@ -58,7 +58,6 @@ def run_acceptance(
     if max_new_tokens < 1:
         raise ValueError(f"eval.max_new_tokens must be >= 1, got {max_new_tokens}")
     sources = [s for s in SOURCES if prompts.by_source(s)]
-    batches = [_batch(s, prompts) for s in sources]
     # a second turn holds the first, an answer of up to max_new_tokens, and the second question
     longest = max(max(len(p.token_ids), p.second_turn_tokens + max_new_tokens) for p in prompts.prompts)
     common: dict[str, Any] = dict(
@@ -66,7 +65,7 @@ def run_acceptance(
         num_draft_tokens=num_draft_tokens,
         max_new_tokens=max_new_tokens,
         max_model_len=longest + max_new_tokens + num_draft_tokens + _SPEC_SLACK,
-        batches=batches,
+        batches=[_batch(s, prompts) for s in sources],
         options=engine,
         chat_template=chat_template,
         chat_template_kwargs=dict(chat_template_kwargs or {}),
@@ -81,13 +80,31 @@ def run_acceptance(
         without_head, wall_base = run_engine_process(
             EngineRequest(head=None, **common), work_dir=work_dir, label="without-head"
         )
+    report = _report(info, prompts, with_head, without_head, num_draft_tokens, max_new_tokens)
+    report.engine = _engine_facts(
+        engine, common["max_model_len"], work_dir, (with_head, wall_head), (without_head, wall_base)
+    )
+    report.consistency_problems += _together_problems(with_head)
+    verdicts, notes = _explain_mismatches(
+        info, prompts, with_head, without_head, bool(engine.trust_remote_code), diagnostics
+    )
+    report.consistency_problems += [f"greedy mismatch: {v['description']}" for v in verdicts if not v["near_tie"]]
+    report.mismatch_verdicts = verdicts
+    report.prompt_notes += notes
+    _add_breakdown(report, prompts, with_head, num_draft_tokens)
+    return report
+
+
+def _report(
+    info: ExportInfo, prompts: PromptSet, with_head, without_head, num_draft_tokens: int, max_new_tokens: int
+) -> AcceptanceReport:
+    """The figures per set and per prompt, and the headline: the held-out suite (the validation
+    split alone when it is all there is); ``without_head``: None without a baseline."""
 
     def base_batch(name: str):
         return next(b for b in without_head.batches if b.name == name) if without_head is not None else None
 
-    by_source = {}
-    per_prompt = []
-    problems: list[str] = []
+    by_source, per_prompt, problems = {}, [], []
     for batch in with_head.batches:
         base = base_batch(batch.name)
         by_source[batch.name] = figures_of([batch], [base] if base is not None else None, num_draft_tokens)
@@ -100,36 +117,12 @@ def run_acceptance(
             [p.category for p in source_prompts],
         )
         problems += consistency_problems(batch, num_draft_tokens)
-    # the headline: the held-out suite (the validation split alone when it is all there is)
     head_names = {b.name for b in with_head.batches if b.name in HELD_OUT} or {b.name for b in with_head.batches}
     overall = figures_of(
         [b for b in with_head.batches if b.name in head_names],
         [b for b in without_head.batches if b.name in head_names] if without_head is not None else None,
         num_draft_tokens,
     )
-    engine_facts: dict[str, Any] = {
-        "vllm_version": with_head.vllm_version,
-        "platform": with_head.platform,
-        "enforce_eager": with_head.enforce_eager,
-        "max_model_len": common["max_model_len"],
-        "max_num_seqs": engine.max_num_seqs,
-        "tensor_parallel_size": engine.tensor_parallel_size,
-        "load_seconds_with_head": with_head.load_seconds,
-        "process_seconds_with_head": wall_head,
-        "logs": str(work_dir),
-        # the sets ran in one generate() call: each set's tok/s is the call's
-        "sets_run_together": with_head.together_counters is not None,
-        "per_request_figures": with_head.per_request,
-        # no per-request figures: each category ran as a call of its own (counters read around it)
-        "categories_run_apart": any(b.category_counters for b in with_head.batches),
-    }
-    problems += _together_problems(with_head)
-    if without_head is not None:
-        engine_facts.update(load_seconds_without_head=without_head.load_seconds, process_seconds_without_head=wall_base)
-    verdicts, notes = _explain_mismatches(
-        info, prompts, with_head, without_head, bool(engine.trust_remote_code), diagnostics
-    )
-    problems += [f"greedy mismatch: {v['description']}" for v in verdicts if not v["near_tie"]]
     report = AcceptanceReport(
         export_dir=str(info.export_dir),
         target=info.target,
@@ -142,28 +135,61 @@ def run_acceptance(
         prompt_notes=list(prompts.notes),
         skipped_too_long=dict(prompts.skipped_too_long),
         per_prompt=per_prompt,
-        engine=engine_facts,
+        engine={},
         consistency_problems=problems,
-        mismatch_verdicts=verdicts,
+        mismatch_verdicts=[],
     )
-    report.prompt_notes += notes
     report.headline_sets = [s for s in SOURCES if s in head_names]
-    if with_head.per_request:
-        report.by_category, report.intervals = breakdown(per_prompt, num_draft_tokens, report.headline_sets)
-    else:
-        categories = {b.name: [p.category for p in prompts.by_source(b.name)] for b in with_head.batches}
-        report.by_category, report.intervals = counter_breakdown(
-            with_head.batches, categories, num_draft_tokens, report.headline_sets
-        )
-        report.no_interval_reason = (
-            f"vLLM {with_head.vllm_version} gives no per-request spec-decode figures: each category ran as a "
-            "generate() call of its own, its figures from the engine counters read around it (a set's are the "
-            "sum of its categories'); an interval needs each prompt's own figures"
-        )
     report.served = {
         b.name: list(zip((p.token_ids for p in prompts.by_source(b.name)), b.outputs)) for b in with_head.batches
     }
     return report
+
+
+def _engine_facts(
+    engine: EngineOptions, max_model_len: int, work_dir: Path, with_head: tuple, without_head: tuple
+) -> dict[str, Any]:
+    """How the engines ran: (result, process seconds) of each, the baseline's (None, None) when
+    there was none."""
+    result, wall = with_head
+    facts: dict[str, Any] = {
+        "vllm_version": result.vllm_version,
+        "platform": result.platform,
+        "enforce_eager": result.enforce_eager,
+        "max_model_len": max_model_len,
+        "max_num_seqs": engine.max_num_seqs,
+        "tensor_parallel_size": engine.tensor_parallel_size,
+        "load_seconds_with_head": result.load_seconds,
+        "process_seconds_with_head": wall,
+        "logs": str(work_dir),
+        # the sets ran in one generate() call: each set's tok/s is the call's
+        "sets_run_together": result.together_counters is not None,
+        "per_request_figures": result.per_request,
+        # no per-request figures: each category ran as a call of its own (counters read around it)
+        "categories_run_apart": any(b.category_counters for b in result.batches),
+    }
+    base, base_wall = without_head
+    if base is not None:
+        facts.update(load_seconds_without_head=base.load_seconds, process_seconds_without_head=base_wall)
+    return facts
+
+
+def _add_breakdown(report: AcceptanceReport, prompts: PromptSet, with_head, num_draft_tokens: int) -> None:
+    """Per category: from vLLM's per-request figures with intervals, else from the counters read
+    around each category's own call, with the reason there is no interval."""
+    if with_head.per_request:
+        per_prompt = report.per_prompt
+        report.by_category, report.intervals = breakdown(per_prompt, num_draft_tokens, report.headline_sets)
+        return
+    categories = {b.name: [p.category for p in prompts.by_source(b.name)] for b in with_head.batches}
+    report.by_category, report.intervals = counter_breakdown(
+        with_head.batches, categories, num_draft_tokens, report.headline_sets
+    )
+    report.no_interval_reason = (
+        f"vLLM {with_head.vllm_version} gives no per-request spec-decode figures: each category ran as a "
+        "generate() call of its own, its figures from the engine counters read around it (a set's are the "
+        "sum of its categories'); an interval needs each prompt's own figures"
+    )
 
 
 def _together_problems(result: Any) -> list[str]:
