@@ -37,6 +37,12 @@ class MixtureSource:
     topics: Optional[List[str]] = None
     prompt_temperature: float = 1.0
     prompt_max_tokens: int = 96
+    # this source's serving mode, when it is not data.chat_template_kwargs / data.system_prompt
+    # (null): one dataset can hold several modes (thinking on and off, a system prompt or none),
+    # each rendered, answered and evaluated as it is called; the acceptance evaluation reports
+    # the validation prompts per source
+    chat_template_kwargs: Optional[Dict[str, Any]] = None
+    system_prompt: Optional[str] = None
 
 
 @dataclass

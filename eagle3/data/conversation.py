@@ -19,7 +19,7 @@ the model's continuation or ends on an unanswered question):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 USER, ASSISTANT, SYSTEM = "user", "assistant", "system"
 
@@ -77,6 +77,9 @@ class Conversation:
     id: str
     messages: list[dict[str, str]]
     split_key: str = ""
+    # the chat template's extra arguments for this conversation (a data.mixture source's own mode:
+    # enable_thinking, tools, ...); None: data.chat_template_kwargs, as every other conversation
+    template_kwargs: Optional[dict[str, Any]] = None
 
     def __post_init__(self) -> None:
         if not self.split_key:

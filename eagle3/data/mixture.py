@@ -10,6 +10,10 @@ Every conversation is tagged with its source: its id (and split key) reads "<nam
 counts per source can be read off any sample id (``source_of``), the train/val split of one
 source never depends on another, and two sources with the same ids never collide.
 
+A source may have its own serving mode (``chat_template_kwargs``, ``system_prompt``): its system
+prompt goes into its conversations here, its template arguments travel with each conversation
+(``Conversation.template_kwargs``) to the regeneration and the rendering.
+
 Sources are the loaders' (sharegpt, jsonl, hf_disk, hf) or ``self_prompts``: user turns the target
 writes itself. Nothing here runs a model: the extraction hands in ``self_prompts``, a callable
 that gives a source's stream of one-user-turn conversations (eagle3/target_model/generate/
@@ -26,6 +30,7 @@ from typing import Any, Callable, Generator, Iterator
 from eagle3.data.conversation import Conversation, DataError
 from eagle3.data.hf_source import HFOptions
 from eagle3.data.loaders import LoadReport, iter_conversations
+from eagle3.data.render import with_system_prompt
 
 SELF_PROMPTS = "self_prompts"
 TAG_SEP = "/"
@@ -108,6 +113,9 @@ def _entries(mixture: list[dict[str, Any]], regenerate: bool) -> list[dict[str, 
             raise DataError(f"{where}.source: expected one of {list(KINDS)}, got {kind!r}")
         if not isinstance(weight, (int, float)) or weight < 0:
             raise DataError(f"{where}.weight: expected a number >= 0, got {weight!r}")
+        kwargs = e.get("chat_template_kwargs")
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise DataError(f"{where}.chat_template_kwargs: expected a mapping or null, got {kwargs!r}")
         cap = e.get("max_samples")
         if cap is not None and int(cap) <= 0:
             raise DataError(f"{where}.max_samples: expected a positive count or null, got {cap!r}")
@@ -196,7 +204,13 @@ class Mixture:
                     name = _send(draws, True)
                     continue
                 counts.drawn += 1
-                yield Conversation(tag(name, conv.id), conv.messages, tag(name, conv.split_key))
+                entry = next(e for e in self.entries if e["name"] == name)
+                yield Conversation(
+                    tag(name, conv.id),
+                    with_system_prompt(conv.messages, entry.get("system_prompt")),
+                    tag(name, conv.split_key),
+                    template_kwargs=dict(entry["chat_template_kwargs"]) if entry.get("chat_template_kwargs") else None,
+                )
                 name = _send(draws, False)
         finally:
             for it in iters.values():

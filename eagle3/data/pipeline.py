@@ -19,6 +19,7 @@ answered in time.
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from contextlib import contextmanager, nullcontext
@@ -189,6 +190,24 @@ class _RegenPace:
         )
 
 
+class _Renderers:
+    """The renderer of each conversation: data.chat_template_kwargs', or its own (a mixture source's
+    mode: ``Conversation.template_kwargs``), one per distinct set of arguments."""
+
+    def __init__(self, tokenizer: Any, chat_template: str | None, template_kwargs: Mapping[str, Any] | None) -> None:
+        self.tokenizer, self.chat_template = tokenizer, chat_template
+        self.default = ChatRenderer(tokenizer, chat_template, template_kwargs)
+        self.own: dict[str, ChatRenderer] = {}
+
+    def of(self, conv: Conversation) -> ChatRenderer:
+        if conv.template_kwargs is None:
+            return self.default
+        key = json.dumps(conv.template_kwargs, sort_keys=True, default=str)
+        if key not in self.own:
+            self.own[key] = ChatRenderer(self.tokenizer, self.chat_template, conv.template_kwargs)
+        return self.own[key]
+
+
 def _progress(enabled: bool):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -232,7 +251,7 @@ def prepare_samples(
         raise DataError(f"max_samples must be positive or null, got {max_samples}")
     check_val_fraction(val_fraction)  # before any work
     source = getattr(source, "value", source)
-    renderer = ChatRenderer(tokenizer, chat_template, template_kwargs)
+    renderers = _Renderers(tokenizer, chat_template, template_kwargs)
     load_report = LoadReport(source, str(path), max_bad_fraction=max_bad_fraction)
     report = PrepareReport(
         load=load_report, max_samples=max_samples, mixture=None if mixture is None else mixture.report
@@ -272,7 +291,7 @@ def prepare_samples(
                     report.skipped["regenerated_no_answer"] += 1
                     continue
                 report.conversations_rendered += 1
-                result = renderer(conv.messages, max_length, overflow)
+                result = renderers.of(conv)(conv.messages, max_length, overflow)
                 if result.sample is None:
                     report.skipped[result.skip_reason] += 1
                     continue

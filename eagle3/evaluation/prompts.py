@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from eagle3.data.mixture import source_of
 from eagle3.data.render import with_system_prompt
 from eagle3.evaluation.suite import BROAD, MATH_WORD, suite_prompts
 from eagle3.evaluation.val_prompts import (
@@ -193,7 +194,9 @@ def heldout_prompts(
         taken = 0
         for pid, ids in stored_val_prompts(dataset_dir):
             text = tokenizer.decode(ids, skip_special_tokens=False) if hasattr(tokenizer, "decode") else ""
-            taken += admit(VAL, pid, [{"role": "user", "content": text}], ids)  # the served prompt, as text
+            # the served prompt, as text; its source is its category: acceptance per source (per mode
+            # where the sources are served in modes of their own: data.mixture's chat_template_kwargs)
+            taken += admit(VAL, pid, [{"role": "user", "content": text}], ids, category=f"{VAL}/{source_of(pid)}")
             if taken >= n_val:
                 break
         if taken < n_val:

@@ -202,6 +202,9 @@ def _mixture_source_identity(entry: dict[str, Any], cache: ContentShaCache, chat
     chat data by content (as ``chat_identity``) and only the fields its kind reads."""
     kind = entry["source"]
     out = {k: v for k, v in entry.items() if k != "path"}
+    for key in ("chat_template_kwargs", "system_prompt"):  # a mode of its own names it; unset: names kept
+        if not out.get(key):
+            out.pop(key, None)
     if kind != "hf":
         out = {k: v for k, v in out.items() if k not in HF_FIELDS}
     if kind == "self_prompts":

@@ -139,8 +139,13 @@ def _read_cache(path: Path) -> dict[str, dict]:
     return {rec["id"]: rec for rec in cache_records(path)}
 
 
-def _user_turns_sha(messages: list[dict[str, str]]) -> str:
-    return short_sha(json.dumps([m for m in messages if m["role"] != "assistant"], sort_keys=True))
+def _asked_sha(conv: Conversation) -> str:
+    """What a cached answer was asked: the turns but the answers, and the conversation's own
+    template arguments when it has them (a mixture source's mode: its answers differ)."""
+    asked: Any = [m for m in conv.messages if m["role"] != "assistant"]
+    if conv.template_kwargs is not None:
+        asked = {"turns": asked, "template_kwargs": conv.template_kwargs}
+    return short_sha(json.dumps(asked, sort_keys=True, default=str))
 
 
 class Regenerator:
@@ -258,16 +263,18 @@ class Regenerator:
         finally:
             self.temperature, self.seed = saved
 
-    def _prompt_ids(self, history: list[dict[str, str]]) -> list[int]:
+    def _prompt_ids(self, history: list[dict[str, str]], template_kwargs: dict[str, Any] | None = None) -> list[int]:
+        """``template_kwargs``: the conversation's own (None: this engine's, data.chat_template_kwargs)."""
         kwargs = {"chat_template": self.chat_template} if self.chat_template else {}
+        extra = self.template_kwargs if template_kwargs is None else template_kwargs
         ids = self.tokenizer().apply_chat_template(
-            history, add_generation_prompt=True, tokenize=True, **kwargs, **self.template_kwargs
+            history, add_generation_prompt=True, tokenize=True, **kwargs, **extra
         )
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
     def _seeded_answers(self, conv: Conversation) -> list[str]:
         rec = self.seeds.get(conv.id)
-        if rec is None or rec.get("user_sha") != _user_turns_sha(conv.messages):  # another conversation
+        if rec is None or rec.get("user_sha") != _asked_sha(conv):  # another conversation
             return []
         return [m["content"] for m in rec["messages"] if m["role"] == "assistant"]
 
@@ -285,7 +292,7 @@ class Regenerator:
                     histories[j].append({"role": "assistant", "content": seeded[j][turn]})
                     self.seeded_turns += 1
                     continue
-                ids = self._prompt_ids(histories[j])
+                ids = self._prompt_ids(histories[j], c.template_kwargs)
                 if len(ids) + 1 >= self.max_model_len:  # no room to answer: stop this conversation here
                     histories[j].pop()
                     users[j] = users[j][:turn]
@@ -311,16 +318,11 @@ class Regenerator:
             replace(c, messages=[m for m in c.messages if m["role"] != "assistant"]) if c.id in unasked else c
             for c in batch
         ]
-        todo = [
-            c
-            for c in batch
-            if c.id not in unasked and self.cache.get(c.id, {}).get("user_sha") != _user_turns_sha(c.messages)
-        ]
+        todo = [c for c in batch if c.id not in unasked and self.cache.get(c.id, {}).get("user_sha") != _asked_sha(c)]
         if todo:
             fresh = self._generate(todo, [answer_of[c.id] for c in todo])
             recs: dict[str, dict] = {
-                c.id: {"id": c.id, "user_sha": _user_turns_sha(c.messages), "messages": messages}
-                for c, messages in zip(todo, fresh)
+                c.id: {"id": c.id, "user_sha": _asked_sha(c), "messages": messages} for c, messages in zip(todo, fresh)
             }
             append_lines(self.cache_file, [json.dumps(rec) for rec in recs.values()], "the regenerated-answer cache")
             self.cache.update(recs)

@@ -91,6 +91,8 @@ class SelfPrompts:
         self.used = self.duplicates = self.empty = 0  # prompts read (cached or new), dropped as such
         self.generated = 0  # prompts the engine wrote in this run (the others came from the cache)
         self._headers: dict[str, list[int]] = {}
+        # the template's arguments the prompts are written under: the source's own mode, else data's
+        self.template_kwargs = dict(entry.get("chat_template_kwargs") or regenerator.template_kwargs)
         self.cache_file = self._cache_file()
         self.cache = _read(self.cache_file)
 
@@ -111,14 +113,14 @@ class SelfPrompts:
         # the served target's quantization and the template's arguments, only when set (the keys of before)
         if regen.quantization:
             parts["quantization"] = regen.quantization
-        if regen.template_kwargs:
-            parts["template_kwargs"] = regen.template_kwargs
+        if self.template_kwargs:
+            parts["template_kwargs"] = self.template_kwargs
         return cache_dir / "self_prompts" / f"{short_sha(json.dumps(parts, sort_keys=True))}.jsonl"
 
     def _header(self, topic: str) -> list[int]:
         if topic not in self._headers:
             tok = self.regen.tokenizer()
-            text = user_header(tok, topic, self.regen.chat_template, self.regen.template_kwargs)
+            text = user_header(tok, topic, self.regen.chat_template, self.template_kwargs)
             self._headers[topic] = list(tok(text, add_special_tokens=False)["input_ids"])
         return self._headers[topic]
 
