@@ -60,3 +60,17 @@ def smollm2_dir() -> Path:
     from eagle3.target_model.resolve import materialize_smollm2
 
     return Path(materialize_smollm2(CACHE))
+
+
+@pytest.fixture(scope="session")
+def datasets_dir(tmp_path_factory) -> Path:
+    """A paths.datasets_dir holding experiment=tiny_test's dataset, extracted once a session. Tests
+    read it (a training may add a draft vocabulary of another size, built from its token counts:
+    the same whichever test adds it); a test that changes a dataset extracts its own."""
+    from helpers import TINY
+
+    from eagle3.stages.extract import run as extract
+
+    d = tmp_path_factory.mktemp("data")
+    extract(compose("extract", TINY + [f"paths.datasets_dir={d}"]))
+    return d

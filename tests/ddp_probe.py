@@ -1,8 +1,8 @@
-"""train.py plus a probe: what each rank trained and validated on, for tests/test_ddp.py.
+"""train.py plus a probe: what each rank trained and validated on, for test_ddp.py beside it.
 
 Run under torchrun exactly like train.py (same conf/, same Hydra run dir rules):
 
-    torchrun --standalone --nproc_per_node 2 tests/ddp_probe.py experiment=tiny_test topology=cpu_ddp2 ...
+    torchrun --standalone --nproc_per_node 2 <this file> experiment=tiny_test topology=cpu_ddp2 ...
 
 Each rank writes ``<run dir>/probe-rank<r>.json``: one entry per batch, each the list of
 its samples' fingerprints (sha1 of the token ids), so a test can compare ranks' data.
@@ -22,7 +22,8 @@ from omegaconf import DictConfig
 from eagle3.stages.compose import register_configs
 
 register_configs()
-CONF = Path(__file__).resolve().parents[1] / "conf"
+# the clone's conf/, wherever under tests/ this file sits
+CONF = next(p / "conf" for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
 
 
 def sample_fingerprints(input_ids: torch.Tensor, segment_ids: torch.Tensor) -> list[str]:

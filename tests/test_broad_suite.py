@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 import math
 import re
-from pathlib import Path
 
 import pytest
-from test_evaluate import _dataset_with_val_split, _random_head_export
+from conftest import ROOT
+from helpers import export_random_head, write_dataset_with_val_split
 
 from eagle3.evaluation.acceptance_run import breakdown
 from eagle3.evaluation.counters import SpecDecodeCounters
@@ -20,7 +20,6 @@ from eagle3.evaluation.intervals import Unit, bootstrap, pooled, unit_of_histogr
 from eagle3.evaluation.report import AcceptanceReport, print_table, write_json
 from eagle3.evaluation.suite import CATEGORIES, SUITE_DIR, read_suite, stratified, suite_prompts
 
-ROOT = Path(__file__).resolve().parents[1]
 K = 3
 
 
@@ -200,8 +199,8 @@ def test_the_suite_path_through_vllm_with_a_second_turn(tmp_path, smollm2_dir):
     from eagle3.config.schema import EvalConfig
     from eagle3.evaluation.acceptance import evaluate
 
-    export = _random_head_export(tmp_path / "export", smollm2_dir)
-    ds = _dataset_with_val_split(tmp_path / "ds", ["c1"])
+    export = export_random_head(tmp_path / "export", smollm2_dir)
+    ds = write_dataset_with_val_split(tmp_path / "ds", ["c1"])
     cfg = EvalConfig(num_draft_tokens=K, suite_prompts=9, math_prompts=1, max_prompts=1, humaneval_prompts=0,
                      max_new_tokens=24)  # fmt: skip
     result = evaluate(export, eval_cfg=cfg, dataset_dir=ds, target=str(smollm2_dir), baseline=False,

@@ -9,6 +9,7 @@ import json
 
 import pytest
 from conftest import compose
+from helpers import TickingClock
 
 from eagle3.data import prepare_samples
 from eagle3.data.split import interleaved
@@ -28,18 +29,6 @@ class _ScriptedDeadline(Deadline):
 
     def left(self) -> float:
         return self._left.pop(0) if len(self._left) > 1 else self._left[0]
-
-
-class _TickingClock(StageClock):
-    """One second passes each time the clock is read: a capture slower than any estimate."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.reads = 0
-
-    def seconds(self) -> float:
-        self.reads += 1
-        return float(self.reads)
 
 
 def _chats(tmp_path, n: int):
@@ -108,7 +97,7 @@ def test_a_capture_past_its_deadline_finishes_the_dataset_with_what_it_captured(
     """extract.py (tiny random Llama, real ShareGPT) under a budget whose capture share runs out
     after 12 samples: the dataset is complete with those 12, validation among them, its vocabulary
     built from them, the cut recorded; running the command again finds it complete."""
-    clock = _TickingClock()
+    clock = TickingClock()
     # reads of the clock: one for the "ends by" line, then one per captured sample
     monkeypatch.setattr(time_budget, "capture_deadline", lambda shares, _, n: Deadline(clock, 13.0, "capture"))
     args = ["experiment=tiny_test", "time_budget.minutes=1.5", f"paths.datasets_dir={tmp_path}"]
@@ -153,7 +142,7 @@ def test_a_regeneration_that_overran_leaves_capture_its_own_share():
 
     shares = time_budget.time_shares(run_config(compose("extract", ["experiment=smollm2_budget"])))
     assert shares is not None
-    late = _TickingClock()
+    late = TickingClock()
     late.reads = int(shares.extract_end_s()) + 100  # regeneration ended 100 s past the extraction's share
     half = time_budget.capture_deadline(shares, late, shares.samples // 2)
     assert half is not None

@@ -9,7 +9,7 @@ import json
 
 import pytest
 from conftest import compose
-from fault_helpers import ARGS
+from helpers.faults import ARGS
 
 from eagle3.extraction.identity import regen_note
 from eagle3.stages.extract import run as extract

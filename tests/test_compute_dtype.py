@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 from conftest import compose
-from test_hf_capture import CHATS, chat_samples
+from helpers import SHORT_CHATS, chat_samples
 
 from eagle3.target_model import compute_dtype as cd
 from eagle3.target_model.capture_hf import HFCaptureBackend
@@ -99,7 +99,7 @@ def test_the_dataset_does_not_depend_on_the_cpu(monkeypatch, smollm2_dir):
 
 def _capture(model_dir) -> tuple[HFCaptureBackend, list]:
     backend = HFCaptureBackend(model_dir, CAPTURE_IDS, dtype=torch.bfloat16, batch_size=4)
-    return backend, list(backend.capture(chat_samples(model_dir)))
+    return backend, list(backend.capture(chat_samples(model_dir, SHORT_CHATS)))
 
 
 def test_capture_stores_bf16_from_either_forward(monkeypatch, smollm2_dir):
@@ -111,7 +111,7 @@ def test_capture_stores_bf16_from_either_forward(monkeypatch, smollm2_dir):
         weights = next(backend.model.parameters()).dtype
         assert (backend.compute_dtype, weights) == ((torch.bfloat16,) * 2 if name == "native" else (torch.float32,) * 2)
         backend.close()
-    assert len(records["native"]) == len(records["emulated"]) == len(CHATS)
+    assert len(records["native"]) == len(records["emulated"]) == len(SHORT_CHATS)
     for a, b in zip(records["native"], records["emulated"]):
         assert a.hidden.dtype == b.hidden.dtype == torch.bfloat16  # the stored layout, unchanged
         assert a.hidden.shape == b.hidden.shape and torch.equal(a.token_ids, b.token_ids)
@@ -131,7 +131,7 @@ def test_the_online_target_computes_in_fp32_where_bf16_is_emulated(cpu, smollm2_
     try:
         assert target.backend is not None
         assert target.backend.compute_dtype == (torch.bfloat16 if cpu == "native" else torch.float32)
-        items = [{"sample_id": s, "input_ids": i, "loss_mask": m} for s, i, m in chat_samples(smollm2_dir)]
+        items = [{"sample_id": s, "input_ids": i, "loss_mask": m} for s, i, m in chat_samples(smollm2_dir, SHORT_CHATS)]
         batch = target(items)
         assert batch["aux_hidden"].dtype == batch["final_hidden"].dtype == torch.bfloat16
     finally:

@@ -8,6 +8,7 @@ import re
 import time
 
 import pytest
+from helpers import chat_record
 
 from eagle3.data import DataError, load_conversations
 from eagle3.data.conversation import DataWarning
@@ -23,18 +24,6 @@ def _assert_well_formed(messages: list[dict]) -> None:
     assert [m["role"] for m in body] == ["user", "assistant"] * (len(body) // 2)
     for m in messages:
         assert set(m) == {"role", "content"} and isinstance(m["content"], str) and m["content"].strip()
-
-
-def _good(n: int, rid: str | None = None, shape: str = "sharegpt") -> dict:
-    if shape == "sharegpt":
-        rec = {"conversations": [{"from": "human", "value": f"question {n}"}, {"from": "gpt", "value": f"answer {n}"}]}
-    else:
-        rec = {
-            "messages": [{"role": "user", "content": f"question {n}"}, {"role": "assistant", "content": f"answer {n}"}]
-        }
-    if rid is not None:
-        rec["id"] = rid
-    return rec
 
 
 # --- the real packaged file ---------------------------------------------------------
@@ -83,7 +72,7 @@ def test_packaged_sharegpt_whole_file_stops_cleanly_at_the_cut():
 
 
 def test_stream_yields_exactly_the_whole_records_before_any_cut(tmp_path):
-    records = [_good(i, f"r{i}") for i in range(3)] + [{"id": "x", "n": [1, 2.5e3, True, None, 'a\\u00e9"b']}]
+    records = [chat_record(i, f"r{i}") for i in range(3)] + [{"id": "x", "n": [1, 2.5e3, True, None, 'a\\u00e9"b']}]
     text = "[\n" + ",\n".join(json.dumps(r) for r in records) + "\n]\n"
     # end offset of each record in the text
     ends, cursor = [], 0
@@ -104,7 +93,7 @@ def test_stream_yields_exactly_the_whole_records_before_any_cut(tmp_path):
 def test_stream_jsonl_and_cut_last_line(tmp_path):
     """A JSONL's last line cut short is one bad line, skipped and counted like any other (only a
     JSON array file reads as cut off)."""
-    lines = [json.dumps(_good(i, f"j{i}", "openai")) for i in range(4)]
+    lines = [json.dumps(chat_record(i, f"j{i}", "openai")) for i in range(4)]
     path = tmp_path / "data.jsonl"
     path.write_text("\n".join(lines) + "\n")
     stream = JsonRecordStream(path)
@@ -122,7 +111,7 @@ def test_stream_refuses_broken_json_in_the_middle_of_an_array(tmp_path):
     offset, not a cut (it used to end the data there, silently)."""
     path = tmp_path / "broken.json"
     path.write_text(
-        '[{"id": "a", "conversations": []},\n {"id": "b", "conversations": [}, ' + json.dumps(_good(1)) * 50 + "]"
+        '[{"id": "a", "conversations": []},\n {"id": "b", "conversations": [}, ' + json.dumps(chat_record(1)) * 50 + "]"
     )
     stream = JsonRecordStream(path)
     got = []
@@ -173,7 +162,7 @@ def test_a_broken_record_is_decided_without_reading_the_rest_of_the_file(tmp_pat
 
     counter = [0]
     monkeypatch.setattr(json_stream, "open", lambda *a, **k: _CountingFile(open(*a, **k), counter), raising=False)
-    filler = [json.dumps(_good(i, f"f{i}")) for i in range(40_000)]
+    filler = [json.dumps(chat_record(i, f"f{i}")) for i in range(40_000)]
     array = tmp_path / "broken.json"
     array.write_text('[{"id": "a", "conversations": [}, ' + ", ".join(filler) + "]")
     size = array.stat().st_size
@@ -184,7 +173,7 @@ def test_a_broken_record_is_decided_without_reading_the_rest_of_the_file(tmp_pat
 
     counter[0] = 0
     jsonl = tmp_path / "broken.jsonl"
-    jsonl.write_text(json.dumps(_good(0, "g0")) + "\n{broken\n" + "\n".join(filler) + "\n")
+    jsonl.write_text(json.dumps(chat_record(0, "g0")) + "\n{broken\n" + "\n".join(filler) + "\n")
     stream = iter_conversations("sharegpt", str(jsonl))
     assert [next(stream).id, next(stream).id] == ["g0", "f0"]  # line 2 skipped, line 3 read
     assert counter[0] < 100_000, f"read {counter[0]} characters for three lines"
@@ -194,7 +183,7 @@ def test_a_broken_record_is_decided_without_reading_the_rest_of_the_file(tmp_pat
 def test_a_bad_jsonl_line_in_the_middle_is_skipped_and_counted(tmp_path):
     """A JSONL with two broken lines in the middle: the records after them are read (the old
     reader ended the data at the first one, exit 0), and a warning names the file and the lines."""
-    lines = [json.dumps(_good(i, f"k{i}", "openai")) for i in range(10)]
+    lines = [json.dumps(chat_record(i, f"k{i}", "openai")) for i in range(10)]
     lines[2] = lines[2][:-3]  # line 3: cut short
     lines[6] = "{'id': 'single quotes'}"  # line 7: not JSON
     path = tmp_path / "chats.jsonl"
@@ -215,9 +204,9 @@ def test_a_bad_jsonl_line_in_the_middle_is_skipped_and_counted(tmp_path):
 def test_a_mostly_bad_jsonl_fails_naming_the_file_and_lines(tmp_path):
     """More than half of the non-blank lines bad: not a JSONL of records; fail, naming the file
     and the first lines -- at the end of the file, and where a limit stopped the reading."""
-    good = [json.dumps(_good(i, f"m{i}", "openai")) for i in range(20)]
+    good = [json.dumps(chat_record(i, f"m{i}", "openai")) for i in range(20)]
     path = tmp_path / "pretty.jsonl"
-    path.write_text(json.dumps([_good(0, "m0", "openai")], indent=2)[2:-2] + "\n" + good[1] + "\n")
+    path.write_text(json.dumps([chat_record(0, "m0", "openai")], indent=2)[2:-2] + "\n" + good[1] + "\n")
     with pytest.raises(DataError) as e:
         load_conversations("jsonl", str(path))
     msg = str(e.value)
@@ -284,10 +273,10 @@ BAD_RECORDS = {
 
 
 def test_every_skip_reason_is_counted(tmp_path):
-    records = [_good(0, "first")]
+    records = [chat_record(0, "first")]
     for bad in BAD_RECORDS.values():
         records += bad
-    records.append(_good(1, "last"))
+    records.append(chat_record(1, "last"))
     path = tmp_path / "mixed.json"
     path.write_text(json.dumps(records))
     result = load_conversations("sharegpt", str(path))
@@ -317,7 +306,7 @@ def test_roles_are_normalised_and_ragged_ends_repaired(tmp_path):
         json.dumps(rec)
         + "\n"
         + json.dumps(
-            _good(5, "s", "sharegpt")
+            chat_record(5, "s", "sharegpt")
             | {"conversations": [{"from": "HUMAN", "value": "q"}, {"from": "Assistant", "value": "a"}]}
         )
     )
@@ -356,11 +345,11 @@ def test_bad_paths_and_sources_fail_clearly(tmp_path):
 
 def test_jsonl_ids_fall_back_to_stem_and_index_and_repeats_are_numbered(tmp_path):
     recs = [
-        _good(0, None, "openai"),
-        _good(1, "dup", "openai"),
+        chat_record(0, None, "openai"),
+        chat_record(1, "dup", "openai"),
         {"messages": "oops"},
-        _good(3, "dup", "openai"),
-        _good(4, None, "openai"),
+        chat_record(3, "dup", "openai"),
+        chat_record(4, None, "openai"),
     ]
     path = tmp_path / "chats.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
@@ -374,7 +363,7 @@ def test_jsonl_ids_fall_back_to_stem_and_index_and_repeats_are_numbered(tmp_path
 
 def test_hf_disk_dataset_and_dataset_dict(tmp_path):
     datasets = pytest.importorskip("datasets")
-    rows = [_good(i, f"h{i}", "openai") for i in range(3)]
+    rows = [chat_record(i, f"h{i}", "openai") for i in range(3)]
     rows[1]["messages"][1]["content"] = ""  # an empty turn, skipped
     plain = tmp_path / "plain"
     datasets.Dataset.from_list(rows).save_to_disk(str(plain))
@@ -398,7 +387,7 @@ def test_hf_disk_dataset_and_dataset_dict(tmp_path):
 
 def test_iter_conversations_is_lazy(tmp_path):
     path = tmp_path / "lazy.jsonl"
-    path.write_text("\n".join(json.dumps(_good(i, f"l{i}")) for i in range(5)) + "\n{broken")
+    path.write_text("\n".join(json.dumps(chat_record(i, f"l{i}")) for i in range(5)) + "\n{broken")
     report = LoadReport("sharegpt", str(path), max_bad_fraction=0.2)  # 1 of 6: over the default 1%
     stream = iter_conversations("sharegpt", str(path), report)
     assert next(stream).id == "l0"  # nothing after the first record needed to be read

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, compose
+from helpers import write_numbered_chats
 
 from eagle3.extraction.identity import (
     DatasetNotFound,
@@ -42,25 +43,6 @@ def model_dir() -> Path:
     return Path(resolve_target(compose("extract", TINY).model, ROOT / ".cache"))
 
 
-def _chats(path: Path, n: int = 12, answer: str = "answer") -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        "".join(
-            json.dumps(
-                {
-                    "messages": [
-                        {"role": "user", "content": f"Say the number {i}."},
-                        {"role": "assistant", "content": f"{answer} {i}"},
-                    ]
-                }
-            )
-            + "\n"
-            for i in range(n)
-        )
-    )
-    return path
-
-
 def _cfg(tmp_path: Path, chats: Path, *more: str):
     return compose(
         "extract", TINY + ["data=jsonl", f"data.path={chats}", f"paths.datasets_dir={tmp_path / 'data'}", *more]
@@ -74,7 +56,7 @@ def _changed(a: dict, b: dict) -> list[str]:
 
 
 def test_copies_of_the_model_and_the_chat_file_elsewhere_keep_the_fingerprint(tmp_path, model_dir):
-    chats = _chats(tmp_path / "a" / "chats.jsonl")
+    chats = write_numbered_chats(tmp_path / "a" / "chats.jsonl")
     (tmp_path / "b" / "elsewhere").mkdir(parents=True)
     copy = shutil.copy(chats, tmp_path / "b" / "elsewhere" / "chats.jsonl")  # same name, same bytes
     moved_model = shutil.copytree(model_dir, tmp_path / "models" / "another-name")
@@ -110,14 +92,14 @@ def test_copies_of_the_model_and_the_chat_file_elsewhere_keep_the_fingerprint(tm
 
 
 def test_other_chat_content_model_config_or_weights_change_it(tmp_path, model_dir):
-    chats = _chats(tmp_path / "chats.jsonl")
+    chats = write_numbered_chats(tmp_path / "chats.jsonl")
     base = fingerprint_inputs(dataset_identity(_cfg(tmp_path, chats), str(model_dir)))
-    _chats(chats, answer="ANSWER")  # same size, new bytes (and mtime): the cached hash is not reused
+    write_numbered_chats(chats, answer="ANSWER")  # same size, new bytes (and mtime): the cached hash is not reused
     assert _changed(base, fingerprint_inputs(dataset_identity(_cfg(tmp_path, chats), str(model_dir)))) == [
         "data.content_sha"
     ]
 
-    _chats(chats)
+    write_numbered_chats(chats)
     assert fingerprint_inputs(dataset_identity(_cfg(tmp_path, chats), str(model_dir))) == base
     other = shutil.copytree(model_dir, tmp_path / "other")
     config = json.loads((other / "config.json").read_text())
@@ -175,7 +157,7 @@ def test_regenerated_dataset_records_its_engine_and_travels(tmp_path, model_dir,
     from eagle3.stages.extract import run as extract
     from eagle3.stages.train_inputs import find_dataset
 
-    chats = _chats(tmp_path / "chats" / "chats.jsonl")
+    chats = write_numbered_chats(tmp_path / "chats" / "chats.jsonl")
     regen = [
         "data.regenerate=true",
         "data.regen_backend=hf",
@@ -236,7 +218,7 @@ def test_regenerated_dataset_records_its_engine_and_travels(tmp_path, model_dir,
 def test_first_scheme_datasets_are_found_where_written_and_named_elsewhere(tmp_path, model_dir, capsys):
     from eagle3.stages.extract import run as extract
 
-    chats = _chats(tmp_path / "chats.jsonl")
+    chats = write_numbered_chats(tmp_path / "chats.jsonl")
     cfg = _cfg(tmp_path, chats)
     old_dir = legacy_dataset_path(dataset_identity(cfg, str(model_dir)))
     inputs = legacy_fingerprint_inputs(dataset_identity(cfg, str(model_dir)))
@@ -267,7 +249,7 @@ def test_first_scheme_datasets_are_found_where_written_and_named_elsewhere(tmp_p
 def test_one_answer_per_conversation_keeps_the_fingerprint_more_answers_change_it(tmp_path, model_dir):
     """data.regen_num_answers=1 names the samples a regenerated dataset had before the option
     existed, so its fingerprint (and the dataset it finds) is unchanged; 3 answers are other data."""
-    chats = _chats(tmp_path / "chats.jsonl")
+    chats = write_numbered_chats(tmp_path / "chats.jsonl")
     regen = ["data.regenerate=true", "data.regen_temperature=0.7"]
     one = fingerprint_inputs(dataset_identity(_cfg(tmp_path, chats, *regen), str(model_dir)))
     assert "regen_num_answers" not in one["data"]
@@ -288,7 +270,7 @@ def test_dataset_dir_of_other_weights_is_refused_unless_accepted(tmp_path, model
     from eagle3.stages.train_inputs import find_dataset, find_token_dataset
     from eagle3.target_model.resolve import resolve_target
 
-    chats = _chats(tmp_path / "chats.jsonl", n=8)
+    chats = write_numbered_chats(tmp_path / "chats.jsonl", n=8)
     stored = Path(extract(_cfg(tmp_path, chats)))
     tokens = Path(extract(_cfg(tmp_path, chats, "train.hidden_states=online")))
     other = ["model.seed=1"]

@@ -26,6 +26,8 @@ from eagle3.util.launch import LaunchError, check_external_launch, launch_run_id
 TINY = ["experiment=tiny_test"]
 STEPS = 3
 
+PROBE = Path(__file__).with_name("ddp_probe.py")  # train.py plus a probe, run under torchrun
+
 
 @pytest.fixture(scope="module")
 def datasets_dir(tmp_path_factory) -> Path:
@@ -45,7 +47,7 @@ def ddp_run(datasets_dir, tmp_path_factory) -> Path:
             "--standalone",
             "--nproc_per_node",
             "2",
-            "tests/ddp_probe.py",
+            str(PROBE),
             *TINY,
             "topology=cpu_ddp2",
             f"paths.datasets_dir={datasets_dir}",
@@ -68,7 +70,7 @@ def ddp_run(datasets_dir, tmp_path_factory) -> Path:
     return run_dirs[0]
 
 
-def _fingerprint(ids: torch.Tensor) -> str:  # as tests/ddp_probe.py does
+def _fingerprint(ids: torch.Tensor) -> str:  # as ddp_probe.py does
     return hashlib.sha1(ids.numpy().tobytes()).hexdigest()[:16]
 
 

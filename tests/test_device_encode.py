@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_storage_device import ENCODED, samples, sha256, write
-from test_teacher_topk import projection
-from test_teacher_topk import states as teacher_states
+from helpers import (
+    ENCODED_STORAGES,
+    sha256_of,
+    teacher_projection,
+    teacher_states,
+    wide_range_samples,
+    write_in_storage,
+)
 
 from eagle3.store.device_encode import encoded_parts
 from eagle3.store.storage_format import StorageFormat
@@ -28,10 +33,10 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.uint8)
 
 
-@pytest.mark.parametrize("storage", ENCODED, ids=str)
+@pytest.mark.parametrize("storage", ENCODED_STORAGES, ids=str)
 @pytest.mark.parametrize("chunk_bytes", [1, 20_000, 1 << 30])
 def test_chunks_concatenate_to_the_per_sample_encode(storage, chunk_bytes):
-    hiddens = [r.states() for r in samples(7).values()]
+    hiddens = [r.states() for r in wide_range_samples(7).values()]
     parts = encoded_parts(hiddens, storage, None, torch.device("cpu"), chunk_bytes=chunk_bytes)
     n_chunks = {1: 7, 20_000: None, 1 << 30: 1}[chunk_bytes]
     if n_chunks is not None:
@@ -49,7 +54,7 @@ def test_chunks_concatenate_to_the_per_sample_encode(storage, chunk_bytes):
 def test_the_teachers_top_k_and_encoded_samples_keep_their_places():
     """A sample that comes encoded (the HF capture's device encode) between captured ones: the
     captured runs around it are chunked, the order of the shard's rows kept."""
-    p = projection()
+    p = teacher_projection()
     hiddens = [teacher_states(5 + 3 * i, seed=i) for i in range(6)]
     mixed = list(hiddens)
     top_k = StorageFormat("fp8", p.k)
@@ -61,24 +66,24 @@ def test_the_teachers_top_k_and_encoded_samples_keep_their_places():
         assert torch.equal(bits(torch.cat(parts[name])), bits(t)), name
 
 
-@pytest.mark.parametrize("storage", ENCODED, ids=str)
+@pytest.mark.parametrize("storage", ENCODED_STORAGES, ids=str)
 def test_the_writer_encoding_by_chunks_writes_the_per_sample_shard_files(tmp_path, storage):
-    records = samples()
-    host = write(tmp_path / "host", records, storage)
-    chunked = write(tmp_path / "chunked", records, storage, background=True, encode_device="cpu")
+    records = wide_range_samples()
+    host = write_in_storage(tmp_path / "host", records, storage)
+    chunked = write_in_storage(tmp_path / "chunked", records, storage, background=True, encode_device="cpu")
     assert len(host.shards) > 2 and host.shards == chunked.shards
     for a in host.shards:
-        assert sha256(tmp_path / "host" / a.file) == sha256(tmp_path / "chunked" / a.file) == a.sha256
+        assert sha256_of(tmp_path / "host" / a.file) == sha256_of(tmp_path / "chunked" / a.file) == a.sha256
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_the_gpu_projection_on_the_tensor_cores_gives_the_fp32_top_k():
     """On CUDA the bf16 lm_head's logits come from torch.mm with fp32 out: the top-k of the fp32
     matmul (the ids, the log-probabilities within fp16's rounding)."""
-    p = projection(chunk_tokens=64).to("cuda")
+    p = teacher_projection(chunk_tokens=64).to("cuda")
     z = teacher_states(500, seed=3)[:, -1].cuda()  # [T, H]
     ids, top = p.topk(z)
-    host = projection(chunk_tokens=64)  # the fp32 route: the same weights, lm_head upcast (its bf16 values)
+    host = teacher_projection(chunk_tokens=64)  # the fp32 route: the same weights, lm_head upcast (its bf16 values)
     fp32 = TeacherProjection(host.norm_weight.cuda(), host.eps, host.lm_head.float().cuda(), host.k, chunk_tokens=64)
     want_ids, want_top = fp32.topk(z)
     assert (ids == want_ids).float().mean() > 0.99

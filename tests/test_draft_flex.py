@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_draft_head import VT, H, make_head
+from helpers import VT, H, make_head
 
 from eagle3.draft import eagle3_loss
 from eagle3.draft.flex import FLEX_BLOCK, build_flex_masks

@@ -5,11 +5,11 @@ import math
 
 import pytest
 import torch
+from helpers.heads import VT, H, V, make_head
 
 from eagle3.draft import (
     DraftConfig,
     DraftConfigError,
-    Eagle3DraftHead,
     StepCounts,
     TargetWeightsError,
     eagle3_loss,
@@ -18,42 +18,6 @@ from eagle3.draft import (
 )
 from eagle3.draft.loss import LOSS_KINDS, TargetStats, per_position_loss, step_positions
 from eagle3.draft.rope import inverse_frequencies
-
-H, VT, V = 32, 97, 40
-
-
-def _vocab(seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    t2d = torch.zeros(VT, dtype=torch.bool)
-    t2d[torch.randperm(VT, generator=g)[:V]] = True
-    d2t = t2d.nonzero().squeeze(1) - torch.arange(V)
-    return d2t, t2d
-
-
-def make_head(seed: int = 0, **overrides) -> Eagle3DraftHead:
-    torch.manual_seed(seed)
-    cfg = DraftConfig(
-        hidden_size=H,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        target_vocab_size=VT,
-        draft_vocab_size=V,
-        rope_theta=10000.0,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-5,
-        **overrides,
-    )
-    head = Eagle3DraftHead(cfg)
-    d2t, t2d = _vocab(seed)
-    head.load_target_weights(
-        torch.randn(VT, H), 1 + 0.1 * torch.randn(H), torch.randn(VT, H) * 0.2, d2t, t2d, init_lm_head_from_target=True
-    )
-    with torch.no_grad():  # norms away from 1 so a swapped norm would show
-        for p in head.parameters():
-            if p.requires_grad and p.dim() == 1:
-                p.add_(0.2 * torch.randn_like(p))
-    return head.eval()
 
 
 def sample(t: int, seed: int):

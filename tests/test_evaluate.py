@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import torch
-from helpers import random_head_export as _random_head_export
+from conftest import ROOT
+from helpers import VAL_SPLIT_CONVERSATIONS, random_head_export, write_dataset_with_val_split
 
 from eagle3.evaluation.counters import CounterError, SpecDecodeCounters, counters_from_histograms
 from eagle3.evaluation.engine_io import BatchResult
@@ -27,45 +27,7 @@ from eagle3.evaluation.report import AcceptanceReport, write_json
 from eagle3.evaluation.wandb_log import log_report
 from eagle3.store import Manifest
 
-ROOT = Path(__file__).resolve().parents[1]
 K = 3
-
-# opening turns of the validation conversations (c1, c3, c4 are in the split; c4's is too long)
-CONVERSATIONS = [
-    {
-        "id": "c0",
-        "messages": [
-            {"role": "user", "content": "What is a hash map?"},
-            {"role": "assistant", "content": "A key-value table."},
-        ],
-    },
-    {
-        "id": "c1",
-        "messages": [
-            {"role": "system", "content": "You answer briefly."},
-            {"role": "user", "content": "Name three primary colors."},
-            {"role": "assistant", "content": "Red, yellow and blue."},
-            {"role": "user", "content": "And secondary ones?"},
-            {"role": "assistant", "content": "Orange, green and purple."},
-        ],
-    },
-    {"id": "c2", "messages": [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi."}]},
-    {
-        "id": "c3",
-        "messages": [
-            {"role": "user", "content": "Write a haiku about autumn leaves."},
-            {"role": "assistant", "content": "Leaves fall..."},
-        ],
-    },
-    {"id": "c4", "messages": [{"role": "user", "content": "word " * 600}, {"role": "assistant", "content": "ok"}]},
-    {
-        "id": "c5",
-        "messages": [
-            {"role": "user", "content": "Explain what a Python list comprehension is."},
-            {"role": "assistant", "content": "A compact loop."},
-        ],
-    },
-]
 
 
 @pytest.fixture(scope="module")
@@ -73,62 +35,6 @@ def tokenizer(smollm2_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(smollm2_dir)
-
-
-def _dataset_with_val_split(
-    directory: Path,
-    val_ids: list[str],
-    tokenizer=None,
-    conversations: list[dict] = CONVERSATIONS,
-    answer: str | None = None,
-) -> Path:
-    """A dataset over a JSONL chat file: the validation prompts come from the chat source the
-    manifest records, picked by its val_ids. With ``tokenizer``, a token dataset (as extract.py
-    writes one for online training) of the conversations rendered as extraction renders them
-    (``answer``: every assistant turn replaced, as a regeneration does), against which the
-    prompts are checked by content; without, the manifest alone, holding the chat file's
-    content hash as the fingerprint does."""
-    from eagle3.data.conversation import normalise_record
-    from eagle3.data.render import ChatRenderer
-    from eagle3.store import write_token_dataset
-    from eagle3.util.hashing import file_sha256
-
-    directory.mkdir(parents=True, exist_ok=True)
-    chats = directory / "chats.jsonl"
-    chats.write_text("".join(json.dumps(c) + "\n" for c in conversations))
-    data = {"name": "test", "source": "jsonl", "path": str(chats), "max_samples": None, "max_length": 2048}
-    ids = [c.get("id", f"chats:{n}") for n, c in enumerate(conversations)]
-    if tokenizer is None:
-        data["content_sha"] = file_sha256(chats)[:16]
-        Manifest(
-            fingerprint="test",
-            fingerprint_inputs={"data": data},
-            layer_ids=[2, 15, 27, 30],
-            hidden_size=576,
-            dtype="bfloat16",
-            sample_ids=ids,
-            val_ids=val_ids,
-        ).write(directory)
-        return directory
-    renderer, samples = ChatRenderer(tokenizer), []
-    for sid, conv in zip(ids, conversations):
-        messages = normalise_record(conv).messages
-        if answer is not None:
-            messages = [m if m["role"] != "assistant" else {**m, "content": answer} for m in messages]
-        sample = renderer(messages, 2048).sample
-        samples.append((sid, sample.input_ids, sample.loss_mask))
-    write_token_dataset(
-        directory,
-        samples,
-        val_ids=val_ids,
-        fingerprint_inputs={"data": data},
-        layer_ids=[2, 15, 27, 30],
-        hidden_size=576,
-        dtype=torch.bfloat16,
-        token_freq=torch.zeros(len(tokenizer), dtype=torch.int64),
-        vocabs={},
-    )
-    return directory
 
 
 def _served_prompt(tokenizer, messages) -> list[int]:
@@ -140,12 +46,12 @@ def _served_prompt(tokenizer, messages) -> list[int]:
 
 
 def test_val_prompts_are_the_opening_turns_of_the_split_in_order(tmp_path, tokenizer):
-    ds = _dataset_with_val_split(tmp_path / "ds", ["c1", "c3", "c4", "c5"], tokenizer)
+    ds = write_dataset_with_val_split(tmp_path / "ds", ["c1", "c3", "c4", "c5"], tokenizer)
     got = heldout_prompts(ds, max_prompts=3, humaneval_prompts=0, tokenizer=tokenizer, max_prompt_tokens=256)
     assert [(p.source, p.id) for p in got.prompts] == [("val", "c1"), ("val", "c3"), ("val", "c5")]
     # system + first user turn only; later turns and all answers are left out
-    assert got.prompts[0].messages == CONVERSATIONS[1]["messages"][:2]
-    assert got.prompts[1].messages == CONVERSATIONS[3]["messages"][:1]
+    assert got.prompts[0].messages == VAL_SPLIT_CONVERSATIONS[1]["messages"][:2]
+    assert got.prompts[1].messages == VAL_SPLIT_CONVERSATIONS[3]["messages"][:1]
     for p in got.prompts:
         assert p.token_ids == _served_prompt(tokenizer, p.messages)
         assert tokenizer.decode(p.token_ids).endswith("<|im_start|>assistant\n")
@@ -158,13 +64,15 @@ def test_val_prompts_are_checked_by_content_against_the_dataset(tmp_path, tokeni
     line positions, so "chats:1" now names another conversation. That used to be evaluated
     without a word; it is refused, naming the file, the id, expected and got. Regenerated
     answers (other assistant turns than the file's) are no mismatch: the prompt is the same."""
-    convs = [{"messages": c["messages"]} for c in CONVERSATIONS]  # no ids: "chats:<line>"
-    regenerated = _dataset_with_val_split(tmp_path / "regen", ["chats:1", "chats:3"], tokenizer, convs, "Regenerated.")
+    convs = [{"messages": c["messages"]} for c in VAL_SPLIT_CONVERSATIONS]  # no ids: "chats:<line>"
+    regenerated = write_dataset_with_val_split(
+        tmp_path / "regen", ["chats:1", "chats:3"], tokenizer, convs, "Regenerated."
+    )
     got = heldout_prompts(regenerated, max_prompts=2, humaneval_prompts=0, tokenizer=tokenizer)
     assert [p.id for p in got.prompts] == ["chats:1", "chats:3"] and not got.notes
-    assert got.prompts[1].messages == CONVERSATIONS[3]["messages"][:1]
+    assert got.prompts[1].messages == VAL_SPLIT_CONVERSATIONS[3]["messages"][:1]
 
-    ds = _dataset_with_val_split(tmp_path / "ds", ["chats:1", "chats:3"], tokenizer, convs)
+    ds = write_dataset_with_val_split(tmp_path / "ds", ["chats:1", "chats:3"], tokenizer, convs)
     chats = ds / "chats.jsonl"
     added = {"messages": [{"role": "user", "content": "A new first line."}, {"role": "assistant", "content": "Ok."}]}
     chats.write_text(json.dumps(added) + "\n" + chats.read_text())
@@ -181,7 +89,7 @@ def test_val_prompts_are_checked_by_content_against_the_dataset(tmp_path, tokeni
 def test_a_manifest_alone_is_checked_by_the_chat_files_content_hash(tmp_path, tokenizer):
     """Without the dataset's sample files (its manifest copied alone) the prompts cannot be
     checked one by one: the chat file as a whole must be the one extracted from."""
-    ds = _dataset_with_val_split(tmp_path / "ds", ["c1", "c3"])
+    ds = write_dataset_with_val_split(tmp_path / "ds", ["c1", "c3"])
     got = heldout_prompts(ds, max_prompts=2, humaneval_prompts=0, tokenizer=tokenizer)
     assert [p.id for p in got.prompts] == ["c1", "c3"] and not got.notes
     chats = ds / "chats.jsonl"
@@ -195,11 +103,11 @@ def test_a_manifest_alone_is_checked_by_the_chat_files_content_hash(tmp_path, to
 
 
 def test_short_split_and_missing_ids_are_reported(tmp_path, tokenizer):
-    ds = _dataset_with_val_split(tmp_path / "ds", ["c3"], tokenizer)
+    ds = write_dataset_with_val_split(tmp_path / "ds", ["c3"], tokenizer)
     got = heldout_prompts(ds, max_prompts=4, humaneval_prompts=2, tokenizer=tokenizer)
     assert got.counts() == {"broad": 0, "math_word": 0, "val": 1, "humaneval": 2}  # not refilled with HumanEval
     assert any("val: 1 of 2" in n for n in got.notes)
-    gone = _dataset_with_val_split(tmp_path / "gone", ["c3", "not-in-the-file"])
+    gone = write_dataset_with_val_split(tmp_path / "gone", ["c3", "not-in-the-file"])
     with pytest.raises(PromptError, match="not found in the chat source"):
         heldout_prompts(gone, max_prompts=4, humaneval_prompts=0, tokenizer=tokenizer)
 
@@ -409,7 +317,7 @@ def _logged_history(run_dir: Path, key: str, timeout_s: float = 30.0) -> dict:
     """The offline run's history rows merged, once `key` is in them. wandb's core process
     writes the run file after finish() returns (seen here: 7 bytes right after finish in 2 of
     6 runs), so poll rather than read once."""
-    from wandb_offline import read_run
+    from helpers.wandb_offline import read_run
 
     deadline = time.monotonic() + timeout_s
     while True:
@@ -430,9 +338,9 @@ def _logged_history(run_dir: Path, key: str, timeout_s: float = 30.0) -> dict:
 @pytest.mark.parametrize("layers", [1, 2])  # 2: vLLM builds and loads a two-layer draft from our export
 def test_random_head_measures_near_one_in_vllm(tmp_path, smollm2_dir, layers):
     pytest.importorskip("vllm")
-    export = _random_head_export(tmp_path / "export", smollm2_dir, layers)
+    export = random_head_export(tmp_path / "export", smollm2_dir, layers)
     assert json.loads((export / "config.json").read_text())["transformer_layer_config"]["num_hidden_layers"] == layers
-    ds = _dataset_with_val_split(tmp_path / "ds", ["c1", "c3", "c5"])
+    ds = write_dataset_with_val_split(tmp_path / "ds", ["c1", "c3", "c5"])
     cmd = [
         sys.executable,
         str(ROOT / "evaluate.py"),
@@ -503,10 +411,10 @@ def test_random_head_with_the_eagle31_norms_loads_in_vllm_and_measures_near_one(
     a random head accepts next to nothing. One engine: no baseline run."""
     pytest.importorskip("vllm")
     norms = {"fc_norm": True, "norm_output": True, "norm_before_residual": True}
-    export = _random_head_export(tmp_path / "export", smollm2_dir, **norms)
+    export = random_head_export(tmp_path / "export", smollm2_dir, **norms)
     config = json.loads((export / "config.json").read_text())
     assert {k: config[k] for k in (*norms, "norm_before_fc")} == {**norms, "norm_before_fc": False}
-    ds = _dataset_with_val_split(tmp_path / "ds", ["c1", "c3"])
+    ds = write_dataset_with_val_split(tmp_path / "ds", ["c1", "c3"])
     cmd = [
         sys.executable,
         str(ROOT / "evaluate.py"),

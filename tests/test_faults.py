@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import CACHE, compose
-from fault_helpers import ARGS, assert_killed, assert_same_dataset, cli, file_bytes, temps
+from helpers.faults import ARGS, assert_killed, assert_same_dataset, cli, file_bytes, temps
 from safetensors.torch import load, load_file
 
 from eagle3.serving.export_dir import write_export

@@ -6,11 +6,12 @@ Real SmolLM2-135M (tokenizer + weights) and the random tiny DeepSeek-V3 (MLA + M
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from conftest import CACHE, ROOT
+from helpers import SHORT_CHATS, chat_samples
 
 from eagle3.config.target import ModelConfig
 from eagle3.store import HiddenStateDataset, ShardWriter
@@ -20,36 +21,7 @@ from eagle3.target_model.capture_hf import HFCaptureBackend
 from eagle3.target_model.records import DeviceEncoding
 from eagle3.target_model.resolve import materialize_smollm2, materialize_tiny
 
-CACHE = Path(__file__).resolve().parents[1] / ".cache"
-CONF = Path(__file__).resolve().parents[1] / "conf" / "model"
-
-CHATS = [
-    [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4."}],
-    [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue, like the sky."}],
-    [
-        {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "Hi"},
-        {"role": "assistant", "content": "Hello! How can I help you today with anything at all?"},
-    ],
-    [{"role": "user", "content": "Say yes."}, {"role": "assistant", "content": "Yes."}],
-]
-
-
-def chat_samples(model_dir) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
-    """Real chat prompts from the real tokenizer; loss on the tokens after the last header."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    out = []
-    for i, chat in enumerate(CHATS):
-        ids = tok.apply_chat_template(chat, tokenize=True, return_dict=False)
-        ids = torch.tensor(ids if isinstance(ids[0], int) else ids[0], dtype=torch.int64)
-        prompt = tok.apply_chat_template(chat[:-1], tokenize=True, add_generation_prompt=True, return_dict=False)
-        mask = torch.zeros(len(ids), dtype=torch.bool)
-        mask[len(prompt) :] = True
-        out.append((f"chat-{i}", ids, mask))
-    assert len({len(s[1]) for s in out}) == len(out)  # different lengths: batches really pad
-    return out
+CONF = ROOT / "conf" / "model"
 
 
 def reference_states(backend: HFCaptureBackend, input_ids: torch.Tensor):
@@ -123,7 +95,7 @@ def check_padded_batch(backend: HFCaptureBackend, samples):
 def smollm2():
     model_dir = materialize_smollm2(CACHE)
     backend = HFCaptureBackend(str(model_dir), [2, 15, 27, 30])
-    yield backend, chat_samples(model_dir)
+    yield backend, chat_samples(model_dir, SHORT_CHATS)
     backend.close()
 
 
@@ -133,7 +105,7 @@ def tiny_deepseek():
     cfg.pop("defaults")
     model_dir = materialize_tiny(ModelConfig(**cfg), CACHE)
     backend = HFCaptureBackend(str(model_dir), [1, 2, 3, 4])
-    yield backend, chat_samples(model_dir)
+    yield backend, chat_samples(model_dir, SHORT_CHATS)
     backend.close()
 
 
@@ -236,7 +208,7 @@ def tiny_deepseek_cuda():
     cfg.pop("defaults")
     model_dir = materialize_tiny(ModelConfig(**cfg), CACHE)
     backend = HFCaptureBackend(str(model_dir), [1, 2, 3, 4], device="cuda")
-    yield backend, chat_samples(model_dir)
+    yield backend, chat_samples(model_dir, SHORT_CHATS)
     backend.close()
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import CACHE, compose
+from helpers import add_hub_snapshot
 from omegaconf.errors import InterpolationResolutionError
 
 from eagle3.target_model.hub import HubError, resolve_model_dir
@@ -21,17 +22,6 @@ from eagle3.target_model.resolve import materialize_tiny, resolve_target
 
 MAIN, V2, REMOTE = "a" * 40, "b" * 40, "c" * 40
 REPO, REMOTE_REPO = "my-org/tiny-llama", "my-org/tiny-remote"
-
-
-def add_snapshot(hub: Path, repo: str, commit: str, model_dir: Path, refs: tuple[str, ...] = ()) -> Path:
-    """A model directory as huggingface_hub caches it: snapshots/<commit>/..., refs/<name> -> commit."""
-    root = hub / ("models--" + repo.replace("/", "--"))
-    snap = root / "snapshots" / commit
-    shutil.copytree(model_dir, snap)
-    (root / "refs").mkdir(parents=True, exist_ok=True)
-    for ref in refs:
-        (root / "refs" / ref).write_text(commit)
-    return snap
 
 
 def _remote_code_model(src: Path, dst: Path) -> Path:
@@ -65,9 +55,9 @@ def hub_cache(tmp_path_factory) -> dict[str, Path]:
     two = materialize_tiny(compose("extract", ["model=tiny_llama", "model.num_layers=2"]).model, root / "build")
     return {
         "hub": hub,
-        "main": add_snapshot(hub, REPO, MAIN, four, ("main",)),
-        "v2": add_snapshot(hub, REPO, V2, two, ("v2",)),
-        "remote": add_snapshot(hub, REMOTE_REPO, REMOTE, _remote_code_model(four, root / "remote"), ("main",)),
+        "main": add_hub_snapshot(hub, REPO, MAIN, four, ("main",)),
+        "v2": add_hub_snapshot(hub, REPO, V2, two, ("v2",)),
+        "remote": add_hub_snapshot(hub, REMOTE_REPO, REMOTE, _remote_code_model(four, root / "remote"), ("main",)),
     }
 
 

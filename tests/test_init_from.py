@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import compose
+from helpers import TINY, add_hub_snapshot
 from safetensors.torch import load_file, save_file
-from test_hub_models import add_snapshot
-from test_train import TINY, datasets_dir  # noqa: F401 - the tiny extracted dataset fixture
 
 from eagle3.stages.train import run as train
 from eagle3.stages.train_inputs import find_dataset
@@ -139,7 +138,7 @@ def test_a_head_with_another_draft_vocabulary_keeps_its_own(datasets_dir, traine
 def test_init_from_a_hub_id_at_a_revision(datasets_dir, trained, tmp_path, monkeypatch):
     """A hub id resolves through the same resolver as model.path (offline, the local cache)."""
     hub = tmp_path / "hub"
-    snap = add_snapshot(hub, "my-org/tiny-head", "d" * 40, trained["export"], ("v1",))  # no main branch
+    snap = add_hub_snapshot(hub, "my-org/tiny-head", "d" * 40, trained["export"], ("v1",))  # no main branch
     monkeypatch.setenv("HF_HUB_CACHE", str(hub))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     head, _ = _build(datasets_dir, ["train.init_from=my-org/tiny-head", "train.init_from_revision=v1"])

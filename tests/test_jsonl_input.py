@@ -9,14 +9,14 @@ import json
 from pathlib import Path
 
 import pytest
-from test_data_loaders import _good
+from helpers import chat_record
 
 from eagle3.data.conversation import DataError, DataWarning
 from eagle3.data.loaders import load_conversations
 
 
 def _lines(n: int, prefix: str = "k") -> list[str]:
-    return [json.dumps(_good(i, f"{prefix}{i}", "openai")) for i in range(n)]
+    return [json.dumps(chat_record(i, f"{prefix}{i}", "openai")) for i in range(n)]
 
 
 def test_more_than_the_allowed_share_of_bad_lines_is_refused(tmp_path):
@@ -75,7 +75,7 @@ def test_repeated_ids_become_unique_in_file_order(tmp_path):
     # suffix, one no id of the file has (the second "x" used to take "x#2" and push the user's to "x#3")
     ids = ["x", "x", "x#2", "y#2", "y#2", "y", "y", "z"]
     path = tmp_path / "chats.jsonl"
-    path.write_text("".join(json.dumps(_good(i, rid, "openai")) + "\n" for i, rid in enumerate(ids)))
+    path.write_text("".join(json.dumps(chat_record(i, rid, "openai")) + "\n" for i, rid in enumerate(ids)))
     got = [c.id for c in load_conversations("jsonl", str(path)).conversations]
     assert got == ["x", "x#3", "x#2", "y#2", "y#3", "y", "y#4", "z"]
     assert len(set(got)) == len(got)
@@ -84,7 +84,7 @@ def test_repeated_ids_become_unique_in_file_order(tmp_path):
 def test_unique_ids_are_kept_as_they_are(tmp_path):
     ids = ["a#2", "a", "b#1", "b#3", "b"]
     path = tmp_path / "chats.jsonl"
-    path.write_text("".join(json.dumps(_good(i, rid, "openai")) + "\n" for i, rid in enumerate(ids)))
+    path.write_text("".join(json.dumps(chat_record(i, rid, "openai")) + "\n" for i, rid in enumerate(ids)))
     assert [c.id for c in load_conversations("jsonl", str(path)).conversations] == ids
 
 
@@ -98,7 +98,7 @@ def test_extraction_of_repeated_ids_finishes_with_each_sample(tmp_path):
 
     path = tmp_path / "chats.jsonl"
     ids = ["x", "x", "x#2", "y"]
-    path.write_text("".join(json.dumps(_good(i, rid, "openai")) + "\n" for i, rid in enumerate(ids)))
+    path.write_text("".join(json.dumps(chat_record(i, rid, "openai")) + "\n" for i, rid in enumerate(ids)))
     cfg = compose(
         "extract",
         ["experiment=tiny_test", "data=jsonl", f"data.path={path}", f"paths.datasets_dir={tmp_path / 'data'}"],

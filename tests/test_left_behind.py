@@ -15,7 +15,7 @@ import textwrap
 import psutil
 import pytest
 from conftest import ROOT
-from process_helpers import VLLM_CAPTURE, gone, kill_all, wait_for
+from helpers.processes import VLLM_CAPTURE, gone, kill_all, wait_for
 
 # stands in for `python -m eagle3.evaluation.engine`: watches its parent as the engine does,
 # and starts a process of its own as vLLM starts its engine core

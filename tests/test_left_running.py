@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import ROOT
-from process_helpers import VLLM_CAPTURE, gone, kill_all, wait_for
+from helpers.processes import VLLM_CAPTURE, gone, kill_all, wait_for
 
 from eagle3.target_model.spill_dirs import IPC_PREFIX, OWNER_FILE, SPILL_PREFIX, make_spill_dir, release_spill_dir
 from eagle3.util import faults, owner

@@ -13,7 +13,7 @@ import time
 
 import pytest
 from conftest import ROOT
-from test_locks import _at_most
+from helpers import at_most
 
 from eagle3.util.locks import DirLock, LockHeldError
 
@@ -45,7 +45,7 @@ def test_a_holder_that_keeps_beating_is_waited_for_past_the_limit(tmp_path):
     try:
         proc.stdout.readline()
         t0 = time.monotonic()
-        with _at_most(30), DirLock(path, "a rank waiting", wait_s=1.5):  # 1.5 s of silence at most
+        with at_most(30), DirLock(path, "a rank waiting", wait_s=1.5):  # 1.5 s of silence at most
             waited = time.monotonic() - t0
         assert 3.5 < waited < 15  # past wait_s: the holder was at work
         assert proc.wait(30) == 0
@@ -59,7 +59,7 @@ def test_a_holder_whose_heartbeat_stops_is_given_up_on(tmp_path):
     try:
         proc.stdout.readline()
         t0 = time.monotonic()
-        with _at_most(30), pytest.raises(LockHeldError, match=r"gave up after waiting 2 s without a heartbeat"):
+        with at_most(30), pytest.raises(LockHeldError, match=r"gave up after waiting 2 s without a heartbeat"):
             DirLock(path, "a rank waiting", wait_s=1.5).acquire()
         assert 1.4 < time.monotonic() - t0 < 10
     finally:

@@ -5,7 +5,6 @@ taken over, even while a forked child still holds it."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -17,7 +16,8 @@ import time
 
 import pytest
 from conftest import ROOT, compose
-from fault_helpers import ARGS
+from helpers import at_most
+from helpers.faults import ARGS
 
 from eagle3.extraction.identity import dataset_path
 from eagle3.stages.extract import run as extract
@@ -131,29 +131,13 @@ def test_a_lock_kept_alive_by_an_orphaned_child_is_taken_over(tmp_path):
 # ---------------------------------------------------------------- bounded, reported waits
 
 
-@contextlib.contextmanager
-def _at_most(seconds: int):
-    """Fail (instead of hanging the suite) if the block runs past ``seconds``."""
-
-    def _late(*_):
-        raise TimeoutError(f"still waiting after {seconds} s: the lock wait is unbounded")
-
-    old = signal.signal(signal.SIGALRM, _late)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-
-
 def test_a_lock_wait_names_the_holder_and_gives_up_naming_it(tmp_path, capsys):
     path = tmp_path / ".lock"
     proc = _holder(path, "hold", 60)
     try:
         pid = int(proc.stdout.readline())
         t0 = time.monotonic()
-        with _at_most(30), pytest.raises(LockHeldError) as err:
+        with at_most(30), pytest.raises(LockHeldError) as err:
             DirLock(path, "a test", wait_s=1.5).acquire()
         assert 1.4 < time.monotonic() - t0 < 10
         msg = str(err.value)
@@ -196,7 +180,7 @@ def test_the_vocabulary_and_merge_waits_give_up_naming_the_holder(tmp_path, monk
         proc = _holder(lock_path, "hold", 60)
         try:
             pid = int(proc.stdout.readline())
-            with _at_most(30), pytest.raises(LockHeldError, match=f"held by pid {pid} .* gave up after waiting 1 s"):
+            with at_most(30), pytest.raises(LockHeldError, match=f"held by pid {pid} .* gave up after waiting 1 s"):
                 call()
             assert f"waiting for {lock_path}" in capsys.readouterr().err
         finally:
@@ -216,7 +200,7 @@ def test_the_online_pre_pass_wait_gives_up_naming_the_holder(tmp_path, monkeypat
     proc = _holder(ds / LOCK, "hold", 60)  # rank 0 writing the token dataset
     try:
         pid = int(proc.stdout.readline())
-        with _at_most(60), pytest.raises(LockHeldError, match=f"online dataset is being written: .* held by pid {pid}"):
+        with at_most(60), pytest.raises(LockHeldError, match=f"online dataset is being written: .* held by pid {pid}"):
             prepare_token_dataset(identity, regen_machine(cfg), cfg.head.draft_vocab_size)
     finally:
         proc.kill()

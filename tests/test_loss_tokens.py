@@ -2,15 +2,12 @@
 
 import pytest
 import torch
-from test_draft_head import VT, H, make_head
+from helpers import PACKED_ANSWERS, PACKED_SEGMENTS, VT, H, make_head
 
 from eagle3.config.choices import LossTokens
 from eagle3.config.training import TrainConfig
 from eagle3.training.module import Eagle3LitModule
 
-# one row, two packed samples of 7 and 5 tokens; a 4-token and a 2-token prompt before each answer
-SEGMENTS = torch.tensor([[0] * 7 + [1] * 5])
-ANSWERS = torch.tensor([[False] * 4 + [True] * 3 + [False] * 2 + [True] * 3])
 # step k counts t when x_{t+2+k} lies in t's sample (and, for answers only, is an answer token):
 # every token: max(n - 2 - k, 0) per sample of n tokens = [5 + 3, 4 + 2, 3 + 1]
 ALL_COUNTS = [8, 6, 4]
@@ -21,15 +18,15 @@ ANSWER_COUNTS = [3 + 3, 3 + 2, 3 + 1]
 
 def _batch() -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(3)
-    t = SEGMENTS.shape[1]
+    t = PACKED_SEGMENTS.shape[1]
     position_ids = torch.cat([torch.arange(7), torch.arange(5)]).unsqueeze(0)
     return {
         "aux_hidden": torch.randn(1, t, 3 * H, generator=g),
         "input_ids": torch.randint(0, VT, (1, t), generator=g),
         "position_ids": position_ids,
-        "segment_ids": SEGMENTS,
+        "segment_ids": PACKED_SEGMENTS,
         "final_hidden": torch.randn(1, t, H, generator=g),
-        "loss_mask": ANSWERS,
+        "loss_mask": PACKED_ANSWERS,
     }
 
 

@@ -4,7 +4,7 @@ loss or the metrics see."""
 from __future__ import annotations
 
 import torch
-from test_draft_head import VT, H, make_head
+from helpers import VT, H, make_head
 
 from eagle3.draft import eagle3_loss
 from eagle3.store.packing import collate_packed

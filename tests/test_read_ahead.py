@@ -12,8 +12,8 @@ import time
 import pytest
 import torch
 from conftest import compose
+from helpers import write_random_dataset
 from safetensors.torch import load_file
-from test_training_safety import _dataset
 
 from eagle3.store import HiddenStateDataset
 from eagle3.store.packing import pack_rows, packed_loader
@@ -26,7 +26,7 @@ def _batches(ds, read_ahead: int, **kw):
 
 
 def test_read_ahead_gives_the_batches_of_the_plain_loader_in_order(tmp_path):
-    _dataset(tmp_path, n=8)
+    write_random_dataset(tmp_path, n=8)
     ds = HiddenStateDataset(tmp_path)
     plain, ahead = _batches(ds, 0, shuffle=True, seed=3), _batches(ds, 2, shuffle=True, seed=3)
     assert type(plain) is torch.utils.data.DataLoader and isinstance(ahead, ReadAheadLoader)
@@ -56,7 +56,7 @@ class _FailsAt:
 
 
 def test_an_error_while_reading_ahead_is_raised_at_the_batch_that_needs_it(tmp_path):
-    _dataset(tmp_path, n=8)
+    write_random_dataset(tmp_path, n=8)
     ds = HiddenStateDataset(tmp_path)
     batches = [[0, 1], [2, 3], [4, 5], [6, 7]]
     loader = packed_loader(_FailsAt(ds, 5), list(range(8)), batches, max_tokens=64, read_ahead=3)
@@ -76,7 +76,7 @@ def _reader_threads() -> list[threading.Thread]:
 def test_a_pass_stopped_early_leaves_no_reading_thread(tmp_path):
     """Lightning stops at max_steps in the middle of a pass: the thread, blocked on a full queue,
     ends when the iterator is closed or dropped."""
-    _dataset(tmp_path, n=8)
+    write_random_dataset(tmp_path, n=8)
     ds = HiddenStateDataset(tmp_path)
     loader = _batches(ds, 1)
     it = iter(loader)

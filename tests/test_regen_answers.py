@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_config import compose
+from conftest import compose
 
 from eagle3.config.errors import ConfigError
 from eagle3.data import Conversation, prepare_samples

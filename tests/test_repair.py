@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import compose
-from fault_helpers import ARGS, cli, file_bytes
+from helpers.faults import ARGS, cli, file_bytes
 
 from eagle3.stages.extract import run as extract
 from eagle3.stages.train import run as train
@@ -182,12 +182,12 @@ def test_repairing_a_budget_cut_dataset_keeps_its_cut(tmp_path, monkeypatch, cap
     """A dataset a time budget cut at 12 of 40 samples, one shard deleted: the repair captures
     that shard's samples and nothing the budget cut; the dataset, provenance.budget_cut included,
     is the one before the damage byte for byte."""
-    from test_budget_deadline import _TickingClock
+    from helpers import TickingClock
 
     from eagle3.planning import time_budget
     from eagle3.util.clock import Deadline
 
-    clock = _TickingClock()
+    clock = TickingClock()
     monkeypatch.setattr(time_budget, "capture_deadline", lambda split, _, n: Deadline(clock, 13.0, "capture"))
     args = ARGS + ["time_budget.minutes=1.5", f"paths.datasets_dir={tmp_path}"]
     ds = Path(extract(compose("extract", args)))

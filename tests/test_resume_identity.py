@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import compose
-from test_dataset_identity import _chats
+from helpers import write_numbered_chats
 
 from eagle3.config.schema import run_config
 from eagle3.training import run_dir
@@ -34,7 +34,7 @@ def _resumable(tmp_path: Path, extra: list[str] = ()) -> Path:
 
 
 def test_what_does_not_change_the_result_resumes(tmp_path, capsys):
-    chats = _chats(tmp_path / "d" / "c.jsonl")
+    chats = write_numbered_chats(tmp_path / "d" / "c.jsonl")
     run = _resumable(tmp_path, ["data=jsonl", f"data.path={chats}"])
     same = ["data=jsonl", f"data.path={tmp_path / 'd' / '.' / 'c.jsonl'}"]  # the same file, spelled another way
     more = ["train.num_workers=2", "trainer.num_sanity_val_steps=2", "trainer.detect_anomaly=true"]
@@ -44,7 +44,7 @@ def test_what_does_not_change_the_result_resumes(tmp_path, capsys):
     run_dir.check_run_config(run, _cfg(tmp_path, [*same, "train.max_steps=12", "train.lr_decay_steps=6"]))
     with pytest.raises(run_dir.RunConfigChangedError, match=r"train\.lr_decay_steps: 6 -> 9"):
         run_dir.check_run_config(run, _cfg(tmp_path, [*same, "train.max_steps=12", "train.lr_decay_steps=9"]))
-    other = _chats(tmp_path / "e" / "c.jsonl")  # another file is another config
+    other = write_numbered_chats(tmp_path / "e" / "c.jsonl")  # another file is another config
     with pytest.raises(run_dir.RunConfigChangedError, match=r"data\.path: "):
         run_dir.check_run_config(run, _cfg(tmp_path, ["data=jsonl", f"data.path={other}"]))
 
@@ -54,7 +54,7 @@ def datasets_dir(tmp_path_factory) -> Path:
     from eagle3.stages.extract import run as extract
 
     d = tmp_path_factory.mktemp("data")
-    chats = _chats(d / "chats.jsonl", n=16)
+    chats = write_numbered_chats(d / "chats.jsonl", n=16)
     extract(compose("extract", TINY + ["data=jsonl", f"data.path={chats}", f"paths.datasets_dir={d}"]))
     return d
 
@@ -72,7 +72,7 @@ def test_a_rerun_after_the_data_changed_is_refused_naming_both_datasets(datasets
     old = json.loads((out / "summary.json").read_text())["dataset_dir"]
     last = out / "checkpoints" / "last.ckpt"
     before = (last.stat().st_mtime_ns, (out / "summary.json").read_bytes())
-    _chats(chats, n=16, answer="another answer")
+    write_numbered_chats(chats, n=16, answer="another answer")
     extract(compose("extract", args))
     with pytest.raises(run_dir.RunConfigChangedError) as e:
         train(compose("train", args, output_dir=str(out)))

@@ -17,21 +17,20 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_evaluate import _random_head_export
+from conftest import ROOT
+from helpers import export_random_head
 
 from eagle3.config.cli import ServingConfig
 from eagle3.evaluation.engine_io import EngineRequest
 from eagle3.serving import advice as sa
 from eagle3.serving import speedup as ss
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_serving_speedup_on_the_cpu_build(tmp_path, smollm2_dir):
     pytest.importorskip("vllm")
-    export = _random_head_export(tmp_path / "export", smollm2_dir)
+    export = export_random_head(tmp_path / "export", smollm2_dir)
     out_dir = tmp_path / "out"
     out = out_dir / "serving_speedup.json"
     cmd = [

@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 from eagle3.target_model.size import target_size
 
-ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "lab" / "leased_gpu" / "shapes_only.py"
 
 

@@ -9,15 +9,15 @@ import struct
 
 import pytest
 import torch
+from helpers import write_random_dataset
 from safetensors import safe_open
-from test_training_safety import _dataset
 
 from eagle3.store import HiddenStateDataset
 from eagle3.store.shard_file import map_shard
 
 
 def test_mapped_tensors_equal_what_safetensors_reads(tmp_path):
-    _dataset(tmp_path, n=6)
+    write_random_dataset(tmp_path, n=6)
     ds = HiddenStateDataset(tmp_path)
     for info in ds.manifest.shards:
         views = map_shard(tmp_path / info.file)
@@ -49,7 +49,7 @@ def test_a_tensor_off_its_alignment_is_read_whole(tmp_path):
 
 
 def test_a_row_changed_by_its_reader_leaves_the_file_and_other_readers_alone(tmp_path):
-    _dataset(tmp_path, n=6)
+    write_random_dataset(tmp_path, n=6)
     shard = tmp_path / HiddenStateDataset(tmp_path).manifest.shards[0].file
     before = shard.read_bytes()
     mine, other = HiddenStateDataset(tmp_path), HiddenStateDataset(tmp_path)
@@ -65,7 +65,7 @@ def test_a_shard_whose_header_was_overwritten_is_refused_naming_it(tmp_path):
     """The same size (the cheap check passes), its header's JSON overwritten in place."""
     from eagle3.store.reader import DamagedDatasetError
 
-    _dataset(tmp_path, n=6)
+    write_random_dataset(tmp_path, n=6)
     shard = tmp_path / HiddenStateDataset(tmp_path).manifest.shards[0].file
     raw = bytearray(shard.read_bytes())
     raw[8:24] = b"\x00" * 16

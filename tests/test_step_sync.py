@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import compose
+from conftest import ROOT, compose
 
 TINY = ["experiment=tiny_test"]
-MODULE = str(Path(__file__).resolve().parents[1] / "eagle3" / "training" / "module.py")
+MODULE = str(ROOT / "eagle3" / "training" / "module.py")
 
 
 @pytest.fixture(scope="module")

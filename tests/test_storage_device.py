@@ -7,11 +7,24 @@ float path included); tests/test_hf_capture.py and tests/test_gpu_batches.py run
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import pytest
 import torch
+from helpers.storage import (
+    DT,
+    ENCODED_STORAGES,
+    FP8,
+    INPUTS,
+    INT4,
+    LAYER_IDS,
+    VOCAB,
+    H,
+    sha256_of,
+    wide_range_samples,
+    wide_range_states,
+    write_in_storage,
+)
 
 from eagle3.store import HiddenStateDataset, ShardWriter, StoreError
 from eagle3.store.packing import collate_rows, decode_hidden, split_hidden
@@ -20,32 +33,6 @@ from eagle3.store.storage_format import FP8_MAX, StorageFormat
 from eagle3.target_model.adapter import CaptureError, CaptureSpec, to_encoded_sample
 from eagle3.target_model.records import CapturedSample, DeviceEncoding
 from eagle3.training.datamodule import Eagle3DataModule
-
-LAYER_IDS = (1, 2, 4)
-H = 64
-DT = torch.bfloat16
-VOCAB = 50
-INPUTS = {"model": "tiny", "layer_ids": list(LAYER_IDS), "dtype": "bfloat16"}
-FP8, INT4 = StorageFormat("fp8"), StorageFormat("int4")
-ENCODED = (FP8, INT4)
-
-
-def states(T: int, seed: int = 0, dtype: torch.dtype = DT) -> torch.Tensor:
-    """[T, L, H] whose rows differ in magnitude by 6 orders (an attention-sink-like row 1e3)."""
-    g = torch.Generator().manual_seed(seed)
-    scale = 10.0 ** torch.linspace(-3, 3, T * len(LAYER_IDS)).reshape(T, len(LAYER_IDS), 1)
-    return (torch.randn(T, len(LAYER_IDS), H, generator=g) * scale).to(dtype)
-
-
-def samples(n: int = 7) -> dict[str, CapturedSample]:
-    g = torch.Generator().manual_seed(1)
-    out = {}
-    for i in range(n):
-        T = 4 + 5 * i
-        out[f"s{i}"] = CapturedSample(
-            torch.randint(0, VOCAB, (T,), generator=g), torch.rand(T, generator=g) > 0.3, states(T, seed=i)
-        )
-    return out
 
 
 def batch_as_the_device_encodes_it(records: list[CapturedSample], storage: StorageFormat) -> list[CapturedSample]:
@@ -74,40 +61,12 @@ def batch_as_the_device_encodes_it(records: list[CapturedSample], storage: Stora
     return out
 
 
-def write(
-    directory: Path,
-    records: dict[str, CapturedSample],
-    storage: StorageFormat,
-    background: bool = False,
-    encode_device=None,
-):
-    w = ShardWriter(
-        directory,
-        layer_ids=LAYER_IDS,
-        hidden_size=H,
-        dtype=DT,
-        fingerprint_inputs=INPUTS,
-        shard_max_tokens=40,
-        storage=storage,
-        background=background,
-        writer_threads=2,
-        encode_device=encode_device,
-    )
-    for sid, r in records.items():
-        w.add(sid, r)
-    return w.finish(torch.arange(VOCAB), {}, val_ids=["s1"])
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 # ------------------------------------------------------------------ encode where the states are
 
 
-@pytest.mark.parametrize("storage", ENCODED, ids=str)
+@pytest.mark.parametrize("storage", ENCODED_STORAGES, ids=str)
 def test_a_batch_encoded_at_once_gives_each_sample_its_own_encoding_bit_for_bit(storage):
-    records = list(samples().values())
+    records = list(wide_range_samples().values())
     for r, device in zip(records, batch_as_the_device_encodes_it(records, storage)):
         alone = storage.encode(r.states())
         assert device.encoded is not None and sorted(device.encoded) == sorted(alone)
@@ -132,35 +91,35 @@ def test_the_scale_is_a_true_division_not_a_product_with_the_reciprocal():
     assert torch.equal(scale, want)
 
 
-@pytest.mark.parametrize("storage", ENCODED, ids=str)
+@pytest.mark.parametrize("storage", ENCODED_STORAGES, ids=str)
 def test_pre_encoded_samples_through_the_real_writer_make_the_same_shard_files(tmp_path, storage):
-    records = samples()
+    records = wide_range_samples()
     device = dict(zip(records, batch_as_the_device_encodes_it(list(records.values()), storage)))
-    cpu = write(tmp_path / "cpu", records, storage)
-    dev = write(tmp_path / "dev", device, storage, background=True)
+    cpu = write_in_storage(tmp_path / "cpu", records, storage)
+    dev = write_in_storage(tmp_path / "dev", device, storage, background=True)
     assert [s.file for s in cpu.shards] == [s.file for s in dev.shards] and len(cpu.shards) > 2
     for a, b in zip(cpu.shards, dev.shards):
         assert a == b  # size, sha256, counts
-        assert sha256(tmp_path / "cpu" / a.file) == sha256(tmp_path / "dev" / b.file) == a.sha256
+        assert sha256_of(tmp_path / "cpu" / a.file) == sha256_of(tmp_path / "dev" / b.file) == a.sha256
     ds = HiddenStateDataset(tmp_path / "dev", verify="full")
     assert ds.storage == storage and len(ds) == len(records)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("storage", ENCODED, ids=str)
+@pytest.mark.parametrize("storage", ENCODED_STORAGES, ids=str)
 def test_the_writer_threads_encoding_on_the_gpu_write_the_host_encodes_shard_files(tmp_path, storage):
     """vLLM's capture hands its states over on the host; a GPU topology's writer threads encode
     them on the GPU (encode_device): the same files, byte for byte, as the host's encode."""
-    records = samples()
-    cpu = write(tmp_path / "cpu", records, storage)
-    gpu = write(tmp_path / "gpu", records, storage, background=True, encode_device="cuda")
+    records = wide_range_samples()
+    cpu = write_in_storage(tmp_path / "cpu", records, storage)
+    gpu = write_in_storage(tmp_path / "gpu", records, storage, background=True, encode_device="cuda")
     assert len(cpu.shards) > 2 and cpu.shards == gpu.shards
     for a in cpu.shards:
-        assert sha256(tmp_path / "cpu" / a.file) == sha256(tmp_path / "gpu" / a.file) == a.sha256
+        assert sha256_of(tmp_path / "cpu" / a.file) == sha256_of(tmp_path / "gpu" / a.file) == a.sha256
 
 
 def test_the_writer_refuses_an_encoded_sample_of_another_format_by_name(tmp_path):
-    records = list(samples(2).values())
+    records = list(wide_range_samples(2).values())
     int4 = batch_as_the_device_encodes_it(records, INT4)[0]
     w = ShardWriter(tmp_path, layer_ids=LAYER_IDS, hidden_size=H, dtype=DT, fingerprint_inputs=INPUTS, storage=FP8)
     with pytest.raises(StoreError, match="sample 'a' storage: expected fp8, got int4"):
@@ -194,7 +153,7 @@ def test_the_writer_refuses_an_encoded_sample_of_another_format_by_name(tmp_path
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_the_devices_float_path_decodes_the_bits_the_cpu_bits_path_decodes(dtype):
-    h = states(40, dtype=dtype)
+    h = wide_range_states(40, dtype=dtype)
     h[3, 0] = 0  # an all-zero row
     h[5, 1, :8] = torch.tensor([1e-3, -2e-3, 3e-4, 0, 5, -448, 448, 1], dtype=dtype)  # subnormal codes
     enc = FP8.encode(h)
@@ -225,10 +184,13 @@ def test_every_e4m3_code_decodes_alike_on_both_paths_but_nan_which_only_the_floa
     assert not FP8.decodes_finite(rows, DT)
 
 
-@pytest.mark.parametrize("storage", ENCODED, ids=str)
+@pytest.mark.parametrize("storage", ENCODED_STORAGES, ids=str)
 @pytest.mark.parametrize("row_tokens", [None, 32])
 def test_a_batch_decoded_after_the_copy_equals_the_batch_of_decoded_samples(storage, row_tokens):
-    items = [{"input_ids": r.token_ids, "loss_mask": r.loss_mask, "hidden": r.states()} for r in samples().values()]
+    items = [
+        {"input_ids": r.token_ids, "loss_mask": r.loss_mask, "hidden": r.states()}
+        for r in wide_range_samples().values()
+    ]
     enc = [{"input_ids": i["input_ids"], "loss_mask": i["loss_mask"], **storage.encode(i["hidden"])} for i in items]
     dec = [{**i, "hidden": storage.decode(storage.encode(i["hidden"]), DT)} for i in items]
     for fixed in (False, True):
@@ -249,7 +211,7 @@ def test_a_batch_decoded_after_the_copy_equals_the_batch_of_decoded_samples(stor
 
 @pytest.mark.parametrize("workers", [0, 1])
 def test_the_data_module_decoding_after_the_transfer_gives_the_workers_batches(tmp_path, workers):
-    write(tmp_path / "ds", samples(), FP8)
+    write_in_storage(tmp_path / "ds", wide_range_samples(), FP8)
     kw = dict(max_tokens_per_batch=96, num_workers=workers, row_tokens=48)
     on_device = Eagle3DataModule(str(tmp_path / "ds"), decode_on_device=True, **kw)
     in_workers = Eagle3DataModule(str(tmp_path / "ds"), decode_on_device=False, **kw)
@@ -265,8 +227,8 @@ def test_the_data_module_decoding_after_the_transfer_gives_the_workers_batches(t
 
 
 def test_a_damaged_encoded_sample_is_refused_without_decoding_the_good_ones(tmp_path):
-    records = samples(3)
-    write(tmp_path / "ds", records, FP8)
+    records = wide_range_samples(3)
+    write_in_storage(tmp_path / "ds", records, FP8)
     ds = HiddenStateDataset(tmp_path / "ds").encoded_rows()
     row = ds[0]
     assert "hidden" not in row and FP8.decodes_finite({k: row[k] for k in row if k.startswith("hidden")}, DT)
@@ -351,7 +313,7 @@ def test_training_on_batches_decoded_after_the_transfer_steps_to_the_same_weight
     """The LightningModule's steps on batches that crossed encoded and were decoded in
     on_after_batch_transfer (the GPU route, run on this CPU) end at the weights of the steps on
     batches the loader decoded, bit for bit."""
-    write(tmp_path / "ds", samples(), FP8)
+    write_in_storage(tmp_path / "ds", wide_range_samples(), FP8)
     (before, after_transfer), (_, in_loader) = _fit(tmp_path / "ds", True), _fit(tmp_path / "ds", False)
     assert sorted(after_transfer) == sorted(in_loader)
     for k, v in in_loader.items():

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import compose
-from fault_helpers import ARGS, assert_same_dataset
+from helpers.faults import ARGS, assert_same_dataset
 
 from eagle3.extraction.identity import legacy_dataset_path, legacy_fingerprint_inputs
 from eagle3.stages.extract import run as extract

@@ -53,7 +53,7 @@ def _job_cfg(job_dir: Path):
 
 
 def test_grid_sweep_runs_dirs_wandb_and_table(datasets_dir, tmp_path):
-    from wandb_offline import read_run
+    from helpers.wandb_offline import read_run
 
     sweep = tmp_path / "sweep-grid"
     out = _train_multirun(

@@ -8,8 +8,7 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-from test_draft_head import VT, H, V, make_head
-from test_loss_tokens import ANSWERS, SEGMENTS
+from helpers import PACKED_ANSWERS, PACKED_SEGMENTS, VT, H, V, make_head
 
 from eagle3.config.choices import LossKind
 from eagle3.config.training import TrainConfig
@@ -38,14 +37,14 @@ def _head_and_full_lm(seed: int = 0):
 
 def _final_batch(seed: int = 3) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    t = SEGMENTS.shape[1]
+    t = PACKED_SEGMENTS.shape[1]
     return {
         "aux_hidden": torch.randn(1, t, 3 * H, generator=g),  # [1, T, 3H]
         "input_ids": torch.randint(0, VT, (1, t), generator=g),  # [1, T]
         "position_ids": torch.cat([torch.arange(7), torch.arange(5)]).unsqueeze(0),  # [1, T]
-        "segment_ids": SEGMENTS,
+        "segment_ids": PACKED_SEGMENTS,
         "final_hidden": torch.randn(1, t, H, generator=g),  # [1, T, H]
-        "loss_mask": ANSWERS,
+        "loss_mask": PACKED_ANSWERS,
     }
 
 
@@ -118,10 +117,10 @@ def test_a_row_with_no_draft_token_leaves_the_loss_and_counts_as_a_miss():
     assert torch.equal(logits[0, r], torch.full((V,), ABSENT_LOGIT))  # a uniform row, never read by the loss
 
     steps = head(topk["aux_hidden"], topk["input_ids"], topk["position_ids"], topk["segment_ids"], 3)
-    kw = dict(loss_mask=ANSWERS, segment_ids=SEGMENTS, step_decay=0.8)
+    kw = dict(loss_mask=PACKED_ANSWERS, segment_ids=PACKED_SEGMENTS, step_decay=0.8)
     loss, counts = eagle3_loss(steps, logits, covered=covered, **kw)
     # the loss equals the one with the token row r predicts taken out of the answers
-    fewer = ANSWERS.clone()
+    fewer = PACKED_ANSWERS.clone()
     fewer[0, r + 1] = False
     loss_without, counts_without = eagle3_loss(steps, logits, **kw | {"loss_mask": fewer})
     assert torch.isfinite(loss) and loss.item() == pytest.approx(loss_without.item(), rel=1e-6)
@@ -138,9 +137,9 @@ def test_a_row_with_no_draft_token_leaves_the_loss_and_counts_as_a_miss():
     _, missed = eagle3_loss(agree, logits, covered=covered, **kw)
     assert (missed.correct_full <= right.correct_full).all() and missed.correct_full.sum() < right.correct_full.sum()
     with_mask = replay_counts(
-        agree, logits, loss_mask=ANSWERS, segment_ids=SEGMENTS, num_draft_tokens=3, covered=covered
+        agree, logits, loss_mask=PACKED_ANSWERS, segment_ids=PACKED_SEGMENTS, num_draft_tokens=3, covered=covered
     )
-    without = replay_counts(agree, logits, loss_mask=ANSWERS, segment_ids=SEGMENTS, num_draft_tokens=3)
+    without = replay_counts(agree, logits, loss_mask=PACKED_ANSWERS, segment_ids=PACKED_SEGMENTS, num_draft_tokens=3)
     assert with_mask[1] < without[1]  # fewer drafts accepted
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import compose
+from helpers.teacher import DT, INPUTS, LAYER_IDS, H, K, V, teacher_projection, teacher_states
 from safetensors import safe_open
 
 from eagle3.store import FingerprintMismatchError, HiddenStateDataset, ShardWriter, StoreError, dataset_fingerprint
@@ -19,23 +20,6 @@ from eagle3.store.packing import decode_hidden, pack_rows, packed_loader
 from eagle3.store.storage_format import StorageFormat
 from eagle3.store.teacher_topk import TeacherProjection
 from eagle3.target_model.adapter import CapturedSample
-
-LAYER_IDS = (1, 2, 4)
-H, V, K = 64, 300, 8
-DT = torch.bfloat16
-INPUTS = {"model": "tiny", "layer_ids": list(LAYER_IDS), "dtype": "bfloat16"}
-
-
-def projection(k: int = K, seed: int = 0, chunk_tokens: int = 5) -> TeacherProjection:
-    g = torch.Generator().manual_seed(seed)
-    norm = (1 + 0.1 * torch.randn(H, generator=g)).to(DT)
-    lm_head = (torch.randn(V, H, generator=g) / H**0.5).to(DT)
-    return TeacherProjection(norm, 1e-5, lm_head, k, chunk_tokens=chunk_tokens, vocab_block=128)
-
-
-def states(T: int, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(T, len(LAYER_IDS), H, generator=g) * 3).to(DT)
 
 
 def reference(final: torch.Tensor, p: TeacherProjection) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,7 +33,7 @@ def reference(final: torch.Tensor, p: TeacherProjection) -> tuple[torch.Tensor, 
 
 @pytest.mark.parametrize("storage", ["fp8", "int4"])
 def test_the_stored_top_k_is_the_teachers(storage):
-    h, p = states(23), projection()
+    h, p = teacher_states(23), teacher_projection()
     top_k, plain_format = StorageFormat(storage, K), StorageFormat(storage)
     enc = top_k.encode(h, p)
     assert "hidden_final" not in enc
@@ -66,7 +50,7 @@ def test_the_stored_top_k_is_the_teachers(storage):
     with pytest.raises(ValueError, match="expected rows with the final layer"):
         top_k.decode(enc, DT)
     # a batch [B, T, L, H] encodes as its samples do
-    both = top_k.encode(torch.stack([h[:20], states(20, 1)]), p)
+    both = top_k.encode(torch.stack([h[:20], teacher_states(20, 1)]), p)
     assert torch.equal(both["teacher_ids"][0], enc["teacher_ids"][:20])
 
 
@@ -77,19 +61,19 @@ def test_the_writer_encoding_on_the_gpu_stores_the_teachers_top_k(tmp_path):
     from eagle3.store import HiddenStateDataset
 
     w = _writer(tmp_path, shard_max_tokens=40, background=True, encode_device="cuda", teach=False)
-    p = projection().to("cuda")
+    p = teacher_projection().to("cuda")
     w.set_teacher(p)
     want = {}
     for i in range(5):
         T = 5 + 3 * i
-        want[f"s{i}"] = states(T, seed=i)
+        want[f"s{i}"] = teacher_states(T, seed=i)
         w.add(f"s{i}", CapturedSample(torch.arange(T), torch.ones(T, dtype=torch.bool), want[f"s{i}"]))
     w.finish(torch.arange(V), {})
     ds = HiddenStateDataset(tmp_path, verify="full").encoded_rows()
     for j, (sid, h) in enumerate(want.items()):
         assert ds.sample_id(j) == sid
         rows = ds[j]
-        ids, top = reference(h[:, -1], projection())
+        ids, top = reference(h[:, -1], teacher_projection())
         assert torch.equal(rows["teacher_ids"].long(), ids), sid
         torch.testing.assert_close(rows["teacher_logprobs"].float(), top, rtol=2e-3, atol=2e-3)
         fp8 = StorageFormat("fp8")
@@ -98,7 +82,7 @@ def test_the_writer_encoding_on_the_gpu_stores_the_teachers_top_k(tmp_path):
 
 def test_a_nan_log_probability_or_an_id_out_of_range_does_not_decode_finite():
     top_k = StorageFormat("fp8", K)
-    enc = top_k.encode(states(6), projection())
+    enc = top_k.encode(teacher_states(6), teacher_projection())
     assert top_k.decodes_finite(enc, DT, V)
     bad = dict(enc, teacher_logprobs=enc["teacher_logprobs"].clone())
     bad["teacher_logprobs"][2, 3] = float("nan")
@@ -110,11 +94,11 @@ def test_a_nan_log_probability_or_an_id_out_of_range_does_not_decode_finite():
 
 def test_k_and_the_projection_are_checked():
     with pytest.raises(ValueError, match=r"capture.teacher_topk: expected an integer in 1..300 .*got 0"):
-        projection(k=0)
+        teacher_projection(k=0)
     with pytest.raises(ValueError, match=r"capture.teacher_topk: expected an integer in 1..300 .*got 301"):
-        projection(k=V + 1)
+        teacher_projection(k=V + 1)
     with pytest.raises(ValueError, match="encode: teacher: expected a projection with k=None for exact, got k=8"):
-        StorageFormat().encode(states(2), projection())
+        StorageFormat().encode(teacher_states(2), teacher_projection())
 
 
 def _writer(directory: Path, k: int | None = K, storage: str = "fp8", teach: bool = True, **kw) -> ShardWriter:
@@ -128,7 +112,7 @@ def _writer(directory: Path, k: int | None = K, storage: str = "fp8", teach: boo
         **kw,
     )
     if k is not None and teach:
-        w.set_teacher(projection(k))
+        w.set_teacher(teacher_projection(k))
     return w
 
 
@@ -136,7 +120,7 @@ def _write(directory: Path, ids: range, k: int | None = K, storage: str = "fp8")
     w, want = _writer(directory, k, storage, shard_max_tokens=40, background=True), {}
     for i in ids:
         T = 5 + 3 * i
-        want[f"s{i}"] = states(T, seed=i)
+        want[f"s{i}"] = teacher_states(T, seed=i)
         w.add(f"s{i}", CapturedSample(torch.arange(T), torch.arange(T) % 3 != 0, want[f"s{i}"]))
     w.finish(torch.arange(V), {})
     return want
@@ -162,7 +146,7 @@ def test_both_loader_routes_give_the_interface_keys(tmp_path, storage):
     assert ds.storage == StorageFormat(storage, K)
     s = ds[0]
     assert set(s) == {"input_ids", "loss_mask", "aux_layers", "teacher_ids", "teacher_logprobs"}
-    ids, _ = reference(want[ds.sample_id(0)][:, -1], projection())
+    ids, _ = reference(want[ds.sample_id(0)][:, -1], teacher_projection())
     assert torch.equal(s["teacher_ids"], ids)
     idx = list(range(len(ds)))
     batches = pack_rows([int(t) for t in ds.lengths], 48, 24)
@@ -208,12 +192,12 @@ def test_k_is_in_the_identity_the_manifest_and_a_merge(tmp_path):
         _writer(tmp_path / "b", storage="exact")
     w = _writer(tmp_path / "c", k=4)
     with pytest.raises(StoreError, match=r"set_teacher: expected a projection with k=4 .*got k=8"):
-        w.set_teacher(projection(K))
+        w.set_teacher(teacher_projection(K))
     w.close()
     # a writer with k but no projection refuses captured states rather than writing the final layer
     bare = _writer(tmp_path / "d", teach=False)
     with pytest.raises(StoreError, match=r"sample 'x' teacher: expected the target's projection \(set_teacher\)"):
-        bare.add("x", CapturedSample(torch.arange(3), torch.ones(3, dtype=torch.bool), states(3)))
+        bare.add("x", CapturedSample(torch.arange(3), torch.ones(3, dtype=torch.bool), teacher_states(3)))
     bare.close()
 
 

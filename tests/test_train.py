@@ -10,20 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ROOT, compose
+from helpers import TINY
 from safetensors.torch import load_file
 
 from eagle3.extraction.identity import DatasetNotFound
-from eagle3.stages.extract import run as extract
 from eagle3.stages.train import run as train
-
-TINY = ["experiment=tiny_test"]
-
-
-@pytest.fixture(scope="module")
-def datasets_dir(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("data")
-    extract(compose("extract", TINY + [f"paths.datasets_dir={d}"]))
-    return d
 
 
 def _train(datasets_dir: Path, out: Path, extra: list[str] = ()) -> float:
@@ -178,7 +169,7 @@ def test_missing_dataset_says_run_extract(tmp_path):
 
 
 def test_wandb_offline_run_records_metrics(datasets_dir, tmp_path):
-    from wandb_offline import read_run
+    from helpers.wandb_offline import read_run
 
     _train(datasets_dir, tmp_path, ["logger=wandb", "logger.mode=offline", "logger.log_every_n_steps=1"])
     runs = list((tmp_path / "wandb").glob("offline-run-*"))

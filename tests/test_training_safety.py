@@ -12,17 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import compose
-from helpers import tear_writes, tiny_head_with_meta
+from helpers import tear_writes, tiny_head_with_meta, write_random_dataset
+from helpers.datasets import RANDOM_H, RANDOM_LAYER_IDS
 from safetensors.torch import load_file
 
 from eagle3.config.schema import run_config
-from eagle3.draft.head import Eagle3DraftHead
-from eagle3.draft.serving_format import DraftMeta, NonFiniteWeightsError, save_head
+from eagle3.draft.serving_format import NonFiniteWeightsError, save_head
 from eagle3.serving.export_dir import write_export
-from eagle3.store import HiddenStateDataset, ShardWriter
+from eagle3.store import HiddenStateDataset
 from eagle3.store.disk import DiskSpaceError, free_bytes
 from eagle3.store.reader import DamagedDatasetError
-from eagle3.target_model.adapter import CapturedSample
 from eagle3.training import run_dir
 from eagle3.training.checkpoint_io import (
     AtomicCheckpointIO,
@@ -33,37 +32,9 @@ from eagle3.training.checkpoint_io import (
 )
 
 TINY = ["experiment=tiny_test"]
-LAYER_IDS = (1, 2, 4)
-H, VT, V = 8, 50, 5
 
 
 # ---- shard read: a NaN stored in a shard is refused as the sample is read, naming shard and sample
-
-
-def _sample(i: int) -> CapturedSample:
-    g = torch.Generator().manual_seed(i)
-    T = 4 + i
-    return CapturedSample(
-        token_ids=torch.randint(0, VT, (T,), generator=g),
-        loss_mask=torch.ones(T, dtype=torch.bool),
-        hidden=torch.randn(T, len(LAYER_IDS), H, generator=g).to(torch.bfloat16),
-    )
-
-
-def _dataset(path: Path, n: int = 6) -> None:
-    w = ShardWriter(
-        path,
-        layer_ids=LAYER_IDS,
-        hidden_size=H,
-        dtype=torch.bfloat16,
-        fingerprint_inputs={"model": "tiny"},
-        shard_max_tokens=20,
-    )
-    for i in range(n):
-        w.add(f"s{i}", _sample(i))
-    t2d = torch.zeros(VT, dtype=torch.bool)
-    t2d[[3, 7, 8, 20, 41]] = True
-    w.finish(torch.arange(VT), {V: (torch.tensor([3, 7, 8, 20, 41]) - torch.arange(V), t2d)})
 
 
 def _poke_hidden(shard: Path, element: int, value: bytes) -> None:
@@ -79,13 +50,13 @@ def _poke_hidden(shard: Path, element: int, value: bytes) -> None:
 
 
 def test_a_non_finite_stored_hidden_state_is_refused_naming_shard_and_sample(tmp_path):
-    _dataset(tmp_path)
+    write_random_dataset(tmp_path)
     ds = HiddenStateDataset(tmp_path)
     shard_k = int(ds._shard_of[3])
     shard = tmp_path / ds.manifest.shards[shard_k].file
     # sample 3's token 1, layer 2 (id 4), channel 5: its place in the shard's concatenated rows
     token = int(ds._start[3]) + 1
-    _poke_hidden(shard, (token * len(LAYER_IDS) + 2) * H + 5, b"\xc0\x7f")  # bf16 NaN
+    _poke_hidden(shard, (token * len(RANDOM_LAYER_IDS) + 2) * RANDOM_H + 5, b"\xc0\x7f")  # bf16 NaN
     ds = HiddenStateDataset(tmp_path)  # the cheap open check (sizes) still passes
     for i in range(len(ds)):
         if i != 3:
@@ -95,26 +66,22 @@ def test_a_non_finite_stored_hidden_state_is_refused_naming_shard_and_sample(tmp
     msg = str(e.value)
     assert str(shard) in msg and "sample 's3'" in msg and "hidden: expected finite values, got 1 non-finite" in msg
     assert "at token 1, layer id 4, channel 5" in msg and "nan" in msg
-    _poke_hidden(shard, (token * len(LAYER_IDS) + 2) * H + 5, b"\x80\x7f")  # bf16 +Inf
+    _poke_hidden(shard, (token * len(RANDOM_LAYER_IDS) + 2) * RANDOM_H + 5, b"\x80\x7f")  # bf16 +Inf
     with pytest.raises(DamagedDatasetError, match=r"got 1 non-finite .*\(the first, inf,"):
         HiddenStateDataset(tmp_path)[3]
-    _poke_hidden(shard, (token * len(LAYER_IDS) + 2) * H + 5, b"\x80\xff")  # bf16 -Inf
+    _poke_hidden(shard, (token * len(RANDOM_LAYER_IDS) + 2) * RANDOM_H + 5, b"\x80\xff")  # bf16 -Inf
     with pytest.raises(DamagedDatasetError, match=r"got 1 non-finite .*\(the first, -inf,"):
         HiddenStateDataset(tmp_path)[3]
     # the check reads the sample's extremes first: the largest finite bf16 is no false alarm
-    _poke_hidden(shard, (token * len(LAYER_IDS) + 2) * H + 5, b"\x7f\x7f")  # bf16 max, ~3.39e38
+    _poke_hidden(shard, (token * len(RANDOM_LAYER_IDS) + 2) * RANDOM_H + 5, b"\x7f\x7f")  # bf16 max, ~3.39e38
     assert float(HiddenStateDataset(tmp_path)[3]["hidden"][1, 2, 5]) > 3e38
 
 
 # ---- export: non-finite weights are refused naming the tensor, the previous export left whole
 
 
-def _head(seed: int = 0) -> tuple[Eagle3DraftHead, DraftMeta]:
-    return tiny_head_with_meta(seed)
-
-
 def test_export_of_non_finite_weights_is_refused_and_the_previous_one_kept(tmp_path):
-    head, meta = _head()
+    head, meta = tiny_head_with_meta()
     out = save_head(head, meta, tmp_path / "export")
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     with torch.no_grad():
@@ -126,7 +93,7 @@ def test_export_of_non_finite_weights_is_refused_and_the_previous_one_kept(tmp_p
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]  # no temp left
     # fp32 weights beyond bf16's range become Inf when exported: refused too
-    head, meta = _head()
+    head, meta = tiny_head_with_meta()
     with torch.no_grad():
         head.fc.weight[0, 0] = 3.4e38  # fp32 max 3.403e38, bf16 max 3.390e38
     with pytest.raises(NonFiniteWeightsError, match=r"fc\.weight: expected finite weights, got 1 non-finite"):
@@ -146,7 +113,7 @@ class _SideEffect:
 
 
 def _checkpoint(path: Path, extra: dict | None = None) -> Path:
-    head, meta = _head()
+    head, meta = tiny_head_with_meta()
     state = {f"head.{k}": v for k, v in head.state_dict().items()}
     torch.save({"state_dict": state, "eagle3_meta": meta.to_dict(), **(extra or {})}, path)
     return path
@@ -349,7 +316,7 @@ def test_batches_collated_in_loader_workers_equal_those_of_the_training_process(
     another copy): the batches are the same, value for value, as those collated in-process."""
     from eagle3.store.packing import pack_rows, packed_loader
 
-    _dataset(tmp_path, n=6)
+    write_random_dataset(tmp_path, n=6)
     ds = HiddenStateDataset(tmp_path)
     batches = pack_rows(ds.lengths, 16, None)
     runs = [

@@ -8,17 +8,17 @@ splits it across forward passes: the parity test covers the per-request concaten
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import CACHE
+from helpers import CHUNKED_PREFILL_CHATS, chat_samples
 
 pytest.importorskip("vllm")
 
 from eagle3.target_model.adapter import CaptureError  # noqa: E402
 from eagle3.target_model.resolve import materialize_smollm2  # noqa: E402
 
-CACHE = Path(__file__).resolve().parents[1] / ".cache"
 IDS = (2, 15, 27, 30)  # vLLM numbering; 30 = N, before the final norm
 STEP_TOKENS = 64  # max_num_batched_tokens: prompts longer than this are chunked
 
@@ -38,52 +38,6 @@ WRONG_LAYER_MIN = 0.15  # any neighbouring layer is at least this far: the toler
 # vLLM must be no further from an fp32 forward than HF's own bf16 is (+ margin): the gap
 # between the backends is bf16 rounding (vLLM keeps the fused residual more accurately).
 FP32_MARGIN = 0.01
-
-_LONG_ANSWER = (
-    "Photosynthesis is the process by which green plants, algae and some bacteria turn light "
-    "energy into chemical energy. In the light-dependent reactions, chlorophyll in the thylakoid "
-    "membranes absorbs light, water is split, oxygen is released, and the energy is stored in ATP "
-    "and NADPH. In the Calvin cycle, which runs in the stroma, the enzyme RuBisCO fixes carbon "
-    "dioxide onto ribulose bisphosphate, and ATP and NADPH are spent to reduce the products to "
-    "glyceraldehyde 3-phosphate, from which the plant builds glucose, sucrose and starch. "
-)
-CHATS = [
-    [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4."}],
-    [
-        {"role": "system", "content": "You are a concise assistant."},
-        {"role": "user", "content": "Name three primary colours."},
-        {"role": "assistant", "content": "Red, yellow and blue."},
-    ],
-    [
-        {"role": "user", "content": "Explain photosynthesis in detail."},
-        {"role": "assistant", "content": _LONG_ANSWER},
-        {"role": "user", "content": "And what limits its rate?"},
-        {"role": "assistant", "content": "Light intensity, carbon dioxide concentration and temperature. " * 3},
-    ],
-    [
-        {"role": "user", "content": "Write a haiku about the sea."},
-        {
-            "role": "assistant",
-            "content": "Grey waves fold and break,\nsalt wind carries gull voices,\nthe tide keeps its time.",
-        },
-    ],
-]
-
-
-def chat_samples(model_dir) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
-    """Real chat prompts from the real tokenizer; loss on the tokens after the last header."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    out = []
-    for i, chat in enumerate(CHATS):
-        ids = tok.apply_chat_template(chat, tokenize=True, return_dict=False)
-        ids = ids if isinstance(ids[0], int) else ids[0]
-        prompt = tok.apply_chat_template(chat[:-1], tokenize=True, add_generation_prompt=True, return_dict=False)
-        mask = torch.zeros(len(ids), dtype=torch.bool)
-        mask[len(prompt) :] = True
-        out.append((f"chat-{i}", torch.tensor(ids, dtype=torch.int64), mask))
-    return out
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -118,7 +72,7 @@ def vllm_backend(model_dir, samples):
 
 @pytest.fixture(scope="module")
 def samples(model_dir):
-    s = chat_samples(model_dir)
+    s = chat_samples(model_dir, CHUNKED_PREFILL_CHATS)
     lengths = [len(ids) for _, ids, _ in s]
     assert len(set(lengths)) == len(lengths)  # different lengths
     assert max(lengths) > 2 * STEP_TOKENS  # the long one is prefilled in >= 3 chunks

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import CHUNKED_PREFILL_CHATS, chat_samples
 from safetensors.torch import load_file, save_file
-from test_vllm_capture import CHATS, chat_samples
 
 from eagle3.target_model.adapter import CaptureError, CaptureSpec
 from eagle3.target_model.connector_files import read_native_file, wait_whole
@@ -39,7 +39,7 @@ def files(smollm2_dir, tmp_path_factory) -> list[Path]:
     from eagle3.target_model.capture_vllm import VLLMCaptureBackend
 
     out = tmp_path_factory.mktemp("connector_files")
-    feed = chat_samples(smollm2_dir)
+    feed = chat_samples(smollm2_dir, CHUNKED_PREFILL_CHATS)
     with VLLMCaptureBackend(
         str(smollm2_dir), IDS, max_model_len=2048, max_num_seqs=8, cpu_kvcache_space_gb=2, enforce_eager=True
     ) as backend:
@@ -73,8 +73,8 @@ def _rewrite(src: Path, dst: Path, **tensors) -> Path:
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_each_request_leaves_one_whole_file_in_vllms_format(files, smollm2_dir):
-    assert len(files) == len(CHATS)
-    sent = {sid: ids for sid, ids, _ in chat_samples(smollm2_dir)}
+    assert len(files) == len(CHUNKED_PREFILL_CHATS)
+    sent = {sid: ids for sid, ids, _ in chat_samples(smollm2_dir, CHUNKED_PREFILL_CHATS)}
     for path in files:
         data = load_file(str(path))
         assert set(data) == {"hidden_states", "token_ids"}  # the connector's format, nothing of ours

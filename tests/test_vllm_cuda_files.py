@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT
 from safetensors.torch import load_file, save_file
 
 from eagle3.target_model.adapter import CaptureError, CaptureSpec
 from eagle3.target_model.connector_files import read_native_file
 
-DATA = Path(__file__).parent / "data" / "vllm_cuda_0.26"
+DATA = ROOT / "tests" / "data" / "vllm_cuda_0.26"
 FILES = sorted(DATA.glob("*.safetensors"))
 IDS = (2, 15, 27, 30)
 HIDDEN = 576

@@ -1,0 +1,118 @@
+"""Draft heads to test with: a small random head on a random target vocabulary (plain torch), the
+same with the metadata an export needs, and a SmolLM2-shaped head with a random draft lm_head
+exported in the serving format; one packed row's segments and answer mask."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from eagle3.draft import DraftConfig, Eagle3DraftHead
+from eagle3.draft.serving_format import DraftMeta
+
+# make_head's sizes: hidden, target vocabulary, draft vocabulary
+H, VT, V = 32, 97, 40
+
+# one row, two packed samples of 7 and 5 tokens; a 4-token and a 2-token prompt before each answer
+PACKED_SEGMENTS = torch.tensor([[0] * 7 + [1] * 5])
+PACKED_ANSWERS = torch.tensor([[False] * 4 + [True] * 3 + [False] * 2 + [True] * 3])
+
+
+def random_draft_vocab(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d2t, t2d): V target ids picked at random out of VT."""
+    g = torch.Generator().manual_seed(seed)
+    t2d = torch.zeros(VT, dtype=torch.bool)
+    t2d[torch.randperm(VT, generator=g)[:V]] = True
+    d2t = t2d.nonzero().squeeze(1) - torch.arange(V)
+    return d2t, t2d
+
+
+def make_head(seed: int = 0, **overrides) -> Eagle3DraftHead:
+    """A random head of H x VT -> V (``overrides``: more DraftConfig fields), in eval mode."""
+    torch.manual_seed(seed)
+    cfg = DraftConfig(
+        hidden_size=H,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        target_vocab_size=VT,
+        draft_vocab_size=V,
+        rope_theta=10000.0,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        **overrides,
+    )
+    head = Eagle3DraftHead(cfg)
+    d2t, t2d = random_draft_vocab(seed)
+    head.load_target_weights(
+        torch.randn(VT, H), 1 + 0.1 * torch.randn(H), torch.randn(VT, H) * 0.2, d2t, t2d, init_lm_head_from_target=True
+    )
+    with torch.no_grad():  # norms away from 1 so a swapped norm would show
+        for p in head.parameters():
+            if p.requires_grad and p.dim() == 1:
+                p.add_(0.2 * torch.randn_like(p))
+    return head.eval()
+
+
+def head_with_meta(seed: int = 0) -> tuple[Eagle3DraftHead, DraftMeta]:
+    """A random head (the draft vocabulary: the first 40 of 97 target ids) and the metadata
+    save_head writes with it."""
+    torch.manual_seed(seed)
+    cfg = DraftConfig(
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        target_vocab_size=97,
+        draft_vocab_size=40,
+        rope_theta=10000.0,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+    )
+    head = Eagle3DraftHead(cfg)
+    t2d = torch.zeros(97, dtype=torch.bool)
+    t2d[:40] = True
+    head.load_target_weights(
+        torch.randn(97, 32), torch.ones(32), torch.randn(97, 32), torch.zeros(40, dtype=torch.int64), t2d, True
+    )
+    return head, DraftMeta(cfg, [1, 2, 3], "tiny-target", ["LlamaForCausalLM"], 3)
+
+
+def export_random_head(out_dir: Path, target_dir: Path, layers: int = 1, k: int = 3, **norms: bool) -> Path:
+    """A head for the target at ``target_dir`` built as train.py builds one, with a random draft
+    lm_head (nothing copied from the target's), exported in our serving format for ``k``
+    speculative tokens; ``norms``: the EAGLE-3.1 norm options (eagle3/draft/config.py
+    NORM_OPTIONS) it is built with."""
+    from eagle3.data.vocab import build_draft_vocab
+    from eagle3.draft.serving_format import save_head
+    from eagle3.target_model.resolve import load_target_head_weights, read_hf_config
+
+    hf = read_hf_config(target_dir)
+    vocab = 4096
+    cfg = DraftConfig.from_target_config(hf, draft_vocab_size=vocab, num_aux_layers=3, num_layers=layers, **norms)
+    torch.manual_seed(0)
+    head = Eagle3DraftHead(cfg)
+    freq = torch.zeros(int(hf["vocab_size"]), dtype=torch.int64)
+    freq[: 2 * vocab] = torch.randint(0, 1000, (2 * vocab,))
+    d2t, t2d = build_draft_vocab(freq, vocab)
+    w = load_target_head_weights(target_dir)
+    head.load_target_weights(
+        w["embed"].float(), w["norm"].float(), w["lm_head"].float(), d2t, t2d, init_lm_head_from_target=False
+    )
+    meta = DraftMeta(cfg, [2, 15, 27], str(target_dir), list(hf["architectures"]), k)
+    return save_head(head, meta, out_dir)
+
+
+def random_head_export(
+    out_dir: Path, target_dir: Path, layers: int = 1, num_draft_tokens: int = 3, **norms: bool
+) -> Path:
+    """export_random_head with main's argument name (one of the two goes once the split is in)."""
+    return export_random_head(out_dir, target_dir, layers, num_draft_tokens, **norms)
+
+
+def tiny_head_with_meta(seed: int = 0, num_draft_tokens: int = 3) -> tuple[Eagle3DraftHead, DraftMeta]:
+    """head_with_meta at ``num_draft_tokens`` (one of the two goes once the split is in)."""
+    head, meta = head_with_meta(seed)
+    meta.num_speculative_tokens = num_draft_tokens
+    return head, meta
