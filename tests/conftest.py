@@ -74,3 +74,16 @@ def datasets_dir(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("data")
     extract(compose("extract", TINY + [f"paths.datasets_dir={d}"]))
     return d
+
+
+@pytest.fixture(scope="session")
+def tiny_run_dir(datasets_dir, tmp_path_factory) -> Path:
+    """train.py's run dir of experiment=tiny_test (6 steps) on datasets_dir, trained once a session:
+    summary.json, checkpoints/, export/. Tests read it; one that writes into an export copies it."""
+    from helpers import TINY
+
+    from eagle3.stages.train import run as train
+
+    out = tmp_path_factory.mktemp("tiny-run")
+    train(compose("train", TINY + [f"paths.datasets_dir={datasets_dir}"], output_dir=str(out)))
+    return out

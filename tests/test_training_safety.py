@@ -255,15 +255,6 @@ def test_which_keys_count(tmp_path):
 # ---- integration (heavy: run under flock /tmp/eagle3_heavy.lock): a diverging loss stops training
 
 
-@pytest.fixture(scope="module")
-def datasets_dir(tmp_path_factory) -> Path:
-    from eagle3.stages.extract import run as extract
-
-    d = tmp_path_factory.mktemp("data")
-    extract(compose("extract", TINY + [f"paths.datasets_dir={d}"]))
-    return d
-
-
 def test_a_non_finite_loss_stops_training_naming_the_step_before_a_checkpoint_holds_it(
     datasets_dir, tmp_path, monkeypatch
 ):

@@ -19,7 +19,6 @@ import torch
 from conftest import ROOT, compose
 from omegaconf import OmegaConf
 
-from eagle3.stages.extract import run as extract
 from eagle3.stages.train import run as train
 from eagle3.util.launch import LaunchError, check_external_launch, launch_run_id
 
@@ -27,13 +26,6 @@ TINY = ["experiment=tiny_test"]
 STEPS = 3
 
 PROBE = Path(__file__).with_name("ddp_probe.py")  # train.py plus a probe, run under torchrun
-
-
-@pytest.fixture(scope="module")
-def datasets_dir(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("data")
-    extract(compose("extract", TINY + [f"paths.datasets_dir={d}"]))
-    return d
 
 
 @pytest.fixture(scope="module")

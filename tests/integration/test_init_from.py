@@ -24,11 +24,9 @@ from eagle3.training.step_path import resolve_step_path
 
 
 @pytest.fixture(scope="module")
-def trained(datasets_dir, tmp_path_factory) -> dict:
+def trained(tiny_run_dir) -> dict:
     """A head trained for tiny_test's 6 steps by train.py, and its export."""
-    out = tmp_path_factory.mktemp("first")
-    train(compose("train", TINY + [f"paths.datasets_dir={datasets_dir}"], output_dir=str(out)))
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((tiny_run_dir / "summary.json").read_text())
     return {"summary": summary, "export": Path(summary["export_dir"])}
 
 

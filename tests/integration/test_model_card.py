@@ -32,17 +32,8 @@ CAP = 32  # max_new_tokens of the acceptance reports written below
 
 
 @pytest.fixture(scope="module")
-def datasets_dir(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("data")
-    extract(compose("extract", TINY + [f"paths.datasets_dir={d}"]))
-    return d
-
-
-@pytest.fixture(scope="module")
-def run_dir(datasets_dir, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("run")
-    train(compose("train", TINY + [f"paths.datasets_dir={datasets_dir}"], output_dir=str(out)))
-    return out
+def run_dir(tiny_run_dir) -> Path:
+    return tiny_run_dir
 
 
 @pytest.fixture

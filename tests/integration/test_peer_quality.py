@@ -25,12 +25,8 @@ SMOKE = ["--seq-len", "512", "--draft-vocab", "2048", "--log-every", "1000", "--
 
 
 @pytest.fixture(scope="module")
-def dataset_dir(tmp_path_factory) -> Path:
-    from eagle3.stages.extract import run as extract
-
-    d = tmp_path_factory.mktemp("data")
-    extract(compose("extract", TINY + [f"paths.datasets_dir={d}"]))
-    (found,) = d.glob("*/manifest.json")
+def dataset_dir(datasets_dir) -> Path:
+    (found,) = datasets_dir.glob("*/manifest.json")
     return found.parent
 
 

@@ -5,23 +5,12 @@ tiny model through train.py's stage, with ``torch.tensor`` counted where the mod
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-import pytest
 import torch
 from conftest import ROOT, compose
 
 TINY = ["experiment=tiny_test"]
 MODULE = str(ROOT / "eagle3" / "training" / "module.py")
-
-
-@pytest.fixture(scope="module")
-def datasets_dir(tmp_path_factory) -> Path:
-    from eagle3.stages.extract import run as extract
-
-    d = tmp_path_factory.mktemp("data")
-    extract(compose("extract", TINY + [f"paths.datasets_dir={d}"], output_dir=str(tmp_path_factory.mktemp("x"))))
-    return d
 
 
 def test_training_steps_make_no_device_tensor_from_a_host_value(datasets_dir, tmp_path, monkeypatch):

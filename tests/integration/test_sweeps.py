@@ -12,21 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, compose
+from conftest import ROOT
 from omegaconf import OmegaConf
 
-from eagle3.stages.extract import run as extract
 from eagle3.stages.sweep import RESULTS_CSV, RESULTS_MD
 
 TINY = ["experiment=tiny_test", "train.max_steps=2", "train.val_check_interval=2"]
 METRIC = "val/replay_accept_len"  # the default optimized_metric
-
-
-@pytest.fixture(scope="module")
-def datasets_dir(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("data")
-    extract(compose("extract", ["experiment=tiny_test", f"paths.datasets_dir={d}"]))
-    return d
 
 
 def _train_multirun(datasets_dir: Path, sweep_dir: Path, args: list[str], multirun: bool = True):
