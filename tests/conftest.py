@@ -63,6 +63,17 @@ def smollm2_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """experiment=tiny_test's target (tiny random Llama, SmolLM2's tokenizer), materialised in the
+    clone's .cache/ once."""
+    from helpers import TINY
+
+    from eagle3.target_model.resolve import resolve_target
+
+    return Path(resolve_target(compose("extract", TINY).model, CACHE))
+
+
+@pytest.fixture(scope="session")
 def datasets_dir(tmp_path_factory) -> Path:
     """A paths.datasets_dir holding experiment=tiny_test's dataset, extracted once a session. Tests
     read it (a training may add a draft vocabulary of another size, built from its token counts:

@@ -102,3 +102,28 @@ def write_numbered_chats(path: Path, n: int = 12, answer: str = "answer") -> Pat
         )
     )
     return path
+
+
+def write_word_chats(path: Path, n: int, word: str) -> Path:
+    """A JSONL of n chats with ids 0..n-1: ``<word> i?`` / ``ok``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [
+        {
+            "id": f"{i}",
+            "messages": [{"role": "user", "content": f"{word} {i}?"}, {"role": "assistant", "content": "ok"}],
+        }
+        for i in range(n)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def question_conversation(cid: str, question: str, split_key: str = ""):
+    """A Conversation ``cid`` of one user ``question`` and an answer that regeneration replaces."""
+    from eagle3.data.conversation import Conversation
+
+    return Conversation(
+        id=cid,
+        messages=[{"role": "user", "content": question}, {"role": "assistant", "content": "IGNORED"}],
+        split_key=split_key,
+    )

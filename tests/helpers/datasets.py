@@ -15,6 +15,30 @@ from eagle3.target_model.adapter import CapturedSample
 # seconds-long end-to-end runs: tiny random Llama, a few real ShareGPT samples
 TINY = ["experiment=tiny_test"]
 
+
+def two_source_mixture_args(tmp_path: Path, weight_b: float) -> list[str]:
+    """tiny_test's overrides for data.mixture of two JSONL sources a (alpha, weight 3) and b (beta,
+    ``weight_b``) of 60 chats each under ``tmp_path`` (a source file already there is kept), the
+    datasets in tmp_path/data."""
+    from helpers.chats import write_word_chats
+
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    for path, word in ((a, "alpha"), (b, "beta")):
+        if not path.exists():  # the test may have rewritten one
+            write_word_chats(path, 60, word)
+    mixture = f"[{{name: a, source: jsonl, path: '{a}', weight: 3}}, {{name: b, source: jsonl, path: '{b}', weight: {weight_b}}}]"
+    return [*TINY, "data=jsonl", "data.path=null", f"data.mixture={mixture}", f"paths.datasets_dir={tmp_path / 'data'}"]
+
+
+def jsonl_extract_config(tmp_path: Path, chats: Path, *more: str):
+    """extract.py's composed config of tiny_test over the JSONL ``chats``, datasets in tmp_path/data."""
+    from conftest import compose
+
+    return compose(
+        "extract", TINY + ["data=jsonl", f"data.path={chats}", f"paths.datasets_dir={tmp_path / 'data'}", *more]
+    )
+
+
 # write_random_dataset's sizes: the captured layer ids, hidden size, target and draft vocabularies
 RANDOM_LAYER_IDS = (1, 2, 4)
 RANDOM_H, RANDOM_VT, RANDOM_V = 8, 50, 5

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterable
 
@@ -51,3 +52,8 @@ def kill_all(proc: subprocess.Popen, processes: Iterable[psutil.Process]) -> Non
     for p in processes:
         if not gone(p):
             p.kill()
+
+
+def read_ahead_threads() -> list[threading.Thread]:
+    """The loader's read-ahead threads (eagle3/store/read_ahead.py) running in this process."""
+    return [t for t in threading.enumerate() if t.name == "eagle3-read-ahead"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from eagle3.store import ShardWriter
-from eagle3.store.storage_format import StorageFormat
+from eagle3.store.storage_format import FP8_MAX, StorageFormat
 from eagle3.target_model.records import CapturedSample
 
 # the samples' captured layer ids, hidden size, dtype and target vocabulary
@@ -20,6 +20,9 @@ VOCAB = 50
 INPUTS = {"model": "tiny", "layer_ids": list(LAYER_IDS), "dtype": "bfloat16"}
 FP8, INT4 = StorageFormat("fp8"), StorageFormat("int4")
 ENCODED_STORAGES = (FP8, INT4)  # parametrize with ids=str
+# e4m3 keeps 3 mantissa bits: a value in the top binade [256, 448] of a row scaled to 448 is off
+# by at most half a step (16), so every element by at most amax x 16/448 (+ bf16's last rounding)
+FP8_ROW_BOUND = 16 / FP8_MAX + 2**-8
 
 
 def wide_range_states(T: int, seed: int = 0, dtype: torch.dtype = DT) -> torch.Tensor:
@@ -27,6 +30,13 @@ def wide_range_states(T: int, seed: int = 0, dtype: torch.dtype = DT) -> torch.T
     g = torch.Generator().manual_seed(seed)
     scale = 10.0 ** torch.linspace(-3, 3, T * len(LAYER_IDS)).reshape(T, len(LAYER_IDS), 1)
     return (torch.randn(T, len(LAYER_IDS), H, generator=g) * scale).to(dtype)
+
+
+def fp8_row_errors(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """Per token and aux layer of [T, L, H] states: the largest error over H, as a fraction of the
+    row's amax (the final layer, stored exact, left out)."""
+    err = (got[:, :-1].float() - want[:, :-1].float()).abs().amax(-1)
+    return err / want[:, :-1].float().abs().amax(-1)
 
 
 def wide_range_samples(n: int = 7) -> dict[str, CapturedSample]:

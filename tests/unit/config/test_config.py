@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 from conftest import ROOT, compose
 from hydra.errors import ConfigCompositionException
@@ -162,21 +159,6 @@ def test_the_composed_config_names_the_sizes_and_why(entry):
     assert full.train.lr == GPU_SIZES["train.lr"]  # the budget's, not repeated by the preset
 
 
-def test_cfg_job_prints_the_sizes_and_why():
-    """The real entrypoint: a GPU topology on the command line brings the GPU sizes, says so on
-    stderr, and --cfg job names both."""
-    out = subprocess.run(
-        [sys.executable, "train.py", "topology=gpu1", "--cfg", "job", "--resolve"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "\nsizes: gpu\n" in out.stdout and "\nsizes_source: topology.accelerator=gpu\n" in out.stdout
-    assert "sizes=gpu: topology=gpu1 runs on a GPU" in out.stderr
-
-
 def test_the_run_sizes_have_no_schema_default():
     """Only a sizes preset (or the command line) sizes a run: without one the stage stops naming the keys."""
     from eagle3.config.training import TrainConfig
@@ -285,22 +267,6 @@ def test_model_hf_reads_facts_from_config_json():
     assert list(cfg.layers.layer_ids) == [1, 2, 3, 4]
 
 
-@pytest.mark.parametrize("entry", ["train.py", "extract.py"])
-def test_cli_cfg_job_resolve(entry):
-    out = subprocess.run(
-        [sys.executable, entry, "model=kimi_k2_5", "topology=gpu8_tp8", "capture=vllm", "--cfg", "job", "--resolve"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr
-    resolved = OmegaConf.create(out.stdout)
-    assert list(resolved.layers.layer_ids) == [2, 30, 58, 61]
-    assert resolved.topology.extract_tp == 8
-    assert resolved.capture.vllm_route == "native"  # the 8-GPU config names vLLM's own connector
-
-
 def test_the_vllm_capture_route_follows_the_accelerator():
     assert compose("extract", ["capture=vllm"]).capture.vllm_route == "native_host_copy"  # the CPU build
     assert compose("extract", ["capture=vllm", "topology=gpu1"]).capture.vllm_route == "native"
@@ -329,14 +295,6 @@ def test_the_datasets_folder_is_paths_datasets_dir():
     assert str(compose("extract", []).paths.datasets_dir).endswith("/data")  # the folder on disk stays data/
     with pytest.raises(ConfigCompositionException, match="data_dir"):
         compose("train", ["paths.data_dir=/tmp/ds"])
-
-
-def test_cli_typo_exits_nonzero_with_key():
-    out = subprocess.run(
-        [sys.executable, "train.py", "train.lrr=1"], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
-    assert out.returncode != 0
-    assert "lrr" in out.stderr
 
 
 def test_draft_layers_below_one_fail_naming_the_key():

@@ -1,48 +1,35 @@
 """data.mixture: conversations drawn from several sources by weight (seeded), each tagged with
 its source, the counts per source in the dataset's manifest, the mixture in the dataset's
-identity, typos refused at compose; self-prompts written and answered by the real SmolLM2; the
-time budget sizing a mixture as a whole. JSONL files written here, a tiny random Llama for the
-extraction."""
+identity, typos refused at compose; the time budget sizing a mixture as a whole. JSONL files
+written here. extract.py's counts and SmolLM2's self-prompts: integration/test_data_mixture_extract.py."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, compose
+from conftest import compose
+from helpers import two_source_mixture_args, write_word_chats
 
 from eagle3.config.schema import run_config
-from eagle3.data.conversation import conversation_of
 from eagle3.data.loaders import LoadReport
 from eagle3.data.mixture import Mixture, source_of
 from eagle3.extraction.identity import fingerprint_inputs
 from eagle3.planning import time_budget
 from eagle3.stages.narrow import dataset_identity
-from eagle3.store import Manifest
 
 TINY = ["experiment=tiny_test"]
 
 
-def _chats(path: Path, n: int, word: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rows = [
-        {
-            "id": f"{i}",
-            "messages": [{"role": "user", "content": f"{word} {i}?"}, {"role": "assistant", "content": "ok"}],
-        }
-        for i in range(n)
-    ]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 def _entries(tmp_path: Path, weights: dict[str, float], n: int = 3000, **caps: int) -> list[dict]:
     return [
-        {"name": name, "source": "jsonl", "path": str(_chats(tmp_path / f"{name}.jsonl", n, name)), "weight": w}
+        {
+            "name": name,
+            "source": "jsonl",
+            "path": str(write_word_chats(tmp_path / f"{name}.jsonl", n, name)),
+            "weight": w,
+        }
         | ({"max_samples": caps[name]} if name in caps else {})
         for name, w in weights.items()
     ]
@@ -98,73 +85,20 @@ def test_a_typo_in_a_source_fails_at_compose():
     ]
 
 
-@pytest.fixture(scope="module")
-def model_dir() -> Path:
-    from eagle3.target_model.resolve import resolve_target
-
-    return Path(resolve_target(compose("extract", TINY).model, ROOT / ".cache"))
-
-
-def _mix_args(tmp_path: Path, weight_b: float) -> list[str]:
-    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    for path, word in ((a, "alpha"), (b, "beta")):
-        if not path.exists():  # the test may have rewritten one
-            _chats(path, 60, word)
-    mixture = f"[{{name: a, source: jsonl, path: '{a}', weight: 3}}, {{name: b, source: jsonl, path: '{b}', weight: {weight_b}}}]"
-    return [*TINY, "data=jsonl", "data.path=null", f"data.mixture={mixture}", f"paths.datasets_dir={tmp_path / 'data'}"]
-
-
-def test_the_mixture_names_the_dataset(tmp_path, model_dir):
+def test_the_mixture_names_the_dataset(tmp_path, tiny_model_dir):
     def inputs(*args: str) -> dict:
-        return fingerprint_inputs(dataset_identity(run_config(compose("extract", list(args))), str(model_dir)))
+        return fingerprint_inputs(dataset_identity(run_config(compose("extract", list(args))), str(tiny_model_dir)))
 
-    base = inputs(*_mix_args(tmp_path, 1))
-    assert inputs(*_mix_args(tmp_path, 2)) != base  # a weight
+    base = inputs(*two_source_mixture_args(tmp_path, 1))
+    assert inputs(*two_source_mixture_args(tmp_path, 2)) != base  # a weight
     sources = base["data"]["mixture"]
     assert [s["name"] for s in sources] == ["a", "b"] and all(s["content_sha"] for s in sources)
     assert "path" not in sources[0] and "source" not in base["data"]  # content, not places
-    _chats(tmp_path / "b.jsonl", 60, "gamma")  # one source's content
-    assert inputs(*_mix_args(tmp_path, 1)) != base
+    write_word_chats(tmp_path / "b.jsonl", 60, "gamma")  # one source's content
+    assert inputs(*two_source_mixture_args(tmp_path, 1)) != base
     # a config without a mixture keeps the fingerprint it had before the option
     plain = inputs(*TINY, "data=jsonl", f"data.path={tmp_path / 'a.jsonl'}", f"paths.datasets_dir={tmp_path}")
     assert "mixture" not in plain["data"]
-
-
-def test_extract_prints_and_records_the_counts_per_source(tmp_path, model_dir):
-    run = subprocess.run(
-        [sys.executable, "extract.py", *_mix_args(tmp_path, 1)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "source a" in run.stderr and "source b" in run.stderr
-    manifest = Manifest.read(Path(run.stdout.strip().splitlines()[-1]))
-    counts = manifest.provenance["mixture"]
-    assert set(counts) == {"a", "b"} and counts["a"]["weight"] == pytest.approx(0.75)
-    assert manifest.num_samples == 40  # tiny_test's data.max_samples, over both sources
-    assert Counter(source_of(i) for i in manifest.sample_ids) == {k: v["samples"] for k, v in counts.items()}
-    assert Counter(source_of(i) for i in manifest.val_ids) == {k: v["val"] for k, v in counts.items() if v["val"]}
-    assert counts["a"]["samples"] > counts["b"]["samples"] > 0
-
-    # the dataset's validation prompts: its samples' served prompts (a mixture's self-written user
-    # turns live in no chat file), each the opening turn of the conversation its id names
-    from transformers import AutoTokenizer
-
-    from eagle3.evaluation.prompts import heldout_prompts
-
-    dataset_dir = Path(run.stdout.strip().splitlines()[-1])
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    got = heldout_prompts(dataset_dir, max_prompts=50, humaneval_prompts=0, tokenizer=tokenizer)
-    val_conversations = list(dict.fromkeys(conversation_of(i) for i in manifest.val_ids))
-    assert [p.id for p in got.prompts] == val_conversations and all(p.source == "val" for p in got.prompts)
-    for p in got.prompts:
-        name, number = p.id.split("/")
-        word = "alpha" if name == "a" else "beta"
-        opening = [{"role": "user", "content": f"{word} {number}?"}]
-        text = tokenizer.apply_chat_template(opening, add_generation_prompt=True, tokenize=False)
-        assert p.token_ids == tokenizer(text, add_special_tokens=False)["input_ids"], p.id
 
 
 def _shares(*more: str) -> time_budget.TimeShares:
@@ -184,23 +118,3 @@ def test_the_budget_sizes_a_mixture_as_a_whole():
     # longer self-prompts cost more generation: fewer conversations fit the same minutes
     longer = _shares("data=mixture_default", "data.mixture.1.prompt_max_tokens=400")
     assert longer.prompt_s > mix.prompt_s and longer.conversations < mix.conversations
-
-
-@pytest.mark.slow
-def test_self_prompts_on_smollm2_are_distinct_user_turns_then_answered(smollm2_dir, tmp_path):
-    from eagle3.target_model.generate.hf_engine import HFRegenerator
-    from eagle3.target_model.generate.self_prompts import SelfPrompts
-
-    regen = HFRegenerator(smollm2_dir, tmp_path, max_tokens=12, max_model_len=256, gen_batch_size=3)
-    entry = {"name": "self", "prompt_max_tokens": 16, "topics": ["math", "coding", "history"]}
-    stream = iter(SelfPrompts(regen, entry, seed=0, batch_size=3))
-    convs = [next(stream) for _ in range(3)]
-    stream.close()
-    users = [c.messages[0]["content"] for c in convs]
-    assert all(u.strip() for u in users) and len(set(users)) == 3, users
-    again = iter(SelfPrompts(regen, entry, seed=0, batch_size=3))  # read back from the cache: the same
-    assert [next(again).messages[0]["content"] for _ in range(3)] == users
-    answered = regen(convs)
-    for conv, user in zip(answered, users):
-        assert [m["role"] for m in conv.messages] == ["user", "assistant"]
-        assert conv.messages[0]["content"] == user and conv.messages[1]["content"].strip()

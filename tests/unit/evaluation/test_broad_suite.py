@@ -1,6 +1,7 @@
-"""The held-out suite (eagle3/evaluation/suite.py): its files, the stratified pick, that it never
-reaches training, the bootstrap intervals over prompts, acceptance.json's new fields, and (slow)
-the suite path through a real vLLM engine with a second turn asked after the target's answer."""
+"""The held-out suite (eagle3/evaluation/suite.py): its files, the stratified pick, the bootstrap
+intervals over prompts, acceptance.json's new fields. That it never reaches training:
+integration/test_broad_suite_data.py; the suite path through a real vLLM engine:
+integration/vllm/test_broad_suite_vllm.py."""
 
 from __future__ import annotations
 
@@ -9,8 +10,6 @@ import math
 import re
 
 import pytest
-from conftest import ROOT
-from helpers import export_random_head, write_dataset_with_val_split
 
 from eagle3.evaluation.acceptance_run import breakdown
 from eagle3.evaluation.counters import SpecDecodeCounters
@@ -18,7 +17,7 @@ from eagle3.evaluation.engine_io import BatchResult
 from eagle3.evaluation.figures import PromptOutcome, figures_of, prompt_outcomes
 from eagle3.evaluation.intervals import Unit, bootstrap, pooled, unit_of_histograms
 from eagle3.evaluation.report import AcceptanceReport, print_table, write_json
-from eagle3.evaluation.suite import CATEGORIES, SUITE_DIR, read_suite, stratified, suite_prompts
+from eagle3.evaluation.suite import CATEGORIES, read_suite, stratified, suite_prompts
 
 K = 3
 
@@ -61,27 +60,6 @@ def test_a_malformed_suite_record_is_named(tmp_path, monkeypatch):
         suite.SuiteError, match=re.escape(f"{bad} line 2: turns: expected 1 or 2 non-empty strings, got []")
     ):
         read_suite("broad")
-
-
-def test_the_suite_ships_in_the_package_and_never_reaches_training():
-    """The suite's files are package data; no data preset or data/extraction code names them; the
-    packaged ShareGPT that extract.py renders holds none of their turns."""
-    assert '"eagle3.evaluation" = ["suites/*.jsonl"]' in (ROOT / "pyproject.toml").read_text()
-    assert SUITE_DIR == ROOT / "eagle3" / "evaluation" / "suites"
-    names = ("suites/", "broad.jsonl", "math_word.jsonl")
-    for path in [*(ROOT / "conf").rglob("*.yaml"), *(ROOT / "eagle3" / "data").rglob("*.py"),
-                 *(ROOT / "eagle3" / "extraction").rglob("*.py"), *(ROOT / "eagle3" / "training").rglob("*.py")]:  # fmt: skip
-        text = path.read_text()
-        assert not any(n in text for n in names), path
-    from eagle3.data.loaders import iter_conversations
-
-    turns = {t for name in ("broad", "math_word") for p in read_suite(name) for t in p.turns}
-    seen = 0
-    for conv in iter_conversations("sharegpt", None):
-        seen += 1
-        for m in conv.messages:
-            assert not any(t in m["content"] for t in turns), (conv.id, m["content"][:200])
-    assert seen > 10_000
 
 
 # ------------------------------------------------------------------ intervals
@@ -186,43 +164,6 @@ def test_acceptance_json_holds_the_headline_its_interval_and_the_in_distribution
 
 
 # ------------------------------------------------------------------ real vLLM
-
-
-@pytest.mark.slow
-@pytest.mark.vllm
-def test_the_suite_path_through_vllm_with_a_second_turn(tmp_path, smollm2_dir):
-    """evaluate() with a random head on SmolLM2: nine suite prompts (one per category, then
-    writing-02, whose second turn is asked after the engine's own answer), one math word problem,
-    one validation prompt. Every figure per category, the interval from vLLM's per-request
-    figures, the validation split beside the headline."""
-    pytest.importorskip("vllm")
-    from eagle3.config.schema import EvalConfig
-    from eagle3.evaluation.acceptance import evaluate
-
-    export = export_random_head(tmp_path / "export", smollm2_dir)
-    ds = write_dataset_with_val_split(tmp_path / "ds", ["c1"])
-    cfg = EvalConfig(num_draft_tokens=K, suite_prompts=9, math_prompts=1, max_prompts=1, humaneval_prompts=0,
-                     max_new_tokens=24)  # fmt: skip
-    result = evaluate(export, eval_cfg=cfg, dataset_dir=ds, target=str(smollm2_dir), baseline=False,
-                      engine={"max_num_seqs": 16, "cpu_kvcache_space_gb": 2}, show_table=False)  # fmt: skip
-    data = json.loads(result.json_path.read_text())
-    assert data["prompts"] == {"broad": 9, "math_word": 1, "humaneval": 0, "val": 1}
-    assert (
-        data["headline"]["sets"] == ["broad", "math_word"] and data["headline"]["prompts"] == 11
-    )  # 10 + a second turn
-    assert set(data["by_category"]) == {*CATEGORIES, "math_word", "val"}
-    assert data["by_category"]["writing"]["prompts"] == 2 and data["by_category"]["writing"]["interval"] is not None
-    turns = {p["id"]: p for p in data["per_prompt"]}
-    second, first = turns["writing-02#2"], turns["writing-02"]
-    assert second["turn"] == 2 and second["category"] == "writing" and second["output_tokens"] > 0
-    assert {p["finish_reason"] for p in data["per_prompt"]} <= {"stop", "length"}
-    assert 0.0 <= data["ended_at_eos"] <= 1.0
-    # the second turn holds the first, the engine's answer to it, and the new question
-    assert second["prompt_tokens"] > first["prompt_tokens"] + first["output_tokens"]
-    assert sum(p["drafts"] for p in data["per_prompt"] if p["source"] != "val") == data["drafts"]
-    assert data["interval"]["prompts"] >= 8 and data["interval"]["mean_acceptance_length"][0] >= 1.0
-    assert data["in_distribution"]["label"] == "validation split (in-distribution)"
-    assert data["in_distribution"]["prompts"] == 1 and data["consistency_problems"] == []
 
 
 def test_sets_run_in_one_call_are_split_back_per_set():

@@ -1,16 +1,14 @@
 """What a run will cost, said before it starts: the figures follow from the config (samples x
 max_length, steps x tokens per step, ranks, disk from eagle3/planning/disk_estimate.py, time from the measured
-rates), and both stages print them and write them to the run's log."""
+rates); both stages printing them and writing them to the run's log: integration/test_cost_cli.py."""
 
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from conftest import ROOT, compose
+from helpers.printed import printed_number
 
 from eagle3.planning.cost import (
     capture_seconds,
@@ -41,10 +39,6 @@ def cpu_with_native_bf16_without_amx(monkeypatch):
 
     monkeypatch.setattr(cd, "cpu_flags", lambda: AVX512_BF16)
     monkeypatch.setattr(cd, "onednn_allows_bf16", lambda: True)
-
-
-def _num(text: str) -> float:
-    return float(text.replace(",", ""))
 
 
 def test_extract_estimate_follows_the_config():
@@ -106,17 +100,17 @@ def test_train_estimate_is_steps_times_tokens_per_step_over_ranks():
     line = train_lines(cfg)[0]
     assert "train: 150 steps x <= 2,048 tokens = <= 307,200 tokens" in line
     minutes, tok_s = re.search(r"~([\d.]+) min at ~([\d,]+) tok/s", line).groups()
-    assert _num(minutes) == pytest.approx(150 * 2048 / _num(tok_s) / 60, abs=0.06)
+    assert printed_number(minutes) == pytest.approx(150 * 2048 / printed_number(tok_s) / 60, abs=0.06)
     # 4x the draft vocabulary: more FLOPs per token, a lower rate than the one measured at 4096
     wide = train_lines(compose("train", ["head=compact", "head.draft_vocab_size=16384"]))[0]
-    assert _num(re.search(r"at ~([\d,]+) tok/s", wide).group(1)) < CPU_RATE.train_tok_s
+    assert printed_number(re.search(r"at ~([\d,]+) tok/s", wide).group(1)) < CPU_RATE.train_tok_s
     # the measured split: packed batches' mean fill decides the tokens trained on and the passes
     known = train_lines(cfg, train_tokens=50_000, train_batches=40)[0]
     assert "batches hold ~1,250 per rank: ~187,500 tokens, ~3.8 passes over 50,000 train tokens" in known
     # the CPU rate was measured in bf16 autocast: a CPU whose precision resolves to fp32 (no
     # native bf16) gets the fp32 rate measured as such a CPU runs it, rather than a bf16 estimate
     rates = {
-        precision: _num(
+        precision: printed_number(
             re.search(
                 r"at ~([\d,]+) tok/s",
                 train_lines(compose("train", ["head=compact", f"topology.precision={precision}"]))[0],
@@ -185,31 +179,6 @@ def test_an_moe_target_takes_capture_from_the_moe_entry_and_training_from_the_de
     bad.write_text(yaml.safe_dump(entries))
     with pytest.raises(ValueError, match="an MoE entry holds .* only, got .*train_tok_s"):
         measured_rates(bad)
-
-
-def _run(entry: str, args: list[str], run_dir: Path) -> str:
-    out = subprocess.run(
-        [sys.executable, entry, "experiment=tiny_test", *args, f"hydra.run.dir={run_dir}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout
-
-
-def test_both_stages_print_the_estimate_and_write_it_to_the_run_log(tmp_path):
-    data = [f"paths.datasets_dir={tmp_path / 'data'}"]
-    stdout = _run("extract.py", data, tmp_path / "extract")
-    line = "extract: 40 samples x <= 128 tokens = <= 5,120 tokens"
-    assert line in stdout and line in (tmp_path / "extract" / "extract.log").read_text()
-    rendered = re.search(r"extract: ([\d,]+) tokens to capture \(rendered\)", stdout)
-    assert rendered and 0 < _num(rendered.group(1)) <= 5120
-
-    stdout = _run("train.py", data + ["train.max_steps=2", "train.val_check_interval=2"], tmp_path / "train")
-    line = "train: 2 steps x <= 512 tokens = <= 1,024 tokens"
-    assert line in stdout and line in (tmp_path / "train" / "train.log").read_text()
 
 
 def test_every_measured_figure_says_what_measured_it():

@@ -1,19 +1,16 @@
 """The loader's read-ahead thread (``train.read_ahead``, eagle3/store/read_ahead.py): the same
 batches in the same order as the step's own thread reads them, errors raised where the step
-asks for the batch, no thread left behind by a run that stops mid-pass, and train.py's head
-unchanged by it."""
+asks for the batch, no thread left behind by a run that stops mid-pass. train.py's head
+unchanged by it: integration/test_read_ahead_train.py."""
 
 from __future__ import annotations
 
-import json
-import threading
 import time
 
 import pytest
 import torch
-from conftest import compose
 from helpers import write_random_dataset
-from safetensors.torch import load_file
+from helpers.processes import read_ahead_threads
 
 from eagle3.store import HiddenStateDataset
 from eagle3.store.packing import pack_rows, packed_loader
@@ -69,10 +66,6 @@ def test_an_error_while_reading_ahead_is_raised_at_the_batch_that_needs_it(tmp_p
         next(it)
 
 
-def _reader_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "eagle3-read-ahead"]
-
-
 def test_a_pass_stopped_early_leaves_no_reading_thread(tmp_path):
     """Lightning stops at max_steps in the middle of a pass: the thread, blocked on a full queue,
     ends when the iterator is closed or dropped."""
@@ -82,37 +75,15 @@ def test_a_pass_stopped_early_leaves_no_reading_thread(tmp_path):
     it = iter(loader)
     next(it)
     it.close()
-    assert not _reader_threads()
+    assert not read_ahead_threads()
     it = iter(loader)
     next(it)
     del it
     deadline = time.monotonic() + 5
-    while _reader_threads() and time.monotonic() < deadline:
+    while read_ahead_threads() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _reader_threads()
+    assert not read_ahead_threads()
     with pytest.raises(ValueError, match="expected num_workers=0, got 2"):
         ReadAheadLoader(ds, num_workers=2)
     with pytest.raises(ValueError, match=r"read_ahead: expected >= 1 batches, got 0"):
         ReadAheadLoader(ds, read_ahead=0)
-
-
-def test_train_py_with_read_ahead_trains_the_same_head(tmp_path):
-    """The real train.py on the tiny target: the head reading ahead equals, weight for weight,
-    the head whose step thread read its own batches."""
-    from eagle3.stages.extract import run as extract
-    from eagle3.stages.train import run as train
-
-    args = ["experiment=tiny_test", "eval.enabled=false", f"paths.datasets_dir={tmp_path / 'data'}"]
-    extract(compose("extract", args))
-    heads, losses = [], []
-    for read_ahead in (0, 2):
-        out = tmp_path / f"run{read_ahead}"
-        train(compose("train", [*args, f"train.read_ahead={read_ahead}"], output_dir=str(out)))
-        summary = json.loads((out / "summary.json").read_text())
-        heads.append(load_file(str(out / "export" / "model.safetensors")))
-        losses.append(summary["final"]["val/loss"])
-    assert losses[0] == losses[1]
-    assert set(heads[0]) == set(heads[1])
-    for name in heads[0]:
-        assert torch.equal(heads[0][name], heads[1][name]), name
-    assert not _reader_threads()

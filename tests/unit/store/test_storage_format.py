@@ -1,6 +1,7 @@
 """capture.storage=fp8: the aux hidden states in float8_e4m3fn with a scale per token and layer,
 the final layer exact; the format in the shards, the manifest, the fingerprint, a merge and the
-disk estimate; an exact dataset of before the field still reads and trains."""
+disk estimate; an exact dataset of before the field still reads (real runs:
+integration/test_storage_format_runs.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import compose
+from helpers.storage import DT, FP8, FP8_ROW_BOUND, INPUTS, INT4, LAYER_IDS, H, fp8_row_errors, wide_range_states
 from safetensors import safe_open
 
 from eagle3.store import (
@@ -22,34 +24,12 @@ from eagle3.store import (
     disk_needed_bytes,
 )
 from eagle3.store.merge import merge_parts, part_dir
-from eagle3.store.storage_format import FP8_MAX, StorageFormat
+from eagle3.store.storage_format import StorageFormat
 from eagle3.target_model.adapter import CapturedSample
-
-LAYER_IDS = (1, 2, 4)
-FP8, INT4 = StorageFormat("fp8"), StorageFormat("int4")
-H = 64
-DT = torch.bfloat16
-INPUTS = {"model": "tiny", "layer_ids": list(LAYER_IDS), "dtype": "bfloat16"}
-# e4m3 keeps 3 mantissa bits: a value in the top binade [256, 448] of a row scaled to 448 is off
-# by at most half a step (16), so every element by at most amax x 16/448 (+ bf16's last rounding)
-ROW_BOUND = 16 / FP8_MAX + 2**-8
-
-
-def states(T: int, seed: int = 0) -> torch.Tensor:
-    """[T, L, H] bf16 whose rows differ in magnitude by 6 orders (an attention-sink-like row 1e3)."""
-    g = torch.Generator().manual_seed(seed)
-    scale = 10.0 ** torch.linspace(-3, 3, T * len(LAYER_IDS)).reshape(T, len(LAYER_IDS), 1)
-    return (torch.randn(T, len(LAYER_IDS), H, generator=g) * scale).to(DT)
-
-
-def row_errors(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
-    """Per token and aux layer: the largest error over H, as a fraction of the row's amax."""
-    err = (got[:, :-1].float() - want[:, :-1].float()).abs().amax(-1)
-    return err / want[:, :-1].float().abs().amax(-1)
 
 
 def test_fp8_error_is_bounded_per_token_and_layer_and_the_final_layer_is_exact():
-    h = states(12)
+    h = wide_range_states(12)
     h[3, 0] = 0  # an all-zero row: zeros back, not NaN
     enc = FP8.encode(h)
     assert enc["hidden_aux"].dtype == torch.float8_e4m3fn and list(enc["hidden_aux"].shape) == [12, 2, H]
@@ -58,9 +38,9 @@ def test_fp8_error_is_bounded_per_token_and_layer_and_the_final_layer_is_exact()
     assert back.dtype == DT and back.shape == h.shape
     assert torch.equal(back[:, -1], h[:, -1])  # the teacher's state, bit for bit
     assert torch.equal(back[3, 0], torch.zeros(H, dtype=DT))
-    rel = row_errors(back, h)
+    rel = fp8_row_errors(back, h)
     rel[3, 0] = 0
-    assert float(rel.max()) <= ROW_BOUND  # every row, from 1e-3 to 1e3, at its own scale
+    assert float(rel.max()) <= FP8_ROW_BOUND  # every row, from 1e-3 to 1e3, at its own scale
     assert float(rel.max()) > 0.005  # and it is fp8: the bound is not vacuous
     # one scale for the whole tensor would flush the small rows to zero: the per-row scale keeps them
     assert float(back[0, 0].float().abs().max()) > 0
@@ -79,7 +59,7 @@ def test_an_fp8_dataset_round_trips_at_the_estimated_size(tmp_path):
     want = {}
     for i in range(8):
         T = 5 + 3 * i
-        want[f"s{i}"] = CapturedSample(torch.arange(T), torch.arange(T) % 2 == 0, states(T, seed=i))
+        want[f"s{i}"] = CapturedSample(torch.arange(T), torch.arange(T) % 2 == 0, wide_range_states(T, seed=i))
         w.add(f"s{i}", want[f"s{i}"])
     m = w.finish(torch.arange(50), {})
     assert m.storage == FP8 and json.loads((tmp_path / "manifest.json").read_text())["storage"] == "fp8"
@@ -92,7 +72,7 @@ def test_an_fp8_dataset_round_trips_at_the_estimated_size(tmp_path):
         got, ref = ds[i], want[ds.sample_id(i)]
         assert got["hidden"].dtype == DT and torch.equal(got["input_ids"], ref.token_ids)
         assert torch.equal(got["hidden"][:, -1], ref.hidden[:, -1])
-        assert float(row_errors(got["hidden"], ref.hidden).max()) <= ROW_BOUND
+        assert float(fp8_row_errors(got["hidden"], ref.hidden).max()) <= FP8_ROW_BOUND
     # the disk check's figure holds the shards, and is fp8's, not bf16's
     on_disk = sum(s.size_bytes for s in m.shards)
     need = disk_needed_bytes(m.num_tokens, 3, H, DT, m.num_samples, 40, FP8)
@@ -102,7 +82,7 @@ def test_an_fp8_dataset_round_trips_at_the_estimated_size(tmp_path):
 def test_reopening_with_another_storage_is_refused_by_name(tmp_path):
     kw = dict(layer_ids=LAYER_IDS, hidden_size=H, dtype=DT, fingerprint_inputs=INPUTS)
     with ShardWriter(tmp_path, storage=FP8, **kw) as w:
-        w.add("a", CapturedSample(torch.arange(4), torch.ones(4, dtype=torch.bool), states(4)))
+        w.add("a", CapturedSample(torch.arange(4), torch.ones(4, dtype=torch.bool), wide_range_states(4)))
     with pytest.raises(FingerprintMismatchError, match="storage: expected exact, got fp8"):
         ShardWriter(tmp_path, **kw)
     with pytest.raises(StoreError, match="storage: expected a StorageFormat .*got 'fp8'"):
@@ -115,7 +95,7 @@ def _write(directory: Path, storage: str, ids: range) -> None:
     kw = dict(layer_ids=LAYER_IDS, hidden_size=H, dtype=DT, fingerprint_inputs=INPUTS)
     w = ShardWriter(directory, storage=StorageFormat(storage), **kw)
     for i in ids:
-        w.add(f"s{i}", CapturedSample(torch.arange(6), torch.ones(6, dtype=torch.bool), states(6, seed=i)))
+        w.add(f"s{i}", CapturedSample(torch.arange(6), torch.ones(6, dtype=torch.bool), wide_range_states(6, seed=i)))
     w.finish(torch.arange(50), {})
 
 
@@ -126,7 +106,7 @@ def test_a_manifest_without_the_field_reads_as_exact(tmp_path):
     assert raw.pop("storage") == "exact"
     path.write_text(json.dumps(raw))  # as written before the field existed
     ds = HiddenStateDataset(tmp_path, verify="full")
-    assert ds.storage == StorageFormat() and torch.equal(ds[0]["hidden"], states(6, seed=0))
+    assert ds.storage == StorageFormat() and torch.equal(ds[0]["hidden"], wide_range_states(6, seed=0))
     with safe_open(str(tmp_path / raw["shards"][0]["file"]), framework="pt") as f:
         assert "storage" not in f.metadata()  # exact shards are byte for byte those of before
 
@@ -175,103 +155,13 @@ def test_resolve_shows_bytes_per_token_and_the_dataset_size_of_the_format():
 
 # ---------------------------------------------------------------- end to end (tiny random target)
 
-TINY = ["experiment=tiny_test"]
-
-
-@pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory) -> Path:
-    from eagle3.stages.extract import run as extract
-
-    d = tmp_path_factory.mktemp("data")
-    for storage in ("exact", "fp8"):
-        extract(compose("extract", TINY + [f"paths.datasets_dir={d}", f"capture.storage={storage}"]))
-    return d
-
-
-def _recipe(datasets_dir: Path, storage: str):
-    from eagle3.config.schema import run_config
-    from eagle3.stages.narrow import dataset_identity
-    from eagle3.target_model.resolve import resolve_target
-
-    run = run_config(compose("extract", TINY + [f"paths.datasets_dir={datasets_dir}", f"capture.storage={storage}"]))
-    return dataset_identity(run, resolve_target(run.model, run.paths.cache_dir))
-
-
-def test_the_fingerprint_carries_a_format_other_than_exact(tiny_data):
-    from eagle3.extraction.identity import dataset_path, fingerprint_inputs, token_fingerprint_inputs
-
-    exact, fp8 = _recipe(tiny_data, "exact"), _recipe(tiny_data, "fp8")
-    assert "storage" not in fingerprint_inputs(exact)  # datasets named before the field keep their names
-    assert fingerprint_inputs(fp8)["storage"] == "fp8"
-    assert dataset_path(exact) != dataset_path(fp8)
-    assert token_fingerprint_inputs(exact) == token_fingerprint_inputs(fp8)  # online stores no states
-    for identity, storage in ((exact, "exact"), (fp8, "fp8")):
-        m = json.loads((dataset_path(identity) / "manifest.json").read_text())
-        assert m["storage"] == storage and m["complete"]
-
-
-def test_fp8_and_an_old_exact_dataset_both_train(tiny_data, tmp_path):
-    from eagle3.extraction.identity import dataset_path
-    from eagle3.stages.train import run as train
-
-    old = dataset_path(_recipe(tiny_data, "exact")) / "manifest.json"
-    raw = json.loads(old.read_text())
-    raw.pop("storage")  # a dataset written before the field existed
-    old.write_text(json.dumps(raw, indent=1))
-    for storage in ("exact", "fp8"):
-        out = tmp_path / storage
-        train(
-            compose(
-                "train", TINY + [f"paths.datasets_dir={tiny_data}", f"capture.storage={storage}"], output_dir=str(out)
-            )
-        )
-        summary = json.loads((out / "summary.json").read_text())
-        assert summary["global_step"] == 6 and Path(summary["dataset_dir"]) == dataset_path(_recipe(tiny_data, storage))
-        assert torch.isfinite(torch.tensor(summary["final"]["train/loss_k0"]))
-
-
-# ---------------------------------------------------------------- the real target
-
-
-@pytest.mark.slow
-def test_a_real_smollm2_capture_in_fp8_is_within_tolerance_of_bf16(smollm2_dir, tmp_path):
-    from transformers import AutoTokenizer
-
-    from eagle3.target_model.capture_hf import HFCaptureBackend
-
-    tok = AutoTokenizer.from_pretrained(smollm2_dir)
-    chats = ["What is 2+2? Four, as any calculator says.", "Name a colour: blue, like the sky at noon."]
-    samples = []
-    for i, text in enumerate(chats):
-        ids = torch.tensor(tok(text)["input_ids"], dtype=torch.int64)
-        samples.append((f"c{i}", ids, torch.ones(len(ids), dtype=torch.bool)))
-    backend = HFCaptureBackend(str(smollm2_dir), [2, 15, 27, 30])
-    try:
-        captured = list(backend.capture(samples))
-    finally:
-        backend.close()
-    kw = dict(layer_ids=(2, 15, 27, 30), hidden_size=576, dtype=DT, fingerprint_inputs=INPUTS)
-    for storage in ("exact", "fp8"):
-        w = ShardWriter(tmp_path / storage, storage=StorageFormat(storage), **kw)
-        for (sid, _, _), s in zip(samples, captured):
-            w.add(sid, s)
-        w.finish(torch.zeros(49152, dtype=torch.int64), {})
-    exact, fp8 = HiddenStateDataset(tmp_path / "exact"), HiddenStateDataset(tmp_path / "fp8")
-    for i in range(len(exact)):
-        want, got = exact[i]["hidden"], fp8[i]["hidden"]
-        assert torch.equal(got[:, -1], want[:, -1])
-        assert float(row_errors(got, want).max()) <= ROW_BOUND
-        rel = (got[:, :-1].float() - want[:, :-1].float()).norm() / want[:, :-1].float().norm()
-        assert 0 < float(rel) < 0.03  # e4m3's mean error on real states: ~2% of the norm
-    sizes = [sum(p.stat().st_size for p in (tmp_path / s).glob("shard-*")) for s in ("exact", "fp8")]
-    assert sizes[1] < 0.7 * sizes[0]
-
 
 def test_the_int4_option_round_trips_at_under_half_the_bytes(tmp_path):
     """Not a default: 4-bit codes with a bf16 scale per 32 channels; error within half a step."""
     w = ShardWriter(tmp_path, layer_ids=LAYER_IDS, hidden_size=H, dtype=DT, fingerprint_inputs=INPUTS, storage=INT4)
     want = {
-        f"s{i}": CapturedSample(torch.arange(9), torch.ones(9, dtype=torch.bool), states(9, seed=i)) for i in range(4)
+        f"s{i}": CapturedSample(torch.arange(9), torch.ones(9, dtype=torch.bool), wide_range_states(9, seed=i))
+        for i in range(4)
     }
     for sid, sample in want.items():
         w.add(sid, sample)

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers.generate import generate_alone
 
 from eagle3.target_model.generate.fast_decode import _chunks, decode, unsupported_reason
 
@@ -38,25 +39,10 @@ def tiny():
     return LlamaForCausalLM(cfg).float().eval()
 
 
-def _alone(model, prompt: list[int], room: int, stop: set[int], **kwargs) -> list[int]:
-    ids = torch.tensor([prompt])
-    with torch.inference_mode():
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=room,
-            do_sample=False,
-            pad_token_id=0,
-            **kwargs,
-        )
-    seq = out[0, len(prompt) :].tolist()[:room]
-    return seq[: next((k for k, t in enumerate(seq) if t in stop), len(seq))]
-
-
 @pytest.fixture(scope="module")
 def reference(tiny):
     """generate per prompt alone, and a stop id that cuts some answers but not all."""
-    full = [_alone(tiny, p, r, set()) for p, r in zip(PROMPTS, ROOMS)]
+    full = [generate_alone(tiny, p, r, set()) for p, r in zip(PROMPTS, ROOMS)]
     assert all(len(a) == r for a, r in zip(full, ROOMS))
     stop = full[2][5]  # inside the longest answer, so at least that one stops early
     cut = [a[: a.index(stop)] if stop in a else a for a in full]
@@ -97,7 +83,7 @@ def test_other_llama_family_members_equal_generate_alone(kind):
             torch.nn.init.normal_(layer.self_attn.q_proj.bias, std=0.5)
             torch.nn.init.normal_(layer.self_attn.k_proj.bias, std=0.5)
     assert unsupported_reason(model) is None
-    assert decode(model, PROMPTS, ROOMS, set()) == [_alone(model, p, r, set()) for p, r in zip(PROMPTS, ROOMS)]
+    assert decode(model, PROMPTS, ROOMS, set()) == [generate_alone(model, p, r, set()) for p, r in zip(PROMPTS, ROOMS)]
 
 
 def test_rooms_of_zero_and_prompt_order_do_not_matter(tiny, reference):
@@ -173,29 +159,6 @@ def test_unsupported_reason():
     assert "model_type 'mixtral'" in unsupported_reason(lookalike)
     with pytest.raises(ValueError, match="sliding_window=64"):
         decode(mistral, [[1] * 60], [8], {0})
-
-
-@pytest.mark.slow
-def test_smollm2_float32_equals_generate_alone(smollm2_dir):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(smollm2_dir)
-    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
-    chats = [
-        [{"role": "user", "content": "What is the capital of France?"}],
-        [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hi."}],
-        [{"role": "user", "content": "Write a short poem about the sea, in three lines, and explain it. " * 3}],
-    ]
-    prompts = []
-    for chat in chats:
-        ids = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
-        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
-    assert len({len(p) for p in prompts}) == 3
-    stop = {tok.eos_token_id}
-    want = [_alone(model, p, 24, stop, eos_token_id=sorted(stop)) for p in prompts]
-    got = decode(model, prompts, [24] * 3, stop)
-    assert got == want
-    assert "Paris" in tok.decode(got[0])
 
 
 def test_generate_settings_follow_the_generation_config(tiny):
