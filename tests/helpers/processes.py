@@ -1,6 +1,7 @@
-"""What the tests of processes left behind share (tests/test_left_running.py,
-tests/test_left_behind.py): a real vLLM capture to kill, whether a process is gone, waiting for a
-condition with a deadline, and ending what a test started when it fails part-way."""
+"""What the tests of processes left behind share (tests/integration/vllm/test_left_running.py,
+test_left_behind.py): a real vLLM capture to kill, whether a process is gone, waiting for a
+condition with a deadline, ending what a test started when it fails part-way; the loader's
+read-ahead threads still running."""
 
 from __future__ import annotations
 

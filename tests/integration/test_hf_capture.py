@@ -197,7 +197,7 @@ def test_nan_in_the_model_is_refused_by_the_adapter(tiny_deepseek):
 
 # ---------------------------------------------------------------------------- CUDA: the host copy
 # overlaps the next forward (eagle3/target_model/host_copy.py); run on a GPU machine with
-#   python -m pytest tests/test_hf_capture.py -k cuda
+#   python -m pytest tests/integration/test_hf_capture.py -k cuda
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

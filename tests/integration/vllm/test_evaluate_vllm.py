@@ -33,7 +33,7 @@ def test_random_head_measures_near_one_in_vllm(tmp_path, smollm2_dir, layers):
         f"eval.num_draft_tokens={K}",
         "eval.max_prompts=7",
         "eval.humaneval_prompts=4",
-        "eval.suite_prompts=0",  # the suite's path: tests/test_broad_suite.py
+        "eval.suite_prompts=0",  # the suite's path: tests/integration/vllm/test_broad_suite_vllm.py
         "eval.math_prompts=0",
         "eval.max_new_tokens=32",
         "engine.max_num_seqs=8",

@@ -119,7 +119,7 @@ def test_imports_point_down():
             target = group_of(imported)
             if target not in ALLOWED[group]:
                 bad.append(f"{path.relative_to(ROOT)}:{line}: {group} ({module}) imports {target} ({imported})")
-    assert bad == [], "imports against the layering (tests/test_layering.py ALLOWED):\n" + "\n".join(bad)
+    assert bad == [], "imports against the layering (tests/unit/stages/test_layering.py ALLOWED):\n" + "\n".join(bad)
 
 
 def test_training_and_evaluation_never_import_each_other():

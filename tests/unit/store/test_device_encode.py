@@ -2,7 +2,7 @@
 the pieces concatenate to what encoding each sample gives, bit for bit, whatever the chunk size and
 however captured and already-encoded samples mix; through the real ShardWriter the shard files are
 the per-sample encode's, byte for byte. Here the device is the CPU, running the same chunked code a
-GPU runs (tests/test_storage_device.py and tests/test_teacher_topk.py run it on CUDA)."""
+GPU runs (tests/unit/store/test_storage_device.py and tests/unit/store/test_teacher_topk.py run it on CUDA)."""
 
 from __future__ import annotations
 

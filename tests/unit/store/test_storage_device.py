@@ -3,7 +3,7 @@
 shard files a CPU encode on the writer threads makes, byte for byte; a batch that travels encoded
 and is decoded after the copy to the device equals the batch of samples a loader worker decoded,
 bit for bit. Here the "device" is the CPU, running the same code the GPU runs (the fp8 decode's
-float path included); tests/test_hf_capture.py and tests/test_gpu_batches.py run it on CUDA."""
+float path included); tests/integration/test_hf_capture.py and tests/unit/training/test_gpu_batches.py run it on CUDA."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The CUDA batch path of the data module: pinned batches copied on a side stream
 (Eagle3DataModule.transfer_batch_to_device). Runs on a GPU machine:
 
-    python -m pytest tests/test_gpu_batches.py
+    python -m pytest tests/unit/training/test_gpu_batches.py
 """
 
 from __future__ import annotations
