@@ -88,6 +88,19 @@ def datasets_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def reference_dataset(tmp_path_factory) -> Path:
+    """The dataset of an uninterrupted extraction of helpers.faults.ARGS (one sample per forward:
+    a resumed or repaired dataset equals it byte for byte), extracted once a session. Tests
+    compare with it, train on it, or damage a copy of it (helpers.faults.copy_dataset)."""
+    from helpers.faults import ARGS
+
+    from eagle3.stages.extract import run as extract
+
+    root = tmp_path_factory.mktemp("reference")
+    return Path(extract(compose("extract", ARGS + [f"paths.datasets_dir={root}"])))
+
+
+@pytest.fixture(scope="session")
 def tiny_run_dir(datasets_dir, tmp_path_factory) -> Path:
     """train.py's run dir of experiment=tiny_test (6 steps) on datasets_dir, trained once a session:
     summary.json, checkpoints/, export/. Tests read it; one that writes into an export copies it."""

@@ -4,6 +4,7 @@ fault injected through EAGLE3_FAULT), and comparisons of two datasets or directo
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,6 +47,14 @@ def file_bytes(directory: Path) -> dict[str, bytes]:
         for p in sorted(directory.rglob("*"))
         if p.is_file() and not p.name.startswith(".")
     }
+
+
+def copy_dataset(dataset: Path, datasets_dir: Path) -> Path:
+    """``dataset`` copied into ``datasets_dir`` under its own name (its name is its fingerprint:
+    an extraction of the same config there finds the copy)."""
+    copy = Path(datasets_dir) / Path(dataset).name
+    shutil.copytree(dataset, copy)
+    return copy
 
 
 def assert_same_dataset(got_dir: Path, want_dir: Path) -> None:

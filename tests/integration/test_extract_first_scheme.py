@@ -3,11 +3,9 @@ repair the store then refuses; the refusal alone says what to do (tiny random Ll
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from conftest import compose
-from helpers.faults import ARGS
+from helpers.faults import ARGS, copy_dataset
 
 from eagle3.extraction.identity import legacy_dataset_path, legacy_fingerprint_inputs
 from eagle3.stages.extract import run as extract
@@ -17,10 +15,10 @@ from eagle3.store.fingerprint import canonical
 from eagle3.target_model.resolve import resolve_target
 
 
-def test_a_damaged_first_scheme_dataset_is_refused_without_a_repairing_line(tmp_path, capsys):
+def test_a_damaged_first_scheme_dataset_is_refused_without_a_repairing_line(reference_dataset, tmp_path, capsys):
     cfg = compose("extract", ARGS + [f"paths.datasets_dir={tmp_path / 'data'}"])
     identity = dataset_identity(cfg, resolve_target(cfg.model, cfg.paths.cache_dir))
-    ds = Path(extract(cfg))
+    ds = copy_dataset(reference_dataset, tmp_path / "data")  # a complete dataset of cfg
     old = legacy_dataset_path(identity)  # the same dataset as the first scheme named and recorded it
     ds.rename(old)
     m = Manifest.read(old)

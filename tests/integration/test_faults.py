@@ -26,10 +26,9 @@ from eagle3.util import faults
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> Path:
+def reference(reference_dataset) -> Path:
     """The dataset of an uninterrupted run."""
-    root = tmp_path_factory.mktemp("reference")
-    return Path(extract(compose("extract", ARGS + [f"paths.datasets_dir={root}"])))
+    return reference_dataset
 
 
 def _listed_and_on_disk(ds: Path) -> tuple[set[str], set[str]]:

@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import compose
-from helpers.faults import ARGS, cli, file_bytes
+from helpers.faults import ARGS, cli, copy_dataset, file_bytes
 
 from eagle3.stages.extract import run as extract
 from eagle3.stages.train import run as train
@@ -23,15 +22,8 @@ from eagle3.store import DamagedDatasetError, Manifest
 
 
 @pytest.fixture(scope="module")
-def original(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("original")
-    return Path(extract(compose("extract", ARGS + [f"paths.datasets_dir={root}"])))
-
-
-def _copy(original: Path, root: Path) -> Path:
-    ds = root / original.name
-    shutil.copytree(original, ds)
-    return ds
+def original(reference_dataset) -> Path:
+    return reference_dataset
 
 
 def _damage(path: Path, how: str) -> None:
@@ -50,7 +42,7 @@ def _damage(path: Path, how: str) -> None:
 
 @pytest.mark.parametrize("how", ["truncate", "delete", "header", "bitflip"])
 def test_a_damaged_shard_is_redone_in_place(original, tmp_path, how, capsys):
-    ds = _copy(original, tmp_path)
+    ds = copy_dataset(original, tmp_path)
     before = file_bytes(ds)
     shards = [ds / s.file for s in Manifest.read(ds).shards]
     assert len(shards) >= 3
@@ -90,7 +82,7 @@ def test_a_damaged_shard_is_redone_in_place(original, tmp_path, how, capsys):
 
 def test_train_prints_the_command_that_repairs_it_and_that_command_does(original, tmp_path):
     root = tmp_path / "data"
-    ds = _copy(original, root)
+    ds = copy_dataset(original, root)
     before = file_bytes(ds)
     victim = ds / Manifest.read(ds).shards[0].file
     size = victim.stat().st_size
@@ -146,7 +138,7 @@ def test_one_nodes_command_repairs_a_merged_dataset_changing_only_the_damaged_sh
     from eagle3.store.merge import part_dir
 
     root = tmp_path / "data"
-    ds = _copy(merged, root)
+    ds = copy_dataset(merged, root)
     args = ARGS + [f"paths.datasets_dir={root}"]
     before = file_bytes(ds)
     manifest = Manifest.read(ds)

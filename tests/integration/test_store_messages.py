@@ -5,12 +5,11 @@ command that follows the message rebuilds it (tiny random Llama, real ShareGPT).
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 from conftest import compose
-from helpers.faults import ARGS, assert_same_dataset
+from helpers.faults import ARGS, assert_same_dataset, copy_dataset
 
 from eagle3.extraction.identity import legacy_dataset_path, legacy_fingerprint_inputs
 from eagle3.stages.extract import run as extract
@@ -24,10 +23,9 @@ def _files(d: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file() and not p.name.startswith(".")}
 
 
-def test_a_corrupt_manifest_says_delete_only_it_and_doing_so_adopts_every_shard(tmp_path):
+def test_a_corrupt_manifest_says_delete_only_it_and_doing_so_adopts_every_shard(reference_dataset, tmp_path):
     cfg = compose("extract", ARGS + [f"paths.datasets_dir={tmp_path / 'data'}"])
-    ds = Path(extract(cfg))
-    reference = shutil.copytree(ds, tmp_path / "reference")
+    ds, reference = copy_dataset(reference_dataset, tmp_path / "data"), reference_dataset
     manifest = ds / "manifest.json"
     manifest.write_text(manifest.read_text()[:300])  # cut short: not JSON
     shards = {p.name: p.stat().st_ino for p in ds.glob("shard-*.safetensors")}
@@ -43,10 +41,10 @@ def test_a_corrupt_manifest_says_delete_only_it_and_doing_so_adopts_every_shard(
     assert_same_dataset(ds, reference)
 
 
-def test_a_damaged_first_scheme_dataset_is_refused_as_such_and_the_advice_works(tmp_path):
+def test_a_damaged_first_scheme_dataset_is_refused_as_such_and_the_advice_works(reference_dataset, tmp_path):
     cfg = compose("extract", ARGS + [f"paths.datasets_dir={tmp_path / 'data'}"])
     identity = dataset_identity(cfg, resolve_target(cfg.model, cfg.paths.cache_dir))
-    ds = Path(extract(cfg))
+    ds = copy_dataset(reference_dataset, tmp_path / "data")  # a complete dataset of cfg
     # the same dataset as the first fingerprint scheme named and recorded it
     old = legacy_dataset_path(identity)
     ds.rename(old)

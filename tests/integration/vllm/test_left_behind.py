@@ -1,7 +1,8 @@
 """Kills leave nothing behind, with real processes and real signals: the evaluation's engine
 (a session of its own) ends when the process that started it is killed by SIGTERM or SIGKILL,
 taking the processes it started with it; the /dev/shm spill directories of vLLM capture are
-removed on SIGTERM and found and removed by the next run after a SIGKILL."""
+removed on SIGTERM and found and removed by the next run after a SIGKILL (a real vLLM capture
+killed: test_left_running.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import textwrap
 import psutil
 import pytest
 from conftest import ROOT
-from helpers.processes import VLLM_CAPTURE, gone, kill_all, wait_for
+from helpers.processes import gone, wait_for
 
 # stands in for `python -m eagle3.evaluation.engine`: watches its parent as the engine does,
 # and starts a process of its own as vLLM starts its engine core
@@ -127,33 +128,3 @@ def test_only_spill_dirs_of_dead_processes_of_this_host_are_removed(tmp_path):
     assert remove_stale_spill_dirs(tmp_path) == [str(made["dead"])]
     assert [k for k, d in made.items() if not d.exists()] == ["dead"] and symlink.is_symlink()
     assert remove_stale_spill_dirs(tmp_path / "absent") == []
-
-
-@pytest.mark.slow
-@pytest.mark.vllm
-def test_sigterm_of_a_real_vllm_capture_removes_its_spill_dir(tmp_path, smollm2_dir):
-    pytest.importorskip("vllm")
-    spill_parent = tmp_path / "spill"
-    spill_parent.mkdir()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", VLLM_CAPTURE, str(smollm2_dir), str(spill_parent)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    children: list[psutil.Process] = []
-    try:
-        path = ""
-        for line in proc.stdout:
-            if line.startswith("SPILL "):
-                path = line.split(" ", 1)[1].strip()
-                break
-        assert path and os.path.isdir(path), f"the capture did not start (exit {proc.poll()})"
-        children = psutil.Process(proc.pid).children(recursive=True)  # vLLM's engine core
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == -signal.SIGTERM
-        assert not os.path.exists(path)
-        assert wait_for(lambda: all(gone(c) for c in children), 60), "after 60 s: vLLM's processes outlived the capture"
-        assert list(spill_parent.iterdir()) == []  # and none of them wrote it back
-    finally:
-        kill_all(proc, children)

@@ -39,6 +39,8 @@ def short_tmp():
 @pytest.mark.vllm
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
 def test_a_killed_real_vllm_capture_leaves_no_engine_and_no_spill_after_10_s(tmp_path, short_tmp, smollm2_dir, sig):
+    """SIGKILL: its reaper ends vLLM's processes and removes the spill dir; SIGTERM: its handler
+    does, the spill dir gone before the process dies. Nothing left after 10 s either way."""
     pytest.importorskip("vllm")
     spill_parent, tmp = tmp_path / "spill", short_tmp  # the capture's temp dir: vLLM's sockets went there
     spill_parent.mkdir()
@@ -59,6 +61,8 @@ def test_a_killed_real_vllm_capture_leaves_no_engine_and_no_spill_after_10_s(tmp
         assert any(p.name.startswith("eagle3-vllm-ipc-") for p in tmp.iterdir())  # its sockets are there
         proc.send_signal(sig)
         assert proc.wait(30) == -sig
+        if sig == signal.SIGTERM:  # its handler removed the spill dir before the process died
+            assert not os.path.exists(path)
         t0 = time.monotonic()
         ended = wait_for(lambda: all(gone(c) for c in children), 10)
         left = [c.cmdline() for c in children if not gone(c)]
