@@ -12,6 +12,7 @@
     generate       transformers' generate() on one prompt alone
     printed        numbers as the entrypoints print them, read back
     cpu            a CPU with bf16 matmuls faked present or absent (topic import)
+    cards          an export's model card read back (topic import)
     cuda_files     CUDA vLLM's committed connector files, read as the native route reads them (topic import)
     docs           the docs checked like code (topic import)
     faults         the entrypoints in a subprocess with a fault injected, dataset comparisons

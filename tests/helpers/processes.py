@@ -1,5 +1,5 @@
 """What the tests of processes left behind share (tests/integration/vllm/test_left_running.py,
-test_left_behind.py): a real vLLM capture to kill, whether a process is gone, waiting for a
+tests/integration/test_left_behind.py): a real vLLM capture to kill, whether a process is gone, waiting for a
 condition with a deadline, ending what a test started when it fails part-way; the loader's
 read-ahead threads still running."""
 

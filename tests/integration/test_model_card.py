@@ -2,7 +2,8 @@
 eagle3_meta.json) and push_to_hub (eagle3/serving/hub_push.py), on a real tiny training (a tiny
 random Llama target, real ShareGPT samples): the card holds the export's own figures and its
 serve command and parses as a Hub card; a new measurement rewrites it; a push without a token or
-a network is refused before any work."""
+a network is refused before any work. evaluate.py rewriting the card with what vLLM measured:
+integration/vllm/test_evaluate_vllm.py."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, compose
+from helpers.cards import card_row, card_text
 
 from eagle3.evaluation.figures import Figures, PromptOutcome
 from eagle3.evaluation.report import AcceptanceReport, write_json
@@ -42,20 +44,11 @@ def export(run_dir, tmp_path) -> Path:
     return Path(shutil.copytree(run_dir / "export", tmp_path / "export"))
 
 
-def _card(export_dir: Path) -> str:
-    return (export_dir / "README.md").read_text()
-
-
-def _row(card: str, label: str) -> list[str]:
-    (line,) = [line for line in card.splitlines() if line.startswith(f"| {label} |")]
-    return [cell.strip() for cell in line.strip("|").split("|")]
-
-
 def test_the_card_of_a_trained_export_holds_its_figures_and_serve_command(run_dir):
     from huggingface_hub import ModelCard, metadata_load
 
     export = run_dir / "export"
-    card, summary = _card(export), json.loads((run_dir / "summary.json").read_text())
+    card, summary = card_text(export), json.loads((run_dir / "summary.json").read_text())
     manifest = json.loads((run_dir / "dataset_manifest.json").read_text())
     meta = ModelCard.load(export / "README.md").data.to_dict()
     assert meta == metadata_load(export / "README.md")
@@ -65,19 +58,19 @@ def test_the_card_of_a_trained_export_holds_its_figures_and_serve_command(run_di
     command = export_serving_lines(export)[0].removeprefix("serve it: ")
     assert f"```bash\n{command}\n```" in card and f'"model": "{export}"' in command
     config = json.loads((export / "config.json").read_text())
-    assert _row(card, "aux layer ids (vLLM numbering)")[1] == str(config["eagle_aux_hidden_state_layer_ids"])
-    assert _row(card, "draft vocabulary")[1] == "2048 of 49152 target tokens"
+    assert card_row(card, "aux layer ids (vLLM numbering)")[1] == str(config["eagle_aux_hidden_state_layer_ids"])
+    assert card_row(card, "draft vocabulary")[1] == "2048 of 49152 target tokens"
     weights = manifest["fingerprint_inputs"]["model"]["weights"]["model.safetensors"]
-    assert weights in _row(card, "target revision or weights hash")[1]
-    assert _row(card, "samples")[1].startswith(f"{manifest['num_samples']} ({len(manifest['val_ids'])} of them")
-    assert _row(card, "tokens")[1].startswith(f"{manifest['num_tokens']} ({manifest['num_loss_tokens']} of them")
-    assert _row(card, "answers")[1].startswith("as in the chat data")
+    assert weights in card_row(card, "target revision or weights hash")[1]
+    assert card_row(card, "samples")[1].startswith(f"{manifest['num_samples']} ({len(manifest['val_ids'])} of them")
+    assert card_row(card, "tokens")[1].startswith(f"{manifest['num_tokens']} ({manifest['num_loss_tokens']} of them")
+    assert card_row(card, "answers")[1].startswith("as in the chat data")
     # the run: steps, the checkpoint exported (the best one, at its own step), minutes, machine
-    assert _row(card, "steps")[1] == str(summary["global_step"]) == "6"
+    assert card_row(card, "steps")[1] == str(summary["global_step"]) == "6"
     best = Path(summary["best_checkpoint"])
-    assert _row(card, "exported checkpoint")[1] == f"`{best.name}`, at step {best.stem.removeprefix('best-step')}"
-    assert summary["fit_seconds"] > 0 and _row(card, "training minutes")[1] == f"{summary['fit_seconds'] / 60:.1f}"
-    assert _row(card, "machine")[1].startswith(f"1 x {summary['machine']['device_name']} (cpu, ")
+    assert card_row(card, "exported checkpoint")[1] == f"`{best.name}`, at step {best.stem.removeprefix('best-step')}"
+    assert summary["fit_seconds"] > 0 and card_row(card, "training minutes")[1] == f"{summary['fit_seconds'] / 60:.1f}"
+    assert card_row(card, "machine")[1].startswith(f"1 x {summary['machine']['device_name']} (cpu, ")
     # nothing measured in vLLM yet (tiny_test: eval.enabled=false): the card shows no such figure
     assert "## Acceptance in vLLM\n\nNot measured yet for these weights" in card
     assert "## Serving speed-up\n\nNot measured yet for these weights" in card
@@ -98,7 +91,7 @@ def test_the_card_names_each_source_of_a_mixture_with_its_samples(tmp_path):
     train(compose("train", overrides, output_dir=str(tmp_path / "run")))
     manifest = json.loads((tmp_path / "run" / "dataset_manifest.json").read_text())
     counts = manifest["provenance"]["mixture"]
-    sources = _row(_card(tmp_path / "run" / "export"), "sources")[1]
+    sources = card_row(card_text(tmp_path / "run" / "export"), "sources")[1]
     assert "share: sharegpt (file_name: `ShareGPT_V3_unfiltered_cleaned_split.json`" in sources
     assert "mine: jsonl (file_name: `chats.jsonl`" in sources
     for name in ("share", "mine"):
@@ -144,9 +137,9 @@ def test_a_new_measurement_rewrites_the_card(export):
     target = json.loads((export / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"]
     data = json.loads(_measure(export, 1.8).read_text())
     refresh_card(export, target)
-    card = _card(export)
+    card = card_text(export)
     label = (data.get("set_labels") or {}).get("val", "val")
-    val = _row(card, label)
+    val = card_row(card, label)
     assert val[1:3] == ["2", "**1.900**"] and val[-2:] == ["1", "1"]  # one answer ended at EOS, one cut at 32
     # the acceptance table carries no speed-up: the evaluation engines' tok/s ratio is no serving figure
     assert "1.49" not in card and "| speed-up |" not in card.split("## Serving speed-up")[0]
@@ -156,14 +149,14 @@ def test_a_new_measurement_rewrites_the_card(export):
     assert re.search(r"\d\.\d\dx", card) is None
     _measure(export, 2.2)  # measured again: the card follows, the old figures are gone
     refresh_card(export, target)
-    card = _card(export)
+    card = card_text(export)
     assert "**2.200**" in card and "**2.300**" in card and "**1.800**" not in card and "**1.900**" not in card
     # a measured serving speed-up for these weights shows as measured
     advice = from_measurements({1: {1: 1.12, 3: 1.31}, 8: {3: 0.9}}, device="one test GPU")
     advice.head_sha256 = head_sha256(export)
     advice.write(export)
     refresh_card(export, target)
-    card = _card(export)
+    card = card_text(export)
     assert "Measured by `python evaluate.py" in card and " on one test GPU " in card
     assert "| 1 | 3 | 1.31x |" in card and "| 8 | none | 1.00x |" in card
 
@@ -193,11 +186,11 @@ def test_a_re_export_keeps_the_record_of_the_same_weights_only(run_dir, export, 
     best = Path(shutil.copy(summary["best_checkpoint"], moved / "best.ckpt"))
     last = Path(shutil.copy(run_dir / "checkpoints" / "last.ckpt", moved / "last.ckpt"))
     export_run(ExportCliConfig(ckpt=str(best), out=str(export)))
-    assert "## Training data\n\n| " in _card(export) and "| samples |" in _card(export)
+    assert "## Training data\n\n| " in card_text(export) and "| samples |" in card_text(export)
     other = Path(shutil.copytree(run_dir / "export", tmp_path / "other"))
     export_run(ExportCliConfig(ckpt=str(last), out=str(other)))
     assert "training" not in json.loads((other / "eagle3_meta.json").read_text())
-    assert "## Training data\n\nnot recorded" in _card(other) and "| aux layer ids" in _card(other)
+    assert "## Training data\n\nnot recorded" in card_text(other) and "| aux layer ids" in card_text(other)
 
 
 def _cli(script: str, args: list[str], env: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess:
@@ -213,7 +206,7 @@ def test_export_cli_writes_the_card_from_the_run_dir(run_dir, tmp_path):
     proc = _cli("export.py", [f"ckpt={run_dir / 'checkpoints' / 'last.ckpt'}", f"out={out}"], {}, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == str(out)
-    assert _row(_card(out), "exported checkpoint")[1] == "`last.ckpt`, at step 6"
+    assert card_row(card_text(out), "exported checkpoint")[1] == "`last.ckpt`, at step 6"
 
 
 @pytest.mark.parametrize(
@@ -254,54 +247,3 @@ def test_train_push_is_refused_before_training(datasets_dir, tmp_path, monkeypat
     with pytest.raises(HubPushError, match=r"http://127\.0\.0\.1:9 could not be reached"):
         train(cfg)
     assert not (run / "checkpoints").exists() and not (run / "summary.json").exists()
-
-
-def _random_smollm2_export(out_dir: Path, target_dir: Path) -> Path:
-    """A SmolLM2 head as train.py builds one (random weights), exported: what vLLM's CPU build
-    serves (the tiny Llama's head_dim of 16 it does not)."""
-    import torch
-
-    from eagle3.data.vocab import build_draft_vocab
-    from eagle3.draft.config import DraftConfig
-    from eagle3.draft.head import Eagle3DraftHead
-    from eagle3.draft.serving_format import DraftMeta, save_head
-    from eagle3.target_model.resolve import load_target_head_weights, read_hf_config
-
-    hf = read_hf_config(target_dir)
-    cfg = DraftConfig.from_target_config(hf, draft_vocab_size=4096, num_aux_layers=3)
-    torch.manual_seed(0)
-    head = Eagle3DraftHead(cfg)
-    d2t, t2d = build_draft_vocab(torch.arange(int(hf["vocab_size"]), 0, -1), 4096)
-    w = load_target_head_weights(target_dir)
-    embed, norm, lm_head = w["embed"].float(), w["norm"].float(), w["lm_head"].float()
-    head.load_target_weights(embed, norm, lm_head, d2t, t2d, init_lm_head_from_target=False)
-    return save_head(head, DraftMeta(cfg, [2, 15, 27], str(target_dir), list(hf["architectures"]), 3), out_dir)
-
-
-@pytest.mark.slow
-@pytest.mark.vllm
-def test_evaluate_py_rewrites_the_card_with_what_vllm_measured(smollm2_dir, tmp_path):
-    pytest.importorskip("vllm")
-    export = _random_smollm2_export(tmp_path / "export", smollm2_dir)
-    args = [
-        f"export_dir={export}",
-        "baseline=false",
-        "eval.suite_prompts=2",
-        "eval.math_prompts=1",
-        "eval.max_prompts=1",
-        "eval.humaneval_prompts=1",
-        "eval.max_new_tokens=16",
-        "engine.max_num_seqs=4",
-        "logger=none",
-        f"hydra.run.dir={tmp_path / 'run'}",
-    ]
-    proc = _cli("evaluate.py", args, {}, tmp_path)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    data = json.loads((export / "acceptance.json").read_text())
-    card = _card(export)
-    head = _row(card, (data.get("headline") or {}).get("label", "all prompts"))
-    assert head[2] == f"**{data['mean_acceptance_length']:.3f}**"
-    for label, fig in [(data["set_labels"][n], f) for n, f in data["by_source"].items()]:
-        row = _row(card, label)
-        assert row[1] == str(fig["prompts"]) and int(row[5]) + int(row[6]) == fig["prompts"]  # EOS + cut
-    assert "## Training data\n\nnot recorded" in card  # a head with no training run behind it says so

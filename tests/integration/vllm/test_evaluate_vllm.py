@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 from helpers import export_random_head, write_dataset_with_val_split
+from helpers.cards import card_row, card_text
 
 K = 3
 
@@ -90,9 +91,10 @@ def test_random_head_measures_near_one_in_vllm(tmp_path, smollm2_dir):
 @pytest.mark.vllm
 def test_a_two_layer_random_head_with_the_eagle31_norms_loads_in_vllm_and_measures_near_one(tmp_path, smollm2_dir):
     """Two draft layers, and fc_norm, norm_output and norm_before_residual on (norm_before_fc,
-    exclusive with fc_norm, is served since EAGLE-3): vLLM 0.32 builds the two-layer head from our
-    config.json and takes every weight of the file (fc_norm.* would be refused as unknown names if
-    it ignored the flag); a random head accepts next to nothing. One engine: no baseline run."""
+        exclusive with fc_norm, is served since EAGLE-3): vLLM 0.32 builds the two-layer head from our
+        config.json and takes every weight of the file (fc_norm.* would be refused as unknown names if
+        it ignored the flag); a random head accepts next to nothing; evaluate.py rewrites the export's
+    model card with what vLLM measured. One engine: no baseline run."""
     pytest.importorskip("vllm")
     norms = {"fc_norm": True, "norm_output": True, "norm_before_residual": True}
     export = export_random_head(tmp_path / "export", smollm2_dir, layers=2, **norms)
@@ -109,8 +111,8 @@ def test_a_two_layer_random_head_with_the_eagle31_norms_loads_in_vllm_and_measur
         f"eval.num_draft_tokens={K}",
         "eval.max_prompts=2",
         "eval.humaneval_prompts=4",
-        "eval.suite_prompts=0",
-        "eval.math_prompts=0",
+        "eval.suite_prompts=2",
+        "eval.math_prompts=1",
         "eval.max_new_tokens=32",
         "engine.max_num_seqs=8",
         "eval.diagnostics=true",  # the replays and the fp32 mismatch verdicts checked below
@@ -129,3 +131,11 @@ def test_a_two_layer_random_head_with_the_eagle31_norms_loads_in_vllm_and_measur
     assert data["served_replay"]["humaneval"]["replay_accept_len"] == pytest.approx(
         data["by_source"]["humaneval"]["mean_acceptance_length"], abs=0.05
     )
+    # evaluate.py rewrote the export's model card with what vLLM measured, every set a row
+    card = card_text(export)
+    head = card_row(card, (data.get("headline") or {}).get("label", "all prompts"))
+    assert head[2] == f"**{data['mean_acceptance_length']:.3f}**"
+    for label, fig in [(data["set_labels"][n], f) for n, f in data["by_source"].items()]:
+        row = card_row(card, label)
+        assert row[1] == str(fig["prompts"]) and int(row[5]) + int(row[6]) == fig["prompts"]  # EOS + cut
+    assert "## Training data\n\nnot recorded" in card  # a head with no training run behind it says so
