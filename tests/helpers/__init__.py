@@ -1,7 +1,8 @@
 """What tests share, by topic: ``from helpers import make_head`` (or ``from helpers.heads import
 ...`` for a topic's sizes). No test module imports another; a builder two modules need lives here.
 
-    heads          small random draft heads, an exported SmolLM2-shaped head, a packed row's masks
+    heads          small random draft heads (tiny_head_with_meta: with an export's metadata), a
+                   SmolLM2-shaped head exported (random_head_export), a packed row's masks
     datasets       the tiny_test overrides, a random shard dataset, a chat dataset with a val split
     storage        samples spanning 6 orders of magnitude, written in a storage format
     teacher        the teacher's top-k projection of a small random target, and its states
@@ -46,8 +47,6 @@ from helpers.heads import (
     VT,
     H,
     V,
-    export_random_head,
-    head_with_meta,
     make_head,
     random_draft_vocab,
     random_head_export,
@@ -84,10 +83,8 @@ __all__ = [
     "at_most",
     "chat_record",
     "chat_samples",
-    "export_random_head",
     "fp8_row_errors",
     "generate_alone",
-    "head_with_meta",
     "jsonl_extract_config",
     "make_head",
     "printed_number",

@@ -55,9 +55,9 @@ def make_head(seed: int = 0, **overrides) -> Eagle3DraftHead:
     return head.eval()
 
 
-def head_with_meta(seed: int = 0) -> tuple[Eagle3DraftHead, DraftMeta]:
-    """A random head (the draft vocabulary: the first 40 of 97 target ids) and the metadata
-    save_head writes with it."""
+def tiny_head_with_meta(seed: int = 0, num_draft_tokens: int = 3) -> tuple[Eagle3DraftHead, DraftMeta]:
+    """A random 32-wide draft head (target vocabulary 97, draft vocabulary its first 40 ids) and the
+    DraftMeta an export of it holds at ``num_draft_tokens``: the smallest head every export path accepts."""
     torch.manual_seed(seed)
     cfg = DraftConfig(
         hidden_size=32,
@@ -76,13 +76,15 @@ def head_with_meta(seed: int = 0) -> tuple[Eagle3DraftHead, DraftMeta]:
     head.load_target_weights(
         torch.randn(97, 32), torch.ones(32), torch.randn(97, 32), torch.zeros(40, dtype=torch.int64), t2d, True
     )
-    return head, DraftMeta(cfg, [1, 2, 3], "tiny-target", ["LlamaForCausalLM"], 3)
+    return head, DraftMeta(cfg, [1, 2, 3], "tiny-target", ["LlamaForCausalLM"], num_draft_tokens)
 
 
-def export_random_head(out_dir: Path, target_dir: Path, layers: int = 1, k: int = 3, **norms: bool) -> Path:
+def random_head_export(
+    out_dir: Path, target_dir: Path, layers: int = 1, num_draft_tokens: int = 3, **norms: bool
+) -> Path:
     """A head for the target at ``target_dir`` built as train.py builds one, with a random draft
-    lm_head (nothing copied from the target's), exported in our serving format for ``k``
-    speculative tokens; ``norms``: the EAGLE-3.1 norm options (eagle3/draft/config.py
+    lm_head (nothing copied from the target's), exported in our serving format at
+    ``num_draft_tokens``; ``norms``: the EAGLE-3.1 norm options (eagle3/draft/config.py
     NORM_OPTIONS) it is built with."""
     from eagle3.data.vocab import build_draft_vocab
     from eagle3.draft.serving_format import save_head
@@ -100,19 +102,5 @@ def export_random_head(out_dir: Path, target_dir: Path, layers: int = 1, k: int 
     head.load_target_weights(
         w["embed"].float(), w["norm"].float(), w["lm_head"].float(), d2t, t2d, init_lm_head_from_target=False
     )
-    meta = DraftMeta(cfg, [2, 15, 27], str(target_dir), list(hf["architectures"]), k)
+    meta = DraftMeta(cfg, [2, 15, 27], str(target_dir), list(hf["architectures"]), num_draft_tokens)
     return save_head(head, meta, out_dir)
-
-
-def random_head_export(
-    out_dir: Path, target_dir: Path, layers: int = 1, num_draft_tokens: int = 3, **norms: bool
-) -> Path:
-    """export_random_head with main's argument name (one of the two goes once the split is in)."""
-    return export_random_head(out_dir, target_dir, layers, num_draft_tokens, **norms)
-
-
-def tiny_head_with_meta(seed: int = 0, num_draft_tokens: int = 3) -> tuple[Eagle3DraftHead, DraftMeta]:
-    """head_with_meta at ``num_draft_tokens`` (one of the two goes once the split is in)."""
-    head, meta = head_with_meta(seed)
-    meta.num_speculative_tokens = num_draft_tokens
-    return head, meta

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import export_random_head, write_dataset_with_val_split
+from helpers import random_head_export, write_dataset_with_val_split
 
 from eagle3.evaluation.suite import CATEGORIES
 
@@ -24,7 +24,7 @@ def test_the_suite_path_through_vllm_with_a_second_turn(tmp_path, smollm2_dir):
     from eagle3.config.schema import EvalConfig
     from eagle3.evaluation.acceptance import evaluate
 
-    export = export_random_head(tmp_path / "export", smollm2_dir)
+    export = random_head_export(tmp_path / "export", smollm2_dir)
     ds = write_dataset_with_val_split(tmp_path / "ds", ["c1"])
     cfg = EvalConfig(num_draft_tokens=K, suite_prompts=9, math_prompts=1, max_prompts=1, humaneval_prompts=0,
                      max_new_tokens=24)  # fmt: skip

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
-from helpers import export_random_head, write_dataset_with_val_split
+from helpers import random_head_export, write_dataset_with_val_split
 from helpers.cards import card_row, card_text
 
 K = 3
@@ -23,7 +23,7 @@ K = 3
 @pytest.mark.vllm
 def test_random_head_measures_near_one_in_vllm(tmp_path, smollm2_dir):
     pytest.importorskip("vllm")
-    export = export_random_head(tmp_path / "export", smollm2_dir)
+    export = random_head_export(tmp_path / "export", smollm2_dir)
     assert json.loads((export / "config.json").read_text())["transformer_layer_config"]["num_hidden_layers"] == 1
     ds = write_dataset_with_val_split(tmp_path / "ds", ["c1", "c3", "c5"])
     cmd = [
@@ -97,7 +97,7 @@ def test_a_two_layer_random_head_with_the_eagle31_norms_loads_in_vllm_and_measur
     model card with what vLLM measured. One engine: no baseline run."""
     pytest.importorskip("vllm")
     norms = {"fc_norm": True, "norm_output": True, "norm_before_residual": True}
-    export = export_random_head(tmp_path / "export", smollm2_dir, layers=2, **norms)
+    export = random_head_export(tmp_path / "export", smollm2_dir, layers=2, **norms)
     config = json.loads((export / "config.json").read_text())
     assert config["transformer_layer_config"]["num_hidden_layers"] == 2
     assert {k: config[k] for k in (*norms, "norm_before_fc")} == {**norms, "norm_before_fc": False}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
-from helpers import export_random_head
+from helpers import random_head_export
 
 from eagle3.evaluation.engine_io import EngineRequest
 from eagle3.serving import advice as sa
@@ -29,7 +29,7 @@ from eagle3.serving import speedup as ss
 @pytest.mark.vllm
 def test_serving_speedup_on_the_cpu_build(tmp_path, smollm2_dir):
     pytest.importorskip("vllm")
-    export = export_random_head(tmp_path / "export", smollm2_dir)
+    export = random_head_export(tmp_path / "export", smollm2_dir)
     out_dir = tmp_path / "out"
     out = out_dir / "serving_speedup.json"
     cmd = [

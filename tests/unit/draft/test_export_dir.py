@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import head_with_meta
+from helpers import tiny_head_with_meta
 from safetensors.torch import load_file
 
 from eagle3.draft.serving_format import ExportDirError, save_head
 
 
 def test_an_export_into_a_directory_of_other_files_is_refused_and_leaves_it_whole(tmp_path):
-    head, meta = head_with_meta()
+    head, meta = tiny_head_with_meta()
     out = tmp_path / "mine"
     other = save_head(head, meta, tmp_path / "other_head")  # another head, kept in a user's folder
     out.mkdir()
@@ -29,7 +29,7 @@ def test_an_export_into_a_directory_of_other_files_is_refused_and_leaves_it_whol
 
 
 def test_a_previous_export_with_a_foreign_file_is_refused(tmp_path):
-    head, meta = head_with_meta()
+    head, meta = tiny_head_with_meta()
     out = save_head(head, meta, tmp_path / "export")
     (out / "notes.txt").write_text("keep me")
     with pytest.raises(ExportDirError, match=r"foreign files \['notes.txt'\]"):
@@ -38,7 +38,7 @@ def test_a_previous_export_with_a_foreign_file_is_refused(tmp_path):
 
 
 def test_a_directory_with_a_non_eagle3_config_is_refused(tmp_path):
-    head, meta = head_with_meta()
+    head, meta = tiny_head_with_meta()
     out = tmp_path / "hf_model"
     out.mkdir()
     (out / "config.json").write_text(json.dumps({"model_type": "llama"}))
@@ -49,7 +49,7 @@ def test_a_directory_with_a_non_eagle3_config_is_refused(tmp_path):
 
 
 def test_new_empty_and_previous_export_directories_are_written(tmp_path):
-    head, meta = head_with_meta(0)
+    head, meta = tiny_head_with_meta(0)
     save_head(head, meta, tmp_path / "new")  # new
     (tmp_path / "empty").mkdir()
     save_head(head, meta, tmp_path / "empty")  # empty
@@ -57,7 +57,7 @@ def test_new_empty_and_previous_export_directories_are_written(tmp_path):
     for name in ("acceptance.json", "serving.json", "acceptance.png", "README.md"):
         (out / name).write_text("{}")
     (out / "acceptance-logs").mkdir()
-    head2, _ = head_with_meta(1)
+    head2, _ = tiny_head_with_meta(1)
     save_head(head2, meta, out)  # a previous export with what evaluate.py added: swapped whole
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "eagle3_meta.json", "model.safetensors"]
     assert (
