@@ -50,6 +50,7 @@ from helpers.heads import (
     make_head,
     random_draft_vocab,
     random_head_export,
+    tiny_head_checkpoint,
     tiny_head_with_meta,
 )
 from helpers.hub import add_hub_snapshot
@@ -96,6 +97,7 @@ __all__ = [
     "tear_writes",
     "teacher_projection",
     "teacher_states",
+    "tiny_head_checkpoint",
     "tiny_head_with_meta",
     "two_source_mixture_args",
     "wide_range_samples",

@@ -104,3 +104,13 @@ def random_head_export(
     )
     meta = DraftMeta(cfg, [2, 15, 27], str(target_dir), list(hf["architectures"]), num_draft_tokens)
     return save_head(head, meta, out_dir)
+
+
+def tiny_head_checkpoint(path: Path, seed: int = 0, num_draft_tokens: int = 3) -> Path:
+    """A training checkpoint of tiny_head_with_meta as train.py saves one (the head's weights and
+    its eagle3_meta)."""
+    head, meta = tiny_head_with_meta(seed, num_draft_tokens)
+    state = {f"head.{n}": t for n, t in head.state_dict().items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"state_dict": state, "eagle3_meta": meta.to_dict(), "global_step": 6}, path)
+    return path
