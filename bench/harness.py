@@ -4,7 +4,7 @@ argument and result handling every bench repeats.
 
     from harness import ROOT, target_config, write_json   # bench/ is sys.path[0] for a bench
 
-A bench imports eagle3's public names only (tests/test_layering.py); eagle3 never imports bench/.
+A bench imports eagle3's public names only (tests/unit/stages/test_layering.py); eagle3 never imports bench/.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ its linear decay over epochs.
 Data: our dataset through Eagle3DataModule (same training split, same packer as train.py). Each
 sample is fed as speculators' `shift_batch` feeds one (input ids x[1:], aux states g[:-1],
 target states z[1:], positions 1..T-1), with the loss mask of the token each position predicts
-(tests/test_draft_parity.py): both sides supervise the same tokens.
+(tests/unit/draft/test_draft_parity.py): both sides supervise the same tokens.
 
 Output: <out>/export (config.json + model.safetensors in bf16; embed_tokens, the target's frozen
 copy, left out unless --keep-embed: vLLM then shares the target's) and <out>/peer_train.json

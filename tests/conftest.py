@@ -60,3 +60,54 @@ def smollm2_dir() -> Path:
     from eagle3.target_model.resolve import materialize_smollm2
 
     return Path(materialize_smollm2(CACHE))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """experiment=tiny_test's target (tiny random Llama, SmolLM2's tokenizer), materialised in the
+    clone's .cache/ once."""
+    from helpers import TINY
+
+    from eagle3.target_model.resolve import resolve_target
+
+    return Path(resolve_target(compose("extract", TINY).model, CACHE))
+
+
+@pytest.fixture(scope="session")
+def datasets_dir(tmp_path_factory) -> Path:
+    """A paths.datasets_dir holding experiment=tiny_test's dataset, extracted once a session. Tests
+    read it (a training may add a draft vocabulary of another size, built from its token counts:
+    the same whichever test adds it); a test that changes a dataset extracts its own."""
+    from helpers import TINY
+
+    from eagle3.stages.extract import run as extract
+
+    d = tmp_path_factory.mktemp("data")
+    extract(compose("extract", TINY + [f"paths.datasets_dir={d}"]))
+    return d
+
+
+@pytest.fixture(scope="session")
+def reference_dataset(tmp_path_factory) -> Path:
+    """The dataset of an uninterrupted extraction of helpers.faults.ARGS (one sample per forward:
+    a resumed or repaired dataset equals it byte for byte), extracted once a session. Tests
+    compare with it, train on it, or damage a copy of it (helpers.faults.copy_dataset)."""
+    from helpers.faults import ARGS
+
+    from eagle3.stages.extract import run as extract
+
+    root = tmp_path_factory.mktemp("reference")
+    return Path(extract(compose("extract", ARGS + [f"paths.datasets_dir={root}"])))
+
+
+@pytest.fixture(scope="session")
+def tiny_run_dir(datasets_dir, tmp_path_factory) -> Path:
+    """train.py's run dir of experiment=tiny_test (6 steps) on datasets_dir, trained once a session:
+    summary.json, checkpoints/, export/. Tests read it; one that writes into an export copies it."""
+    from helpers import TINY
+
+    from eagle3.stages.train import run as train
+
+    out = tmp_path_factory.mktemp("tiny-run")
+    train(compose("train", TINY + [f"paths.datasets_dir={datasets_dir}"], output_dir=str(out)))
+    return out

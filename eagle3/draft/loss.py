@@ -16,7 +16,7 @@ x_{t+2+k} against p_{t+1+k}.
 loss = sum_k step_decay^k * (sum over counted t of loss_k(t)) / (number counted at k)  (step_weighted)
 with loss_k(t) a divergence over the draft vocab between p (the target softmax on the draft
 rows) and q (the draft's softmax), by kind (speculators 0.9's name in brackets; each equals
-its eager implementation, tests/test_draft_parity.py):
+its eager implementation, tests/unit/draft/test_draft_parity.py):
   "forward_kl"  KL(p || q) = sum p (log p - log q)                        [kl_div]
   "reverse_kl"  KL(q || p) = sum q (log q - log p): mode-seeking          [rkl]
   "jsd"         (KL(p || m) + KL(q || m)) / 2, m = (p + q) / 2; <= log 2  [jsd]

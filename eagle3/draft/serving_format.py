@@ -21,7 +21,7 @@ Our module uses the same names; the frozen target copies (target_norm, target_lm
 training-only and never exported (speculators drops its verifier_* copies the same way).
 
 config.json: what speculators' Eagle3SpeculatorConfig serialises (checked in
-tests/test_draft_parity.py), with the norm flags vLLM reads (config.NORM_OPTIONS) written
+tests/unit/draft/test_draft_parity.py), with the norm flags vLLM reads (config.NORM_OPTIONS) written
 from the head's config. vLLM assumes norm_before_residual=True when the key is missing, so
 every flag is always written, and load_head reads a missing one as vLLM does.
 

@@ -10,7 +10,7 @@ server gets rather than the training set's own held-out turns.
 One record per line: ``{"id": str, "category": str, "turns": [str, ...]}`` (1 or 2 user turns).
 The files live inside the evaluation package, not under a data source: no data loader's config
 names them and extraction never reads them, so they never reach training or the choice of a
-checkpoint (tests/test_broad_suite.py checks both).
+checkpoint (tests/integration/test_broad_suite_data.py checks both).
 
 A run that takes fewer prompts than a file holds takes them stratified: one category after the
 other in turn (round robin, each category in file order), so 8 prompts are one per category.

@@ -20,7 +20,7 @@ The math runs on whatever device holds the tensors, with any leading dims, and g
 on each: a GPU capture encodes before its copy to the host and writes the bytes a CPU encode
 writes. Off the CPU, decode takes the float path (the bits path needs the largest scale on the
 host, a wait for the device): it rounds the same exact product once, so the two paths agree bit
-for bit (tests/test_storage_device.py) for every code but e4m3's NaN, which no encode of finite
+for bit (tests/unit/store/test_storage_device.py) for every code but e4m3's NaN, which no encode of finite
 states writes (the capture refuses NaN); the float path decodes it to NaN.
 """
 

@@ -1,36 +1,21 @@
 """The export directory's owner (eagle3/serving/export_dir.py) writing over what is there, through
 `python export.py`'s stage: a re-export keeps what it did not write (a W&B run above all), a
-symlinked out is written through, a full disk is named, the card keeps the trained K apart from
-the served one. A tiny head's checkpoint, no target, no vLLM."""
+symlinked out is written through, the card keeps the trained K apart from the served one. A tiny
+head's checkpoint, no target, no vLLM (a full disk in a subprocess: integration/test_export_full_disk.py)."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import ROOT
-from helpers import tiny_head_with_meta
+from helpers import tiny_head_checkpoint
 
-import eagle3
 from eagle3.config.cli import ExportCliConfig
 from eagle3.draft.export_files import ACCEPTANCE, ACCEPTANCE_PLOT, CARD, ENGINE_LOGS, META, WANDB, WEIGHTS
 from eagle3.draft.serving_format import ExportDirError
 from eagle3.stages.export import run as export_run
-
-
-def _checkpoint(path: Path, seed: int = 0, k: int = 3) -> Path:
-    """A training checkpoint as train.py saves one (the head's weights and its eagle3_meta)."""
-    head, meta = tiny_head_with_meta(seed, k)
-    state = {f"head.{n}": t for n, t in head.state_dict().items()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"state_dict": state, "eagle3_meta": meta.to_dict(), "global_step": 6}, path)
-    return path
 
 
 def _export(ckpt: Path, out: Path, k: int | None = None) -> str:
@@ -58,7 +43,7 @@ def _wandb_run(export: Path) -> Path:
 
 def test_a_re_export_of_other_weights_keeps_the_wandb_run_and_moves_the_measurements_aside(tmp_path, capsys):
     out = tmp_path / "export"
-    _export(_checkpoint(tmp_path / "a.ckpt", seed=0), out)
+    _export(tiny_head_checkpoint(tmp_path / "a.ckpt", seed=0), out)
     wandb_run = _wandb_run(out)
     (out / ACCEPTANCE).write_text(json.dumps({"mean_acceptance_length": 1.7}))
     (out / ACCEPTANCE_PLOT).write_bytes(b"\x89PNG of head a")
@@ -67,7 +52,7 @@ def test_a_re_export_of_other_weights_keeps_the_wandb_run_and_moves_the_measurem
     before = _files(out)
     capsys.readouterr()
 
-    _export(_checkpoint(tmp_path / "b.ckpt", seed=1), out)  # other weights, same place
+    _export(tiny_head_checkpoint(tmp_path / "b.ckpt", seed=1), out)  # other weights, same place
     printed = capsys.readouterr().out
     # the W&B run where its `wandb sync` names it, byte for byte (symlinks such as latest-run kept)
     run_files = {n: b for n, b in before.items() if n.startswith(f"{WANDB}/")}
@@ -84,7 +69,7 @@ def test_a_re_export_of_other_weights_keeps_the_wandb_run_and_moves_the_measurem
 
 
 def test_a_re_export_of_the_same_weights_keeps_everything_in_place(tmp_path):
-    out, ckpt = tmp_path / "export", _checkpoint(tmp_path / "a.ckpt")
+    out, ckpt = tmp_path / "export", tiny_head_checkpoint(tmp_path / "a.ckpt")
     _export(ckpt, out)
     _wandb_run(out)
     (out / ACCEPTANCE_PLOT).write_bytes(b"\x89PNG")
@@ -103,10 +88,10 @@ def test_a_re_export_of_the_same_weights_keeps_everything_in_place(tmp_path):
 
 def test_an_export_through_a_symlink_is_written_whole_into_its_target(tmp_path, capsys):
     target = tmp_path / "runs" / "one" / "export"
-    _export(_checkpoint(tmp_path / "a.ckpt", seed=0), target)
+    _export(tiny_head_checkpoint(tmp_path / "a.ckpt", seed=0), target)
     link = tmp_path / "latest"
     link.symlink_to(target)
-    printed = _export(_checkpoint(tmp_path / "b.ckpt", seed=1), link)
+    printed = _export(tiny_head_checkpoint(tmp_path / "b.ckpt", seed=1), link)
     assert printed == str(target) and f"out={link} is a symlink: exported into {target}" in capsys.readouterr().out
     assert link.is_symlink() and link.resolve() == target  # the link kept, pointing at the new export
     assert {CARD, META, WEIGHTS} <= set(os.listdir(target))  # whole: card and record beside the weights
@@ -117,7 +102,7 @@ def test_a_dangling_symlink_out_is_refused_naming_it_and_its_target(tmp_path):
     link = tmp_path / "latest"
     link.symlink_to(tmp_path / "gone")
     with pytest.raises(ExportDirError) as e:
-        _export(_checkpoint(tmp_path / "a.ckpt"), link)
+        _export(tiny_head_checkpoint(tmp_path / "a.ckpt"), link)
     assert f"out={link} is a symlink to {tmp_path / 'gone'}, which is nothing" in str(e.value)
     assert link.is_symlink() and not (tmp_path / "gone").exists()
     assert sorted(os.listdir(tmp_path)) == ["a.ckpt", "latest"]
@@ -128,7 +113,7 @@ def test_a_dangling_symlink_out_is_refused_naming_it_and_its_target(tmp_path):
 
 def test_the_card_keeps_the_trained_k_apart_from_the_served_one(tmp_path):
     run_dir = tmp_path / "run"
-    ckpt = _checkpoint(run_dir / "checkpoints" / "last.ckpt", k=3)
+    ckpt = tiny_head_checkpoint(run_dir / "checkpoints" / "last.ckpt", num_draft_tokens=3)
     (run_dir / "summary.json").write_text(json.dumps({"global_step": 6, "best_checkpoint": str(ckpt)}))
     out = Path(_export(ckpt, tmp_path / "export", k=5))
     rows = {
@@ -139,55 +124,3 @@ def test_the_card_keeps_the_trained_k_apart_from_the_served_one(tmp_path):
     assert rows["trained draft tokens (K)"] == "3"
     assert rows["served draft tokens (K, config.json)"] == "5"
     assert json.loads((out / META).read_text())["training"]["run"]["num_draft_tokens"] == 3
-
-
-# ---- S13: a full disk during python export.py
-
-
-_SMALL_DISK = """
-import sys
-from eagle3.config.cli import ExportCliConfig
-from eagle3.stages.export import run
-try:
-    run(ExportCliConfig(ckpt=sys.argv[1], out=sys.argv[2]))
-except Exception as e:
-    print(f"{type(e).__name__}: {e}", file=sys.stderr)
-    sys.exit(3)
-"""
-
-
-def test_a_full_disk_during_export_names_the_directory_the_bytes_and_the_free_space(tmp_path):
-    if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"]).returncode != 0:
-        pytest.skip("needs unprivileged user and mount namespaces (unshare -rm) for a small tmpfs")
-    disk, ckpt_a, ckpt_b = tmp_path / "disk", _checkpoint(tmp_path / "a.ckpt", 0), _checkpoint(tmp_path / "b.ckpt", 1)
-    disk.mkdir()
-    out = disk / "export"
-    script = tmp_path / "export_on_small_disk.py"
-    script.write_text(_SMALL_DISK)
-    # room for one export (its weights 32 KiB, a card: 48 KiB in pages) and not for the next one's
-    # weights beside it, as the swap needs
-    mount = f"mount -t tmpfs -o size=64k tmpfs {disk}"
-    first, second = (f"{sys.executable} {script} {ckpt} {out}" for ckpt in (ckpt_a, ckpt_b))
-    sums = f"sha256sum {out}/*"
-    shell = f"{mount} && {first} && {sums} && echo === && {second}; echo rc=$? && {sums} && echo === && ls -A {disk}"
-    proc = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", shell],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(Path(eagle3.__file__).parents[1])},  # this test's eagle3
-        timeout=300,
-    )
-    assert "===" in proc.stdout and "rc=3" in proc.stdout, proc.stdout + proc.stderr
-    err = proc.stderr.strip().splitlines()[-1]
-    assert err.startswith(f"DiskSpaceError: {out}: disk full writing the export: needs "), err
-    assert " bytes) for model.safetensors" in err and " free there" in err and "the previous export is whole" in err
-    before, after, listing = proc.stdout.split("===")
-    after = after.split("rc=3", 1)[1]
-    assert _sums(after) == _sums(before)  # the previous export whole, byte for byte
-    assert listing.split() == ["export"]  # nothing half-written beside it
-
-
-def _sums(text: str) -> dict[str, str]:
-    """sha256sum's lines: file -> hash."""
-    return {line.split()[1]: line.split()[0] for line in text.splitlines() if len(line.split()) == 2 and "/" in line}

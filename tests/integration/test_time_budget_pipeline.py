@@ -1,0 +1,73 @@
+"""One wall-clock budget for the whole pipeline, run for real: extract.py then train.py
+(subprocesses) end inside their minutes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, compose
+
+from eagle3.config.schema import run_config
+from eagle3.planning import time_budget
+from eagle3.store import Manifest
+
+
+def test_the_pipeline_ends_inside_its_minutes(tmp_path):
+    """extract.py then train.py under one 90-second budget (tiny target, real ShareGPT samples):
+    the extraction records its seconds, training runs past the preset's step count until the
+    clock, and summary.json says the two together stayed inside. Both record what they measured on this
+    machine, and the next plan with time_budget.rates=machine divides by it; summary.json says how many
+    passes the fit made over its training tokens."""
+    rates_file = tmp_path / "machine_rates.json"
+    common = [
+        "experiment=tiny_test",
+        "time_budget.minutes=1.5",
+        f"paths.datasets_dir={tmp_path / 'data'}",
+        f"paths.machine_rates={rates_file}",
+    ]
+    subprocess.run([sys.executable, "extract.py", *common], cwd=ROOT, check=True, capture_output=True)
+    (ds_dir,) = [p for p in (tmp_path / "data").iterdir() if p.is_dir()]
+    extract_s = Manifest.read(ds_dir).provenance["extract_seconds"]
+    assert 0 < extract_s < 90
+    run = tmp_path / "run"
+    proc = subprocess.run(
+        # validations 100 steps apart: the ETA times 10 steps between two of them
+        [sys.executable, "train.py", *common, f"hydra.run.dir={run}", "train.val_check_interval=100"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    summary = json.loads((run / "summary.json").read_text())
+    outcome = summary["time_budget"]
+    assert outcome["inside"] is True and outcome["total_s"] <= 90
+    assert outcome["extract_s"] == pytest.approx(extract_s, abs=0.1)
+    assert summary["global_step"] > 6  # tiny_test's train.max_steps: the clock ends this run
+    assert Path(summary["export_dir"], "model.safetensors").is_file()
+    out = proc.stderr + proc.stdout
+    assert "training gets" in out and "(inside)" in out
+    assert "train.max_time leaves" in out  # the ETA counts down the clock, not max_steps
+    fit = summary["fit"]
+    train_tokens = _train_tokens(ds_dir)
+    assert fit["train_tokens"] == train_tokens and fit["passes_planned"] == 2.0
+    assert fit["passes"] == pytest.approx(fit["tokens"] / train_tokens, rel=0.01) and fit["passes"] > 1
+    assert f"fit: {fit['passes']:.1f} passes over {train_tokens:,} training tokens" in out
+    recorded = json.loads(rates_file.read_text())["machines"]
+    (figures,) = recorded.values()  # this machine, one entry
+    assert {"capture_tok_s", "train_tok_s", "start_s"} <= set(figures)
+    (train_tok_s,) = figures["train_tok_s"].values()
+    assert train_tok_s == pytest.approx(fit["tok_s"], rel=0.01)
+    cfg = run_config(compose("train", [*common, "train.val_check_interval=100", "time_budget.rates=machine"]))
+    assert time_budget.budget_rates(cfg).train_tok_s == pytest.approx(train_tok_s)
+
+
+def _train_tokens(ds_dir: Path) -> int:
+    from eagle3.store import open_dataset
+
+    ds = open_dataset(ds_dir)
+    val = set(ds.val_indices())
+    return sum(n for i, n in enumerate(ds.lengths.tolist()) if i not in val)

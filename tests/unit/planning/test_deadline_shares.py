@@ -1,0 +1,54 @@
+"""time_budget's deadlines as shares of the budget: where each stage's deadline ends, what an
+overrun regeneration leaves the capture, and validation spread through the capture order."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import compose
+from helpers import TickingClock
+
+from eagle3.data.split import interleaved
+from eagle3.planning import time_budget
+from eagle3.util.clock import StageClock
+
+
+def test_validation_is_spread_through_the_capture_order():
+    train, val = [f"t{i}" for i in range(30)], [f"v{i}" for i in range(10)]
+    order = interleaved(train, val)
+    assert sorted(order) == sorted(train + val)
+    assert [s for s in order if s[0] == "t"] == train and [s for s in order if s[0] == "v"] == val
+    for cut in (4, 12, 20, 40):  # any prefix holds about a quarter of validation samples
+        assert abs(sum(s[0] == "v" for s in order[:cut]) - cut / 4) <= 1
+
+
+def test_the_deadlines_end_where_the_shares_say():
+    from eagle3.config.schema import run_config
+
+    shares = time_budget.time_shares(run_config(compose("extract", ["experiment=smollm2_budget"])))
+    assert shares is not None and shares.regen_s > 0
+    assert shares.regen_end_s() == pytest.approx(shares.start_s + shares.regen_start_s + shares.regen_s)
+    assert shares.extract_end_s() == pytest.approx(shares.regen_end_s() + shares.capture_s)
+    # what the extraction may spend leaves training its share, the second start and the end
+    assert shares.total_s - shares.extract_end_s() == pytest.approx(
+        shares.train_s + shares.fixed_s - shares.start_s - shares.regen_start_s
+    )
+    clock = StageClock()
+    regen = time_budget.regen_deadline(shares, clock)
+    capture = time_budget.capture_deadline(shares, clock, shares.samples)
+    assert regen is not None and capture is not None
+    assert (regen.at_s, capture.at_s) == (shares.regen_end_s(), shares.extract_end_s())
+    assert time_budget.regen_deadline(None, clock) is None and time_budget.capture_deadline(None, clock, 5) is None
+
+
+def test_a_regeneration_that_overran_leaves_capture_its_own_share():
+    """Its first batch always runs: when regeneration ends past the extraction's share, capture
+    still gets the minutes its samples' share was sized to take, from now."""
+    from eagle3.config.schema import run_config
+
+    shares = time_budget.time_shares(run_config(compose("extract", ["experiment=smollm2_budget"])))
+    assert shares is not None
+    late = TickingClock()
+    late.reads = int(shares.extract_end_s()) + 100  # regeneration ended 100 s past the extraction's share
+    half = time_budget.capture_deadline(shares, late, shares.samples // 2)
+    assert half is not None
+    assert half.at_s == pytest.approx(late.reads + shares.capture_s * (shares.samples // 2) / shares.samples)
