@@ -20,6 +20,7 @@ round's validation split), into summary.json, with every round's figures.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -157,6 +158,8 @@ def _summary(composed: DictConfig, polish: PolishConfig, state: PolishState, run
     """summary.json: the rounds, and vLLM's acceptance of the start head against the polished one
     on the same prompts (the held-out suite and the first round's validation split)."""
     last = run_config(round_config(composed, polish, len(state.rounds), state.head, run_dir))
+    # eval.enabled as asked (a round's config turns it off under polish.eval_rounds=false)
+    last = dataclasses.replace(last, eval=dataclasses.replace(last.eval, enabled=bool(composed.eval.enabled)))
     acceptance: dict[str, Any] = {}
     if last.eval.enabled:
         from eagle3.stages.evaluate import evaluate_trained  # the evaluate stage, loaded only here
@@ -165,7 +168,9 @@ def _summary(composed: DictConfig, polish: PolishConfig, state: PolishState, run
         prompts = Path(state.rounds[0].dataset_dir)
         if state.start_acceptance is None:  # measured once: a resumed polish keeps it
             start_dir = resolve_model_dir(state.start, last.train.init_from_revision, field="train.init_from")
-            measured = evaluate_trained(last, start_dir, prompts, model_dir, None, out_dir=run_dir / "eval-start")
+            measured = evaluate_trained(
+                last, start_dir, prompts, model_dir, None, out_dir=run_dir / "eval-start", baseline=False
+            )
             state.start_acceptance = _served(measured) or measured
             state.save(run_dir)
         polished = evaluate_trained(last, Path(state.head), prompts, model_dir, None, out_dir=run_dir / "eval-polished")
