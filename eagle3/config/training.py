@@ -53,6 +53,17 @@ class TrainConfig:
     # answers. all: the better head in vLLM at equal GPU minutes, and no worse on the CPU demo
     # (docs/records/2026-12-01-equal-budget-vs-speculators.md, docs/changelog.md)
     loss_tokens: LossTokens = LossTokens.all
+    # the on-policy objective (eagle3/draft/onpolicy.py): forward KL on the steps the current head's
+    # own rounds accept, reverse KL at each round's first rejection, mixed in as
+    # (1 - onpolicy_weight) x the supervised loss + onpolicy_weight x it. 0: the supervised loss alone,
+    # bit for bit (the polish stage, eagle3/stages/polish.py, sets it)
+    onpolicy_weight: float = 0.0
+    # the rejected step k's reverse KL weighs onpolicy_decay^k: a rejection late in a chain costs
+    # fewer served tokens than one at its first step
+    onpolicy_decay: float = 0.8
+    # true: only the rounds serving walks (starts right after the head's own rejections); false:
+    # every answer position starts a chain of its own
+    onpolicy_round_starts: bool = True
     # flex: block-sparse TTT masks (eagle3/draft/flex.py), needs CUDA and max_tokens_per_batch a
     # multiple of 128 (rows are padded to it); sdpa: a dense bool mask, any device. auto: flex
     # on CUDA (the faster step in bench/train_throughput.py), sdpa on CPU

@@ -136,15 +136,17 @@ class TargetStats:
 
     @classmethod
     @torch.no_grad()
-    def from_logits(cls, target_logits: torch.Tensor, kind: str) -> TargetStats:
+    def from_logits(cls, target_logits: torch.Tensor, kind: str | tuple[str, ...]) -> TargetStats:
+        """The fields one loss kind reads, or several kinds' (the on-policy objective reads two)."""
+        kinds = (kind,) if isinstance(kind, str) else tuple(kind)
         argmax = target_logits.argmax(-1)
         empty = target_logits.new_zeros(0)
-        if kind == "ce_argmax":
+        if all(k == "ce_argmax" for k in kinds):
             return cls(empty, empty, empty, argmax)
         logp = F.log_softmax(target_logits.float(), dim=-1)
-        probs = logp.exp() if kind in ("forward_kl", "jsd", "tv") else empty
-        neg_entropy = (probs * logp).sum(-1) if kind == "forward_kl" else empty
-        return cls(probs, logp if kind in ("reverse_kl", "jsd") else empty, neg_entropy, argmax)
+        probs = logp.exp() if any(k in ("forward_kl", "jsd", "tv") for k in kinds) else empty
+        neg_entropy = (probs * logp).sum(-1) if "forward_kl" in kinds else empty
+        return cls(probs, logp if any(k in ("reverse_kl", "jsd") for k in kinds) else empty, neg_entropy, argmax)
 
 
 def per_position_loss(draft_logits: torch.Tensor, target: TargetStats, offset: int, kind: str) -> torch.Tensor:

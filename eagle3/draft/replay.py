@@ -100,15 +100,16 @@ def chain_lengths(
     return chain
 
 
-def replay_rounds(
+def walk_rounds(
     chain: torch.Tensor,  # [B, T] int
     starts_ok: torch.Tensor,  # [B, T] bool: step 0 at t drafts an answer token (positions[0])
-    num_draft_tokens: int,
     max_answer_tokens: int | None = None,
     segment_ids: torch.Tensor | None = None,  # [B, T]; needed for first_span_only
     first_span_only: bool = False,
-) -> torch.Tensor:
-    """Walk the drafting rounds of every answer span; counts as float64 [2 + num_draft_tokens].
+) -> list[tuple[int, int, int]]:
+    """Every drafting round of every answer span, in order, as (row b, position t, chain[b, t]):
+    the positions serving starts a round at (the module doc). The one walk both the replay's
+    counts and the on-policy objective (eagle3/draft/onpolicy.py) read.
 
     first_span_only: only each sample's first answer (what serving a sample's opening user
     turn produces; later turns of a multi-turn sample are skipped).
@@ -118,8 +119,8 @@ def replay_rounds(
     chain_rows = chain.to("cpu").tolist()
     ok_rows = starts_ok.to("cpu").tolist()
     seg_rows = segment_ids.to("cpu").tolist() if segment_ids is not None else [None] * len(ok_rows)
-    counts = [0] * (2 + num_draft_tokens)
-    for chain_row, ok_row, seg_row in zip(chain_rows, ok_rows, seg_rows):
+    rounds: list[tuple[int, int, int]] = []
+    for b, (chain_row, ok_row, seg_row) in enumerate(zip(chain_rows, ok_rows, seg_rows)):
         n = len(ok_row)
         seen: set[int] = set()
         t = 0
@@ -142,13 +143,35 @@ def replay_rounds(
                 seen.add(seg_row[s])
             while t <= e and (max_answer_tokens is None or t + 2 - f < max_answer_tokens):
                 a = int(chain_row[t])
-                counts[0] += 1
-                counts[1] += a
-                for k in range(a):
-                    counts[2 + k] += 1
+                rounds.append((b, t, a))
                 t += a + 1
             t = e + 1
+    return rounds
+
+
+def round_counts(rounds: list[tuple[int, int, int]], num_draft_tokens: int) -> torch.Tensor:
+    """[rounds, accepted, rounds with >= 1 accepted, >= 2, ...] float64 [2 + num_draft_tokens]."""
+    counts = [0] * (2 + num_draft_tokens)
+    for _, _, a in rounds:
+        counts[0] += 1
+        counts[1] += a
+        for k in range(a):
+            counts[2 + k] += 1
     return torch.tensor(counts, dtype=torch.float64)
+
+
+def replay_rounds(
+    chain: torch.Tensor,  # [B, T] int
+    starts_ok: torch.Tensor,  # [B, T] bool: step 0 at t drafts an answer token (positions[0])
+    num_draft_tokens: int,
+    max_answer_tokens: int | None = None,
+    segment_ids: torch.Tensor | None = None,  # [B, T]; needed for first_span_only
+    first_span_only: bool = False,
+) -> torch.Tensor:
+    """Walk the drafting rounds of every answer span (walk_rounds); counts as float64
+    [2 + num_draft_tokens]."""
+    rounds = walk_rounds(chain, starts_ok, max_answer_tokens, segment_ids, first_span_only)
+    return round_counts(rounds, num_draft_tokens)
 
 
 def replay_counts(

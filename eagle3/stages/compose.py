@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from eagle3.config import cli, dataset, schema, target, training
+from eagle3.config import cli, dataset, polish, schema, target, training
 from eagle3.planning import disk_estimate
 from eagle3.target_model import layer_ids
 from eagle3.target_model.hub import model_config_file
@@ -216,6 +216,12 @@ def register_evaluate_config() -> None:
 def register_export_config() -> None:
     """``base_export``: conf/export.yaml extends it."""
     ConfigStore.instance().store(name="base_export", node=cli.ExportCliConfig)
+
+
+def register_polish_config() -> None:
+    """``base_polish`` (conf/polish.yaml extends it) and the shared groups it uses."""
+    register_configs()
+    ConfigStore.instance().store(name="base_polish", node=polish.PolishRunConfig)
 
 
 def register_replay_export_config() -> None:

@@ -31,10 +31,20 @@ from eagle3.stages.compose import register_evaluate_config
 from eagle3.util.report import say
 
 
-def evaluate_trained(cfg: RunConfig, export_dir: Path, ds_dir: Path, model_dir: str, logger) -> dict | None:
+def evaluate_trained(
+    cfg: RunConfig,
+    export_dir: Path,
+    ds_dir: Path,
+    model_dir: str,
+    logger,
+    out_dir: Path | None = None,
+    baseline: bool = True,
+) -> dict | None:
     """train.py's last step, from its config (``cfg``): real acceptance from vLLM's counters
     (eval.enabled and vLLM installed), as summary.json's "acceptance". A failure here is
-    reported, not raised: the trained head and its export are already safe."""
+    reported, not raised: the trained head and its export are already safe. ``out_dir``: where
+    its files go (None: the export; polish.py measures a head it does not own); ``baseline``: also
+    run the target alone (evaluate's; polish.py runs it once, with the polished head)."""
     if not cfg.eval.enabled:
         return None
     if not vllm_available():
@@ -46,7 +56,9 @@ def evaluate_trained(cfg: RunConfig, export_dir: Path, ds_dir: Path, model_dir: 
             eval_cfg=cfg.eval,
             dataset_dir=ds_dir,
             target=model_dir,
+            out_dir=out_dir,
             chat_template=cfg.model.chat_template,
+            baseline=baseline,
             engine=cfg.engine,  # conf/engine/default.yaml: the run's tp, memory and trust unless engine.* says
             wandb_run=logger.experiment if logger else None,
         )

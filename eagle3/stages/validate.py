@@ -85,6 +85,10 @@ def validate_run_config(cfg: DictConfig) -> None:
         raise ConfigError(f"data.max_length: expected >= 2, got {cfg.data.max_length}")
     if int(cfg.train.ttt_steps) < 1:
         raise ConfigError(f"train.ttt_steps: expected >= 1, got {cfg.train.ttt_steps}")
+    if not 0.0 <= float(cfg.train.onpolicy_weight) <= 1.0:
+        raise ConfigError(f"train.onpolicy_weight: expected a value in [0, 1], got {cfg.train.onpolicy_weight}")
+    if not 0.0 <= float(cfg.train.onpolicy_decay) <= 1.0:
+        raise ConfigError(f"train.onpolicy_decay: expected a value in [0, 1], got {cfg.train.onpolicy_decay}")
     for key in ("num_workers", "read_ahead"):
         if int(cfg.train[key]) < 0:
             raise ConfigError(f"train.{key}: expected >= 0, got {cfg.train[key]}")

@@ -19,6 +19,7 @@ from eagle3.config.choices import LossTokens
 from eagle3.config.training import TrainConfig
 from eagle3.draft.head import Eagle3DraftHead
 from eagle3.draft.loss import StepCounts, eagle3_loss, step_weighted
+from eagle3.draft.onpolicy import OnPolicyLoss, mixed_loss, onpolicy_loss
 from eagle3.draft.replay import replay_counts, replay_metrics
 from eagle3.training.checkpoint_io import head_checkpoint_bytes
 from eagle3.training.schedule import BudgetedCosine
@@ -74,6 +75,10 @@ class Eagle3LitModule(L.LightningModule):
         self.replay_max_answer_tokens = replay_max_answer_tokens
         # per validation set (the validation split "val", the selection set "select"): step counts, replay counts
         self._val_sums: dict[str, tuple[StepCounts, torch.Tensor]] = {}
+        # the on-policy objective's share (eagle3/draft/onpolicy.py; 0: the supervised loss alone)
+        # and its rounds' K: the evaluation's, or every TTT step when the replay is off
+        self.onpolicy_weight = float(train_cfg.onpolicy_weight)
+        self.onpolicy_k = self.replay_k if self.replay_k > 0 else self.ttt_steps
         self._step = self._forward_loss
         self.lr_schedule: BudgetedCosine | None = None
         self._restored_schedule: dict | None = None  # from a checkpoint, applied when the schedule is built
@@ -115,6 +120,10 @@ class Eagle3LitModule(L.LightningModule):
         # max_tokens_per_batch when compiling: one static shape, one graph (dynamic shapes
         # recompiled for new row lengths on the H200)
         compiled = self.train_cfg.compile
+        if compiled and self.onpolicy_weight > 0:
+            # the rounds are walked on the host each step (replay.walk_rounds): no static graph
+            warnings.warn("train.compile: the on-policy step (train.onpolicy_weight > 0) runs eager", stacklevel=2)
+            compiled = False
         self._step = torch.compile(self._forward_loss, dynamic=False) if compiled else self._forward_loss
         self._graphs_before = _compiled_graphs()  # the counter is per process (other compiles, tests)
 
@@ -144,6 +153,27 @@ class Eagle3LitModule(L.LightningModule):
             kind=self.loss_kind,
             covered=covered,
         )
+
+    def _forward_mixed(
+        self, batch: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, StepCounts, OnPolicyLoss]:
+        """(mixed loss, its supervised part, that part's counts, the on-policy part), both parts on
+        the same logits; the rounds are the current head's on the answers (serving drafts nothing
+        else)."""
+        loss_mask = batch["segment_ids"] >= 0 if self.train_all_tokens else batch["loss_mask"]
+        step_logits, target_logits, covered = self._logits(batch)
+        supervised, counts = self._loss(batch, step_logits, target_logits, loss_mask, covered)
+        onpolicy = onpolicy_loss(
+            step_logits,
+            target_logits,
+            loss_mask=batch["loss_mask"],
+            segment_ids=batch["segment_ids"],
+            num_draft_tokens=self.onpolicy_k,
+            decay=self.train_cfg.onpolicy_decay,
+            round_starts_only=self.train_cfg.onpolicy_round_starts,
+            covered=covered,
+        )
+        return mixed_loss(supervised, onpolicy.loss, self.onpolicy_weight), supervised.detach(), counts, onpolicy
 
     def _metrics(self, counts: StepCounts, prefix: str) -> dict[str, torch.Tensor]:
         loss_k, acc_k, cond_k = counts.loss_mean(), counts.acc_full(), counts.acc_cond()
@@ -188,9 +218,16 @@ class Eagle3LitModule(L.LightningModule):
             self.raise_if_diverged()
 
     def training_step(self, batch, batch_idx):
-        loss, counts = self._step(batch)
+        onpolicy = None
+        if self.onpolicy_weight > 0:
+            loss, supervised, counts, onpolicy = self._forward_mixed(batch)
+        else:
+            loss, counts = self._step(batch)
         self._note_loss(loss)
         logs = self._metrics(counts, "train")
+        if onpolicy is not None:  # its loss, its parts and the current head's rounds on the batch
+            logs.update({k: torch.tensor(v) for k, v in onpolicy.metrics("train/").items()})
+            logs["train/supervised_loss"] = supervised.float()
         logs["train/loss"] = loss.detach().float()
         if self._step is not self._forward_loss:
             # graphs dynamo compiled so far: one static shape means it stays at 1 after the

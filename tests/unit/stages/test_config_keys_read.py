@@ -19,7 +19,7 @@ import typing
 
 from conftest import ROOT
 
-from eagle3.config import cli, schema
+from eagle3.config import cli, polish, schema
 from eagle3.stages import compose
 
 PASSED_WHOLE = "passed whole to L.Trainer (eagle3/stages/train.py trainer_arguments: dataclasses.asdict)"
@@ -35,7 +35,7 @@ ALLOWED = {
     "CaptureConfig.disk_per_1m_tokens": SHOWN_ONLY,
     "CheckpointCallbackConfig.disk": SHOWN_ONLY,
 }
-PRIMARIES = (schema.RunConfig, cli.EvaluateConfig, cli.ExportCliConfig, cli.ReplayExportConfig)
+PRIMARIES = (schema.RunConfig, cli.EvaluateConfig, cli.ExportCliConfig, cli.ReplayExportConfig, polish.PolishRunConfig)
 _INTERPOLATED = re.compile(r"\$\{[^}$]*?\b([A-Za-z_][\w.]*)\}")
 
 

@@ -1,0 +1,201 @@
+"""polish.py's stage: rounds of on-policy training from a head that exists (train.init_from).
+
+Each round, from the last round's export (the first from train.init_from):
+  1. new prompts (the data group's; experiment=smollm2_polish: prompts the target writes itself,
+     data.seed + the round's number drawing new ones each round, never the held-out suite) are
+     answered greedily by the target and its states captured over them: extract.py's stage on a
+     config composed for the round (data.max_samples = polish.prompts_per_round,
+     data.regenerate=true), so the round's dataset has its own fingerprint;
+  2. train.py's stage trains from the current head (train.init_from) for polish.steps_per_round
+     steps with the on-policy objective mixed into the supervised loss (train.onpolicy_weight:
+     the rounds of the head as it is now, eagle3/draft/onpolicy.py), exports it and, with
+     polish.eval_rounds, measures it in vLLM: each round is a train.py run in
+     <run dir>/round-<n>/, resumed from its own checkpoints like any train.py run;
+  3. the round's record goes into <run dir>/polish_state.json (eagle3/stages/polish_state.py)
+     and a line is printed: round i/n, its tokens/s, its acceptance.
+A rerun of the same command continues after the last finished round. At the end vLLM measures
+the start head and the polished one on the same prompts (the held-out suite and the first
+round's validation split), into summary.json, with every round's figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from eagle3.config.errors import ConfigError
+from eagle3.config.polish import PolishConfig
+from eagle3.config.schema import RunConfig, run_config
+from eagle3.stages.polish_log import log_round
+from eagle3.stages.polish_state import PolishState, RoundRecord, load_state
+from eagle3.stages.validate import validate_run_config
+from eagle3.store import Manifest
+from eagle3.target_model.hub import resolve_model_dir
+from eagle3.target_model.resolve import resolve_target
+from eagle3.training.run_dir import run_dir_lock
+from eagle3.util.atomic import write_text
+from eagle3.util.report import say
+
+
+def run(composed: DictConfig) -> float:
+    """``composed``: polish.py's config (conf/polish.yaml); returns the polished head's acceptance
+    length in vLLM (its last round's train-side replay where vLLM did not measure it)."""
+    validate_run_config(composed)
+    polish = _polish_config(composed)
+    start = composed.train.init_from
+    if not start:
+        raise ConfigError("train.init_from: expected the head to polish (an export directory or a hub id), got null")
+    run_dir = Path(composed.paths.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with run_dir_lock(run_dir):
+        state = load_state(run_dir, str(start))
+        if state.rounds:
+            say([f"polish: {len(state.rounds)} of {polish.rounds} rounds done in {run_dir}; continuing"])
+        _rounds(composed, polish, state, run_dir)
+        if not state.rounds:
+            raise ConfigError(f"polish.minutes={polish.minutes}: no round fitted in the minutes; nothing polished")
+        summary = _summary(composed, polish, state, run_dir)
+        write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
+        say([f"summary: {run_dir / 'summary.json'}", _gain_line(summary), state.head])
+        return _polished_figure(summary)
+
+
+def _polish_config(composed: DictConfig) -> PolishConfig:
+    polish: PolishConfig = OmegaConf.to_object(composed.polish)  # type: ignore[assignment]
+    for key in ("rounds", "prompts_per_round"):
+        if int(getattr(polish, key)) < 1:
+            raise ConfigError(f"polish.{key}: expected >= 1, got {getattr(polish, key)}")
+    if polish.steps_per_round < 0:
+        raise ConfigError(f"polish.steps_per_round: expected >= 0, got {polish.steps_per_round}")
+    if polish.minutes is not None and polish.minutes <= 0:
+        raise ConfigError(f"polish.minutes: expected > 0 or null, got {polish.minutes}")
+    return polish
+
+
+def _rounds(composed: DictConfig, polish: PolishConfig, state: PolishState, run_dir: Path) -> None:
+    """The rounds not yet finished, each recorded in the state file as it ends."""
+    for number in range(len(state.rounds) + 1, polish.rounds + 1):
+        if polish.minutes is not None and state.seconds >= polish.minutes * 60:
+            say([f"polish: polish.minutes={polish.minutes:g} spent after {len(state.rounds)} rounds; stopping"])
+            return
+        began = time.monotonic()
+        round_cfg = round_config(composed, polish, number, state.head, run_dir)
+        record = _one_round(round_cfg, number, began)
+        state.add(record, run_dir)
+        say([_round_line(record, polish.rounds, state)])
+        log_round(run_config(round_cfg).logger, run_dir, record)
+
+
+def round_config(composed: DictConfig, polish: PolishConfig, number: int, head: str, run_dir: Path) -> DictConfig:
+    """train.py's config of round ``number``: its own prompts and run dir, the head it starts from."""
+    raw: Any = OmegaConf.to_container(composed, resolve=False)
+    raw.pop("polish")
+    raw["train"]["init_from"] = head
+    if number > 1:  # the revision names the start's hub commit, not a round's export
+        raw["train"]["init_from_revision"] = None
+    raw["train"]["max_steps"] = polish.steps_per_round
+    raw["data"]["max_samples"] = polish.prompts_per_round
+    raw["data"]["seed"] = int(composed.data.seed) + number
+    raw["data"]["regenerate"] = True  # the target's greedy answers: what the rounds are walked on
+    raw["time_budget"]["minutes"] = None  # polish.minutes is this stage's budget, not the data's
+    raw["eval"]["enabled"] = bool(composed.eval.enabled) and polish.eval_rounds
+    raw["paths"]["output_dir"] = str(run_dir / f"round-{number}")
+    return OmegaConf.merge(OmegaConf.structured(RunConfig), raw)  # type: ignore[return-value]
+
+
+def _one_round(round_cfg: DictConfig, number: int, began: float) -> RoundRecord:
+    from eagle3.stages.extract import run as extract  # the stages, loaded when a round runs
+    from eagle3.stages.train import run as train
+
+    dataset_dir = extract(round_cfg)
+    train(round_cfg)
+    summary = json.loads((Path(round_cfg.paths.output_dir) / "summary.json").read_text())
+    final = summary.get("final") or {}
+    k = int(round_cfg.eval.num_draft_tokens)
+    return RoundRecord(
+        round=number,
+        export_dir=str(summary["export_dir"]),
+        dataset_dir=str(dataset_dir),
+        seconds=round(time.monotonic() - began, 1),
+        tokens=int(Manifest.read(Path(dataset_dir)).num_tokens),
+        steps=int(summary["global_step"]),
+        train_tok_s=(summary.get("fit") or {}).get("tok_s"),
+        replay_accept_len=final.get("val/replay_accept_len"),
+        replay_acc_pos=[final[f"val/replay_acc_pos{i}"] for i in range(k) if f"val/replay_acc_pos{i}" in final],
+        served=_served(summary.get("acceptance")),
+    )
+
+
+def _served(acceptance: dict | None) -> dict[str, Any] | None:
+    """vLLM's figures from an evaluation's result (evaluate_trained): the acceptance length, the
+    rate per draft position (from its acceptance.json); None when it did not measure."""
+    if not acceptance or "mean_acceptance_length" not in acceptance:
+        return None
+    report = json.loads(Path(acceptance["json"]).read_text())
+    return {
+        "mean_acceptance_length": acceptance["mean_acceptance_length"],
+        "per_position_acceptance_rate": report.get("per_position_acceptance_rate"),
+        "json": acceptance["json"],
+    }
+
+
+def _round_line(record: RoundRecord, rounds: int, state: PolishState) -> str:
+    tok_s = f"{record.train_tok_s:,.0f} tokens/s" if record.train_tok_s else "no fit"
+    replay = f"{record.replay_accept_len:.3f}" if record.replay_accept_len is not None else "n/a"
+    served = f", vLLM {record.served['mean_acceptance_length']:.3f}" if record.served else ""
+    return (
+        f"polish round {record.round}/{rounds}: {record.tokens:,} tokens, {record.steps} steps at {tok_s}, "
+        f"{record.seconds:.0f} s (polish so far {state.seconds:.0f} s); acceptance length: replay {replay}{served}"
+    )
+
+
+def _summary(composed: DictConfig, polish: PolishConfig, state: PolishState, run_dir: Path) -> dict[str, Any]:
+    """summary.json: the rounds, and vLLM's acceptance of the start head against the polished one
+    on the same prompts (the held-out suite and the first round's validation split)."""
+    last = run_config(round_config(composed, polish, len(state.rounds), state.head, run_dir))
+    # eval.enabled as asked (a round's config turns it off under polish.eval_rounds=false)
+    last = dataclasses.replace(last, eval=dataclasses.replace(last.eval, enabled=bool(composed.eval.enabled)))
+    acceptance: dict[str, Any] = {}
+    if last.eval.enabled:
+        from eagle3.stages.evaluate import evaluate_trained  # the evaluate stage, loaded only here
+
+        model_dir = resolve_target(last.model, last.paths.cache_dir)
+        prompts = Path(state.rounds[0].dataset_dir)
+        if state.start_acceptance is None:  # measured once: a resumed polish keeps it
+            start_dir = resolve_model_dir(state.start, last.train.init_from_revision, field="train.init_from")
+            measured = evaluate_trained(
+                last, start_dir, prompts, model_dir, None, out_dir=run_dir / "eval-start", baseline=False
+            )
+            state.start_acceptance = _served(measured) or measured
+            state.save(run_dir)
+        polished = evaluate_trained(last, Path(state.head), prompts, model_dir, None, out_dir=run_dir / "eval-polished")
+        acceptance = {"start": state.start_acceptance, "polished": _served(polished) or polished}
+    return {
+        "start": state.start,
+        "polished_export": state.head,
+        "rounds": [vars(r) for r in state.rounds],
+        "seconds": state.seconds,
+        "acceptance": acceptance,
+    }
+
+
+def _gain_line(summary: dict[str, Any]) -> str:
+    acc = summary["acceptance"]
+    start = (acc.get("start") or {}).get("mean_acceptance_length")
+    polished = (acc.get("polished") or {}).get("mean_acceptance_length")
+    if start is None or polished is None:
+        return "polish: vLLM did not measure the start and the polished head (eval.enabled, or see summary.json)"
+    return f"polish: acceptance length in vLLM {start:.3f} -> {polished:.3f} ({polished - start:+.3f})"
+
+
+def _polished_figure(summary: dict[str, Any]) -> float:
+    polished = (summary["acceptance"].get("polished") or {}).get("mean_acceptance_length")
+    if polished is not None:
+        return float(polished)
+    replay = summary["rounds"][-1]["replay_accept_len"]
+    return float(replay) if replay is not None else float("nan")

@@ -1,0 +1,80 @@
+"""train.onpolicy_weight in the Lightning module: 0 is the supervised loss bit for bit; above 0 the
+step mixes in the on-policy objective and logs it with the current head's rounds under train/*."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+from helpers import tiny_head_with_meta
+
+from eagle3.config.training import TrainConfig
+from eagle3.draft.loss import eagle3_loss
+from eagle3.training.module import Eagle3LitModule
+
+SEGMENTS = torch.tensor([[0] * 9 + [1] * 7])
+ANSWERS = torch.tensor([[False] * 3 + [True] * 6 + [False] * 2 + [True] * 5])
+
+
+def _batch() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(5)
+    t = SEGMENTS.shape[1]
+    return {
+        "aux_hidden": torch.randn(1, t, 3 * 32, generator=g),
+        "input_ids": torch.randint(0, 97, (1, t), generator=g),
+        "position_ids": torch.cat([torch.arange(9), torch.arange(7)]).unsqueeze(0),
+        "segment_ids": SEGMENTS,
+        "final_hidden": torch.randn(1, t, 32, generator=g),
+        "loss_mask": ANSWERS,
+    }
+
+
+def _module(weight: float) -> Eagle3LitModule:
+    head, _ = tiny_head_with_meta(seed=1)
+    cfg = TrainConfig(
+        ttt_steps=3, onpolicy_weight=weight, lr=1e-3, warmup_steps=0, max_steps=3, max_tokens_per_batch=16
+    )
+    return Eagle3LitModule(head, cfg, replay_draft_tokens=3)
+
+
+def test_weight_zero_trains_on_the_supervised_loss_bit_for_bit():
+    module, batch = _module(0.0), _batch()
+    loss, counts = module._forward_loss(batch)
+    mixed, supervised, mixed_counts, _ = module._forward_mixed(batch)
+    assert torch.equal(mixed, loss) and torch.equal(supervised, loss.detach())
+    assert torch.equal(mixed_counts.stacked(), counts.stacked())
+    step_logits, target_logits, covered = module._logits(batch)
+    direct, _ = eagle3_loss(
+        step_logits, target_logits, loss_mask=SEGMENTS >= 0, segment_ids=SEGMENTS, step_decay=0.8, covered=covered
+    )
+    assert torch.equal(loss, direct)  # the training loss before the on-policy objective existed
+
+
+def test_a_weight_mixes_the_objective_in_linearly():
+    module, batch = _module(0.3), _batch()
+    mixed, supervised, _, onpolicy = module._forward_mixed(batch)
+    assert float(mixed.detach()) == pytest.approx(0.7 * float(supervised) + 0.3 * float(onpolicy.loss.detach()))
+    assert float(onpolicy.counts[0]) > 0  # both answers were walked into rounds
+
+
+def test_a_fit_logs_the_objective_and_the_rounds_under_train():
+    module = _module(0.5)
+    data = torch.utils.data.DataLoader([_batch()] * 3, batch_size=None)
+    trainer = L.Trainer(
+        max_steps=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        limit_val_batches=0,
+    )
+    before = module.head.fc.weight.detach().clone()
+    trainer.fit(module, train_dataloaders=data)
+    logged = trainer.callback_metrics
+    for key in ("train/onpolicy_loss", "train/supervised_loss", "train/onpolicy_accept_len", "train/onpolicy_acc_pos2"):
+        assert key in logged, sorted(logged)
+    assert 1.0 <= float(logged["train/onpolicy_accept_len"]) <= 4.0
+    mixed = 0.5 * float(logged["train/supervised_loss"]) + 0.5 * float(logged["train/onpolicy_loss"])
+    assert float(logged["train/loss"]) == pytest.approx(mixed, rel=1e-5)
+    assert not torch.equal(module.head.fc.weight, before)
