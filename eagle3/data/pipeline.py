@@ -208,6 +208,51 @@ class _Renderers:
         return self.own[key]
 
 
+class _Kept:
+    """The samples rendered so far, each on its side of the split, and their counts in ``report``."""
+
+    def __init__(
+        self,
+        renderers: _Renderers,
+        report: PrepareReport,
+        max_length: int,
+        overflow: str,
+        val_fraction: float,
+        seed: int,
+    ) -> None:
+        self.renderers, self.report = renderers, report
+        self.max_length, self.overflow, self.val_fraction, self.seed = max_length, overflow, val_fraction, seed
+        self.train: list[PreparedSample] = []
+        self.val: list[PreparedSample] = []
+
+    def count(self) -> int:
+        return len(self.train) + len(self.val)
+
+    def add(self, conv: Conversation) -> bool:
+        """Render ``conv`` into a sample and keep it; False (the reason counted) when it gives none."""
+        report = self.report
+        if not any(m["role"] == "assistant" for m in conv.messages):
+            # regeneration could not answer any turn (the prompt alone filled max_length)
+            report.skipped["regenerated_no_answer"] += 1
+            return False
+        report.conversations_rendered += 1
+        result = self.renderers.of(conv)(conv.messages, self.max_length, self.overflow)
+        if result.sample is None:
+            report.skipped[result.skip_reason] += 1
+            return False
+        sample = PreparedSample(
+            conv.id, result.sample.input_ids, result.sample.loss_mask, conv.messages, conv.split_key
+        )
+        in_val = is_validation(conv.split_key, self.val_fraction, self.seed)
+        (self.val if in_val else self.train).append(sample)
+        if report.mixture is not None:
+            report.mixture.kept(sample.id, in_val)
+        report.truncated += int(result.truncated)
+        report.tokens += sample.input_ids.numel()
+        report.loss_tokens += int(sample.loss_mask.sum())
+        return True
+
+
 def _progress(enabled: bool):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -256,18 +301,17 @@ def prepare_samples(
     report = PrepareReport(
         load=load_report, max_samples=max_samples, mixture=None if mixture is None else mixture.report
     )
-    train: list[PreparedSample] = []
-    val: list[PreparedSample] = []
-
-    def kept() -> int:
-        return len(train) + len(val)
+    kept = _Kept(renderers, report, max_length, overflow, val_fraction, seed)
 
     def batch_size() -> int:
         if regenerate is None:
             return 1
         if max_samples is None:
             return regenerate_batch_size
-        return min(regenerate_batch_size, -(-(max_samples - kept()) // _answers(regenerate)))  # conversations
+        return min(regenerate_batch_size, -(-(max_samples - kept.count()) // _answers(regenerate)))  # conversations
+
+    def full() -> bool:
+        return max_samples is not None and kept.count() >= max_samples
 
     stream = (
         mixture.stream(load_report) if mixture is not None else iter_conversations(source, path, load_report, hf=hf)
@@ -286,39 +330,21 @@ def prepare_samples(
                 with pace.timed(len(batch)):
                     batch = _checked_regenerate(regenerate, batch)
             for conv in batch:
-                if not any(m["role"] == "assistant" for m in conv.messages):
-                    # regeneration could not answer any turn (the prompt alone filled max_length)
-                    report.skipped["regenerated_no_answer"] += 1
-                    continue
-                report.conversations_rendered += 1
-                result = renderers.of(conv)(conv.messages, max_length, overflow)
-                if result.sample is None:
-                    report.skipped[result.skip_reason] += 1
-                    continue
-                sample = PreparedSample(
-                    conv.id, result.sample.input_ids, result.sample.loss_mask, conv.messages, conv.split_key
-                )
-                in_val = is_validation(conv.split_key, val_fraction, seed)
-                (val if in_val else train).append(sample)
-                if report.mixture is not None:
-                    report.mixture.kept(sample.id, in_val)
-                report.truncated += int(result.truncated)
-                report.tokens += sample.input_ids.numel()
-                report.loss_tokens += int(sample.loss_mask.sum())
-                bar.advance(task)
-                if max_samples is not None and kept() >= max_samples:
+                if kept.add(conv):
+                    bar.advance(task)
+                if full():
                     break
-            if max_samples is not None and kept() >= max_samples:
+            if full():
                 load_report.stopped_at_limit = True
                 stream.close()
                 break
-
+    train, val = kept.train, kept.val
     report.train_samples, report.val_samples = len(train), len(val)
     report.regen_seconds, report.regen_engine_start_s = pace.seconds, pace._engine_start()
     load_report.check_json_lines()  # the lines read, when max_samples or the deadline stopped the reading
     if load_report.usable == 0:
         raise no_usable_data_error(load_report)
-    if kept() == 0:
+    if kept.count() == 0:
         render_why = ", ".join(f"{k}: {n}" for k, n in sorted(report.skipped.items()))
         raise DataError(
             f"no usable samples: {load_report.usable} conversations loaded from {load_report.path}, "
