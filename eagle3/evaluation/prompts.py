@@ -165,33 +165,69 @@ def heldout_prompts(
         )
     n_humaneval = min(humaneval_prompts, max_prompts)
     n_val = max_prompts - n_humaneval
-    out = PromptSet(prompts=[])
-
-    def render(messages: list[dict[str, str]]) -> list[int]:
-        return render_prompt(tokenizer, messages, chat_template, template_kwargs)
-
-    def admit(source: str, pid: str, messages: list[dict[str, str]], ids: list[int] | None = None, **more: Any) -> bool:
-        if ids is None:
-            messages = with_system_prompt(messages, system_prompt)
-            ids = render(messages)
-        if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
-            out.skipped_too_long[source] += 1
-            return False
-        if more.get("second_turn"):
-            around = [*messages, {"role": "assistant", "content": ""}, {"role": "user", "content": more["second_turn"]}]
-            more["second_turn_tokens"] = len(render(around))
-        out.prompts.append(HeldOutPrompt(source, pid, messages, ids, **more))
-        return True
-
+    admit = _Admit(tokenizer, chat_template, template_kwargs, system_prompt, max_prompt_tokens)
     for name, n in ((BROAD, suite), (MATH_WORD, math)):
         for sp in suite_prompts(name, n):
             second = sp.turns[1] if len(sp.turns) > 1 else None
             admit(name, sp.id, [{"role": "user", "content": sp.turns[0]}], category=sp.category, second_turn=second)
-
     if n_val and dataset_dir is None:
-        out.notes.append("val: no dataset directory (pass dataset_dir=...), so no validation prompts")
-    elif n_val and dataset_dir is not None and is_mixture_dataset(dataset_dir):
+        admit.out.notes.append("val: no dataset directory (pass dataset_dir=...), so no validation prompts")
+    elif n_val and dataset_dir is not None:
+        _admit_val(admit, dataset_dir, n_val, tokenizer)
+    if n_humaneval:
         taken = 0
+        for task_id, prompt in humaneval_tasks():
+            taken += admit(HUMANEVAL, task_id, humaneval_messages(prompt))
+            if taken >= n_humaneval:
+                break
+        if taken < n_humaneval:
+            admit.out.notes.append(f"humaneval: {taken} of {n_humaneval} prompts")
+    if not admit.out.prompts:
+        raise PromptError("no held-out prompts: " + ("; ".join(admit.out.notes) or f"max_prompts={max_prompts}"))
+    return admit.out
+
+
+class _Admit:
+    """Renders prompts as the deployment calls the template and keeps those that fit
+    ``max_prompt_tokens`` (the others counted as too long) in ``out``."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        chat_template: str | None,
+        template_kwargs: Mapping[str, Any] | None,
+        system_prompt: str | None,
+        max_prompt_tokens: int | None,
+    ) -> None:
+        self.tokenizer, self.chat_template, self.template_kwargs = tokenizer, chat_template, template_kwargs
+        self.system_prompt, self.max_prompt_tokens = system_prompt, max_prompt_tokens
+        self.out = PromptSet(prompts=[])
+
+    def render(self, messages: list[dict[str, str]]) -> list[int]:
+        return render_prompt(self.tokenizer, messages, self.chat_template, self.template_kwargs)
+
+    def __call__(
+        self, source: str, pid: str, messages: list[dict[str, str]], ids: list[int] | None = None, **more: Any
+    ) -> bool:
+        """Admit one prompt (``ids``: already rendered, as a stored sample's); False when too long."""
+        if ids is None:
+            messages = with_system_prompt(messages, self.system_prompt)
+            ids = self.render(messages)
+        if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
+            self.out.skipped_too_long[source] += 1
+            return False
+        if more.get("second_turn"):
+            around = [*messages, {"role": "assistant", "content": ""}, {"role": "user", "content": more["second_turn"]}]
+            more["second_turn_tokens"] = len(self.render(around))
+        self.out.prompts.append(HeldOutPrompt(source, pid, messages, ids, **more))
+        return True
+
+
+def _admit_val(admit: _Admit, dataset_dir: str | Path, n_val: int, tokenizer: Any) -> None:
+    """The validation split's opening turns: a mixture dataset's as its samples were served (each
+    source its category), another's rendered again and checked against the recorded ones."""
+    out, taken = admit.out, 0
+    if is_mixture_dataset(dataset_dir):
         for pid, ids in stored_val_prompts(dataset_dir):
             text = tokenizer.decode(ids, skip_special_tokens=False) if hasattr(tokenizer, "decode") else ""
             # the served prompt, as text; its source is its category: acceptance per source (per mode
@@ -201,38 +237,26 @@ def heldout_prompts(
                 break
         if taken < n_val:
             out.notes.append(f"val: {taken} of {n_val} prompts (validation split of {dataset_dir} exhausted)")
-    elif n_val and dataset_dir is not None:
-        taken = 0
-        recorded = RecordedPrompts(dataset_dir)
-        if recorded.unchecked:
-            out.notes.append(f"val: prompts not checked against the dataset: {recorded.unchecked}")
-        turns = val_first_turns(dataset_dir)
-        try:
-            for pid, messages in turns:
-                messages = with_system_prompt(messages, system_prompt)
-                ids = render(messages)
-                recorded.check(pid, ids, tokenizer)
-                taken += admit(VAL, pid, messages, ids)
-                if taken >= n_val:
-                    break
-        finally:
-            turns.close()
-        if taken < n_val:
-            out.notes.append(
-                f"val: {taken} of {n_val} prompts (validation split of {dataset_dir} exhausted; "
-                f"{out.skipped_too_long[VAL]} over {max_prompt_tokens} tokens)"
-            )
-    if n_humaneval:
-        taken = 0
-        for task_id, prompt in humaneval_tasks():
-            taken += admit(HUMANEVAL, task_id, humaneval_messages(prompt))
-            if taken >= n_humaneval:
+        return
+    recorded = RecordedPrompts(dataset_dir)
+    if recorded.unchecked:
+        out.notes.append(f"val: prompts not checked against the dataset: {recorded.unchecked}")
+    turns = val_first_turns(dataset_dir)
+    try:
+        for pid, messages in turns:
+            messages = with_system_prompt(messages, admit.system_prompt)
+            ids = admit.render(messages)
+            recorded.check(pid, ids, tokenizer)
+            taken += admit(VAL, pid, messages, ids)
+            if taken >= n_val:
                 break
-        if taken < n_humaneval:
-            out.notes.append(f"humaneval: {taken} of {n_humaneval} prompts")
-    if not out.prompts:
-        raise PromptError("no held-out prompts: " + ("; ".join(out.notes) or f"max_prompts={max_prompts}"))
-    return out
+    finally:
+        turns.close()
+    if taken < n_val:
+        out.notes.append(
+            f"val: {taken} of {n_val} prompts (validation split of {dataset_dir} exhausted; "
+            f"{out.skipped_too_long[VAL]} over {admit.max_prompt_tokens} tokens)"
+        )
 
 
 def chat_style(dataset_dir: str | Path | None) -> tuple[dict[str, Any], Optional[str]]:
