@@ -46,12 +46,9 @@ def run_engine(req: EngineRequest) -> EngineResult:
     (in waves of ``wave_size`` where set), snapshotting the spec-decode counters around it.
     Must run under `if __name__ == "__main__"` (vLLM spawns workers)."""
     import vllm
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
     from vllm.engine.arg_utils import EngineArgs
-    from vllm.inputs import TokensPrompt
     from vllm.platforms import current_platform
-
-    from eagle3.evaluation.counters import SpecDecodeCounters
 
     check_vllm_version(vllm.__version__, "evaluate")
     on_cpu = bool(current_platform.is_cpu())
@@ -63,55 +60,16 @@ def run_engine(req: EngineRequest) -> EngineResult:
     llm = LLM(**kwargs)
     load_seconds = time.perf_counter() - t0
 
-    def greedy(batch: PromptBatch) -> Any:
-        return SamplingParams(temperature=0.0, max_tokens=req.max_new_tokens, ignore_eos=batch.ignore_eos)
-
-    def snapshot(engine) -> SpecDecodeCounters | None:
-        if req.head is None:
-            return None
-        return SpecDecodeCounters.from_metrics(engine.get_metrics(), req.num_draft_tokens)
-
-    pool = [p for b in req.batches for p in b.prompts]
     t0 = time.perf_counter()
-    # first-call costs (allocation, kernel compilation) stay out of the timing
-    for size in req.warmup_sizes() if pool else []:
-        warm = [pool[i % len(pool)] for i in range(size)]
-        llm.generate(
-            [TokensPrompt(prompt_token_ids=p) for p in warm],
-            SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
-            use_tqdm=False,
-        )
+    _warm_up(llm, req)  # first-call costs (allocation, kernel compilation) stay out of the timing
     warmup_seconds = time.perf_counter() - t0
-
     result = EngineResult(
         vllm.__version__, str(current_platform.device_type), bool(eager), load_seconds, warmup_seconds
     )
     result.per_request = per_request
 
-    def run(batch: PromptBatch, llm: Any = llm) -> BatchResult:
-        if not batch.prompts:
-            return BatchResult(batch.name, [], 0.0)
-        params = greedy(batch)
-        before, preempted = snapshot(llm), _preemptions(llm)
-        t0 = time.perf_counter()
-        outs, sizes = _first_pass(llm, batch, params)
-        followups: list[dict[str, int]] | None = None
-        if batch.second_turns and any(batch.second_turns):
-            second, followups = _second_turns(req, batch, [list(o.outputs[0].token_ids) for o in outs])
-            outs += llm.generate([TokensPrompt(prompt_token_ids=p) for p in second], params, use_tqdm=False)
-        seconds = time.perf_counter() - t0
-        after, preempted = snapshot(llm), _preemptions(llm) - preempted
-        outputs = [list(o.outputs[0].token_ids) for o in outs]
-        reasons = [str(o.outputs[0].finish_reason) for o in outs]
-        counters = histograms = None
-        if req.head is not None:
-            assert after is not None and before is not None  # snapshot reads counters whenever there is a head
-            counters = (after - before).to_dict()
-            histograms = []
-            for o in outs:
-                m = getattr(o.outputs[0], "spec_decode_metrics", None)
-                histograms.append(list(m.histogram) if m is not None else [])
-        return BatchResult(batch.name, outputs, seconds, counters, histograms, sizes, preempted, followups, reasons)
+    def run(batch: PromptBatch, llm: Any = llm) -> BatchResult:  # bound now: `del llm` below drops the engine
+        return _run_batch(llm, req, batch)
 
     def run_set(batch: PromptBatch) -> BatchResult:
         """Without per-request figures, each category its own call: its counters are its own."""
@@ -121,13 +79,8 @@ def run_engine(req: EngineRequest) -> EngineResult:
         return merge_category_results(batch.name, len(batch.prompts), [(c, run(c.batch)) for c in calls])
 
     plain = all(not b.wave_size and not b.concurrency for b in req.batches)
-    if (
-        req.together
-        and per_request
-        and plain
-        and len(req.batches) > 1
-        and len({b.ignore_eos for b in req.batches}) == 1
-    ):
+    one_eos = len({b.ignore_eos for b in req.batches}) == 1
+    if req.together and per_request and plain and len(req.batches) > 1 and one_eos:
         whole = run(merge_batches(req.batches))
         result.together_counters = whole.counters
         result.batches = split_batch(whole, req.batches, req.num_draft_tokens)
@@ -135,6 +88,59 @@ def run_engine(req: EngineRequest) -> EngineResult:
         result.batches = [run_set(batch) for batch in req.batches]
     del llm
     return result
+
+
+def _warm_up(llm: Any, req: EngineRequest) -> None:
+    """A few short generations at each wave size, from the request's own prompts."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    pool = [p for b in req.batches for p in b.prompts]
+    for size in req.warmup_sizes() if pool else []:
+        warm = [pool[i % len(pool)] for i in range(size)]
+        llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in warm],
+            SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
+            use_tqdm=False,
+        )
+
+
+def _run_batch(llm: Any, req: EngineRequest, batch: PromptBatch) -> BatchResult:
+    """One prompt batch greedily (second turns after each first answer), the spec-decode counters
+    read around it and each request's acceptance histogram where vLLM gives one."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from eagle3.evaluation.counters import SpecDecodeCounters
+
+    def snapshot() -> SpecDecodeCounters | None:
+        if req.head is None:
+            return None
+        return SpecDecodeCounters.from_metrics(llm.get_metrics(), req.num_draft_tokens)
+
+    if not batch.prompts:
+        return BatchResult(batch.name, [], 0.0)
+    params = SamplingParams(temperature=0.0, max_tokens=req.max_new_tokens, ignore_eos=batch.ignore_eos)
+    before, preempted = snapshot(), _preemptions(llm)
+    t0 = time.perf_counter()
+    outs, sizes = _first_pass(llm, batch, params)
+    followups: list[dict[str, int]] | None = None
+    if batch.second_turns and any(batch.second_turns):
+        second, followups = _second_turns(req, batch, [list(o.outputs[0].token_ids) for o in outs])
+        outs += llm.generate([TokensPrompt(prompt_token_ids=p) for p in second], params, use_tqdm=False)
+    seconds = time.perf_counter() - t0
+    after, preempted = snapshot(), _preemptions(llm) - preempted
+    outputs = [list(o.outputs[0].token_ids) for o in outs]
+    reasons = [str(o.outputs[0].finish_reason) for o in outs]
+    counters = histograms = None
+    if req.head is not None:
+        assert after is not None and before is not None  # snapshot reads counters whenever there is a head
+        counters = (after - before).to_dict()
+        histograms = []
+        for o in outs:
+            m = getattr(o.outputs[0], "spec_decode_metrics", None)
+            histograms.append(list(m.histogram) if m is not None else [])
+    return BatchResult(batch.name, outputs, seconds, counters, histograms, sizes, preempted, followups, reasons)
 
 
 def use_per_request(asked: Optional[bool], offered: bool, version: str) -> bool:
