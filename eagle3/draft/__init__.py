@@ -1,6 +1,13 @@
 """The EAGLE-3 draft head as plain torch: head + TTT, mask, loss/metrics, serving export.
 
 Imports neither lightning nor hydra, so it works from a notebook or another trainer.
+
+head.py, layers.py, rope.py   the head and its training-time test (TTT) steps
+mask.py, flex.py, shift.py    TTT attention masks (dense, block-sparse) and the step shifts
+loss.py, teacher.py           per-step loss and counts against the target's (or top-k) distribution
+replay.py                     serving's drafting rounds replayed on answers (the figure vLLM matches)
+onpolicy.py                   the on-policy objective over the head's own rounds (train.onpolicy_weight)
+config.py, serving_format.py, export_files.py   the head's config and the speculators export
 """
 
 from eagle3.draft.config import DraftConfig, DraftConfigError

@@ -6,19 +6,15 @@ import dataclasses
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, cast
+from typing import Any, Mapping
 
 import lightning as L
-from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig
 
 from eagle3.config.choices import HiddenStates
-from eagle3.config.schema import ExportConfig, RunConfig, plain, run_config
-from eagle3.config.training import TrainerConfig
+from eagle3.config.schema import ExportConfig, RunConfig, run_config
 from eagle3.draft.replay import MEASURED_AGAINST_VLLM
-from eagle3.draft.serving_format import DraftMeta
 from eagle3.extraction.identity import dataset_path
 from eagle3.planning import machine_rates, time_budget
 from eagle3.planning.cost import train_lines
@@ -28,25 +24,19 @@ from eagle3.serving.training_record import machine_record
 from eagle3.stages.fit_report import report_fit
 from eagle3.stages.narrow import dataset_identity
 from eagle3.stages.selection import find_selection, picking_metric
-from eagle3.stages.train_inputs import check_loss_fits_teacher, find_dataset, find_token_dataset, online_target
+from eagle3.stages.train_inputs import check_loss_fits_teacher, find_dataset, find_token_dataset
+from eagle3.stages.train_parts import TrainParts, build_parts
 from eagle3.stages.validate import validate_run_config
 from eagle3.store import DamagedDatasetError, Manifest, format_bytes
-from eagle3.target_model.quantization import served_quantization, vllm_name
 from eagle3.target_model.resolve import resolve_target
 from eagle3.training import run_dir
-from eagle3.training.builder import build_head, target_name
-from eagle3.training.callbacks import build_callbacks
 from eagle3.training.checkpoint_io import (
-    AtomicCheckpointIO,
     check_checkpoint_disk,
     checkpoint_head,
     checkpoints_at_once,
     newest_whole_checkpoint,
 )
-from eagle3.training.datamodule import Eagle3DataModule
 from eagle3.training.final_checkpoint import keep_final_if_best
-from eagle3.training.loggers import build_logger
-from eagle3.training.module import Eagle3LitModule
 from eagle3.training.run_dir import global_rank, run_dir_lock
 from eagle3.training.step_path import StepPath, resolve_step_path
 from eagle3.util.atomic import write_text
@@ -103,18 +93,6 @@ def run(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> float:
             ) from None
 
 
-@dataclass
-class _Parts:
-    """One training's pieces, as _build makes them."""
-
-    datamodule: Eagle3DataModule
-    module: Eagle3LitModule
-    draft_meta: DraftMeta
-    logger: Any  # a WandbLogger, or False
-    checkpoint: ModelCheckpoint  # the best by cfg.optimized_metric: the exported head
-    trainer: L.Trainer
-
-
 def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback], stage: StageClock) -> float:
     """One training, in order: the dataset and step path, build, fit and validate, export and
     evaluate, the summary (rank 0 for the last three). Returns cfg.optimized_metric's value."""
@@ -141,7 +119,7 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
     if global_rank() == 0:
         report([path.line()] + ([clock.line()] if clock else []))
     cfg = _as_run(cfg, path)  # auto/null replaced by what runs: what every record below says
-    parts = _build(cfg, path, output_dir, model_dir, (ds_dir, selection_dir), extra_callbacks)
+    parts = build_parts(cfg, path, output_dir, model_dir, (ds_dir, selection_dir), extra_callbacks)
     _report_cost(cfg, parts)
     # the checkpoints' disk before the first step, not after hours of it (sized before fit: FSDP
     # shards the live parameters); on every rank: ranks that share the disk agree, and none
@@ -205,111 +183,7 @@ def _as_run(cfg: RunConfig, path: StepPath) -> RunConfig:
     )
 
 
-def _build(
-    cfg: RunConfig,
-    path: StepPath,
-    output_dir: Path,
-    model_dir: str,
-    datasets: tuple[Path, Path | None],
-    extra_callbacks: Sequence[L.Callback],
-) -> _Parts:
-    """The data module over ``datasets`` (the training data, the selection set or None), head,
-    Lightning module, logger, callbacks (``extra_callbacks`` after ours) and trainer of this
-    run, on the step path ``path``."""
-    datamodule = _datamodule(cfg, path, model_dir, *datasets)
-    # what was trained on, kept with the run (for an online run, the only record of its samples)
-    write_text(output_dir / "dataset_manifest.json", datamodule.dataset.manifest.to_json())
-    head, draft_meta = build_head(
-        cfg.head,
-        cfg.train,
-        cfg.model,
-        model_dir,
-        datamodule.dataset,
-        attention=path.attention,
-        target=target_name(cfg.model, model_dir, cfg.export.target_name_or_path),
-        num_speculative_tokens=cfg.eval.num_draft_tokens,
-    )
-    draft_meta.serve_tensor_parallel_size = int(cfg.topology.extract_tp)  # the target's TP in extraction
-    # the target it was trained against: --quantization of the serve line, the evaluation's engines, the card
-    draft_meta.serve_quantization = vllm_name(cfg.model.quantization)
-    draft_meta.served_target = served_quantization(cfg.model.quantization, model_dir).to_dict()
-    module = Eagle3LitModule(
-        head,
-        cfg.train,  # settled: the step compiles by it, and the checkpoint records it
-        export_meta=draft_meta.to_dict(),
-        replay_draft_tokens=cfg.eval.num_draft_tokens,
-        replay_max_answer_tokens=cfg.eval.max_new_tokens,
-    )
-    logger = build_logger(
-        cfg.logger,
-        output_dir,
-        plain(cfg),
-        model_name=cfg.model.name,
-        data_name=cfg.data.name,
-        tags=cfg.tags,
-        job_type=cfg.task_name,
-    )
-    checkpoint, callbacks = build_callbacks(
-        cfg.callbacks,
-        cfg.optimized_metric,
-        output_dir / "checkpoints",
-        max_steps=cfg.train.max_steps,
-        with_logger=bool(logger),
-        progress_bar=cfg.trainer.enable_progress_bar,
-    )
-    trainer = _trainer(cfg, path, logger, [*callbacks, *extra_callbacks], output_dir)
-    return _Parts(datamodule, module, draft_meta, logger, checkpoint, trainer)
-
-
-def _datamodule(
-    cfg: RunConfig, path: StepPath, model_dir: str, ds_dir: Path, selection_dir: Path | None
-) -> Eagle3DataModule:
-    online = cfg.train.hidden_states == HiddenStates.online
-    # the dataset's layer ids are the one source: the head and the export declare them, the
-    # online target captures them
-    layer_ids = Manifest.read(ds_dir).layer_ids if online else []
-    return Eagle3DataModule(
-        str(ds_dir),
-        max_tokens_per_batch=cfg.train.max_tokens_per_batch,
-        seed=cfg.train.seed,
-        num_workers=cfg.train.num_workers,
-        read_ahead=cfg.train.read_ahead,
-        fixed_shape=path.fixed_shape,
-        row_tokens=path.row_tokens,
-        online=online_target(cfg, model_dir, path.fixed_shape, path.row_tokens, layer_ids) if online else None,
-        pin_memory=path.cuda,
-        selection_dir=str(selection_dir) if selection_dir else None,
-    )
-
-
-def _trainer(cfg: RunConfig, path: StepPath, logger: Any, callbacks: list[L.Callback], output_dir: Path) -> L.Trainer:
-    topo = cfg.topology
-    return L.Trainer(
-        accelerator=topo.accelerator,
-        devices=topo.devices,
-        num_nodes=topo.num_nodes,
-        strategy=topo.strategy.value,
-        precision=cast(Any, path.precision),  # a config string: Lightning checks it
-        max_steps=cfg.train.max_steps,
-        max_time=cfg.train.max_time,
-        max_epochs=cfg.train.max_epochs if cfg.train.max_epochs else -1,
-        # validate every n optimizer steps, across epoch boundaries
-        val_check_interval=cfg.train.val_check_interval * cfg.train.accumulate_grad_batches,
-        check_val_every_n_epoch=None,
-        gradient_clip_val=cfg.train.grad_clip or None,
-        accumulate_grad_batches=cfg.train.accumulate_grad_batches,
-        logger=logger,
-        callbacks=callbacks,
-        default_root_dir=str(output_dir),
-        use_distributed_sampler=False,
-        plugins=[AtomicCheckpointIO()],  # a killed save leaves the previous checkpoint whole
-        log_every_n_steps=cfg.logger.log_every_n_steps,
-        enable_model_summary=False,
-        **trainer_arguments(cfg.trainer),
-    )
-
-
-def _report_cost(cfg: RunConfig, parts: _Parts) -> None:
+def _report_cost(cfg: RunConfig, parts: TrainParts) -> None:
     """What this run will cost, before the first step (rank 0)."""
     if parts.trainer.is_global_zero:
         dm = parts.datamodule
@@ -317,7 +191,7 @@ def _report_cost(cfg: RunConfig, parts: _Parts) -> None:
         report(train_lines(cfg, train_tokens, len(dm.train_batches)))
 
 
-def _fit_and_validate(cfg: RunConfig, parts: _Parts, ckpt_dir: Path) -> tuple[dict[str, float], dict[str, float]]:
+def _fit_and_validate(cfg: RunConfig, parts: TrainParts, ckpt_dir: Path) -> tuple[dict[str, float], dict[str, float]]:
     """(initial, final) val metrics: a fresh run validates before its first step, a resumed one
     continues from its checkpoint (ckpt_path). last.ckpt is saved, and an online target's memory
     given back (before evaluation loads vLLM)."""
@@ -342,7 +216,7 @@ def _fit_and_validate(cfg: RunConfig, parts: _Parts, ckpt_dir: Path) -> tuple[di
 
 
 def _summary(
-    cfg: RunConfig, parts: _Parts, ds_dir: Path, model_dir: str, initial: dict[str, float], final: dict[str, float]
+    cfg: RunConfig, parts: TrainParts, ds_dir: Path, model_dir: str, initial: dict[str, float], final: dict[str, float]
 ) -> dict[str, Any]:
     checkpoint = parts.checkpoint
     best = checkpoint.best_model_score
@@ -361,7 +235,7 @@ def _summary(
 
 
 def _export_and_evaluate(
-    cfg: RunConfig, parts: _Parts, output_dir: Path, ds_dir: Path, model_dir: str, summary: dict[str, Any]
+    cfg: RunConfig, parts: TrainParts, output_dir: Path, ds_dir: Path, model_dir: str, summary: dict[str, Any]
 ) -> tuple[Path, list[str]]:
     """The export of the best checkpoint (else last.ckpt), and vLLM's acceptance of it, into
     ``summary``; returns the export directory and what its owner carried over from a previous
@@ -417,12 +291,7 @@ def best_metric_line(name: str | None, value: float | None) -> str | None:
     return f"best {name}: {value:.3f}" + (f" ({agreement.describe()})" if agreement else "")
 
 
-def _finish_logger(parts: _Parts, initial: Mapping[str, float]) -> None:
+def _finish_logger(parts: TrainParts, initial: Mapping[str, float]) -> None:
     if parts.logger and parts.trainer.is_global_zero:  # other ranks hold a dummy W&B experiment
         parts.logger.experiment.summary.update({f"initial/{k}": v for k, v in initial.items()})
         parts.logger.experiment.finish()  # one W&B run per job: close it before the next multirun job
-
-
-def trainer_arguments(trainer_cfg: TrainerConfig) -> dict[str, Any]:
-    """trainer.* as L.Trainer keyword arguments: the set ones."""
-    return {k: v for k, v in dataclasses.asdict(trainer_cfg).items() if v is not None}

@@ -88,11 +88,20 @@ def find_dataset(cfg: RunConfig, model_dir: str) -> Path:
 
 
 def check_loss_fits_teacher(cfg: RunConfig, ds_dir: Path, manifest: Manifest) -> None:
-    """train.loss=reverse_kl against a dataset holding the teacher's top-k is refused: outside the
+    """train.loss=reverse_kl (or the on-policy objective, whose rejections take a reverse KL)
+    against a dataset holding the teacher's top-k is refused: outside the
     top-k the stored teacher is 0 (its logit -1e4, eagle3/draft/teacher.py), and KL(q || p) charges
     each unit of draft mass there ~1e4, a loss and gradients that drown everything else. The
     forward KL, JSD and TV are bounded there (forward KL sees the truncated teacher exactly)."""
-    if manifest.storage.teacher_topk is not None and cfg.train.loss == LossKind.reverse_kl:
+    topk = manifest.storage.teacher_topk
+    if topk is not None and cfg.train.onpolicy_weight > 0:
+        raise ValueError(
+            f"train.onpolicy_weight: expected 0 with {ds_dir} (its shards hold the teacher's top-{topk}, "
+            f"capture.teacher_topk, not its whole distribution), got {cfg.train.onpolicy_weight}: the on-policy "
+            "objective's reverse KL at each rejection would charge ~1e4 per unit of draft mass outside the top-k; "
+            "extract with capture.teacher_topk=null for it"
+        )
+    if topk is not None and cfg.train.loss == LossKind.reverse_kl:
         raise ValueError(
             f"train.loss: expected forward_kl, ce_argmax, jsd or tv with {ds_dir} (its shards hold the "
             f"teacher's top-{manifest.storage.teacher_topk}, capture.teacher_topk, not its whole distribution), "

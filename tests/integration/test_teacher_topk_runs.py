@@ -100,6 +100,9 @@ def test_train_py_trains_from_a_top_k_dataset_and_refuses_reverse_kl_on_it(tmp_p
     with pytest.raises(ValueError, match="train.loss: expected forward_kl, ce_argmax, jsd or tv .* got reverse_kl"):
         train(compose("train", [*args, "train.loss=reverse_kl"], output_dir=str(tmp_path / "rkl")))
     assert not (tmp_path / "rkl" / "checkpoints").exists()
+    with pytest.raises(ValueError, match=r"train.onpolicy_weight: expected 0 with .* top-8.*capture.teacher_topk=null"):
+        train(compose("train", [*args, "train.onpolicy_weight=0.5"], output_dir=str(tmp_path / "opd")))
+    assert not (tmp_path / "opd" / "checkpoints").exists()
     train(compose("train", args, output_dir=str(tmp_path / "kl")))
     summary = json.loads((tmp_path / "kl" / "summary.json").read_text())
     assert summary["global_step"] == 6

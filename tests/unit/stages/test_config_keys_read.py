@@ -22,7 +22,7 @@ from conftest import ROOT
 from eagle3.config import cli, polish, schema
 from eagle3.stages import compose
 
-PASSED_WHOLE = "passed whole to L.Trainer (eagle3/stages/train.py trainer_arguments: dataclasses.asdict)"
+PASSED_WHOLE = "passed whole to L.Trainer (eagle3/stages/train_parts.py trainer_arguments: dataclasses.asdict)"
 SHOWN_ONLY = "computed for `--cfg job --resolve` to show (eagle3/planning/disk_estimate.py), never read"
 ALLOWED = {
     "TrainerConfig.limit_train_batches": PASSED_WHOLE,
