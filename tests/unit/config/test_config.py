@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from eagle3.config.errors import ConfigError
-from eagle3.stages.compose import machine_overrides, register_evaluate_config
+from eagle3.stages.compose import machine_overrides, register_evaluate_config, register_polish_config
 from eagle3.stages.validate import validate_run_config
 
 GROUPS = ["model", "topology", "sizes", "layers", "data", "capture", "train", "logger", "experiment", "debug"]
@@ -19,6 +19,10 @@ NEEDS_PATH = {("model", "hf"), ("data", "jsonl"), ("data", "hf_disk")}
 NEEDS_VLLM = {("model", "kimi_k2_5")}
 
 
+# presets of another entrypoint: composed by it, in place of train.py's and extract.py's
+OWN_ENTRY = {("experiment", "smollm2_polish"): "polish"}
+
+
 def presets(group: str) -> list[str]:
     return sorted(p.stem for p in (ROOT / "conf" / group).glob("*.yaml"))
 
@@ -26,6 +30,9 @@ def presets(group: str) -> list[str]:
 @pytest.mark.parametrize("entry", ["train", "extract"])
 @pytest.mark.parametrize("group,preset", [(g, p) for g in GROUPS for p in presets(g)])
 def test_every_preset_composes_and_resolves(entry, group, preset):
+    if (group, preset) in OWN_ENTRY:
+        register_polish_config()
+        entry = OWN_ENTRY[(group, preset)]
     overrides = [f"{group}={preset}"]
     if (group, preset) in NEEDS_PATH:
         # a path to resolve against: the model facts come from its config.json
