@@ -188,14 +188,15 @@ class Mixture:
             f"{e['name']}: {e['source']}" + (f" {e['path']}" if e.get("path") else "") for e in self.entries
         )
         iters: dict[str, Iterator[Conversation]] = {}
-        caps: dict[str, int | None] = {str(e["name"]): e.get("max_samples") for e in self.entries}
+        by_name = {str(e["name"]): e for e in self.entries}
+        caps: dict[str, int | None] = {name: e.get("max_samples") for name, e in by_name.items()}
         draws = self.draws()
         try:
             name = next(draws, None)
             while name is not None:
                 counts = self.report.sources[name]
                 if name not in iters:
-                    iters[name] = self._open(next(e for e in self.entries if e["name"] == name))
+                    iters[name] = self._open(by_name[name])
                 cap = caps[name]
                 capped = cap is not None and counts.drawn >= cap
                 conv = None if capped else next(iters[name], None)
@@ -204,7 +205,7 @@ class Mixture:
                     name = _send(draws, True)
                     continue
                 counts.drawn += 1
-                entry = next(e for e in self.entries if e["name"] == name)
+                entry = by_name[name]
                 yield Conversation(
                     tag(name, conv.id),
                     with_system_prompt(conv.messages, entry.get("system_prompt")),

@@ -151,8 +151,7 @@ def source_estimates(cfg: RunConfig) -> list[SourceEstimate]:
     for e in data.mixture:
         share = float(e.weight) / total
         if getattr(e.source, "value", e.source) == "self_prompts":
-            answer = min(MEAN_ANSWER_TOKENS, data.regen_max_tokens)
-            one = float(min(data.max_length, TEMPLATE_TOKENS + e.prompt_max_tokens + answer))
+            one = _one_turn_sample_tokens(cfg, e.prompt_max_tokens)
             out.append(SourceEstimate(e.name, share, 1, one, e.prompt_max_tokens))
         else:
             out.append(SourceEstimate(e.name, share, turns, whole))
@@ -272,8 +271,14 @@ def _selection_seconds(cfg: RunConfig, rate: cost.Rate, capture_tok_s: float) ->
         if getattr(cfg.selection.source, "value", cfg.selection.source) == "self_prompts"
         else 0
     )
-    tokens = min(cfg.data.max_length, TEMPLATE_TOKENS + written + answer)
+    tokens = _one_turn_sample_tokens(cfg, written)
     return regen_start + samples * ((written + answer) / regen_tok_s + tokens / capture_tok_s)
+
+
+def _one_turn_sample_tokens(cfg: RunConfig, prompt_tokens: int) -> float:
+    """A one-turn sample's tokens: the template, a prompt of ``prompt_tokens``, an answer."""
+    answer = min(MEAN_ANSWER_TOKENS, cfg.data.regen_max_tokens)
+    return float(min(cfg.data.max_length, TEMPLATE_TOKENS + prompt_tokens + answer))
 
 
 def budget_rates(cfg: RunConfig) -> cost.RunRates:
