@@ -38,8 +38,8 @@ def measure(samples: int, max_length: int) -> dict:
     from eagle3.target_model.compute_dtype import compute_dtype, cpu_flags
     from eagle3.target_model.resolve import materialize_smollm2
 
-    model_dir = materialize_smollm2(ROOT / ".cache")
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    target_dir = materialize_smollm2(ROOT / ".cache")
+    tok = AutoTokenizer.from_pretrained(target_dir)
     data = prepare_samples(
         "sharegpt", None, tok, max_samples=samples, max_length=max_length,
         overflow="truncate", val_fraction=0.0, seed=0, progress=False,
@@ -48,8 +48,8 @@ def measure(samples: int, max_length: int) -> dict:
     tokens = sum(int(s.input_ids.numel()) for s in data.train)
     rates = {}
     for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
-        model = AutoModel.from_pretrained(model_dir, dtype=dtype)  # the base model, as capture loads it
-        with HFCaptureBackend(model_dir, CAPTURE_IDS, dtype=torch.bfloat16, model=model) as backend:
+        model = AutoModel.from_pretrained(target_dir, dtype=dtype)  # the base model, as capture loads it
+        with HFCaptureBackend(target_dir, CAPTURE_IDS, dtype=torch.bfloat16, model=model) as backend:
             list(backend.capture_with_ids(feed[:2]))  # first-call costs out of the timing
             t0 = time.perf_counter()
             records = list(backend.capture_with_ids(feed))

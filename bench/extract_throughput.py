@@ -117,7 +117,7 @@ def matmul_peak_tflops(device: torch.device, dtype=torch.bfloat16) -> dict[str, 
 
 
 def build_model(args, device: torch.device):
-    """(base model, its vLLM-style layer count, parameter count for the limit, model_dir or None)."""
+    """(base model, its vLLM-style layer count, parameter count for the limit, target_dir or None)."""
     from transformers import AutoModel, LlamaConfig
 
     if args.model == "llama3-8b-random":
@@ -128,10 +128,10 @@ def build_model(args, device: torch.device):
         return model.eval(), cfg.num_hidden_layers, LLAMA_8B_PARAMS, None
     from eagle3.target_model.resolve import materialize_smollm2
 
-    model_dir = str(materialize_smollm2(args.cache_dir))
-    model = AutoModel.from_pretrained(model_dir, dtype=torch.bfloat16).to(device).eval()
+    target_dir = str(materialize_smollm2(args.cache_dir))
+    model = AutoModel.from_pretrained(target_dir, dtype=torch.bfloat16).to(device).eval()
     params = sum(p.numel() for p in model.parameters())  # tied embeddings: the lm_head is these rows
-    return model, model.config.num_hidden_layers, float(params), model_dir
+    return model, model.config.num_hidden_layers, float(params), target_dir
 
 
 def make_prompts(args, vocab: int) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
@@ -203,19 +203,19 @@ def run_plain(model, prompts, keep: list[int], args, device, to_host: bool) -> R
     return res
 
 
-def hf_backend(model, model_dir, layer_ids, device, args):
+def hf_backend(model, target_dir, layer_ids, device, args):
     """HFCaptureBackend; for a random model, the in-memory model is handed to it (its ``model=``)
     instead of a checkpoint to read (capture, hooks and checks are the backend's own)."""
     from eagle3.target_model.capture_hf import HFCaptureBackend
 
     return HFCaptureBackend(
-        model_dir or "<random llama3-8b in memory>",
+        target_dir or "<random llama3-8b in memory>",
         layer_ids,
         dtype=torch.bfloat16,
         device=str(device),
         max_tokens_per_batch=args.batch_size * args.seq,
         batch_size=args.batch_size,
-        model=model if model_dir is None else None,
+        model=model if target_dir is None else None,
     )
 
 
@@ -349,13 +349,13 @@ def run_capture(
     return res
 
 
-def run_vllm(model_dir, prompts, args, layer_ids, hidden, root) -> RunResult:
+def run_vllm(target_dir, prompts, args, layer_ids, hidden, root) -> RunResult:
     res = RunResult("vllm")
     from eagle3.target_model.capture_vllm import VLLMCaptureBackend
 
     t0 = time.perf_counter()
     backend = VLLMCaptureBackend(
-        model_dir,
+        target_dir,
         layer_ids,
         dtype=torch.bfloat16,
         cpu_kvcache_space_gb=2,
@@ -436,7 +436,7 @@ def main() -> None:
 
     peak = matmul_peak_tflops(device)
     best = max(peak.values())
-    model, n_layers, params, model_dir = build_model(args, device)
+    model, n_layers, params, target_dir = build_model(args, device)
     hidden = int(model.config.hidden_size)
     layer_ids = sorted({2, n_layers // 2, n_layers - 3, n_layers})
     limit = best * 1e12 / (2 * params)
@@ -468,7 +468,7 @@ def main() -> None:
             json.dump(doc, f, indent=1)
 
     want_hf = "hf" in args.backends
-    backend = hf_backend(model, model_dir, layer_ids, device, args) if want_hf else None
+    backend = hf_backend(model, target_dir, layer_ids, device, args) if want_hf else None
     for run in args.runs if want_hf else []:
         try:
             if run == "disk":
@@ -505,7 +505,7 @@ def main() -> None:
     del model, backend
     gc.collect()
     if "vllm" in args.backends:
-        results.append(vllm_or_skip(model_dir, prompts, args, layer_ids, hidden, root, gpu))
+        results.append(vllm_or_skip(target_dir, prompts, args, layer_ids, hidden, root, gpu))
         finish(results[-1], limit)
     header = (
         f"Device: {device_name(device)}; model {args.model} ({params / 1e9:.2f}B params for the limit); "
@@ -524,18 +524,18 @@ def finish(r: RunResult, limit: float) -> None:
         r.fraction_of_limit = r.tokens_per_s / limit
 
 
-def vllm_or_skip(model_dir, prompts, args, layer_ids, hidden, root, gpu) -> RunResult:
+def vllm_or_skip(target_dir, prompts, args, layer_ids, hidden, root, gpu) -> RunResult:
     here = os.path.dirname(os.path.abspath(__file__))
     if not os.path.exists(os.path.join(here, "..", "eagle3", "target_model", "capture_vllm.py")):
         return RunResult("vllm", status="skipped: eagle3/target_model/capture_vllm.py does not exist yet")
-    if model_dir is None:
+    if target_dir is None:
         return RunResult("vllm", status="skipped: vLLM needs a model directory (random in-memory model given)")
     try:
         import vllm  # noqa: F401
     except Exception as e:
         return RunResult("vllm", status=f"skipped: vllm does not import here ({type(e).__name__})")
     try:
-        return run_vllm(model_dir, prompts, args, layer_ids, hidden, root)
+        return run_vllm(target_dir, prompts, args, layer_ids, hidden, root)
     except Exception as e:
         return RunResult("vllm", status=f"failed: {type(e).__name__}: {str(e)[:300]}")
 

@@ -62,8 +62,8 @@ def recipe_defaults() -> dict:
 def target_of(dataset: HiddenStateDataset, cache_dir: str) -> str:
     """The target the dataset was extracted from, materialised under <cache_dir>/targets."""
     m = dataset.manifest
-    # provenance.model_dir: where extraction read the target (first-scheme datasets: model.dir)
-    read = m.provenance.get("model_dir")
+    # provenance.target_dir: where extraction read the target (first-scheme datasets: model.dir)
+    read = m.provenance.get("target_dir")
     name = Path(read).name if read else m.fingerprint_inputs["model"]["dir"]
     path = Path(cache_dir).resolve() / "targets" / name
     if not (path / "config.json").is_file():

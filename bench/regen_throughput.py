@@ -54,7 +54,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as cache:
             regen = make_regenerator(
                 engine,
-                args.model_dir,
+                args.target_dir,
                 cache,
                 temperature=args.temperature,
                 num_answers=args.num_answers,

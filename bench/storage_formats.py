@@ -77,12 +77,12 @@ def errors(src: HiddenStateDataset, limit: int, storage: str) -> dict[str, list[
     return {"rel_error": (num / den).sqrt().tolist(), "worst_row_error_of_amax": worst.tolist()}
 
 
-def teacher_check(src: HiddenStateDataset, model_dir: str, limit: int) -> dict[str, float]:
+def teacher_check(src: HiddenStateDataset, target_dir: str, limit: int) -> dict[str, float]:
     """The target's distribution from the exact final state against an fp8 one (what storing the
     final layer in fp8 would do to the labels)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
     norm, head = model.model.norm, model.lm_head
     kl_sum, agree, tokens = 0.0, 0, 0
     with torch.no_grad():
@@ -121,14 +121,14 @@ def main() -> None:
     n = min(args.samples, len(src))
     result: dict = {"dataset": str(args.dataset), "samples": n, "layer_ids": list(src.layer_ids)}
     result["errors"] = {storage: errors(src, n, storage) for storage in FORMATS[1:]}
-    if args.model_dir:
-        result["teacher_if_final_fp8"] = teacher_check(src, args.model_dir, n)
+    if args.target_dir:
+        result["teacher_if_final_fp8"] = teacher_check(src, args.target_dir, n)
     ks = [int(k) for k in args.topk.split(",")] if args.topk else []
     if ks:
-        if not args.model_dir:
+        if not args.target_dir:
             raise SystemExit("--topk needs --model-dir (the target's norm and lm_head)")
         vocab = args.draft_vocab or dataset_vocab(args.dataset)
-        result["topk"] = {"draft_vocab": vocab, "per_k": topk_check(src, args.model_dir, n, ks, vocab)}
+        result["topk"] = {"draft_vocab": vocab, "per_k": topk_check(src, args.target_dir, n, ks, vocab)}
     if args.skip_formats:
         print_topk(result, ks, None, src)
         if args.out:

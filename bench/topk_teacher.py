@@ -32,13 +32,13 @@ BYTES_PER_SLOT = 6  # int32 target id + fp16 logprob
 
 
 def teacher_head(
-    model_dir: str, src: HiddenStateDataset, draft_vocab_size: int
+    target_dir: str, src: HiddenStateDataset, draft_vocab_size: int
 ) -> tuple[Eagle3DraftHead, torch.Tensor]:
     """(a head holding the target's frozen parts and the dataset's draft vocab, the full lm_head
     [Vt, H] fp32). The vocab file of that size when the dataset has one, else built from its
     token counts as extract.py builds it."""
-    weights = load_target_head_weights(model_dir)
-    cfg = DraftConfig.from_target_config(read_hf_config(model_dir), draft_vocab_size=draft_vocab_size)
+    weights = load_target_head_weights(target_dir)
+    cfg = DraftConfig.from_target_config(read_hf_config(target_dir), draft_vocab_size=draft_vocab_size)
     if draft_vocab_size in src.vocab_sizes:
         d2t, t2d = src.load_vocab(draft_vocab_size)
     else:
@@ -51,10 +51,10 @@ def teacher_head(
 
 @torch.no_grad()
 def topk_check(
-    src: HiddenStateDataset, model_dir: str, limit: int, ks: list[int], draft_vocab_size: int
+    src: HiddenStateDataset, target_dir: str, limit: int, ks: list[int], draft_vocab_size: int
 ) -> dict[str, dict[str, float]]:
     """{str(k): {kl, tv, top1, mass, draft_mass, uncovered}} over the first ``limit`` samples."""
-    head, full = teacher_head(model_dir, src, draft_vocab_size)
+    head, full = teacher_head(target_dir, src, draft_vocab_size)
     sums = {k: {"kl": 0.0, "tv": 0.0, "top1": 0.0, "mass": 0.0, "draft_mass": 0.0, "uncovered": 0.0} for k in ks}
     tokens = 0
     for i in range(limit):

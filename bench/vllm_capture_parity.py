@@ -46,12 +46,12 @@ def cosines(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1)
 
 
-def final_norm_check(model_dir: str, feed, vllm_records: dict, device: str, n: int = 8) -> dict:
+def final_norm_check(target_dir: str, feed, vllm_records: dict, device: str, n: int = 8) -> dict:
     """vLLM's id N against transformers' last hidden state (after the final norm) and against
     the state before it (the last decoder layer's output, hooked)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).to(device).eval()
     pre: list[torch.Tensor] = []
     hook = model.model.norm.register_forward_hook(lambda mod, args, out: pre.append(args[0][0]))
     post_cos, pre_cos = [], []
@@ -85,7 +85,7 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(args.model_dir)
+    tok = AutoTokenizer.from_pretrained(args.target_dir)
     data = prepare_samples(
         "jsonl",
         args.chat,
@@ -116,7 +116,7 @@ def main() -> None:
         feed_keep = keep
     t0 = time.perf_counter()
     with VLLMCaptureBackend(
-        args.model_dir,
+        args.target_dir,
         CAPTURE_IDS,
         max_model_len=args.max_length + 8,
         max_num_seqs=64,
@@ -134,7 +134,7 @@ def main() -> None:
         v = dict(vb.capture_with_ids(feed))
         vllm_stats = {"tokens": vb.stats.tokens, "seconds": vb.stats.seconds, "read_seconds": vb.stats.read_seconds}
     vllm_s = time.perf_counter() - t0
-    with HFCaptureBackend(args.model_dir, CAPTURE_IDS, device=device) as hb:
+    with HFCaptureBackend(args.target_dir, CAPTURE_IDS, device=device) as hb:
         h = dict(hb.capture_with_ids(feed))
 
     groups = {
@@ -159,7 +159,7 @@ def main() -> None:
             "mean_cosine_per_layer": {str(k): float(cos[:, j].mean()) for j, k in enumerate(CAPTURE_IDS)},
             "min_cosine_per_layer": {str(k): float(cos[:, j].min()) for j, k in enumerate(CAPTURE_IDS)},
         }
-    report["final_layer_id"] = final_norm_check(args.model_dir, feed, v, device)
+    report["final_layer_id"] = final_norm_check(args.target_dir, feed, v, device)
     write_json(args.out, report, echo=True)
 
 

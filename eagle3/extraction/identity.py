@@ -68,7 +68,7 @@ class DatasetIdentity:
     The stages build it from the whole config (eagle3/stages/narrow.py)."""
 
     model: ModelConfig
-    model_dir: str
+    target_dir: str
     data: DataConfig
     layer_ids: tuple[int, ...]
     capture_dtype: str
@@ -90,8 +90,8 @@ def _content_sha(path: Path) -> str:
     return file_sha256(path)[:16]
 
 
-def model_identity(model_dir: str | Path, cache: ContentShaCache, *, regenerate: bool) -> dict[str, Any]:
-    d = Path(model_dir)
+def model_identity(target_dir: str | Path, cache: ContentShaCache, *, regenerate: bool) -> dict[str, Any]:
+    d = Path(target_dir)
     ident: dict[str, Any] = {
         "config_sha": file_short_sha(d / "config.json"),
         "weights": weights_identity(d, cache),  # the one hash of the weights (the answer cache keys by it too)
@@ -101,22 +101,22 @@ def model_identity(model_dir: str | Path, cache: ContentShaCache, *, regenerate:
     return ident
 
 
-def weights_mismatch(ds_dir: Path, manifest: Manifest, model_dir: str | Path, cache_dir: str | Path) -> str | None:
+def weights_mismatch(ds_dir: Path, manifest: Manifest, target_dir: str | Path, cache_dir: str | Path) -> str | None:
     """How the weights a dataset was extracted from (the sampled hashes its manifest holds,
-    ``fingerprint_inputs.model.weights``) differ from the target's in ``model_dir``: the file,
+    ``fingerprint_inputs.model.weights``) differ from the target's in ``target_dir``: the file,
     the field, expected and got, for the weight files that differ. None: the same weights, or a
     manifest of the first scheme, which holds no weights (``recorded_weights`` says which)."""
     theirs = recorded_weights(manifest)
     if theirs is None:
         return None
-    ours = weights_identity(model_dir, content_cache(cache_dir))
+    ours = weights_identity(target_dir, content_cache(cache_dir))
     if theirs == ours:
         return None
     names = sorted(n for n in set(ours) | set(theirs) if ours.get(n) != theirs.get(n))
     expected, got = ({n: w.get(n) for n in names} for w in (ours, theirs))
     return (
         f"{Path(ds_dir) / MANIFEST}: fingerprint_inputs.model.weights: expected {expected} "
-        f"(the target's, {model_dir}), got {got}"
+        f"(the target's, {target_dir}), got {got}"
     )
 
 
@@ -172,7 +172,7 @@ def fingerprint_inputs(identity: DatasetIdentity, *, chat_content: bool = True) 
         "model": {
             "num_layers": identity.model.num_layers,
             "hidden_size": identity.model.hidden_size,
-            **model_identity(identity.model_dir, cache, regenerate=regenerate),
+            **model_identity(identity.target_dir, cache, regenerate=regenerate),
         },
         "data": data,
         **_capture_and_tokenizer(identity),
@@ -218,7 +218,7 @@ def _mixture_source_identity(entry: dict[str, Any], cache: ContentShaCache, chat
 
 def _capture_and_tokenizer(identity: DatasetIdentity) -> dict[str, Any]:
     """The inputs both schemes share: layers, dtype, tokenizer files, a chat template override."""
-    d, template = Path(identity.model_dir), identity.model.chat_template
+    d, template = Path(identity.target_dir), identity.model.chat_template
     return {
         "layer_ids": [int(i) for i in identity.layer_ids],
         "capture_dtype": identity.capture_dtype,
@@ -251,13 +251,13 @@ def provenance(identity: DatasetIdentity, regen_engine: str | None) -> dict[str,
     """What the manifest records beside the fingerprint: the engine that wrote the answers
     (None: the chat data's own), and where the chat data and the model were read from."""
     path = identity.data.path
-    model = Path(identity.model_dir)
+    model = Path(identity.target_dir)
     out: dict[str, Any] = {
         "regen_engine": regen_engine,
-        "model_dir": str(model.resolve()) if model.is_dir() else identity.model_dir,
+        "target_dir": str(model.resolve()) if model.is_dir() else identity.target_dir,
         "data_path": str(Path(path).expanduser().resolve()) if path else None,
     }
-    served = served_quantization(identity.model.quantization, identity.model_dir)
+    served = served_quantization(identity.model.quantization, identity.target_dir)
     if served.name:  # what the target ran in: the flag's, or the checkpoint's own quantization_config
         out["served_target"] = served.to_dict()
     mixture = plain(identity.data).get("mixture")
@@ -329,7 +329,7 @@ def legacy_fingerprint_inputs(identity: DatasetIdentity) -> dict[str, Any]:
     to find datasets it named."""
     from eagle3.target_model.generate.common import resolve_backend
 
-    d = Path(identity.model_dir)
+    d = Path(identity.target_dir)
     data: dict[str, Any] = plain(identity.data)
     data.pop("mixture", None)  # the first scheme predates mixtures (and found none)
     _drop_unset_chat_style(data)

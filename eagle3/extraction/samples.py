@@ -39,7 +39,7 @@ def regenerator_for(identity: DatasetIdentity, machine: RegenMachine) -> Any:
 
     return make_regenerator(
         data.regen_backend,
-        identity.model_dir,
+        identity.target_dir,
         identity.cache_dir,
         temperature=data.regen_temperature,
         num_answers=data.regen_num_answers,

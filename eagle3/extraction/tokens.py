@@ -67,7 +67,7 @@ def _write(
     from transformers import AutoTokenizer
 
     model = identity.model
-    tokenizer = AutoTokenizer.from_pretrained(identity.model_dir, trust_remote_code=model.trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(identity.target_dir, trust_remote_code=model.trust_remote_code)
     regenerator = regenerator_for(identity, machine)
     engine = regenerator.backend if regenerator is not None else None
     data = prepare(

@@ -77,7 +77,7 @@ def _render(
     from transformers import AutoTokenizer
 
     identity, ds_dir = job.identity, job.found.ds_dir
-    tokenizer = AutoTokenizer.from_pretrained(identity.model_dir, trust_remote_code=identity.model.trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(identity.target_dir, trust_remote_code=identity.model.trust_remote_code)
     repair = Manifest.read(ds_dir) if job.repair else None
     regenerator = regenerator_for(identity, setup.regen)
     engine = regenerator.backend if regenerator is not None else None
@@ -186,7 +186,7 @@ def _device_encoding(storage: StorageFormat, teacher: TeacherProjection | None =
     return None if storage.is_exact else DeviceEncoding(storage, partial(storage.encode, teacher=teacher))
 
 
-def _teach(backend: CaptureBackend, storage: StorageFormat, model_dir: str, writer: ShardWriter) -> None:
+def _teach(backend: CaptureBackend, storage: StorageFormat, target_dir: str, writer: ShardWriter) -> None:
     """capture.teacher_topk: the target's projection handed to the writer (whose threads encode
     the captured states that reach the host) and, for the HF capture on a GPU, to its device encode.
     The HF capture's model in memory gives the weights; the vLLM route's are read from the
@@ -196,13 +196,13 @@ def _teach(backend: CaptureBackend, storage: StorageFormat, model_dir: str, writ
         return
     if isinstance(backend, HFCaptureBackend):
         assert backend.model is not None  # open until close()
-        weights = weights_from_model(backend.model, model_dir)
+        weights = weights_from_model(backend.model, target_dir)
     else:
-        weights = weights_from_files(model_dir, "cuda" if torch.cuda.is_available() else "cpu")
+        weights = weights_from_files(target_dir, "cuda" if torch.cuda.is_available() else "cpu")
     try:
         teacher = TeacherProjection(*weights, k=k)
     except ValueError as e:
-        raise ValueError(f"{e} ({model_dir})") from None
+        raise ValueError(f"{e} ({target_dir})") from None
     writer.set_teacher(teacher)
     if isinstance(backend, HFCaptureBackend) and backend.device.type == "cuda":
         backend.device_encoding = _device_encoding(storage, teacher)  # the top-k on the device
@@ -225,7 +225,7 @@ def _capture(
     backend = make_backend(
         setup.capture,
         setup.topology,
-        identity.model_dir,
+        identity.target_dir,
         list(identity.layer_ids),
         setup.dtype,
         identity.data.max_length,
@@ -234,7 +234,7 @@ def _capture(
         quantization=identity.model.quantization,
     )
     try:
-        _teach(backend, identity.storage, identity.model_dir, writer)
+        _teach(backend, identity.storage, identity.target_dir, writer)
         # every run that captures is kept (provenance.captures): a dataset resumed or repaired under
         # another backend says each route its samples came from
         run = "repair" if job.repair else ("resume" if writer.done_ids() else "extract")

@@ -55,15 +55,15 @@ def run(composed: DictConfig) -> str:
     cfg, shares = time_budget.sized(run_config(composed))
     if shares is not None:
         report(shares.lines())
-    model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
+    target_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
     picked = selection_config(cfg)
     if picked is not None and not cfg.merge and extraction_shard(cfg.num_shards, cfg.shard_index)[1] == 0:
         # before the training data: its minutes come out of the plan's fixed costs, not the answers'
         # share; written whole by the first of several extraction processes
         picked = dataclasses.replace(picked, num_shards=1, shard_index=0)
         report([selection_line(picked)])
-        _extract(picked, dataset_identity(picked, model_dir), clock, None, primary=False)
-    return _extract(cfg, dataset_identity(cfg, model_dir), clock, shares)
+        _extract(picked, dataset_identity(picked, target_dir), clock, None, primary=False)
+    return _extract(cfg, dataset_identity(cfg, target_dir), clock, shares)
 
 
 def _extract(

@@ -10,13 +10,13 @@ from eagle3.planning import time_budget
 from eagle3.store.storage_format import StorageFormat
 
 
-def dataset_identity(cfg: RunConfig, model_dir: str) -> DatasetIdentity:
-    """``cfg``'s dataset: its target (materialised in ``model_dir``), data, layers and dtype.
+def dataset_identity(cfg: RunConfig, target_dir: str) -> DatasetIdentity:
+    """``cfg``'s dataset: its target (materialised in ``target_dir``), data, layers and dtype.
     Under a time budget the data holds the shares' count (what is rendered) but the name holds
     the budget as asked (time_budget.asked): the same name from either stage, whatever the rates."""
     return DatasetIdentity(
         model=cfg.model,
-        model_dir=str(model_dir),
+        target_dir=str(target_dir),
         data=cfg.data,
         layer_ids=tuple(int(i) for i in cfg.layers.layer_ids),
         capture_dtype=cfg.capture.dtype,

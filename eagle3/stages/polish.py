@@ -164,16 +164,16 @@ def _summary(composed: DictConfig, polish: PolishConfig, state: PolishState, run
     if last.eval.enabled:
         from eagle3.stages.evaluate import evaluate_trained  # the evaluate stage, loaded only here
 
-        model_dir = resolve_target(last.model, last.paths.cache_dir)
+        target_dir = resolve_target(last.model, last.paths.cache_dir)
         prompts = Path(state.rounds[0].dataset_dir)
         if state.start_acceptance is None:  # measured once: a resumed polish keeps it
             start_dir = resolve_model_dir(state.start, last.train.init_from_revision, field="train.init_from")
             measured = evaluate_trained(
-                last, start_dir, prompts, model_dir, None, out_dir=run_dir / "eval-start", baseline=False
+                last, start_dir, prompts, target_dir, None, out_dir=run_dir / "eval-start", baseline=False
             )
             state.start_acceptance = _served(measured) or measured
             state.save(run_dir)
-        polished = evaluate_trained(last, Path(state.head), prompts, model_dir, None, out_dir=run_dir / "eval-polished")
+        polished = evaluate_trained(last, Path(state.head), prompts, target_dir, None, out_dir=run_dir / "eval-polished")
         acceptance = {"start": state.start_acceptance, "polished": _served(polished) or polished}
     return {
         "start": state.start,

@@ -67,14 +67,14 @@ def selection_config(cfg: RunConfig) -> RunConfig | None:
     )
 
 
-def find_selection(cfg: RunConfig, model_dir: str) -> Path | None:
+def find_selection(cfg: RunConfig, target_dir: str) -> Path | None:
     """The selection set's dataset of cfg (None without one); missing, an error naming the
     extract.py command that writes it (the same overrides as this run's)."""
     picked = selection_config(cfg)
     if picked is None:
         return None
     try:
-        ds_dir, _ = locate_dataset(dataset_identity(picked, model_dir))
+        ds_dir, _ = locate_dataset(dataset_identity(picked, target_dir))
     except DatasetNotFound as e:
         raise DatasetNotFound(
             f"selection.samples={cfg.selection.samples}: the selection set's dataset is not there; "

@@ -23,7 +23,7 @@ from eagle3.training.online import OnlineHiddenStates
 
 
 def online_target(
-    cfg: RunConfig, model_dir: str, fixed_shape: bool, row_tokens: int | None, layer_ids: Sequence[int]
+    cfg: RunConfig, target_dir: str, fixed_shape: bool, row_tokens: int | None, layer_ids: Sequence[int]
 ) -> OnlineHiddenStates:
     """train.hidden_states=online: the frozen target each training process runs (a full copy
     per process), capturing ``layer_ids``: the token dataset's (its manifest's), the ids the
@@ -34,9 +34,9 @@ def online_target(
             "whole copy of the target), got fsdp; for a target that needs sharding, extract the hidden "
             "states with capture=vllm and tensor parallelism and train offline (docs/scaling.md)"
         )
-    print(f"hidden states: online, the target ({model_dir}) runs with transformers on each training device")
+    print(f"hidden states: online, the target ({target_dir}) runs with transformers on each training device")
     return OnlineHiddenStates(
-        model_dir,
+        target_dir,
         [int(i) for i in layer_ids],
         cfg.model.hidden_size,
         config_torch_dtype(cfg.capture.dtype),
@@ -48,7 +48,7 @@ def online_target(
     )
 
 
-def find_token_dataset(cfg: RunConfig, model_dir: str) -> Path:
+def find_token_dataset(cfg: RunConfig, target_dir: str) -> Path:
     """dataset_dir= as given (a token dataset), checked against the config and the target (layer
     ids, hidden size, weights: ``check_given_dataset``), else this config's, written now if missing
     (the pre-pass: samples, split and vocabulary; `extract.py train.hidden_states=online`
@@ -61,19 +61,19 @@ def find_token_dataset(cfg: RunConfig, model_dir: str) -> Path:
                 f"dataset_dir={cfg.dataset_dir}: holds stored hidden states; train.hidden_states=online "
                 "reads a token dataset (python extract.py train.hidden_states=online <same overrides>)"
             )
-        check_given_dataset(cfg, ds_dir, manifest, model_dir)
+        check_given_dataset(cfg, ds_dir, manifest, target_dir)
         return ds_dir
     from eagle3.extraction.tokens import prepare_token_dataset
 
-    return prepare_token_dataset(dataset_identity(cfg, model_dir), regen_machine(cfg), cfg.head.draft_vocab_size)
+    return prepare_token_dataset(dataset_identity(cfg, target_dir), regen_machine(cfg), cfg.head.draft_vocab_size)
 
 
-def find_dataset(cfg: RunConfig, model_dir: str) -> Path:
+def find_dataset(cfg: RunConfig, target_dir: str) -> Path:
     """dataset_dir= as given, checked against the config and the target (``check_given_dataset``);
     else the fingerprinted directory (eagle3.extraction.identity.locate_dataset). Prints which
     engine wrote its answers."""
     if not cfg.dataset_dir:
-        ds_dir, note = locate_dataset(dataset_identity(cfg, model_dir))
+        ds_dir, note = locate_dataset(dataset_identity(cfg, target_dir))
         print(f"dataset {ds_dir}: {regen_note(Manifest.read(ds_dir))}" + (f" ({note})" if note else ""))
         return ds_dir
     ds_dir = Path(cfg.dataset_dir).expanduser().resolve()
@@ -82,7 +82,7 @@ def find_dataset(cfg: RunConfig, model_dir: str) -> Path:
             f"dataset_dir={cfg.dataset_dir}: no manifest.json there (expected a directory extract.py wrote)"
         )
     manifest = Manifest.read(ds_dir)
-    check_given_dataset(cfg, ds_dir, manifest, model_dir)
+    check_given_dataset(cfg, ds_dir, manifest, target_dir)
     print(f"dataset {ds_dir}: {regen_note(manifest)}")
     return ds_dir
 
@@ -110,7 +110,7 @@ def check_loss_fits_teacher(cfg: RunConfig, ds_dir: Path, manifest: Manifest) ->
         )
 
 
-def check_given_dataset(cfg: RunConfig, ds_dir: Path, manifest: Manifest, model_dir: str) -> None:
+def check_given_dataset(cfg: RunConfig, ds_dir: Path, manifest: Manifest, target_dir: str) -> None:
     """A dataset named by dataset_dir= holds this config's layer ids and hidden size, and was
     extracted from this target's weights (the sampled hashes its manifest holds), unless
     dataset_other_weights=true accepts other weights on purpose."""
@@ -129,7 +129,7 @@ def check_given_dataset(cfg: RunConfig, ds_dir: Path, manifest: Manifest, model_
             "not checked against the target's weights"
         )
         return
-    problem = weights_mismatch(ds_dir, manifest, model_dir, cfg.paths.cache_dir)
+    problem = weights_mismatch(ds_dir, manifest, target_dir, cfg.paths.cache_dir)
     if problem is None:
         return
     if cfg.dataset_other_weights:

@@ -46,30 +46,30 @@ def build_parts(
     cfg: RunConfig,
     path: StepPath,
     output_dir: Path,
-    model_dir: str,
+    target_dir: str,
     datasets: tuple[Path, Path | None],
     extra_callbacks: Sequence[L.Callback],
 ) -> TrainParts:
     """The data module over ``datasets`` (the training data, the selection set or None), head,
     Lightning module, logger, callbacks (``extra_callbacks`` after ours) and trainer of this
     run, on the step path ``path``."""
-    datamodule = _datamodule(cfg, path, model_dir, *datasets)
+    datamodule = _datamodule(cfg, path, target_dir, *datasets)
     # what was trained on, kept with the run (for an online run, the only record of its samples)
     write_text(output_dir / "dataset_manifest.json", datamodule.dataset.manifest.to_json())
     head, draft_meta = build_head(
         cfg.head,
         cfg.train,
         cfg.model,
-        model_dir,
+        target_dir,
         datamodule.dataset,
         attention=path.attention,
-        target=target_name(cfg.model, model_dir, cfg.export.target_name_or_path),
+        target=target_name(cfg.model, target_dir, cfg.export.target_name_or_path),
         num_speculative_tokens=cfg.eval.num_draft_tokens,
     )
     draft_meta.serve_tensor_parallel_size = int(cfg.topology.extract_tp)  # the target's TP in extraction
     # the target it was trained against: --quantization of the serve line, the evaluation's engines, the card
     draft_meta.serve_quantization = vllm_name(cfg.model.quantization)
-    draft_meta.served_target = served_quantization(cfg.model.quantization, model_dir).to_dict()
+    draft_meta.served_target = served_quantization(cfg.model.quantization, target_dir).to_dict()
     module = Eagle3LitModule(
         head,
         cfg.train,  # settled: the step compiles by it, and the checkpoint records it
@@ -99,7 +99,7 @@ def build_parts(
 
 
 def _datamodule(
-    cfg: RunConfig, path: StepPath, model_dir: str, ds_dir: Path, selection_dir: Path | None
+    cfg: RunConfig, path: StepPath, target_dir: str, ds_dir: Path, selection_dir: Path | None
 ) -> Eagle3DataModule:
     online = cfg.train.hidden_states == HiddenStates.online
     # the dataset's layer ids are the one source: the head and the export declare them, the
@@ -113,7 +113,7 @@ def _datamodule(
         read_ahead=cfg.train.read_ahead,
         fixed_shape=path.fixed_shape,
         row_tokens=path.row_tokens,
-        online=online_target(cfg, model_dir, path.fixed_shape, path.row_tokens, layer_ids) if online else None,
+        online=online_target(cfg, target_dir, path.fixed_shape, path.row_tokens, layer_ids) if online else None,
         pin_memory=path.cuda,
         selection_dir=str(selection_dir) if selection_dir else None,
     )

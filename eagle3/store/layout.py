@@ -103,7 +103,7 @@ class Manifest:
     token_freq: str | None = None
     vocabs: dict[str, str] = field(default_factory=dict)  # str(V) -> file name
     # how it was made, not part of its identity (eagle3/extraction/identity.py): regen_engine (the engine
-    # that wrote the answers when data.regenerate), data_path and model_dir as extraction read them
+    # that wrote the answers when data.regenerate), data_path and target_dir as extraction read them
     provenance: dict[str, Any] = field(default_factory=dict)
     # "stored": the shards hold hidden states; "online": token ids only, the trainer runs the
     # target (layer_ids, hidden_size and dtype then say what it will capture)

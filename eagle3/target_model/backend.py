@@ -33,7 +33,7 @@ class CaptureBackend(Protocol):
 def make_backend(
     capture: dataset.CaptureConfig,
     topology: target.TopologyConfig,
-    model_dir: str,
+    target_dir: str,
     layer_ids: list[int],
     dtype: torch.dtype,
     max_length: int,
@@ -57,7 +57,7 @@ def make_backend(
 
         device = "cuda" if topology.accelerator in ("gpu", "cuda") and torch.cuda.is_available() else "cpu"
         return HFCaptureBackend(
-            model_dir,
+            target_dir,
             layer_ids,
             dtype=dtype,
             device=device,
@@ -70,7 +70,7 @@ def make_backend(
         from eagle3.target_model.capture_vllm import VLLMCaptureBackend
 
         return VLLMCaptureBackend(
-            model_dir,
+            target_dir,
             layer_ids,
             dtype=dtype,
             tensor_parallel_size=topology.extract_tp,

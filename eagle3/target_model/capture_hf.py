@@ -73,7 +73,7 @@ def _decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     )
 
 
-def _load_base_model(model_dir: str, dtype: torch.dtype, trust_remote_code: bool = False) -> torch.nn.Module:
+def _load_base_model(target_dir: str, dtype: torch.dtype, trust_remote_code: bool = False) -> torch.nn.Module:
     """The base model without its LM head. transformers reports the head's weights as
     "unexpected" in a noisy warning; we silence that and instead refuse what matters:
     weights the base model needed but did not find (they would be random)."""
@@ -84,7 +84,7 @@ def _load_base_model(model_dir: str, dtype: torch.dtype, trust_remote_code: bool
     hf_logging.set_verbosity_error()
     try:
         model, info = AutoModel.from_pretrained(
-            model_dir, dtype=dtype, output_loading_info=True, trust_remote_code=trust_remote_code
+            target_dir, dtype=dtype, output_loading_info=True, trust_remote_code=trust_remote_code
         )
     finally:
         hf_logging.set_verbosity(verbosity)
@@ -92,7 +92,7 @@ def _load_base_model(model_dir: str, dtype: torch.dtype, trust_remote_code: bool
     mismatched = sorted(info.get("mismatched_keys") or [])
     if missing or mismatched:
         raise CaptureError(
-            f"{model_dir} weights",
+            f"{target_dir} weights",
             "every base-model weight present with its shape",
             f"missing {missing[:5]}, mismatched {mismatched[:5]}",
         )
@@ -104,7 +104,7 @@ class HFCaptureBackend:
 
     def __init__(
         self,
-        model_dir: str,
+        target_dir: str,
         layer_ids: Sequence[int],
         dtype: torch.dtype = torch.bfloat16,
         device: str = "cpu",
@@ -118,7 +118,7 @@ class HFCaptureBackend:
         """``dtype``: the stored dtype of the records. ``keep_on_device``: records keep their
         hidden states on ``device`` (online training feeds them straight to the head) instead of
         copying them to host memory. ``model``: an already-built base model to run instead of
-        loading ``model_dir`` (benchmarks), in the dtype it was built in. ``device_encoding``: on a
+        loading ``target_dir`` (benchmarks), in the dtype it was built in. ``device_encoding``: on a
         CUDA device, the states are encoded in that storage format there and only its tensors are
         copied to the host (records carry ``encoded``); a CPU capture leaves the encode to the
         dataset writer's threads."""
@@ -128,7 +128,7 @@ class HFCaptureBackend:
                 "batch_size >= 1 and max_tokens_per_batch >= 1",
                 f"batch_size={batch_size}, max_tokens_per_batch={max_tokens_per_batch}",
             )
-        self.model_dir = str(model_dir)
+        self.target_dir = str(target_dir)
         self.dtype = dtype
         self.device = torch.device(device)
         self.batch_size = int(batch_size)
@@ -140,7 +140,7 @@ class HFCaptureBackend:
             note = compute_note(dtype, self.compute_dtype)
             if note:
                 log.info("capture (hf): %s; hidden states stored in %s", note, dtype)
-            model = _load_base_model(self.model_dir, self.compute_dtype, trust_remote_code)
+            model = _load_base_model(self.target_dir, self.compute_dtype, trust_remote_code)
         else:
             self.compute_dtype = next(model.parameters()).dtype
         # Any: a transformers model (its .config is read, which nn.Module does not declare); None once closed
@@ -150,7 +150,7 @@ class HFCaptureBackend:
         ids = [int(i) for i in layer_ids]
         if not ids or ids != sorted(set(ids)) or ids[0] < 0 or ids[-1] > n:
             raise CaptureError(
-                "layer_ids", f"unique ascending ids in 0..{n} (N={n} decoder layers in {self.model_dir})", ids
+                "layer_ids", f"unique ascending ids in 0..{n} (N={n} decoder layers in {self.target_dir})", ids
             )
         self.layer_ids = tuple(ids)
         self.num_layers = n

@@ -64,11 +64,11 @@ class _Pending:
     loss_mask: torch.Tensor
 
 
-def _model_facts(model_dir: str) -> tuple[int, int]:
+def _model_facts(target_dir: str) -> tuple[int, int]:
     """(num decoder layers, hidden size) from the model's config.json (text config for VLMs)."""
-    path = Path(model_dir) / "config.json"
+    path = Path(target_dir) / "config.json"
     if not path.is_file():
-        raise CaptureError(f"{model_dir}/config.json", "an HF model directory with config.json", "no such file")
+        raise CaptureError(f"{target_dir}/config.json", "an HF model directory with config.json", "no such file")
     cfg = json.loads(path.read_text())
     text = cfg.get("text_config") or cfg
     try:
@@ -88,7 +88,7 @@ def _split_cpus(ranks: int) -> str:
 
 
 def capture_llm_kwargs(
-    model_dir: str,
+    target_dir: str,
     dtype_name: str,
     capture_kwargs: dict[str, Any],
     *,
@@ -105,8 +105,8 @@ def capture_llm_kwargs(
     vllm_internals.engine_capture_kwargs), prefix caching off, and the served target's quantization
     (model.quantization) as every vLLM engine of the run gets it."""
     kwargs: dict[str, Any] = dict(
-        model=model_dir,
-        tokenizer=model_dir,
+        model=target_dir,
+        tokenizer=target_dir,
         dtype=dtype_name,
         tensor_parallel_size=int(tensor_parallel_size),
         gpu_memory_utilization=float(gpu_memory_utilization),
@@ -123,13 +123,13 @@ def capture_llm_kwargs(
     return kwargs
 
 
-def _checked_layer_ids(layer_ids: Sequence[int], num_layers: int, model_dir: str) -> tuple[int, ...]:
+def _checked_layer_ids(layer_ids: Sequence[int], num_layers: int, target_dir: str) -> tuple[int, ...]:
     """vLLM returns the states in layer order whatever order the ids are listed in: anything but
     unique ascending ids in 0..N would label layers wrongly, so it is refused."""
     ids = [int(i) for i in layer_ids]
     if not ids or ids != sorted(set(ids)) or ids[0] < 0 or ids[-1] > num_layers:
         raise CaptureError(
-            "layer_ids", f"unique ascending ids in 0..{num_layers} (N={num_layers} decoder layers in {model_dir})", ids
+            "layer_ids", f"unique ascending ids in 0..{num_layers} (N={num_layers} decoder layers in {target_dir})", ids
         )
     return tuple(ids)
 
@@ -158,7 +158,7 @@ class VLLMCaptureBackend:
 
     def __init__(
         self,
-        model_dir: str,
+        target_dir: str,
         layer_ids: Sequence[int],
         dtype: torch.dtype = torch.bfloat16,
         tensor_parallel_size: int = 1,
@@ -203,9 +203,9 @@ class VLLMCaptureBackend:
         dtype_names = names_by_torch_dtype()
         if dtype not in dtype_names:
             raise CaptureError("dtype", f"one of {list(dtype_names)}", dtype)
-        self.model_dir = str(model_dir)
-        self.num_layers, self.hidden_size = _model_facts(self.model_dir)
-        self.layer_ids = _checked_layer_ids(layer_ids, self.num_layers, self.model_dir)
+        self.target_dir = str(target_dir)
+        self.num_layers, self.hidden_size = _model_facts(self.target_dir)
+        self.layer_ids = _checked_layer_ids(layer_ids, self.num_layers, self.target_dir)
         self.dtype = dtype
         self.max_model_len = int(max_model_len)
         self.prompts_per_call = int(prompts_per_call or 4 * max_num_seqs)
@@ -223,7 +223,7 @@ class VLLMCaptureBackend:
         self._dirs: EngineDirs | None = EngineDirs(spill=True, spill_dir=spill_dir)
         engine_env.update(self._dirs.env())
         kwargs = capture_llm_kwargs(
-            self.model_dir,
+            self.target_dir,
             dtype_names[dtype],
             vllm_internals.engine_capture_kwargs(self.layer_ids, self.route, self._dirs.spill),
             tensor_parallel_size=tensor_parallel_size,

@@ -69,10 +69,10 @@ def hf_route_refusal(route: str, quantization: Quantization | str, instead: str)
     )
 
 
-def checkpoint_quantization(model_dir: str | Path) -> Optional[str]:
+def checkpoint_quantization(target_dir: str | Path) -> Optional[str]:
     """The ``quant_method`` of the checkpoint's own ``quantization_config`` (config.json, or its
     text_config for a multimodal wrapper); None for a plain checkpoint or a hub id not here."""
-    path = Path(model_dir) / "config.json"
+    path = Path(target_dir) / "config.json"
     if not path.is_file():
         return None
     cfg = json.loads(path.read_text())
@@ -102,12 +102,12 @@ class ServedQuantization:
         return f"{self.name} ({how})"
 
 
-def served_quantization(quantization: Quantization | str | None, model_dir: str | Path) -> ServedQuantization:
+def served_quantization(quantization: Quantization | str | None, target_dir: str | Path) -> ServedQuantization:
     """What vLLM will run for ``model.quantization`` = ``quantization`` on the checkpoint in
-    ``model_dir``. Refused (QuantizationError naming both) where vLLM would refuse it: a flag other
+    ``target_dir``. Refused (QuantizationError naming both) where vLLM would refuse it: a flag other
     than the checkpoint's own format, or a checkpoint-only format on a checkpoint without it."""
-    asked, own = vllm_name(quantization), checkpoint_quantization(model_dir)
-    where = Path(model_dir) / "config.json"
+    asked, own = vllm_name(quantization), checkpoint_quantization(target_dir)
+    where = Path(target_dir) / "config.json"
     if asked and own and asked != own:
         raise QuantizationError(
             f"model.quantization={asked}: expected null or {own!r} for this checkpoint, got {asked!r}: {where} carries "

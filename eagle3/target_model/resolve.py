@@ -163,16 +163,16 @@ def materialize_tiny(model_cfg: ModelConfig, cache_dir: str | Path) -> Path:
     return _build_once(final, build)
 
 
-def read_hf_config(model_dir: str | Path) -> dict:
-    path = Path(model_dir) / "config.json"
+def read_hf_config(target_dir: str | Path) -> dict:
+    path = Path(target_dir) / "config.json"
     cfg = json.loads(path.read_text())
     return cfg.get("text_config", cfg)
 
 
-def check_facts(model_cfg: ModelConfig, model_dir: str | Path, hf: dict | None = None) -> None:
+def check_facts(model_cfg: ModelConfig, target_dir: str | Path, hf: dict | None = None) -> None:
     """A preset that contradicts the model's own config is an error, not a silent override.
-    ``hf``: model_dir's config as ``read_hf_config`` gives it, when the caller has it."""
-    hf = read_hf_config(model_dir) if hf is None else hf
+    ``hf``: target_dir's config as ``read_hf_config`` gives it, when the caller has it."""
+    hf = read_hf_config(target_dir) if hf is None else hf
     wrong = []
     for field, key in PRESET_FACTS.items():
         want = getattr(model_cfg, field)
@@ -182,7 +182,7 @@ def check_facts(model_cfg: ModelConfig, model_dir: str | Path, hf: dict | None =
             wrong.append(f"model.{field}={want} but {key}={hf[key]}")
     if wrong:
         raise TargetError(
-            f"model preset {model_cfg.name!r} contradicts {Path(model_dir) / 'config.json'}: "
+            f"model preset {model_cfg.name!r} contradicts {Path(target_dir) / 'config.json'}: "
             + "; ".join(wrong)
             + ". Fix the preset or drop the override (facts are read from the model when not set)."
         )
@@ -199,11 +199,11 @@ _OTHER_HEAD_MATH = {
 _ONE_PLUS_W_NORMS = ("gemma",)  # model_type prefixes whose RMSNorm multiplies by (1 + weight)
 
 
-def check_head_math(model_dir: str | Path, hf: dict | None = None) -> None:
+def check_head_math(target_dir: str | Path, hf: dict | None = None) -> None:
     """A TargetError naming the field when the target computes its next-token distribution from
     its final state otherwise than Llama does (the only way the teacher is computed here)."""
-    hf = read_hf_config(model_dir) if hf is None else hf
-    where = Path(model_dir) / "config.json"
+    hf = read_hf_config(target_dir) if hf is None else hf
+    where = Path(target_dir) / "config.json"
     model_type = str(hf.get("model_type", ""))
     if model_type.startswith(_ONE_PLUS_W_NORMS):
         raise TargetError(
@@ -241,29 +241,29 @@ def resolve_target(model_cfg: ModelConfig, cache_dir: str | Path) -> str:
     return str(path)
 
 
-def _weight_files(model_dir: Path) -> list[Path]:
-    index = model_dir / "model.safetensors.index.json"
+def _weight_files(target_dir: Path) -> list[Path]:
+    index = target_dir / "model.safetensors.index.json"
     if index.is_file():
         names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [model_dir / n for n in names]
-    files = sorted(model_dir.glob("*.safetensors"))
+        return [target_dir / n for n in names]
+    files = sorted(target_dir.glob("*.safetensors"))
     if not files:
-        raise TargetError(f"{model_dir}: no *.safetensors weights found")
+        raise TargetError(f"{target_dir}: no *.safetensors weights found")
     return files
 
 
 def load_target_head_weights(
-    model_dir: str | Path, slots: tuple[str, ...] = ("embed", "norm", "lm_head")
+    target_dir: str | Path, slots: tuple[str, ...] = ("embed", "norm", "lm_head")
 ) -> dict[str, Any]:
     """The frozen pieces the draft head copies from the target: input embeddings ("embed"),
     final norm weight ("norm") and lm_head (= embeddings when tied), those of ``slots``. Reads
     only those tensors (the embeddings for the lm_head only when the model ties them)."""
     from safetensors import safe_open
 
-    model_dir = Path(model_dir)
+    target_dir = Path(target_dir)
     wanted = {"embed": "embed_tokens.weight", "norm": "norm.weight", "lm_head": "lm_head.weight"}
     where: dict[str, tuple[Path, str]] = {}  # slot -> (file, key): found by name first, read after
-    for f in _weight_files(model_dir):
+    for f in _weight_files(target_dir):
         with safe_open(str(f), framework="pt") as st:
             for key in st.keys():
                 for slot, suffix in wanted.items():
@@ -279,7 +279,7 @@ def load_target_head_weights(
         where["lm_head"] = where["embed"]  # tied embeddings
     missing = [s for s in slots if s not in where]
     if missing:
-        raise TargetError(f"{model_dir}: could not find target tensors {missing} (looked for *{list(wanted.values())})")
+        raise TargetError(f"{target_dir}: could not find target tensors {missing} (looked for *{list(wanted.values())})")
     found: dict[str, Any] = {}
     for slot in slots:
         f, key = where[slot]

@@ -20,24 +20,24 @@ from eagle3.target_model.resolve import load_target_head_weights, read_hf_config
 TeacherWeights = tuple[torch.Tensor, float, torch.Tensor]  # norm weight [H], eps, lm_head [Vt, H]
 
 
-def rms_norm_eps(model_dir: str | Path) -> float:
+def rms_norm_eps(target_dir: str | Path) -> float:
     """The target's final-norm eps, from its config.json (the text config of a multimodal one)."""
-    cfg = read_hf_config(model_dir)
+    cfg = read_hf_config(target_dir)
     eps = cfg.get("rms_norm_eps")
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0:
-        raise CaptureError(f"{Path(model_dir) / 'config.json'} rms_norm_eps", "a number > 0", eps)
+        raise CaptureError(f"{Path(target_dir) / 'config.json'} rms_norm_eps", "a number > 0", eps)
     return float(eps)
 
 
-def weights_from_files(model_dir: str | Path, device: torch.device | str = "cpu") -> TeacherWeights:
-    """The final norm and lm_head (the embeddings when tied) read from ``model_dir``, on ``device``."""
-    w = load_target_head_weights(model_dir, ("norm", "lm_head"))
-    return w["norm"].to(device), rms_norm_eps(model_dir), w["lm_head"].to(device)
+def weights_from_files(target_dir: str | Path, device: torch.device | str = "cpu") -> TeacherWeights:
+    """The final norm and lm_head (the embeddings when tied) read from ``target_dir``, on ``device``."""
+    w = load_target_head_weights(target_dir, ("norm", "lm_head"))
+    return w["norm"].to(device), rms_norm_eps(target_dir), w["lm_head"].to(device)
 
 
-def weights_from_model(model: Any, model_dir: str | Path) -> TeacherWeights:
+def weights_from_model(model: Any, target_dir: str | Path) -> TeacherWeights:
     """The final norm and lm_head of a transformers base model in memory, on its device: its own
-    tensors (the input embeddings when tied); an untied lm_head read from ``model_dir``."""
+    tensors (the input embeddings when tied); an untied lm_head read from ``target_dir``."""
     norm = _final_norm(model)
     text = model.config.get_text_config()
     tied = bool(getattr(text, "tie_word_embeddings", getattr(model.config, "tie_word_embeddings", False)))
@@ -45,8 +45,8 @@ def weights_from_model(model: Any, model_dir: str | Path) -> TeacherWeights:
     if tied:
         lm_head = model.get_input_embeddings().weight.detach()
     else:
-        lm_head = load_target_head_weights(model_dir, ("lm_head",))["lm_head"].to(weight.device, weight.dtype)
-    return weight, rms_norm_eps(model_dir), lm_head
+        lm_head = load_target_head_weights(target_dir, ("lm_head",))["lm_head"].to(weight.device, weight.dtype)
+    return weight, rms_norm_eps(target_dir), lm_head
 
 
 def _final_norm(model: Any) -> torch.nn.Module:

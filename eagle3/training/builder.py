@@ -23,7 +23,7 @@ def draft_vocab(dataset: HiddenStateDataset | TokenDataset, size: int):
     return dataset.load_vocab(size)
 
 
-def target_name(model: ModelConfig, model_dir: str, given: str | None = None) -> str:
+def target_name(model: ModelConfig, target_dir: str, given: str | None = None) -> str:
     """The target as the export names it: a name the serving machine can resolve (``given``,
     export.target_name_or_path; else the hub id, or the path the user gave), not this
     machine's materialised cache directory."""
@@ -33,7 +33,7 @@ def target_name(model: ModelConfig, model_dir: str, given: str | None = None) ->
         return model.hub_id
     if model.source == ModelSource.hf and model.path:
         return model.path
-    return str(model_dir)
+    return str(target_dir)
 
 
 def draft_vocab_size(head: HeadConfig, hf: dict) -> int:
@@ -64,17 +64,17 @@ def build_head(
     head_cfg: HeadConfig,
     train: TrainConfig,
     model: ModelConfig,
-    model_dir: str,
+    target_dir: str,
     dataset: HiddenStateDataset | TokenDataset,
     *,
     attention: AttentionKind,
     target: str,
     num_speculative_tokens: int,
 ) -> tuple[Eagle3DraftHead, DraftMeta]:
-    """The head head.* describes, initialised as train.* says, for the target ``model`` (its files in ``model_dir``) and
+    """The head head.* describes, initialised as train.* says, for the target ``model`` (its files in ``target_dir``) and
     ``dataset``, with the settled ``attention`` kernel (never auto), and the DraftMeta its
     export carries: ``target`` as the export names it, ``num_speculative_tokens`` advised."""
-    hf = read_hf_config(model_dir)
+    hf = read_hf_config(target_dir)
     size = draft_vocab_size(head_cfg, hf)
     layer_ids = list(dataset.layer_ids)
     final_id = model.num_layers
@@ -88,7 +88,7 @@ def build_head(
     if init is not None:  # warm start: the head must fit, and keeps the vocabulary it was trained for
         check_compatible(init, draft_cfg, aux_layer_ids)
         d2t, t2d = head_vocab(init, d2t, t2d, dataset.token_freq())
-    w = load_target_head_weights(model_dir)
+    w = load_target_head_weights(target_dir)
     head.load_target_weights(
         w["embed"].float(),
         w["norm"].float(),

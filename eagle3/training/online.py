@@ -33,7 +33,7 @@ class OnlineHiddenStates:
 
     def __init__(
         self,
-        model_dir: str,
+        target_dir: str,
         layer_ids: Sequence[int],
         hidden_size: int,
         dtype: torch.dtype,
@@ -45,12 +45,12 @@ class OnlineHiddenStates:
         trust_remote_code: bool = False,
         model: torch.nn.Module | None = None,
     ):
-        self.model_dir, self.layer_ids = str(model_dir), [int(i) for i in layer_ids]
+        self.target_dir, self.layer_ids = str(target_dir), [int(i) for i in layer_ids]
         self.hidden_size, self.dtype = int(hidden_size), dtype
         self.max_tokens, self.row_tokens, self.fixed_shape = int(max_tokens_per_batch), row_tokens, bool(fixed_shape)
         self.forward_tokens = int(forward_tokens)  # padded tokens per target forward
         self.trust_remote_code = bool(trust_remote_code)
-        self._model = model  # an already-built base model (benchmarks); None: load model_dir
+        self._model = model  # an already-built base model (benchmarks); None: load target_dir
         self.backend: HFCaptureBackend | None = None
         self.tokens = 0  # tokens run through the target so far, in this process
 
@@ -59,7 +59,7 @@ class OnlineHiddenStates:
         if self.backend is not None:
             return
         self.backend = HFCaptureBackend(
-            self.model_dir,
+            self.target_dir,
             self.layer_ids,
             dtype=self.dtype,
             device=str(device),
@@ -73,7 +73,7 @@ class OnlineHiddenStates:
             p.requires_grad_(False)
         if self.backend.hidden_size != self.hidden_size:
             raise CaptureError(
-                f"{self.model_dir} hidden size", f"{self.hidden_size} (the dataset's)", self.backend.hidden_size
+                f"{self.target_dir} hidden size", f"{self.hidden_size} (the dataset's)", self.backend.hidden_size
             )
 
     def __call__(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:

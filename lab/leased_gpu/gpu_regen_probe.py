@@ -66,8 +66,8 @@ def main() -> None:
         bos_token_id=tok.bos_token_id,
     )
     d = tempfile.mkdtemp(prefix="regen-probe-")
-    if args.model_dir:
-        d = args.model_dir
+    if args.target_dir:
+        d = args.target_dir
     else:
         torch.manual_seed(0)
         LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(d)

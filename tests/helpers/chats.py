@@ -52,12 +52,12 @@ CHUNKED_PREFILL_CHATS = [
 ]
 
 
-def chat_samples(model_dir, chats: list[list[dict]]) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+def chat_samples(target_dir, chats: list[list[dict]]) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
     """(chat-i, token ids, loss mask) of each chat rendered by the chat template of the tokenizer
-    at ``model_dir``; the loss on the tokens after the last header."""
+    at ``target_dir``; the loss on the tokens after the last header."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok = AutoTokenizer.from_pretrained(target_dir)
     out = []
     for i, chat in enumerate(chats):
         ids = tok.apply_chat_template(chat, tokenize=True, return_dict=False)

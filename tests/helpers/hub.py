@@ -6,11 +6,11 @@ import shutil
 from pathlib import Path
 
 
-def add_hub_snapshot(hub: Path, repo: str, commit: str, model_dir: Path, refs: tuple[str, ...] = ()) -> Path:
+def add_hub_snapshot(hub: Path, repo: str, commit: str, target_dir: Path, refs: tuple[str, ...] = ()) -> Path:
     """A model directory as huggingface_hub caches it: snapshots/<commit>/..., refs/<name> -> commit."""
     root = hub / ("models--" + repo.replace("/", "--"))
     snap = root / "snapshots" / commit
-    shutil.copytree(model_dir, snap)
+    shutil.copytree(target_dir, snap)
     (root / "refs").mkdir(parents=True, exist_ok=True)
     for ref in refs:
         (root / "refs" / ref).write_text(commit)

@@ -34,11 +34,11 @@ def _recalibrated(tmp_path: Path, accelerator: str, scale: float) -> Path:
     return path
 
 
-def _name(overrides: list[str], model_dir: Path) -> tuple[str, int]:
+def _name(overrides: list[str], target_dir: Path) -> tuple[str, int]:
     """The directory name extract.py writes for these overrides, and the conversations its shares size the data to."""
     cfg, shares = time_budget.sized(run_config(compose("extract", ["experiment=demo_cpu", *overrides])))
     assert shares is not None
-    return dataset_path(dataset_identity(cfg, str(model_dir))).name, shares.conversations
+    return dataset_path(dataset_identity(cfg, str(target_dir))).name, shares.conversations
 
 
 def test_the_name_holds_the_budget_asked_not_the_count_derived(smollm2_dir, tmp_path, monkeypatch):
@@ -75,8 +75,8 @@ def test_train_finds_the_budgeted_dataset_after_a_rate_is_recalibrated(tmp_path,
     found: list[Path] = []
     real = train_stage.find_dataset
 
-    def find_then_stop(cfg, model_dir):
-        found.append(real(cfg, model_dir))
+    def find_then_stop(cfg, target_dir):
+        found.append(real(cfg, target_dir))
         raise _Found
 
     monkeypatch.setattr(train_stage, "find_dataset", find_then_stop)

@@ -29,9 +29,9 @@ def test_the_dataset_does_not_depend_on_the_cpu(monkeypatch, smollm2_dir):
     assert len(names) == 1
 
 
-def _capture(model_dir) -> tuple[HFCaptureBackend, list]:
-    backend = HFCaptureBackend(model_dir, CAPTURE_IDS, dtype=torch.bfloat16, batch_size=4)
-    return backend, list(backend.capture(chat_samples(model_dir, SHORT_CHATS)))
+def _capture(target_dir) -> tuple[HFCaptureBackend, list]:
+    backend = HFCaptureBackend(target_dir, CAPTURE_IDS, dtype=torch.bfloat16, batch_size=4)
+    return backend, list(backend.capture(chat_samples(target_dir, SHORT_CHATS)))
 
 
 def test_capture_stores_bf16_from_either_forward(monkeypatch, smollm2_dir):

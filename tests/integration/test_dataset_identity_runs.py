@@ -53,7 +53,7 @@ def test_regenerated_dataset_records_its_engine_and_travels(tmp_path, tiny_model
     manifest = Manifest.read(ds_dir)
     assert manifest.complete and manifest.provenance["regen_engine"] == "hf"
     assert manifest.provenance["data_path"] == str(chats.resolve())
-    assert manifest.provenance["model_dir"] == str(tiny_model_dir.resolve())
+    assert manifest.provenance["target_dir"] == str(tiny_model_dir.resolve())
     assert "regen_backend" not in manifest.fingerprint_inputs["data"]
     with pytest.raises(FingerprintMismatchError, match=r"regen_engine: expected vllm .* got hf.*data.regen_backend=hf"):
         check_regen_engine(ds_dir, "vllm")  # a resume by another engine would mix two engines' answers

@@ -112,15 +112,15 @@ def test_val_metrics_equal_one_process_validation(ddp_run, datasets_dir):
     cfg = compose("train", TINY + [f"paths.datasets_dir={datasets_dir}"])
     dm = Eagle3DataModule(summary["dataset_dir"], max_tokens_per_batch=int(cfg.train.max_tokens_per_batch))
     path = resolve_step_path(cfg.train, cfg.topology)  # the path the DDP run trained and validated on
-    model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
+    target_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
     head, meta = build_head(
         cfg.head,
         cfg.train,
         cfg.model,
-        model_dir,
+        target_dir,
         dm.dataset,
         attention=path.attention,
-        target=model_dir,
+        target=target_dir,
         num_speculative_tokens=cfg.eval.num_draft_tokens,
     )
     module = Eagle3LitModule(head, OmegaConf.to_object(cfg.train))

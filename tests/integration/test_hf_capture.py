@@ -93,9 +93,9 @@ def check_padded_batch(backend: HFCaptureBackend, samples):
 
 @pytest.fixture(scope="module")
 def smollm2():
-    model_dir = materialize_smollm2(CACHE)
-    backend = HFCaptureBackend(str(model_dir), [2, 15, 27, 30])
-    yield backend, chat_samples(model_dir, SHORT_CHATS)
+    target_dir = materialize_smollm2(CACHE)
+    backend = HFCaptureBackend(str(target_dir), [2, 15, 27, 30])
+    yield backend, chat_samples(target_dir, SHORT_CHATS)
     backend.close()
 
 
@@ -103,9 +103,9 @@ def smollm2():
 def tiny_deepseek():
     cfg = yaml.safe_load((CONF / "tiny_deepseek_v3.yaml").read_text())
     cfg.pop("defaults")
-    model_dir = materialize_tiny(ModelConfig(**cfg), CACHE)
-    backend = HFCaptureBackend(str(model_dir), [1, 2, 3, 4])
-    yield backend, chat_samples(model_dir, SHORT_CHATS)
+    target_dir = materialize_tiny(ModelConfig(**cfg), CACHE)
+    backend = HFCaptureBackend(str(target_dir), [1, 2, 3, 4])
+    yield backend, chat_samples(target_dir, SHORT_CHATS)
     backend.close()
 
 
@@ -132,9 +132,9 @@ def test_tiny_deepseek_v3_padded_batch_equals_one_by_one(tiny_deepseek):
 def test_capture_ids_out_of_range_are_refused(tiny_deepseek):
     backend, _ = tiny_deepseek
     with pytest.raises(CaptureError, match=r"layer_ids: expected unique ascending ids in 0..4 \(N=4"):
-        HFCaptureBackend(backend.model_dir, [2, 5])
+        HFCaptureBackend(backend.target_dir, [2, 5])
     with pytest.raises(CaptureError, match="layer_ids"):
-        HFCaptureBackend(backend.model_dir, [3, 2, 4])
+        HFCaptureBackend(backend.target_dir, [3, 2, 4])
 
 
 def test_empty_prompt_is_refused(tiny_deepseek):
@@ -206,9 +206,9 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 def tiny_deepseek_cuda():
     cfg = yaml.safe_load((CONF / "tiny_deepseek_v3.yaml").read_text())
     cfg.pop("defaults")
-    model_dir = materialize_tiny(ModelConfig(**cfg), CACHE)
-    backend = HFCaptureBackend(str(model_dir), [1, 2, 3, 4], device="cuda")
-    yield backend, chat_samples(model_dir, SHORT_CHATS)
+    target_dir = materialize_tiny(ModelConfig(**cfg), CACHE)
+    backend = HFCaptureBackend(str(target_dir), [1, 2, 3, 4], device="cuda")
+    yield backend, chat_samples(target_dir, SHORT_CHATS)
     backend.close()
 
 

@@ -116,12 +116,12 @@ def test_trust_remote_code_reaches_transformers(offline_hub, tmp_path):
     from eagle3.target_model.backend import make_backend
 
     cfg = compose("extract", ["model=hf", f"model.path={REMOTE_REPO}", "capture=hf"])
-    model_dir = resolve_target(cfg.model, tmp_path)
-    assert model_dir == str(offline_hub["remote"])
+    target_dir = resolve_target(cfg.model, tmp_path)
+    assert target_dir == str(offline_hub["remote"])
 
     def backend_for(trust_remote_code: bool):
         return make_backend(
-            cfg.capture, cfg.topology, model_dir, [1, 2, 3, 4], torch.bfloat16, 64, trust_remote_code=trust_remote_code
+            cfg.capture, cfg.topology, target_dir, [1, 2, 3, 4], torch.bfloat16, 64, trust_remote_code=trust_remote_code
         )
 
     with pytest.raises(ValueError, match="trust_remote_code=True"):

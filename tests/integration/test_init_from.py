@@ -37,15 +37,15 @@ def _target_lm_head() -> torch.Tensor:
 
 def _build(datasets_dir: Path, extra: list[str]):
     cfg = compose("train", TINY + [f"paths.datasets_dir={datasets_dir}"] + extra)
-    model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
+    target_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
     return build_head(
         cfg.head,
         cfg.train,
         cfg.model,
-        model_dir,
-        HiddenStateDataset(find_dataset(cfg, model_dir)),
+        target_dir,
+        HiddenStateDataset(find_dataset(cfg, target_dir)),
         attention=resolve_step_path(cfg.train, cfg.topology).attention,
-        target=str(model_dir),
+        target=str(target_dir),
         num_speculative_tokens=cfg.eval.num_draft_tokens,
     )
 

@@ -162,9 +162,9 @@ def test_the_pre_pass_writes_tokens_only_and_is_reused(tmp_path, capsys):
         TokenDataset(ds_dir)
 
 
-def _online(model_dir: str, layer_ids, hidden_size: int) -> OnlineHiddenStates:
+def _online(target_dir: str, layer_ids, hidden_size: int) -> OnlineHiddenStates:
     return OnlineHiddenStates(
-        model_dir, layer_ids, hidden_size, torch.float32, max_tokens_per_batch=512, row_tokens=None, fixed_shape=False
+        target_dir, layer_ids, hidden_size, torch.float32, max_tokens_per_batch=512, row_tokens=None, fixed_shape=False
     )
 
 
@@ -174,12 +174,12 @@ def test_online_records_pass_the_capture_adapter(tmp_path):
     from eagle3.target_model.resolve import resolve_target
 
     cfg = compose("train", TINY + ONLINE + [f"paths.datasets_dir={tmp_path}"])
-    model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
+    target_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
     with pytest.raises(CaptureError, match="hidden size: expected 32"):
-        _online(model_dir, [1, 2, 3, 4], 32).setup("cpu")
+        _online(target_dir, [1, 2, 3, 4], 32).setup("cpu")
     with pytest.raises(CaptureError, match="layer_ids: expected unique ascending ids in 0..4"):
-        _online(model_dir, [1, 2, 9], 64).setup("cpu")
-    online = _online(model_dir, [1, 2, 3, 4], 64)
+        _online(target_dir, [1, 2, 9], 64).setup("cpu")
+    online = _online(target_dir, [1, 2, 3, 4], 64)
     online.setup("cpu")
     ids = torch.arange(5, 25)
     item = {"sample_id": "s0", "input_ids": ids, "loss_mask": torch.ones(20, dtype=torch.bool)}
@@ -244,14 +244,14 @@ def test_a_token_dataset_of_other_layers_is_refused_naming_both(tmp_path):
     )
     assert Manifest.read(ds_dir).layer_ids == [2, 3, 4]
     cfg = compose("train", TINY + ONLINE + [f"paths.datasets_dir={tmp_path}", f"dataset_dir={ds_dir}"])
-    model_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
+    target_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
     with pytest.raises(
         ValueError,
         match=r"manifest.json: layer_ids, hidden_size: expected \[1, 2, 3, 4\], 64, got \[2, 3, 4\], 64",
     ):
-        find_token_dataset(cfg, model_dir)
+        find_token_dataset(cfg, target_dir)
     same = compose(
         "train", TINY + ONLINE + [f"paths.datasets_dir={tmp_path}", f"dataset_dir={ds_dir}", "layers.aux_ids=[2,3]"]
     )
-    assert find_token_dataset(same, model_dir) == ds_dir
-    assert online_target(same, model_dir, False, None, [2, 3, 4]).layer_ids == [2, 3, 4]
+    assert find_token_dataset(same, target_dir) == ds_dir
+    assert online_target(same, target_dir, False, None, [2, 3, 4]).layer_ids == [2, 3, 4]

@@ -56,8 +56,8 @@ class MismatchVerdict:
         )
 
 
-def weights_bytes(model_dir: str | Path) -> int:
-    d = Path(model_dir)
+def weights_bytes(target_dir: str | Path) -> int:
+    d = Path(target_dir)
     return sum(p.stat().st_size for p in d.glob("*.safetensors")) + sum(p.stat().st_size for p in d.glob("*.bin"))
 
 

@@ -68,19 +68,19 @@ def content_cache(cache_dir: str | Path) -> ContentShaCache:
     return ContentShaCache(Path(cache_dir) / "content_sha.json")
 
 
-def weights_identity(model_dir: str | Path, cache: ContentShaCache) -> dict[str, str]:
+def weights_identity(target_dir: str | Path, cache: ContentShaCache) -> dict[str, str]:
     """{file name: sampled hash} of each weight file of the target (``hashing.sampled_file_sha``):
     the target's weights by content, as a dataset's fingerprint (``model.weights``) and the
     answer cache's key hold them. Empty for a hub id that is not a directory here."""
-    d = Path(model_dir)
+    d = Path(target_dir)
     weights = sorted(p for p in d.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES) if d.is_dir() else []
     return {p.name: cache.sha(p, "sampled", sampled_file_sha) for p in weights}
 
 
-def target_identity(model_dir: str | Path, content: ContentShaCache | None = None) -> dict[str, Any]:
+def target_identity(target_dir: str | Path, content: ContentShaCache | None = None) -> dict[str, Any]:
     """The target by content, as far as its answers go: its weights (``weights_identity``),
     config, generation_config.json, tokenizer files and any remote code (``*.py``)."""
-    d = Path(model_dir)
+    d = Path(target_dir)
     parts: dict[str, Any] = {f: file_short_sha(d / f) for f in _FILES if (d / f).is_file()}
     parts["weights"] = weights_identity(d, content or ContentShaCache(None))
     parts["code"] = {p.name: file_short_sha(p) for p in sorted(d.glob("*.py"))} if d.is_dir() else {}
@@ -88,7 +88,7 @@ def target_identity(model_dir: str | Path, content: ContentShaCache | None = Non
 
 
 def cache_key(
-    model_dir: str,
+    target_dir: str,
     temperature: float,
     max_tokens: int,
     seed: int,
@@ -106,7 +106,7 @@ def cache_key(
     model.quantization) and ``template_kwargs`` (data.chat_template_kwargs) are in the key only
     when set, so the answers cached before keep theirs. A system prompt needs no key: it is a
     turn of the conversation, which each answer's record matches by its user turns' hash."""
-    parts = dict(target if target is not None else target_identity(model_dir))
+    parts = dict(target if target is not None else target_identity(target_dir))
     if quantization:
         parts["quantization"] = quantization
     if template_kwargs:
@@ -161,7 +161,7 @@ class Regenerator:
 
     def __init__(
         self,
-        model_dir: str,
+        target_dir: str,
         cache_dir: str | Path,
         *,
         temperature: float = 0.0,
@@ -175,7 +175,7 @@ class Regenerator:
         quantization: str | None = None,
         template_kwargs: dict[str, Any] | None = None,
     ):
-        self.model_dir = str(model_dir)
+        self.target_dir = str(target_dir)
         # model.quantization as vLLM names it: the vLLM engine runs the target so; the HF one
         # cannot (refused at compose: eagle3/stages/validate.py)
         self.quantization = vllm_name(quantization)
@@ -193,11 +193,11 @@ class Regenerator:
             raise ValueError(f"data.regen_max_turns: expected null or >= 1, got {max_turns}")
         self.max_turns = None if max_turns is None else int(max_turns)
 
-        target = target_identity(model_dir, content_cache(cache_dir))  # hashed once, for every key below
+        target = target_identity(target_dir, content_cache(cache_dir))  # hashed once, for every key below
 
         def cache_file(turns: int | None) -> Path:
             key = cache_key(
-                model_dir,
+                target_dir,
                 temperature,
                 max_tokens,
                 seed,
@@ -236,7 +236,7 @@ class Regenerator:
         if self._tokenizer is None:
             from transformers import AutoTokenizer
 
-            self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir, trust_remote_code=self.trust_remote_code)
+            self._tokenizer = AutoTokenizer.from_pretrained(self.target_dir, trust_remote_code=self.trust_remote_code)
         return self._tokenizer
 
     def close(self) -> None:

@@ -9,7 +9,7 @@ from eagle3.target_model.generate.hf_engine import HFRegenerator
 from eagle3.target_model.generate.vllm_engine import VLLMRegenerator
 
 
-def make_regenerator(backend: str, model_dir: str, cache_dir: str | Path, **kwargs) -> Regenerator:
+def make_regenerator(backend: str, target_dir: str, cache_dir: str | Path, **kwargs) -> Regenerator:
     """The engine for ``data.regen_backend`` (``auto``: vLLM when installed). Keyword arguments
     an engine does not take are dropped (the vLLM engine sizes, the HF batch)."""
     engine = resolve_backend(backend)
@@ -17,7 +17,7 @@ def make_regenerator(backend: str, model_dir: str, cache_dir: str | Path, **kwar
     if engine == "vllm":
         kwargs.pop("gen_batch_size", None)
         kwargs.pop("static_cache", None)
-        return VLLMRegenerator(model_dir, cache_dir, **kwargs)
+        return VLLMRegenerator(target_dir, cache_dir, **kwargs)
     for k in vllm_only:
         kwargs.pop(k, None)
-    return HFRegenerator(model_dir, cache_dir, **kwargs)
+    return HFRegenerator(target_dir, cache_dir, **kwargs)

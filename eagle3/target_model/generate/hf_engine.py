@@ -32,7 +32,7 @@ class HFRegenerator(Regenerator):
 
     def __init__(
         self,
-        model_dir: str,
+        target_dir: str,
         cache_dir: str | Path,
         *,
         gen_batch_size: int = 256,
@@ -43,7 +43,7 @@ class HFRegenerator(Regenerator):
         dtype: str = "bfloat16",
         **kwargs,
     ):
-        super().__init__(model_dir, cache_dir, **kwargs)
+        super().__init__(target_dir, cache_dir, **kwargs)
         if self.quantization:
             raise ValueError(hf_route_refusal("data.regen_backend=hf", self.quantization, "data.regen_backend=vllm"))
         if int(gen_batch_size) < 1:
@@ -79,7 +79,7 @@ class HFRegenerator(Regenerator):
             attn = self.attn_implementation or ("sdpa" if str(device).startswith("cuda") else "eager")
             self._model = (
                 AutoModelForCausalLM.from_pretrained(
-                    self.model_dir,
+                    self.target_dir,
                     dtype=dtype,
                     attn_implementation=attn,
                     trust_remote_code=self.trust_remote_code,
@@ -114,7 +114,7 @@ class HFRegenerator(Regenerator):
             ids.add(int(tok.eos_token_id))
         if not ids:
             raise ValueError(
-                f"{self.model_dir}: no end-of-turn token (generation_config.eos_token_id, "
+                f"{self.target_dir}: no end-of-turn token (generation_config.eos_token_id, "
                 "tokenizer.eos_token): cannot tell where an answer stops"
             )
         return ids

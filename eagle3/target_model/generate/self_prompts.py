@@ -100,7 +100,7 @@ class SelfPrompts:
         regen = self.regen
         cache_dir = regen.cache_file.parent.parent  # <cache_dir>/regenerated/<key>.jsonl
         parts = {
-            "target": target_identity(regen.model_dir, content_cache(cache_dir)),
+            "target": target_identity(regen.target_dir, content_cache(cache_dir)),
             "backend": regen.backend,
             "chat_template": short_sha(regen.chat_template) if regen.chat_template else None,
             "temperature": self.temperature,

@@ -24,7 +24,7 @@ class VLLMRegenerator(Regenerator):
 
     def __init__(
         self,
-        model_dir: str,
+        target_dir: str,
         cache_dir: str | Path,
         *,
         cpu_kvcache_space_gb: int = 4,
@@ -32,7 +32,7 @@ class VLLMRegenerator(Regenerator):
         tensor_parallel_size: int = 1,
         **kwargs,
     ):
-        super().__init__(model_dir, cache_dir, **kwargs)
+        super().__init__(target_dir, cache_dir, **kwargs)
         self.engine_args = dict(
             gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size
         )
@@ -61,7 +61,7 @@ class VLLMRegenerator(Regenerator):
         """The LLM(...) arguments of the answering engine, the served target's quantization
         (model.quantization) among them."""
         return dict(
-            model=self.model_dir,
+            model=self.target_dir,
             dtype="bfloat16",
             max_model_len=self.max_model_len,
             seed=self.seed,

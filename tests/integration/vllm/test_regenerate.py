@@ -17,21 +17,21 @@ SCRIPT = textwrap.dedent(
     from eagle3.target_model.resolve import materialize_smollm2
 
     if __name__ == "__main__":
-        model_dir, cache = materialize_smollm2(sys.argv[1]), sys.argv[2]
+        target_dir, cache = materialize_smollm2(sys.argv[1]), sys.argv[2]
         convs = load_conversations("sharegpt", None, limit=6).conversations
         convs = [c for c in convs if len(c.messages) <= 4][:3]
         convs.append(type(convs[0])(id="capital", messages=[
             {"role": "user", "content": "What is the capital of France?"},
             {"role": "assistant", "content": "IGNORED HUMAN ANSWER"}]))
-        regen = VLLMRegenerator(model_dir, cache, max_tokens=24, max_model_len=1024, cpu_kvcache_space_gb=1)
+        regen = VLLMRegenerator(target_dir, cache, max_tokens=24, max_model_len=1024, cpu_kvcache_space_gb=1)
         out = regen(convs)
         first = regen.generated
         regen.close()
-        again = VLLMRegenerator(model_dir, cache, max_tokens=24, max_model_len=1024)
+        again = VLLMRegenerator(target_dir, cache, max_tokens=24, max_model_len=1024)
         out2 = again(convs)
         again.close()
         # two sampled answers to one prompt: each request has its own seed (seed + answer)
-        sampled = VLLMRegenerator(model_dir, cache + "-sampled", max_tokens=16, max_model_len=1024,
+        sampled = VLLMRegenerator(target_dir, cache + "-sampled", max_tokens=16, max_model_len=1024,
                                   temperature=1.0, num_answers=2)
         pair = sampled(convs[-1:])
         print("RESULT " + json.dumps({"first": first, "second": again.generated,

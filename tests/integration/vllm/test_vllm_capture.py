@@ -47,18 +47,18 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.fixture(scope="module")
-def model_dir() -> str:
+def target_dir() -> str:
     return str(materialize_smollm2(CACHE))
 
 
 @pytest.fixture(scope="module")
-def vllm_backend(model_dir, samples):
+def vllm_backend(target_dir, samples):
     from eagle3.target_model.capture_vllm import VLLMCaptureBackend
 
     # enforce_eager skips vLLM's torch.compile warm-up (1-2 min on this shared CPU); the
     # states are the model's own outputs either way (parity measured identical compiled)
     backend = VLLMCaptureBackend(
-        model_dir,
+        target_dir,
         IDS,
         max_model_len=2048,
         max_num_seqs=8,
@@ -71,8 +71,8 @@ def vllm_backend(model_dir, samples):
 
 
 @pytest.fixture(scope="module")
-def samples(model_dir):
-    s = chat_samples(model_dir, CHUNKED_PREFILL_CHATS)
+def samples(target_dir):
+    s = chat_samples(target_dir, CHUNKED_PREFILL_CHATS)
     lengths = [len(ids) for _, ids, _ in s]
     assert len(set(lengths)) == len(lengths)  # different lengths
     assert max(lengths) > 2 * STEP_TOKENS  # the long one is prefilled in >= 3 chunks
@@ -108,11 +108,11 @@ def test_tensor_parallel_2_matches_hf(samples):
         tokenizer_from="smollm2_135m",
         extra_config={"tie_word_embeddings": True, "max_position_embeddings": 4096},
     )
-    model_dir = str(materialize_tiny(tiny, CACHE))
+    target_dir = str(materialize_tiny(tiny, CACHE))
     ids = (1, 2, 3, 4)
     short = samples[:2] + [(samples[2][0], samples[2][1][:150], samples[2][2][:150])]
     with VLLMCaptureBackend(
-        model_dir,
+        target_dir,
         ids,
         tensor_parallel_size=2,
         max_model_len=1024,
@@ -123,7 +123,7 @@ def test_tensor_parallel_2_matches_hf(samples):
     ) as tp2:
         got = list(tp2.capture(short))
         assert os.listdir(tp2._dirs.spill) == [".owner.json"]  # every file read back and removed, no temp leftovers
-    hf = HFCaptureBackend(model_dir, ids, batch_size=1)
+    hf = HFCaptureBackend(target_dir, ids, batch_size=1)
     for (sid, tokens, mask), v, h in zip(short, got, hf.capture(short)):
         assert torch.equal(v.token_ids, tokens) and torch.equal(v.loss_mask, mask)
         assert v.hidden.shape == h.hidden.shape == (len(tokens), 4, 256)
@@ -139,7 +139,7 @@ def test_tensor_parallel_2_matches_hf(samples):
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_vllm_records_match_hf_backend(vllm_backend, model_dir, samples):
+def test_vllm_records_match_hf_backend(vllm_backend, target_dir, samples):
     from eagle3.target_model.capture_hf import HFCaptureBackend
 
     got = list(vllm_backend.capture_with_ids(samples))  # one generate call: batched + chunked
@@ -147,9 +147,9 @@ def test_vllm_records_match_hf_backend(vllm_backend, model_dir, samples):
     st = vllm_backend.stats
     print(f"\nvLLM capture: {st.tokens} tokens in {st.seconds:.2f} s = {st.tokens_per_s:.0f} tokens/s")
 
-    hf = HFCaptureBackend(model_dir, IDS, batch_size=1)
+    hf = HFCaptureBackend(target_dir, IDS, batch_size=1)
     ref = list(hf.capture(samples))
-    fp32 = HFCaptureBackend(model_dir, IDS, dtype=torch.float32, batch_size=1)
+    fp32 = HFCaptureBackend(target_dir, IDS, dtype=torch.float32, batch_size=1)
     exact = list(fp32.capture(samples))
     fp32.close()
 
@@ -222,24 +222,24 @@ def test_many_calls_keep_input_order(vllm_backend, samples):
 
 
 @pytest.mark.vllm
-def test_prefix_caching_and_bad_layer_ids_are_refused_before_start(model_dir):
+def test_prefix_caching_and_bad_layer_ids_are_refused_before_start(target_dir):
     from eagle3.target_model.capture_vllm import VLLMCaptureBackend
 
     with pytest.raises(CaptureError, match="enable_prefix_caching: expected False, got True"):
-        VLLMCaptureBackend(model_dir, IDS, enable_prefix_caching=True)
+        VLLMCaptureBackend(target_dir, IDS, enable_prefix_caching=True)
     with pytest.raises(CaptureError, match=r"layer_ids: expected unique ascending ids in 0..30 \(N=30"):
-        VLLMCaptureBackend(model_dir, (2, 15, 27, 31))
+        VLLMCaptureBackend(target_dir, (2, 15, 27, 31))
     with pytest.raises(CaptureError, match="layer_ids"):
-        VLLMCaptureBackend(model_dir, (15, 2, 30))  # vLLM would return them in layer order: mislabelled
+        VLLMCaptureBackend(target_dir, (15, 2, 30))  # vLLM would return them in layer order: mislabelled
     with pytest.raises(CaptureError, match="data_parallel_size"):
-        VLLMCaptureBackend(model_dir, IDS, data_parallel_size=2)
+        VLLMCaptureBackend(target_dir, IDS, data_parallel_size=2)
     if torch.cuda.is_available():
         return
     # the stock connector's CUDA-stream copy cannot run on the CPU build: refused by name
     with pytest.raises(CaptureError, match=r"capture.vllm_route: expected native_host_copy or auto .* got native"):
-        VLLMCaptureBackend(model_dir, IDS, route="native")
+        VLLMCaptureBackend(target_dir, IDS, route="native")
     with pytest.raises(CaptureError, match=r"capture.vllm_route: expected one of \['native', 'native_host_copy'"):
-        VLLMCaptureBackend(model_dir, IDS, route="ours")
+        VLLMCaptureBackend(target_dir, IDS, route="ours")
 
 
 def test_vllm_versions_below_the_supported_range_are_refused_newer_ones_warned(monkeypatch):

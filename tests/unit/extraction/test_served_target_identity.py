@@ -38,7 +38,7 @@ def _identity(tmp_path: Path, quant_method: str | None = None) -> DatasetIdentit
     cfg = run_config(compose("extract", ["data=jsonl", f"data.path={chats}", "capture=vllm"]))
     return DatasetIdentity(
         model=cfg.model,
-        model_dir=str(model),
+        target_dir=str(model),
         data=cfg.data,
         layer_ids=(1, 2, 4),
         capture_dtype="bfloat16",
