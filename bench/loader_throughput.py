@@ -137,9 +137,9 @@ def format_rates(
     rates: dict[tuple[str, str, int], float] = {}
     limit = 0.0
     for storage in args.storages:
-        ds_dir = directory / storage
-        write_dataset(ds_dir, hidden, args.samples, args.tokens, storage)
-        ds = HiddenStateDataset(ds_dir)
+        dataset_dir = directory / storage
+        write_dataset(dataset_dir, hidden, args.samples, args.tokens, storage)
+        ds = HiddenStateDataset(dataset_dir)
         batches = pack_rows(ds.lengths, args.max_tokens, None)
         if storage == EXACT:
             limit = copy_rate(ds, batches, args.max_tokens, args.passes)
@@ -147,7 +147,7 @@ def format_rates(
             for w in args.workers:
                 rate = loader_rate(ds, batches, args.max_tokens, w, args.passes, route=route, to_device=True)
                 rates[(storage, route, w)] = rate
-        shutil.rmtree(ds_dir)  # one format's shards on disk at a time
+        shutil.rmtree(dataset_dir)  # one format's shards on disk at a time
     return limit, rates
 
 

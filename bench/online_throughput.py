@@ -152,7 +152,7 @@ class StepClock(L.Callback):
 
 
 def train(
-    ds_dir: Path,
+    dataset_dir: Path,
     head,
     p: dict,
     steps: int,
@@ -165,7 +165,7 @@ def train(
     # the rest as the schema's defaults: forward KL, step decay 0.8, AdamW (0.9, 0.95), no time budget
     tc = TrainConfig(ttt_steps=3, compile=cuda, lr=1e-3, warmup_steps=10, max_steps=steps)
     dm = Eagle3DataModule(
-        str(ds_dir),
+        str(dataset_dir),
         max_tokens_per_batch=p["tokens_per_batch"],
         fixed_shape=cuda,
         row_tokens=None,
@@ -205,12 +205,12 @@ def train(
     }
 
 
-def extract(ds_dir: Path, model, hf: dict, p: dict, data, vocab, device: str, layer_ids: list[int]) -> dict:
+def extract(dataset_dir: Path, model, hf: dict, p: dict, data, vocab, device: str, layer_ids: list[int]) -> dict:
     """The offline route's first stage: capture every sample and write the shards."""
     t0 = time.perf_counter()
     backend = HFCaptureBackend("random", layer_ids, dtype=torch.bfloat16, device=device, model=model)
     writer = ShardWriter(
-        ds_dir,
+        dataset_dir,
         layer_ids=layer_ids,
         hidden_size=hf["hidden_size"],
         dtype=torch.bfloat16,
@@ -227,7 +227,7 @@ def extract(ds_dir: Path, model, hf: dict, p: dict, data, vocab, device: str, la
         writer.close()
     secs = time.perf_counter() - t0
     tokens = sum(int(s[1].numel()) for s in data)
-    size = sum(f.stat().st_size for f in ds_dir.glob("shard-*"))
+    size = sum(f.stat().st_size for f in dataset_dir.glob("shard-*"))
     return {"tokens_per_s": tokens / secs, "wall_s": secs, "tokens": tokens, "bytes": size, "layer_ids": layer_ids}
 
 

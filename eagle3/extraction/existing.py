@@ -20,11 +20,11 @@ console = Console(stderr=True)
 
 @dataclass(frozen=True)
 class FoundDataset:
-    """``ds_dir``: where this run writes; ``done``: its manifest when complete; ``damaged``:
+    """``dataset_dir``: where this run writes; ``done``: its manifest when complete; ``damaged``:
     (shard file, what is wrong) for each shard to capture again; ``verify``: how the shards were
     checked (capture.verify); ``first_scheme``: named by the first fingerprint scheme."""
 
-    ds_dir: Path
+    dataset_dir: Path
     done: Manifest | None
     damaged: list[tuple[str, str]]
     verify: str
@@ -48,22 +48,22 @@ class FoundDataset:
 
 
 def find_existing_dataset(
-    identity: DatasetIdentity, ds_dir: Path, num_shards: int, shard_index: int, verify: str
+    identity: DatasetIdentity, dataset_dir: Path, num_shards: int, shard_index: int, verify: str
 ) -> FoundDataset:
-    """This config's dataset at ``ds_dir`` (its fingerprint's name) or the first scheme's name;
+    """This config's dataset at ``dataset_dir`` (its fingerprint's name) or the first scheme's name;
     this node's part when ``num_shards`` > 1 and no complete dataset is there. Its shards are
     checked (``verify``) and each damaged one is announced as repaired, except in a dataset of
     the first scheme: the store refuses to write into that one, and its refusal says what to do."""
-    done = Manifest.read_complete(ds_dir)
+    done = Manifest.read_complete(dataset_dir)
     first_scheme = False
     if done is None and Manifest.read_complete(old := legacy_dataset_path(identity)) is not None:
         # this config's dataset, named by the first scheme
-        ds_dir, done, first_scheme = old, Manifest.read_complete(old), True
+        dataset_dir, done, first_scheme = old, Manifest.read_complete(old), True
     if num_shards > 1 and done is None:
         # this node's part of a multi-node extraction, merged afterwards (eagle3/store/merge.py)
-        ds_dir = part_dir(ds_dir, shard_index, num_shards)
-        done = Manifest.read_complete(ds_dir)
-    damaged = damaged_shards(ds_dir, done, verify) if done is not None else []
+        dataset_dir = part_dir(dataset_dir, shard_index, num_shards)
+        done = Manifest.read_complete(dataset_dir)
+    damaged = damaged_shards(dataset_dir, done, verify) if done is not None else []
     for file, why in [] if first_scheme else damaged:
         console.print(f"[yellow]repairing {file} (its samples are captured again): {why}")
-    return FoundDataset(ds_dir, done, damaged, verify, first_scheme)
+    return FoundDataset(dataset_dir, done, damaged, verify, first_scheme)

@@ -101,7 +101,9 @@ def model_identity(target_dir: str | Path, cache: ContentShaCache, *, regenerate
     return ident
 
 
-def weights_mismatch(ds_dir: Path, manifest: Manifest, target_dir: str | Path, cache_dir: str | Path) -> str | None:
+def weights_mismatch(
+    dataset_dir: Path, manifest: Manifest, target_dir: str | Path, cache_dir: str | Path
+) -> str | None:
     """How the weights a dataset was extracted from (the sampled hashes its manifest holds,
     ``fingerprint_inputs.model.weights``) differ from the target's in ``target_dir``: the file,
     the field, expected and got, for the weight files that differ. None: the same weights, or a
@@ -115,7 +117,7 @@ def weights_mismatch(ds_dir: Path, manifest: Manifest, target_dir: str | Path, c
     names = sorted(n for n in set(ours) | set(theirs) if ours.get(n) != theirs.get(n))
     expected, got = ({n: w.get(n) for n in names} for w in (ours, theirs))
     return (
-        f"{Path(ds_dir) / MANIFEST}: fingerprint_inputs.model.weights: expected {expected} "
+        f"{Path(dataset_dir) / MANIFEST}: fingerprint_inputs.model.weights: expected {expected} "
         f"(the target's, {target_dir}), got {got}"
     )
 
@@ -298,18 +300,18 @@ def budget_cut(
     }
 
 
-def check_regen_engine(ds_dir: Path, engine: str | None) -> None:
+def check_regen_engine(dataset_dir: Path, engine: str | None) -> None:
     """An unfinished dataset whose answers so far came from one engine is not resumed with
     another's (the engine is no part of the fingerprint)."""
     try:
-        had = Manifest.read(ds_dir).provenance.get("regen_engine")
+        had = Manifest.read(dataset_dir).provenance.get("regen_engine")
     except StoreError:  # nothing there yet (or unreadable: the writer says why)
         return
     if had and engine and had != engine:
         raise FingerprintMismatchError(
-            f"{ds_dir / MANIFEST}: provenance.regen_engine: expected {engine} (what data.regen_backend resolves to "
+            f"{dataset_dir / MANIFEST}: provenance.regen_engine: expected {engine} (what data.regen_backend resolves to "
             f"here), got {had}: its samples so far hold {had}'s answers. Resume with data.regen_backend={had}, "
-            f"or delete {ds_dir} to extract it again with {engine}"
+            f"or delete {dataset_dir} to extract it again with {engine}"
         )
 
 

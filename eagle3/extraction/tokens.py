@@ -40,25 +40,27 @@ def prepare_token_dataset(
     from this call); ``regen_deadline``: a time budget's end of regeneration. Returns its directory."""
     clock = clock or StageClock()
     inputs = token_fingerprint_inputs(identity)  # hashes the model and chat data: once
-    ds_dir = token_dataset_path(identity, inputs)
-    if Manifest.read_complete(ds_dir) is None:
+    dataset_dir = token_dataset_path(identity, inputs)
+    if Manifest.read_complete(dataset_dir) is None:
         # one writer; the others (DDP ranks started together) wait for it and then read its dataset
-        ds_dir.mkdir(parents=True, exist_ok=True)
-        with DirLock(ds_dir / LOCK, f"{ds_dir}: the online dataset is being written", wait_s=lock_wait_s()) as lock:
-            if Manifest.read_complete(ds_dir) is None:
-                _write(identity, machine, draft_vocab_size, ds_dir, inputs, lock, clock, regen_deadline)
-                return ds_dir
-    done = Manifest.read_complete(ds_dir)
+        dataset_dir.mkdir(parents=True, exist_ok=True)
+        with DirLock(
+            dataset_dir / LOCK, f"{dataset_dir}: the online dataset is being written", wait_s=lock_wait_s()
+        ) as lock:
+            if Manifest.read_complete(dataset_dir) is None:
+                _write(identity, machine, draft_vocab_size, dataset_dir, inputs, lock, clock, regen_deadline)
+                return dataset_dir
+    done = Manifest.read_complete(dataset_dir)
     assert done is not None  # written above, or by the rank that held the lock before
-    console.print(f"online dataset {ds_dir}: {done.num_samples} samples, {done.num_tokens} tokens")
-    return ds_dir
+    console.print(f"online dataset {dataset_dir}: {done.num_samples} samples, {done.num_tokens} tokens")
+    return dataset_dir
 
 
 def _write(
     identity: DatasetIdentity,
     machine: RegenMachine,
     draft_vocab_size: int,
-    ds_dir: Path,
+    dataset_dir: Path,
     inputs: dict,
     lock: DirLock,
     clock: StageClock,
@@ -83,7 +85,7 @@ def _write(
     freq = token_frequencies(samples, model.vocab_size)
     size = min(draft_vocab_size, model.vocab_size)
     manifest = write_token_dataset(
-        ds_dir,
+        dataset_dir,
         [(s.id, s.input_ids, s.loss_mask) for s in samples],
         val_ids=[s.id for s in data.val],
         fingerprint_inputs=inputs,
@@ -108,7 +110,7 @@ def _write(
         * torch_dtype(identity.capture_dtype).itemsize
     )
     console.print(
-        f"[green]online dataset {ds_dir}: {manifest.num_samples} samples, {manifest.num_tokens} tokens "
+        f"[green]online dataset {dataset_dir}: {manifest.num_samples} samples, {manifest.num_tokens} tokens "
         f"({manifest.num_loss_tokens} loss tokens); {format_bytes(manifest.shards[0].size_bytes)} on disk "
         f"instead of {format_bytes(stored)} of hidden states"
     )

@@ -76,12 +76,12 @@ def _render(
     samples it holds are answered, with no deadline."""
     from transformers import AutoTokenizer
 
-    identity, ds_dir = job.identity, job.found.ds_dir
+    identity, dataset_dir = job.identity, job.found.dataset_dir
     tokenizer = AutoTokenizer.from_pretrained(identity.target_dir, trust_remote_code=identity.model.trust_remote_code)
-    repair = Manifest.read(ds_dir) if job.repair else None
+    repair = Manifest.read(dataset_dir) if job.repair else None
     regenerator = regenerator_for(identity, setup.regen)
     engine = regenerator.backend if regenerator is not None else None
-    check_regen_engine(ds_dir, engine)  # before any answer is generated
+    check_regen_engine(dataset_dir, engine)  # before any answer is generated
     if repair is not None and regenerator is not None:
         regenerator.restrict_to(repair.sample_ids)
     regen_deadline = None if repair is not None else timing.regen_deadline
@@ -112,7 +112,7 @@ def _select(job: ExtractionJob, data: PreparedData) -> tuple[list[PreparedSample
     keeps the split's proportions) and its validation ids: a repair's as its manifest lists
     them, otherwise this node's part."""
     if job.repair:
-        repair = Manifest.read(job.found.ds_dir)
+        repair = Manifest.read(job.found.dataset_dir)
         listed = set(repair.sample_ids)
         return [s for s in interleaved(data.train, data.val) if s.id in listed], list(repair.val_ids)
     n, index = job.num_shards, job.shard_index
@@ -124,7 +124,7 @@ def _select(job: ExtractionJob, data: PreparedData) -> tuple[list[PreparedSample
 def _open_writer(job: ExtractionJob, setup: CaptureSetup, engine: str | None, lock: DirLock) -> ShardWriter:
     found = job.found
     return ShardWriter(
-        found.ds_dir,
+        found.dataset_dir,
         layer_ids=list(job.identity.layer_ids),
         hidden_size=job.identity.model.hidden_size,
         dtype=setup.dtype,
@@ -168,10 +168,10 @@ def _todo(
     done_ids = writer.done_ids()
     todo = [s for s in samples if s.id not in done_ids]
     todo_tokens, need = _disk_need(job, setup, todo)
-    ds_dir = job.found.ds_dir
-    free = check_free_disk(ds_dir, need, setup.capture.disk_margin)
+    dataset_dir = job.found.dataset_dir
+    free = check_free_disk(dataset_dir, need, setup.capture.disk_margin)
     console.print(
-        f"dataset {ds_dir}\n  {len(samples)} samples ({len(done_ids)} already done), {todo_tokens} tokens to "
+        f"dataset {dataset_dir}\n  {len(samples)} samples ({len(done_ids)} already done), {todo_tokens} tokens to "
         f"capture x {len(job.identity.layer_ids)} layers x {job.identity.model.hidden_size} x {setup.dtype} "
         f"(stored {job.identity.storage}): needs "
         f"{format_bytes(need)}, free {format_bytes(free)}"
@@ -300,12 +300,12 @@ def _finish(
 def _disk_full_message(
     e: DiskSpaceError, job: ExtractionJob, setup: CaptureSetup, todo: list[PreparedSample], writer: ShardWriter
 ) -> str:
-    ds_dir: Path = job.found.ds_dir
+    dataset_dir: Path = job.found.dataset_dir
     done = writer.done_ids()
     left = [s for s in todo if s.id not in done]
     _, need = _disk_need(job, setup, left)
     return (
-        f"{e}\n  {ds_dir}: {len(left)} samples are still to be written: about {format_bytes(need)} ({need} bytes) "
-        f"more, {format_bytes(free_bytes(ds_dir))} free now. The {len(done)} samples already written are kept "
+        f"{e}\n  {dataset_dir}: {len(left)} samples are still to be written: about {format_bytes(need)} ({need} bytes) "
+        f"more, {format_bytes(free_bytes(dataset_dir))} free now. The {len(done)} samples already written are kept "
         "(nothing half-written is listed): free space, then re-run the same command to resume"
     )

@@ -34,7 +34,7 @@ from eagle3.util.report import say
 def evaluate_trained(
     cfg: RunConfig,
     export_dir: Path,
-    ds_dir: Path,
+    dataset_dir: Path,
     target_dir: str,
     logger,
     out_dir: Path | None = None,
@@ -54,7 +54,7 @@ def evaluate_trained(
         result = evaluate(
             export_dir,
             eval_cfg=cfg.eval,
-            dataset_dir=ds_dir,
+            dataset_dir=dataset_dir,
             target=target_dir,
             out_dir=out_dir,
             chat_template=cfg.model.chat_template,

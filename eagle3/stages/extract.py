@@ -78,23 +78,23 @@ def _extract(
     if cfg.train.hidden_states == HiddenStates.online:
         return _token_dataset(cfg, identity, clock, shares)
     inputs = fingerprint_inputs(identity)
-    ds_dir = dataset_path(identity)
+    dataset_dir = dataset_path(identity)
     # shard_index/num_shards, or srun's task rank when it started several extract processes
     num_shards, shard_index = extraction_shard(cfg.num_shards, cfg.shard_index)
     if cfg.merge:
-        return _merge(cfg, ds_dir, num_shards)
-    found = find_existing_dataset(identity, ds_dir, num_shards, shard_index, cfg.capture.verify.value)
+        return _merge(cfg, dataset_dir, num_shards)
+    found = find_existing_dataset(identity, dataset_dir, num_shards, shard_index, cfg.capture.verify.value)
     if found.complete:
         found.say_complete()
-        return _said(found.ds_dir, primary)
+        return _said(found.dataset_dir, primary)
     job = ExtractionJob(identity, inputs, found, num_shards, shard_index)
     # one extraction per dataset, from here on: a second is refused at once, naming this one
-    with DirLock(found.ds_dir / LOCK, f"{found.ds_dir}: another extraction is writing this dataset") as lock:
+    with DirLock(found.dataset_dir / LOCK, f"{found.dataset_dir}: another extraction is writing this dataset") as lock:
         report(extract_lines(cfg))  # what this run will cost, before any work
         manifest = extract_dataset(job, _capture_setup(cfg), _timing(cfg, shares, clock), lock)
         if primary:
             machine_rates.record(cfg, manifest.provenance.get(MEASURED_RATES) or {})
-        return _said(found.ds_dir, primary)
+        return _said(found.dataset_dir, primary)
 
 
 def _capture_setup(cfg: RunConfig) -> CaptureSetup:
@@ -123,24 +123,24 @@ def _token_dataset(
     """The pre-pass of online training: samples and vocabulary, no hidden states."""
     from eagle3.extraction.tokens import prepare_token_dataset
 
-    ds_dir = prepare_token_dataset(
+    dataset_dir = prepare_token_dataset(
         identity, regen_machine(cfg), cfg.head.draft_vocab_size, clock, time_budget.regen_deadline(shares, clock)
     )
-    return _said(ds_dir)
+    return _said(dataset_dir)
 
 
-def _merge(cfg: RunConfig, ds_dir: Path, num_shards: int) -> str:
+def _merge(cfg: RunConfig, dataset_dir: Path, num_shards: int) -> str:
     """`extract.py <same overrides> num_shards=n merge=true`: the n parts -> one dataset."""
     size = min(cfg.head.draft_vocab_size, cfg.model.vocab_size)
-    m = merge_parts(ds_dir, num_shards, draft_vocab_sizes=[size])
+    m = merge_parts(dataset_dir, num_shards, draft_vocab_sizes=[size])
     console.print(
         f"[green]merged {num_shards} parts: {m.num_samples} samples, {m.num_tokens} tokens in {len(m.shards)} shards"
     )
-    return _said(ds_dir)
+    return _said(dataset_dir)
 
 
-def _said(ds_dir: Path, say: bool = True) -> str:
+def _said(dataset_dir: Path, say: bool = True) -> str:
     """The dataset's directory, printed on stdout (what scripts read; ``say``) and returned."""
     if say:
-        print(ds_dir)
-    return str(ds_dir)
+        print(dataset_dir)
+    return str(dataset_dir)

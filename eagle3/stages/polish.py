@@ -173,7 +173,9 @@ def _summary(composed: DictConfig, polish: PolishConfig, state: PolishState, run
             )
             state.start_acceptance = _served(measured) or measured
             state.save(run_dir)
-        polished = evaluate_trained(last, Path(state.head), prompts, target_dir, None, out_dir=run_dir / "eval-polished")
+        polished = evaluate_trained(
+            last, Path(state.head), prompts, target_dir, None, out_dir=run_dir / "eval-polished"
+        )
         acceptance = {"start": state.start_acceptance, "polished": _served(polished) or polished}
     return {
         "start": state.start,

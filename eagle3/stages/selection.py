@@ -74,14 +74,14 @@ def find_selection(cfg: RunConfig, target_dir: str) -> Path | None:
     if picked is None:
         return None
     try:
-        ds_dir, _ = locate_dataset(dataset_identity(picked, target_dir))
+        dataset_dir, _ = locate_dataset(dataset_identity(picked, target_dir))
     except DatasetNotFound as e:
         raise DatasetNotFound(
             f"selection.samples={cfg.selection.samples}: the selection set's dataset is not there; "
             f"`python extract.py <this run's overrides>` writes it (or selection.samples=0 picks the export on "
             f"the validation split): {e}"
         ) from None
-    return ds_dir
+    return dataset_dir
 
 
 def picking_metric(metric: str, has_selection: bool) -> str:

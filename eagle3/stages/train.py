@@ -102,10 +102,10 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
     output_dir.mkdir(parents=True, exist_ok=True)
     target_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
     online = cfg.train.hidden_states == HiddenStates.online
-    ds_dir = find_token_dataset(cfg, target_dir) if online else find_dataset(cfg, target_dir)
-    run_dir.check_dataset(output_dir, cfg, ds_dir)  # on every rank: a resume on other data is refused by all
-    manifest = Manifest.read(ds_dir)
-    check_loss_fits_teacher(cfg, ds_dir, manifest)
+    dataset_dir = find_token_dataset(cfg, target_dir) if online else find_dataset(cfg, target_dir)
+    run_dir.check_dataset(output_dir, cfg, dataset_dir)  # on every rank: a resume on other data is refused by all
+    manifest = Manifest.read(dataset_dir)
+    check_loss_fits_teacher(cfg, dataset_dir, manifest)
     selection_dir = None if online else find_selection(cfg, target_dir)
     if selection_dir is not None:  # optimized_metric's val/<name> read on the selection set
         cfg = dataclasses.replace(cfg, optimized_metric=picking_metric(cfg.optimized_metric, True))
@@ -119,7 +119,7 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
     if global_rank() == 0:
         report([path.line()] + ([clock.line()] if clock else []))
     cfg = _as_run(cfg, path)  # auto/null replaced by what runs: what every record below says
-    parts = build_parts(cfg, path, output_dir, target_dir, (ds_dir, selection_dir), extra_callbacks)
+    parts = build_parts(cfg, path, output_dir, target_dir, (dataset_dir, selection_dir), extra_callbacks)
     _report_cost(cfg, parts)
     # the checkpoints' disk before the first step, not after hours of it (sized before fit: FSDP
     # shards the live parameters); on every rank: ranks that share the disk agree, and none
@@ -137,7 +137,7 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
     fit_start, push_failed, eval_failed, started_s = time.monotonic(), None, None, stage.seconds()
     initial, final = _fit_and_validate(cfg, parts, output_dir / "checkpoints")
     if parts.trainer.is_global_zero:
-        summary = _summary(cfg, parts, ds_dir, target_dir, initial, final)
+        summary = _summary(cfg, parts, dataset_dir, target_dir, initial, final)
         summary["checkpoint_bytes"] = checkpoint_bytes
         # this process's fit and last validation (a resumed run: its last part), and where: the model card's
         summary["fit_seconds"] = round(time.monotonic() - fit_start, 1)
@@ -150,7 +150,7 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
             planned_passes=cfg.time_budget.passes if clock else None,
         )
         eval_start = time.monotonic()
-        export_dir, carried = _export_and_evaluate(cfg, parts, output_dir, ds_dir, target_dir, summary)
+        export_dir, carried = _export_and_evaluate(cfg, parts, output_dir, dataset_dir, target_dir, summary)
         from eagle3.stages.evaluate import note_evaluation_failure  # the evaluate stage, loaded only here
 
         eval_failed = note_evaluation_failure(summary, export_dir)
@@ -216,12 +216,17 @@ def _fit_and_validate(cfg: RunConfig, parts: TrainParts, ckpt_dir: Path) -> tupl
 
 
 def _summary(
-    cfg: RunConfig, parts: TrainParts, ds_dir: Path, target_dir: str, initial: dict[str, float], final: dict[str, float]
+    cfg: RunConfig,
+    parts: TrainParts,
+    dataset_dir: Path,
+    target_dir: str,
+    initial: dict[str, float],
+    final: dict[str, float],
 ) -> dict[str, Any]:
     checkpoint = parts.checkpoint
     best = checkpoint.best_model_score
     return {
-        "dataset_dir": str(ds_dir),
+        "dataset_dir": str(dataset_dir),
         "target_dir": str(target_dir),
         "global_step": parts.trainer.global_step,
         "initial": initial,
@@ -235,7 +240,7 @@ def _summary(
 
 
 def _export_and_evaluate(
-    cfg: RunConfig, parts: TrainParts, output_dir: Path, ds_dir: Path, target_dir: str, summary: dict[str, Any]
+    cfg: RunConfig, parts: TrainParts, output_dir: Path, dataset_dir: Path, target_dir: str, summary: dict[str, Any]
 ) -> tuple[Path, list[str]]:
     """The export of the best checkpoint (else last.ckpt), and vLLM's acceptance of it, into
     ``summary``; returns the export directory and what its owner carried over from a previous
@@ -247,7 +252,7 @@ def _export_and_evaluate(
     summary["export_dir"] = str(export_dir)
     from eagle3.stages.evaluate import evaluate_trained  # the evaluate stage, loaded only here
 
-    summary["acceptance"] = evaluate_trained(cfg, export_dir, ds_dir, target_dir, parts.logger)
+    summary["acceptance"] = evaluate_trained(cfg, export_dir, dataset_dir, target_dir, parts.logger)
     return export_dir, written.lines
 
 

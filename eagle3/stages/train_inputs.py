@@ -54,15 +54,15 @@ def find_token_dataset(cfg: RunConfig, target_dir: str) -> Path:
     (the pre-pass: samples, split and vocabulary; `extract.py train.hidden_states=online`
     runs it alone)."""
     if cfg.dataset_dir:
-        ds_dir = Path(cfg.dataset_dir).expanduser().resolve()
-        manifest = Manifest.read(ds_dir)
+        dataset_dir = Path(cfg.dataset_dir).expanduser().resolve()
+        manifest = Manifest.read(dataset_dir)
         if manifest.hidden_states != "online":
             raise ValueError(
                 f"dataset_dir={cfg.dataset_dir}: holds stored hidden states; train.hidden_states=online "
                 "reads a token dataset (python extract.py train.hidden_states=online <same overrides>)"
             )
-        check_given_dataset(cfg, ds_dir, manifest, target_dir)
-        return ds_dir
+        check_given_dataset(cfg, dataset_dir, manifest, target_dir)
+        return dataset_dir
     from eagle3.extraction.tokens import prepare_token_dataset
 
     return prepare_token_dataset(dataset_identity(cfg, target_dir), regen_machine(cfg), cfg.head.draft_vocab_size)
@@ -73,21 +73,21 @@ def find_dataset(cfg: RunConfig, target_dir: str) -> Path:
     else the fingerprinted directory (eagle3.extraction.identity.locate_dataset). Prints which
     engine wrote its answers."""
     if not cfg.dataset_dir:
-        ds_dir, note = locate_dataset(dataset_identity(cfg, target_dir))
-        print(f"dataset {ds_dir}: {regen_note(Manifest.read(ds_dir))}" + (f" ({note})" if note else ""))
-        return ds_dir
-    ds_dir = Path(cfg.dataset_dir).expanduser().resolve()
-    if not (ds_dir / "manifest.json").is_file():
+        dataset_dir, note = locate_dataset(dataset_identity(cfg, target_dir))
+        print(f"dataset {dataset_dir}: {regen_note(Manifest.read(dataset_dir))}" + (f" ({note})" if note else ""))
+        return dataset_dir
+    dataset_dir = Path(cfg.dataset_dir).expanduser().resolve()
+    if not (dataset_dir / "manifest.json").is_file():
         raise DatasetNotFound(
             f"dataset_dir={cfg.dataset_dir}: no manifest.json there (expected a directory extract.py wrote)"
         )
-    manifest = Manifest.read(ds_dir)
-    check_given_dataset(cfg, ds_dir, manifest, target_dir)
-    print(f"dataset {ds_dir}: {regen_note(manifest)}")
-    return ds_dir
+    manifest = Manifest.read(dataset_dir)
+    check_given_dataset(cfg, dataset_dir, manifest, target_dir)
+    print(f"dataset {dataset_dir}: {regen_note(manifest)}")
+    return dataset_dir
 
 
-def check_loss_fits_teacher(cfg: RunConfig, ds_dir: Path, manifest: Manifest) -> None:
+def check_loss_fits_teacher(cfg: RunConfig, dataset_dir: Path, manifest: Manifest) -> None:
     """train.loss=reverse_kl (or the on-policy objective, whose rejections take a reverse KL)
     against a dataset holding the teacher's top-k is refused: outside the
     top-k the stored teacher is 0 (its logit -1e4, eagle3/draft/teacher.py), and KL(q || p) charges
@@ -96,21 +96,21 @@ def check_loss_fits_teacher(cfg: RunConfig, ds_dir: Path, manifest: Manifest) ->
     topk = manifest.storage.teacher_topk
     if topk is not None and cfg.train.onpolicy_weight > 0:
         raise ValueError(
-            f"train.onpolicy_weight: expected 0 with {ds_dir} (its shards hold the teacher's top-{topk}, "
+            f"train.onpolicy_weight: expected 0 with {dataset_dir} (its shards hold the teacher's top-{topk}, "
             f"capture.teacher_topk, not its whole distribution), got {cfg.train.onpolicy_weight}: the on-policy "
             "objective's reverse KL at each rejection would charge ~1e4 per unit of draft mass outside the top-k; "
             "extract with capture.teacher_topk=null for it"
         )
     if topk is not None and cfg.train.loss == LossKind.reverse_kl:
         raise ValueError(
-            f"train.loss: expected forward_kl, ce_argmax, jsd or tv with {ds_dir} (its shards hold the "
+            f"train.loss: expected forward_kl, ce_argmax, jsd or tv with {dataset_dir} (its shards hold the "
             f"teacher's top-{manifest.storage.teacher_topk}, capture.teacher_topk, not its whole distribution), "
             "got reverse_kl: it would charge ~1e4 per unit of draft mass outside the top-k; train from a "
             "dataset that holds the final layer (capture.teacher_topk=null) for reverse_kl"
         )
 
 
-def check_given_dataset(cfg: RunConfig, ds_dir: Path, manifest: Manifest, target_dir: str) -> None:
+def check_given_dataset(cfg: RunConfig, dataset_dir: Path, manifest: Manifest, target_dir: str) -> None:
     """A dataset named by dataset_dir= holds this config's layer ids and hidden size, and was
     extracted from this target's weights (the sampled hashes its manifest holds), unless
     dataset_other_weights=true accepts other weights on purpose."""
@@ -118,7 +118,7 @@ def check_given_dataset(cfg: RunConfig, ds_dir: Path, manifest: Manifest, target
     got_ids, got_hidden = list(manifest.layer_ids), int(manifest.hidden_size)
     if got_ids != want_ids or got_hidden != want_hidden:
         raise ValueError(
-            f"dataset_dir={cfg.dataset_dir}: {ds_dir / 'manifest.json'}: layer_ids, hidden_size: expected "
+            f"dataset_dir={cfg.dataset_dir}: {dataset_dir / 'manifest.json'}: layer_ids, hidden_size: expected "
             f"{want_ids}, {want_hidden}, got {got_ids}, {got_hidden}: it holds layers {got_ids} of hidden size "
             f"{got_hidden}, but model={cfg.model.name} with these layers expects layers {want_ids} of hidden size "
             f"{want_hidden}; pass the layers it holds (layers.aux_ids=...) or extract this config's dataset"
@@ -129,7 +129,7 @@ def check_given_dataset(cfg: RunConfig, ds_dir: Path, manifest: Manifest, target
             "not checked against the target's weights"
         )
         return
-    problem = weights_mismatch(ds_dir, manifest, target_dir, cfg.paths.cache_dir)
+    problem = weights_mismatch(dataset_dir, manifest, target_dir, cfg.paths.cache_dir)
     if problem is None:
         return
     if cfg.dataset_other_weights:

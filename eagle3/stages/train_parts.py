@@ -99,14 +99,14 @@ def build_parts(
 
 
 def _datamodule(
-    cfg: RunConfig, path: StepPath, target_dir: str, ds_dir: Path, selection_dir: Path | None
+    cfg: RunConfig, path: StepPath, target_dir: str, dataset_dir: Path, selection_dir: Path | None
 ) -> Eagle3DataModule:
     online = cfg.train.hidden_states == HiddenStates.online
     # the dataset's layer ids are the one source: the head and the export declare them, the
     # online target captures them
-    layer_ids = Manifest.read(ds_dir).layer_ids if online else []
+    layer_ids = Manifest.read(dataset_dir).layer_ids if online else []
     return Eagle3DataModule(
-        str(ds_dir),
+        str(dataset_dir),
         max_tokens_per_batch=cfg.train.max_tokens_per_batch,
         seed=cfg.train.seed,
         num_workers=cfg.train.num_workers,

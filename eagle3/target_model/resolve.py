@@ -279,7 +279,9 @@ def load_target_head_weights(
         where["lm_head"] = where["embed"]  # tied embeddings
     missing = [s for s in slots if s not in where]
     if missing:
-        raise TargetError(f"{target_dir}: could not find target tensors {missing} (looked for *{list(wanted.values())})")
+        raise TargetError(
+            f"{target_dir}: could not find target tensors {missing} (looked for *{list(wanted.values())})"
+        )
     found: dict[str, Any] = {}
     for slot in slots:
         f, key = where[slot]

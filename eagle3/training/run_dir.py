@@ -245,14 +245,14 @@ def resume_point(output_dir: Path, cfg: RunConfig) -> Path | None:
     return newest_whole_checkpoint(Path(output_dir) / "checkpoints")
 
 
-def check_dataset(output_dir: Path, cfg: RunConfig, ds_dir: Path) -> None:
+def check_dataset(output_dir: Path, cfg: RunConfig, dataset_dir: Path) -> None:
     """Refuse to resume the run dir's checkpoints on another dataset than the one they were trained
     on: ``<run dir>/dataset_manifest.json`` (written as training starts) holds its fingerprint; a
     changed chat file (or data settings) makes extract.py write a dataset of another fingerprint,
     and resuming a finished run would train 0 steps and export the old head as the new data's.
     ``resume_anyway=true`` resumes all the same. A run dir without the record is not checked (one
     written before the record was); a record that cannot be read is refused, naming it."""
-    output_dir, ds_dir = Path(output_dir), Path(ds_dir)
+    output_dir, dataset_dir = Path(output_dir), Path(dataset_dir)
     record = output_dir / "dataset_manifest.json"
     ckpt = resume_point(output_dir, cfg)
     if ckpt is None or not record.is_file() or cfg.resume_anyway:
@@ -267,7 +267,7 @@ def check_dataset(output_dir: Path, cfg: RunConfig, ds_dir: Path) -> None:
             "another. Restore it, train into a new run dir (hydra.run.dir=<new dir>), or add resume_anyway=true "
             "to resume on this config's dataset all the same"
         ) from None
-    new = str(json.loads((ds_dir / "manifest.json").read_text())["fingerprint"])
+    new = str(json.loads((dataset_dir / "manifest.json").read_text())["fingerprint"])
     if old == new:
         return
     summary = output_dir / "summary.json"
@@ -279,7 +279,7 @@ def check_dataset(output_dir: Path, cfg: RunConfig, ds_dir: Path) -> None:
             pass
     raise RunConfigChangedError(
         f"{record}: fingerprint: expected {old} (the dataset{where} the run dir {output_dir}'s checkpoints were "
-        f"trained on), got {new} ({ds_dir}, the dataset this config names now: the chat data or its settings "
+        f"trained on), got {new} ({dataset_dir}, the dataset this config names now: the chat data or its settings "
         f"changed). Resuming {ckpt} would keep training (or, finished, re-export) the old head as this data's. "
         "Train into a new run dir (hydra.run.dir=<new dir>) for this dataset, or add resume_anyway=true to "
         "resume this run on it all the same"

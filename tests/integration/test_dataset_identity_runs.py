@@ -42,7 +42,7 @@ def test_regenerated_dataset_records_its_engine_and_travels(tmp_path, tiny_model
         "data.max_samples=8",
         "data.val_fraction=0.5",
     ]
-    ds_dir = Path(
+    dataset_dir = Path(
         extract(
             compose(
                 "extract",
@@ -50,26 +50,29 @@ def test_regenerated_dataset_records_its_engine_and_travels(tmp_path, tiny_model
             )
         )
     )
-    manifest = Manifest.read(ds_dir)
+    manifest = Manifest.read(dataset_dir)
     assert manifest.complete and manifest.provenance["regen_engine"] == "hf"
     assert manifest.provenance["data_path"] == str(chats.resolve())
     assert manifest.provenance["target_dir"] == str(tiny_model_dir.resolve())
     assert "regen_backend" not in manifest.fingerprint_inputs["data"]
     with pytest.raises(FingerprintMismatchError, match=r"regen_engine: expected vllm .* got hf.*data.regen_backend=hf"):
-        check_regen_engine(ds_dir, "vllm")  # a resume by another engine would mix two engines' answers
+        check_regen_engine(dataset_dir, "vllm")  # a resume by another engine would mix two engines' answers
 
     def train_cfg(*more: str, datasets_dir: Path = tmp_path / "data"):
         return compose(
             "train", TINY + ["data=jsonl", f"data.path={chats}", *regen, f"paths.datasets_dir={datasets_dir}", *more]
         )
 
-    assert locate_dataset(dataset_identity(train_cfg("data.regen_backend=vllm"), str(tiny_model_dir))) == (ds_dir, None)
+    assert locate_dataset(dataset_identity(train_cfg("data.regen_backend=vllm"), str(tiny_model_dir))) == (
+        dataset_dir,
+        None,
+    )
     hidden = chats.rename(tmp_path / "not-here.jsonl")
     found, note = locate_dataset(dataset_identity(train_cfg(), str(tiny_model_dir)))
-    assert found == ds_dir and "chat data is not here to hash" in note and "matches the rest" in note
+    assert found == dataset_dir and "chat data is not here to hash" in note and "matches the rest" in note
     hidden.rename(chats)
 
-    moved = Path(shutil.move(str(ds_dir), tmp_path / "elsewhere" / "my_dataset"))
+    moved = Path(shutil.move(str(dataset_dir), tmp_path / "elsewhere" / "my_dataset"))
     with pytest.raises(DatasetNotFound, match="pass dataset_dir="):
         locate_dataset(dataset_identity(train_cfg(), str(tiny_model_dir)))
     capsys.readouterr()

@@ -135,31 +135,31 @@ def test_the_pre_pass_writes_tokens_only_and_is_reused(tmp_path, capsys):
     """extract.py train.hidden_states=online: token ids, split and vocabulary, no hidden states;
     a second run finds it; a stored-dataset reader refuses it by name; a cut file is caught."""
     cfg = compose("extract", TINY + ONLINE + [f"paths.datasets_dir={tmp_path}"])
-    ds_dir = Path(extract(cfg))
-    assert sorted(p.name for p in ds_dir.iterdir() if not p.name.startswith(".")) == [
+    dataset_dir = Path(extract(cfg))
+    assert sorted(p.name for p in dataset_dir.iterdir() if not p.name.startswith(".")) == [
         "manifest.json",
         "token_freq.safetensors",
         "tokens.safetensors",
         "vocab-2048.safetensors",
     ]
-    m = Manifest.read(ds_dir)
+    m = Manifest.read(dataset_dir)
     assert m.hidden_states == "online" and m.complete and m.layer_ids == [1, 2, 3, 4]
-    ds = TokenDataset(ds_dir)
+    ds = TokenDataset(dataset_dir)
     assert len(ds) == m.num_samples == 40 and len(ds.val_indices()) == len(m.val_ids) > 0
     item = ds[0]
     assert set(item) == {"input_ids", "loss_mask", "sample_id"} and item["sample_id"] == m.sample_ids[0]
     assert item["input_ids"].dtype == torch.int64 and item["loss_mask"].dtype == torch.bool
     assert int(sum(ds.lengths)) == m.num_tokens
     with pytest.raises(StoreError, match="train it with train.hidden_states=online"):
-        HiddenStateDataset(ds_dir)
-    mtime = (ds_dir / "tokens.safetensors").stat().st_mtime_ns
+        HiddenStateDataset(dataset_dir)
+    mtime = (dataset_dir / "tokens.safetensors").stat().st_mtime_ns
     capsys.readouterr()
-    assert Path(extract(cfg)) == ds_dir
-    assert (ds_dir / "tokens.safetensors").stat().st_mtime_ns == mtime
-    tokens = ds_dir / "tokens.safetensors"
+    assert Path(extract(cfg)) == dataset_dir
+    assert (dataset_dir / "tokens.safetensors").stat().st_mtime_ns == mtime
+    tokens = dataset_dir / "tokens.safetensors"
     tokens.write_bytes(tokens.read_bytes()[:-100])
     with pytest.raises(DamagedDatasetError, match="tokens.safetensors: size"):
-        TokenDataset(ds_dir)
+        TokenDataset(dataset_dir)
 
 
 def _online(target_dir: str, layer_ids, hidden_size: int) -> OnlineHiddenStates:
@@ -239,11 +239,11 @@ def test_a_token_dataset_of_other_layers_is_refused_naming_both(tmp_path):
     from eagle3.stages.train_inputs import find_token_dataset
     from eagle3.target_model.resolve import resolve_target
 
-    ds_dir = Path(
+    dataset_dir = Path(
         extract(compose("extract", TINY + ONLINE + [f"paths.datasets_dir={tmp_path}", "layers.aux_ids=[2,3]"]))
     )
-    assert Manifest.read(ds_dir).layer_ids == [2, 3, 4]
-    cfg = compose("train", TINY + ONLINE + [f"paths.datasets_dir={tmp_path}", f"dataset_dir={ds_dir}"])
+    assert Manifest.read(dataset_dir).layer_ids == [2, 3, 4]
+    cfg = compose("train", TINY + ONLINE + [f"paths.datasets_dir={tmp_path}", f"dataset_dir={dataset_dir}"])
     target_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
     with pytest.raises(
         ValueError,
@@ -251,7 +251,8 @@ def test_a_token_dataset_of_other_layers_is_refused_naming_both(tmp_path):
     ):
         find_token_dataset(cfg, target_dir)
     same = compose(
-        "train", TINY + ONLINE + [f"paths.datasets_dir={tmp_path}", f"dataset_dir={ds_dir}", "layers.aux_ids=[2,3]"]
+        "train",
+        TINY + ONLINE + [f"paths.datasets_dir={tmp_path}", f"dataset_dir={dataset_dir}", "layers.aux_ids=[2,3]"],
     )
-    assert find_token_dataset(same, target_dir) == ds_dir
+    assert find_token_dataset(same, target_dir) == dataset_dir
     assert online_target(same, target_dir, False, None, [2, 3, 4]).layer_ids == [2, 3, 4]

@@ -44,18 +44,18 @@ def runs(tmp_path_factory):
 
 def test_extract_writes_the_selection_set_apart_and_the_training_data_keeps_its_name(runs, capsys):
     tmp, base, picked = runs
-    ds_dir = extract(compose("extract", [*base, *picked]))
-    assert capsys.readouterr().out.strip().splitlines()[-1] == ds_dir  # the training data's, last
+    dataset_dir = extract(compose("extract", [*base, *picked]))
+    assert capsys.readouterr().out.strip().splitlines()[-1] == dataset_dir  # the training data's, last
     cfg = run_config(compose("extract", [*base, *picked]))
     sel_dir = find_selection(cfg, resolve_target(cfg.model, cfg.paths.cache_dir))
-    assert sel_dir is not None and sel_dir != Path(ds_dir)
+    assert sel_dir is not None and sel_dir != Path(dataset_dir)
     # the training data is the dataset the same run without a selection set names
-    assert extract(compose("extract", base)) == ds_dir
+    assert extract(compose("extract", base)) == dataset_dir
     sel = Manifest.read(sel_dir)
     assert sel.num_samples == 6 and not sel.val_ids  # every one for selection, none trained on
     assert all(i.startswith("select/") for i in sel.sample_ids)
     assert sel.num_loss_tokens >= 6  # the target answered each one
-    train_ids = set(Manifest.read(Path(ds_dir)).sample_ids)
+    train_ids = set(Manifest.read(Path(dataset_dir)).sample_ids)
     assert not train_ids & set(sel.sample_ids)
 
 

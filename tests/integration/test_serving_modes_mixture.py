@@ -118,8 +118,8 @@ def test_the_evaluation_reports_the_validation_prompts_per_mode(tmp_path, tokeni
     )
     OmegaConf.update(cfg, "data.mixture", _entries(tmp_path), force_add=True)
     OmegaConf.update(cfg, "model.chat_template", TEMPLATE)
-    ds_dir = extract(cfg)
-    held = heldout_prompts(ds_dir, 24, 0, tokenizer, chat_template=TEMPLATE)
+    dataset_dir = extract(cfg)
+    held = heldout_prompts(dataset_dir, 24, 0, tokenizer, chat_template=TEMPLATE)
     by_category: dict[str, list[str]] = {}
     for p in held.prompts:
         by_category.setdefault(p.category, []).append(tokenizer.decode(p.token_ids))

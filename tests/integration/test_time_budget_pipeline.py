@@ -30,8 +30,8 @@ def test_the_pipeline_ends_inside_its_minutes(tmp_path):
         f"paths.machine_rates={rates_file}",
     ]
     subprocess.run([sys.executable, "extract.py", *common], cwd=ROOT, check=True, capture_output=True)
-    (ds_dir,) = [p for p in (tmp_path / "data").iterdir() if p.is_dir()]
-    extract_s = Manifest.read(ds_dir).provenance["extract_seconds"]
+    (dataset_dir,) = [p for p in (tmp_path / "data").iterdir() if p.is_dir()]
+    extract_s = Manifest.read(dataset_dir).provenance["extract_seconds"]
     assert 0 < extract_s < 90
     run = tmp_path / "run"
     proc = subprocess.run(
@@ -52,7 +52,7 @@ def test_the_pipeline_ends_inside_its_minutes(tmp_path):
     assert "training gets" in out and "(inside)" in out
     assert "train.max_time leaves" in out  # the ETA counts down the clock, not max_steps
     fit = summary["fit"]
-    train_tokens = _train_tokens(ds_dir)
+    train_tokens = _train_tokens(dataset_dir)
     assert fit["train_tokens"] == train_tokens and fit["passes_planned"] == 2.0
     assert fit["passes"] == pytest.approx(fit["tokens"] / train_tokens, rel=0.01) and fit["passes"] > 1
     assert f"fit: {fit['passes']:.1f} passes over {train_tokens:,} training tokens" in out
@@ -65,9 +65,9 @@ def test_the_pipeline_ends_inside_its_minutes(tmp_path):
     assert time_budget.budget_rates(cfg).train_tok_s == pytest.approx(train_tok_s)
 
 
-def _train_tokens(ds_dir: Path) -> int:
+def _train_tokens(dataset_dir: Path) -> int:
     from eagle3.store import open_dataset
 
-    ds = open_dataset(ds_dir)
+    ds = open_dataset(dataset_dir)
     val = set(ds.val_indices())
     return sum(n for i, n in enumerate(ds.lengths.tolist()) if i not in val)

@@ -265,7 +265,7 @@ def test_a_damaged_encoded_sample_is_refused_without_decoding_the_good_ones(tmp_
             assert view[1]["input_ids"].numel() > 0  # the other samples still read
 
 
-def _fit(ds_dir: Path, decode_on_device: bool) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def _fit(dataset_dir: Path, decode_on_device: bool) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """The real data module, LightningModule and trainer: 4 steps on this CPU; the head's weights
     before and after."""
     import lightning as L
@@ -293,7 +293,7 @@ def _fit(ds_dir: Path, decode_on_device: bool) -> tuple[dict[str, torch.Tensor],
     head.load_target_weights(w, torch.ones(H), w, torch.zeros(16, dtype=torch.int64), t2d, True)
     cfg = TrainConfig(ttt_steps=2, compile=False, attention=AttentionKind.sdpa, lr=1e-3, max_steps=4, warmup_steps=1)
     before = {k: v.detach().clone() for k, v in head.state_dict().items()}
-    dm = Eagle3DataModule(str(ds_dir), max_tokens_per_batch=48, decode_on_device=decode_on_device)
+    dm = Eagle3DataModule(str(dataset_dir), max_tokens_per_batch=48, decode_on_device=decode_on_device)
     trainer = L.Trainer(
         accelerator="cpu",
         max_steps=4,
