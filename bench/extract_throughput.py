@@ -351,18 +351,13 @@ def run_capture(
 
 def run_vllm(target_dir, prompts, args, layer_ids, hidden, root) -> RunResult:
     res = RunResult("vllm")
-    from eagle3.target_model.capture_vllm import VLLMCaptureBackend
+    from eagle3.target_model.capture_vllm import CaptureEngine, VLLMCaptureBackend
 
     t0 = time.perf_counter()
-    backend = VLLMCaptureBackend(
-        target_dir,
-        layer_ids,
-        dtype=torch.bfloat16,
-        cpu_kvcache_space_gb=2,
-        max_num_seqs=args.batch_size,
-        max_model_len=args.seq + 8,
-        gpu_memory_utilization=0.5,
+    engine = CaptureEngine(
+        cpu_kvcache_space_gb=2, max_num_seqs=args.batch_size, max_model_len=args.seq + 8, gpu_memory_utilization=0.5
     )
+    backend = VLLMCaptureBackend(target_dir, layer_ids, dtype=torch.bfloat16, engine=engine)
     res.notes.append(f"engine start-up {time.perf_counter() - t0:.1f} s (not timed)")
     try:
         r = run_capture(backend, prompts, args, torch.device("cpu"), "vllm", root, layer_ids, hidden)

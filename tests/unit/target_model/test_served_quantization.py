@@ -15,7 +15,7 @@ from eagle3.config.choices import Quantization
 from eagle3.config.dataset import CaptureConfig
 from eagle3.config.target import TopologyConfig
 from eagle3.target_model.backend import make_backend
-from eagle3.target_model.capture_vllm import capture_llm_kwargs
+from eagle3.target_model.capture_vllm import CaptureEngine, capture_llm_kwargs
 from eagle3.target_model.generate.hf_engine import HFRegenerator
 from eagle3.target_model.generate.vllm_engine import VLLMRegenerator
 from eagle3.target_model.quantization import (
@@ -82,13 +82,7 @@ def test_regeneration_and_capture_engines_get_the_quantization(tmp_path):
             str(model),
             "bfloat16",
             {"speculative_config": {"method": "extract_hidden_states"}},
-            tensor_parallel_size=1,
-            gpu_memory_utilization=0.5,
-            max_num_seqs=4,
-            max_model_len=256,
-            enforce_eager=True,
-            trust_remote_code=False,
-            quantization=quantization,
+            CaptureEngine(max_num_seqs=4, max_model_len=256, enforce_eager=True, quantization=quantization),
         )
 
     assert capture(Quantization.compressed_tensors)["quantization"] == "compressed-tensors"
