@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from harness import write_json  # beside this file; puts the checkout on sys.path
 
-from eagle3.data.pipeline import prepare_samples
+from eagle3.data.pipeline import ChatSource, prepare_samples
 from eagle3.target_model.capture_hf import HFCaptureBackend
 from eagle3.target_model.capture_vllm import CaptureEngine, VLLMCaptureBackend
 
@@ -87,8 +87,7 @@ def main() -> None:
 
     tok = AutoTokenizer.from_pretrained(args.target_dir)
     data = prepare_samples(
-        "jsonl",
-        args.chat,
+        ChatSource("jsonl", args.chat),
         tok,
         max_samples=args.n,
         max_length=args.max_length,

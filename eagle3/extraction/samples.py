@@ -13,7 +13,8 @@ from eagle3.config.dataset import DataConfig
 from eagle3.config.schema import plain
 from eagle3.data.hf_source import HFOptions
 from eagle3.data.mixture import Mixture
-from eagle3.data.pipeline import PreparedData, prepare_samples
+from eagle3.data.pipeline import ChatSource, PreparedData, Regeneration, prepare_samples
+from eagle3.data.render import ChatStyle
 from eagle3.extraction.identity import DatasetIdentity
 from eagle3.util.clock import Deadline
 
@@ -70,24 +71,19 @@ def prepare(
     """Render (and regenerate) the chat data of ``data``; closes the regenerator when done.
     ``regen_deadline``: a time budget's end of regeneration (no batch starts that would pass it)."""
     mixture, writers = _mixture(data, regenerator)
+    chats = ChatSource(
+        data.source, data.path, HFOptions.from_data(plain(data)), mixture, max_bad_fraction=data.max_bad_fraction
+    )
     prepared = prepare_samples(
-        data.source,
-        data.path,
+        chats,
         tokenizer,
         max_samples=data.max_samples,
         max_length=data.max_length,
         overflow=data.overflow.value,
         val_fraction=data.val_fraction,
         seed=data.seed,
-        chat_template=chat_template,
-        template_kwargs=data.chat_template_kwargs,
-        system_prompt=data.system_prompt,
-        regenerate=regenerator,
-        regenerate_batch_size=data.regen_batch_size,
-        regen_deadline=regen_deadline,
-        hf=HFOptions.from_data(plain(data)),
-        mixture=mixture,
-        max_bad_fraction=data.max_bad_fraction,
+        style=ChatStyle(chat_template, data.chat_template_kwargs, data.system_prompt),
+        regeneration=None if regenerator is None else Regeneration(regenerator, data.regen_batch_size, regen_deadline),
     )
     for writer in writers:
         console.print(writer.summary(), soft_wrap=True)

@@ -10,7 +10,8 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from eagle3.data.pipeline import prepare_samples
+from eagle3.data.pipeline import ChatSource, prepare_samples
+from eagle3.data.render import ChatStyle
 from eagle3.evaluation.prompts import chat_style, heldout_prompts
 from eagle3.target_model.generate.vllm_engine import VLLMRegenerator
 
@@ -29,7 +30,7 @@ def tokenizer(smollm2_dir):
     return AutoTokenizer.from_pretrained(smollm2_dir)
 
 
-def _samples(tmp_path, tokenizer, **style):
+def _samples(tmp_path, tokenizer, kwargs=None, system_prompt=None):
     chats = tmp_path / "chats.jsonl"
     chats.write_text(
         json.dumps(
@@ -38,23 +39,21 @@ def _samples(tmp_path, tokenizer, **style):
         + "\n"
     )
     prepared = prepare_samples(
-        "jsonl",
-        str(chats),
+        ChatSource("jsonl", str(chats)),
         tokenizer,
         max_samples=None,
         max_length=256,
         overflow="truncate",
         val_fraction=0.0,
         seed=0,
-        chat_template=TEMPLATE,
+        style=ChatStyle(TEMPLATE, kwargs, system_prompt),
         progress=False,
-        **style,
     )
     return tokenizer.decode(prepared.train[0].input_ids)
 
 
 def test_the_training_samples_are_rendered_as_the_deployment_calls_the_template(tmp_path, tokenizer):
-    served = _samples(tmp_path, tokenizer, template_kwargs=KWARGS, system_prompt=SYSTEM)
+    served = _samples(tmp_path, tokenizer, KWARGS, SYSTEM)
     assert served.startswith(
         f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\nName a port. /no_think<|im_end|>"
     )

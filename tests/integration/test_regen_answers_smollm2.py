@@ -8,7 +8,7 @@ import json
 import pytest
 from helpers.chats import question_conversation
 
-from eagle3.data import prepare_samples
+from eagle3.data import ChatSource, Regeneration, prepare_samples
 from eagle3.data.conversation import conversation_of
 from eagle3.data.split import is_validation
 from eagle3.target_model.generate.hf_engine import HFRegenerator
@@ -62,8 +62,7 @@ def test_the_pipeline_keeps_every_answer_of_a_conversation_on_one_side(smollm2_d
         smollm2_dir, tmp_path / "cache", num_answers=2, max_tokens=6, max_model_len=128, temperature=1.0
     )
     data = prepare_samples(
-        "jsonl",
-        str(path),
+        ChatSource("jsonl", str(path)),
         AutoTokenizer.from_pretrained(smollm2_dir),
         max_samples=11,  # samples, not conversations: 6 conversations answered twice, 11 kept
         max_length=128,
@@ -71,8 +70,7 @@ def test_the_pipeline_keeps_every_answer_of_a_conversation_on_one_side(smollm2_d
         val_fraction=0.5,
         seed=1,  # c2, c4 and c5 land in val
         progress=False,
-        regenerate=regen,
-        regenerate_batch_size=4,
+        regeneration=Regeneration(regen, 4),
     )
     samples = data.train + data.val
     assert len(samples) == 11 and regen.generated == 12  # two calls: 4 conversations, then the 2 still needed

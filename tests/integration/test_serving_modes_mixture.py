@@ -16,7 +16,8 @@ from eagle3.config.schema import run_config
 from eagle3.data.conversation import Conversation
 from eagle3.data.loaders import LoadReport
 from eagle3.data.mixture import Mixture
-from eagle3.data.pipeline import prepare_samples
+from eagle3.data.pipeline import ChatSource, prepare_samples
+from eagle3.data.render import ChatStyle
 from eagle3.evaluation.prompts import heldout_prompts
 from eagle3.extraction.identity import fingerprint_inputs
 from eagle3.stages.extract import run as extract
@@ -62,8 +63,8 @@ def tokenizer(smollm2_dir):
 def test_each_source_is_rendered_in_its_own_mode(tmp_path, tokenizer):
     mixture = Mixture(_entries(tmp_path), 0, regenerate=False, max_samples=0)
     prepared = prepare_samples(
-        "mixture", None, tokenizer, max_samples=24, max_length=128, overflow="truncate", val_fraction=0.0,
-        seed=0, chat_template=TEMPLATE, progress=False, mixture=mixture,
+        ChatSource("mixture", mixture=mixture), tokenizer, max_samples=24, max_length=128, overflow="truncate",
+        val_fraction=0.0, seed=0, style=ChatStyle(TEMPLATE), progress=False,
     )  # fmt: skip
     text = {s.id: tokenizer.decode(s.input_ids) for s in prepared.train}
     assert len(text) == 24
