@@ -36,6 +36,7 @@ from eagle3.data.vocab import build_draft_vocab
 from eagle3.draft.config import DraftConfig
 from eagle3.draft.head import Eagle3DraftHead
 from eagle3.store import ShardWriter, write_token_dataset
+from eagle3.store.batch_options import BatchShape
 from eagle3.target_model.capture_hf import HFCaptureBackend
 from eagle3.target_model.layer_ids import aux_and_final, default_aux_ids
 from eagle3.training.callbacks import TokenThroughput
@@ -166,9 +167,7 @@ def train(
     tc = TrainConfig(ttt_steps=3, compile=cuda, lr=1e-3, warmup_steps=10, max_steps=steps)
     dm = Eagle3DataModule(
         str(dataset_dir),
-        max_tokens_per_batch=p["tokens_per_batch"],
-        fixed_shape=cuda,
-        row_tokens=None,
+        shape=BatchShape(p["tokens_per_batch"], fixed_shape=cuda),
         online=online,
         num_workers=workers,
         pin_memory=cuda,

@@ -27,6 +27,7 @@ from eagle3.store import (
     dataset_fingerprint,
     disk_needed_bytes,
 )
+from eagle3.store.batch_options import BatchShape
 from eagle3.target_model.adapter import CapturedSample
 
 LAYER_IDS = (1, 2, 4)
@@ -361,8 +362,8 @@ def test_an_all_validation_dataset_is_refused_for_training_but_measurable(tmp_pa
         w.add(f"s{i}", make_sample(i))
     w.finish(torch.arange(TARGET_VOCAB), {5: vocab()}, val_ids=[f"s{i}" for i in range(4)])
     with pytest.raises(ValueError, match=r"no training samples \(all 4 are validation\)"):
-        Eagle3DataModule(str(tmp_path / "ds"), max_tokens_per_batch=64)
-    dm = Eagle3DataModule(str(tmp_path / "ds"), max_tokens_per_batch=64, require_train=False)
+        Eagle3DataModule(str(tmp_path / "ds"), shape=BatchShape(64))
+    dm = Eagle3DataModule(str(tmp_path / "ds"), shape=BatchShape(64), require_train=False)
     assert dm.val_idx == [0, 1, 2, 3] and dm.train_idx == []
     batches = list(dm.loader_for(dm.val_idx))
     assert sum(int(b["loss_mask"].numel()) for b in batches) == sum(make_sample(i).num_tokens for i in range(4))

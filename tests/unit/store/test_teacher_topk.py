@@ -15,6 +15,7 @@ from helpers.teacher import DT, INPUTS, LAYER_IDS, H, K, V, teacher_projection, 
 from safetensors import safe_open
 
 from eagle3.store import FingerprintMismatchError, HiddenStateDataset, ShardWriter, StoreError, dataset_fingerprint
+from eagle3.store.batch_options import BatchShape
 from eagle3.store.merge import merge_parts, part_dir
 from eagle3.store.packing import decode_hidden, pack_rows, packed_loader
 from eagle3.store.storage_format import StorageFormat
@@ -150,11 +151,11 @@ def test_both_loader_routes_give_the_interface_keys(tmp_path, storage):
     assert torch.equal(s["teacher_ids"], ids)
     idx = list(range(len(ds)))
     batches = pack_rows([int(t) for t in ds.lengths], 48, 24)
-    cpu = list(packed_loader(ds, idx, batches, max_tokens=48, row_tokens=24, fixed_shape=True))
+    cpu = list(packed_loader(ds, idx, batches, shape=BatchShape(48, 24, fixed_shape=True)))
     enc = ds.encoded_rows()
     gpu = [
         decode_hidden(b, ds.storage, DT)
-        for b in packed_loader(enc, idx, batches, max_tokens=48, row_tokens=24, fixed_shape=True, split=False)
+        for b in packed_loader(enc, idx, batches, shape=BatchShape(48, 24, fixed_shape=True), split=False)
     ]
     assert len(cpu) == len(gpu) == len(batches)
     for a, b in zip(cpu, gpu):
