@@ -238,6 +238,7 @@ def open_writer_existing(
     writer_threads: int = 1,
 ):
     from eagle3.store import ShardWriter
+    from eagle3.store.write_options import ExistingShards, WriteOptions
 
     directory = os.path.join(root, name)
     return ShardWriter(
@@ -246,10 +247,8 @@ def open_writer_existing(
         hidden_size=hidden,
         dtype=torch.bfloat16,
         fingerprint_inputs={"bench": "extract_throughput", "run": name},
-        shard_max_tokens=args.shard_tokens,
-        verify=verify,
-        background=background,
-        writer_threads=writer_threads,
+        write=WriteOptions(args.shard_tokens, background=background, writer_threads=writer_threads),
+        existing=ExistingShards(verify),
     )
 
 

@@ -40,6 +40,7 @@ from eagle3.store import HiddenStateDataset, ShardWriter
 from eagle3.store.batch_options import BatchShape
 from eagle3.store.packing import decode_hidden, pack_rows, packed_loader
 from eagle3.store.storage_format import EXACT, STORAGES, StorageFormat
+from eagle3.store.write_options import WriteOptions
 from eagle3.target_model.records import CapturedSample
 
 LAYERS = 4  # three aux ids and the final state
@@ -57,8 +58,7 @@ def write_dataset(directory: Path, hidden: int, samples: int, tokens: int, stora
         dtype=torch.bfloat16,
         fingerprint_inputs={"bench": "loader_throughput", "hidden": hidden},
         storage=StorageFormat(storage),
-        background=True,
-        writer_threads=2,
+        write=WriteOptions(background=True, writer_threads=2),
     )
     g = torch.Generator().manual_seed(0)
     try:

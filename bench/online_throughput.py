@@ -37,6 +37,7 @@ from eagle3.draft.config import DraftConfig
 from eagle3.draft.head import Eagle3DraftHead
 from eagle3.store import ShardWriter, write_token_dataset
 from eagle3.store.batch_options import BatchShape
+from eagle3.store.write_options import WriteOptions
 from eagle3.target_model.capture_hf import HFCaptureBackend
 from eagle3.target_model.layer_ids import aux_and_final, default_aux_ids
 from eagle3.training.callbacks import TokenThroughput
@@ -214,8 +215,7 @@ def extract(dataset_dir: Path, model, hf: dict, p: dict, data, vocab, device: st
         hidden_size=hf["hidden_size"],
         dtype=torch.bfloat16,
         fingerprint_inputs={"bench": "online_throughput", "preset": hf},
-        background=True,
-        writer_threads=2,
+        write=WriteOptions(background=True, writer_threads=2),
     )
     try:
         for sample_id, record in backend.capture_with_ids(data):
