@@ -298,17 +298,17 @@ def prepare_samples(
     overflow: str,
     val_fraction: float,
     seed: int,
-    style: ChatStyle | None = None,
+    style: ChatStyle = ChatStyle(),
     progress: bool = True,
     regeneration: Regeneration | None = None,
 ) -> PreparedData:
     """The samples of ``chats``, rendered as ``style`` says the deployment calls the chat template
-    (None: the tokenizer's template, no arguments, no system prompt; its system prompt is put in each conversation before the target answers it, so regenerated
-    answers and rendered samples both see it); ``regeneration``: the target answers them first."""
+    (by default the tokenizer's, with no arguments and no system prompt). The system prompt is put
+    in each conversation before the target answers it, so regenerated answers and rendered samples
+    both see it. ``regeneration``: the target answers the conversations first."""
     if max_samples is not None and max_samples <= 0:
         raise DataError(f"max_samples must be positive or null, got {max_samples}")
     check_val_fraction(val_fraction)  # before any work
-    style = style or ChatStyle()
     source, path, mixture = getattr(chats.source, "value", chats.source), chats.path, chats.mixture
     regenerate = regeneration.regenerate if regeneration is not None else None
     renderers = _Renderers(tokenizer, style.template, style.kwargs)

@@ -342,7 +342,7 @@ def packed_loader(
     batches: list[list[int]],
     *,
     shape: BatchShape,
-    order: BatchOrder | None = None,
+    order: BatchOrder = BatchOrder(),
     num_workers: int = 0,
     collate: Callable[[list[dict[str, Any]]], Any] | None = None,
     pin_memory: bool = False,
@@ -358,7 +358,6 @@ def packed_loader(
     batches keep ``hidden`` [B, T, L, H], for ``split_hidden`` after the copy to the device.
     ``read_ahead``: with no workers, a thread of this process collates that many batches ahead
     (eagle3/store/read_ahead.py); 0: the caller's thread reads each batch when it asks for it."""
-    order = order or BatchOrder()  # None: unshuffled, one rank, from the start
     sampler = PackedBatchSampler(
         batches,
         shuffle=order.shuffle,
