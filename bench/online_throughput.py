@@ -37,6 +37,7 @@ from eagle3.draft.config import DraftConfig
 from eagle3.draft.head import Eagle3DraftHead
 from eagle3.store import ShardWriter, write_token_dataset
 from eagle3.store.batch_options import BatchShape
+from eagle3.store.vocab_files import DraftVocabs
 from eagle3.store.write_options import WriteOptions
 from eagle3.target_model.capture_hf import HFCaptureBackend
 from eagle3.target_model.layer_ids import aux_and_final, default_aux_ids
@@ -265,8 +266,7 @@ def main() -> None:
         layer_ids=layer_ids,
         hidden_size=hf["hidden_size"],
         dtype=torch.bfloat16,
-        token_freq=freq,
-        vocabs={p["draft_vocab"]: vocab[1]},
+        vocab=DraftVocabs(freq, {p["draft_vocab"]: vocab[1]}),
     )
     d2t, t2d = vocab[1]
     online = OnlineHiddenStates(

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from eagle3.store import Manifest, ShardWriter
+from eagle3.store.vocab_files import DraftVocabs
 from eagle3.store.write_options import WriteOptions
 from eagle3.target_model.adapter import CapturedSample
 
@@ -162,7 +163,6 @@ def write_dataset_with_val_split(
         layer_ids=[2, 15, 27, 30],
         hidden_size=576,
         dtype=torch.bfloat16,
-        token_freq=torch.zeros(len(tokenizer), dtype=torch.int64),
-        vocabs={},
+        vocab=DraftVocabs(torch.zeros(len(tokenizer), dtype=torch.int64)),
     )
     return directory
