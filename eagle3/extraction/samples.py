@@ -36,27 +36,31 @@ def regenerator_for(identity: DatasetIdentity, machine: RegenMachine) -> Any:
     data, model = identity.data, identity.model
     if not data.regenerate:
         return None
+    from eagle3.target_model.generate.common import AnswerSettings
     from eagle3.target_model.generate.dispatch import make_regenerator
 
+    answers = AnswerSettings(
+        temperature=data.regen_temperature,
+        max_tokens=data.regen_max_tokens,
+        seed=data.seed,
+        max_model_len=data.max_length,
+        max_turns=data.regen_max_turns,
+        chat_template=model.chat_template,
+        template_kwargs=data.chat_template_kwargs,
+        quantization=model.quantization,
+    )
     return make_regenerator(
         data.regen_backend,
         identity.target_dir,
         identity.cache_dir,
-        temperature=data.regen_temperature,
+        answers=answers,
         num_answers=data.regen_num_answers,
-        max_tokens=data.regen_max_tokens,
-        seed=data.seed,
-        max_model_len=data.max_length,
-        chat_template=model.chat_template,
-        template_kwargs=data.chat_template_kwargs,
-        max_turns=data.regen_max_turns,
         gen_batch_size=data.regen_batch_size,
         static_cache=data.regen_static_cache,
         cpu_kvcache_space_gb=machine.cpu_kvcache_space_gb,
         gpu_memory_utilization=machine.gpu_memory_utilization,
         tensor_parallel_size=machine.tensor_parallel_size,
         trust_remote_code=model.trust_remote_code,
-        quantization=model.quantization,
     )
 
 

@@ -14,6 +14,7 @@ from eagle3.data import ChatSource, Regeneration, prepare_samples
 from eagle3.planning import time_budget
 from eagle3.stages.extract import run as extract
 from eagle3.store import Manifest
+from eagle3.target_model.generate.common import AnswerSettings
 from eagle3.target_model.generate.hf_engine import HFRegenerator
 from eagle3.util.clock import Deadline, StageClock
 
@@ -42,7 +43,7 @@ def _chats(tmp_path, n: int):
 def _regenerate(smollm2_dir, tmp_path, deadline: Deadline):
     from transformers import AutoTokenizer
 
-    regen = HFRegenerator(smollm2_dir, tmp_path / "cache", max_tokens=4, max_model_len=128)
+    regen = HFRegenerator(smollm2_dir, tmp_path / "cache", answers=AnswerSettings(max_tokens=4, max_model_len=128))
     data = prepare_samples(
         ChatSource("jsonl", str(_chats(tmp_path, 12))),
         AutoTokenizer.from_pretrained(smollm2_dir),

@@ -13,6 +13,7 @@ from transformers import AutoTokenizer
 from eagle3.data.pipeline import ChatSource, prepare_samples
 from eagle3.data.render import ChatStyle
 from eagle3.evaluation.prompts import chat_style, heldout_prompts
+from eagle3.target_model.generate.common import AnswerSettings
 from eagle3.target_model.generate.vllm_engine import VLLMRegenerator
 
 # ChatML with a switch the deployment sets per request, as Qwen3's enable_thinking
@@ -67,10 +68,13 @@ def test_the_training_samples_are_rendered_as_the_deployment_calls_the_template(
 
 def test_regeneration_prompts_carry_the_template_arguments(tmp_path, smollm2_dir, tokenizer):
     history = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a port."}]
-    regen = VLLMRegenerator(str(smollm2_dir), tmp_path / "cache", chat_template=TEMPLATE, template_kwargs=KWARGS)
+    regen = VLLMRegenerator(
+        str(smollm2_dir), tmp_path / "cache", answers=AnswerSettings(chat_template=TEMPLATE, template_kwargs=KWARGS)
+    )
     text = tokenizer.decode(regen._prompt_ids(history))  # the engine is not started: only the prompt
     assert text.endswith("Name a port. /no_think<|im_end|>\n<|im_start|>assistant\n")
-    assert regen.cache_file != VLLMRegenerator(str(smollm2_dir), tmp_path / "cache", chat_template=TEMPLATE).cache_file
+    plain = VLLMRegenerator(str(smollm2_dir), tmp_path / "cache", answers=AnswerSettings(chat_template=TEMPLATE))
+    assert regen.cache_file != plain.cache_file
 
 
 def test_the_evaluation_renders_its_prompts_as_the_dataset_was(tmp_path, tokenizer):

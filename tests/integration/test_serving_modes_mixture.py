@@ -22,7 +22,7 @@ from eagle3.evaluation.prompts import heldout_prompts
 from eagle3.extraction.identity import fingerprint_inputs
 from eagle3.stages.extract import run as extract
 from eagle3.stages.narrow import dataset_identity
-from eagle3.target_model.generate.common import _asked_sha
+from eagle3.target_model.generate.common import AnswerSettings, _asked_sha
 from eagle3.target_model.generate.vllm_engine import VLLMRegenerator
 from eagle3.target_model.resolve import resolve_target
 
@@ -81,7 +81,9 @@ def test_the_target_answers_each_conversation_in_its_mode_and_caches_it_apart(tm
     think = next(c for c in convs if c.id.startswith("think/"))
     assert fast.template_kwargs == OFF and think.template_kwargs is None
     assert fast.messages[0] == {"role": "system", "content": SYSTEM}
-    regen = VLLMRegenerator(str(smollm2_dir), tmp_path / "cache", chat_template=TEMPLATE)  # no engine started
+    regen = VLLMRegenerator(
+        str(smollm2_dir), tmp_path / "cache", answers=AnswerSettings(chat_template=TEMPLATE)
+    )  # no engine started
     asked = [m for m in fast.messages if m["role"] != "assistant"]
     assert tokenizer.decode(regen._prompt_ids(asked, fast.template_kwargs)).endswith(
         " /no_think<|im_end|>\n<|im_start|>assistant\n"
