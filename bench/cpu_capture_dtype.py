@@ -33,7 +33,7 @@ def measure(samples: int, max_length: int) -> dict:
     import torch
     from transformers import AutoModel, AutoTokenizer
 
-    from eagle3.data.pipeline import prepare_samples
+    from eagle3.data.pipeline import ChatSource, prepare_samples
     from eagle3.target_model.capture_hf import HFCaptureBackend
     from eagle3.target_model.compute_dtype import compute_dtype, cpu_flags
     from eagle3.target_model.resolve import materialize_smollm2
@@ -41,7 +41,7 @@ def measure(samples: int, max_length: int) -> dict:
     target_dir = materialize_smollm2(ROOT / ".cache")
     tok = AutoTokenizer.from_pretrained(target_dir)
     data = prepare_samples(
-        "sharegpt", None, tok, max_samples=samples, max_length=max_length,
+        ChatSource("sharegpt"), tok, max_samples=samples, max_length=max_length,
         overflow="truncate", val_fraction=0.0, seed=0, progress=False,
     )  # fmt: skip
     feed = [(s.id, s.input_ids, s.loss_mask) for s in data.train]

@@ -238,6 +238,7 @@ def open_writer_existing(
     writer_threads: int = 1,
 ):
     from eagle3.store import ShardWriter
+    from eagle3.store.write_options import ExistingShards, WriteOptions
 
     directory = os.path.join(root, name)
     return ShardWriter(
@@ -246,10 +247,8 @@ def open_writer_existing(
         hidden_size=hidden,
         dtype=torch.bfloat16,
         fingerprint_inputs={"bench": "extract_throughput", "run": name},
-        shard_max_tokens=args.shard_tokens,
-        verify=verify,
-        background=background,
-        writer_threads=writer_threads,
+        write=WriteOptions(args.shard_tokens, background=background, writer_threads=writer_threads),
+        existing=ExistingShards(verify),
     )
 
 
@@ -351,18 +350,13 @@ def run_capture(
 
 def run_vllm(target_dir, prompts, args, layer_ids, hidden, root) -> RunResult:
     res = RunResult("vllm")
-    from eagle3.target_model.capture_vllm import VLLMCaptureBackend
+    from eagle3.target_model.capture_vllm import CaptureEngine, VLLMCaptureBackend
 
     t0 = time.perf_counter()
-    backend = VLLMCaptureBackend(
-        target_dir,
-        layer_ids,
-        dtype=torch.bfloat16,
-        cpu_kvcache_space_gb=2,
-        max_num_seqs=args.batch_size,
-        max_model_len=args.seq + 8,
-        gpu_memory_utilization=0.5,
+    engine = CaptureEngine(
+        cpu_kvcache_space_gb=2, max_num_seqs=args.batch_size, max_model_len=args.seq + 8, gpu_memory_utilization=0.5
     )
+    backend = VLLMCaptureBackend(target_dir, layer_ids, dtype=torch.bfloat16, engine=engine)
     res.notes.append(f"engine start-up {time.perf_counter() - t0:.1f} s (not timed)")
     try:
         r = run_capture(backend, prompts, args, torch.device("cpu"), "vllm", root, layer_ids, hidden)

@@ -37,8 +37,10 @@ import torch
 from harness import ints, target_config, write_json  # beside this file; puts the checkout on sys.path
 
 from eagle3.store import HiddenStateDataset, ShardWriter
+from eagle3.store.batch_options import BatchShape
 from eagle3.store.packing import decode_hidden, pack_rows, packed_loader
 from eagle3.store.storage_format import EXACT, STORAGES, StorageFormat
+from eagle3.store.write_options import WriteOptions
 from eagle3.target_model.records import CapturedSample
 
 LAYERS = 4  # three aux ids and the final state
@@ -56,8 +58,7 @@ def write_dataset(directory: Path, hidden: int, samples: int, tokens: int, stora
         dtype=torch.bfloat16,
         fingerprint_inputs={"bench": "loader_throughput", "hidden": hidden},
         storage=StorageFormat(storage),
-        background=True,
-        writer_threads=2,
+        write=WriteOptions(background=True, writer_threads=2),
     )
     g = torch.Generator().manual_seed(0)
     try:
@@ -93,7 +94,13 @@ def loader_rate(
     device = torch.device("cuda" if cuda else "cpu")
     samples = ds.encoded_rows() if route == "device" else ds
     loader = packed_loader(
-        samples, list(range(len(ds))), batches, max_tokens=max_tokens, num_workers=workers, pin_memory=cuda, split=False
+        samples,
+        list(range(len(ds))),
+        batches,
+        shape=BatchShape(max_tokens),
+        num_workers=workers,
+        pin_memory=cuda,
+        split=False,
     )
     rate = 0.0
     for _ in range(passes):

@@ -36,6 +36,9 @@ from eagle3.data.vocab import build_draft_vocab
 from eagle3.draft.config import DraftConfig
 from eagle3.draft.head import Eagle3DraftHead
 from eagle3.store import ShardWriter, write_token_dataset
+from eagle3.store.batch_options import BatchShape
+from eagle3.store.vocab_files import DraftVocabs
+from eagle3.store.write_options import WriteOptions
 from eagle3.target_model.capture_hf import HFCaptureBackend
 from eagle3.target_model.layer_ids import aux_and_final, default_aux_ids
 from eagle3.training.callbacks import TokenThroughput
@@ -166,9 +169,7 @@ def train(
     tc = TrainConfig(ttt_steps=3, compile=cuda, lr=1e-3, warmup_steps=10, max_steps=steps)
     dm = Eagle3DataModule(
         str(dataset_dir),
-        max_tokens_per_batch=p["tokens_per_batch"],
-        fixed_shape=cuda,
-        row_tokens=None,
+        shape=BatchShape(p["tokens_per_batch"], fixed_shape=cuda),
         online=online,
         num_workers=workers,
         pin_memory=cuda,
@@ -215,8 +216,7 @@ def extract(dataset_dir: Path, model, hf: dict, p: dict, data, vocab, device: st
         hidden_size=hf["hidden_size"],
         dtype=torch.bfloat16,
         fingerprint_inputs={"bench": "online_throughput", "preset": hf},
-        background=True,
-        writer_threads=2,
+        write=WriteOptions(background=True, writer_threads=2),
     )
     try:
         for sample_id, record in backend.capture_with_ids(data):
@@ -266,8 +266,7 @@ def main() -> None:
         layer_ids=layer_ids,
         hidden_size=hf["hidden_size"],
         dtype=torch.bfloat16,
-        token_freq=freq,
-        vocabs={p["draft_vocab"]: vocab[1]},
+        vocab=DraftVocabs(freq, {p["draft_vocab"]: vocab[1]}),
     )
     d2t, t2d = vocab[1]
     online = OnlineHiddenStates(

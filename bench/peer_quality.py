@@ -146,6 +146,7 @@ def ours_tokens(run_dir: str | Path) -> dict:
     stream (every rank's), as its datamodule built them (settings from <run>/.hydra/config.yaml)."""
     from omegaconf import OmegaConf
 
+    from eagle3.store.batch_options import BatchShape
     from eagle3.store.packing import PackedBatchSampler
     from eagle3.training.datamodule import Eagle3DataModule
     from eagle3.training.step_path import resolve_step_path
@@ -158,9 +159,8 @@ def ours_tokens(run_dir: str | Path) -> dict:
     path = resolve_step_path(tc, cfg.topology)
     dm = Eagle3DataModule(
         summary["dataset_dir"],
-        max_tokens_per_batch=int(tc.max_tokens_per_batch),
+        shape=BatchShape(int(tc.max_tokens_per_batch), path.row_tokens),
         seed=int(tc.seed),
-        row_tokens=path.row_tokens,
     )
     world = int(cfg.topology.devices) * int(cfg.topology.num_nodes)
     batches = int(summary["global_step"]) * int(tc.accumulate_grad_batches)

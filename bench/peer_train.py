@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # speculators_peer, be
 from speculators_peer import import_speculators  # noqa: E402
 
 from eagle3.store import HiddenStateDataset  # noqa: E402
+from eagle3.store.batch_options import BatchShape  # noqa: E402
 from eagle3.store.packing import PackedBatchSampler, collate_packed  # noqa: E402
 from eagle3.target_model.resolve import load_target_head_weights  # noqa: E402
 from eagle3.training.builder import draft_vocab  # noqa: E402
@@ -236,7 +237,7 @@ def train(args) -> dict:
     torch.manual_seed(int(r["seed"]))
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     attn = r["draft_attn_impl"] if device.type == "cuda" else "sdpa"  # flex has no backward on CPU
-    dm = Eagle3DataModule(args.dataset_dir, max_tokens_per_batch=args.seq_len, seed=int(r["seed"]))
+    dm = Eagle3DataModule(args.dataset_dir, shape=BatchShape(args.seq_len), seed=int(r["seed"]))
     target = str(Path(args.target).resolve()) if args.target else target_of(dm.dataset, args.cache_dir)
     model = build_peer(dm.dataset, target, r, attn).to(device)
     loss_impl, loss_note = pick_loss_impl(device)

@@ -22,6 +22,7 @@ import time
 from harness import write_json  # beside this file; puts the checkout on sys.path
 
 from eagle3.data.loaders import load_conversations
+from eagle3.target_model.generate.common import AnswerSettings
 from eagle3.target_model.generate.dispatch import make_regenerator
 
 WARMUP = 8  # conversations answered first, while the engine loads (not in the rate)
@@ -56,13 +57,15 @@ def main() -> None:
                 engine,
                 args.target_dir,
                 cache,
-                temperature=args.temperature,
+                answers=AnswerSettings(
+                    temperature=args.temperature,
+                    max_tokens=args.max_tokens,
+                    seed=0,
+                    max_model_len=args.max_model_len,
+                    max_turns=1,
+                    chat_template=None,
+                ),
                 num_answers=args.num_answers,
-                max_tokens=args.max_tokens,
-                seed=0,
-                max_model_len=args.max_model_len,
-                chat_template=None,
-                max_turns=1,
                 gen_batch_size=args.hf_batch,
                 static_cache=False,
                 gpu_memory_utilization=0.5,

@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 from harness import write_json  # beside this file; puts the checkout on sys.path
 
-from eagle3.data.pipeline import prepare_samples
+from eagle3.data.pipeline import ChatSource, prepare_samples
 from eagle3.target_model.capture_hf import HFCaptureBackend
-from eagle3.target_model.capture_vllm import VLLMCaptureBackend
+from eagle3.target_model.capture_vllm import CaptureEngine, VLLMCaptureBackend
 
 CAPTURE_IDS = (2, 15, 27, 30)  # SmolLM2: aux [2, 15, 27] + N = 30
 
@@ -87,8 +87,7 @@ def main() -> None:
 
     tok = AutoTokenizer.from_pretrained(args.target_dir)
     data = prepare_samples(
-        "jsonl",
-        args.chat,
+        ChatSource("jsonl", args.chat),
         tok,
         max_samples=args.n,
         max_length=args.max_length,
@@ -115,14 +114,8 @@ def main() -> None:
         keep_ids = {f[0] for f in keep}
         feed_keep = keep
     t0 = time.perf_counter()
-    with VLLMCaptureBackend(
-        args.target_dir,
-        CAPTURE_IDS,
-        max_model_len=args.max_length + 8,
-        max_num_seqs=64,
-        gpu_memory_utilization=0.5,
-        keep_files_dir=None,
-    ) as vb:
+    engine = CaptureEngine(max_model_len=args.max_length + 8, max_num_seqs=64, gpu_memory_utilization=0.5)
+    with VLLMCaptureBackend(args.target_dir, CAPTURE_IDS, engine=engine, keep_files_dir=None) as vb:
         route = vb.route
         if keep_ids:  # the kept files come from a call of their own (only those are moved)
             vb.keep_files_dir = args.keep_files

@@ -31,6 +31,7 @@ from harness import add_out, target_config, write_json  # beside this file; puts
 from eagle3.store import ShardWriter
 from eagle3.store.storage_format import StorageFormat
 from eagle3.store.teacher_topk import TeacherProjection
+from eagle3.store.write_options import WriteOptions
 from eagle3.target_model.records import CapturedSample
 
 LAYERS = 4  # three aux ids and the final state
@@ -71,9 +72,7 @@ def write_rate(
         dtype=torch.bfloat16,
         fingerprint_inputs={"bench": "writer_throughput"},
         storage=storage,
-        background=True,
-        writer_threads=threads,
-        encode_device=device,
+        write=WriteOptions(background=True, writer_threads=threads, encode_device=device),
     )
     if teacher is not None:
         writer.set_teacher(teacher)

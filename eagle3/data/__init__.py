@@ -10,18 +10,27 @@
     pipeline.py      prepare_samples: load (one source or a mixture) -> [regenerate] -> render -> split
 
 Nothing here runs a model: answers written by the target (eagle3.target_model.generate) come in
-as the ``regenerate`` callable of prepare_samples.
+as the ``regenerate`` callable of prepare_samples' ``Regeneration``.
 """
 
 from eagle3.data.conversation import Conversation, DataError
 from eagle3.data.loaders import LoadReport, LoadResult, iter_conversations, load_conversations
-from eagle3.data.pipeline import PreparedData, PreparedSample, PrepareReport, prepare_samples
-from eagle3.data.render import ChatRenderer, ChatTemplateError, RenderedSample, RenderResult, render_conversation
+from eagle3.data.pipeline import ChatSource, PreparedData, PreparedSample, PrepareReport, Regeneration, prepare_samples
+from eagle3.data.render import (
+    ChatRenderer,
+    ChatStyle,
+    ChatTemplateError,
+    RenderedSample,
+    RenderResult,
+    render_conversation,
+)
 from eagle3.data.split import is_validation
 from eagle3.data.vocab import build_draft_vocab, token_frequencies
 
 __all__ = [
     "ChatRenderer",
+    "ChatSource",
+    "ChatStyle",
     "ChatTemplateError",
     "Conversation",
     "DataError",
@@ -30,6 +39,7 @@ __all__ = [
     "PrepareReport",
     "PreparedData",
     "PreparedSample",
+    "Regeneration",
     "RenderResult",
     "RenderedSample",
     "build_draft_vocab",

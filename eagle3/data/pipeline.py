@@ -7,12 +7,12 @@ as soon as it is reached, so a 2000-sample run does not parse a 125 MB file. Whi
 a sample lands on is a hash of its split key (split.py), so growing ``max_samples`` only
 adds samples: every sample of the smaller run keeps its side.
 
-``regenerate`` is the hook for answers written by the target itself: a callable that
+``Regeneration.regenerate`` is the hook for answers written by the target itself: a callable that
 takes a batch of loaded `Conversation`s and returns, for each in order, its
 ``regenerate.num_answers`` answered copies (ids ``answer_id(id, k)``, the split key kept, so
 every answer of a conversation lands on its side of the split) with the assistant turns
-replaced. It runs before rendering, on batches of ``regenerate_batch_size``, only on
-conversations the run still needs. With ``regen_deadline`` (a time budget's share), no batch
+replaced. It runs before rendering, on batches of ``Regeneration.batch_size``, only on
+conversations the run still needs. With ``Regeneration.deadline`` (a time budget's share), no batch
 starts that would end after it at the rate of the batches before: the samples kept are those
 answered in time.
 """
@@ -33,11 +33,34 @@ from eagle3.data.hf_source import HFOptions
 from eagle3.data.json_stream import DEFAULT_MAX_BAD_FRACTION
 from eagle3.data.loaders import LoadReport, iter_conversations, no_usable_data_error
 from eagle3.data.mixture import Mixture, MixtureReport
-from eagle3.data.render import ChatRenderer, with_system_prompt
+from eagle3.data.render import ChatRenderer, ChatStyle, with_system_prompt
 from eagle3.data.split import check_val_fraction, is_validation
 from eagle3.util.clock import Deadline
 
 Regenerate = Callable[[list[Conversation]], list[Conversation]]
+
+
+@dataclass(frozen=True)
+class ChatSource:
+    """Where the conversations come from: data.source read from ``path``, or data.mixture's
+    sources in their draw order (``mixture``, in place of source and path)."""
+
+    source: str  # data.source (jsonl, sharegpt, hf, ...; "mixture" with ``mixture``)
+    path: str | None = None
+    hf: HFOptions | None = None  # name, split and columns of source="hf" (HFOptions.from_data(cfg.data))
+    mixture: Mixture | None = None
+    max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION  # of a JSONL file's lines, before reading fails
+
+
+@dataclass(frozen=True)
+class Regeneration:
+    """The target answering the conversations before they are rendered (the module doc says how):
+    ``regenerate`` on batches of ``batch_size`` conversations; with ``deadline`` (a time budget's
+    share of regeneration) no batch starts that would end after it."""
+
+    regenerate: Regenerate
+    batch_size: int = 64  # conversations per call (data.regen_batch_size)
+    deadline: Deadline | None = None
 
 
 @dataclass
@@ -267,8 +290,7 @@ def _progress(enabled: bool):
 
 
 def prepare_samples(
-    source: str,
-    path: str | None,
+    chats: ChatSource,
     tokenizer: Any,
     *,
     max_samples: int | None,
@@ -276,59 +298,55 @@ def prepare_samples(
     overflow: str,
     val_fraction: float,
     seed: int,
-    chat_template: str | None = None,
-    template_kwargs: Mapping[str, Any] | None = None,
-    system_prompt: str | None = None,
+    style: ChatStyle = ChatStyle(),
     progress: bool = True,
-    regenerate: Regenerate | None = None,
-    regenerate_batch_size: int = 64,
-    regen_deadline: Deadline | None = None,
-    hf: HFOptions | None = None,
-    mixture: Mixture | None = None,
-    max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION,
+    regeneration: Regeneration | None = None,
 ) -> PreparedData:
-    """``hf``: name, split and columns of ``source="hf"`` (``HFOptions.from_data(cfg.data)``).
-    ``mixture``: data.mixture's sources, read in its draw order instead of ``source``/``path``.
-    ``template_kwargs``, ``system_prompt``: how the deployment calls the chat template
-    (data.chat_template_kwargs, data.system_prompt): the system prompt is put in each conversation
-    before the target answers it, so regenerated answers and rendered samples both see it."""
+    """The samples of ``chats``, rendered as ``style`` says the deployment calls the chat template
+    (by default the tokenizer's, with no arguments and no system prompt). The system prompt is put
+    in each conversation before the target answers it, so regenerated answers and rendered samples
+    both see it. ``regeneration``: the target answers the conversations first."""
     if max_samples is not None and max_samples <= 0:
         raise DataError(f"max_samples must be positive or null, got {max_samples}")
     check_val_fraction(val_fraction)  # before any work
-    source = getattr(source, "value", source)
-    renderers = _Renderers(tokenizer, chat_template, template_kwargs)
-    load_report = LoadReport(source, str(path), max_bad_fraction=max_bad_fraction)
+    source, path, mixture = getattr(chats.source, "value", chats.source), chats.path, chats.mixture
+    regenerate = regeneration.regenerate if regeneration is not None else None
+    renderers = _Renderers(tokenizer, style.template, style.kwargs)
+    load_report = LoadReport(source, str(path), max_bad_fraction=chats.max_bad_fraction)
     report = PrepareReport(
         load=load_report, max_samples=max_samples, mixture=None if mixture is None else mixture.report
     )
     kept = _Kept(renderers, report, max_length, overflow, val_fraction, seed)
 
     def batch_size() -> int:
-        if regenerate is None:
+        if regeneration is None:
             return 1
         if max_samples is None:
-            return regenerate_batch_size
-        return min(regenerate_batch_size, -(-(max_samples - kept.count()) // _answers(regenerate)))  # conversations
+            return regeneration.batch_size
+        return min(regeneration.batch_size, -(-(max_samples - kept.count()) // _answers(regenerate)))  # conversations
 
     def full() -> bool:
         return max_samples is not None and kept.count() >= max_samples
 
     stream = (
-        mixture.stream(load_report) if mixture is not None else iter_conversations(source, path, load_report, hf=hf)
+        mixture.stream(load_report)
+        if mixture is not None
+        else iter_conversations(source, path, load_report, hf=chats.hf)
     )
     pace = _RegenPace(regenerate)
     with _progress(progress) as bar:
         task = bar.add_task("render", total=max_samples)
-        for batch in _batches(stream, batch_size, pace if regenerate is not None else None):
-            if system_prompt is not None:
-                batch = [replace(c, messages=with_system_prompt(c.messages, system_prompt)) for c in batch]
-            if regenerate is not None:
-                if regen_deadline is not None and (why := pace.stop(regen_deadline, len(batch))):
+        for batch in _batches(stream, batch_size, pace if regeneration is not None else None):
+            if style.system_prompt is not None:
+                batch = [replace(c, messages=with_system_prompt(c.messages, style.system_prompt)) for c in batch]
+            if regeneration is not None:
+                deadline = regeneration.deadline
+                if deadline is not None and (why := pace.stop(deadline, len(batch))):
                     report.deadline_stop = why
                     stream.close()
                     break
                 with pace.timed(len(batch)):
-                    batch = _checked_regenerate(regenerate, batch)
+                    batch = _checked_regenerate(regeneration.regenerate, batch)
             for conv in batch:
                 if kept.add(conv):
                     bar.advance(task)

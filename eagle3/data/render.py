@@ -45,6 +45,17 @@ OVERFLOW_MODES = ("truncate", "drop")
 _SENTINEL = "EAGLE3_ASSISTANT_SENTINEL_7f3a"
 
 
+@dataclass(frozen=True)
+class ChatStyle:
+    """How the deployment calls the chat template: the template, the extra arguments it is called
+    with and the system prompt put first in each conversation. Training samples, the target's
+    answers and the evaluation's prompts are all rendered so."""
+
+    template: str | None = None  # a Jinja chat template in place of the tokenizer's (model.chat_template)
+    kwargs: Mapping[str, Any] | None = None  # data.chat_template_kwargs (enable_thinking, tools, ...)
+    system_prompt: str | None = None  # data.system_prompt (None: the conversation's own turns only)
+
+
 class ChatTemplateError(RuntimeError):
     """The chat template cannot be used to build assistant masks (systematic, not per sample)."""
 

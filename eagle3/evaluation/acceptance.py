@@ -25,6 +25,7 @@ from typing import Any, Mapping, cast
 
 from eagle3.config.engine import EngineOptions
 from eagle3.config.schema import EvalConfig
+from eagle3.data.render import ChatStyle
 from eagle3.draft.export_files import ENGINE_LOGS
 from eagle3.evaluation.report import AcceptanceReport
 
@@ -125,8 +126,7 @@ def evaluate(
         work_dir=out_dir / ENGINE_LOGS,
         baseline=baseline,
         diagnostics=bool(settings.diagnostics),
-        chat_template=chat_template,
-        chat_template_kwargs=template_kwargs,
+        style=ChatStyle(chat_template, template_kwargs, system_prompt),
     )
     report.dataset_dir = str(dataset) if dataset is not None else None
     if settings.diagnostics:

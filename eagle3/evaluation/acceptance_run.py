@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.config.engine import EngineOptions
+from eagle3.data.render import ChatStyle
 from eagle3.evaluation.breakdown import breakdown, counter_breakdown
 from eagle3.evaluation.diagnostics.mismatch import MAX_REFERENCE_BYTES, cases_from, explain, weights_bytes
 from eagle3.evaluation.engine_io import EngineRequest, PromptBatch
@@ -46,12 +47,13 @@ def run_acceptance(
     work_dir: Path,
     baseline: bool = True,
     diagnostics: bool = False,
-    chat_template: str | None = None,
-    chat_template_kwargs: dict[str, Any] | None = None,
+    style: ChatStyle = ChatStyle(),
     per_request: bool | None = None,
 ) -> AcceptanceReport:
     """vLLM's acceptance (with-head engine), speed and greedy agreement (with the baseline).
     diagnostics: also explain each greedy mismatch with an fp32 target forward (costly).
+    style: how the deployment calls the chat template; the engines render each second turn with
+    its template and arguments (its system prompt is in ``prompts``' turns already).
     per_request: EngineRequest.per_request (None: vLLM's per-request figures where it offers them)."""
     if num_draft_tokens < 1:
         raise ValueError(f"eval.num_draft_tokens must be >= 1, got {num_draft_tokens}")
@@ -67,8 +69,8 @@ def run_acceptance(
         max_model_len=longest + max_new_tokens + num_draft_tokens + _SPEC_SLACK,
         batches=[_batch(s, prompts) for s in sources],
         options=engine,
-        chat_template=chat_template,
-        chat_template_kwargs=dict(chat_template_kwargs or {}),
+        chat_template=style.template,
+        chat_template_kwargs=dict(style.kwargs or {}),
         together=True,  # one generate() call for every set where vLLM gives per-request figures
         per_request=per_request,
     )

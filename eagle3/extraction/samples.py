@@ -13,7 +13,8 @@ from eagle3.config.dataset import DataConfig
 from eagle3.config.schema import plain
 from eagle3.data.hf_source import HFOptions
 from eagle3.data.mixture import Mixture
-from eagle3.data.pipeline import PreparedData, prepare_samples
+from eagle3.data.pipeline import ChatSource, PreparedData, Regeneration, prepare_samples
+from eagle3.data.render import ChatStyle
 from eagle3.extraction.identity import DatasetIdentity
 from eagle3.util.clock import Deadline
 
@@ -35,27 +36,31 @@ def regenerator_for(identity: DatasetIdentity, machine: RegenMachine) -> Any:
     data, model = identity.data, identity.model
     if not data.regenerate:
         return None
+    from eagle3.target_model.generate.common import AnswerSettings
     from eagle3.target_model.generate.dispatch import make_regenerator
 
+    answers = AnswerSettings(
+        temperature=data.regen_temperature,
+        max_tokens=data.regen_max_tokens,
+        seed=data.seed,
+        max_model_len=data.max_length,
+        max_turns=data.regen_max_turns,
+        chat_template=model.chat_template,
+        template_kwargs=data.chat_template_kwargs,
+        quantization=model.quantization,
+    )
     return make_regenerator(
         data.regen_backend,
         identity.target_dir,
         identity.cache_dir,
-        temperature=data.regen_temperature,
+        answers=answers,
         num_answers=data.regen_num_answers,
-        max_tokens=data.regen_max_tokens,
-        seed=data.seed,
-        max_model_len=data.max_length,
-        chat_template=model.chat_template,
-        template_kwargs=data.chat_template_kwargs,
-        max_turns=data.regen_max_turns,
         gen_batch_size=data.regen_batch_size,
         static_cache=data.regen_static_cache,
         cpu_kvcache_space_gb=machine.cpu_kvcache_space_gb,
         gpu_memory_utilization=machine.gpu_memory_utilization,
         tensor_parallel_size=machine.tensor_parallel_size,
         trust_remote_code=model.trust_remote_code,
-        quantization=model.quantization,
     )
 
 
@@ -70,24 +75,19 @@ def prepare(
     """Render (and regenerate) the chat data of ``data``; closes the regenerator when done.
     ``regen_deadline``: a time budget's end of regeneration (no batch starts that would pass it)."""
     mixture, writers = _mixture(data, regenerator)
+    chats = ChatSource(
+        data.source, data.path, HFOptions.from_data(plain(data)), mixture, max_bad_fraction=data.max_bad_fraction
+    )
     prepared = prepare_samples(
-        data.source,
-        data.path,
+        chats,
         tokenizer,
         max_samples=data.max_samples,
         max_length=data.max_length,
         overflow=data.overflow.value,
         val_fraction=data.val_fraction,
         seed=data.seed,
-        chat_template=chat_template,
-        template_kwargs=data.chat_template_kwargs,
-        system_prompt=data.system_prompt,
-        regenerate=regenerator,
-        regenerate_batch_size=data.regen_batch_size,
-        regen_deadline=regen_deadline,
-        hf=HFOptions.from_data(plain(data)),
-        mixture=mixture,
-        max_bad_fraction=data.max_bad_fraction,
+        style=ChatStyle(chat_template, data.chat_template_kwargs, data.system_prompt),
+        regeneration=None if regenerator is None else Regeneration(regenerator, data.regen_batch_size, regen_deadline),
     )
     for writer in writers:
         console.print(writer.summary(), soft_wrap=True)

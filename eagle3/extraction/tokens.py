@@ -20,6 +20,7 @@ from eagle3.extraction.identity import (
 from eagle3.extraction.samples import RegenMachine, prepare, regenerator_for
 from eagle3.store import Manifest, format_bytes, write_token_dataset
 from eagle3.store.layout import LOCK
+from eagle3.store.vocab_files import DraftVocabs
 from eagle3.util.clock import Deadline, StageClock
 from eagle3.util.hidden_dtypes import torch_dtype
 from eagle3.util.locks import DirLock, lock_wait_s
@@ -92,8 +93,7 @@ def _write(
         layer_ids=list(identity.layer_ids),
         hidden_size=model.hidden_size,
         dtype=torch_dtype(identity.capture_dtype),
-        token_freq=freq,
-        vocabs={size: build_draft_vocab(freq, size)},
+        vocab=DraftVocabs(freq, {size: build_draft_vocab(freq, size)}),
         # its wall time: what a time budget counts
         provenance={
             **provenance(identity, engine),

@@ -29,6 +29,7 @@ from eagle3.store.merge import owner_shard
 from eagle3.store.provenance import with_capture
 from eagle3.store.storage_format import StorageFormat
 from eagle3.store.teacher_topk import TeacherProjection
+from eagle3.store.write_options import ExistingShards, WriteOptions
 from eagle3.target_model.backend import CaptureBackend, make_backend
 from eagle3.target_model.capture_hf import HFCaptureBackend
 from eagle3.target_model.records import DeviceEncoding
@@ -129,16 +130,17 @@ def _open_writer(job: ExtractionJob, setup: CaptureSetup, engine: str | None, lo
         hidden_size=job.identity.model.hidden_size,
         dtype=setup.dtype,
         fingerprint_inputs=job.inputs,
-        shard_max_tokens=setup.capture.shard_max_tokens,
-        background=True,  # shards hash+write on threads while the next batch runs
-        writer_threads=setup.capture.writer_threads,
-        provenance=provenance(job.identity, engine),
+        write=WriteOptions(
+            shard_max_tokens=setup.capture.shard_max_tokens,
+            background=True,  # shards hash+write on threads while the next batch runs
+            writer_threads=setup.capture.writer_threads,
+            encode_device=_writer_encode_device(setup),
+        ),
         # the shards found damaged are redone; the others were just checked
-        verify="fast" if found.damaged else found.verify,
-        redo=[file for file, _ in found.damaged],
+        existing=ExistingShards("fast" if found.damaged else found.verify, [file for file, _ in found.damaged]),
+        provenance=provenance(job.identity, engine),
         lock=lock,
         storage=job.identity.storage,
-        encode_device=_writer_encode_device(setup),
     )
 
 

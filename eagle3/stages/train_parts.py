@@ -19,6 +19,7 @@ from eagle3.config.training import TrainerConfig
 from eagle3.draft.serving_format import DraftMeta
 from eagle3.stages.train_inputs import online_target
 from eagle3.store import Manifest
+from eagle3.store.batch_options import BatchShape
 from eagle3.target_model.quantization import served_quantization, vllm_name
 from eagle3.training.builder import build_head, target_name
 from eagle3.training.callbacks import build_callbacks
@@ -107,12 +108,10 @@ def _datamodule(
     layer_ids = Manifest.read(dataset_dir).layer_ids if online else []
     return Eagle3DataModule(
         str(dataset_dir),
-        max_tokens_per_batch=cfg.train.max_tokens_per_batch,
+        shape=BatchShape(cfg.train.max_tokens_per_batch, path.row_tokens, path.fixed_shape),
         seed=cfg.train.seed,
         num_workers=cfg.train.num_workers,
         read_ahead=cfg.train.read_ahead,
-        fixed_shape=path.fixed_shape,
-        row_tokens=path.row_tokens,
         online=online_target(cfg, target_dir, path.fixed_shape, path.row_tokens, layer_ids) if online else None,
         pin_memory=path.cuda,
         selection_dir=str(selection_dir) if selection_dir else None,

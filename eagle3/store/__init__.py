@@ -17,13 +17,14 @@ from eagle3.store.layout import (
 )
 from eagle3.store.reader import DamagedDatasetError, HiddenStateDataset, shards_on_disk
 from eagle3.store.token_samples import TokenDataset, open_dataset, write_token_dataset
-from eagle3.store.vocab_files import add_vocab
+from eagle3.store.vocab_files import DraftVocabs, add_vocab
 from eagle3.store.writer import ShardWriter
 
 __all__ = [
     "SCHEMA_VERSION",
     "DamagedDatasetError",
     "DiskSpaceError",
+    "DraftVocabs",
     "FingerprintMismatchError",
     "HiddenStateDataset",
     "IncompleteDatasetError",

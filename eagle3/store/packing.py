@@ -19,6 +19,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from eagle3.store.batch_options import BatchOrder, BatchShape
 from eagle3.store.read_ahead import ReadAheadLoader
 from eagle3.store.storage_format import FP8, StorageFormat, decode_teacher
 from eagle3.store.teacher_topk import TEACHER_TENSORS
@@ -340,22 +341,17 @@ def packed_loader(
     idx: list[int],
     batches: list[list[int]],
     *,
-    max_tokens: int,
-    row_tokens: int | None = None,
-    fixed_shape: bool = False,
-    shuffle: bool = False,
-    seed: int = 0,
-    rank: int = 0,
-    world_size: int = 1,
-    batches_done: int = 0,
+    shape: BatchShape,
+    order: BatchOrder = BatchOrder(),
     num_workers: int = 0,
     collate: Callable[[list[dict[str, Any]]], Any] | None = None,
     pin_memory: bool = False,
     split: bool = True,
     read_ahead: int = 0,
 ) -> torch.utils.data.DataLoader[dict[str, Any]]:
-    """A DataLoader of ``batches`` (indices into ``idx``) of these samples, collated by
-    ``collate_rows``: batches of [B, T] (aux_hidden [B, T, (L-1)H], final_hidden [B, T, H]).
+    """A DataLoader of ``batches`` (indices into ``idx``) of these samples, read in ``order``,
+    collated by ``collate_rows`` into ``shape``: batches of [B, T] (aux_hidden [B, T, (L-1)H],
+    final_hidden [B, T, H]).
     ``collate``: another collate function (online training: the samples as a list, collated
     after the target has run on them). ``pin_memory``: batches in page-locked memory, so the
     copy to a GPU is a DMA that overlaps compute (a training step on CUDA). ``split=False``:
@@ -363,7 +359,12 @@ def packed_loader(
     ``read_ahead``: with no workers, a thread of this process collates that many batches ahead
     (eagle3/store/read_ahead.py); 0: the caller's thread reads each batch when it asks for it."""
     sampler = PackedBatchSampler(
-        batches, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size, batches_done=batches_done
+        batches,
+        shuffle=order.shuffle,
+        seed=order.seed,
+        rank=order.rank,
+        world_size=order.world_size,
+        batches_done=order.batches_done,
     )
     threaded = num_workers == 0 and read_ahead > 0
     loader_class = partial(ReadAheadLoader, read_ahead=read_ahead) if threaded else torch.utils.data.DataLoader
@@ -373,9 +374,9 @@ def packed_loader(
         collate_fn=collate
         or partial(
             collate_rows,
-            max_tokens=max_tokens,
-            row_tokens=row_tokens,
-            fixed_shape=fixed_shape,
+            max_tokens=shape.max_tokens,
+            row_tokens=shape.row_tokens,
+            fixed_shape=shape.fixed_shape,
             split=split,
             pin=pin_memory,
         ),
@@ -393,5 +394,10 @@ def unshuffled_loader(
     lengths = dataset.lengths
     batches = pack_rows([lengths[i] for i in idx], max_tokens, row_tokens, seed=seed)
     return packed_loader(
-        dataset, idx, batches, max_tokens=max_tokens, row_tokens=row_tokens, seed=seed, num_workers=num_workers
+        dataset,
+        idx,
+        batches,
+        shape=BatchShape(max_tokens, row_tokens),
+        order=BatchOrder(seed=seed),
+        num_workers=num_workers,
     )

@@ -34,7 +34,7 @@ from eagle3.store.layout import (
     vocab_name,
 )
 from eagle3.store.reader import HiddenStateDataset, SampleFiles
-from eagle3.store.vocab_files import save_token_freq, save_vocab
+from eagle3.store.vocab_files import DraftVocabs, save_token_freq, save_vocab
 from eagle3.util.locks import DirLock
 
 
@@ -65,13 +65,12 @@ def write_token_dataset(
     layer_ids: Sequence[int],
     hidden_size: int,
     dtype: torch.dtype,
-    token_freq: torch.Tensor,
-    vocabs: Mapping[int, tuple[torch.Tensor, torch.Tensor]],
+    vocab: DraftVocabs,
     provenance: Mapping[str, Any] | None = None,
     lock: DirLock | None = None,
 ) -> Manifest:
     """Write (sample_id, input_ids [T], loss_mask [T]) samples as one online dataset: the
-    sample file, token counts and vocabularies first, the manifest last (complete), each by
+    sample file, token counts and draft vocabularies (``vocab``) first, the manifest last (complete), each by
     temp file + rename, under the dataset's lock (``lock``: held by the caller already); a kill
     at any point leaves no manifest that lists a missing file, and a re-run writes it again."""
     directory = Path(directory)
@@ -101,9 +100,9 @@ def write_token_dataset(
             {"input_ids": input_ids, "loss_mask": loss_mask, "offsets": offsets},
             metadata={"fingerprint": fingerprint},
         )
-        save_token_freq(directory / TOKEN_FREQ, token_freq)
+        save_token_freq(directory / TOKEN_FREQ, vocab.token_freq)
         names = {}
-        for size, (d2t, t2d) in vocabs.items():
+        for size, (d2t, t2d) in vocab.vocabs.items():
             save_vocab(directory / vocab_name(size), size, d2t, t2d)
             names[str(int(size))] = vocab_name(size)
         manifest = Manifest(

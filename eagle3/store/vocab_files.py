@@ -3,12 +3,24 @@ adds a vocabulary of another size to a finished dataset."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from eagle3.store.layout import LOCK, Manifest, StoreError, save_tensors_atomic, vocab_name
 from eagle3.util.locks import DirLock, lock_wait_s
+
+
+@dataclass(frozen=True)
+class DraftVocabs:
+    """The vocabulary files a dataset carries: the token counts and the draft vocabularies built
+    from them (token_freq.safetensors, vocab-<V>.safetensors)."""
+
+    token_freq: torch.Tensor  # int64 [target vocab]: loss-masked tokens counted per target id
+    # draft vocabulary size V -> (d2t int64 [V], t2d bool [target vocab]): check_vocab's pair
+    vocabs: Mapping[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
 
 def check_token_freq(freq: torch.Tensor) -> torch.Tensor:

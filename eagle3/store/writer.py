@@ -48,6 +48,7 @@ from eagle3.store.shard_file import ShardIdentity, write_shard
 from eagle3.store.storage_format import StorageFormat
 from eagle3.store.teacher_topk import TeacherProjection
 from eagle3.store.vocab_files import save_token_freq, save_vocab
+from eagle3.store.write_options import ExistingShards, WriteOptions
 from eagle3.store.writer_threads import BackgroundWrites
 from eagle3.util.locks import DirLock, LockHeldError
 
@@ -57,19 +58,16 @@ log = logging.getLogger(__name__)
 class ShardWriter(BackgroundWrites):
     """Append captured samples to the dataset in ``directory``; resume what is there.
 
-    ``verify``: how existing shards are checked on open: "full" (size, header and sha256
-    of every byte) or "fast" (size, header, identity and offsets). ``redo``: listed shards
-    the caller already found damaged (redone without being inspected again). ``lock``: the
-    dataset's lock (``LOCK``) when the caller holds it already (released by the caller). ``background``: write
-    shards on a writer thread (see the module doc); ``flush()`` still waits until every
-    queued sample is durable. ``storage``: the shards' on-disk format (eagle3/store/storage_format.py),
+    ``existing``: how the shards already on disk are checked on open (and which to redo unread).
+    ``lock``: the dataset's lock (``LOCK``) when the caller holds it already (released by the
+    caller). ``write``: the shards' size, whether they are written on writer threads (see the
+    module doc) and where those encode (a GPU: vLLM's capture hands its states over on the host).
+    ``storage``: the shards' on-disk format (eagle3/store/storage_format.py),
     encoded on the writer threads as each shard is written; a sample that comes encoded already
     (``encoded``: a GPU capture encodes on the device) is written as it is. A format with the
     teacher's top-k in place of the final layer (``teacher_topk``: eagle3/store/teacher_topk.py)
     encodes a sample that comes with its states as captured with the projection ``set_teacher``
     gave (the target's, known once it is loaded).
-    ``encode_device``: the writer threads encode there (a GPU: vLLM's capture hands its states
-    over on the host); None: on the host.
     """
 
     def __init__(
@@ -80,16 +78,13 @@ class ShardWriter(BackgroundWrites):
         hidden_size: int,
         dtype: torch.dtype,
         fingerprint_inputs: Mapping[str, Any],
-        shard_max_tokens: int = 65536,
-        verify: str = "full",
-        background: bool = False,
-        writer_threads: int = 1,
+        write: WriteOptions = WriteOptions(),
+        existing: ExistingShards = ExistingShards(),
         provenance: Mapping[str, Any] | None = None,
-        redo: Sequence[str] = (),
         lock: DirLock | None = None,
         storage: StorageFormat = StorageFormat(),
-        encode_device: torch.device | str | None = None,
     ):
+        shard_max_tokens, writer_threads = write.shard_max_tokens, write.writer_threads
         if shard_max_tokens < 1:
             raise StoreError(f"shard_max_tokens: expected >= 1, got {shard_max_tokens}")
         if writer_threads < 1:
@@ -104,11 +99,11 @@ class ShardWriter(BackgroundWrites):
         ident = (self.fingerprint, tuple(int(i) for i in layer_ids), int(hidden_size), dtype, storage)
         self.ident = ShardIdentity(*ident)
         self.teacher: TeacherProjection | None = None  # set_teacher: encodes captured final layers
-        self.encode_device = None if encode_device is None else torch.device(encode_device)
+        self.encode_device = None if write.encode_device is None else torch.device(write.encode_device)
         self._pending: list[tuple[str, Any]] = []
         self._pending_ids: set[str] = set()
         self._pending_tokens = 0
-        self.background = bool(background)
+        self.background = bool(write.background)
         self.writer_threads = int(writer_threads)
         self._state = threading.Lock()  # manifest, _done, _inflight_ids: shared with the writer thread
         self._inflight_ids: set[str] = set()  # handed to the writer thread, not durable yet
@@ -129,7 +124,7 @@ class ShardWriter(BackgroundWrites):
             self.manifest = open_manifest(self.directory, self.ident, fingerprint_inputs)
             # how this run makes the dataset (Manifest.provenance): recorded before any shard
             self.record_provenance(provenance or {})
-            self._recover(verify, set(redo))
+            self._recover(existing.verify, set(existing.redo))
         except BaseException:
             self._release_lock()
             raise

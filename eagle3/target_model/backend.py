@@ -67,12 +67,9 @@ def make_backend(
             device_encoding=device_encoding,
         )
     if backend == choices.CaptureBackend.vllm:
-        from eagle3.target_model.capture_vllm import VLLMCaptureBackend
+        from eagle3.target_model.capture_vllm import CaptureEngine, VLLMCaptureBackend
 
-        return VLLMCaptureBackend(
-            target_dir,
-            layer_ids,
-            dtype=dtype,
+        engine = CaptureEngine(
             tensor_parallel_size=topology.extract_tp,
             data_parallel_size=topology.extract_dp,
             gpu_memory_utilization=capture.gpu_memory_utilization,
@@ -81,7 +78,7 @@ def make_backend(
             max_model_len=max_length + 8,
             enable_prefix_caching=capture.enable_prefix_caching,
             trust_remote_code=trust_remote_code,
-            route=capture.vllm_route.value,
             quantization=quantization,
         )
+        return VLLMCaptureBackend(target_dir, layer_ids, dtype=dtype, engine=engine, route=capture.vllm_route.value)
     raise ValueError(f"capture.backend: expected hf|vllm, got {backend.value!r}")

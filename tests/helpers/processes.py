@@ -16,9 +16,9 @@ import psutil
 # a real capture: SmolLM2 through vLLM, one sample captured, then waiting with its engine up
 VLLM_CAPTURE = textwrap.dedent("""
     import sys, time, torch
-    from eagle3.target_model.capture_vllm import VLLMCaptureBackend
-    backend = VLLMCaptureBackend(sys.argv[1], (2, 15, 27, 30), max_model_len=256, max_num_seqs=2,
-                                 cpu_kvcache_space_gb=1, enforce_eager=True, spill_dir=sys.argv[2])
+    from eagle3.target_model.capture_vllm import CaptureEngine, VLLMCaptureBackend
+    engine = CaptureEngine(max_model_len=256, max_num_seqs=2, cpu_kvcache_space_gb=1, enforce_eager=True)
+    backend = VLLMCaptureBackend(sys.argv[1], (2, 15, 27, 30), engine=engine, spill_dir=sys.argv[2])
     ids = torch.arange(1, 20)
     assert len(list(backend.capture([("s0", ids, torch.ones_like(ids, dtype=torch.bool))]))) == 1
     print("SPILL", backend._dirs.spill, flush=True)  # vLLM logs to stdout too

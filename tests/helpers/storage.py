@@ -10,6 +10,7 @@ import torch
 
 from eagle3.store import ShardWriter
 from eagle3.store.storage_format import FP8_MAX, StorageFormat
+from eagle3.store.write_options import WriteOptions
 from eagle3.target_model.records import CapturedSample
 
 # the samples' captured layer ids, hidden size, dtype and target vocabulary
@@ -66,11 +67,8 @@ def write_in_storage(
         hidden_size=H,
         dtype=DT,
         fingerprint_inputs=INPUTS,
-        shard_max_tokens=40,
+        write=WriteOptions(40, background=background, writer_threads=2, encode_device=encode_device),
         storage=storage,
-        background=background,
-        writer_threads=2,
-        encode_device=encode_device,
     )
     for sid, r in records.items():
         w.add(sid, r)

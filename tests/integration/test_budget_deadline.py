@@ -10,10 +10,11 @@ import json
 from conftest import compose
 from helpers import TickingClock
 
-from eagle3.data import prepare_samples
+from eagle3.data import ChatSource, Regeneration, prepare_samples
 from eagle3.planning import time_budget
 from eagle3.stages.extract import run as extract
 from eagle3.store import Manifest
+from eagle3.target_model.generate.common import AnswerSettings
 from eagle3.target_model.generate.hf_engine import HFRegenerator
 from eagle3.util.clock import Deadline, StageClock
 
@@ -42,10 +43,9 @@ def _chats(tmp_path, n: int):
 def _regenerate(smollm2_dir, tmp_path, deadline: Deadline):
     from transformers import AutoTokenizer
 
-    regen = HFRegenerator(smollm2_dir, tmp_path / "cache", max_tokens=4, max_model_len=128)
+    regen = HFRegenerator(smollm2_dir, tmp_path / "cache", answers=AnswerSettings(max_tokens=4, max_model_len=128))
     data = prepare_samples(
-        "jsonl",
-        str(_chats(tmp_path, 12)),
+        ChatSource("jsonl", str(_chats(tmp_path, 12))),
         AutoTokenizer.from_pretrained(smollm2_dir),
         max_samples=None,
         max_length=128,
@@ -53,9 +53,7 @@ def _regenerate(smollm2_dir, tmp_path, deadline: Deadline):
         val_fraction=0.25,
         seed=0,
         progress=False,
-        regenerate=regen,
-        regenerate_batch_size=4,
-        regen_deadline=deadline,
+        regeneration=Regeneration(regen, 4, deadline),
     )
     return regen, data
 

@@ -10,8 +10,10 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from eagle3.data.pipeline import prepare_samples
+from eagle3.data.pipeline import ChatSource, prepare_samples
+from eagle3.data.render import ChatStyle
 from eagle3.evaluation.prompts import chat_style, heldout_prompts
+from eagle3.target_model.generate.common import AnswerSettings
 from eagle3.target_model.generate.vllm_engine import VLLMRegenerator
 
 # ChatML with a switch the deployment sets per request, as Qwen3's enable_thinking
@@ -29,7 +31,7 @@ def tokenizer(smollm2_dir):
     return AutoTokenizer.from_pretrained(smollm2_dir)
 
 
-def _samples(tmp_path, tokenizer, **style):
+def _samples(tmp_path, tokenizer, kwargs=None, system_prompt=None):
     chats = tmp_path / "chats.jsonl"
     chats.write_text(
         json.dumps(
@@ -38,23 +40,21 @@ def _samples(tmp_path, tokenizer, **style):
         + "\n"
     )
     prepared = prepare_samples(
-        "jsonl",
-        str(chats),
+        ChatSource("jsonl", str(chats)),
         tokenizer,
         max_samples=None,
         max_length=256,
         overflow="truncate",
         val_fraction=0.0,
         seed=0,
-        chat_template=TEMPLATE,
+        style=ChatStyle(TEMPLATE, kwargs, system_prompt),
         progress=False,
-        **style,
     )
     return tokenizer.decode(prepared.train[0].input_ids)
 
 
 def test_the_training_samples_are_rendered_as_the_deployment_calls_the_template(tmp_path, tokenizer):
-    served = _samples(tmp_path, tokenizer, template_kwargs=KWARGS, system_prompt=SYSTEM)
+    served = _samples(tmp_path, tokenizer, KWARGS, SYSTEM)
     assert served.startswith(
         f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\nName a port. /no_think<|im_end|>"
     )
@@ -68,10 +68,13 @@ def test_the_training_samples_are_rendered_as_the_deployment_calls_the_template(
 
 def test_regeneration_prompts_carry_the_template_arguments(tmp_path, smollm2_dir, tokenizer):
     history = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a port."}]
-    regen = VLLMRegenerator(str(smollm2_dir), tmp_path / "cache", chat_template=TEMPLATE, template_kwargs=KWARGS)
+    regen = VLLMRegenerator(
+        str(smollm2_dir), tmp_path / "cache", answers=AnswerSettings(chat_template=TEMPLATE, template_kwargs=KWARGS)
+    )
     text = tokenizer.decode(regen._prompt_ids(history))  # the engine is not started: only the prompt
     assert text.endswith("Name a port. /no_think<|im_end|>\n<|im_start|>assistant\n")
-    assert regen.cache_file != VLLMRegenerator(str(smollm2_dir), tmp_path / "cache", chat_template=TEMPLATE).cache_file
+    plain = VLLMRegenerator(str(smollm2_dir), tmp_path / "cache", answers=AnswerSettings(chat_template=TEMPLATE))
+    assert regen.cache_file != plain.cache_file
 
 
 def test_the_evaluation_renders_its_prompts_as_the_dataset_was(tmp_path, tokenizer):

@@ -75,9 +75,12 @@ def test_the_online_target_computes_in_fp32_where_bf16_is_emulated(cpu, monkeypa
 @pytest.mark.parametrize("cpu", ["native", "emulated"])  # bf16 matmuls faked present or absent
 def test_regeneration_loads_the_target_in_the_compute_dtype(cpu, monkeypatch, smollm2_dir, tmp_path):
     fake_bf16_cpu(monkeypatch, cpu)
+    from eagle3.target_model.generate.common import AnswerSettings
     from eagle3.target_model.generate.hf_engine import HFRegenerator
 
-    regen = HFRegenerator(smollm2_dir, tmp_path, max_tokens=4, max_model_len=64, dtype="bfloat16")
+    regen = HFRegenerator(
+        smollm2_dir, tmp_path, answers=AnswerSettings(max_tokens=4, max_model_len=64), dtype="bfloat16"
+    )
     try:
         assert regen._load().dtype == (torch.bfloat16 if cpu == "native" else torch.float32)
     finally:

@@ -58,10 +58,13 @@ def test_extract_prints_and_records_the_counts_per_source(tmp_path, tiny_model_d
 
 @pytest.mark.slow
 def test_self_prompts_on_smollm2_are_distinct_user_turns_then_answered(smollm2_dir, tmp_path):
+    from eagle3.target_model.generate.common import AnswerSettings
     from eagle3.target_model.generate.hf_engine import HFRegenerator
     from eagle3.target_model.generate.self_prompts import SelfPrompts
 
-    regen = HFRegenerator(smollm2_dir, tmp_path, max_tokens=12, max_model_len=256, gen_batch_size=3)
+    regen = HFRegenerator(
+        smollm2_dir, tmp_path, answers=AnswerSettings(max_tokens=12, max_model_len=256), gen_batch_size=3
+    )
     entry = {"name": "self", "prompt_max_tokens": 16, "topics": ["math", "coding", "history"]}
     stream = iter(SelfPrompts(regen, entry, seed=0, batch_size=3))
     convs = [next(stream) for _ in range(3)]

@@ -20,6 +20,7 @@ from conftest import ROOT, compose
 from omegaconf import OmegaConf
 
 from eagle3.stages.train import run as train
+from eagle3.store.batch_options import BatchShape
 from eagle3.util.launch import LaunchError, check_external_launch, launch_run_id
 
 TINY = ["experiment=tiny_test"]
@@ -110,7 +111,7 @@ def test_val_metrics_equal_one_process_validation(ddp_run, datasets_dir):
 
     summary = json.loads((ddp_run / "summary.json").read_text())
     cfg = compose("train", TINY + [f"paths.datasets_dir={datasets_dir}"])
-    dm = Eagle3DataModule(summary["dataset_dir"], max_tokens_per_batch=int(cfg.train.max_tokens_per_batch))
+    dm = Eagle3DataModule(summary["dataset_dir"], shape=BatchShape(int(cfg.train.max_tokens_per_batch)))
     path = resolve_step_path(cfg.train, cfg.topology)  # the path the DDP run trained and validated on
     target_dir = resolve_target(cfg.model, cfg.paths.cache_dir)
     head, meta = build_head(

@@ -16,6 +16,7 @@ from helpers import SHORT_CHATS, chat_samples
 from eagle3.config.target import ModelConfig
 from eagle3.store import HiddenStateDataset, ShardWriter
 from eagle3.store.storage_format import StorageFormat
+from eagle3.store.write_options import WriteOptions
 from eagle3.target_model.adapter import CaptureError
 from eagle3.target_model.capture_hf import HFCaptureBackend
 from eagle3.target_model.records import DeviceEncoding
@@ -291,7 +292,7 @@ def test_cuda_encoded_batch_copies_are_the_cpu_encode_bit_for_bit_and_write_the_
             hidden_size=H,
             dtype=torch.bfloat16,
             fingerprint_inputs={"test": "device encode"},
-            shard_max_tokens=100,
+            write=WriteOptions(shard_max_tokens=100),
             storage=storage,
         )
         for sid, r in records.items():

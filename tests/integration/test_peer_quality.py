@@ -83,13 +83,14 @@ def test_speculators_head_gives_eagle3_head_logits_and_the_same_replay(dataset_d
     every counted position, and the same replay."""
     from eagle3.draft.shift import shift_left
     from eagle3.evaluation.diagnostics.head_replay import load_exported_head
+    from eagle3.store.batch_options import BatchShape
     from eagle3.training.datamodule import Eagle3DataModule
 
     doc = _train(dataset_dir, tmp_path, "--max-steps", "4", "--no-norm-before-residual", "--no-norm-output")
     export = tmp_path / "export"
     ours, _ = load_exported_head(export, doc["verifier"])
     theirs = peer_quality.SpeculatorsHead(peer_train.load_peer_export(export, doc["verifier"]))
-    dm = Eagle3DataModule(str(dataset_dir), max_tokens_per_batch=1024, require_train=False)
+    dm = Eagle3DataModule(str(dataset_dir), shape=BatchShape(1024), require_train=False)
     batch = next(iter(dm.loader_for(dm.val_idx)))
     args = (batch["aux_hidden"], batch["input_ids"], batch["position_ids"], batch["segment_ids"], 3)
     with torch.no_grad():

@@ -8,9 +8,10 @@ import json
 import pytest
 from helpers.chats import question_conversation
 
-from eagle3.data import prepare_samples
+from eagle3.data import ChatSource, Regeneration, prepare_samples
 from eagle3.data.conversation import conversation_of
 from eagle3.data.split import is_validation
+from eagle3.target_model.generate.common import AnswerSettings
 from eagle3.target_model.generate.hf_engine import HFRegenerator
 
 
@@ -20,7 +21,7 @@ def test_each_conversation_answered_n_times_and_cached_per_answer(smollm2_dir, t
         question_conversation("capital", "What is the capital of France?"),
         question_conversation("poem_1", "Write a poem.", split_key="poem"),
     ]
-    kw = dict(max_tokens=12, max_model_len=256, temperature=1.0, gen_batch_size=8)
+    kw = dict(answers=AnswerSettings(temperature=1.0, max_tokens=12, max_model_len=256), gen_batch_size=8)
     regen = HFRegenerator(smollm2_dir, tmp_path, num_answers=3, **kw)
     out = regen(convs)
     assert [c.id for c in out] == [
@@ -46,7 +47,7 @@ def test_each_conversation_answered_n_times_and_cached_per_answer(smollm2_dir, t
     ids = [json.loads(line)["id"] for line in regen.cache_file.read_text().splitlines()]
     assert sorted(ids) == sorted([c.id for c in out4])
     with pytest.raises(ValueError, match="data.regen_num_answers: expected 1, or more with data.regen_temperature > 0"):
-        HFRegenerator(smollm2_dir, tmp_path, num_answers=2, max_tokens=4)
+        HFRegenerator(smollm2_dir, tmp_path, answers=AnswerSettings(max_tokens=4), num_answers=2)
 
 
 @pytest.mark.slow
@@ -59,11 +60,13 @@ def test_the_pipeline_keeps_every_answer_of_a_conversation_on_one_side(smollm2_d
             q = [{"role": "user", "content": f"Name a fruit number {i}."}, {"role": "assistant", "content": "x"}]
             f.write(json.dumps({"id": f"c{i}", "messages": q}) + "\n")
     regen = HFRegenerator(
-        smollm2_dir, tmp_path / "cache", num_answers=2, max_tokens=6, max_model_len=128, temperature=1.0
+        smollm2_dir,
+        tmp_path / "cache",
+        answers=AnswerSettings(temperature=1.0, max_tokens=6, max_model_len=128),
+        num_answers=2,
     )
     data = prepare_samples(
-        "jsonl",
-        str(path),
+        ChatSource("jsonl", str(path)),
         AutoTokenizer.from_pretrained(smollm2_dir),
         max_samples=11,  # samples, not conversations: 6 conversations answered twice, 11 kept
         max_length=128,
@@ -71,8 +74,7 @@ def test_the_pipeline_keeps_every_answer_of_a_conversation_on_one_side(smollm2_d
         val_fraction=0.5,
         seed=1,  # c2, c4 and c5 land in val
         progress=False,
-        regenerate=regen,
-        regenerate_batch_size=4,
+        regeneration=Regeneration(regen, 4),
     )
     samples = data.train + data.val
     assert len(samples) == 11 and regen.generated == 12  # two calls: 4 conversations, then the 2 still needed

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from eagle3.data.conversation import Conversation
-from eagle3.target_model.generate.common import cache_key, resolve_backend
+from eagle3.target_model.generate.common import AnswerSettings, cache_key, resolve_backend
 from eagle3.target_model.generate.dispatch import make_regenerator
 from eagle3.target_model.generate.hf_engine import HFRegenerator
 
@@ -44,7 +44,9 @@ def _convs() -> list[Conversation]:
 
 @pytest.mark.slow
 def test_hf_answers_replace_dataset_answers_batched_and_cached(smollm2_dir, tmp_path):
-    regen = HFRegenerator(smollm2_dir, tmp_path, max_tokens=24, max_model_len=256, gen_batch_size=2)
+    regen = HFRegenerator(
+        smollm2_dir, tmp_path, answers=AnswerSettings(max_tokens=24, max_model_len=256), gen_batch_size=2
+    )
     convs = _convs()
     out = regen(convs)
     assert regen.generated == 3 and 0 < regen.new_tokens <= 24 * 4  # 4 user turns, at most 24 tokens each
@@ -64,7 +66,9 @@ def test_hf_answers_replace_dataset_answers_batched_and_cached(smollm2_dir, tmp_
     assert 0 < room < 24
     assert len(tok(out[1].messages[1]["content"], add_special_tokens=False)["input_ids"]) <= room + 1
     # a second engine on the same cache generates nothing and returns the same answers
-    again = HFRegenerator(smollm2_dir, tmp_path, max_tokens=24, max_model_len=256, gen_batch_size=2)
+    again = HFRegenerator(
+        smollm2_dir, tmp_path, answers=AnswerSettings(max_tokens=24, max_model_len=256), gen_batch_size=2
+    )
     assert [c.messages for c in again(convs)] == [c.messages for c in out] and again.generated == 0
     lines = [json.loads(line) for line in regen.cache_file.read_text().splitlines()]
     assert [r["id"] for r in lines] == ["capital", "long", "short"]
@@ -72,16 +76,15 @@ def test_hf_answers_replace_dataset_answers_batched_and_cached(smollm2_dir, tmp_
 
 @pytest.mark.slow
 def test_hf_regen_max_turns_keeps_only_the_first_turns(smollm2_dir, tmp_path):
-    regen = HFRegenerator(smollm2_dir, tmp_path, max_tokens=8, max_model_len=256, max_turns=1)
+    regen = HFRegenerator(smollm2_dir, tmp_path, answers=AnswerSettings(max_tokens=8, max_model_len=256, max_turns=1))
     out = regen(_convs()[:1])
     assert [m["role"] for m in out[0].messages] == ["user", "assistant"]
     # a different turn limit (or engine) is a different cache: answers never mix
-    assert cache_key(str(smollm2_dir), 0.0, 8, 0, None, "hf", 1) != cache_key(
-        str(smollm2_dir), 0.0, 8, 0, None, "hf", None
+    one_turn = AnswerSettings(max_tokens=8, max_turns=1)
+    assert cache_key(str(smollm2_dir), one_turn, "hf") != cache_key(
+        str(smollm2_dir), AnswerSettings(max_tokens=8), "hf"
     )
-    assert cache_key(str(smollm2_dir), 0.0, 8, 0, None, "hf", 1) != cache_key(
-        str(smollm2_dir), 0.0, 8, 0, None, "vllm", 1
-    )
+    assert cache_key(str(smollm2_dir), one_turn, "hf") != cache_key(str(smollm2_dir), one_turn, "vllm")
 
 
 def test_backend_names_are_checked(tmp_path):
@@ -89,7 +92,7 @@ def test_backend_names_are_checked(tmp_path):
     with pytest.raises(ValueError, match="data.regen_backend: expected auto, vllm or hf, got 'sglang'"):
         resolve_backend("sglang")
     with pytest.raises(ValueError, match="regen_max_turns: expected null or >= 1, got 0"):
-        make_regenerator("hf", str(tmp_path), tmp_path, max_turns=0)
+        make_regenerator("hf", str(tmp_path), tmp_path, answers=AnswerSettings(max_turns=0))
 
 
 @pytest.mark.slow
@@ -103,8 +106,7 @@ def test_padding_leak_is_caught_and_answered_with_eager_attention(smollm2_dir, t
     regen = HFRegenerator(
         smollm2_dir,
         tmp_path / "b",
-        max_tokens=12,
-        max_model_len=256,
+        answers=AnswerSettings(max_tokens=12, max_model_len=256),
         gen_batch_size=2,
         attn_implementation="sdpa",
         fast_decode=False,
@@ -114,8 +116,7 @@ def test_padding_leak_is_caught_and_answered_with_eager_attention(smollm2_dir, t
     alone = HFRegenerator(
         smollm2_dir,
         tmp_path / "a",
-        max_tokens=12,
-        max_model_len=256,
+        answers=AnswerSettings(max_tokens=12, max_model_len=256),
         gen_batch_size=1,
         attn_implementation="eager",
         fast_decode=False,
@@ -136,8 +137,7 @@ def test_static_cache_gives_the_dynamic_cache_answers(smollm2_dir, tmp_path):
     dynamic = HFRegenerator(
         smollm2_dir,
         tmp_path / "d",
-        max_tokens=16,
-        max_model_len=256,
+        answers=AnswerSettings(max_tokens=16, max_model_len=256),
         gen_batch_size=4,
         fast_decode=False,
         dtype="float32",
@@ -145,8 +145,7 @@ def test_static_cache_gives_the_dynamic_cache_answers(smollm2_dir, tmp_path):
     static = HFRegenerator(
         smollm2_dir,
         tmp_path / "s",
-        max_tokens=16,
-        max_model_len=256,
+        answers=AnswerSettings(max_tokens=16, max_model_len=256),
         gen_batch_size=4,
         static_cache=True,
         dtype="float32",
@@ -161,7 +160,7 @@ def test_fast_decode_gives_the_generate_answers(smollm2_dir, tmp_path, caplog):
     float32, because bf16 on this CPU flips a near tie in the long story ("Aurora" vs "Pixel",
     measured), as bf16 generate itself does between batched and alone."""
     convs = _convs()
-    kwargs = dict(max_tokens=24, max_model_len=256, gen_batch_size=2, dtype="float32")
+    kwargs = dict(answers=AnswerSettings(max_tokens=24, max_model_len=256), gen_batch_size=2, dtype="float32")
     fast = HFRegenerator(smollm2_dir, tmp_path / "f", **kwargs)
     slow = HFRegenerator(smollm2_dir, tmp_path / "g", fast_decode=False, **kwargs)
     assert fast.cache_file.name == slow.cache_file.name
@@ -178,9 +177,9 @@ def test_fast_decode_gives_the_generate_answers(smollm2_dir, tmp_path, caplog):
 def test_a_higher_turn_limit_generates_only_the_new_turns(smollm2_dir, tmp_path):
     """data.regen_max_turns 1 -> 2: the first answers come from the 1-turn run's cache (same
     conversation only), so only the second turns are generated."""
-    one = HFRegenerator(smollm2_dir, tmp_path, max_tokens=8, max_model_len=256, max_turns=1)
+    one = HFRegenerator(smollm2_dir, tmp_path, answers=AnswerSettings(max_tokens=8, max_model_len=256, max_turns=1))
     first = one(_convs())
-    two = HFRegenerator(smollm2_dir, tmp_path, max_tokens=8, max_model_len=256, max_turns=2)
+    two = HFRegenerator(smollm2_dir, tmp_path, answers=AnswerSettings(max_tokens=8, max_model_len=256, max_turns=2))
     asked: list[int] = []
     complete = two._complete
     two._complete = lambda prompts, rooms, seeds: (asked.append(len(prompts)), complete(prompts, rooms, seeds))[1]

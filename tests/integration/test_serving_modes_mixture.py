@@ -16,12 +16,13 @@ from eagle3.config.schema import run_config
 from eagle3.data.conversation import Conversation
 from eagle3.data.loaders import LoadReport
 from eagle3.data.mixture import Mixture
-from eagle3.data.pipeline import prepare_samples
+from eagle3.data.pipeline import ChatSource, prepare_samples
+from eagle3.data.render import ChatStyle
 from eagle3.evaluation.prompts import heldout_prompts
 from eagle3.extraction.identity import fingerprint_inputs
 from eagle3.stages.extract import run as extract
 from eagle3.stages.narrow import dataset_identity
-from eagle3.target_model.generate.common import _asked_sha
+from eagle3.target_model.generate.common import AnswerSettings, _asked_sha
 from eagle3.target_model.generate.vllm_engine import VLLMRegenerator
 from eagle3.target_model.resolve import resolve_target
 
@@ -62,8 +63,8 @@ def tokenizer(smollm2_dir):
 def test_each_source_is_rendered_in_its_own_mode(tmp_path, tokenizer):
     mixture = Mixture(_entries(tmp_path), 0, regenerate=False, max_samples=0)
     prepared = prepare_samples(
-        "mixture", None, tokenizer, max_samples=24, max_length=128, overflow="truncate", val_fraction=0.0,
-        seed=0, chat_template=TEMPLATE, progress=False, mixture=mixture,
+        ChatSource("mixture", mixture=mixture), tokenizer, max_samples=24, max_length=128, overflow="truncate",
+        val_fraction=0.0, seed=0, style=ChatStyle(TEMPLATE), progress=False,
     )  # fmt: skip
     text = {s.id: tokenizer.decode(s.input_ids) for s in prepared.train}
     assert len(text) == 24
@@ -80,7 +81,9 @@ def test_the_target_answers_each_conversation_in_its_mode_and_caches_it_apart(tm
     think = next(c for c in convs if c.id.startswith("think/"))
     assert fast.template_kwargs == OFF and think.template_kwargs is None
     assert fast.messages[0] == {"role": "system", "content": SYSTEM}
-    regen = VLLMRegenerator(str(smollm2_dir), tmp_path / "cache", chat_template=TEMPLATE)  # no engine started
+    regen = VLLMRegenerator(
+        str(smollm2_dir), tmp_path / "cache", answers=AnswerSettings(chat_template=TEMPLATE)
+    )  # no engine started
     asked = [m for m in fast.messages if m["role"] != "assistant"]
     assert tokenizer.decode(regen._prompt_ids(asked, fast.template_kwargs)).endswith(
         " /no_think<|im_end|>\n<|im_start|>assistant\n"

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -87,38 +87,44 @@ def target_identity(target_dir: str | Path, content: ContentShaCache | None = No
     return parts
 
 
+@dataclass(frozen=True)
+class AnswerSettings:
+    """Every setting that changes an answer, beside the target and the engine: what the answer
+    cache's key holds (``cache_key``) with them."""
+
+    temperature: float = 0.0  # data.regen_temperature; 0: greedy
+    max_tokens: int = 512  # new tokens per answer at most (data.regen_max_tokens)
+    seed: int = 0
+    max_model_len: int = 4096  # an answer's room: its prompt and itself
+    max_turns: int | None = None  # user turns answered (data.regen_max_turns); None: all
+    chat_template: str | None = None  # model.chat_template; None: the tokenizer's
+    template_kwargs: Mapping[str, Any] | None = None  # data.chat_template_kwargs
+    quantization: str | None = None  # model.quantization: the vLLM engine runs the target so
+
+
 def cache_key(
-    target_dir: str,
-    temperature: float,
-    max_tokens: int,
-    seed: int,
-    chat_template: str | None,
-    backend: str = "vllm",
-    max_turns: int | None = None,
-    *,
-    max_model_len: int = 4096,
-    target: dict[str, Any] | None = None,
-    quantization: str | None = None,
-    template_kwargs: dict[str, Any] | None = None,
+    target_dir: str, answers: AnswerSettings, backend: str = "vllm", *, target: dict[str, Any] | None = None
 ) -> str:
     """The answer cache's key: the target by content (``target_identity``; ``target``: it,
-    computed already) and every setting that changes an answer. ``quantization`` (vLLM's name of
-    model.quantization) and ``template_kwargs`` (data.chat_template_kwargs) are in the key only
-    when set, so the answers cached before keep theirs. A system prompt needs no key: it is a
-    turn of the conversation, which each answer's record matches by its user turns' hash."""
+    computed already), the engine and every setting that changes an answer. The quantization (as
+    vLLM names model.quantization) and the template arguments are in the key only when set, so
+    the answers cached before keep theirs. A system prompt needs no key: it is a turn of the
+    conversation, which each answer's record matches by its user turns' hash."""
     parts = dict(target if target is not None else target_identity(target_dir))
+    quantization, template_kwargs = vllm_name(answers.quantization), dict(answers.template_kwargs or {})
     if quantization:
         parts["quantization"] = quantization
     if template_kwargs:
         parts["template_kwargs"] = template_kwargs
+    chat_template = answers.chat_template
     parts.update(
-        temperature=float(temperature),
-        max_tokens=int(max_tokens),
-        max_model_len=int(max_model_len),
-        seed=int(seed),
+        temperature=float(answers.temperature),
+        max_tokens=int(answers.max_tokens),
+        max_model_len=int(answers.max_model_len),
+        seed=int(answers.seed),
         chat_template=short_sha(chat_template) if chat_template else None,
         backend=backend,
-        max_turns=max_turns,
+        max_turns=answers.max_turns,
     )
     return short_sha(json.dumps(parts, sort_keys=True))
 
@@ -164,24 +170,20 @@ class Regenerator:
         target_dir: str,
         cache_dir: str | Path,
         *,
-        temperature: float = 0.0,
+        answers: AnswerSettings = AnswerSettings(),
         num_answers: int = 1,
-        max_tokens: int = 512,
-        seed: int = 0,
-        max_model_len: int = 4096,
-        chat_template: str | None = None,
-        max_turns: int | None = None,
         trust_remote_code: bool = False,
-        quantization: str | None = None,
-        template_kwargs: dict[str, Any] | None = None,
     ):
+        """``answers``: what changes an answer (sampling, room, turns, template, quantization);
+        ``num_answers``: answers per conversation (more than 1 only sampled)."""
         self.target_dir = str(target_dir)
         # model.quantization as vLLM names it: the vLLM engine runs the target so; the HF one
         # cannot (refused at compose: eagle3/stages/validate.py)
-        self.quantization = vllm_name(quantization)
-        self.temperature, self.max_tokens, self.seed = float(temperature), int(max_tokens), int(seed)
-        self.max_model_len, self.chat_template = int(max_model_len), chat_template
-        self.template_kwargs = dict(template_kwargs or {})  # data.chat_template_kwargs
+        self.quantization = vllm_name(answers.quantization)
+        temperature, max_turns = answers.temperature, answers.max_turns
+        self.temperature, self.max_tokens, self.seed = float(temperature), int(answers.max_tokens), int(answers.seed)
+        self.max_model_len, self.chat_template = int(answers.max_model_len), answers.chat_template
+        self.template_kwargs = dict(answers.template_kwargs or {})  # data.chat_template_kwargs
         self.trust_remote_code = bool(trust_remote_code)  # model.trust_remote_code, for every load
         self.num_answers = int(num_answers)
         if self.num_answers < 1 or (self.num_answers > 1 and self.temperature <= 0):
@@ -196,19 +198,7 @@ class Regenerator:
         target = target_identity(target_dir, content_cache(cache_dir))  # hashed once, for every key below
 
         def cache_file(turns: int | None) -> Path:
-            key = cache_key(
-                target_dir,
-                temperature,
-                max_tokens,
-                seed,
-                chat_template,
-                self.backend,
-                turns,
-                max_model_len=self.max_model_len,
-                target=target,
-                quantization=self.quantization,
-                template_kwargs=self.template_kwargs,
-            )
+            key = cache_key(target_dir, replace(answers, max_turns=turns), self.backend, target=target)
             return Path(cache_dir) / "regenerated" / f"{key}.jsonl"
 
         self.cache_file = cache_file(self.max_turns)

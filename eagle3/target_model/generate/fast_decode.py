@@ -16,6 +16,7 @@ tie can flip either way, as it does for ``generate`` between a batch and a promp
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -174,14 +175,25 @@ def _step(
     return model.lm_head(model.model.norm(h))[:, 0].float()
 
 
-def _pick(logits: torch.Tensor, temperature: float, top_k: int, generator: torch.Generator | None) -> torch.Tensor:
-    if temperature <= 0:
+@dataclass(frozen=True)
+class _Sampling:
+    """How the next token is picked: the argmax at ``temperature`` 0, else a draw with
+    ``generator`` from softmax(logits / temperature), over the top ``top_k`` only when > 0."""
+
+    temperature: float
+    top_k: int
+    generator: torch.Generator | None
+
+
+def _pick(logits: torch.Tensor, sampling: _Sampling) -> torch.Tensor:
+    if sampling.temperature <= 0:
         return logits.argmax(dim=-1)
-    logits = logits / temperature
+    logits = logits / sampling.temperature
+    top_k = sampling.top_k
     if 0 < top_k < logits.shape[-1]:  # as generate's top-k warper: keep ties with the k-th
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)[:, 0]
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=sampling.generator)[:, 0]
 
 
 def decode(
@@ -222,11 +234,9 @@ def decode(
             stop_ids,
             width,
             most,
-            temperature,
-            generator,
+            _Sampling(temperature, top_k, generator),
             compact_below,
             prefill_tokens,
-            top_k,
         )
     stop = set(int(s) for s in stop_ids)
     for i, seq in zip(todo, out.tolist()):
@@ -236,7 +246,7 @@ def decode(
 
 
 def _run(
-    model, prompts, rooms, stop_ids, width, most, temperature, generator, compact_below, prefill_tokens, top_k
+    model, prompts, rooms, stop_ids, width: int, most: int, sampling: _Sampling, compact_below, prefill_tokens
 ) -> torch.Tensor:
     """[len(prompts), most] generated ids (-1 where a row was dropped before that step)."""
     embed = model.model.embed_tokens.weight
@@ -266,7 +276,7 @@ def _run(
     # on CUDA, asking how many rows are live stalls the queue; every few steps is enough
     check_every = 4 if device.type == "cuda" else 1
     for step in range(most):
-        tok = _pick(logits, temperature, top_k, generator)
+        tok = _pick(logits, sampling)
         out[row_ids, step] = tok
         done |= torch.isin(tok, stops) | (room <= step + 1)
         if step + 1 == most:

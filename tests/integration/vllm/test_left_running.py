@@ -245,9 +245,9 @@ COMPOSE_AND_ENGINE = textwrap.dedent("""
     sys.path.insert(0, "tests")
     from conftest import compose
     compose("train", ["experiment=tiny_test"])
-    from eagle3.target_model.capture_vllm import VLLMCaptureBackend
-    with VLLMCaptureBackend(sys.argv[1], (2, 15, 27, 30), max_model_len=256, max_num_seqs=2,
-                            cpu_kvcache_space_gb=1, enforce_eager=True, spill_dir=sys.argv[2]) as backend:
+    from eagle3.target_model.capture_vllm import CaptureEngine, VLLMCaptureBackend
+    engine = CaptureEngine(max_model_len=256, max_num_seqs=2, cpu_kvcache_space_gb=1, enforce_eager=True)
+    with VLLMCaptureBackend(sys.argv[1], (2, 15, 27, 30), engine=engine, spill_dir=sys.argv[2]) as backend:
         ids = torch.arange(1, 20)
         assert len(list(backend.capture([("s0", ids, torch.ones_like(ids, dtype=torch.bool))]))) == 1
 """)

@@ -13,6 +13,7 @@ SCRIPT = textwrap.dedent(
     """
     import json, sys
     from eagle3.data.loaders import load_conversations
+    from eagle3.target_model.generate.common import AnswerSettings
     from eagle3.target_model.generate.vllm_engine import VLLMRegenerator
     from eagle3.target_model.resolve import materialize_smollm2
 
@@ -23,16 +24,17 @@ SCRIPT = textwrap.dedent(
         convs.append(type(convs[0])(id="capital", messages=[
             {"role": "user", "content": "What is the capital of France?"},
             {"role": "assistant", "content": "IGNORED HUMAN ANSWER"}]))
-        regen = VLLMRegenerator(target_dir, cache, max_tokens=24, max_model_len=1024, cpu_kvcache_space_gb=1)
+        answers = AnswerSettings(max_tokens=24, max_model_len=1024)
+        regen = VLLMRegenerator(target_dir, cache, answers=answers, cpu_kvcache_space_gb=1)
         out = regen(convs)
         first = regen.generated
         regen.close()
-        again = VLLMRegenerator(target_dir, cache, max_tokens=24, max_model_len=1024)
+        again = VLLMRegenerator(target_dir, cache, answers=answers)
         out2 = again(convs)
         again.close()
         # two sampled answers to one prompt: each request has its own seed (seed + answer)
-        sampled = VLLMRegenerator(target_dir, cache + "-sampled", max_tokens=16, max_model_len=1024,
-                                  temperature=1.0, num_answers=2)
+        sampled = VLLMRegenerator(target_dir, cache + "-sampled", num_answers=2,
+                                  answers=AnswerSettings(temperature=1.0, max_tokens=16, max_model_len=1024))
         pair = sampled(convs[-1:])
         print("RESULT " + json.dumps({"first": first, "second": again.generated,
                           "orig": [c.messages for c in convs], "new": [c.messages for c in out],

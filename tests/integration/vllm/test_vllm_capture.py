@@ -53,19 +53,18 @@ def target_dir() -> str:
 
 @pytest.fixture(scope="module")
 def vllm_backend(target_dir, samples):
-    from eagle3.target_model.capture_vllm import VLLMCaptureBackend
+    from eagle3.target_model.capture_vllm import CaptureEngine, VLLMCaptureBackend
 
     # enforce_eager skips vLLM's torch.compile warm-up (1-2 min on this shared CPU); the
     # states are the model's own outputs either way (parity measured identical compiled)
-    backend = VLLMCaptureBackend(
-        target_dir,
-        IDS,
+    engine = CaptureEngine(
         max_model_len=2048,
         max_num_seqs=8,
         cpu_kvcache_space_gb=2,
         max_num_batched_tokens=STEP_TOKENS,
         enforce_eager=True,
     )
+    backend = VLLMCaptureBackend(target_dir, IDS, engine=engine)
     yield backend
     backend.close()
 
@@ -91,7 +90,7 @@ def test_tensor_parallel_2_matches_hf(samples):
     from eagle3.config.choices import ModelSource
     from eagle3.config.target import ModelConfig
     from eagle3.target_model.capture_hf import HFCaptureBackend
-    from eagle3.target_model.capture_vllm import VLLMCaptureBackend
+    from eagle3.target_model.capture_vllm import CaptureEngine, VLLMCaptureBackend
     from eagle3.target_model.resolve import materialize_tiny
 
     tiny = ModelConfig(
@@ -111,16 +110,15 @@ def test_tensor_parallel_2_matches_hf(samples):
     target_dir = str(materialize_tiny(tiny, CACHE))
     ids = (1, 2, 3, 4)
     short = samples[:2] + [(samples[2][0], samples[2][1][:150], samples[2][2][:150])]
-    with VLLMCaptureBackend(
-        target_dir,
-        ids,
+    engine = CaptureEngine(
         tensor_parallel_size=2,
         max_model_len=1024,
         max_num_seqs=4,
         cpu_kvcache_space_gb=1,
         max_num_batched_tokens=STEP_TOKENS,
         enforce_eager=True,
-    ) as tp2:
+    )
+    with VLLMCaptureBackend(target_dir, ids, engine=engine) as tp2:
         got = list(tp2.capture(short))
         assert os.listdir(tp2._dirs.spill) == [".owner.json"]  # every file read back and removed, no temp leftovers
     hf = HFCaptureBackend(target_dir, ids, batch_size=1)
@@ -223,16 +221,16 @@ def test_many_calls_keep_input_order(vllm_backend, samples):
 
 @pytest.mark.vllm
 def test_prefix_caching_and_bad_layer_ids_are_refused_before_start(target_dir):
-    from eagle3.target_model.capture_vllm import VLLMCaptureBackend
+    from eagle3.target_model.capture_vllm import CaptureEngine, VLLMCaptureBackend
 
     with pytest.raises(CaptureError, match="enable_prefix_caching: expected False, got True"):
-        VLLMCaptureBackend(target_dir, IDS, enable_prefix_caching=True)
+        VLLMCaptureBackend(target_dir, IDS, engine=CaptureEngine(enable_prefix_caching=True))
     with pytest.raises(CaptureError, match=r"layer_ids: expected unique ascending ids in 0..30 \(N=30"):
         VLLMCaptureBackend(target_dir, (2, 15, 27, 31))
     with pytest.raises(CaptureError, match="layer_ids"):
         VLLMCaptureBackend(target_dir, (15, 2, 30))  # vLLM would return them in layer order: mislabelled
     with pytest.raises(CaptureError, match="data_parallel_size"):
-        VLLMCaptureBackend(target_dir, IDS, data_parallel_size=2)
+        VLLMCaptureBackend(target_dir, IDS, engine=CaptureEngine(data_parallel_size=2))
     if torch.cuda.is_available():
         return
     # the stock connector's CUDA-stream copy cannot run on the CPU build: refused by name

@@ -36,13 +36,12 @@ HF_MIN_COSINE = 0.999  # vLLM's CPU kernels against transformers, both bf16 (mea
 def files(smollm2_dir, tmp_path_factory) -> list[Path]:
     """The connector's files for the chats, kept as vLLM wrote them, each with a sidecar of the
     request's sample id and loss mask."""
-    from eagle3.target_model.capture_vllm import VLLMCaptureBackend
+    from eagle3.target_model.capture_vllm import CaptureEngine, VLLMCaptureBackend
 
     out = tmp_path_factory.mktemp("connector_files")
     feed = chat_samples(smollm2_dir, CHUNKED_PREFILL_CHATS)
-    with VLLMCaptureBackend(
-        str(smollm2_dir), IDS, max_model_len=2048, max_num_seqs=8, cpu_kvcache_space_gb=2, enforce_eager=True
-    ) as backend:
+    engine = CaptureEngine(max_model_len=2048, max_num_seqs=8, cpu_kvcache_space_gb=2, enforce_eager=True)
+    with VLLMCaptureBackend(str(smollm2_dir), IDS, engine=engine) as backend:
         # vLLM's connector as it ships on a GPU, with the host copy on the CPU build
         assert backend.route == ("native" if torch.cuda.is_available() else "native_host_copy")
         backend.keep_files_dir = str(out)

@@ -16,7 +16,7 @@ from conftest import ROOT, compose
 from eagle3.data import DataError, load_conversations
 from eagle3.data.hf_source import HFOptions
 from eagle3.data.loaders import iter_conversations
-from eagle3.data.pipeline import prepare_samples
+from eagle3.data.pipeline import ChatSource, prepare_samples
 
 
 def _parquet(path: Path, rows: list[dict]) -> Path:
@@ -125,8 +125,7 @@ def test_data_hf_preset_feeds_the_pipeline(tmp_path):
         compose("extract", ["data=hf", "data.hf_splt=test"])
     tokenizer = AutoTokenizer.from_pretrained(materialize_smollm2(ROOT / ".cache"))
     data = prepare_samples(
-        cfg.data.source,
-        cfg.data.path,
+        ChatSource(cfg.data.source, cfg.data.path, HFOptions.from_data(cfg.data)),
         tokenizer,
         max_samples=None,
         max_length=64,
@@ -134,7 +133,6 @@ def test_data_hf_preset_feeds_the_pipeline(tmp_path):
         val_fraction=0.25,
         seed=0,
         progress=False,
-        hf=HFOptions.from_data(cfg.data),
     )
     assert len(data.train) + len(data.val) == 12 and data.val
     assert {s.id for s in data.train + data.val} == {f"c{n}" for n in range(12)}

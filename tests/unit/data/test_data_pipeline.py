@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from eagle3.data import Conversation, DataError, prepare_samples
+from eagle3.data import ChatSource, Conversation, DataError, Regeneration, prepare_samples
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +53,7 @@ def _write_jsonl(path, n, long_answer_every=0):
 def test_samples_report_and_drop(tokenizer, tmp_path):
     path = _write_jsonl(tmp_path / "chats.jsonl", 12, long_answer_every=4)  # c0, c4, c8 too long
     data = prepare_samples(
-        "jsonl",
-        str(path),
+        ChatSource("jsonl", str(path)),
         tokenizer,
         max_samples=None,
         max_length=64,
@@ -83,8 +82,7 @@ def test_samples_report_and_drop(tokenizer, tmp_path):
 def test_max_samples_caps_kept_samples_and_stops_reading(tokenizer, tmp_path):
     path = _write_jsonl(tmp_path / "chats.jsonl", 50, long_answer_every=3)
     data = prepare_samples(
-        "jsonl",
-        str(path),
+        ChatSource("jsonl", str(path)),
         tokenizer,
         max_samples=10,
         max_length=64,
@@ -101,8 +99,7 @@ def test_everything_dropped_fails_with_the_reason(tokenizer, tmp_path):
     path = _write_jsonl(tmp_path / "chats.jsonl", 4)
     with pytest.raises(DataError, match=r"all dropped when rendering \(too_long: 4; max_length=8, overflow=drop\)"):
         prepare_samples(
-            "jsonl",
-            str(path),
+            ChatSource("jsonl", str(path)),
             tokenizer,
             max_samples=None,
             max_length=8,
@@ -114,8 +111,7 @@ def test_everything_dropped_fails_with_the_reason(tokenizer, tmp_path):
     path.write_text(json.dumps({"messages": []}) + "\n")
     with pytest.raises(DataError, match="empty_conversation: 1"):
         prepare_samples(
-            "jsonl",
-            str(path),
+            ChatSource("jsonl", str(path)),
             tokenizer,
             max_samples=None,
             max_length=64,
@@ -139,8 +135,7 @@ def test_regenerate_replaces_assistant_turns_before_rendering(tokenizer, tmp_pat
         return out
 
     data = prepare_samples(
-        "jsonl",
-        str(path),
+        ChatSource("jsonl", str(path)),
         tokenizer,
         max_samples=10,
         max_length=64,
@@ -148,8 +143,7 @@ def test_regenerate_replaces_assistant_turns_before_rendering(tokenizer, tmp_pat
         val_fraction=0.0,
         seed=0,
         progress=False,
-        regenerate=regenerate,
-        regenerate_batch_size=4,
+        regeneration=Regeneration(regenerate, 4),
     )
     assert batches == [["c0", "c1", "c2", "c3"], ["c4", "c5", "c6", "c7"], ["c8", "c9"]]  # only what is needed
     for s in data.train:
@@ -161,8 +155,7 @@ def test_regenerate_replaces_assistant_turns_before_rendering(tokenizer, tmp_pat
 
     with pytest.raises(DataError, match=r"regenerate must return, in order, num_answers=1 answered copies"):
         prepare_samples(
-            "jsonl",
-            str(path),
+            ChatSource("jsonl", str(path)),
             tokenizer,
             max_samples=10,
             max_length=64,
@@ -170,8 +163,7 @@ def test_regenerate_replaces_assistant_turns_before_rendering(tokenizer, tmp_pat
             val_fraction=0.0,
             seed=0,
             progress=False,
-            regenerate=shuffles,
-            regenerate_batch_size=4,
+            regeneration=Regeneration(shuffles, 4),
         )
 
 
@@ -183,8 +175,7 @@ def test_regenerated_conversation_without_answer_is_skipped_and_counted(tokenize
         return [dataclasses.replace(c, messages=[]) if c.id == "c2" else c for c in batch]
 
     data = prepare_samples(
-        "jsonl",
-        str(path),
+        ChatSource("jsonl", str(path)),
         tokenizer,
         max_samples=None,
         max_length=64,
@@ -192,7 +183,7 @@ def test_regenerated_conversation_without_answer_is_skipped_and_counted(tokenize
         val_fraction=0.0,
         seed=0,
         progress=False,
-        regenerate=regenerate,
+        regeneration=Regeneration(regenerate),
     )
     assert "c2" not in {s.id for s in data.train} and len(data.train) == 5
     assert data.report.skipped["regenerated_no_answer"] == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from eagle3.data import is_validation, load_conversations, prepare_samples
+from eagle3.data import ChatSource, is_validation, load_conversations, prepare_samples
 
 
 def test_split_is_deterministic_and_near_the_fraction():
@@ -31,8 +31,7 @@ def tokenizer(smollm2_dir):
 
 def _prepare(tokenizer, max_samples):
     return prepare_samples(
-        "sharegpt",
-        None,
+        ChatSource("sharegpt", None),
         tokenizer,
         max_samples=max_samples,
         max_length=128,
@@ -77,8 +76,7 @@ def test_repeated_ids_of_a_jsonl_land_in_one_split(tmp_path, tokenizer):
     path = tmp_path / "dups.jsonl"
     path.write_text("\n".join(lines) + "\n")
     data = prepare_samples(
-        "jsonl",
-        str(path),
+        ChatSource("jsonl", str(path)),
         tokenizer,
         max_samples=None,
         max_length=128,

@@ -13,19 +13,23 @@ from helpers import write_random_dataset
 from helpers.processes import read_ahead_threads
 
 from eagle3.store import HiddenStateDataset
+from eagle3.store.batch_options import BatchOrder, BatchShape
 from eagle3.store.packing import pack_rows, packed_loader
 from eagle3.store.read_ahead import ReadAheadLoader
 
 
 def _batches(ds, read_ahead: int, **kw):
     batches = pack_rows(ds.lengths, 16, None)
-    return packed_loader(ds, list(range(len(ds))), batches, max_tokens=16, read_ahead=read_ahead, **kw)
+    return packed_loader(ds, list(range(len(ds))), batches, shape=BatchShape(16), read_ahead=read_ahead, **kw)
 
 
 def test_read_ahead_gives_the_batches_of_the_plain_loader_in_order(tmp_path):
     write_random_dataset(tmp_path, n=8)
     ds = HiddenStateDataset(tmp_path)
-    plain, ahead = _batches(ds, 0, shuffle=True, seed=3), _batches(ds, 2, shuffle=True, seed=3)
+    plain, ahead = (
+        _batches(ds, 0, order=BatchOrder(shuffle=True, seed=3)),
+        _batches(ds, 2, order=BatchOrder(shuffle=True, seed=3)),
+    )
     assert type(plain) is torch.utils.data.DataLoader and isinstance(ahead, ReadAheadLoader)
     assert len(ahead) == len(plain) > 2
     for _ in range(2):  # two passes: each pass its own shuffled order, the same in both
@@ -56,7 +60,7 @@ def test_an_error_while_reading_ahead_is_raised_at_the_batch_that_needs_it(tmp_p
     write_random_dataset(tmp_path, n=8)
     ds = HiddenStateDataset(tmp_path)
     batches = [[0, 1], [2, 3], [4, 5], [6, 7]]
-    loader = packed_loader(_FailsAt(ds, 5), list(range(8)), batches, max_tokens=64, read_ahead=3)
+    loader = packed_loader(_FailsAt(ds, 5), list(range(8)), batches, shape=BatchShape(64), read_ahead=3)
     it = iter(loader)
     got = [next(it), next(it)]  # batches 0 and 1 arrive whole, though the thread already failed
     assert [int(b["num_tokens"]) for b in got] == [sum(ds.lengths[i] for i in ids) for ids in batches[:2]]

@@ -15,12 +15,13 @@ from conftest import ROOT
 CHANGE_A_MAPPED_SHARD = textwrap.dedent("""
     import os, sys, torch
     from eagle3.store import HiddenStateDataset, ShardWriter
+    from eagle3.store.write_options import WriteOptions
     from eagle3.target_model.adapter import CapturedSample
 
     path, how = sys.argv[1], sys.argv[2]
     inputs = {"model": "tiny", "layer_ids": [1, 2, 4], "dtype": "bfloat16", "data": {"max_length": 64}}
     w = ShardWriter(path, layer_ids=(1, 2, 4), hidden_size=256, dtype=torch.bfloat16,
-                    fingerprint_inputs=inputs, shard_max_tokens=10_000)
+                    fingerprint_inputs=inputs, write=WriteOptions(shard_max_tokens=10_000))
     for i in range(4):  # one shard of about 300 KB: many pages
         g = torch.Generator().manual_seed(i)
         w.add(f"s{i}", CapturedSample(token_ids=torch.randint(0, 50, (50,), generator=g),

@@ -27,6 +27,7 @@ from helpers.storage import (
 )
 
 from eagle3.store import HiddenStateDataset, ShardWriter, StoreError
+from eagle3.store.batch_options import BatchShape
 from eagle3.store.packing import collate_rows, decode_hidden, split_hidden
 from eagle3.store.reader import DamagedDatasetError
 from eagle3.store.storage_format import FP8_MAX, StorageFormat
@@ -212,7 +213,7 @@ def test_a_batch_decoded_after_the_copy_equals_the_batch_of_decoded_samples(stor
 @pytest.mark.parametrize("workers", [0, 1])
 def test_the_data_module_decoding_after_the_transfer_gives_the_workers_batches(tmp_path, workers):
     write_in_storage(tmp_path / "ds", wide_range_samples(), FP8)
-    kw = dict(max_tokens_per_batch=96, num_workers=workers, row_tokens=48)
+    kw = dict(shape=BatchShape(96, row_tokens=48), num_workers=workers)
     on_device = Eagle3DataModule(str(tmp_path / "ds"), decode_on_device=True, **kw)
     in_workers = Eagle3DataModule(str(tmp_path / "ds"), decode_on_device=False, **kw)
     got_batches = list(on_device.train_dataloader())
@@ -293,7 +294,7 @@ def _fit(dataset_dir: Path, decode_on_device: bool) -> tuple[dict[str, torch.Ten
     head.load_target_weights(w, torch.ones(H), w, torch.zeros(16, dtype=torch.int64), t2d, True)
     cfg = TrainConfig(ttt_steps=2, compile=False, attention=AttentionKind.sdpa, lr=1e-3, max_steps=4, warmup_steps=1)
     before = {k: v.detach().clone() for k, v in head.state_dict().items()}
-    dm = Eagle3DataModule(str(dataset_dir), max_tokens_per_batch=48, decode_on_device=decode_on_device)
+    dm = Eagle3DataModule(str(dataset_dir), shape=BatchShape(48), decode_on_device=decode_on_device)
     trainer = L.Trainer(
         accelerator="cpu",
         max_steps=4,

@@ -25,6 +25,7 @@ from eagle3.store import (
 )
 from eagle3.store.merge import merge_parts, part_dir
 from eagle3.store.storage_format import StorageFormat
+from eagle3.store.write_options import WriteOptions
 from eagle3.target_model.adapter import CapturedSample
 
 
@@ -53,7 +54,7 @@ def test_an_fp8_dataset_round_trips_at_the_estimated_size(tmp_path):
         hidden_size=H,
         dtype=DT,
         fingerprint_inputs=INPUTS,
-        shard_max_tokens=40,
+        write=WriteOptions(shard_max_tokens=40),
         storage=FP8,
     )
     want = {}

@@ -27,6 +27,8 @@ from eagle3.store import (
     dataset_fingerprint,
     disk_needed_bytes,
 )
+from eagle3.store.batch_options import BatchShape
+from eagle3.store.write_options import ExistingShards, WriteOptions
 from eagle3.target_model.adapter import CapturedSample
 
 LAYER_IDS = (1, 2, 4)
@@ -48,7 +50,7 @@ def make_sample(i: int) -> CapturedSample:
 
 def writer(path, **kw) -> ShardWriter:
     kw.setdefault("fingerprint_inputs", INPUTS)
-    kw.setdefault("shard_max_tokens", 40)
+    kw.setdefault("write", WriteOptions(shard_max_tokens=40))
     return ShardWriter(path, layer_ids=LAYER_IDS, hidden_size=H, dtype=DT, **kw)
 
 
@@ -198,7 +200,7 @@ def test_corrupt_bytes_are_caught_by_full_verify_only(tmp_path):
     data = bytearray(victim.read_bytes())
     data[-3] ^= 0xFF  # a flipped bit inside the hidden states: same size, valid header
     victim.write_bytes(bytes(data))
-    fast = writer(tmp_path, verify="fast")
+    fast = writer(tmp_path, existing=ExistingShards("fast"))
     assert fast.dropped == []
     fast.close()
     full = writer(tmp_path)
@@ -291,14 +293,14 @@ def test_shard_is_what_safetensors_writes_and_its_sha256_is_of_the_written_bytes
 
 
 def test_background_writer_round_trip_with_full_verify(tmp_path):
-    w = writer(tmp_path, background=True)
+    w = writer(tmp_path, write=WriteOptions(40, background=True))
     for i in range(20):
         w.add(f"s{i}", make_sample(i))
     with pytest.raises(StoreError, match="'s3' is already in the dataset"):
         w.add("s3", make_sample(3))  # in a shard on the writer thread, or pending: still refused
     m = finish(w)
     assert len(m.shards) > 2 and m.num_samples == 20
-    again = writer(tmp_path, verify="full")  # every shard's sha256 checked against the manifest
+    again = writer(tmp_path, existing=ExistingShards("full"))  # every shard's sha256 checked against the manifest
     assert not again.dropped and again.done_ids() == {f"s{i}" for i in range(20)}
     again.close()
     assert_matches(HiddenStateDataset(tmp_path), list(range(20)))
@@ -306,7 +308,7 @@ def test_background_writer_round_trip_with_full_verify(tmp_path):
 
 def test_background_write_failure_is_raised_by_the_next_call(tmp_path):
     path = tmp_path / "ds"
-    w = writer(path, background=True)
+    w = writer(path, write=WriteOptions(40, background=True))
     w.add("s0", make_sample(0))
     shutil.rmtree(path)  # the disk under the writer goes away: the thread's write fails
     with pytest.raises(StoreError, match=r"writing a shard failed on the writer thread: FileNotFoundError"):
@@ -337,7 +339,7 @@ def test_parallel_writer_threads_give_the_sync_dataset_in_shard_order(tmp_path):
     ref = finish(sync)
     shard_file.save_concatenated_hashing = slow_even_shards
     try:
-        w = writer(tmp_path / "par", background=True, writer_threads=3)
+        w = writer(tmp_path / "par", write=WriteOptions(40, background=True, writer_threads=3))
         for i in range(30):
             w.add(f"s{i}", make_sample(i))
         m = finish(w)
@@ -348,7 +350,7 @@ def test_parallel_writer_threads_give_the_sync_dataset_in_shard_order(tmp_path):
     assert [s.sha256 for s in m.shards] == [s.sha256 for s in ref.shards]
     assert_matches(HiddenStateDataset(tmp_path / "par"), list(range(30)))
     with pytest.raises(StoreError, match="writer_threads: expected >= 1, got 0"):
-        writer(tmp_path / "bad", writer_threads=0)
+        writer(tmp_path / "bad", write=WriteOptions(40, writer_threads=0))
 
 
 def test_an_all_validation_dataset_is_refused_for_training_but_measurable(tmp_path):
@@ -361,8 +363,8 @@ def test_an_all_validation_dataset_is_refused_for_training_but_measurable(tmp_pa
         w.add(f"s{i}", make_sample(i))
     w.finish(torch.arange(TARGET_VOCAB), {5: vocab()}, val_ids=[f"s{i}" for i in range(4)])
     with pytest.raises(ValueError, match=r"no training samples \(all 4 are validation\)"):
-        Eagle3DataModule(str(tmp_path / "ds"), max_tokens_per_batch=64)
-    dm = Eagle3DataModule(str(tmp_path / "ds"), max_tokens_per_batch=64, require_train=False)
+        Eagle3DataModule(str(tmp_path / "ds"), shape=BatchShape(64))
+    dm = Eagle3DataModule(str(tmp_path / "ds"), shape=BatchShape(64), require_train=False)
     assert dm.val_idx == [0, 1, 2, 3] and dm.train_idx == []
     batches = list(dm.loader_for(dm.val_idx))
     assert sum(int(b["loss_mask"].numel()) for b in batches) == sum(make_sample(i).num_tokens for i in range(4))

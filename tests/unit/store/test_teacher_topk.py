@@ -15,10 +15,12 @@ from helpers.teacher import DT, INPUTS, LAYER_IDS, H, K, V, teacher_projection, 
 from safetensors import safe_open
 
 from eagle3.store import FingerprintMismatchError, HiddenStateDataset, ShardWriter, StoreError, dataset_fingerprint
+from eagle3.store.batch_options import BatchShape
 from eagle3.store.merge import merge_parts, part_dir
 from eagle3.store.packing import decode_hidden, pack_rows, packed_loader
 from eagle3.store.storage_format import StorageFormat
 from eagle3.store.teacher_topk import TeacherProjection
+from eagle3.store.write_options import WriteOptions
 from eagle3.target_model.adapter import CapturedSample
 
 
@@ -60,7 +62,7 @@ def test_the_writer_encoding_on_the_gpu_stores_the_teachers_top_k(tmp_path):
     there (encode_device); the aux layers bit for bit the host's, the top-k the teacher's."""
     from eagle3.store import HiddenStateDataset
 
-    w = _writer(tmp_path, shard_max_tokens=40, background=True, encode_device="cuda", teach=False)
+    w = _writer(tmp_path, write=WriteOptions(40, background=True, encode_device="cuda"), teach=False)
     p = teacher_projection().to("cuda")
     w.set_teacher(p)
     want = {}
@@ -117,7 +119,7 @@ def _writer(directory: Path, k: int | None = K, storage: str = "fp8", teach: boo
 
 
 def _write(directory: Path, ids: range, k: int | None = K, storage: str = "fp8") -> dict[str, torch.Tensor]:
-    w, want = _writer(directory, k, storage, shard_max_tokens=40, background=True), {}
+    w, want = _writer(directory, k, storage, write=WriteOptions(40, background=True)), {}
     for i in ids:
         T = 5 + 3 * i
         want[f"s{i}"] = teacher_states(T, seed=i)
@@ -150,11 +152,11 @@ def test_both_loader_routes_give_the_interface_keys(tmp_path, storage):
     assert torch.equal(s["teacher_ids"], ids)
     idx = list(range(len(ds)))
     batches = pack_rows([int(t) for t in ds.lengths], 48, 24)
-    cpu = list(packed_loader(ds, idx, batches, max_tokens=48, row_tokens=24, fixed_shape=True))
+    cpu = list(packed_loader(ds, idx, batches, shape=BatchShape(48, 24, fixed_shape=True)))
     enc = ds.encoded_rows()
     gpu = [
         decode_hidden(b, ds.storage, DT)
-        for b in packed_loader(enc, idx, batches, max_tokens=48, row_tokens=24, fixed_shape=True, split=False)
+        for b in packed_loader(enc, idx, batches, shape=BatchShape(48, 24, fixed_shape=True), split=False)
     ]
     assert len(cpu) == len(gpu) == len(batches)
     for a, b in zip(cpu, gpu):

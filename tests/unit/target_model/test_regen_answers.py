@@ -5,6 +5,7 @@ several times: integration/test_regen_answers_smollm2.py."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from conftest import compose
@@ -13,6 +14,7 @@ from helpers.chats import question_conversation
 from eagle3.config.errors import ConfigError
 from eagle3.data.conversation import answer_id, conversation_of
 from eagle3.stages.validate import validate_run_config
+from eagle3.target_model.generate.common import AnswerSettings
 from eagle3.target_model.generate.hf_engine import HFRegenerator
 
 
@@ -57,7 +59,8 @@ def test_the_answer_cache_is_keyed_by_the_weights_and_the_generation_settings(tm
     first, second = _tiny_target(0), _tiny_target(1)
     same = ("config.json", "tokenizer.json", "tokenizer_config.json")
     assert all((Path(first) / f).read_bytes() == (Path(second) / f).read_bytes() for f in same)
-    kw = dict(max_tokens=4, max_model_len=128, gen_batch_size=4)
+    answers = AnswerSettings(max_tokens=4, max_model_len=128)
+    kw = dict(answers=answers, gen_batch_size=4)
     convs = [question_conversation(f"c{i}", q) for i, q in enumerate(["What is 2+2?", "Name a colour."])]
 
     a = HFRegenerator(first, tmp_path, **kw)
@@ -76,15 +79,20 @@ def test_the_answer_cache_is_keyed_by_the_weights_and_the_generation_settings(tm
     shutil.copytree(first, edited)
     gen = edited / "generation_config.json"
     gen.write_text(json.dumps({**json.loads(gen.read_text()), "repetition_penalty": 1.3}))
-    assert cache_key(str(edited), 0.0, 4, 0, None, "hf") != cache_key(first, 0.0, 4, 0, None, "hf")
+    assert cache_key(str(edited), AnswerSettings(max_tokens=4), "hf") != cache_key(
+        first, AnswerSettings(max_tokens=4), "hf"
+    )
     assert HFRegenerator(str(edited), tmp_path, **kw).cache_file != a.cache_file
-    assert HFRegenerator(first, tmp_path, **{**kw, "max_model_len": 256}).cache_file != a.cache_file
+    assert (
+        HFRegenerator(first, tmp_path, **{**kw, "answers": replace(answers, max_model_len=256)}).cache_file
+        != a.cache_file
+    )
 
 
 def test_a_restricted_regenerator_answers_only_the_named_samples(tmp_path):
     """restrict_to (a repair: the samples the dataset holds): the others come back with no
     answered turn, nothing generated or cached for them."""
-    regen = HFRegenerator(_tiny_target(0), tmp_path, max_tokens=4, max_model_len=128)
+    regen = HFRegenerator(_tiny_target(0), tmp_path, answers=AnswerSettings(max_tokens=4, max_model_len=128))
     regen.restrict_to(["c0"])
     out = regen([question_conversation("c0", "What is 2+2?"), question_conversation("c1", "Name a colour.")])
     assert regen.generated == 1 and set(regen.cache) == {"c0"}

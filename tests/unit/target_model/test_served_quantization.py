@@ -15,7 +15,8 @@ from eagle3.config.choices import Quantization
 from eagle3.config.dataset import CaptureConfig
 from eagle3.config.target import TopologyConfig
 from eagle3.target_model.backend import make_backend
-from eagle3.target_model.capture_vllm import capture_llm_kwargs
+from eagle3.target_model.capture_vllm import CaptureEngine, capture_llm_kwargs
+from eagle3.target_model.generate.common import AnswerSettings
 from eagle3.target_model.generate.hf_engine import HFRegenerator
 from eagle3.target_model.generate.vllm_engine import VLLMRegenerator
 from eagle3.target_model.quantization import (
@@ -70,7 +71,7 @@ def test_a_checkpoints_own_format_is_found_and_a_conflicting_flag_refused(tmp_pa
 
 def test_regeneration_and_capture_engines_get_the_quantization(tmp_path):
     model = _checkpoint(tmp_path / "model")
-    regen = VLLMRegenerator(str(model), tmp_path / "cache", quantization=Quantization.fp8)
+    regen = VLLMRegenerator(str(model), tmp_path / "cache", answers=AnswerSettings(quantization=Quantization.fp8))
     assert regen.llm_kwargs(on_gpu=False)["quantization"] == "fp8"
     plain = VLLMRegenerator(str(model), tmp_path / "cache")
     assert "quantization" not in plain.llm_kwargs(on_gpu=False)
@@ -82,13 +83,7 @@ def test_regeneration_and_capture_engines_get_the_quantization(tmp_path):
             str(model),
             "bfloat16",
             {"speculative_config": {"method": "extract_hidden_states"}},
-            tensor_parallel_size=1,
-            gpu_memory_utilization=0.5,
-            max_num_seqs=4,
-            max_model_len=256,
-            enforce_eager=True,
-            trust_remote_code=False,
-            quantization=quantization,
+            CaptureEngine(max_num_seqs=4, max_model_len=256, enforce_eager=True, quantization=quantization),
         )
 
     assert capture(Quantization.compressed_tensors)["quantization"] == "compressed-tensors"
@@ -109,4 +104,4 @@ def test_the_transformers_routes_refuse_a_quantization_naming_the_vllm_one(tmp_p
             quantization=Quantization.fp8,
         )
     with pytest.raises(ValueError, match=r"with data.regen_backend=hf: .*Use data.regen_backend=vllm"):
-        HFRegenerator(str(model), tmp_path / "cache", quantization=Quantization.fp8)
+        HFRegenerator(str(model), tmp_path / "cache", answers=AnswerSettings(quantization=Quantization.fp8))

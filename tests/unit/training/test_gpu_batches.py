@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from eagle3.store import ShardWriter
+from eagle3.store.batch_options import BatchShape
 from eagle3.store.storage_format import StorageFormat
 from eagle3.target_model.adapter import CapturedSample
 from eagle3.training.datamodule import Eagle3DataModule
@@ -54,7 +55,7 @@ def test_side_stream_batches_equal_the_host_batches_while_the_gpu_is_busy(tmp_pa
     A chain of matmuls queued before each copy keeps the step stream busy, so a missing wait
     shows as a mismatch."""
     _dataset(tmp_path / "ds")
-    dm = Eagle3DataModule(str(tmp_path / "ds"), max_tokens_per_batch=1024, fixed_shape=True, pin_memory=True)
+    dm = Eagle3DataModule(str(tmp_path / "ds"), shape=BatchShape(1024, fixed_shape=True), pin_memory=True)
     device = torch.device("cuda")
     busy = torch.randn(4096, 4096, device=device)
     checked = 0
@@ -78,7 +79,7 @@ def test_an_encoded_batch_decoded_on_the_gpu_equals_the_workers_decode(tmp_path,
     """capture.storage fp8/int4: the batch crosses as the format's tensors (pinned, on the side
     stream) and is decoded on the GPU; every tensor equals the batch a loader worker decoded."""
     _dataset(tmp_path / "ds", storage=storage)
-    kw = dict(max_tokens_per_batch=1024, fixed_shape=True, pin_memory=True)
+    kw = dict(shape=BatchShape(1024, fixed_shape=True), pin_memory=True)
     on_gpu = Eagle3DataModule(str(tmp_path / "ds"), decode_on_device=True, **kw)
     on_host = Eagle3DataModule(str(tmp_path / "ds"), decode_on_device=False, **kw)
     device = torch.device("cuda")
@@ -130,7 +131,7 @@ def test_training_steps_never_make_the_host_wait_for_the_gpu(tmp_path, storage):
     from eagle3.training.module import Eagle3LitModule
 
     _dataset(tmp_path / "ds", storage=storage)  # fp8: the batch decoded on the GPU, with no wait either
-    dm = Eagle3DataModule(str(tmp_path / "ds"), max_tokens_per_batch=1024, fixed_shape=True, pin_memory=True)
+    dm = Eagle3DataModule(str(tmp_path / "ds"), shape=BatchShape(1024, fixed_shape=True), pin_memory=True)
     hf = dict(
         hidden_size=H,
         num_hidden_layers=4,

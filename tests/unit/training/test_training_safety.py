@@ -20,6 +20,7 @@ from eagle3.config.schema import run_config
 from eagle3.draft.serving_format import NonFiniteWeightsError, save_head
 from eagle3.serving.export_dir import write_export
 from eagle3.store import HiddenStateDataset
+from eagle3.store.batch_options import BatchShape
 from eagle3.store.disk import DiskSpaceError, free_bytes
 from eagle3.store.reader import DamagedDatasetError
 from eagle3.training import run_dir
@@ -264,7 +265,7 @@ def test_batches_collated_in_loader_workers_equal_those_of_the_training_process(
     ds = HiddenStateDataset(tmp_path)
     batches = pack_rows(ds.lengths, 16, None)
     runs = [
-        list(packed_loader(ds, list(range(len(ds))), batches, max_tokens=16, num_workers=w, split=False))
+        list(packed_loader(ds, list(range(len(ds))), batches, shape=BatchShape(16), num_workers=w, split=False))
         for w in (0, 2)
     ]
     assert len(runs[0]) == len(runs[1]) == len(batches) > 1
