@@ -79,6 +79,9 @@ class TrainConfig:
     init_from_revision: Optional[str] = None  # hub id only: branch, tag or commit (null: main)
     lr: float = MISSING  # peak learning rate (the sizes preset's)
     weight_decay: float = 0.0
+    # uniform noise on the aux hidden states of training batches, relative to each state's RMS
+    # (eagle3/draft/feature_noise.py): 0.1 moves each state by up to a tenth of its size. 0: none
+    feature_noise: float = 0.0
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     warmup_steps: int = MISSING  # the sizes preset's
     min_lr_ratio: float = 0.1

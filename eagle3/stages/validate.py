@@ -85,6 +85,10 @@ def validate_run_config(cfg: DictConfig) -> None:
         raise ConfigError(f"data.max_length: expected >= 2, got {cfg.data.max_length}")
     if int(cfg.train.ttt_steps) < 1:
         raise ConfigError(f"train.ttt_steps: expected >= 1, got {cfg.train.ttt_steps}")
+    if float(cfg.train.feature_noise) < 0:
+        raise ConfigError(
+            f"train.feature_noise: expected >= 0 (a fraction of each state's RMS), got {cfg.train.feature_noise}"
+        )
     if not 0.0 <= float(cfg.train.onpolicy_weight) <= 1.0:
         raise ConfigError(f"train.onpolicy_weight: expected a value in [0, 1], got {cfg.train.onpolicy_weight}")
     if not 0.0 <= float(cfg.train.onpolicy_decay) <= 1.0:

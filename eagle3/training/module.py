@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 
 from eagle3.config.choices import LossTokens
 from eagle3.config.training import TrainConfig
+from eagle3.draft.feature_noise import add_feature_noise
 from eagle3.draft.head import Eagle3DraftHead
 from eagle3.draft.loss import StepCounts, eagle3_loss, step_weighted
 from eagle3.draft.onpolicy import OnPolicyLoss, mixed_loss, onpolicy_loss
@@ -218,6 +219,11 @@ class Eagle3LitModule(L.LightningModule):
             self.raise_if_diverged()
 
     def training_step(self, batch, batch_idx):
+        # outside the compiled step: the graph stays the validation's too (noise is for training only)
+        noise = float(self.train_cfg.feature_noise)
+        if noise > 0:
+            aux = add_feature_noise(batch["aux_hidden"], noise, self.head.cfg.num_aux_layers)
+            batch = {**batch, "aux_hidden": aux}
         onpolicy = None
         if self.onpolicy_weight > 0:
             loss, supervised, counts, onpolicy = self._forward_mixed(batch)
