@@ -12,7 +12,7 @@ another machine) renames no dataset and train.py finds what extract.py wrote:
   (``data.max_samples``) still applies: a smaller source leaves the spare minutes to training.
   It prints the shares before any work, and records its own wall time in the dataset
   (``extract_seconds``), so a resumed extraction adds to it.
-- **train.py** trains for what is left: ``train.max_time`` = the budget - the extraction's
+- **train.py** trains for what is left (eagle3/planning/train_clock.py): ``train.max_time`` = the budget - the extraction's
   recorded seconds - its own start-up so far - the reserve for validation, export and the acceptance
   evaluation; ``train.max_steps`` stops binding (the time-fitted cosine ends at the clock). It writes
   the pipeline's minutes to ``summary.json`` (``time_budget``).
@@ -26,7 +26,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import importlib.util
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -183,7 +182,7 @@ def _eval_seconds(cfg: RunConfig, rate: cost.Rate | None) -> float:
     return rate.eval_seconds(amx=cost.cpu_amx(cfg)) if rate is not None else cost.Rate.eval_s
 
 
-def _end_reserve(cfg: RunConfig, rate: cost.Rate | None) -> float:
+def end_reserve(cfg: RunConfig, rate: cost.Rate | None) -> float:
     """What train.py spends after fit: the last validation, last.ckpt, the export, the acceptance evaluation."""
     return TRAIN_FINISH_S.get(str(cfg.topology.accelerator), 30.0) + _eval_seconds(cfg, rate)
 
@@ -209,7 +208,7 @@ def time_shares(cfg: RunConfig, rates: cost.RunRates | None = None) -> TimeShare
     tokens = sum(s.share * s.sample_tokens for s in sources)
     eval_s = _eval_seconds(cfg, rate)
     selection_s = _selection_seconds(cfg, rate, capture_tok_s)
-    fixed = 2 * rate.start_s + _end_reserve(cfg, rate) + selection_s
+    fixed = 2 * rate.start_s + end_reserve(cfg, rate) + selection_s
     per_conv_regen, per_conv_prompt, regen_start = 0.0, 0.0, 0.0
     if cfg.data.regenerate:
         regen_tok_s, regen_start = _regen_rate(cfg, rate)
@@ -350,80 +349,3 @@ def capture_deadline(shares: TimeShares | None, clock: StageClock, samples: int)
     # fill: regeneration may have answered more than planned; all of it is captured (training gets less)
     own = shares.capture_s * (ratio if shares.fill else min(1.0, ratio))
     return Deadline(clock, max(shares.extract_end_s(), clock.seconds() + own), "capture")
-
-
-@dataclass(frozen=True)
-class TrainClock:
-    """train.py's share: what the extraction spent, what is left for fit."""
-
-    total_s: float
-    extract_s: float | None  # recorded by extract.py in the dataset (None: not recorded)
-    started_s: float  # this process so far
-    reserve_s: float  # after fit: validation, export, the acceptance evaluation
-    fit_s: float
-    stage: StageClock  # train.py's own
-
-    def max_time(self) -> str:
-        """Lightning's "DD:HH:MM:SS" for fit_s (whole seconds, at least one)."""
-        s = max(1, int(math.floor(self.fit_s)))
-        return f"{s // 86400:02d}:{s // 3600 % 24:02d}:{s // 60 % 60:02d}:{s % 60:02d}"
-
-    def line(self) -> str:
-        spent = "not recorded in the dataset: counted as 0" if self.extract_s is None else minutes(self.extract_s)
-        return (
-            f"time budget: {minutes(self.total_s)} in all: extraction {spent}, this start-up {minutes(self.started_s)}, "
-            f"kept for validation, export and evaluation ~{minutes(self.reserve_s)}; training gets "
-            f"{minutes(self.fit_s)} (train.max_time={self.max_time()})"
-        )
-
-    def outcome(self) -> dict[str, float | bool]:
-        """The pipeline's minutes as they went (summary.json's ``time_budget``), at the end of train.py."""
-        train_s = self.stage.seconds()
-        total = (self.extract_s or 0.0) + train_s
-        return {
-            "minutes": round(self.total_s / 60.0, 3),
-            "extract_s": round(self.extract_s or 0.0, 1),
-            "fit_s": round(self.fit_s, 1),  # train.max_time: the minutes training was given
-            "train_s": round(train_s, 1),
-            "total_s": round(total, 1),
-            "inside": total <= self.total_s,
-        }
-
-
-def train_clock(
-    cfg: RunConfig,
-    extract_s: float | None,
-    stage: StageClock | None = None,
-    rates: cost.RunRates | None = None,
-) -> TrainClock | None:
-    """train.py's clock under cfg.time_budget.minutes (``stage``: the stage's, from its call;
-    ``rates``: cfg's, default cost.run_rates(cfg)); None without a budget."""
-    if cfg.time_budget.minutes is None:
-        return None
-    reserve = _end_reserve(cfg, (rates or budget_rates(cfg)).measured)
-    total = float(cfg.time_budget.minutes) * 60.0
-    stage = stage or StageClock()
-    started = stage.seconds()
-    fit = total - (extract_s or 0.0) - started - reserve
-    if fit < 1:
-        raise ValueError(
-            f"time_budget.minutes={cfg.time_budget.minutes}: nothing left to train: extraction "
-            f"{minutes(extract_s or 0.0)}, start-up {minutes(started)}, kept for the end {minutes(reserve)}"
-        )
-    return TrainClock(total, extract_s, started, reserve, fit, stage)
-
-
-def timed_train(cfg: RunConfig, clock: TrainClock) -> RunConfig:
-    """cfg whose fit ends at the clock: train.max_time from it, train.max_steps out of the way
-    (the cosine is fitted to the time: eagle3/training/schedule.py)."""
-    steps = max(cfg.train.max_steps, 10**7)
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_time=clock.max_time(), max_steps=steps))
-
-
-def outcome_line(outcome: dict) -> str:
-    """One line for TrainClock.outcome(): the pipeline's minutes against its budget."""
-    within = "inside" if outcome["inside"] else "OVER"
-    return (
-        f"time budget: {minutes(outcome['total_s'])} of {outcome['minutes']:g} min ({within}): extraction "
-        f"{minutes(outcome['extract_s'])}, train.py {minutes(outcome['train_s'])}"
-    )

@@ -16,7 +16,7 @@ from eagle3.config.choices import HiddenStates
 from eagle3.config.schema import ExportConfig, RunConfig, run_config
 from eagle3.draft.replay import MEASURED_AGAINST_VLLM
 from eagle3.extraction.identity import dataset_path
-from eagle3.planning import machine_rates, time_budget
+from eagle3.planning import machine_rates, time_budget, train_clock
 from eagle3.planning.cost import train_lines
 from eagle3.serving.export_dir import publish_export, write_export
 from eagle3.serving.hub_push import HubPushError, preflight
@@ -112,9 +112,9 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
         if global_rank() == 0:
             report([f"checkpoint selection: {cfg.optimized_metric} on the selection set {selection_dir}"])
     planned = cfg  # as a plan reads it: the rates recorded below are keyed by these settings, not those resolved
-    clock = time_budget.train_clock(cfg, manifest.provenance.get("extract_seconds"), stage)
+    clock = train_clock.train_clock(cfg, manifest.provenance.get("extract_seconds"), stage)
     if clock is not None:  # training gets what the extraction and the end of this run leave
-        cfg = time_budget.timed_train(cfg, clock)
+        cfg = train_clock.timed_train(cfg, clock)
     path = resolve_step_path(cfg.train, cfg.topology)
     if global_rank() == 0:
         report([path.line()] + ([clock.line()] if clock else []))
@@ -159,7 +159,7 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
         machine_rates.record(planned, {"train_tok_s": fit.tok_s or None, "start_s": started_s, "eval_s": eval_s})
         if clock is not None:
             summary["time_budget"] = clock.outcome()
-            report([time_budget.outcome_line(summary["time_budget"])])
+            report([train_clock.outcome_line(summary["time_budget"])])
         push_failed = _write_summary(output_dir, export_dir, summary, cfg.export, carried)
         if eval_failed:  # the last line: an exit 0 with no acceptance measured says why
             say([eval_failed])

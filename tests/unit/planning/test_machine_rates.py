@@ -9,7 +9,7 @@ import pytest
 from conftest import compose
 
 from eagle3.config.schema import run_config
-from eagle3.planning import machine_rates, time_budget
+from eagle3.planning import machine_rates, time_budget, train_clock
 
 
 @pytest.fixture(autouse=True)
@@ -62,8 +62,8 @@ def test_recorded_figures_replace_the_tables_only_with_rates_machine(tmp_path):
     assert mine.eval_s == pytest.approx(60.0) and mine.passes == pytest.approx(planned.passes, rel=0.01)
     assert any("measured on this machine" in line for line in mine.lines())
     # train.py's clock keeps the evaluation's recorded seconds, not the table's
-    clock = time_budget.train_clock(machine, 100.0)
-    assert clock is not None and clock.reserve_s < time_budget.train_clock(table, 100.0).reserve_s
+    clock = train_clock.train_clock(machine, 100.0)
+    assert clock is not None and clock.reserve_s < train_clock.train_clock(table, 100.0).reserve_s
 
 
 def test_a_figure_serves_only_a_run_of_the_same_settings(tmp_path):

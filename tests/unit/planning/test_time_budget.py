@@ -9,7 +9,7 @@ from conftest import compose
 
 from eagle3.config.schema import run_config
 from eagle3.extraction.identity import dataset_path
-from eagle3.planning import cost, time_budget
+from eagle3.planning import cost, time_budget, train_clock
 from eagle3.stages.narrow import dataset_identity
 
 
@@ -32,7 +32,7 @@ def test_no_budget_no_shares_and_the_config_is_untouched():
     cfg = run_config(compose("train", ["experiment=demo_cpu", "time_budget.minutes=null"]))
     assert time_budget.time_shares(cfg) is None
     assert time_budget.sized(cfg) == (cfg, None)
-    assert time_budget.train_clock(cfg, 100.0) is None
+    assert train_clock.train_clock(cfg, 100.0) is None
 
 
 def test_the_split_spends_the_minutes_and_grows_the_data_with_them():
@@ -98,18 +98,18 @@ def test_both_stages_size_the_same_dataset(smollm2_dir):
 
 def test_training_gets_what_the_extraction_and_the_end_leave():
     cfg = run_config(compose("train", ["experiment=demo_cpu", "time_budget.minutes=20"]))
-    clock = time_budget.train_clock(cfg, extract_s=400.0)
+    clock = train_clock.train_clock(cfg, extract_s=400.0)
     assert clock is not None
     assert clock.fit_s == pytest.approx(1200 - 400 - clock.started_s - clock.reserve_s)
     assert clock.reserve_s >= 180  # the acceptance evaluation at the end (eval.enabled)
-    timed = time_budget.timed_train(cfg, clock)
+    timed = train_clock.timed_train(cfg, clock)
     secs = int(clock.fit_s)
     assert timed.train.max_time == f"00:00:{secs // 60:02d}:{secs % 60:02d}"
     assert timed.train.max_steps > cfg.train.max_steps  # the clock, not the step count, ends it
     no_eval = run_config(compose("train", ["experiment=demo_cpu", "time_budget.minutes=20", "eval.enabled=false"]))
-    assert time_budget.train_clock(no_eval, 400.0).fit_s > clock.fit_s  # type: ignore[union-attr]
+    assert train_clock.train_clock(no_eval, 400.0).fit_s > clock.fit_s  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="nothing left to train"):
-        time_budget.train_clock(cfg, extract_s=1190.0)
+        train_clock.train_clock(cfg, extract_s=1190.0)
 
 
 def test_make_demo_is_sized_by_twenty_minutes_of_the_cpu_it_runs_on(monkeypatch):
