@@ -10,7 +10,8 @@ from pathlib import Path
 from rich.console import Console
 
 from eagle3.config.choices import VerifyMode
-from eagle3.extraction.identity import DatasetIdentity, legacy_dataset_path, regen_note
+from eagle3.extraction.identity import DatasetIdentity, regen_note
+from eagle3.extraction.locate import legacy_dataset_path
 from eagle3.store import Manifest
 from eagle3.store.merge import part_dir
 from eagle3.store.reader import damaged_shards

@@ -23,7 +23,8 @@ from eagle3.config.choices import HiddenStates, MixtureKind
 from eagle3.config.dataset import MixtureSource
 from eagle3.config.errors import ConfigError
 from eagle3.config.schema import RunConfig
-from eagle3.extraction.identity import DatasetNotFound, locate_dataset
+from eagle3.extraction.identity import DatasetNotFound
+from eagle3.extraction.locate import locate_dataset
 from eagle3.stages.narrow import dataset_identity
 
 SOURCE_NAME = "select"  # its samples' tag: "select/<id>"

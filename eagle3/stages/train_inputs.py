@@ -11,11 +11,11 @@ from eagle3.config.choices import LossKind, Strategy
 from eagle3.config.schema import RunConfig
 from eagle3.extraction.identity import (
     DatasetNotFound,
-    locate_dataset,
     recorded_weights,
     regen_note,
     weights_mismatch,
 )
+from eagle3.extraction.locate import locate_dataset
 from eagle3.stages.narrow import dataset_identity, regen_machine
 from eagle3.stages.validate import config_torch_dtype
 from eagle3.store import FingerprintMismatchError, Manifest
@@ -70,7 +70,7 @@ def find_token_dataset(cfg: RunConfig, target_dir: str) -> Path:
 
 def find_dataset(cfg: RunConfig, target_dir: str) -> Path:
     """dataset_dir= as given, checked against the config and the target (``check_given_dataset``);
-    else the fingerprinted directory (eagle3.extraction.identity.locate_dataset). Prints which
+    else the fingerprinted directory (eagle3.extraction.locate.locate_dataset). Prints which
     engine wrote its answers."""
     if not cfg.dataset_dir:
         dataset_dir, note = locate_dataset(dataset_identity(cfg, target_dir))

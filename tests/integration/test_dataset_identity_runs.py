@@ -15,8 +15,8 @@ from helpers import jsonl_extract_config, write_numbered_chats
 from eagle3.extraction.identity import (
     DatasetNotFound,
     check_regen_engine,
-    locate_dataset,
 )
+from eagle3.extraction.locate import locate_dataset
 from eagle3.stages.narrow import dataset_identity
 from eagle3.store import FingerprintMismatchError, Manifest
 

@@ -7,7 +7,8 @@ import pytest
 from conftest import compose
 from helpers.faults import ARGS, copy_dataset
 
-from eagle3.extraction.identity import legacy_dataset_path, legacy_fingerprint_inputs
+from eagle3.extraction.identity import legacy_fingerprint_inputs
+from eagle3.extraction.locate import legacy_dataset_path
 from eagle3.stages.extract import run as extract
 from eagle3.stages.narrow import dataset_identity
 from eagle3.store import FingerprintMismatchError, Manifest, dataset_fingerprint
