@@ -18,12 +18,11 @@ from eagle3.extraction.identity import (
     DatasetNotFound,
     dataset_path,
     fingerprint_inputs,
-    legacy_dataset_path,
     legacy_fingerprint_inputs,
-    locate_dataset,
     token_dataset_path,
     token_fingerprint_inputs,
 )
+from eagle3.extraction.locate import legacy_dataset_path, locate_dataset
 from eagle3.stages.narrow import dataset_identity
 from eagle3.store import Manifest, dataset_fingerprint
 from eagle3.store.fingerprint import canonical
