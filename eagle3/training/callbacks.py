@@ -10,6 +10,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import RichProgressBar
 
+from eagle3.training.validation_trend import ValidationTrend
 from eagle3.util.report import minutes, report
 
 
@@ -187,7 +188,7 @@ def build_callbacks(
     callbacks_cfg, optimized_metric: str, ckpt_dir, *, max_steps: int, with_logger: bool, progress_bar: bool
 ) -> tuple:
     """The run's callbacks from callbacks.* (conf/callbacks/): the best-checkpoint saver (the
-    exported head is its best), throughput and ETA, optional progress bar, early stopping and
+    exported head is its best), throughput and ETA, the picking metric's trend, optional progress bar, early stopping and
     learning-rate monitor, then `extra` ones instantiated by class path. Returns (checkpoint, all)."""
     from hydra.utils import instantiate
     from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
@@ -209,7 +210,12 @@ def build_callbacks(
         auto_insert_metric_name=False,
         every_n_train_steps=ckpt.every_n_train_steps,
     )
-    callbacks: list[L.Callback] = [checkpoint, TokenThroughput(), TrainEta(int(max_steps))]
+    callbacks: list[L.Callback] = [
+        checkpoint,
+        TokenThroughput(),
+        TrainEta(int(max_steps)),
+        ValidationTrend(optimized_metric),
+    ]
     if progress_bar:
         callbacks.append(SparseProgressBar())
     stopping = callbacks_cfg.early_stopping

@@ -56,6 +56,12 @@ def test_the_pipeline_ends_inside_its_minutes(tmp_path):
     assert fit["train_tokens"] == train_tokens and fit["passes_planned"] == 2.0
     assert fit["passes"] == pytest.approx(fit["tokens"] / train_tokens, rel=0.01) and fit["passes"] > 1
     assert f"fit: {fit['passes']:.1f} passes over {train_tokens:,} training tokens" in out
+    # what twice the minutes would buy, from the validations this machine had time for, or why not
+    more = summary["more_minutes"]
+    if more is None:
+        assert "more minutes: no estimate" in out
+    else:
+        assert more["steps"] <= summary["global_step"] and f"-> {more['then']:.3f} ({more['gain']:+.3f}" in out
     recorded = json.loads(rates_file.read_text())["machines"]
     (figures,) = recorded.values()  # this machine, one entry
     assert {"capture_tok_s", "train_tok_s", "start_s"} <= set(figures)
