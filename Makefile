@@ -41,20 +41,25 @@ lint: setup
 	$(VPY) -m ruff format --check .
 	$(VPY) -m mypy
 
+# pytest-xdist workers side by side, each on its own share of the cores (tests/conftest.py);
+# a test module stays on one worker (its module fixtures are built once). TEST_WORKERS=0: one process
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
+
 # everything: lint, then tests/unit and tests/integration, the slowest tests listed at the end
 test: lint
-	$(VPY) -m pytest -x -q --durations=25 tests
+	$(VPY) -m pytest -x -q --durations=25 $(XDIST) tests
 
 # the unit loop: no SmolLM2 run, no vLLM, no entrypoint in a subprocess (minutes)
 test-unit: setup
-	$(VPY) -m pytest -q tests/unit
+	$(VPY) -m pytest -q $(XDIST) tests/unit
 
 test-fast: setup
 	$(VPY) -m pytest -x -q -m "not slow" tests
 
 # the real model, vLLM, kills and end-to-end runs
 test-integration: setup
-	$(VPY) -m pytest -q tests/integration
+	$(VPY) -m pytest -q $(XDIST) tests/integration
 
 demo: setup
 	$(VPY) extract.py experiment=demo_cpu && $(VPY) train.py experiment=demo_cpu

