@@ -42,9 +42,10 @@ lint: setup
 	$(VPY) -m mypy
 
 # pytest-xdist workers side by side, each on its own share of the cores (tests/conftest.py);
-# a test module stays on one worker (its module fixtures are built once). TEST_WORKERS=0: one process
+# a test module stays on one worker (its module fixtures are built once), the longest modules first
+# (tests/conftest.py orders them). TEST_WORKERS=0: one process
 TEST_WORKERS ?= 2
-XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 
 # everything: lint, then tests/unit and tests/integration, the slowest tests listed at the end
 test: lint

