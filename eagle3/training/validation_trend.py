@@ -51,14 +51,14 @@ class TrendOutlook:
         return {**asdict(self), "gain": round(self.gain, 4), "visible": self.visible}
 
     def line(self) -> str:
-        where = f"{self.metric}, {self.points} validations to step {self.steps:,}"
-        figure = f"{self.now:.3f} -> {self.then:.3f} ({self.gain:+.3f} +- {self.interval:.3f}, 95%)"
+        figure = f"{self.then:.3f} (now {self.now:.3f}: {self.gain:+.3f} +- {self.interval:.3f}, 95%)"
+        trend = f"the trend of {self.points} validations to step {self.steps:,}"
         verdict = (
             "more minutes of this data would still pay"
             if self.visible
             else "no gain the trend can tell from its scatter: more distinct data, not more passes"
         )
-        return f"more minutes: {self.factor:g}x the training minutes -> {figure} from {where}; {verdict}"
+        return f"more minutes: at {self.factor:g}x the training minutes {self.metric} -> {figure} by {trend}; {verdict}"
 
 
 def extrapolate(history: list[tuple[int, float]], metric: str, factor: float = 2.0) -> TrendOutlook | None:

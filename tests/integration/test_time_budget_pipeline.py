@@ -61,7 +61,10 @@ def test_the_pipeline_ends_inside_its_minutes(tmp_path):
     if more is None:
         assert "more minutes: no estimate" in out
     else:
-        assert more["steps"] <= summary["global_step"] and f"-> {more['then']:.3f} ({more['gain']:+.3f}" in out
+        assert (
+            more["steps"] <= summary["global_step"]
+            and f"-> {more['then']:.3f} (now {more['now']:.3f}: {more['gain']:+.3f}" in out
+        )
     recorded = json.loads(rates_file.read_text())["machines"]
     (figures,) = recorded.values()  # this machine, one entry
     assert {"capture_tok_s", "train_tok_s", "start_s"} <= set(figures)

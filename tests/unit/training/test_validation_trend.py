@@ -20,7 +20,8 @@ def test_a_log_linear_run_extends_exactly_with_no_interval():
     assert out.now == pytest.approx(2.0 + 0.3 * math.log(1000))
     assert out.gain == pytest.approx(0.3 * math.log(2.0))  # twice the steps: + slope * ln 2
     assert out.interval == pytest.approx(0.0, abs=1e-9) and out.visible
-    assert "2x the training minutes" in out.line() and "would still pay" in out.line()
+    assert f"at 2x the training minutes {METRIC} -> {out.then:.3f} (now {out.now:.3f}: +0.208" in out.line()
+    assert "would still pay" in out.line()
     assert extrapolate(history, METRIC, factor=4.0).gain == pytest.approx(0.3 * math.log(4.0))
 
 
