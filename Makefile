@@ -56,7 +56,7 @@ test-unit: setup
 	$(VPY) -m pytest -q $(XDIST) tests/unit
 
 test-fast: setup
-	$(VPY) -m pytest -x -q -m "not slow" tests
+	$(VPY) -m pytest -x -q -m "not slow" $(XDIST) tests
 
 # the real model, vLLM, kills and end-to-end runs
 test-integration: setup
