@@ -19,6 +19,7 @@
     faults         the entrypoints in a subprocess with a fault injected, dataset comparisons
     processes      a real vLLM capture to kill, whether a process is gone, waiting with a deadline
     scored_fit     a real Lightning fit whose validation figure is set per step (topic import)
+    trainers       a CPU Lightning Trainer that prints and writes nothing of its own (topic import)
     wandb_offline  an offline W&B run file read back
 """
 

@@ -10,6 +10,8 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
+from helpers.trainers import quiet_cpu_trainer
+
 METRIC = "val/replay_accept_len"
 
 
@@ -47,15 +49,12 @@ def scored_fit(tmp_path: Path, figure, max_steps: int = 5, interval: int = 2, to
         save_top_k=top_k,
         auto_insert_metric_name=False,
     )
-    trainer = L.Trainer(
+    trainer = quiet_cpu_trainer(
         max_steps=max_steps,
         val_check_interval=interval,
         limit_val_batches=1,
         callbacks=[checkpoint, *callbacks],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
+        enable_checkpointing=True,
         num_sanity_val_steps=0,
     )
     module = Scored(figure)

@@ -3,10 +3,10 @@ token; training batches only (validation reads the states as captured)."""
 
 from __future__ import annotations
 
-import lightning as L
 import pytest
 import torch
 from helpers import tiny_head_with_meta
+from helpers.trainers import quiet_cpu_trainer
 
 from eagle3.config.training import TrainConfig
 from eagle3.draft.feature_noise import add_feature_noise
@@ -59,13 +59,8 @@ def _fit(noise: float) -> tuple[torch.Tensor, list[torch.Tensor]]:
     module = Eagle3LitModule(head, cfg, replay_draft_tokens=2)
     seen: list[torch.Tensor] = []
     head.register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach().clone()))
-    trainer = L.Trainer(
+    trainer = quiet_cpu_trainer(
         max_steps=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
         limit_val_batches=1,
         num_sanity_val_steps=0,
         val_check_interval=2,

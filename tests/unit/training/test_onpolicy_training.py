@@ -3,10 +3,10 @@ step mixes in the on-policy objective and logs it with the current head's rounds
 
 from __future__ import annotations
 
-import lightning as L
 import pytest
 import torch
 from helpers import tiny_head_with_meta
+from helpers.trainers import quiet_cpu_trainer
 
 from eagle3.config.training import TrainConfig
 from eagle3.draft.loss import eagle3_loss
@@ -60,15 +60,7 @@ def test_a_weight_mixes_the_objective_in_linearly():
 def test_a_fit_logs_the_objective_and_the_rounds_under_train():
     module = _module(0.5)
     data = torch.utils.data.DataLoader([_batch()] * 3, batch_size=None)
-    trainer = L.Trainer(
-        max_steps=3,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        limit_val_batches=0,
-    )
+    trainer = quiet_cpu_trainer(max_steps=3, limit_val_batches=0)
     before = module.head.fc.weight.detach().clone()
     trainer.fit(module, train_dataloaders=data)
     logged = trainer.callback_metrics
