@@ -104,9 +104,15 @@ def _fallback_run_dir() -> str:
 
 def compose(config_name: str = "train", overrides: list[str] | None = None, output_dir: str | None = None):
     """Compose conf/ exactly as the entrypoints do (schemas registered, no run).
-    Outside a Hydra run there is no run dir: output_dir stands in for it."""
+    Outside a Hydra run there is no run dir: output_dir stands in for it, and holds the run's
+    record of machine rates (paths.machine_rates) unless the overrides name one."""
     overrides = list(overrides or [])
-    overrides.append(f"paths.output_dir={output_dir or _fallback_run_dir()}")
+    run_dir = output_dir or _fallback_run_dir()
+    overrides.append(f"paths.output_dir={run_dir}")
+    # a budget plans from the rates earlier runs recorded: each composition reads its own record
+    # (none: the table) unless a test names one, so no plan depends on the tests that ran before
+    if not any(o.startswith("paths.machine_rates=") for o in overrides):
+        overrides.append(f"paths.machine_rates={run_dir}/machine_rates.json")
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra

@@ -89,12 +89,15 @@ class TimeBudgetConfig:
 
     minutes: Optional[float] = None  # null: no budget (the run sizes alone decide)
     passes: float = 2.0  # training passes over the data the shares aim at (their one knob)
-    # where the shares' rates come from: the table of measured runs, or what budgeted runs recorded on
-    # this machine (a card faster than the table would otherwise spend its spare minutes re-reading)
-    rates: BudgetRates = BudgetRates.table
+    # where the shares' rates come from: what budgeted runs recorded on this machine (the table of
+    # measured runs where nothing is recorded yet), or the table alone (``table``: a plan that does
+    # not depend on earlier runs). A card faster than the table otherwise spends its spare minutes
+    # re-reading the same data
+    rates: BudgetRates = BudgetRates.machine
     # regeneration answers conversations until the end of its share, not only the count the shares
     # derive: a machine faster than planned buys more distinct data, not more passes over the same
-    fill: bool = False
+    # (false: the planned count, a dataset that does not depend on the machine's speed)
+    fill: bool = True
 
 
 @dataclass

@@ -28,6 +28,8 @@ def _cfg(tmp_path, *overrides: str):
             [
                 "experiment=smollm2_budget",
                 "time_budget.minutes=10",
+                "time_budget.rates=table",  # each test names what it departs from
+                "time_budget.fill=false",
                 f"paths.machine_rates={tmp_path / machine_rates.FILE}",
                 *overrides,
             ],
@@ -112,3 +114,24 @@ def test_fill_without_regeneration_keeps_the_shares_count(tmp_path):
     cfg, shares = time_budget.sized(_cfg(tmp_path, "time_budget.fill=true", "data.regenerate=false"))
     assert shares is not None and not shares.fill
     assert cfg.data.max_samples == shares.conversations
+
+
+def test_a_budget_plans_from_this_machine_and_fills_by_default(tmp_path):
+    """What measured best at equal GPU minutes is what a budget gets without flags."""
+    plain = run_config(
+        compose(
+            "extract",
+            [
+                "experiment=smollm2_budget",
+                "time_budget.minutes=10",
+                f"paths.machine_rates={tmp_path / machine_rates.FILE}",
+            ],
+        )
+    )
+    table = time_budget.time_shares(_cfg(tmp_path))
+    assert table is not None
+    machine_rates.record(plain, {"train_tok_s": 2 * time_budget.budget_rates(plain).train_tok_s})
+    cfg, shares = time_budget.sized(plain)
+    assert shares is not None and shares.fill and cfg.data.max_samples is None
+    assert shares.conversations > table.conversations  # the recorded, faster fit asks for more data
+    assert any("measured on this machine" in line for line in shares.lines())
