@@ -9,7 +9,7 @@
     chats          tokenized chats, JSONL records, numbered chat files
     hub            a local Hugging Face hub cache
     disk           a disk that fills in the middle of a write
-    timing         a clock that ticks on each read, a bound on a block's wait
+    timing         a clock that ticks on each read, a scripted deadline, a bound on a block's wait
     generate       transformers' generate() on one prompt alone
     printed        numbers as the entrypoints print them, read back
     cpu            a CPU with bf16 matmuls faked present or absent (topic import)
@@ -67,7 +67,7 @@ from helpers.storage import (
     write_in_storage,
 )
 from helpers.teacher import teacher_projection, teacher_states
-from helpers.timing import TickingClock, at_most
+from helpers.timing import ScriptedDeadline, TickingClock, at_most
 
 __all__ = [
     "CHUNKED_PREFILL_CHATS",
@@ -81,6 +81,7 @@ __all__ = [
     "V",
     "VAL_SPLIT_CONVERSATIONS",
     "VT",
+    "ScriptedDeadline",
     "TickingClock",
     "add_hub_snapshot",
     "at_most",

@@ -1,12 +1,13 @@
-"""Time in tests: a clock on which a second passes at every read, and a bound on how long a block
-may wait before it fails (a wait that would hang the suite fails it instead)."""
+"""Time in tests: a clock on which a second passes at every read, a deadline whose seconds left are
+scripted, and a bound on how long a block may wait before it fails (a wait that would hang the
+suite fails it instead)."""
 
 from __future__ import annotations
 
 import contextlib
 import signal
 
-from eagle3.util.clock import StageClock
+from eagle3.util.clock import Deadline, StageClock
 
 
 class TickingClock(StageClock):
@@ -19,6 +20,17 @@ class TickingClock(StageClock):
     def seconds(self) -> float:
         self.reads += 1
         return float(self.reads)
+
+
+class ScriptedDeadline(Deadline):
+    """A deadline whose seconds left are given, one per question (the last one repeats)."""
+
+    def __init__(self, left: list[float], what: str = "regeneration") -> None:
+        super().__init__(StageClock(), 0.0, what)
+        self._left = list(left)
+
+    def left(self) -> float:
+        return self._left.pop(0) if len(self._left) > 1 else self._left[0]
 
 
 @contextlib.contextmanager

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 from conftest import compose
-from helpers import TickingClock
+from helpers import ScriptedDeadline, TickingClock
 
 from eagle3.data import ChatSource, Regeneration, prepare_samples
 from eagle3.planning import time_budget
@@ -16,18 +16,7 @@ from eagle3.stages.extract import run as extract
 from eagle3.store import Manifest
 from eagle3.target_model.generate.common import AnswerSettings
 from eagle3.target_model.generate.hf_engine import HFRegenerator
-from eagle3.util.clock import Deadline, StageClock
-
-
-class _ScriptedDeadline(Deadline):
-    """A deadline whose seconds left are given, one per question (the last one repeats)."""
-
-    def __init__(self, left: list[float]) -> None:
-        super().__init__(StageClock(), 0.0, "regeneration")
-        self._left = list(left)
-
-    def left(self) -> float:
-        return self._left.pop(0) if len(self._left) > 1 else self._left[0]
+from eagle3.util.clock import Deadline
 
 
 def _chats(tmp_path, n: int):
@@ -60,7 +49,8 @@ def _regenerate(smollm2_dir, tmp_path, deadline: Deadline):
 
 def test_regeneration_stops_at_its_deadline(smollm2_dir, tmp_path):
     """Three batches of 4 would answer the 12 conversations; the deadline passes before the third."""
-    regen, data = _regenerate(smollm2_dir, tmp_path / "a", _ScriptedDeadline([1e6, 1e6, 0.0]))
+    # seconds left, per question: before batch 1; sizing batch 2, before it; sizing batch 3, before it
+    regen, data = _regenerate(smollm2_dir, tmp_path / "a", ScriptedDeadline([1e6, 1e6, 1e6, 0.0]))
     assert regen.generated == 8 and len(data.train) + len(data.val) == 8
     assert regen.engine_start_s > 0  # the model's load, left out of the pace
     why = data.report.deadline_stop
@@ -70,13 +60,13 @@ def test_regeneration_stops_at_its_deadline(smollm2_dir, tmp_path):
 
 def test_regeneration_starts_no_batch_it_cannot_finish(smollm2_dir, tmp_path):
     """Time is left, but less than one batch took: the second batch does not start."""
-    regen, data = _regenerate(smollm2_dir, tmp_path / "b", _ScriptedDeadline([1e6, 1e-6]))
+    regen, data = _regenerate(smollm2_dir, tmp_path / "b", ScriptedDeadline([1e6, 1e-6]))
     assert regen.generated == 4 and len(data.train) + len(data.val) == 4
     assert "the next 4 would take" in (data.report.deadline_stop or "")
 
 
 def test_no_deadline_answers_everything(smollm2_dir, tmp_path):
-    regen, data = _regenerate(smollm2_dir, tmp_path / "c", _ScriptedDeadline([1e6]))
+    regen, data = _regenerate(smollm2_dir, tmp_path / "c", ScriptedDeadline([1e6]))
     assert regen.generated == 12 and data.report.deadline_stop is None
 
 
@@ -107,7 +97,7 @@ def test_an_online_dataset_records_its_cut_as_a_stored_one_does(tmp_path, monkey
     """extract.py train.hidden_states=online whose regeneration deadline passes after the first
     batch: the token dataset holds what was answered in time, and provenance.budget_cut has the
     stored dataset's fields (one shape for both kinds of dataset)."""
-    monkeypatch.setattr(time_budget, "regen_deadline", lambda shares, clock: _ScriptedDeadline([1e6, 0.0]))
+    monkeypatch.setattr(time_budget, "regen_deadline", lambda shares, clock: ScriptedDeadline([1e6, 0.0]))
     args = [
         "experiment=tiny_test",
         "train.hidden_states=online",

@@ -187,3 +187,37 @@ def test_regenerated_conversation_without_answer_is_skipped_and_counted(tokenize
     )
     assert "c2" not in {s.id for s in data.train} and len(data.train) == 5
     assert data.report.skipped["regenerated_no_answer"] == 1
+
+
+def test_a_batch_near_the_deadline_is_cut_to_what_the_time_left_answers(tokenizer, tmp_path):
+    """A budget's regeneration does not refuse a whole batch where part of one fits: the next batch
+    is sized to the seconds left at the pace so far; once nothing fits, it stops."""
+    import time
+
+    from helpers import ScriptedDeadline
+
+    path = _write_jsonl(tmp_path / "chats.jsonl", 40)
+    sizes: list[int] = []
+
+    def regenerate(batch: list[Conversation]) -> list[Conversation]:
+        sizes.append(len(batch))
+        time.sleep(0.01 * len(batch))  # 10 ms a conversation (at least)
+        return batch
+
+    # seconds left, per question: before batch 1; sizing batch 2, before it; sizing batch 3, before it
+    deadline = ScriptedDeadline([1e6, 0.05, 0.05, 0.0])
+    data = prepare_samples(
+        ChatSource("jsonl", str(path)),
+        tokenizer,
+        max_samples=None,
+        max_length=64,
+        overflow="drop",
+        val_fraction=0.0,
+        seed=0,
+        progress=False,
+        regeneration=Regeneration(regenerate, 8, deadline),
+    )
+    assert sizes[0] == 8 and len(sizes) == 2
+    assert 1 <= sizes[1] <= 4  # 0.05 s left at >= 10 ms a conversation, less the tail's margin
+    assert len(data.train) == 8 + sizes[1]
+    assert f"{8 + sizes[1]} conversations regenerated; the next 8 would take" in (data.report.deadline_stop or "")
