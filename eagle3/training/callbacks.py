@@ -20,7 +20,8 @@ class TokenThroughput(L.Callback):
                            second of step compute (batch start to end)
     train/data_wait_frac   time between one step's end and the next one's start (the loader's
                            fetch, a new pass's prefetch) over that plus the step compute; the
-                           gap around a validation is not counted
+                           gap around a validation is not counted (``data_wait_frac()``: the
+                           same over the whole fit, what summary.json's ``fit`` reports)
 
     On CUDA the times are the device's own (CUDA events at batch start and end, read once they
     have completed): the host never waits for the device here, so it can prepare and copy the
@@ -35,6 +36,8 @@ class TokenThroughput(L.Callback):
         self._wait: float | None = None  # before this step: since _t_end (None: not timed)
         self._times: list[tuple[float | None, float, int]] = []  # (wait, compute, tokens)
         self.total_tokens = 0
+        # the whole fit's timed steps (the logged fraction is the window's): waits and their steps' compute
+        self.waited_s, self.waited_compute_s = 0.0, 0.0
         # CUDA: (previous step's end event or None, start, end, tokens), not completed yet
         self._pending: list[tuple] = []
         self._start_event: torch.cuda.Event | None = None
@@ -88,8 +91,20 @@ class TokenThroughput(L.Callback):
             wait = before.elapsed_time(start) / 1e3 if before is not None else None
             self._add(wait, start.elapsed_time(end) / 1e3, tokens)
 
+    def on_train_end(self, trainer, pl_module):
+        if self._pending:  # the last steps' events: complete once the device is done
+            self._pending[-1][2].synchronize()
+            self._collect_completed()
+
+    def data_wait_frac(self) -> float | None:
+        """The share of the whole fit's step time spent waiting for batches (None: nothing timed)."""
+        whole = self.waited_s + self.waited_compute_s
+        return self.waited_s / whole if whole > 0 else None
+
     def _add(self, wait: float | None, compute: float, tokens: int) -> None:
         self.total_tokens += tokens
+        if wait is not None:
+            self.waited_s, self.waited_compute_s = self.waited_s + wait, self.waited_compute_s + compute
         self._times = (self._times + [(wait, compute, tokens)])[-self.window :]
 
     def _log(self, pl_module) -> None:

@@ -56,6 +56,7 @@ def test_the_pipeline_ends_inside_its_minutes(tmp_path):
     assert fit["train_tokens"] == train_tokens and fit["passes_planned"] == 2.0
     assert fit["passes"] == pytest.approx(fit["tokens"] / train_tokens, rel=0.01) and fit["passes"] > 1
     assert f"fit: {fit['passes']:.1f} passes over {train_tokens:,} training tokens" in out
+    assert 0.0 <= fit["data_wait_frac"] < 1.0 and f"data wait {fit['data_wait_frac']:.1%} of the steps' time" in out
     # what twice the minutes would buy, from the validations this machine had time for, or why not
     more = summary["more_minutes"]
     if more is None:

@@ -39,11 +39,12 @@ class _SlowStep(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def _run(loader_delay: float, step_delay: float) -> dict[str, float]:
+def _run(loader_delay: float, step_delay: float, window: int = 50) -> dict[str, float]:
     # 10 batches per pass, 16 steps: the second pass's first fetch is counted as well
+    counter = TokenThroughput(window=window)
     trainer = L.Trainer(
         max_steps=16,
-        callbacks=[TokenThroughput(window=50)],
+        callbacks=[counter],
         logger=False,
         accelerator="cpu",
         enable_checkpointing=False,
@@ -51,7 +52,7 @@ def _run(loader_delay: float, step_delay: float) -> dict[str, float]:
         enable_model_summary=False,
     )
     trainer.fit(_SlowStep(step_delay), torch.utils.data.DataLoader(_SlowBatches(10, loader_delay), batch_size=None))
-    return {k: float(v) for k, v in trainer.callback_metrics.items()}
+    return {**{k: float(v) for k, v in trainer.callback_metrics.items()}, "whole_fit_wait": counter.data_wait_frac()}
 
 
 def test_a_slow_loader_is_seen_as_data_wait():
@@ -62,6 +63,36 @@ def test_a_slow_loader_is_seen_as_data_wait():
     assert 250 < starved["train/tokens_per_s"] <= 800
     fed = _run(loader_delay=0.0, step_delay=0.06)
     assert fed["train/data_wait_frac"] < 0.25
+    assert 0.6 < starved["whole_fit_wait"] < 1.0 and fed["whole_fit_wait"] < 0.25
+
+
+def test_the_whole_fits_data_wait_is_not_the_last_windows():
+    """A loader slow for its first 8 fetches only: the logged window (the last 2 steps) reads no
+    wait, the fraction summary.json reports (every timed step) most of the fit's time."""
+
+    class _SlowFirst(_SlowBatches):
+        fetches = 0
+
+        def __getitem__(self, i):
+            _SlowFirst.fetches += 1
+            if _SlowFirst.fetches > 8:
+                self.delay = 0.0
+            return super().__getitem__(i)
+
+    counter = TokenThroughput(window=2)
+    trainer = L.Trainer(
+        max_steps=16,
+        callbacks=[counter],
+        logger=False,
+        accelerator="cpu",
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(_SlowStep(0.01), torch.utils.data.DataLoader(_SlowFirst(10, 0.06), batch_size=None))
+    assert float(trainer.callback_metrics["train/data_wait_frac"]) < 0.3
+    whole = counter.data_wait_frac()
+    assert whole is not None and 0.5 < whole < 0.95  # ~7 x 0.06 s waited against ~15 x 0.01 s of steps
 
 
 def test_train_eta_logs_the_time_left_from_the_steps_it_timed(caplog):
