@@ -13,10 +13,10 @@ from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 from conftest import ROOT, compose
+from helpers.trainers import quiet_cpu_trainer
 from omegaconf import OmegaConf
 
 from eagle3.stages.train import run as train
@@ -129,13 +129,9 @@ def test_val_metrics_equal_one_process_validation(ddp_run, datasets_dir):
     missing, unexpected = module.load_state_dict(state, strict=False)
     frozen = {k for k, p in module.named_parameters() if not p.requires_grad}
     assert not unexpected and set(missing) <= frozen  # every trained weight came from the DDP run
-    trainer = L.Trainer(
-        accelerator="cpu",
+    trainer = quiet_cpu_trainer(
         devices=1,
         precision=path.precision,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
     single = trainer.validate(module, datamodule=dm, verbose=False)[0]
     ddp = summary["final"]

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import PACKED_ANSWERS, PACKED_SEGMENTS, VT, H, V, make_head
+from helpers.trainers import quiet_cpu_trainer
 
 from eagle3.config.choices import LossKind
 from eagle3.config.training import TrainConfig
@@ -204,13 +205,8 @@ def test_lightning_trains_on_topk_batches_towards_the_teacher():
     with torch.no_grad():
         before = module._forward_loss(final)[0].item()  # against the exact teacher
     losses = _Losses()
-    trainer = L.Trainer(
-        accelerator="cpu",
+    trainer = quiet_cpu_trainer(
         max_steps=12,
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        enable_progress_bar=False,
         limit_val_batches=0,
         callbacks=[losses],
     )

@@ -25,6 +25,7 @@ from helpers.storage import (
     wide_range_states,
     write_in_storage,
 )
+from helpers.trainers import quiet_cpu_trainer
 
 from eagle3.store import HiddenStateDataset, ShardWriter, StoreError
 from eagle3.store.batch_options import BatchShape
@@ -269,7 +270,6 @@ def test_a_damaged_encoded_sample_is_refused_without_decoding_the_good_ones(tmp_
 def _fit(dataset_dir: Path, decode_on_device: bool) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """The real data module, LightningModule and trainer: 4 steps on this CPU; the head's weights
     before and after."""
-    import lightning as L
 
     from eagle3.config.choices import AttentionKind
     from eagle3.config.training import TrainConfig
@@ -295,13 +295,8 @@ def _fit(dataset_dir: Path, decode_on_device: bool) -> tuple[dict[str, torch.Ten
     cfg = TrainConfig(ttt_steps=2, compile=False, attention=AttentionKind.sdpa, lr=1e-3, max_steps=4, warmup_steps=1)
     before = {k: v.detach().clone() for k, v in head.state_dict().items()}
     dm = Eagle3DataModule(str(dataset_dir), shape=BatchShape(48), decode_on_device=decode_on_device)
-    trainer = L.Trainer(
-        accelerator="cpu",
+    trainer = quiet_cpu_trainer(
         max_steps=4,
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        enable_progress_bar=False,
         limit_val_batches=0,
         use_distributed_sampler=False,
     )

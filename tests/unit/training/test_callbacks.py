@@ -10,6 +10,7 @@ import time
 import lightning as L
 import pytest
 import torch
+from helpers.trainers import quiet_cpu_trainer
 
 from eagle3.training.callbacks import TokenThroughput, TrainEta
 
@@ -42,14 +43,9 @@ class _SlowStep(L.LightningModule):
 def _run(loader_delay: float, step_delay: float, window: int = 50) -> dict[str, float]:
     # 10 batches per pass, 16 steps: the second pass's first fetch is counted as well
     counter = TokenThroughput(window=window)
-    trainer = L.Trainer(
+    trainer = quiet_cpu_trainer(
         max_steps=16,
         callbacks=[counter],
-        logger=False,
-        accelerator="cpu",
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
     trainer.fit(_SlowStep(step_delay), torch.utils.data.DataLoader(_SlowBatches(10, loader_delay), batch_size=None))
     return {**{k: float(v) for k, v in trainer.callback_metrics.items()}, "whole_fit_wait": counter.data_wait_frac()}
@@ -80,14 +76,9 @@ def test_the_whole_fits_data_wait_is_not_the_last_windows():
             return super().__getitem__(i)
 
     counter = TokenThroughput(window=2)
-    trainer = L.Trainer(
+    trainer = quiet_cpu_trainer(
         max_steps=16,
         callbacks=[counter],
-        logger=False,
-        accelerator="cpu",
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
     trainer.fit(_SlowStep(0.01), torch.utils.data.DataLoader(_SlowFirst(10, 0.06), batch_size=None))
     assert float(trainer.callback_metrics["train/data_wait_frac"]) < 0.3
@@ -97,14 +88,9 @@ def test_the_whole_fits_data_wait_is_not_the_last_windows():
 
 def test_train_eta_logs_the_time_left_from_the_steps_it_timed(caplog):
     eta = TrainEta(max_steps=40, skip=2, timed=5)
-    trainer = L.Trainer(
+    trainer = quiet_cpu_trainer(
         max_steps=40,
         callbacks=[eta],
-        logger=False,
-        accelerator="cpu",
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
     with caplog.at_level("INFO", logger="eagle3.util.report"):
         trainer.fit(_SlowStep(0.05), torch.utils.data.DataLoader(_SlowBatches(10, 0.0), batch_size=None))
