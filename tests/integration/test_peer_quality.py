@@ -6,6 +6,7 @@ loader, and the replay adapter gives speculators' model eagle3's head interface 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -46,9 +47,12 @@ def test_a_budgeted_peer_run_learns_ends_at_the_floor_and_exports(dataset_dir, t
     assert doc["global_step"] == len(lrs) > 8, f"too few steps in 24 s to test the schedule: {len(lrs)}"
     assert doc["elapsed_s"] >= 24.0 and doc["tokens"] > 0
     assert doc["loss_last"] < doc["loss_first"]
-    # the budget ran out at the floor: the last step starts a hair before the clock's end on a busy
-    # machine (its lr then 1e-5 above the floor, relatively); a step 0.5% of the budget early is 5e-3 above
-    assert lrs[-1] == pytest.approx(lr * floor, rel=1e-3)
+    # the budget ran out at the floor: never below it, and the last step starts at most two of the
+    # fitted step times before the clock's end (a busy machine stretches one), so its lr is the
+    # cosine's at that point at most
+    assert min(lrs[lrs.index(max(lrs)) :]) >= lr * floor * (1 - 1e-6)  # after the warm-up
+    early = min(1.0, 2 * doc["step_time_s"] / doc["elapsed_s"])
+    assert lrs[-1] <= lr * (floor + (1 - floor) * (1 + math.cos(math.pi * (1 - early))) / 2) * (1 + 1e-6)
     assert max(lrs) == pytest.approx(lr, rel=1e-6) and doc["schedule_progress"] == 1.0
     assert doc["recipe"]["ttt_steps"] == 3 and doc["recipe"]["optimizer"] == "adamw"
     assert doc["recipe"]["norm_output"] and doc["recipe"]["norm_before_residual"] and doc["recipe"]["norm_before_fc"]
