@@ -122,6 +122,21 @@ def test_everything_dropped_fails_with_the_reason(tokenizer, tmp_path):
         )
 
 
+def _regenerated(tokenizer, path, regeneration: Regeneration, max_samples: int | None):
+    """The samples of a chat file after ``regeneration``, all on the training side."""
+    return prepare_samples(
+        ChatSource("jsonl", str(path)),
+        tokenizer,
+        max_samples=max_samples,
+        max_length=64,
+        overflow="drop",
+        val_fraction=0.0,
+        seed=0,
+        progress=False,
+        regeneration=regeneration,
+    )
+
+
 def test_regenerate_replaces_assistant_turns_before_rendering(tokenizer, tmp_path):
     path = _write_jsonl(tmp_path / "chats.jsonl", 20)
     batches: list[list[str]] = []
@@ -134,17 +149,7 @@ def test_regenerate_replaces_assistant_turns_before_rendering(tokenizer, tmp_pat
             out.append(dataclasses.replace(conv, messages=msgs))
         return out
 
-    data = prepare_samples(
-        ChatSource("jsonl", str(path)),
-        tokenizer,
-        max_samples=10,
-        max_length=64,
-        overflow="drop",
-        val_fraction=0.0,
-        seed=0,
-        progress=False,
-        regeneration=Regeneration(regenerate, 4),
-    )
+    data = _regenerated(tokenizer, path, Regeneration(regenerate, 4), max_samples=10)
     assert batches == [["c0", "c1", "c2", "c3"], ["c4", "c5", "c6", "c7"], ["c8", "c9"]]  # only what is needed
     for s in data.train:
         assert tokenizer.decode(s.input_ids[s.loss_mask]) == f"target says {s.id}<|im_end|>"
@@ -154,17 +159,7 @@ def test_regenerate_replaces_assistant_turns_before_rendering(tokenizer, tmp_pat
         return list(reversed(batch))
 
     with pytest.raises(DataError, match=r"regenerate must return, in order, num_answers=1 answered copies"):
-        prepare_samples(
-            ChatSource("jsonl", str(path)),
-            tokenizer,
-            max_samples=10,
-            max_length=64,
-            overflow="drop",
-            val_fraction=0.0,
-            seed=0,
-            progress=False,
-            regeneration=Regeneration(shuffles, 4),
-        )
+        _regenerated(tokenizer, path, Regeneration(shuffles, 4), max_samples=10)
 
 
 def test_regenerated_conversation_without_answer_is_skipped_and_counted(tokenizer, tmp_path):
@@ -174,17 +169,7 @@ def test_regenerated_conversation_without_answer_is_skipped_and_counted(tokenize
     def regenerate(batch: list[Conversation]) -> list[Conversation]:
         return [dataclasses.replace(c, messages=[]) if c.id == "c2" else c for c in batch]
 
-    data = prepare_samples(
-        ChatSource("jsonl", str(path)),
-        tokenizer,
-        max_samples=None,
-        max_length=64,
-        overflow="drop",
-        val_fraction=0.0,
-        seed=0,
-        progress=False,
-        regeneration=Regeneration(regenerate),
-    )
+    data = _regenerated(tokenizer, path, Regeneration(regenerate), max_samples=None)
     assert "c2" not in {s.id for s in data.train} and len(data.train) == 5
     assert data.report.skipped["regenerated_no_answer"] == 1
 
@@ -206,17 +191,7 @@ def test_a_batch_near_the_deadline_is_cut_to_what_the_time_left_answers(tokenize
 
     # seconds left, per question: before batch 1; sizing batch 2, before it; sizing batch 3, before it
     deadline = ScriptedDeadline([1e6, 0.05, 0.05, 0.0])
-    data = prepare_samples(
-        ChatSource("jsonl", str(path)),
-        tokenizer,
-        max_samples=None,
-        max_length=64,
-        overflow="drop",
-        val_fraction=0.0,
-        seed=0,
-        progress=False,
-        regeneration=Regeneration(regenerate, 8, deadline),
-    )
+    data = _regenerated(tokenizer, path, Regeneration(regenerate, 8, deadline), max_samples=None)
     assert sizes[0] == 8 and len(sizes) == 2
     assert 1 <= sizes[1] <= 4  # 0.05 s left at >= 10 ms a conversation, less the tail's margin
     assert len(data.train) == 8 + sizes[1]
