@@ -262,17 +262,22 @@ stage_budget_ab() {
   done
 }
 
-# ab_eval: each arm's export (ARMS' names) measured by evaluate.py on the held-out suite and the
-# validation split, eager engines (for arms trained with eval.enabled=false: the minutes of an arm
-# then hold no evaluation, and both heads are measured alike after)
+# ab_eval: each arm's export (ARMS' names, or EVAL_ARMS') measured by evaluate.py on the held-out
+# suite and the validation split, eager engines (for arms trained with eval.enabled=false: the
+# minutes of an arm then hold no evaluation, and both heads are measured alike after). EVAL_ARGS:
+# more evaluate.py overrides, e.g. engine.quantization=fp8 (a head trained on the bf16 target's
+# states, served against the FP8 one); EVAL_TAG names those results apart
 stage_ab_eval() {
-  local arm name model ds; model=$(smollm2_dir)
-  for arm in ${ARMS:-}; do
+  local arm name model ds tag=${EVAL_TAG:-eval} extra=()
+  model=$(smollm2_dir)
+  read -r -a extra <<< "${EVAL_ARGS:-}"
+  for arm in ${EVAL_ARMS:-${ARMS:-}}; do
     name=${arm%%:*}
     ds=$(python3 -c "import json; print(json.load(open('$TMPD/$name/summary.json'))['dataset_dir'])")
-    python3 evaluate.py export_dir=$TMPD/$name/export target="$model" dataset_dir="$ds" out_dir=$TMPD/eval-$name \
-      eval.max_new_tokens=128 engine.enforce_eager=true baseline=false hydra.run.dir=$TMPD/eval-run-$name 2>&1 | quiet | tail -14
-    cp $TMPD/eval-$name/acceptance.json "$OUTD/${name}_eval.json" 2>/dev/null || true
+    python3 evaluate.py export_dir=$TMPD/$name/export target="$model" dataset_dir="$ds" out_dir=$TMPD/$tag-$name \
+      eval.max_new_tokens=128 engine.enforce_eager=true baseline=false hydra.run.dir=$TMPD/$tag-run-$name \
+      "${extra[@]}" 2>&1 | quiet | tail -14
+    cp $TMPD/$tag-$name/acceptance.json "$OUTD/${name}_${tag}.json" 2>/dev/null || true
   done
 }
 
