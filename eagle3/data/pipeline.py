@@ -205,18 +205,21 @@ class _RegenPace:
     def _engine_start(self) -> float:
         return float(getattr(self.regenerate, "engine_start_s", 0.0) or 0.0)
 
+    def per_conversation(self) -> float:
+        """Seconds per conversation so far (0 before any batch was timed)."""
+        return self.seconds / self.conversations if self.conversations else 0.0
+
     def fitting(self, deadline: Deadline) -> int | None:
         """Conversations the time left fits at the pace so far, None before any batch was timed. A
         batch is not all throughput: its longest answers finish alone, so a smaller batch runs at a
         lower rate; TAIL_MARGIN keeps that out of the time left."""
-        if not self.conversations or self.seconds <= 0:
-            return None
-        return max(0, int(deadline.left() * TAIL_MARGIN * self.conversations / self.seconds))
+        pace = self.per_conversation()
+        return max(0, int(deadline.left() * TAIL_MARGIN / pace)) if pace > 0 else None
 
     def stop(self, deadline: Deadline, conversations: int) -> str | None:
         """Why the next batch of ``conversations`` must not start, or None."""
         left = deadline.left()
-        expected = self.seconds / self.conversations * conversations if self.conversations else 0.0
+        expected = self.per_conversation() * conversations
         if left > expected:
             return None
         return (

@@ -40,14 +40,12 @@ class _SlowStep(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def _run(loader_delay: float, step_delay: float, window: int = 50) -> dict[str, float]:
+def _run(loader_delay: float, step_delay: float, window: int = 50, batches: _SlowBatches | None = None) -> dict:
     # 10 batches per pass, 16 steps: the second pass's first fetch is counted as well
     counter = TokenThroughput(window=window)
-    trainer = quiet_cpu_trainer(
-        max_steps=16,
-        callbacks=[counter],
-    )
-    trainer.fit(_SlowStep(step_delay), torch.utils.data.DataLoader(_SlowBatches(10, loader_delay), batch_size=None))
+    trainer = quiet_cpu_trainer(max_steps=16, callbacks=[counter])
+    batches = batches if batches is not None else _SlowBatches(10, loader_delay)
+    trainer.fit(_SlowStep(step_delay), torch.utils.data.DataLoader(batches, batch_size=None))
     return {**{k: float(v) for k, v in trainer.callback_metrics.items()}, "whole_fit_wait": counter.data_wait_frac()}
 
 
@@ -75,14 +73,9 @@ def test_the_whole_fits_data_wait_is_not_the_last_windows():
                 self.delay = 0.0
             return super().__getitem__(i)
 
-    counter = TokenThroughput(window=2)
-    trainer = quiet_cpu_trainer(
-        max_steps=16,
-        callbacks=[counter],
-    )
-    trainer.fit(_SlowStep(0.01), torch.utils.data.DataLoader(_SlowFirst(10, 0.06), batch_size=None))
-    assert float(trainer.callback_metrics["train/data_wait_frac"]) < 0.3
-    whole = counter.data_wait_frac()
+    got = _run(loader_delay=0.06, step_delay=0.01, window=2, batches=_SlowFirst(10, 0.06))
+    assert got["train/data_wait_frac"] < 0.3
+    whole = got["whole_fit_wait"]
     assert whole is not None and 0.5 < whole < 0.95  # ~7 x 0.06 s waited against ~15 x 0.01 s of steps
 
 
