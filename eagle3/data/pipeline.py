@@ -342,7 +342,12 @@ def prepare_samples(
         # near regeneration's deadline a batch is cut to what the time left answers, rather than a
         # whole batch refused and that time lost (a machine that answers 4,096 conversations in
         # 41 s would leave up to 40 s unused); nothing fits: the whole batch, which the deadline stops
-        fits = pace.fitting(regeneration.deadline) if regeneration.deadline is not None else None
+        deadline = regeneration.deadline
+        if deadline is None:
+            return size
+        fits = pace.fitting(deadline)
+        if fits is None and deadline.first_batch:  # no pace measured yet: the plan's first batch
+            return min(size, deadline.first_batch)
         return min(size, fits) if fits else size
 
     def full() -> bool:

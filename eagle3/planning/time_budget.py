@@ -334,7 +334,11 @@ def regen_deadline(shares: TimeShares | None, clock: StageClock) -> Deadline | N
     its share (None without a budget or without regeneration)."""
     if shares is None or not shares.regen_s:
         return None
-    return Deadline(clock, shares.regen_end_s(), "regeneration")
+    # fill: the planned count caps nothing, so the first batch (data.regen_batch_size, run before any
+    # pace is known) could be larger than the whole share answers: half the plan's count measures
+    # the pace, and the batches after it are sized to the share's end
+    first = max(1, shares.conversations // 2) if shares.fill else None
+    return Deadline(clock, shares.regen_end_s(), "regeneration", first_batch=first)
 
 
 def capture_deadline(shares: TimeShares | None, clock: StageClock, samples: int) -> Deadline | None:

@@ -43,10 +43,12 @@ class StageClock:
 
 class Deadline:
     """A point on a stage's clock (``at_s`` seconds of ``StageClock.seconds()``) after which a
-    part of the stage starts no new work: a time budget's share of it."""
+    part of the stage starts no new work: a time budget's share of it. ``first_batch``: the most
+    work the first batch may take, before the stage has measured its own pace (None: no cap): a
+    batch sized without that pace could run far past the deadline unseen."""
 
-    def __init__(self, clock: StageClock, at_s: float, what: str) -> None:
-        self.clock, self.at_s, self.what = clock, float(at_s), what
+    def __init__(self, clock: StageClock, at_s: float, what: str, first_batch: int | None = None) -> None:
+        self.clock, self.at_s, self.what, self.first_batch = clock, float(at_s), what, first_batch
 
     def left(self) -> float:
         """Seconds until the deadline (negative once it has passed)."""

@@ -30,6 +30,8 @@
 #   bash lab/leased_gpu/gpu_vllm_run.sh budget_serving both budget heads by bench/serving_speedup.py (LOADS, DRAFT_TOKENS)
 #   bash lab/leased_gpu/gpu_vllm_run.sh budget_measure the budget head's serving measurement by evaluate.py (LOADS, DRAFT_TOKENS),
 #                                               the export's predicted advice and the measured one beside it
+#   bash lab/leased_gpu/gpu_vllm_run.sh quant_ab       QUANT_N conversations answered and captured by the QUANT (fp8) target and by
+#                                               the bf16 one, a head trained QUANT_TRAIN on each, both measured against QUANT
 #   bash lab/leased_gpu/gpu_vllm_run.sh storage_ab     ARMS (NAME:OVERRIDES): the same conversations captured per arm, the same
 #                                               head trained from each and measured (an A/B of capture.storage)
 #   bash lab/leased_gpu/gpu_vllm_run.sh budget_ab      ARMS (NAME:OVERRIDES): the whole budget pipeline per arm, each answering
@@ -281,6 +283,18 @@ stage_ab_eval() {
   done
 }
 
+# quant_ab: the served target's quantization at a fixed size (no time budget): the first QUANT_N
+# conversations answered and captured by the QUANT target (model.quantization=QUANT, default fp8), then
+# by the bf16 one, a head trained QUANT_TRAIN (Lightning's DD:HH:MM:SS) on each, and both heads
+# measured by evaluate.py against the QUANT target (ab_eval, results on_QUANT)
+stage_quant_ab() {
+  local q=${QUANT:-fp8} common="capture=vllm eval.enabled=false train.max_time=${QUANT_TRAIN:-00:00:02:00}"
+  export BUDGET_MINUTES=null BUDGET_SAMPLES=${QUANT_N:-1000}
+  BRUN=$q BUDGET_DATASETS=$TMPD/dq_$q BUDGET_ARGS="$common model.quantization=$q" bash "$0" budget_extract budget_train
+  BRUN=bf16 BUDGET_DATASETS=$TMPD/dq_bf16 BUDGET_ARGS="$common" bash "$0" budget_extract budget_train
+  EVAL_ARMS="bf16 $q" EVAL_ARGS=engine.quantization=$q EVAL_TAG=on_$q bash "$0" ab_eval
+}
+
 # run_arm STAGE NAME:OVERRIDES [DATASETS_DIR]: one budget stage of one arm, in its own run
 # directory; an override from=NAME reads the datasets dir of capture arm NAME
 run_arm() {
@@ -314,7 +328,7 @@ while [ "$#" -gt 0 ]; do
     carry) stage_carry "$2"; shift 2 ;;
     bg) shift; stage_bg "$@"; break ;;
     wait_bg) stage_wait_bg "$2"; shift 2 ;;
-    capture|dataset|train|ranking|serving|regen|tests|storage_ab|budget_ab|ab_eval|budget_extract|budget_train|budget_peer|budget_serving|budget_measure) echo "=== $1"; "stage_$1"; shift ;;
+    capture|dataset|train|ranking|serving|regen|tests|storage_ab|budget_ab|quant_ab|ab_eval|budget_extract|budget_train|budget_peer|budget_serving|budget_measure) echo "=== $1"; "stage_$1"; shift ;;
     *) echo "unknown stage $1" >&2; exit 2 ;;
   esac
 done

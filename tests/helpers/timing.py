@@ -25,8 +25,8 @@ class TickingClock(StageClock):
 class ScriptedDeadline(Deadline):
     """A deadline whose seconds left are given, one per question (the last one repeats)."""
 
-    def __init__(self, left: list[float], what: str = "regeneration") -> None:
-        super().__init__(StageClock(), 0.0, what)
+    def __init__(self, left: list[float], what: str = "regeneration", first_batch: int | None = None) -> None:
+        super().__init__(StageClock(), 0.0, what, first_batch)
         self._left = list(left)
 
     def left(self) -> float:

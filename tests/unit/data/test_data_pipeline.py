@@ -196,3 +196,22 @@ def test_a_batch_near_the_deadline_is_cut_to_what_the_time_left_answers(tokenize
     assert 1 <= sizes[1] <= 4  # 0.05 s left at >= 10 ms a conversation, less the tail's margin
     assert len(data.train) == 8 + sizes[1]
     assert f"{8 + sizes[1]} conversations regenerated; the next 8 would take" in (data.report.deadline_stop or "")
+
+
+def test_the_first_batch_before_any_pace_is_the_deadlines_cap(tokenizer, tmp_path):
+    """Before regeneration has timed a batch, a budget's first batch is its plan's cap, not a whole
+    data.regen_batch_size that could run past the share unmeasured; the batches after it are sized
+    by the pace (here all of the time is left: whole batches)."""
+    from helpers import ScriptedDeadline
+
+    path = _write_jsonl(tmp_path / "chats.jsonl", 30)
+    sizes: list[int] = []
+
+    def regenerate(batch: list[Conversation]) -> list[Conversation]:
+        sizes.append(len(batch))
+        return batch
+
+    deadline = ScriptedDeadline([1e6], first_batch=3)
+    data = _regenerated(tokenizer, path, Regeneration(regenerate, 8, deadline), max_samples=None)
+    assert sizes == [3, 8, 8, 8, 3]
+    assert len(data.train) == 30

@@ -37,6 +37,12 @@ def test_the_deadlines_end_where_the_shares_say():
     capture = time_budget.capture_deadline(shares, clock, shares.samples)
     assert regen is not None and capture is not None
     assert (regen.at_s, capture.at_s) == (shares.regen_end_s(), shares.extract_end_s())
+    # filling, the count caps nothing: the first batch (before any pace) is half the plan's count
+    assert shares.fill and regen.first_batch == shares.conversations // 2
+    fixed = time_budget.time_shares(
+        run_config(compose("extract", ["experiment=smollm2_budget", "time_budget.fill=false"]))
+    )
+    assert fixed is not None and time_budget.regen_deadline(fixed, clock).first_batch is None
     assert time_budget.regen_deadline(None, clock) is None and time_budget.capture_deadline(None, clock, 5) is None
 
 
