@@ -15,6 +15,8 @@ from eagle3.planning.time_budget import budget_rates, end_reserve
 from eagle3.util.clock import StageClock
 from eagle3.util.report import minutes
 
+MIN_FIT_FRACTION = 0.1  # of the budget: what training gets however long the extraction took
+
 
 @dataclass(frozen=True)
 class TrainClock:
@@ -27,6 +29,10 @@ class TrainClock:
     fit_s: float
     stage: StageClock  # train.py's own
 
+    def over_s(self) -> float:
+        """How far past the budget the plan now ends (0: inside): the training floor's cost."""
+        return max(0.0, (self.extract_s or 0.0) + self.started_s + self.reserve_s + self.fit_s - self.total_s)
+
     def max_time(self) -> str:
         """Lightning's "DD:HH:MM:SS" for fit_s (whole seconds, at least one)."""
         s = max(1, int(math.floor(self.fit_s)))
@@ -34,6 +40,13 @@ class TrainClock:
 
     def line(self) -> str:
         spent = "not recorded in the dataset: counted as 0" if self.extract_s is None else minutes(self.extract_s)
+        if self.over_s() > 0:
+            return (
+                f"time budget: {minutes(self.total_s)} in all, and the extraction took {spent}: with this start-up "
+                f"({minutes(self.started_s)}) and the end (~{minutes(self.reserve_s)}) nothing is left to train, so "
+                f"training gets its floor, {minutes(self.fit_s)} ({MIN_FIT_FRACTION:.0%} of the budget; "
+                f"train.max_time={self.max_time()}): the run ends ~{minutes(self.over_s())} past its minutes"
+            )
         return (
             f"time budget: {minutes(self.total_s)} in all: extraction {spent}, this start-up {minutes(self.started_s)}, "
             f"kept for validation, export and evaluation ~{minutes(self.reserve_s)}; training gets "
@@ -68,12 +81,11 @@ def train_clock(
     total = float(cfg.time_budget.minutes) * 60.0
     stage = stage or StageClock()
     started = stage.seconds()
-    fit = total - (extract_s or 0.0) - started - reserve
-    if fit < 1:
-        raise ValueError(
-            f"time_budget.minutes={cfg.time_budget.minutes}: nothing left to train: extraction "
-            f"{minutes(extract_s or 0.0)}, start-up {minutes(started)}, kept for the end {minutes(reserve)}"
-        )
+    left = total - (extract_s or 0.0) - started - reserve
+    # an extraction that overran its share (engines that start slower than the rates say) leaves
+    # training a floor: a head a little past the minutes, not an error after them with the data
+    # captured and nothing trained; line() says by how much the run passes its minutes
+    fit = max(left, MIN_FIT_FRACTION * total)
     return TrainClock(total, extract_s, started, reserve, fit, stage)
 
 

@@ -108,8 +108,12 @@ def test_training_gets_what_the_extraction_and_the_end_leave():
     assert timed.train.max_steps > cfg.train.max_steps  # the clock, not the step count, ends it
     no_eval = run_config(compose("train", ["experiment=demo_cpu", "time_budget.minutes=20", "eval.enabled=false"]))
     assert train_clock.train_clock(no_eval, 400.0).fit_s > clock.fit_s  # type: ignore[union-attr]
-    with pytest.raises(ValueError, match="nothing left to train"):
-        train_clock.train_clock(cfg, extract_s=1190.0)
+    assert clock.over_s() == 0 and "training gets" in clock.line()
+    # an extraction that took the whole budget: training still gets its floor, and says the cost
+    late = train_clock.train_clock(cfg, extract_s=1190.0)
+    assert late is not None and late.fit_s == pytest.approx(train_clock.MIN_FIT_FRACTION * 1200)
+    assert late.over_s() == pytest.approx(1190.0 + late.started_s + late.reserve_s + late.fit_s - 1200)
+    assert "nothing is left to train" in late.line() and "past its minutes" in late.line()
 
 
 def test_make_demo_is_sized_by_twenty_minutes_of_the_cpu_it_runs_on(monkeypatch):
