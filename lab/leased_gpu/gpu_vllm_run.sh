@@ -144,8 +144,10 @@ stage_regen() {
 }
 
 stage_tests() {
-  # the tests that need CUDA or vLLM; SmolLM2 comes from the cache the earlier stages filled
-  python3 -m pytest -q -p no:cacheprovider -x tests/unit/training/test_gpu_batches.py tests/unit/draft/test_draft_flex.py \
+  # the tests that need CUDA or vLLM; SmolLM2 from its GGUF (the part calls); every file runs
+  # whatever failed before it (-x left the last files unrun behind one failure)
+  ensure_gguf
+  python3 -m pytest -q -p no:cacheprovider tests/unit/training/test_gpu_batches.py tests/unit/draft/test_draft_flex.py \
     tests/integration/test_hf_capture.py tests/integration/vllm/test_vllm_connector_files.py tests/unit/serving/test_serving_speedup.py tests/integration/vllm/test_serving_speedup_vllm.py tests/integration/vllm/test_vllm_capture.py \
     tests/unit/store/test_storage_device.py tests/unit/store/test_teacher_topk.py tests/integration/test_teacher_topk_runs.py 2>&1 | tail -25 \
     | tee "$OUTD/tests.txt" || true
