@@ -32,6 +32,7 @@
 #                                               the export's predicted advice and the measured one beside it
 #   bash lab/leased_gpu/gpu_vllm_run.sh quant_ab       QUANT_N conversations answered and captured by the QUANT (fp8) target and by
 #                                               the bf16 one, a head trained QUANT_TRAIN on each, both measured against QUANT
+#   bash lab/leased_gpu/gpu_vllm_run.sh polish         the export of budget_ab arm POLISH_FROM polished for POLISH_MINUTES by polish.py
 #   bash lab/leased_gpu/gpu_vllm_run.sh storage_ab     ARMS (NAME:OVERRIDES): the same conversations captured per arm, the same
 #                                               head trained from each and measured (an A/B of capture.storage)
 #   bash lab/leased_gpu/gpu_vllm_run.sh budget_ab      ARMS (NAME:OVERRIDES): the whole budget pipeline per arm, each answering
@@ -297,6 +298,31 @@ stage_quant_ab() {
   EVAL_ARMS="bf16 $q" EVAL_ARGS=engine.quantization=$q EVAL_TAG=on_$q bash "$0" ab_eval
 }
 
+# polish: the export of budget_ab arm POLISH_FROM polished by polish.py for POLISH_MINUTES on this GPU
+# (experiment=smollm2_polish with the recipe's head, head=eagle3: prompts the target writes, answered,
+# captured and trained on each round), its end measuring the start head against the polished one
+# in vLLM (summary.json); run dir $TMPD/polish-POLISH_FROM
+stage_polish() {
+  local from=${POLISH_FROM:?POLISH_FROM: the budget_ab arm whose export is polished}
+  ensure_gguf
+  (time python3 polish.py experiment=smollm2_polish train.init_from=$TMPD/$from/export head=eagle3 \
+    polish.minutes="${POLISH_MINUTES:-2}" polish.eval_rounds=false paths.cache_dir=$TMPD/cache \
+    paths.datasets_dir=$TMPD/data_polish logger=none hydra.run.dir=$TMPD/polish-$from) 2>&1 | quiet \
+    | tail -30 | tee "$OUTD/polish_${from}.log"
+  cp $TMPD/polish-$from/summary.json "$OUTD/polish_${from}_summary.json" 2>/dev/null || true
+  # the polished head as an arm ab_eval reads (EVAL_ARMS=polished-POLISH_FROM): its export, and the
+  # start arm's dataset for the validation split, so it is measured exactly as the arms are
+  mkdir -p $TMPD/polished-$from
+  FROM=$TMPD/$from OUT_DIR=$TMPD/polished-$from POLISH=$TMPD/polish-$from python3 - <<'PY'
+import json, os
+polish = json.load(open(os.path.join(os.environ["POLISH"], "summary.json")))
+start = json.load(open(os.path.join(os.environ["FROM"], "summary.json")))
+out = os.environ["OUT_DIR"]
+os.symlink(polish["polished_export"], os.path.join(out, "export"))
+json.dump({"dataset_dir": start["dataset_dir"]}, open(os.path.join(out, "summary.json"), "w"))
+PY
+}
+
 # run_arm STAGE NAME:OVERRIDES [DATASETS_DIR]: one budget stage of one arm, in its own run
 # directory; an override from=NAME reads the datasets dir of capture arm NAME
 run_arm() {
@@ -330,7 +356,7 @@ while [ "$#" -gt 0 ]; do
     carry) stage_carry "$2"; shift 2 ;;
     bg) shift; stage_bg "$@"; break ;;
     wait_bg) stage_wait_bg "$2"; shift 2 ;;
-    capture|dataset|train|ranking|serving|regen|tests|storage_ab|budget_ab|quant_ab|ab_eval|budget_extract|budget_train|budget_peer|budget_serving|budget_measure) echo "=== $1"; "stage_$1"; shift ;;
+    capture|dataset|train|ranking|serving|regen|tests|storage_ab|budget_ab|quant_ab|polish|ab_eval|budget_extract|budget_train|budget_peer|budget_serving|budget_measure) echo "=== $1"; "stage_$1"; shift ;;
     *) echo "unknown stage $1" >&2; exit 2 ;;
   esac
 done
