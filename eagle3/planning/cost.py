@@ -104,6 +104,9 @@ class Rate:
     regen_start_s: float = 0.0  # the regeneration engine's start, where regen_tok_s leaves it out
     regen_hf_tok_s: float | None = None  # regeneration by transformers where vLLM is absent
     regen_hf_start_s: float = 0.0
+    # capture=vllm: its engine's start (profile, compilation, warm-up), which capture_tok_s leaves
+    # out; the HF capture starts no engine
+    capture_vllm_start_s: float = 0.0
     eval_s: float = 180.0  # train.py's acceptance evaluation at the budget's evaluation sizes
     eval_amx_s: float | None = None  # the same on a CPU with AMX tiles (None: eval_s)
     # figure -> what measured it (the command, the machine, what it counted): rates.yaml's sources
@@ -132,7 +135,7 @@ class Rate:
 # the measured runs, as data: a recalibration is an edit of this file and no code
 RATES_FILE = Path(__file__).with_name("rates.yaml")
 _ENTRY_KEYS = frozenset({"accelerator", "model", "target", "head", "train_precision", "moe"})
-_MOE_FIGURES = frozenset({"capture_tok_s", "regen_tok_s", "regen_start_s", "start_s"})
+_MOE_FIGURES = frozenset({"capture_tok_s", "capture_vllm_start_s", "regen_tok_s", "regen_start_s", "start_s"})
 
 
 def measured_rates(path: str | Path | None = None) -> tuple[Rate, ...]:

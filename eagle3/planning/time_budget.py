@@ -29,7 +29,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
-from eagle3.config.choices import BudgetRates, RegenBackend
+from eagle3.config.choices import BudgetRates, CaptureBackend, RegenBackend
 from eagle3.config.dataset import MixtureSource
 from eagle3.config.schema import RunConfig, TimeBudgetConfig
 from eagle3.planning import cost, machine_rates
@@ -68,6 +68,7 @@ class TimeShares:
     capped_by: str | None  # the data preset's own cap, when it bound
     start_s: float = 0.0  # one stage's start (imports, the target's load)
     regen_start_s: float = 0.0  # the regeneration engine's start (0 without regeneration)
+    capture_start_s: float = 0.0  # the capture engine's start (capture=vllm; 0 for the HF capture)
     # data.mixture: (source, conversations): the shares' count split by the weights
     by_source: tuple[tuple[str, int], ...] = ()
     prompt_s: float = 0.0  # of regen_s: the self-prompts written (a generation of the prompt each)
@@ -81,7 +82,7 @@ class TimeShares:
 
     def extract_end_s(self) -> float:
         """When extract.py should be done, on its clock: regeneration's and capture's shares."""
-        return self.regen_end_s() + self.capture_s
+        return self.regen_end_s() + self.capture_start_s + self.capture_s
 
     def lines(self) -> list[str]:
         data = f"capture ~{minutes(self.capture_s)}"
@@ -208,7 +209,8 @@ def time_shares(cfg: RunConfig, rates: cost.RunRates | None = None) -> TimeShare
     tokens = sum(s.share * s.sample_tokens for s in sources)
     eval_s = _eval_seconds(cfg, rate)
     selection_s = _selection_seconds(cfg, rate, capture_tok_s)
-    fixed = 2 * rate.start_s + end_reserve(cfg, rate) + selection_s
+    capture_start = rate.capture_vllm_start_s if cfg.capture.backend == CaptureBackend.vllm else 0.0
+    fixed = 2 * rate.start_s + capture_start + end_reserve(cfg, rate) + selection_s
     per_conv_regen, per_conv_prompt, regen_start = 0.0, 0.0, 0.0
     if cfg.data.regenerate:
         regen_tok_s, regen_start = _regen_rate(cfg, rate)
@@ -248,6 +250,7 @@ def time_shares(cfg: RunConfig, rates: cost.RunRates | None = None) -> TimeShare
         capped_by,
         start_s=rate.start_s,
         regen_start_s=regen_start,
+        capture_start_s=capture_start,
         by_source=_split(conversations, sources) if cfg.data.mixture else (),
         prompt_s=conversations * per_conv_prompt,
         basis=rates.basis if cfg.time_budget.rates == BudgetRates.machine else "",

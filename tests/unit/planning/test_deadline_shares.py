@@ -30,7 +30,7 @@ def test_the_deadlines_end_where_the_shares_say():
     assert shares.extract_end_s() == pytest.approx(shares.regen_end_s() + shares.capture_s)
     # what the extraction may spend leaves training its share, the second start and the end
     assert shares.total_s - shares.extract_end_s() == pytest.approx(
-        shares.train_s + shares.fixed_s - shares.start_s - shares.regen_start_s
+        shares.train_s + shares.fixed_s - shares.start_s - shares.regen_start_s - shares.capture_start_s
     )
     clock = StageClock()
     regen = time_budget.regen_deadline(shares, clock)
@@ -58,3 +58,27 @@ def test_a_regeneration_that_overran_leaves_capture_its_own_share():
     half = time_budget.capture_deadline(shares, late, shares.samples // 2)
     assert half is not None
     assert half.at_s == pytest.approx(late.reads + shares.capture_s * (shares.samples // 2) / shares.samples)
+
+
+def test_a_vllm_capture_plans_its_engines_start():
+    """capture=vllm starts an engine (profile, compilation) that its tok/s leaves out: the plan
+    holds it inside the extraction's share, from the table's figure for this kind of machine."""
+    from eagle3.config.schema import run_config
+    from eagle3.planning import cost
+
+    gpu = [
+        "experiment=smollm2_budget",
+        "topology=gpu1",
+        "sizes=gpu",
+        "data.regen_backend=vllm",
+        "time_budget.rates=table",
+    ]
+    hf = time_budget.time_shares(run_config(compose("extract", gpu)))
+    vllm_cfg = run_config(compose("extract", gpu + ["capture=vllm"]))
+    vllm = time_budget.time_shares(vllm_cfg)
+    assert hf is not None and vllm is not None
+    start = cost.run_rates(vllm_cfg).measured.capture_vllm_start_s
+    assert start > 0 and hf.capture_start_s == 0 and vllm.capture_start_s == start
+    assert vllm.fixed_s == pytest.approx(hf.fixed_s + start)
+    assert vllm.extract_end_s() == pytest.approx(vllm.regen_end_s() + start + vllm.capture_s)
+    assert vllm.conversations < hf.conversations  # the engine's minutes come out of the data's
