@@ -76,6 +76,12 @@ class EvalConfig:
     # head train-side on the served prompts: costly; for investigating train/serve mismatches.
     # Off: vLLM's measured acceptance and a count of greedy mismatches only.
     diagnostics: bool = False
+    # where vLLM gives no per-request spec-decode figures (CUDA vLLM 0.26), each prompt a generate()
+    # call of its own, the engine counters read before it, between its two turns and after: one
+    # request in flight, so each request gets its own figures and the report bootstrap intervals over
+    # prompts (false: each category one call, no intervals: "n/a"). Costs the batching: the prompts
+    # run one at a time, in both engines. Changes nothing where vLLM gives per-request figures (0.32)
+    prompts_apart: bool = False
     # train.py: a failed evaluation ends it with an error (after the export and summary.json are
     # written); false: it exits 0, the failure said on its last line and in summary.json
     required: bool = False

@@ -10,7 +10,9 @@ The headline (``overall``) is the held-out suite (every set but the validation s
 validation split is reported beside it as the in-distribution figure. Per category and per set:
 the acceptance from vLLM's per-request figures with a bootstrap interval over prompts
 (eagle3/evaluation/intervals.py); where vLLM gives none (CUDA vLLM 0.26), from its counters read
-around each category's own call, with no interval ("n/a": eagle3/evaluation/breakdown.py).
+around each category's own call, with no interval ("n/a": eagle3/evaluation/breakdown.py); or,
+with eval.prompts_apart, from the counters read around each prompt's own call: each request's own
+figures, intervals as with vLLM's.
 
 The two engines' tokens/s ratio is the evaluation's own (its engines, its prompts, run as the
 evaluation runs them), kept as ``eval_engines_tok_s_ratio``: not a serving figure. The serving
@@ -49,12 +51,15 @@ def run_acceptance(
     diagnostics: bool = False,
     style: ChatStyle = ChatStyle(),
     per_request: bool | None = None,
+    prompts_apart: bool = False,
 ) -> AcceptanceReport:
     """vLLM's acceptance (with-head engine), speed and greedy agreement (with the baseline).
     diagnostics: also explain each greedy mismatch with an fp32 target forward (costly).
     style: how the deployment calls the chat template; the engines render each second turn with
     its template and arguments (its system prompt is in ``prompts``' turns already).
-    per_request: EngineRequest.per_request (None: vLLM's per-request figures where it offers them)."""
+    per_request: EngineRequest.per_request (None: vLLM's per-request figures where it offers them).
+    prompts_apart: EngineRequest.prompts_apart (eval.prompts_apart: without vLLM's per-request
+    figures, each prompt a call of its own, its figures from the counters read around it)."""
     if num_draft_tokens < 1:
         raise ValueError(f"eval.num_draft_tokens must be >= 1, got {num_draft_tokens}")
     if max_new_tokens < 1:
@@ -73,6 +78,7 @@ def run_acceptance(
         chat_template_kwargs=dict(style.kwargs or {}),
         together=True,  # one generate() call for every set where vLLM gives per-request figures
         per_request=per_request,
+        prompts_apart=prompts_apart,
     )
     with_head, wall_head = run_engine_process(
         EngineRequest(head=str(info.export_dir), **common), work_dir=work_dir, label="with-head"
@@ -168,7 +174,9 @@ def _engine_facts(
         "sets_run_together": result.together_counters is not None,
         "per_request_figures": result.per_request,
         # no per-request figures: each category ran as a call of its own (counters read around it)
-        "categories_run_apart": any(b.category_counters for b in result.batches),
+        "categories_run_apart": any(b.category_counters for b in result.batches) and not result.prompts_apart,
+        # no per-request figures from vLLM: each prompt ran as a call of its own (eval.prompts_apart)
+        "prompts_run_apart": result.prompts_apart,
     }
     base, base_wall = without_head
     if base is not None:
@@ -182,6 +190,12 @@ def _add_breakdown(report: AcceptanceReport, prompts: PromptSet, with_head, num_
     if with_head.per_request:
         per_prompt = report.per_prompt
         report.by_category, report.intervals = breakdown(per_prompt, num_draft_tokens, report.headline_sets)
+        if with_head.prompts_apart:
+            report.figures_source = (
+                f"vLLM {with_head.vllm_version} gives no per-request spec-decode figures: each prompt ran as a "
+                "generate() call of its own, its figures from the engine counters read around that call "
+                "(and between its two turns)"
+            )
         return
     categories = {b.name: [p.category for p in prompts.by_source(b.name)] for b in with_head.batches}
     report.by_category, report.intervals = counter_breakdown(

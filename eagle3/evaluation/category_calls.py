@@ -4,8 +4,10 @@ Where vLLM gives no per-request spec-decode figures (CUDA vLLM 0.26), the engine
 counters are the only route to acceptance, and a counter difference covers exactly the requests
 of the calls between its two snapshots. So the engine runs each category's prompts as a call of
 their own (second turns included) with snapshots around it: each category gets its own figures,
-and the set's counters are the sum of its categories'. Imports no vLLM (eagle3/evaluation/engine.py
-calls these around its generate() calls).
+and the set's counters are the sum of its categories'. With eval.prompts_apart the calls are one
+prompt each (``prompt_calls``): one request in flight, so its counter difference is its own figures
+(a histogram per request, eagle3/evaluation/counters.py ``histogram_from_counters``). Imports no
+vLLM (eagle3/evaluation/engine.py calls these around its generate() calls).
 """
 
 from __future__ import annotations
@@ -24,14 +26,19 @@ class CategoryCall:
     batch: PromptBatch  # those prompts alone (their second turns beside them)
 
 
-def category_calls(batch: PromptBatch) -> list[CategoryCall]:
-    """One call per category of ``batch`` (``batch.categories``; none: the set is one category,
-    named as the set), categories in order of first appearance, each in prompt order."""
+def _labels(batch: PromptBatch) -> list[str]:
     labels = batch.categories or [batch.name] * len(batch.prompts)
     if len(labels) != len(batch.prompts):
         raise ValueError(
             f"prompt batch {batch.name!r}: categories: expected one per prompt ({len(batch.prompts)}), got {len(labels)}"
         )
+    return labels
+
+
+def category_calls(batch: PromptBatch) -> list[CategoryCall]:
+    """One call per category of ``batch`` (``batch.categories``; none: the set is one category,
+    named as the set), categories in order of first appearance, each in prompt order."""
+    labels = _labels(batch)
     rows: dict[str, list[int]] = {}
     for i, label in enumerate(labels):
         rows.setdefault(label, []).append(i)
@@ -48,10 +55,24 @@ def category_calls(batch: PromptBatch) -> list[CategoryCall]:
     return calls
 
 
+def prompt_calls(batch: PromptBatch) -> list[CategoryCall]:
+    """One call per prompt of ``batch``, in prompt order, each with its second turn (if any) and
+    named by its category (``batch.categories``; none: the set's name)."""
+    labels = _labels(batch)
+    calls = []
+    for i, label in enumerate(labels):
+        turn = batch.second_turns[i] if batch.second_turns else None
+        turns = [turn] if turn else None
+        part = PromptBatch(batch.name, [batch.prompts[i]], ignore_eos=batch.ignore_eos, second_turns=turns)
+        calls.append(CategoryCall(label, [i], part))
+    return calls
+
+
 def merge_category_results(name: str, n_prompts: int, parts: list[tuple[CategoryCall, BatchResult]]) -> BatchResult:
     """The set's result from its categories' (as one call over the set would give it): first turns
     in prompt order, then the second turns in the order of their first turns; counters summed,
-    each category's kept (``category_counters``); seconds and preemptions summed."""
+    each category's kept (``category_counters``: summed over its calls where it had several);
+    seconds and preemptions summed."""
     first: list[Optional[tuple[list[int], Any, Optional[str]]]] = [None] * n_prompts
     second: list[tuple[int, int, list[int], Any, Optional[str]]] = []
     for call, result in parts:
@@ -85,11 +106,12 @@ def merge_category_results(name: str, n_prompts: int, parts: list[tuple[Category
         followups=[{"of": of, "prompt_tokens": tokens} for of, tokens, *_ in second] or None,
         finish_reasons=[str(f) for _, _, f in ordered] if with_reasons else None,
     )
-    counted = [(call.category, r.counters) for call, r in parts if r.counters is not None]
+    counted = [(call.category, SpecDecodeCounters.from_dict(r.counters)) for call, r in parts if r.counters is not None]
     if counted:
-        total = SpecDecodeCounters()
-        for _, counters in counted:
-            total = total + SpecDecodeCounters.from_dict(counters)
+        total, by_category = SpecDecodeCounters(), {}
+        for category, counters in counted:
+            total = total + counters
+            by_category[category] = by_category.get(category, SpecDecodeCounters()) + counters
         merged.counters = total.to_dict()
-        merged.category_counters = dict(counted)
+        merged.category_counters = {c: counters.to_dict() for c, counters in by_category.items()}
     return merged

@@ -150,6 +150,25 @@ def counters_from_histograms(histograms: Iterable[list[int]], num_draft_tokens: 
     return out
 
 
+def histogram_from_counters(counters: SpecDecodeCounters, num_draft_tokens: int) -> list[int]:
+    """One request's acceptance histogram from its counter difference (the inverse of
+    ``counters_from_histograms`` for one request): with one request in flight, the difference
+    around it is its own. Acceptance is a prefix, so accepted_per_position[i] counts the verify
+    steps that accepted at least i+1 drafts: h[0] = drafts - app[0], h[j] = app[j-1] - app[j],
+    h[K] = app[K-1]. A negative entry means the difference is not one engine's consistent counts."""
+    app = list(counters.accepted_per_position) + [0] * (num_draft_tokens - len(counters.accepted_per_position))
+    if len(app) > num_draft_tokens:
+        raise CounterError(f"accepted_per_position {app}: more than K={num_draft_tokens} positions")
+    at_least = [counters.drafts, *app]  # steps that accepted >= j drafts, j = 0..K
+    h = [at_least[j] - at_least[j + 1] for j in range(num_draft_tokens)] + [at_least[num_draft_tokens]]
+    if min(h) < 0:
+        raise CounterError(
+            f"counters {counters.to_dict()}: accepted_per_position must not increase nor exceed drafts "
+            "to be one request's acceptance histogram"
+        )
+    return h
+
+
 def acceptance_length_of_histogram(h: list[int]) -> float:
     steps = sum(h)
     return 1.0 + sum(j * n for j, n in enumerate(h)) / steps if steps else math.nan

@@ -14,10 +14,13 @@ the per-request `spec_decode_metrics` where the release has them). Tested with v
 and CUDA vLLM 0.26.0. Where the release has no per-request figures (0.26), or the request asks
 for none (EngineRequest.per_request=False), each category of a set runs as a call of its own with
 the counters read around it (eagle3/evaluation/category_calls.py): per-category figures on both.
+With EngineRequest.prompts_apart there, each prompt is a call of its own instead, the counters read
+before it, between its two turns and after: each request's own figures, as a histogram.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
@@ -26,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from eagle3.evaluation.category_calls import category_calls, merge_category_results
+from eagle3.evaluation.category_calls import category_calls, merge_category_results, prompt_calls
 from eagle3.evaluation.engine_io import (
     BatchResult,
     EngineRequest,
@@ -66,19 +69,22 @@ def run_engine(req: EngineRequest) -> EngineResult:
     result = EngineResult(
         vllm.__version__, str(current_platform.device_type), bool(eager), load_seconds, warmup_seconds
     )
-    result.per_request = per_request
+    plain = all(not b.wave_size and not b.concurrency for b in req.batches)
+    apart = bool(req.prompts_apart) and not per_request and plain  # vLLM's own figures, where given, win
+    result.per_request = per_request or apart
+    result.prompts_apart = apart
 
-    def run(batch: PromptBatch, llm: Any = llm) -> BatchResult:  # bound now: `del llm` below drops the engine
-        return _run_batch(llm, req, batch)
+    def run(batch: PromptBatch, one: bool = False, llm: Any = llm) -> BatchResult:  # `del llm` below drops it
+        return _run_batch(llm, req, batch, one_prompt=one)
 
     def run_set(batch: PromptBatch) -> BatchResult:
-        """Without per-request figures, each category its own call: its counters are its own."""
-        if per_request or batch.categories is None or batch.wave_size or batch.concurrency:
+        """Without per-request figures, each prompt (prompts_apart) or each category its own call:
+        its counters are its own."""
+        if per_request or batch.wave_size or batch.concurrency or (batch.categories is None and not apart):
             return run(batch)
-        calls = category_calls(batch)
-        return merge_category_results(batch.name, len(batch.prompts), [(c, run(c.batch)) for c in calls])
+        calls = prompt_calls(batch) if apart else category_calls(batch)
+        return merge_category_results(batch.name, len(batch.prompts), [(c, run(c.batch, apart)) for c in calls])
 
-    plain = all(not b.wave_size and not b.concurrency for b in req.batches)
     one_eos = len({b.ignore_eos for b in req.batches}) == 1
     if req.together and per_request and plain and len(req.batches) > 1 and one_eos:
         whole = run(merge_batches(req.batches))
@@ -105,13 +111,15 @@ def _warm_up(llm: Any, req: EngineRequest) -> None:
         )
 
 
-def _run_batch(llm: Any, req: EngineRequest, batch: PromptBatch) -> BatchResult:
+def _run_batch(llm: Any, req: EngineRequest, batch: PromptBatch, one_prompt: bool = False) -> BatchResult:
     """One prompt batch greedily (second turns after each first answer), the spec-decode counters
-    read around it and each request's acceptance histogram where vLLM gives one."""
+    read around it and each request's acceptance histogram where vLLM gives one. ``one_prompt``:
+    a batch of one prompt, the counters also read between its turns, each turn's histogram built
+    from its own counter difference (one request in flight: the difference is that request's)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from eagle3.evaluation.counters import SpecDecodeCounters
+    from eagle3.evaluation.counters import SpecDecodeCounters, histogram_from_counters
 
     def snapshot() -> SpecDecodeCounters | None:
         if req.head is None:
@@ -120,10 +128,13 @@ def _run_batch(llm: Any, req: EngineRequest, batch: PromptBatch) -> BatchResult:
 
     if not batch.prompts:
         return BatchResult(batch.name, [], 0.0)
+    if one_prompt and len(batch.prompts) != 1:
+        raise ValueError(f"prompt batch {batch.name!r}: a call of one prompt holds {len(batch.prompts)}")
     params = SamplingParams(temperature=0.0, max_tokens=req.max_new_tokens, ignore_eos=batch.ignore_eos)
     before, preempted = snapshot(), _preemptions(llm)
     t0 = time.perf_counter()
     outs, sizes = _first_pass(llm, batch, params)
+    between = snapshot() if one_prompt else None  # the first turn's request is done, the second not begun
     followups: list[dict[str, int]] | None = None
     if batch.second_turns and any(batch.second_turns):
         second, followups = _second_turns(req, batch, [list(o.outputs[0].token_ids) for o in outs])
@@ -140,6 +151,10 @@ def _run_batch(llm: Any, req: EngineRequest, batch: PromptBatch) -> BatchResult:
         for o in outs:
             m = getattr(o.outputs[0], "spec_decode_metrics", None)
             histograms.append(list(m.histogram) if m is not None else [])
+        if one_prompt:  # no per-request figures from vLLM (prompts apart only runs without them)
+            assert between is not None
+            turns = [between - before] + ([after - between] if followups else [])
+            histograms = [histogram_from_counters(c, req.num_draft_tokens) for c in turns]
     return BatchResult(batch.name, outputs, seconds, counters, histograms, sizes, preempted, followups, reasons)
 
 
@@ -232,9 +247,7 @@ def _second_turns(req: EngineRequest, batch: PromptBatch, answers: list[list[int
     """(token ids, followups) of the batch's second turns: the first turn, this engine's greedy
     answer to it as the assistant turn, then the second question, rendered as a chat server
     renders a conversation (the chat template and its generation prompt)."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(req.model, trust_remote_code=bool(req.options.trust_remote_code))
+    tok = _tokenizer(req.model, bool(req.options.trust_remote_code))
     prompts, followups = [], []
     for i, turn in enumerate(batch.second_turns or []):
         if not turn:
@@ -253,6 +266,14 @@ def _second_turns(req: EngineRequest, batch: PromptBatch, answers: list[list[int
         prompts.append(ids)
         followups.append({"of": i, "prompt_tokens": len(ids)})
     return prompts, followups
+
+
+@functools.lru_cache(maxsize=2)
+def _tokenizer(model: str, trust_remote_code: bool) -> Any:
+    """The target's tokenizer, loaded once per engine process (prompts apart: a call per prompt)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
 
 
 def _preemptions(llm: Any) -> int:

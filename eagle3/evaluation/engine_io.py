@@ -61,6 +61,10 @@ class EngineRequest:
     # where the installed vLLM offers them (0.32 does, CUDA 0.26 does not); False runs without them
     # as an engine that lacks them does (each category its own call, figures from the counters)
     per_request: Optional[bool] = None
+    # without per-request figures (eval.prompts_apart): each prompt of a plain batch a generate()
+    # call of its own, the counters read around each of its turns, so each request gets its own
+    # histogram (intervals over prompts) at the cost of no batching. Ignored where vLLM gives them
+    prompts_apart: bool = False
 
     def warmup_sizes(self) -> list[int]:
         """Requests per warm-up call: ``warmup_prompts``, then each other wave size of the batches.
@@ -115,7 +119,8 @@ class EngineResult:
     # the engine counters around the one call the batches ran in together (None: each on its own);
     # the batches' counters are rebuilt from their requests' histograms, which must add up to these
     together_counters: Optional[dict[str, Any]] = None
-    per_request: bool = True  # whether the engine gave per-request spec-decode figures
+    per_request: bool = True  # whether there are per-request spec-decode figures (vLLM's, or prompts apart)
+    prompts_apart: bool = False  # each prompt ran as a call of its own, its figures from the counters
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

