@@ -220,24 +220,29 @@ def _set_names(a: dict[str, Any], b: dict[str, Any], headline: str) -> list[str]
 
 
 def acceptance_gap(
-    a: dict[str, Any], b: dict[str, Any], *, level: float = LEVEL, n_boot: int = N_BOOT, seed: int = 0
+    a: dict[str, Any],
+    b: dict[str, Any],
+    *,
+    level: float = LEVEL,
+    n_boot: int = N_BOOT,
+    seed: int = 0,
+    names: tuple[str, str] = ("A", "B"),
 ) -> dict[str, Any]:
     """B minus A per set (the headline pooled, each prompt set, the validation split), with paired
     bootstrap intervals where both reports have per-prompt figures; ``a`` and ``b`` are two
-    acceptance.json dicts measured on the same prompts (ValueError where they are not)."""
-    problems = _refusals(a, b, ("A", "B"))
+    acceptance.json dicts measured on the same prompts (ValueError where they are not); ``names``
+    name the heads in the refusal, the reason and the result."""
+    problems = _refusals(a, b, names)
     if problems:
         raise ValueError("the two reports are not measurements of the same prompts: " + "; ".join(problems))
     k = int(a["num_draft_tokens"])
     headline_sets = list(a["headline"]["sets"])
     headline = headline_key(headline_sets)
     labels = {**(a.get("set_labels") or {}), headline: a["headline"].get("label", headline)}
-    whys = {name: why for name, r in (("A", a), ("B", b)) if (why := _no_per_request_figures(r))}
-    missing = (
-        [f"A and B: {whys['A']}"]
-        if len(whys) == 2 and whys["A"] == whys["B"]
-        else [f"{n}: {w}" for n, w in whys.items()]
-    )
+    whys = [(name, why) for name, r in zip(names, (a, b)) if (why := _no_per_request_figures(r))]
+    missing = [f"{n}: {w}" for n, w in whys]
+    if len(whys) == 2 and whys[0][1] == whys[1][1]:
+        missing = [f"{names[0]} and {names[1]}: {whys[0][1]}"]
     reason = (
         None
         if not missing
@@ -246,6 +251,7 @@ def acceptance_gap(
     )
 
     out: dict[str, Any] = {
+        "names": list(names),  # a and b of each set: the first head, then the second
         "num_draft_tokens": k,
         "max_new_tokens": a.get("max_new_tokens"),
         "headline": {"key": headline, "sets": headline_sets, "label": labels[headline]},
