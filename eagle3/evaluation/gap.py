@@ -165,6 +165,8 @@ def _pair(
         position_gap = rates[1] - rates[0]  # [n_boot, k]
     # a resample whose picks hold no drafts of one head has no pooled figure (only where few prompts draft)
     ok = np.isfinite(gap) & np.isfinite(relative)  # [n_boot]
+    if not ok.any():
+        return None, "one head has no drafts on these prompts: no pooled figure to compare"
     tail = (1.0 - level) / 2 * 100
 
     def interval(x: np.ndarray) -> list[float]:  # x: [n_boot] -> [lo, hi]
@@ -175,7 +177,6 @@ def _pair(
         "gap_interval": interval(gap),
         "relative_gap_interval": interval(relative),
         "per_position_gap_interval": [interval(position_gap[:, i]) for i in range(k)],
-        "resamples": int(ok.sum()),
     }, None
 
 
