@@ -2,13 +2,16 @@
 dicts made from per-prompt figures: exact where the gap is known by hand, zero for one head
 against itself, above zero for a head better on every prompt, blind to the order of the
 entries, refused for reports of different prompts or settings, and point gaps with the reason
-where a report has no per-prompt figures."""
+where a report has no per-prompt figures; bench/acceptance_gap.py prints and writes it."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import random
 
 import pytest
+from conftest import ROOT
 
 from eagle3.evaluation.gap import acceptance_gap
 
@@ -199,3 +202,34 @@ def test_without_per_request_figures_the_point_gaps_come_from_the_counters_with_
     a, b = acceptance_json(HAND_A, per_request=False), acceptance_json(HAND_B, per_request=False)
     a["engine"].pop("per_request_figures"), b["engine"].pop("per_request_figures")
     assert "every per_prompt entry has drafts 0" in acceptance_gap(a, b)["no_interval_reason"]
+
+
+def test_the_bench_prints_the_table_writes_the_json_and_refuses_with_exit_2(monkeypatch, tmp_path, capsys):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location("acceptance_gap_bench", ROOT / "bench" / "acceptance_gap.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    paths = {}
+    for name, prompts, per_request in (("a", HAND_A, True), ("b", HAND_B, True), ("c", HAND_B, False)):
+        paths[name] = tmp_path / f"{name}.json"
+        paths[name].write_text(json.dumps(acceptance_json(prompts, per_request=per_request)))
+    out = tmp_path / "gap.json"
+    assert bench.main([str(paths["a"]), str(paths["b"]), "--names", "old", "new", "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "| set | prompts | old | new | new - old [95%] | relative [95%] |" in table
+    assert "| held-out suite | 3 | 1.520 | 1.840 | +0.320 [" in table and "+21.1% [" in table
+    saved = json.loads(out.read_text())
+    assert saved["names"] == ["old", "new"] and saved["reports"] == {"old": str(paths["a"]), "new": str(paths["b"])}
+    assert saved["sets"]["held_out"]["gap"] == pytest.approx(0.32)
+    # no per-prompt figures in one: the point gaps, "n/a" and why
+    assert bench.main([str(paths["a"]), str(paths["c"])]) == 0
+    table = capsys.readouterr().out
+    assert "+0.320 [n/a]" in table and "intervals: n/a: no per-prompt figures (B: " in table
+    assert "eval.prompts_apart=true" in table
+    # other prompts: refused, saying what differs and which file is which
+    paths["d"] = tmp_path / "d.json"
+    paths["d"].write_text(json.dumps(acceptance_json({**HAND_B, ("broad", "p9"): [(3, [1, 0, 0])]})))
+    assert bench.main([str(paths["a"]), str(paths["d"])]) == 2
+    err = capsys.readouterr().err
+    assert "only in B: broad/p9" in err and f"B: {paths['d']}" in err
