@@ -14,6 +14,7 @@ figures.py           per prompt set: acceptance, tokens/s with/without head (the
                      ratio, not a serving figure), greedy match
 acceptance_run.py    the acceptance run: with-head engine, then without-head engine, same prompts
 report.py            acceptance.json and the table; plot.py the PNG; wandb_log.py W&B
+gap.py               two heads on the same prompts: B minus A per set, with a paired bootstrap interval
 diagnostics/         train-side figures beside vLLM's: the replays of an export on a dataset
                      and on vLLM's own outputs, and why a greedy output changed
 """
