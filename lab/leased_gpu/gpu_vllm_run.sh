@@ -297,8 +297,10 @@ stage_quant_ab() {
   export BUDGET_MINUTES=null BUDGET_SAMPLES=${QUANT_N:-1000}
   BRUN=$q BUDGET_DATASETS=$TMPD/dq_$q BUDGET_ARGS="$common model.quantization=$q" bash "$0" budget_extract budget_train
   BRUN=bf16 BUDGET_DATASETS=$TMPD/dq_bf16 BUDGET_ARGS="$common" bash "$0" budget_extract budget_train
-  # QUANT_EVAL=0: the heads only (a later call measures them: EVAL_ARMS="bf16 fp8" ... ab_eval)
-  [ "${QUANT_EVAL:-1}" = 0 ] || EVAL_ARMS="bf16 $q" EVAL_ARGS=engine.quantization=$q EVAL_TAG=on_$q bash "$0" ab_eval
+  # QUANT_EVAL=0: the heads only (a later call measures them: EVAL_ARMS="bf16 fp8" ... ab_eval);
+  # QUANT_EVAL_ARGS: more evaluate.py overrides (eval.prompts_apart=true: per-prompt figures, intervals)
+  [ "${QUANT_EVAL:-1}" = 0 ] || EVAL_ARMS="bf16 $q" EVAL_ARGS="engine.quantization=$q ${QUANT_EVAL_ARGS:-}" \
+    EVAL_TAG=on_$q bash "$0" ab_eval
 }
 
 # polish: the export of budget_ab arm POLISH_FROM polished by polish.py for POLISH_MINUTES on this GPU
