@@ -273,7 +273,8 @@ stage_budget_ab() {
 # suite and the validation split, eager engines (for arms trained with eval.enabled=false: the
 # minutes of an arm then hold no evaluation, and both heads are measured alike after). EVAL_ARGS:
 # more evaluate.py overrides, e.g. engine.quantization=fp8 (a head trained on the bf16 target's
-# states, served against the FP8 one); EVAL_TAG names those results apart
+# states, served against the FP8 one); EVAL_TAG names those results apart; EVAL_EAGER=false: CUDA
+# graphs (their capture costs each engine's start; one request at a time, eval.prompts_apart, runs faster)
 stage_ab_eval() {
   local arm name model ds tag=${EVAL_TAG:-eval} extra=()
   model=$(smollm2_dir)
@@ -282,7 +283,7 @@ stage_ab_eval() {
     name=${arm%%:*}
     ds=$(python3 -c "import json; print(json.load(open('$TMPD/$name/summary.json'))['dataset_dir'])")
     python3 evaluate.py export_dir=$TMPD/$name/export target="$model" dataset_dir="$ds" out_dir=$TMPD/$tag-$name \
-      eval.max_new_tokens=128 engine.enforce_eager=true baseline=false hydra.run.dir=$TMPD/$tag-run-$name \
+      eval.max_new_tokens=128 engine.enforce_eager=${EVAL_EAGER:-true} baseline=false hydra.run.dir=$TMPD/$tag-run-$name \
       "${extra[@]}" 2>&1 | quiet | tail -14
     cp $TMPD/$tag-$name/acceptance.json "$OUTD/${name}_${tag}.json" 2>/dev/null || true
   done
