@@ -62,7 +62,7 @@ def prompt_calls(batch: PromptBatch) -> list[CategoryCall]:
     calls = []
     for i, label in enumerate(labels):
         turn = batch.second_turns[i] if batch.second_turns else None
-        turns = [turn] if turn else None
+        turns: list[dict[str, Any] | None] | None = [turn] if turn else None
         part = PromptBatch(batch.name, [batch.prompts[i]], ignore_eos=batch.ignore_eos, second_turns=turns)
         calls.append(CategoryCall(label, [i], part))
     return calls
@@ -108,7 +108,7 @@ def merge_category_results(name: str, n_prompts: int, parts: list[tuple[Category
     )
     counted = [(call.category, SpecDecodeCounters.from_dict(r.counters)) for call, r in parts if r.counters is not None]
     if counted:
-        total, by_category = SpecDecodeCounters(), {}
+        total, by_category = SpecDecodeCounters(), dict[str, SpecDecodeCounters]()
         for category, counters in counted:
             total = total + counters
             by_category[category] = by_category.get(category, SpecDecodeCounters()) + counters

@@ -177,6 +177,7 @@ def _summary(composed: DictConfig, polish: PolishConfig, state: PolishState, run
             last, Path(state.head), prompts, target_dir, None, out_dir=run_dir / "eval-polished"
         )
         acceptance = {"start": state.start_acceptance, "polished": _served(polished) or polished}
+        acceptance["gap"] = _gap(acceptance["start"], acceptance["polished"])
     return {
         "start": state.start,
         "polished_export": state.head,
@@ -186,13 +187,38 @@ def _summary(composed: DictConfig, polish: PolishConfig, state: PolishState, run
     }
 
 
+def _gap(start: dict[str, Any] | None, polished: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What the polish recovered on the headline prompts: polished minus start with a paired
+    interval over the prompts both were measured on (eagle3/evaluation/gap.py); None where either
+    head was not measured, {"error": why} where the two reports cannot be paired."""
+    from eagle3.evaluation.gap import acceptance_gap
+
+    if not (start and polished and start.get("json") and polished.get("json")):
+        return None
+    reports = [json.loads(Path(m["json"]).read_text()) for m in (start, polished)]
+    try:
+        gap = acceptance_gap(reports[0], reports[1], names=("start", "polished"))
+    except ValueError as e:  # a resumed polish whose start was measured on other prompts
+        return {"error": str(e)}
+    head = gap["sets"][gap["headline"]["key"]]
+    keep = ("label", "prompts", "gap", "gap_interval", "relative_gap", "relative_gap_interval", "no_interval_reason")
+    return {"level": gap["level"], "method": gap["method"], **{k: head[k] for k in keep}}
+
+
 def _gain_line(summary: dict[str, Any]) -> str:
     acc = summary["acceptance"]
     start = (acc.get("start") or {}).get("mean_acceptance_length")
     polished = (acc.get("polished") or {}).get("mean_acceptance_length")
     if start is None or polished is None:
         return "polish: vLLM did not measure the start and the polished head (eval.enabled, or see summary.json)"
-    return f"polish: acceptance length in vLLM {start:.3f} -> {polished:.3f} ({polished - start:+.3f})"
+    line = f"polish: acceptance length in vLLM {start:.3f} -> {polished:.3f} ({polished - start:+.3f}"
+    gap = acc.get("gap") or {}
+    lo_hi = gap.get("gap_interval")
+    if lo_hi:
+        line += f", {gap['level']:.0%} interval {lo_hi[0]:+.3f} .. {lo_hi[1]:+.3f} over {gap['prompts']} prompts"
+    elif gap.get("no_interval_reason") or gap.get("error"):
+        line += ", no interval: see summary.json acceptance.gap"
+    return line + ")"
 
 
 def _polished_figure(summary: dict[str, Any]) -> float:
