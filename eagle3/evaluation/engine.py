@@ -92,7 +92,10 @@ def run_engine(req: EngineRequest) -> EngineResult:
         return merge_category_results(batch.name, len(batch.prompts), [(c, run(c.batch, apart)) for c in calls])
 
     one_eos = len({b.ignore_eos for b in req.batches}) == 1
-    if req.together and (per_request or stepped) and plain and len(req.batches) > 1 and one_eos:
+    # step figures: even one set runs as the merged call, its counters rebuilt from the histograms and
+    # the engine's kept beside them (a step counted after an answer ended shows as a disagreement)
+    merged = (per_request and len(req.batches) > 1) or stepped
+    if req.together and merged and plain and one_eos:
         whole = run(merge_batches(req.batches))
         result.together_counters = whole.counters
         result.batches = split_batch(whole, req.batches, req.num_draft_tokens)
@@ -144,6 +147,8 @@ def _run_batch(
     before, preempted = snapshot(), _preemptions(llm)
     t0 = time.perf_counter()
     sizes = None
+    if stop_ids is not None and batch.ignore_eos:
+        stop_ids = set()  # answers end at max_new_tokens only
     if stop_ids is not None:
         outs = _stepped(llm, batch.prompts, req, stop_ids)
     else:
@@ -273,7 +278,10 @@ def _stepped(
     rebuilt from them (StepTally). vLLM counts a step's accepted drafts before it cuts the step at a
     stop token or max_tokens, so it is asked for max_new_tokens + K tokens without stopping at EOS;
     the tally ends each answer where vLLM would have (its first stop token, or max_new_tokens) and
-    the request is aborted there: its last step arrives whole, and no later step of it counts."""
+    the request is aborted there: its last step arrives whole, and no later step of it counts in the
+    tally. vLLM's engine core runs on meanwhile: a step of the request that ends before the abort
+    reaches it is counted by the engine counters though not by the tally (the figures' check
+    against the counters then says so); the client does no detokenizing, to answer fast."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
@@ -281,7 +289,7 @@ def _stepped(
     from eagle3.evaluation.step_tally import StepTally
 
     k = req.num_draft_tokens
-    params = SamplingParams(temperature=0.0, max_tokens=req.max_new_tokens + k, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=req.max_new_tokens + k, ignore_eos=True, detokenize=False)
     params.output_kind = RequestOutputKind.DELTA
     tally = StepTally(k, req.max_new_tokens, stop_ids)
     engine = llm.llm_engine

@@ -16,8 +16,11 @@ max_tokens=64 read one step low). So the engine asks for ``max_tokens + K`` toke
 ``ignore_eos`` (the step that crosses max_tokens, or holds a stop token, keeps every token it
 accepted), and this tally ends each request itself: at its first stop token (kept, as vLLM keeps
 it) or at max_tokens, whichever comes first, its tokens cut there, and ``add`` returns True so
-that the caller aborts it before another step of it counts. An aborted request's in-flight step
-is not counted by vLLM either. What it still cannot see: a preempted request's recompute (its
+that the caller aborts it before another step of it counts. vLLM skips the in-flight step of a
+request aborted while that step runs, so the engine counters agree; but its engine core does not
+wait for the caller: an abort that arrives after a further step of the request has finished leaves
+that step in the counters (a slow client; the caller's check against the counters shows it).
+What it still cannot see: a preempted request's recompute (its
 first output again adds 1 token and verifies nothing, read here as a step that accepted 0), and a
 step scheduled with fewer than K drafts; the caller checks the sums against the counters.
 
