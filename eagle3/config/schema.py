@@ -82,6 +82,12 @@ class EvalConfig:
     # prompts (false: each category one call, no intervals: "n/a"). Costs the batching: the prompts
     # run one at a time, in both engines. Changes nothing where vLLM gives per-request figures (0.32)
     prompts_apart: bool = False
+    # where vLLM gives no per-request spec-decode figures, each request's histogram rebuilt from the
+    # tokens each engine step adds to it, the batch run concurrently as ever (eagle3/evaluation/
+    # step_tally.py): per-prompt figures and intervals without prompts_apart's cost; the report
+    # checks their sums against the engine counters. Wins over prompts_apart; nothing changes where
+    # vLLM gives per-request figures (0.32)
+    step_figures: bool = False
     # train.py: a failed evaluation ends it with an error (after the export and summary.json are
     # written); false: it exits 0, the failure said on its last line and in summary.json
     required: bool = False

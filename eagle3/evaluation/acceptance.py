@@ -73,8 +73,8 @@ def evaluate(
     """Measure the head in `export_dir` with vLLM; write acceptance.json/.png; log to W&B.
 
     eval_cfg: anything with num_draft_tokens, max_prompts, humaneval_prompts, max_new_tokens,
-        diagnostics, and suite_prompts, math_prompts, prompts_apart (cfg.eval of train.py's config;
-        without the last three, EvalConfig's defaults); None: EvalConfig() defaults.
+        diagnostics, and suite_prompts, math_prompts, prompts_apart, step_figures (cfg.eval of train.py's config;
+        without the last four, EvalConfig's defaults); None: EvalConfig() defaults.
     dataset_dir: the hidden-state dataset whose validation split gives the chat prompts;
         None: summary.json beside the export, else HumanEval prompts only.
     target: the target directory; None: the export's speculators_config target.
@@ -127,6 +127,7 @@ def evaluate(
         baseline=baseline,
         diagnostics=bool(settings.diagnostics),
         prompts_apart=bool(getattr(settings, "prompts_apart", EvalConfig.prompts_apart)),
+        step_figures=bool(getattr(settings, "step_figures", EvalConfig.step_figures)),
         style=ChatStyle(chat_template, template_kwargs, system_prompt),
     )
     report.dataset_dir = str(dataset) if dataset is not None else None

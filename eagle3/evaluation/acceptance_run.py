@@ -12,7 +12,8 @@ the acceptance from vLLM's per-request figures with a bootstrap interval over pr
 (eagle3/evaluation/intervals.py); where vLLM gives none (CUDA vLLM 0.26), from its counters read
 around each category's own call, with no interval ("n/a": eagle3/evaluation/breakdown.py); or,
 with eval.prompts_apart, from the counters read around each prompt's own call: each request's own
-figures, intervals as with vLLM's.
+figures, intervals as with vLLM's; or, with eval.step_figures, from the tokens each engine step adds
+to each request (the batch concurrent as ever), intervals again.
 
 The two engines' tokens/s ratio is the evaluation's own (its engines, its prompts, run as the
 evaluation runs them), kept as ``eval_engines_tok_s_ratio``: not a serving figure. The serving
@@ -52,6 +53,7 @@ def run_acceptance(
     style: ChatStyle = ChatStyle(),
     per_request: bool | None = None,
     prompts_apart: bool = False,
+    step_figures: bool = False,
 ) -> AcceptanceReport:
     """vLLM's acceptance (with-head engine), speed and greedy agreement (with the baseline).
     diagnostics: also explain each greedy mismatch with an fp32 target forward (costly).
@@ -59,7 +61,9 @@ def run_acceptance(
     its template and arguments (its system prompt is in ``prompts``' turns already).
     per_request: EngineRequest.per_request (None: vLLM's per-request figures where it offers them).
     prompts_apart: EngineRequest.prompts_apart (eval.prompts_apart: without vLLM's per-request
-    figures, each prompt a call of its own, its figures from the counters read around it)."""
+    figures, each prompt a call of its own, its figures from the counters read around it).
+    step_figures: EngineRequest.step_figures (eval.step_figures: without them, each request's
+    figures rebuilt from the tokens of each engine step, the batch run concurrently)."""
     if num_draft_tokens < 1:
         raise ValueError(f"eval.num_draft_tokens must be >= 1, got {num_draft_tokens}")
     if max_new_tokens < 1:
@@ -79,6 +83,7 @@ def run_acceptance(
         together=True,  # one generate() call for every set where vLLM gives per-request figures
         per_request=per_request,
         prompts_apart=prompts_apart,
+        step_figures=step_figures,
     )
     with_head, wall_head = run_engine_process(
         EngineRequest(head=str(info.export_dir), **common), work_dir=work_dir, label="with-head"
@@ -177,6 +182,8 @@ def _engine_facts(
         "categories_run_apart": any(b.category_counters for b in result.batches) and not result.prompts_apart,
         # no per-request figures from vLLM: each prompt ran as a call of its own (eval.prompts_apart)
         "prompts_run_apart": result.prompts_apart,
+        # no per-request figures from vLLM: each request's rebuilt from each step's tokens (eval.step_figures)
+        "figures_from_steps": result.step_figures,
     }
     base, base_wall = without_head
     if base is not None:
@@ -195,6 +202,12 @@ def _add_breakdown(report: AcceptanceReport, prompts: PromptSet, with_head, num_
                 f"vLLM {with_head.vllm_version} gives no per-request spec-decode figures: each prompt ran as a "
                 "generate() call of its own, its figures from the engine counters read around that call "
                 "(and between its two turns)"
+            )
+        elif with_head.step_figures:
+            report.figures_source = (
+                f"vLLM {with_head.vllm_version} gives no per-request spec-decode figures: the sets ran "
+                "concurrently, driven step by step, each request's figures rebuilt from the tokens each "
+                "engine step added to it (their sums checked against the engine counters)"
             )
         return
     categories = {b.name: [p.category for p in prompts.by_source(b.name)] for b in with_head.batches}

@@ -15,12 +15,15 @@ and CUDA vLLM 0.26.0. Where the release has no per-request figures (0.26), or th
 for none (EngineRequest.per_request=False), each category of a set runs as a call of its own with
 the counters read around it (eagle3/evaluation/category_calls.py): per-category figures on both.
 With EngineRequest.prompts_apart there, each prompt is a call of its own instead, the counters read
-before it, between its two turns and after: each request's own figures, as a histogram.
+before it, between its two turns and after: each request's own figures, as a histogram. With
+EngineRequest.step_figures, the batch runs concurrently, driven step by step, each request's
+histogram rebuilt from the tokens each step adds to it (eagle3/evaluation/step_tally.py).
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import signal
 import sys
@@ -70,23 +73,29 @@ def run_engine(req: EngineRequest) -> EngineResult:
         vllm.__version__, str(current_platform.device_type), bool(eager), load_seconds, warmup_seconds
     )
     plain = all(not b.wave_size and not b.concurrency for b in req.batches)
-    apart = bool(req.prompts_apart) and not per_request and plain  # vLLM's own figures, where given, win
-    result.per_request = per_request or apart
-    result.prompts_apart = apart
+    # vLLM's own figures, where given, win; then the stepped route (it keeps the batching)
+    stepped = bool(req.step_figures) and not per_request and plain
+    apart = bool(req.prompts_apart) and not per_request and plain and not stepped
+    result.per_request = per_request or apart or stepped
+    result.prompts_apart, result.step_figures = apart, stepped
+    stop_ids = _stop_ids(llm) if stepped else None
 
     def run(batch: PromptBatch, one: bool = False, llm: Any = llm) -> BatchResult:  # `del llm` below drops it
-        return _run_batch(llm, req, batch, one_prompt=one)
+        return _run_batch(llm, req, batch, one_prompt=one, stop_ids=stop_ids)
 
     def run_set(batch: PromptBatch) -> BatchResult:
         """Without per-request figures, each prompt (prompts_apart) or each category its own call:
         its counters are its own."""
-        if per_request or batch.wave_size or batch.concurrency or (batch.categories is None and not apart):
+        if per_request or stepped or batch.wave_size or batch.concurrency or (batch.categories is None and not apart):
             return run(batch)
         calls = prompt_calls(batch) if apart else category_calls(batch)
         return merge_category_results(batch.name, len(batch.prompts), [(c, run(c.batch, apart)) for c in calls])
 
     one_eos = len({b.ignore_eos for b in req.batches}) == 1
-    if req.together and per_request and plain and len(req.batches) > 1 and one_eos:
+    # step figures: even one set runs as the merged call, its counters rebuilt from the histograms and
+    # the engine's kept beside them (a step counted after an answer ended shows as a disagreement)
+    merged = (per_request and len(req.batches) > 1) or stepped
+    if req.together and merged and plain and one_eos:
         whole = run(merge_batches(req.batches))
         result.together_counters = whole.counters
         result.batches = split_batch(whole, req.batches, req.num_draft_tokens)
@@ -111,11 +120,15 @@ def _warm_up(llm: Any, req: EngineRequest) -> None:
         )
 
 
-def _run_batch(llm: Any, req: EngineRequest, batch: PromptBatch, one_prompt: bool = False) -> BatchResult:
+def _run_batch(
+    llm: Any, req: EngineRequest, batch: PromptBatch, one_prompt: bool = False, stop_ids: Optional[set[int]] = None
+) -> BatchResult:
     """One prompt batch greedily (second turns after each first answer), the spec-decode counters
     read around it and each request's acceptance histogram where vLLM gives one. ``one_prompt``:
     a batch of one prompt, the counters also read between its turns, each turn's histogram built
-    from its own counter difference (one request in flight: the difference is that request's)."""
+    from its own counter difference (one request in flight: the difference is that request's).
+    ``stop_ids`` (step figures): the batch driven step by step (``_stepped``), each request's
+    histogram rebuilt from its steps' tokens; the tokens that end an answer."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -133,24 +146,32 @@ def _run_batch(llm: Any, req: EngineRequest, batch: PromptBatch, one_prompt: boo
     params = SamplingParams(temperature=0.0, max_tokens=req.max_new_tokens, ignore_eos=batch.ignore_eos)
     before, preempted = snapshot(), _preemptions(llm)
     t0 = time.perf_counter()
-    outs, sizes = _first_pass(llm, batch, params)
+    sizes = None
+    if stop_ids is not None and batch.ignore_eos:
+        stop_ids = set()  # answers end at max_new_tokens only
+    if stop_ids is not None:
+        outs = _stepped(llm, batch.prompts, req, stop_ids)
+    else:
+        outs, sizes = _first_pass(llm, batch, params)
+        outs = [_answer(o) for o in outs]
     between = snapshot() if one_prompt else None  # the first turn's request is done, the second not begun
     followups: list[dict[str, int]] | None = None
     if batch.second_turns and any(batch.second_turns):
-        second, followups = _second_turns(req, batch, [list(o.outputs[0].token_ids) for o in outs])
-        outs += llm.generate([TokensPrompt(prompt_token_ids=p) for p in second], params, use_tqdm=False)
+        second, followups = _second_turns(req, batch, [tokens for tokens, _, _ in outs])
+        if stop_ids is not None:
+            outs += _stepped(llm, second, req, stop_ids)
+        else:
+            done = llm.generate([TokensPrompt(prompt_token_ids=p) for p in second], params, use_tqdm=False)
+            outs += [_answer(o) for o in done]
     seconds = time.perf_counter() - t0
     after, preempted = snapshot(), _preemptions(llm) - preempted
-    outputs = [list(o.outputs[0].token_ids) for o in outs]
-    reasons = [str(o.outputs[0].finish_reason) for o in outs]
+    outputs = [tokens for tokens, _, _ in outs]
+    reasons = [reason for _, reason, _ in outs]
     counters = histograms = None
     if req.head is not None:
         assert after is not None and before is not None  # snapshot reads counters whenever there is a head
         counters = (after - before).to_dict()
-        histograms = []
-        for o in outs:
-            m = getattr(o.outputs[0], "spec_decode_metrics", None)
-            histograms.append(list(m.histogram) if m is not None else [])
+        histograms = [h if h is not None else [] for _, _, h in outs]
         if one_prompt:  # no per-request figures from vLLM (prompts apart only runs without them)
             assert between is not None
             turns = [between - before] + ([after - between] if followups else [])
@@ -241,6 +262,65 @@ def _queue(llm: Any, prompts: list[list[int]], params: Any, concurrency: int) ->
                 done[out.request_id] = out
                 in_flight -= 1
     return [done[f"eagle3-queue-{i}"] for i in range(len(prompts))]
+
+
+def _answer(out: Any) -> tuple[list[int], str, Optional[list[int]]]:
+    """(tokens, finish reason, vLLM's acceptance histogram or None) of a finished RequestOutput."""
+    m = getattr(out.outputs[0], "spec_decode_metrics", None)
+    return list(out.outputs[0].token_ids), str(out.outputs[0].finish_reason), list(m.histogram) if m else None
+
+
+def _stepped(
+    llm: Any, prompts: list[list[int]], req: EngineRequest, stop_ids: set[int]
+) -> list[tuple[list[int], str, Optional[list[int]]]]:
+    """Every prompt through the engine at once (max_num_seqs in flight, as generate() runs them),
+    driven step by step with each step's new tokens per request (DELTA), each request's histogram
+    rebuilt from them (StepTally). vLLM counts a step's accepted drafts before it cuts the step at a
+    stop token or max_tokens, so it is asked for max_new_tokens + K tokens without stopping at EOS;
+    the tally ends each answer where vLLM would have (its first stop token, or max_new_tokens) and
+    the request is aborted there: its last step arrives whole, and no later step of it counts in the
+    tally. vLLM's engine core runs on meanwhile: a step of the request that ends before the abort
+    reaches it is counted by the engine counters though not by the tally (the figures' check
+    against the counters then says so); the client does no detokenizing, to answer fast."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    from eagle3.evaluation.step_tally import StepTally
+
+    k = req.num_draft_tokens
+    params = SamplingParams(temperature=0.0, max_tokens=req.max_new_tokens + k, ignore_eos=True, detokenize=False)
+    params.output_kind = RequestOutputKind.DELTA
+    tally = StepTally(k, req.max_new_tokens, stop_ids)
+    engine = llm.llm_engine
+    ids = [f"eagle3-step-{next(_STEP_IDS)}" for _ in prompts]
+    for rid, p in zip(ids, prompts):
+        tally.add_request(rid)
+        engine.add_request(rid, TokensPrompt(prompt_token_ids=p), params)
+    live = set(ids)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.request_id not in live:
+                continue
+            answer = out.outputs[0]
+            if tally.add(out.request_id, list(answer.token_ids), out.finished, answer.finish_reason):
+                live.discard(out.request_id)
+                if not out.finished:
+                    engine.abort_request([out.request_id])
+    if tally.clipped():
+        raise RuntimeError(f"step figures: {tally.clipped()} steps added more than K + 1 = {k + 1} tokens")
+    return [(tally.tokens(r), str(tally.finish_reason(r)), tally.histogram(r)) for r in ids]
+
+
+_STEP_IDS = itertools.count()  # request ids unique over the engine's life
+
+
+def _stop_ids(llm: Any) -> set[int]:
+    """The tokens that end a greedy answer in this engine, as vLLM takes them: the tokenizer's EOS
+    and the generation config's eos_token_id(s)."""
+    gen = llm.llm_engine.model_config.try_get_generation_config().get("eos_token_id")
+    eos = llm.get_tokenizer().eos_token_id
+    return ({eos} if eos is not None else set()) | ({gen} if isinstance(gen, int) else set(gen or ()))
 
 
 def _second_turns(req: EngineRequest, batch: PromptBatch, answers: list[list[int]]):

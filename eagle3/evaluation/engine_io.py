@@ -65,6 +65,10 @@ class EngineRequest:
     # call of its own, the counters read around each of its turns, so each request gets its own
     # histogram (intervals over prompts) at the cost of no batching. Ignored where vLLM gives them
     prompts_apart: bool = False
+    # without per-request figures (eval.step_figures): plain batches run concurrently as ever, driven
+    # step by step, each request's histogram rebuilt from the tokens each step adds to it
+    # (eagle3/evaluation/step_tally.py). Wins over prompts_apart; ignored where vLLM gives figures
+    step_figures: bool = False
 
     def warmup_sizes(self) -> list[int]:
         """Requests per warm-up call: ``warmup_prompts``, then each other wave size of the batches.
@@ -121,6 +125,7 @@ class EngineResult:
     together_counters: Optional[dict[str, Any]] = None
     per_request: bool = True  # whether there are per-request spec-decode figures (vLLM's, or prompts apart)
     prompts_apart: bool = False  # each prompt ran as a call of its own, its figures from the counters
+    step_figures: bool = False  # each request's figures rebuilt from the tokens of each engine step
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -43,8 +43,8 @@ POINT_FROM_UNITS = "per-prompt figures (the units the interval resamples)"
 POINT_FROM_COUNTERS = "each set's counters (by_source)"
 HOW_TO_GET_THEM = (
     "measure both heads again with per-prompt figures: a vLLM that gives per-request spec-decode figures, "
-    "or eval.prompts_apart=true on one that does not (each prompt's figures from the engine counters "
-    "around its own call)"
+    "or eval.step_figures=true on one that does not (each request's figures from the tokens of each engine "
+    "step) or eval.prompts_apart=true (from the engine counters around each prompt's own call)"
 )
 
 Key = tuple[str, str]  # (source, prompt id without its "#<turn>" suffix): one prompt unit

@@ -10,7 +10,8 @@ eight categories). ``measured_by`` says these are vLLM's serving counters, not t
 training-time simulation (``val/sim_accept_len``): the two differ, and users compare them.
 
 ``interval_method`` says how the intervals were made (and, with eval.prompts_apart, that each
-prompt's figures come from the counters read around its own call), or "n/a: <why>" where there are
+prompt's figures come from the counters read around its own call; with eval.step_figures, from the
+tokens of each engine step), or "n/a: <why>" where there are
 no per-request figures: every interval is then the string "n/a", in the JSON and the table alike
 (null stays for a set of under two prompts with drafts: no spread to resample). The engines'
 tokens/s ratio is ``eval_engines_tok_s_ratio`` (``eval_engines_tok_s_ratio_is`` says what it
@@ -72,7 +73,8 @@ class AcceptanceReport:
     # why there are no intervals at all (vLLM gave no per-request figures); None: there are
     no_interval_reason: Optional[str] = None
     # where each prompt's figures come from when not vLLM's per-request ones (eval.prompts_apart:
-    # the counters read around each prompt's own call); None: vLLM's, or there are none
+    # the counters read around each prompt's own call; eval.step_figures: each engine step's
+    # tokens); None: vLLM's, or there are none
     figures_source: Optional[str] = None
 
     @property

@@ -4,8 +4,10 @@ category as a call of its own with its counters read around it, and must give th
 per category as the per-request route on the same prompts and head (greedy: the same outputs);
 a set's figures are its categories' sums, and every interval says "n/a". With eval.prompts_apart
 on that route, each prompt runs as a call of its own and each request's histogram, built from its
-counter difference, must be the one vLLM gives it per request, with intervals again. One request in
-flight in every engine (max_num_seqs=1: the same numerics on every route); one engine per route."""
+counter difference, must be the one vLLM gives it per request, with intervals again; so must each
+request's histogram with eval.step_figures, rebuilt from the tokens each engine step adds to it. One
+request in flight in every engine (max_num_seqs=1: the same numerics on every route); one engine per
+route. The step figures under concurrency (16 in flight, a trained head): test_step_figures.py."""
 
 from __future__ import annotations
 
@@ -47,11 +49,13 @@ def test_the_counters_route_gives_the_per_request_routes_figures_per_category(tm
     by_request = run_acceptance(info, prompts, work_dir=tmp_path / "per-request", **common)
     by_counters = run_acceptance(info, prompts, work_dir=tmp_path / "counters", per_request=False, **common)
     apart = run_acceptance(info, prompts, work_dir=tmp_path / "apart", per_request=False, prompts_apart=True, **common)
+    stepped = run_acceptance(info, prompts, work_dir=tmp_path / "steps", per_request=False, step_figures=True, **common)
 
     assert by_request.engine["per_request_figures"] and not by_request.engine["categories_run_apart"]
     assert not by_counters.engine["per_request_figures"] and by_counters.engine["categories_run_apart"]
     assert by_counters.served == by_request.served  # greedy: the same answers, second turn included
     _assert_prompts_apart_matches_per_request(apart, by_request, tmp_path)
+    _assert_step_figures_match_per_request(stepped, by_request)
     assert set(by_counters.by_category) == set(by_request.by_category) == {*CATEGORIES, "math_word", "humaneval"}
     for name, want in by_request.by_category.items():
         got = by_counters.by_category[name]
@@ -104,3 +108,22 @@ def _assert_prompts_apart_matches_per_request(apart, by_request, tmp_path) -> No
     assert "counters read around that call" in data["interval_method"]
     assert data["interval"] not in (None, "n/a") and data["engine"]["prompts_run_apart"] is True
     assert data["by_category"]["writing"]["interval"] not in (None, "n/a")
+
+
+def _assert_step_figures_match_per_request(stepped, by_request) -> None:
+    """The sets run together, driven step by step: every request's histogram, rebuilt from its
+    steps' tokens, is vLLM's own, and their sums are the engine counters around the run."""
+    assert stepped.engine["per_request_figures"] and stepped.engine["figures_from_steps"]
+    assert stepped.engine["sets_run_together"] and not stepped.engine["prompts_run_apart"]
+    assert not stepped.engine["categories_run_apart"] and not by_request.engine["figures_from_steps"]
+    assert stepped.served == by_request.served and stepped.consistency_problems == []
+
+    def rows(report):
+        return [
+            (p.source, p.id, p.turn, p.output_tokens, p.finish_reason, p.drafts, p.accepted_per_position)
+            for p in report.per_prompt
+        ]
+
+    assert rows(stepped) == rows(by_request) and any(p.turn == 2 for p in stepped.per_prompt)
+    assert stepped.by_category == by_request.by_category
+    assert "each request's figures rebuilt from the tokens" in stepped.interval_method
