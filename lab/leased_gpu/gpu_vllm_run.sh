@@ -289,6 +289,15 @@ stage_ab_eval() {
   done
 }
 
+# figures_ab: each arm of EVAL_ARMS measured by ab_eval twice on a vLLM without per-request figures:
+# by the counters around each category's call (results <arm>_counters.json), then with each request's
+# figures rebuilt from the engine's steps (eval.step_figures=true, <arm>_steps.json): the same headline,
+# intervals, and no consistency problem against the counters, or the route is wrong on this release
+stage_figures_ab() {
+  EVAL_TAG=counters bash "$0" ab_eval
+  EVAL_ARGS="eval.step_figures=true ${EVAL_ARGS:-}" EVAL_TAG=steps bash "$0" ab_eval
+}
+
 # quant_ab: the served target's quantization at a fixed size (no time budget): the first QUANT_N
 # conversations answered and captured by the QUANT target (model.quantization=QUANT, default fp8), then
 # by the bf16 one, a head trained QUANT_TRAIN (Lightning's DD:HH:MM:SS) on each, and both heads
@@ -362,7 +371,7 @@ while [ "$#" -gt 0 ]; do
     carry) stage_carry "$2"; shift 2 ;;
     bg) shift; stage_bg "$@"; break ;;
     wait_bg) stage_wait_bg "$2"; shift 2 ;;
-    capture|dataset|train|ranking|serving|regen|tests|storage_ab|budget_ab|quant_ab|polish|ab_eval|budget_extract|budget_train|budget_peer|budget_serving|budget_measure) echo "=== $1"; "stage_$1"; shift ;;
+    capture|dataset|train|ranking|serving|regen|tests|storage_ab|budget_ab|quant_ab|figures_ab|polish|ab_eval|budget_extract|budget_train|budget_peer|budget_serving|budget_measure) echo "=== $1"; "stage_$1"; shift ;;
     *) echo "unknown stage $1" >&2; exit 2 ;;
   esac
 done
