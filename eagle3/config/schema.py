@@ -76,18 +76,17 @@ class EvalConfig:
     # head train-side on the served prompts: costly; for investigating train/serve mismatches.
     # Off: vLLM's measured acceptance and a count of greedy mismatches only.
     diagnostics: bool = False
-    # where vLLM gives no per-request spec-decode figures (CUDA vLLM 0.26), each prompt a generate()
-    # call of its own, the engine counters read before it, between its two turns and after: one
-    # request in flight, so each request gets its own figures and the report bootstrap intervals over
-    # prompts (false: each category one call, no intervals: "n/a"). Costs the batching: the prompts
-    # run one at a time, in both engines. Changes nothing where vLLM gives per-request figures (0.32)
+    # where vLLM gives no per-request spec-decode figures (CUDA vLLM 0.26), each request's histogram
+    # rebuilt from the tokens each engine step adds to it, the sets run together and concurrently
+    # (eagle3/evaluation/step_tally.py): per-prompt figures and bootstrap intervals at no cost, their
+    # sums checked against the engine counters in every report (on CUDA vLLM 0.26 they agree:
+    # docs/records/2026-12-07-cuda-figures-routes.md). Nothing changes where vLLM gives per-request
+    # figures (0.32). false: the routes below
+    step_figures: bool = True
+    # with step_figures=false there: each prompt a generate() call of its own, the engine counters read
+    # before it, between its two turns and after (one request in flight: its own figures, exact by
+    # construction), at the cost of the batching; false too: each category one call, no intervals ("n/a")
     prompts_apart: bool = False
-    # where vLLM gives no per-request spec-decode figures, each request's histogram rebuilt from the
-    # tokens each engine step adds to it, the batch run concurrently as ever (eagle3/evaluation/
-    # step_tally.py): per-prompt figures and intervals without prompts_apart's cost; the report
-    # checks their sums against the engine counters. Wins over prompts_apart; nothing changes where
-    # vLLM gives per-request figures (0.32)
-    step_figures: bool = False
     # train.py: a failed evaluation ends it with an error (after the export and summary.json are
     # written); false: it exits 0, the failure said on its last line and in summary.json
     required: bool = False
