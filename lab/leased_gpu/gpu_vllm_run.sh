@@ -294,7 +294,7 @@ stage_ab_eval() {
 # figures rebuilt from the engine's steps (eval.step_figures=true, <arm>_steps.json): the same headline,
 # intervals, and no consistency problem against the counters, or the route is wrong on this release
 stage_figures_ab() {
-  EVAL_TAG=counters bash "$0" ab_eval
+  EVAL_ARGS="eval.step_figures=false ${EVAL_ARGS:-}" EVAL_TAG=counters bash "$0" ab_eval
   EVAL_ARGS="eval.step_figures=true ${EVAL_ARGS:-}" EVAL_TAG=steps bash "$0" ab_eval
 }
 
@@ -308,7 +308,7 @@ stage_quant_ab() {
   BRUN=$q BUDGET_DATASETS=$TMPD/dq_$q BUDGET_ARGS="$common model.quantization=$q" bash "$0" budget_extract budget_train
   BRUN=bf16 BUDGET_DATASETS=$TMPD/dq_bf16 BUDGET_ARGS="$common" bash "$0" budget_extract budget_train
   # QUANT_EVAL=0: the heads only (a later call measures them: EVAL_ARMS="bf16 fp8" ... ab_eval);
-  # QUANT_EVAL_ARGS: more evaluate.py overrides (eval.prompts_apart=true: per-prompt figures, intervals)
+  # QUANT_EVAL_ARGS: more evaluate.py overrides
   [ "${QUANT_EVAL:-1}" = 0 ] || EVAL_ARMS="bf16 $q" EVAL_ARGS="engine.quantization=$q ${QUANT_EVAL_ARGS:-}" \
     EVAL_TAG=on_$q bash "$0" ab_eval
 }
