@@ -6,8 +6,10 @@ prompts.py           held-out prompts: the suite, HumanEval; the validation spli
 suite.py, suites/    the project's held-out suite: 8 MT-bench categories x 12, math word problems
 intervals.py         bootstrap intervals over prompts from vLLM's per-request figures
 breakdown.py         per category: from per-request figures, or from each category's counters
-engine.py            one vLLM engine in its own process (the only vllm import)
-category_calls.py    without per-request figures: a set run one category per call, merged back
+engine.py            one vLLM engine in its own process (with engine_feed.py, the only vllm imports)
+engine_feed.py       how prompts reach it: waves, a queue, or step by step (step_tally.py: each
+                     request's figures rebuilt from each step's tokens where vLLM gives none)
+category_calls.py    without per-request figures: a set run one category (or prompt) per call, merged back
 subprocess_engine.py runs it, with logs, timeout and clean stop
 counters.py          vLLM's spec-decode counters and the figures they give
 figures.py           per prompt set: acceptance, tokens/s with/without head (the eval engines'
