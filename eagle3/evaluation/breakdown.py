@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from eagle3.evaluation.counters import SpecDecodeCounters
 from eagle3.evaluation.engine_io import BatchResult
-from eagle3.evaluation.intervals import Unit, set_figures
+from eagle3.evaluation.intervals import PromptKey, Unit, prompt_key, prompt_units, set_figures
 from eagle3.evaluation.prompts import VAL
 
 FROM_PER_REQUEST = "vLLM per-request spec-decode figures"
@@ -33,21 +33,17 @@ def headline_key(headline_sets: Sequence[str]) -> str:
 def breakdown(per_prompt: list, k: int, headline_sets: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(per category, per set and the headline) figures from the per-request outcomes: pooled
     acceptance and its bootstrap interval over prompts (a prompt's two turns are one unit)."""
-    units: dict[tuple[str, str], list] = {}
-    for p in per_prompt:
-        units.setdefault((p.source, p.id.split("#")[0]), []).append(p)
-
-    def unit(rows: list) -> Unit:
-        per_pos = [
-            sum(r.accepted_per_position[i] if i < len(r.accepted_per_position) else 0 for r in rows) for i in range(k)
-        ]
-        return Unit(sum(r.drafts for r in rows), tuple(per_pos))
+    keys = [prompt_key(p.source, p.id) for p in per_prompt]
+    units = prompt_units(((key, p.drafts, p.accepted_per_position) for key, p in zip(keys, per_prompt)), k)
+    category_of: dict[PromptKey, str] = {}
+    for key, p in zip(keys, per_prompt):
+        category_of.setdefault(key, p.category)  # the first turn's
 
     by_category: dict[str, Any] = {}
     by_set: dict[str, list[Unit]] = {}
-    for (source, _), rows in units.items():
-        u = unit(rows)
-        by_category.setdefault(rows[0].category, {"set": source, "units": []})["units"].append(u)
+    for key, u in units.items():
+        source = key[0]
+        by_category.setdefault(category_of[key], {"set": source, "units": []})["units"].append(u)
         by_set.setdefault(source, []).append(u)
     categories = {
         c: {"set": v["set"], **set_figures(v["units"], k), "figures_from": FROM_PER_REQUEST}

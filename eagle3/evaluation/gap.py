@@ -32,7 +32,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from eagle3.evaluation.breakdown import headline_key
-from eagle3.evaluation.intervals import LEVEL, N_BOOT, Unit, pooled
+from eagle3.evaluation.intervals import LEVEL, N_BOOT, PromptKey, Unit, pooled, prompt_key, prompt_units
 from eagle3.evaluation.prompts import VAL
 
 METHOD = (
@@ -47,18 +47,14 @@ HOW_TO_GET_THEM = (
     "step) or eval.prompts_apart=true (from the engine counters around each prompt's own call)"
 )
 
-Key = tuple[str, str]  # (source, prompt id without its "#<turn>" suffix): one prompt unit
-
-
-def _unit_key(entry: dict[str, Any]) -> Key:
-    return str(entry["source"]), str(entry["id"]).split("#")[0]
+Key = PromptKey  # one prompt unit: (set, prompt id without its "#<turn>" suffix)
 
 
 def _turns(report: dict[str, Any]) -> dict[Key, list[int]]:
     """Each prompt unit's turns, as the per-prompt entries list them."""
     turns: dict[Key, list[int]] = {}
     for p in report.get("per_prompt") or []:
-        turns.setdefault(_unit_key(p), []).append(int(p.get("turn", 1)))
+        turns.setdefault(prompt_key(p["source"], p["id"]), []).append(int(p.get("turn", 1)))
     return {k: sorted(v) for k, v in turns.items()}
 
 
@@ -70,13 +66,10 @@ def _unit(drafts: int, accepted_per_position: Sequence[int], k: int) -> Unit:
 
 def _units(report: dict[str, Any], k: int) -> dict[Key, Unit]:
     """Each prompt unit's figures: its turns' verify steps and accepted drafts per position summed."""
-    drafts: dict[Key, int] = {}
-    accepted: dict[Key, list[int]] = {}
-    for p in report.get("per_prompt") or []:
-        key, turn = _unit_key(p), _unit(p.get("drafts"), p.get("accepted_per_position"), k)
-        drafts[key] = drafts.get(key, 0) + turn.drafts
-        accepted[key] = [x + y for x, y in zip(accepted.get(key, [0] * k), turn.accepted_per_position)]
-    return {key: Unit(drafts[key], tuple(accepted[key])) for key in drafts}
+    entries = report.get("per_prompt") or []
+    return prompt_units(
+        ((prompt_key(p["source"], p["id"]), p.get("drafts"), p.get("accepted_per_position")) for p in entries), k
+    )
 
 
 def _no_per_request_figures(report: dict[str, Any]) -> Optional[str]:

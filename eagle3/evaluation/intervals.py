@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -34,6 +34,28 @@ class Unit:
 
     drafts: int
     accepted_per_position: tuple[int, ...]
+
+
+PromptKey = tuple[str, str]  # (set, prompt id without its "#<turn>" suffix): one prompt unit
+
+
+def prompt_key(source: str, request_id: str) -> PromptKey:
+    """The prompt unit a request belongs to: a second turn's id is its first turn's + "#2"."""
+    return str(source), str(request_id).split("#")[0]
+
+
+def prompt_units(
+    turns: Iterable[tuple[PromptKey, Optional[int], Optional[Sequence[int]]]], k: int
+) -> dict[PromptKey, Unit]:
+    """Each prompt's unit from its requests' (key, verify steps, accepted per position), its
+    turns summed; positions past a request's list count 0. Keys in order of first appearance."""
+    drafts: dict[PromptKey, int] = {}
+    accepted: dict[PromptKey, list[int]] = {}
+    for key, steps, per_pos in turns:
+        row = list(per_pos or [])[:k]
+        drafts[key] = drafts.get(key, 0) + int(steps or 0)
+        accepted[key] = [a + int(b) for a, b in zip(accepted.get(key, [0] * k), row + [0] * (k - len(row)))]
+    return {key: Unit(drafts[key], tuple(accepted[key])) for key in drafts}
 
 
 def unit_of_histograms(histograms: Sequence[Sequence[int]], k: int) -> Unit:
