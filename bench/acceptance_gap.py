@@ -53,6 +53,13 @@ def table(gap: dict[str, Any]) -> str:
             f"{_with_interval(s['relative_gap'], s['relative_gap_interval'], 1, percent=True)} | {positions} |"
         )
     notes = [f"K={gap['num_draft_tokens']}, max_new_tokens={gap['max_new_tokens']}; {na} and {nb} on the same prompts"]
+    ta, tb = (t or "unquantized" for t in gap.get("targets") or [None, None])
+    if ta != tb:
+        notes.append(
+            f"the targets differ ({na} against {ta}, {nb} against {tb}): the gap is of head and target together"
+        )
+    elif ta != "unquantized":
+        notes.append(f"both against the target served as {ta}")
     if gap["no_interval_reason"] is None:
         notes.append(f"intervals: {gap['method']}, {gap['n_boot']} resamples, seed {gap['seed']}")
         notes += [

@@ -24,6 +24,10 @@ class Quantization(str, Enum):
     compressed_tensors = "compressed-tensors"  # the checkpoint's own format (Kimi-K2.5's INT4 weights)
     awq = "awq"  # an AWQ checkpoint
     gptq = "gptq"  # a GPTQ checkpoint
+    # the checkpoint as it is, no flag: as null for model.quantization; for evaluate.py's
+    # engine.quantization, whose null takes the export's, the way to measure a head trained against
+    # a quantized target on the unquantized one
+    none = "none"
 
 
 class Overflow(str, Enum):

@@ -35,6 +35,7 @@ from eagle3.evaluation.figures import consistency_problems, figures_of, prompt_o
 from eagle3.evaluation.prompts import HELD_OUT, SOURCES, PromptSet
 from eagle3.evaluation.report import AcceptanceReport
 from eagle3.evaluation.subprocess_engine import run_engine_process
+from eagle3.target_model.quantization import vllm_name
 
 # draft tokens the target may append past max_new_tokens in its last step
 _SPEC_SLACK = 8
@@ -172,6 +173,9 @@ def _engine_facts(
         "max_model_len": max_model_len,
         "max_num_seqs": engine.max_num_seqs,
         "tensor_parallel_size": engine.tensor_parallel_size,
+        # the served target's quantization the engines ran (vLLM's name; null: the checkpoint as it
+        # is, its own quantization_config included): a head is measured against one target
+        "quantization": vllm_name(engine.quantization),
         "load_seconds_with_head": result.load_seconds,
         "process_seconds_with_head": wall,
         "logs": str(work_dir),

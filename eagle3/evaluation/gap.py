@@ -246,6 +246,9 @@ def acceptance_gap(
 
     out: dict[str, Any] = {
         "names": list(names),  # a and b of each set: the first head, then the second
+        # the served target's quantization each was measured against (vLLM's name, null: the
+        # checkpoint as it is): where they differ, the gap is of head and target together
+        "targets": [(r.get("engine") or {}).get("quantization") for r in (a, b)],
         "num_draft_tokens": k,
         "max_new_tokens": a.get("max_new_tokens"),
         "headline": {"key": headline, "sets": headline_sets, "label": labels[headline]},

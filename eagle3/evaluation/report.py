@@ -228,6 +228,12 @@ def category_table(report: AcceptanceReport) -> Any:
     return table
 
 
+def _target_line(engine: dict[str, Any]) -> str:
+    """ " against the target served as fp8" where the engines ran a quantized target, else ""."""
+    quantization = (engine or {}).get("quantization")
+    return f" against the target served as {quantization}" if quantization else ""
+
+
 def print_table(report: AcceptanceReport, console=None) -> None:
     """Rows: all prompts, then each source. Columns: acceptance, per-position rates, speed."""
     from rich.console import Console
@@ -240,7 +246,7 @@ def print_table(report: AcceptanceReport, console=None) -> None:
     k = report.num_draft_tokens
     table = Table(
         title=f"EAGLE-3 acceptance in vLLM (K={k}, greedy, {ENDS} {report.max_new_tokens})",
-        caption=f"{report.export_dir}\nmeasured by {report.measured_by}\n"
+        caption=f"{report.export_dir}{_target_line(report.engine)}\nmeasured by {report.measured_by}\n"
         "the eval tok/s ratio is these engines' own; the serving speed-up: evaluate.py serving.measure=true",
     )
     table.add_column("prompts", justify="left", no_wrap=True)

@@ -49,9 +49,9 @@ def make_backend(
     ``quantization``: model.quantization, which only vLLM runs (the HF backend refuses it)."""
     backend = capture.backend
     if backend == choices.CaptureBackend.hf:
-        if quantization is not None:
-            from eagle3.target_model.quantization import hf_route_refusal
+        from eagle3.target_model.quantization import hf_route_refusal, vllm_name
 
+        if vllm_name(quantization) is not None:
             raise ValueError(hf_route_refusal("capture=hf", quantization, "capture=vllm"))
         from eagle3.target_model.capture_hf import HFCaptureBackend
 

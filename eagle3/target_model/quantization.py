@@ -30,15 +30,16 @@ class QuantizationError(ValueError):
 
 
 def vllm_name(quantization: Quantization | str | None) -> Optional[str]:
-    """vLLM's name of a model.quantization value (the enum, its name or its value; None: none)."""
+    """vLLM's name of a model.quantization value (the enum, its name or its value; None for null
+    and ``none``: the checkpoint as it is)."""
     if quantization is None:
         return None
     if isinstance(quantization, Enum):
-        return str(quantization.value)
+        return None if quantization is Quantization.none else str(quantization.value)
     text = str(quantization)
     for q in Quantization:
         if text in (q.name, q.value):
-            return str(q.value)
+            return None if q is Quantization.none else str(q.value)
     raise QuantizationError(
         f"model.quantization: expected one of {[q.name for q in Quantization]} or null, got {text!r}"
     )

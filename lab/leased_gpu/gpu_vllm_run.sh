@@ -32,6 +32,7 @@
 #                                               the export's predicted advice and the measured one beside it
 #   bash lab/leased_gpu/gpu_vllm_run.sh quant_ab       QUANT_N conversations answered and captured by the QUANT (fp8) target and by
 #                                               the bf16 one, a head trained QUANT_TRAIN on each, both measured against QUANT
+#                                               (QUANT_CROSS=1: and against the unquantized target)
 #   bash lab/leased_gpu/gpu_vllm_run.sh polish         the export of budget_ab arm POLISH_FROM polished for POLISH_MINUTES by polish.py
 #   bash lab/leased_gpu/gpu_vllm_run.sh storage_ab     ARMS (NAME:OVERRIDES): the same conversations captured per arm, the same
 #                                               head trained from each and measured (an A/B of capture.storage)
@@ -311,6 +312,10 @@ stage_quant_ab() {
   # QUANT_EVAL_ARGS: more evaluate.py overrides
   [ "${QUANT_EVAL:-1}" = 0 ] || EVAL_ARMS="bf16 $q" EVAL_ARGS="engine.quantization=$q ${QUANT_EVAL_ARGS:-}" \
     EVAL_TAG=on_$q bash "$0" ab_eval
+  # QUANT_CROSS=1: both heads against the unquantized target too (engine.quantization=none: evaluate.py's
+  # null would take each export's own), the other half of the 2x2
+  [ "${QUANT_CROSS:-0}" = 0 ] || EVAL_ARMS="bf16 $q" EVAL_ARGS="engine.quantization=none ${QUANT_EVAL_ARGS:-}" \
+    EVAL_TAG=on_bf16 bash "$0" ab_eval
 }
 
 # polish: the export of budget_ab arm POLISH_FROM polished by polish.py for POLISH_MINUTES on this GPU

@@ -18,7 +18,7 @@ VLLM = ["model.quantization=fp8", "capture=vllm"]
 def test_an_unknown_value_names_the_accepted_ones():
     with pytest.raises(ConfigCompositionException) as err:
         compose("extract", ["model.quantization=int4"])
-    assert "expected one of [fp8, compressed_tensors, awq, gptq]" in str(err.value.__cause__)
+    assert "expected one of [fp8, compressed_tensors, awq, gptq, none]" in str(err.value.__cause__)
 
 
 def test_train_evaluation_engines_follow_model_quantization():
@@ -44,3 +44,20 @@ def test_train_evaluation_engines_follow_model_quantization():
 def test_the_transformers_routes_are_refused_at_validation(overrides, refusal):
     with pytest.raises(ConfigError, match=refusal):
         validate_run_config(compose("extract", overrides))
+
+
+def test_none_is_the_checkpoint_as_it_is_on_every_route():
+    """model.quantization=none means what null means (no engine flag, the HF routes accepted, the same
+    dataset); evaluate.py's engine.quantization=none is how a head trained against a quantized target
+    is measured against the unquantized one (its null takes the export's)."""
+    from eagle3.target_model.quantization import engine_kwargs, serve_flags, vllm_name
+
+    cfg = compose("extract", ["model.quantization=none"])
+    validate_run_config(cfg)  # capture=hf: accepted, nothing is quantized
+    assert vllm_name(cfg.model.quantization) is None and vllm_name("none") is None
+    assert engine_kwargs(Quantization.none) == {} and serve_flags(Quantization.none) == ""
+    from eagle3.stages.compose import register_evaluate_config
+
+    register_evaluate_config()
+    evaluate = compose("evaluate", ["export_dir=/x", "engine.quantization=none"])
+    assert evaluate.engine.quantization == Quantization.none

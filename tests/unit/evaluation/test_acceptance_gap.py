@@ -179,3 +179,18 @@ def test_the_bench_prints_the_table_writes_the_json_and_refuses_with_exit_2(monk
     assert bench.main([str(paths["a"]), str(paths["d"])]) == 2
     err = capsys.readouterr().err
     assert "only in B: broad/p9" in err and f"B: {paths['d']}" in err
+    # the served targets each head was measured against: said where they differ, and where both are quantized
+    for name, quantization in (("a", None), ("b", "fp8"), ("e", "fp8")):
+        report = acceptance_json(HAND_A if name == "a" else HAND_B)
+        report["engine"]["quantization"] = quantization
+        paths[name] = tmp_path / f"{name}.json"
+        paths[name].write_text(json.dumps(report))
+    assert bench.main([str(paths["a"]), str(paths["b"]), "--names", "bf16", "fp8"]) == 0
+    assert "the targets differ (bf16 against unquantized, fp8 against fp8)" in capsys.readouterr().out
+    assert bench.main([str(paths["b"]), str(paths["e"])]) == 0
+    table = capsys.readouterr().out
+    assert "both against the target served as fp8" in table and "targets differ" not in table
+    assert acceptance_gap(json.loads(paths["a"].read_text()), json.loads(paths["b"].read_text()))["targets"] == [
+        None,
+        "fp8",
+    ]

@@ -8,10 +8,13 @@ from __future__ import annotations
 import json
 import math
 import re
+from types import SimpleNamespace
 
 import pytest
 
-from eagle3.evaluation.acceptance_run import breakdown
+from eagle3.config.choices import Quantization
+from eagle3.config.engine import EngineOptions
+from eagle3.evaluation.acceptance_run import _engine_facts, breakdown
 from eagle3.evaluation.counters import SpecDecodeCounters
 from eagle3.evaluation.engine_io import BatchResult
 from eagle3.evaluation.figures import PromptOutcome, figures_of, prompt_outcomes
@@ -161,6 +164,17 @@ def test_acceptance_json_holds_the_headline_its_interval_and_the_in_distribution
     print_table(report, Console(width=200, record=True, file=None))
     err = capsys.readouterr().out
     assert "held-out suite" in err and "validation split (in-distribution)" in err and "per category" in err
+    assert "served as" not in err  # the checkpoint as it is: nothing to say
+    # the engines' facts name the served target's quantization, and the table says it
+    ran = SimpleNamespace(
+        vllm_version="0.26.0", platform="cuda", enforce_eager=True, load_seconds=1.0, together_counters=None,
+        per_request=True, batches=[], prompts_apart=False, step_figures=True,
+    )  # fmt: skip
+    report.engine = _engine_facts(EngineOptions(quantization=Quantization.fp8), 256, tmp_path, (ran, 2.0), (None, None))
+    assert report.engine["quantization"] == "fp8"
+    assert _engine_facts(EngineOptions(), 256, tmp_path, (ran, 2.0), (None, None))["quantization"] is None
+    print_table(report, Console(width=200, record=True, file=None))
+    assert "against the target served as fp8" in capsys.readouterr().out
 
 
 # ------------------------------------------------------------------ real vLLM

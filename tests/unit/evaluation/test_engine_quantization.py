@@ -60,6 +60,9 @@ def test_evaluate_takes_the_exports_quantization_unless_engine_quantization_says
     )
     explicit = served_engine(EngineOptions(quantization=Quantization.awq), info)
     assert explicit.quantization == Quantization.awq
+    # none: the unquantized target, whatever the export was trained against
+    plain = served_engine(EngineOptions(quantization=Quantization.none), info)
+    assert "quantization" not in llm_kwargs(_request(plain), on_cpu=True, per_request=False)
 
 
 def test_an_export_without_the_record_runs_the_target_as_it_is(tmp_path):

@@ -12,6 +12,7 @@ import random
 
 import pytest
 
+from eagle3.config.engine import EngineOptions
 from eagle3.evaluation.acceptance_run import _add_breakdown, _engine_facts
 from eagle3.evaluation.category_calls import merge_category_results, prompt_calls
 from eagle3.evaluation.counters import (
@@ -136,7 +137,7 @@ def test_the_per_request_route_downstream_gives_intervals_and_says_where_the_fig
         ("math-01#2", 8, [6, 4, 3]),
     ]
     _add_breakdown(report, None, result, K)
-    report.engine = _engine_facts(_Options(), 256, tmp_path, (result, 5.0), (None, None))
+    report.engine = _engine_facts(EngineOptions(max_num_seqs=1), 256, tmp_path, (result, 5.0), (None, None))
     assert report.engine["prompts_run_apart"] and report.engine["per_request_figures"]
     assert not report.engine["categories_run_apart"]
     data = json.loads(write_json(report, tmp_path).read_text())
@@ -153,14 +154,9 @@ def test_step_figures_downstream_say_their_figures_come_from_each_engine_step(tm
     result = EngineResult("0.26.0", "cuda", False, 1.0, 1.0, [merged], per_request=True, step_figures=True)
     report = _report(merged)
     _add_breakdown(report, None, result, K)
-    report.engine = _engine_facts(_Options(), 256, tmp_path, (result, 5.0), (None, None))
+    report.engine = _engine_facts(EngineOptions(max_num_seqs=1), 256, tmp_path, (result, 5.0), (None, None))
     assert report.engine["figures_from_steps"] and not report.engine["prompts_run_apart"]
     data = json.loads(write_json(report, tmp_path).read_text())
     assert data["interval_method"].startswith("bootstrap over prompts") and "0.26.0" in data["interval_method"]
     assert "rebuilt from the tokens each engine step added" in data["interval_method"]
     assert data["by_category"]["writing"]["interval"] is not None
-
-
-class _Options:
-    max_num_seqs = 1
-    tensor_parallel_size = 1

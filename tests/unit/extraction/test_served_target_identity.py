@@ -62,6 +62,7 @@ def test_the_quantization_names_another_dataset_only_when_set(tmp_path):
     fp8 = _with(plain, model={"quantization": Quantization.fp8})
     assert fingerprint_inputs(fp8) == {**before, "quantization": "fp8"}
     assert dataset_path(fp8) != dataset_path(plain)
+    assert fingerprint_inputs(_with(plain, model={"quantization": Quantization.none})) == before  # none is null
     # a dataset of the first scheme (all of the unquantized target) is never this one's
     assert dataset_fingerprint(legacy_fingerprint_inputs(fp8)) != dataset_fingerprint(legacy_fingerprint_inputs(plain))
 
