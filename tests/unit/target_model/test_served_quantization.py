@@ -47,7 +47,9 @@ def test_the_engine_argument_and_the_serve_flag_are_vllms_names():
     assert engine_kwargs("fp8") == {"quantization": "fp8"}  # vLLM's name, as an engine request carries it
     assert engine_kwargs(None) == {}  # unset: vLLM runs the checkpoint as it is
     assert serve_flags(Quantization.awq) == " --quantization awq" and serve_flags(None) == ""
-    with pytest.raises(QuantizationError, match=r"expected one of \['fp8', 'compressed_tensors', 'awq', 'gptq', 'none'\]"):
+    with pytest.raises(
+        QuantizationError, match=r"expected one of \['fp8', 'compressed_tensors', 'awq', 'gptq', 'none'\]"
+    ):
         engine_kwargs("int4")
 
 
