@@ -1,5 +1,11 @@
 """polish.py's stage: rounds of on-policy training from a head that exists (train.init_from).
 
+The head's architecture is the start head's: every round is composed with the head.* and
+layers.aux_ids values its config.json states (eagle3/training/init_from.py head_overrides:
+draft vocabulary, layers, attention and MLP sizes, norm flags, aux layer ids), whatever the head
+group or the command line says (one line names them, and where the head won); the target's sizes
+must still fit it (check_compatible).
+
 Each round, from the last round's export (the first from train.init_from):
   1. new prompts (the data group's; experiment=smollm2_polish: prompts the target writes itself,
      data.seed + the round's number drawing new ones each round, never the held-out suite) are
@@ -37,6 +43,7 @@ from eagle3.stages.validate import validate_run_config
 from eagle3.store import Manifest
 from eagle3.target_model.hub import resolve_model_dir
 from eagle3.target_model.resolve import resolve_target
+from eagle3.training.init_from import head_overrides, read_head_config
 from eagle3.training.run_dir import run_dir_lock
 from eagle3.util.atomic import write_text
 from eagle3.util.report import say
@@ -50,6 +57,7 @@ def run(composed: DictConfig) -> float:
     start = composed.train.init_from
     if not start:
         raise ConfigError("train.init_from: expected the head to polish (an export directory or a hub id), got null")
+    say([_architecture_line(composed, start_architecture(composed))])
     run_dir = Path(composed.paths.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     with run_dir_lock(run_dir):
@@ -91,10 +99,57 @@ def _rounds(composed: DictConfig, polish: PolishConfig, state: PolishState, run_
         log_round(run_config(round_cfg).logger, run_dir, record)
 
 
+def start_architecture(composed: DictConfig) -> dict[str, Any]:
+    """The head's architecture as config keys (head.*, layers.aux_ids, layers.numbering), read from
+    the start head's config.json (train.init_from): continuing to train a head cannot change it."""
+    return head_overrides(read_head_config(str(composed.train.init_from), composed.train.init_from_revision))
+
+
+def _architecture_line(composed: DictConfig, architecture: dict[str, Any]) -> str:
+    """Which values the rounds take from the start head, with this config's where the head's differ."""
+    shown = []
+    for key, value in architecture.items():
+        if key == "layers.numbering":
+            continue
+        ours = _configured(composed, key)
+        shown.append(f"{key}={_show(value)}" + ("" if ours == value else f" (this config: {_show(ours)})"))
+    return f"polish: from the start head's config.json (train.init_from={composed.train.init_from}): " + ", ".join(
+        shown
+    )
+
+
+def _configured(composed: DictConfig, key: str) -> Any:
+    """``key``'s value as this config would build the head (a null size: the target's)."""
+    if key == "layers.aux_ids":
+        return [int(i) for i in composed.layers.aux_layer_ids]
+    name = key.removeprefix("head.")
+    value = composed.head[name]
+    model = composed.model
+    if name == "draft_vocab_size" and model.vocab_size is not None:
+        return min(int(value), int(model.vocab_size))  # as the head is built (training/builder.py)
+    if value is None and name in ("num_attention_heads", "intermediate_size"):
+        return model[name]
+    if value is None and name == "num_key_value_heads":
+        return model.num_key_value_heads or model.num_attention_heads
+    return value
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return "[" + ",".join(str(v) for v in value) + "]"
+    return "the target's" if value is None else str(value)
+
+
 def round_config(composed: DictConfig, polish: PolishConfig, number: int, head: str, run_dir: Path) -> DictConfig:
-    """train.py's config of round ``number``: its own prompts and run dir, the head it starts from."""
+    """train.py's config of round ``number``: its own prompts and run dir, the head it starts from,
+    the start head's architecture (start_architecture: over the head group's and the command line's)."""
     raw: Any = OmegaConf.to_container(composed, resolve=False)
     raw.pop("polish")
+    for key, value in start_architecture(composed).items():
+        group, name = key.split(".")
+        raw[group][name] = value
     raw["train"]["init_from"] = head
     if number > 1:  # the revision names the start's hub commit, not a round's export
         raw["train"]["init_from_revision"] = None

@@ -319,13 +319,14 @@ stage_quant_ab() {
 }
 
 # polish: the export of budget_ab arm POLISH_FROM polished by polish.py for POLISH_MINUTES on this GPU
-# (experiment=smollm2_polish with the recipe's head, head=eagle3: prompts the target writes, answered,
-# captured and trained on each round), its end measuring the start head against the polished one
-# in vLLM (summary.json); run dir $TMPD/polish-POLISH_FROM
+# (experiment=smollm2_polish, the head's architecture read from its export: prompts the target writes,
+# answered, captured and trained on each round), its end measuring the start head against the polished
+# one in vLLM (summary.json) on the GPU-sized suite; run dir $TMPD/polish-POLISH_FROM. topology and
+# sizes are named: with an experiment given, the entrypoints do not add topology=gpu1 sizes=gpu
 stage_polish() {
   local from=${POLISH_FROM:?POLISH_FROM: the budget_ab arm whose export is polished}
   ensure_gguf
-  (time python3 polish.py experiment=smollm2_polish train.init_from=$TMPD/$from/export head=eagle3 \
+  (time python3 polish.py experiment=smollm2_polish train.init_from=$TMPD/$from/export topology=gpu1 sizes=gpu \
     polish.minutes="${POLISH_MINUTES:-2}" polish.eval_rounds=false paths.cache_dir=$TMPD/cache \
     paths.datasets_dir=$TMPD/data_polish logger=none hydra.run.dir=$TMPD/polish-$from) 2>&1 | quiet \
     | tail -30 | tee "$OUTD/polish_${from}.log"
