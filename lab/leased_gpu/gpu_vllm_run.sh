@@ -326,7 +326,13 @@ stage_quant_ab() {
 stage_polish() {
   local from=${POLISH_FROM:?POLISH_FROM: the budget_ab arm whose export is polished}
   ensure_gguf
+  # POLISH_ARGS: the rounds sized for a GPU (experiment=smollm2_polish's 64 prompts and 50 steps are a
+  # CPU's: on an H100 a step takes ~0.03 s and the answering engine's start ~60 s, so one round of a
+  # couple of thousand prompts and steps fills two minutes); eval.enabled=false: ab_eval measures the
+  # polished head with the arms (polish.py's own start/end measurement would add ~4 device minutes)
+  read -r -a polish_args <<< "${POLISH_ARGS:-polish.rounds=1 polish.prompts_per_round=1500 polish.steps_per_round=1500 eval.enabled=false}"
   (time python3 polish.py experiment=smollm2_polish train.init_from=$TMPD/$from/export topology=gpu1 sizes=gpu \
+    "${polish_args[@]}" \
     polish.minutes="${POLISH_MINUTES:-2}" polish.eval_rounds=false paths.cache_dir=$TMPD/cache \
     paths.datasets_dir=$TMPD/data_polish logger=none hydra.run.dir=$TMPD/polish-$from) 2>&1 | quiet \
     | tail -30 | tee "$OUTD/polish_${from}.log"
