@@ -15,7 +15,8 @@ class PolishConfig:
     prompts answered by the target, captured, and trained on with the on-policy objective."""
 
     rounds: int = 2  # rounds at most; each answers, captures, trains from the last round's head, exports
-    # wall-clock cap over all rounds (null: none): no round starts once the minutes are spent,
+    # wall-clock cap over all rounds (null: none): no round starts once the minutes are spent, and
+    # a round's training ends where they do (train.max_time: what its answering and capture left);
     # counted over every run of this run dir (a resumed polish adds to what the state file holds)
     minutes: Optional[float] = None
     # conversations each round answers (data.max_samples of the round; data.seed + round number

@@ -395,3 +395,9 @@ def max_time_seconds(max_time: str) -> float:
     """Lightning's "DD:HH:MM:SS" in seconds."""
     days, hours, mins, secs = (float(x) for x in max_time.split(":"))
     return ((days * 24 + hours) * 60 + mins) * 60 + secs
+
+
+def lightning_max_time(seconds: float) -> str:
+    """``seconds`` as Lightning's "DD:HH:MM:SS" (whole seconds, at least one)."""
+    s = max(1, int(math.floor(seconds)))
+    return f"{s // 86400:02d}:{s // 3600 % 24:02d}:{s // 60 % 60:02d}:{s % 60:02d}"

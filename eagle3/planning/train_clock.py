@@ -6,7 +6,6 @@ as they went end in summary.json."""
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 from eagle3.config.schema import RunConfig
@@ -35,8 +34,7 @@ class TrainClock:
 
     def max_time(self) -> str:
         """Lightning's "DD:HH:MM:SS" for fit_s (whole seconds, at least one)."""
-        s = max(1, int(math.floor(self.fit_s)))
-        return f"{s // 86400:02d}:{s // 3600 % 24:02d}:{s // 60 % 60:02d}:{s % 60:02d}"
+        return cost.lightning_max_time(self.fit_s)
 
     def line(self) -> str:
         spent = "not recorded in the dataset: counted as 0" if self.extract_s is None else minutes(self.extract_s)

@@ -37,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 from eagle3.config.errors import ConfigError
 from eagle3.config.polish import PolishConfig
 from eagle3.config.schema import RunConfig, run_config
+from eagle3.planning.cost import lightning_max_time, max_time_seconds
 from eagle3.stages.polish_log import log_round
 from eagle3.stages.polish_state import PolishState, RoundRecord, load_state
 from eagle3.stages.validate import validate_run_config
@@ -47,6 +48,9 @@ from eagle3.training.init_from import head_overrides, read_head_config
 from eagle3.training.run_dir import run_dir_lock
 from eagle3.util.atomic import write_text
 from eagle3.util.report import say
+
+# what a round that starts trains at least, however little polish.minutes left after its capture
+MIN_ROUND_FIT_S = 10.0
 
 
 def run(composed: DictConfig) -> float:
@@ -93,7 +97,8 @@ def _rounds(composed: DictConfig, polish: PolishConfig, state: PolishState, run_
             return
         began = time.monotonic()
         round_cfg = round_config(composed, polish, number, state.head, run_dir)
-        record = _one_round(round_cfg, number, began)
+        left = None if polish.minutes is None else polish.minutes * 60 - state.seconds
+        record = _one_round(round_cfg, number, began, left)
         state.add(record, run_dir)
         say([_round_line(record, polish.rounds, state)])
         log_round(run_config(round_cfg).logger, run_dir, record)
@@ -163,11 +168,15 @@ def round_config(composed: DictConfig, polish: PolishConfig, number: int, head: 
     return OmegaConf.merge(OmegaConf.structured(RunConfig), raw)  # type: ignore[return-value]
 
 
-def _one_round(round_cfg: DictConfig, number: int, began: float) -> RoundRecord:
+def _one_round(round_cfg: DictConfig, number: int, began: float, seconds_left: float | None) -> RoundRecord:
+    """Round ``number``: answer and capture, then train; ``seconds_left``: what polish.minutes left when
+    the round began (None: no cap)."""
     from eagle3.stages.extract import run as extract  # the stages, loaded when a round runs
     from eagle3.stages.train import run as train
 
     dataset_dir = extract(round_cfg)
+    if seconds_left is not None:
+        round_cfg = round_clock(round_cfg, number, seconds_left - (time.monotonic() - began))
     train(round_cfg)
     summary = json.loads((Path(round_cfg.paths.output_dir) / "summary.json").read_text())
     final = summary.get("final") or {}
@@ -184,6 +193,20 @@ def _one_round(round_cfg: DictConfig, number: int, began: float) -> RoundRecord:
         replay_acc_pos=[final[f"val/replay_acc_pos{i}"] for i in range(k) if f"val/replay_acc_pos{i}" in final],
         served=_served(summary.get("acceptance")),
     )
+
+
+def round_clock(round_cfg: DictConfig, number: int, seconds_left: float) -> DictConfig:
+    """The round's training ends where polish.minutes do: train.max_time is what the minutes leave
+    after the round's answering and capture (the config's own max_time where that is shorter; at
+    least MIN_ROUND_FIT_S, so that a round that started trains), polish.steps_per_round its step cap;
+    without it one long round would run past the minutes by all its steps."""
+    fit_s = max(seconds_left, MIN_ROUND_FIT_S)
+    own = round_cfg.train.max_time
+    if own is not None and max_time_seconds(str(own)) <= fit_s:
+        return round_cfg
+    timed: DictConfig = OmegaConf.merge(round_cfg, {"train": {"max_time": lightning_max_time(fit_s)}})  # type: ignore[assignment]
+    say([f"polish round {number}: training gets what polish.minutes leave, train.max_time={timed.train.max_time}"])
+    return timed
 
 
 def _served(acceptance: dict | None) -> dict[str, Any] | None:

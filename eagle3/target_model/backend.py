@@ -51,7 +51,7 @@ def make_backend(
     if backend == choices.CaptureBackend.hf:
         from eagle3.target_model.quantization import hf_route_refusal, vllm_name
 
-        if vllm_name(quantization) is not None:
+        if quantization is not None and vllm_name(quantization) is not None:
             raise ValueError(hf_route_refusal("capture=hf", quantization, "capture=vllm"))
         from eagle3.target_model.capture_hf import HFCaptureBackend
 

@@ -327,10 +327,10 @@ stage_polish() {
   local from=${POLISH_FROM:?POLISH_FROM: the budget_ab arm whose export is polished}
   ensure_gguf
   # POLISH_ARGS: the rounds sized for a GPU (experiment=smollm2_polish's 64 prompts and 50 steps are a
-  # CPU's: on an H100 a step takes ~0.03 s and the answering engine's start ~60 s, so one round of a
-  # couple of thousand prompts and steps fills two minutes); eval.enabled=false: ab_eval measures the
-  # polished head with the arms (polish.py's own start/end measurement would add ~4 device minutes)
-  read -r -a polish_args <<< "${POLISH_ARGS:-polish.rounds=1 polish.prompts_per_round=1500 polish.steps_per_round=1500 eval.enabled=false}"
+  # CPU's: on an H100 the answering engine's start is ~60 s of the two minutes): one round of 1,500
+  # prompts whose training runs to where polish.minutes end (steps_per_round only a cap); eval.enabled=false:
+  # ab_eval measures the polished head with the arms (polish.py's own measurement: ~4 more device minutes)
+  read -r -a polish_args <<< "${POLISH_ARGS:-polish.rounds=1 polish.prompts_per_round=1500 polish.steps_per_round=100000 eval.enabled=false}"
   (time python3 polish.py experiment=smollm2_polish train.init_from=$TMPD/$from/export topology=gpu1 sizes=gpu \
     "${polish_args[@]}" \
     polish.minutes="${POLISH_MINUTES:-2}" polish.eval_rounds=false paths.cache_dir=$TMPD/cache \

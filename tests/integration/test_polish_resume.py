@@ -12,7 +12,9 @@ from conftest import compose
 
 import eagle3.stages.extract as extract_stage
 import eagle3.stages.train as train_stage
+from eagle3.planning.cost import max_time_seconds
 from eagle3.stages.compose import register_polish_config
+from eagle3.stages.polish import MIN_ROUND_FIT_S, round_clock
 from eagle3.stages.polish import run as polish
 from eagle3.stages.polish_state import STATE
 
@@ -44,9 +46,9 @@ def start_head(tmp_path_factory) -> tuple[Path, Path]:
     return datasets, Path(json.loads((base / "run" / "summary.json").read_text())["export_dir"])
 
 
-def _polish_cfg(datasets: Path, export: Path, run_dir: Path):
+def _polish_cfg(datasets: Path, export: Path, run_dir: Path, extra: tuple[str, ...] = ()):
     register_polish_config()
-    overrides = TINY + [f"paths.datasets_dir={datasets}", f"train.init_from={export}", *ROUNDS]
+    overrides = TINY + [f"paths.datasets_dir={datasets}", f"train.init_from={export}", *ROUNDS, *extra]
     return compose("polish", overrides, output_dir=str(run_dir))
 
 
@@ -101,3 +103,28 @@ def test_a_run_dir_of_another_head_is_refused(start_head, tmp_path):
     (run_dir / STATE).write_text(json.dumps({"start": "/elsewhere/export", "seconds": 1.0, "rounds": []}))
     with pytest.raises(Exception, match=r"this run dir polishes train.init_from='/elsewhere/export'"):
         polish(_polish_cfg(datasets, export, run_dir))
+
+
+def test_polish_minutes_end_each_rounds_training(start_head, tmp_path, monkeypatch):
+    """With polish.minutes, a round trains for what the minutes leave after its answering and
+    capture (train.max_time), polish.steps_per_round only its cap; a shorter max_time of the
+    config's own is kept, and a round that started trains at least MIN_ROUND_FIT_S."""
+    datasets, export = start_head
+    real_train, caps = train_stage.run, []
+
+    def train(cfg):
+        caps.append(cfg.train.max_time)
+        return real_train(cfg)
+
+    monkeypatch.setattr(train_stage, "run", train)
+    cfg = _polish_cfg(datasets, export, tmp_path / "polish", ("polish.rounds=1", "polish.minutes=5"))
+    polish(cfg)
+    assert len(caps) == 1 and caps[0] is not None
+    assert MIN_ROUND_FIT_S <= max_time_seconds(caps[0]) < 300  # the round's answering and capture came off
+    config = json.loads((tmp_path / "polish" / "round-1" / "run_config.json").read_text())["config"]
+    assert config["train"]["max_time"] == caps[0] and config["train"]["max_steps"] == 2  # the cap stays
+
+    round_cfg = compose("train", TINY + ["train.max_time=00:00:00:30"])
+    assert round_clock(round_cfg, 1, 600.0).train.max_time == "00:00:00:30"  # the config's own, shorter
+    assert round_clock(round_cfg, 1, 12.5).train.max_time == "00:00:00:12"
+    assert max_time_seconds(round_clock(round_cfg, 1, -40.0).train.max_time) == MIN_ROUND_FIT_S
