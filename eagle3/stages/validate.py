@@ -124,13 +124,12 @@ def validate_quantization(cfg: DictConfig) -> None:
     """model.quantization runs only in vLLM: a route that runs the target through transformers
     (the HF capture, the HF regeneration, the trainer's own copy of an online run) would train the
     head against another target than the served one, silently. Refused here, naming the vLLM route."""
-    from eagle3.target_model.quantization import vllm_name
+    from eagle3.target_model.quantization import hf_route_refusal, vllm_name
 
     quantization = cfg.model.quantization
     if vllm_name(quantization) is None:  # null or none: the checkpoint as it is
         return
-    from eagle3.target_model.generate.common import resolve_backend
-    from eagle3.target_model.quantization import hf_route_refusal
+    from eagle3.target_model.generate.common import resolve_backend  # only where the routes matter
 
     if _value(cfg.train.hidden_states) == "online":
         raise ConfigError(
