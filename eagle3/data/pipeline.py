@@ -217,10 +217,13 @@ class _RegenPace:
         return max(0, int(deadline.left() * TAIL_MARGIN / pace)) if pace > 0 else None
 
     def stop(self, deadline: Deadline, conversations: int) -> str | None:
-        """Why the next batch of ``conversations`` must not start, or None."""
+        """Why the next batch of ``conversations`` must not start, or None. The first batch always
+        starts, however late: a share used up before it (the engine's start, the prompts written)
+        would otherwise leave a dataset with nothing answered; the budget's clocks after it (capture,
+        training) absorb the overrun."""
         left = deadline.left()
         expected = self.per_conversation() * conversations
-        if left > expected:
+        if left > expected or not self.conversations:
             return None
         return (
             f"{deadline.what} deadline (time_budget): {self.conversations} conversations regenerated; the next "
@@ -388,7 +391,9 @@ def prepare_samples(
     if load_report.usable == 0:
         raise no_usable_data_error(load_report)
     if kept.count() == 0:
-        render_why = ", ".join(f"{k}: {n}" for k, n in sorted(report.skipped.items()))
+        render_why = ", ".join(f"{k}: {n}" for k, n in sorted(report.skipped.items())) or "no reason counted"
+        if report.deadline_stop:
+            render_why += f"; regeneration {report.deadline_stop}"
         raise DataError(
             f"no usable samples: {load_report.usable} conversations loaded from {load_report.path}, "
             f"all dropped when rendering ({render_why}; max_length={max_length}, overflow={overflow})"

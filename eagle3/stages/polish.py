@@ -13,12 +13,17 @@ Each round, from the last round's export (the first from train.init_from):
      config composed for the round (data.max_samples = polish.prompts_per_round,
      data.regenerate=true), so the round's dataset has its own fingerprint;
   2. train.py's stage trains from the current head (train.init_from) for polish.steps_per_round
-     steps with the on-policy objective mixed into the supervised loss (train.onpolicy_weight:
+     steps (with polish.minutes: for what the round's share leaves, below) with the on-policy objective mixed into the supervised loss (train.onpolicy_weight:
      the rounds of the head as it is now, eagle3/draft/onpolicy.py), exports it and, with
      polish.eval_rounds, measures it in vLLM: each round is a train.py run in
      <run dir>/round-<n>/, resumed from its own checkpoints like any train.py run;
   3. the round's record goes into <run dir>/polish_state.json (eagle3/stages/polish_state.py)
      and a line is printed: round i/n, its tokens/s, its acceptance.
+With polish.minutes each round is a time budget of its own (eagle3/planning/time_budget.py): the
+minutes not yet spent, shared evenly by the rounds not yet run, become the round's
+time_budget.minutes, so its answering and capture stop at their shares' ends (polish.prompts_per_round
+the most it answers) and its training gets the rest; without that a round answering more prompts
+than the minutes hold spends them all before its first step.
 A rerun of the same command continues after the last finished round. At the end vLLM measures
 the start head and the polished one on the same prompts (the held-out suite and the first
 round's validation split), into summary.json, with every round's figures.
@@ -37,7 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 from eagle3.config.errors import ConfigError
 from eagle3.config.polish import PolishConfig
 from eagle3.config.schema import RunConfig, run_config
-from eagle3.planning.cost import lightning_max_time, max_time_seconds
+from eagle3.planning.time_budget import time_shares
 from eagle3.stages.polish_log import log_round
 from eagle3.stages.polish_state import PolishState, RoundRecord, load_state
 from eagle3.stages.validate import validate_run_config
@@ -48,9 +53,6 @@ from eagle3.training.init_from import head_overrides, read_head_config
 from eagle3.training.run_dir import run_dir_lock
 from eagle3.util.atomic import write_text
 from eagle3.util.report import say
-
-# what a round that starts trains at least, however little polish.minutes left after its capture
-MIN_ROUND_FIT_S = 10.0
 
 
 def run(composed: DictConfig) -> float:
@@ -96,12 +98,39 @@ def _rounds(composed: DictConfig, polish: PolishConfig, state: PolishState, run_
             say([f"polish: polish.minutes={polish.minutes:g} spent after {len(state.rounds)} rounds; stopping"])
             return
         began = time.monotonic()
-        round_cfg = round_config(composed, polish, number, state.head, run_dir)
-        left = None if polish.minutes is None else polish.minutes * 60 - state.seconds
-        record = _one_round(round_cfg, number, began, left)
+        minutes = round_minutes(polish, number, state.seconds)
+        round_cfg = round_config(composed, polish, number, state.head, run_dir, minutes)
+        if minutes is not None and not _round_fits(round_cfg, polish, number, bool(state.rounds)):
+            return
+        record = _one_round(round_cfg, number, began)
         state.add(record, run_dir)
         say([_round_line(record, polish.rounds, state)])
         log_round(run_config(round_cfg).logger, run_dir, record)
+
+
+def round_minutes(polish: PolishConfig, number: int, spent_s: float) -> float | None:
+    """Round ``number``'s time budget: the polish.minutes not yet spent (``spent_s``: the finished
+    rounds'), shared evenly by this round and those after it; None without polish.minutes. A rerun
+    after a killed round gives it the same minutes (only finished rounds are spent), so it finds
+    the dataset it was answering."""
+    if polish.minutes is None:
+        return None
+    return (polish.minutes * 60.0 - spent_s) / 60.0 / (polish.rounds - number + 1)
+
+
+def _round_fits(round_cfg: DictConfig, polish: PolishConfig, number: int, any_done: bool) -> bool:
+    """Whether round ``number``'s minutes hold its fixed costs (stage starts, the answering engine's
+    start, the export; eagle3/planning/time_budget.py): when they do not, the polish stops after the
+    rounds it has, or refuses with none."""
+    try:
+        time_shares(run_config(round_cfg))
+    except ValueError as e:
+        why = f"polish.minutes={polish.minutes:g}: round {number} gets {round_cfg.time_budget.minutes:.2f} min: {e}"
+        if not any_done:
+            raise ConfigError(why + " (more polish.minutes, or fewer polish.rounds)") from e
+        say([f"polish: {why}; stopping after {number - 1} rounds"])
+        return False
+    return True
 
 
 def start_architecture(composed: DictConfig) -> dict[str, Any]:
@@ -147,9 +176,12 @@ def _show(value: Any) -> str:
     return "the target's" if value is None else str(value)
 
 
-def round_config(composed: DictConfig, polish: PolishConfig, number: int, head: str, run_dir: Path) -> DictConfig:
+def round_config(
+    composed: DictConfig, polish: PolishConfig, number: int, head: str, run_dir: Path, minutes: float | None = None
+) -> DictConfig:
     """train.py's config of round ``number``: its own prompts and run dir, the head it starts from,
-    the start head's architecture (start_architecture: over the head group's and the command line's)."""
+    the start head's architecture (start_architecture: over the head group's and the command line's);
+    ``minutes``: its time budget (round_minutes), None: the round's sizes alone."""
     raw: Any = OmegaConf.to_container(composed, resolve=False)
     raw.pop("polish")
     for key, value in start_architecture(composed).items():
@@ -162,21 +194,18 @@ def round_config(composed: DictConfig, polish: PolishConfig, number: int, head: 
     raw["data"]["max_samples"] = polish.prompts_per_round
     raw["data"]["seed"] = int(composed.data.seed) + number
     raw["data"]["regenerate"] = True  # the target's greedy answers: what the rounds are walked on
-    raw["time_budget"]["minutes"] = None  # polish.minutes is this stage's budget, not the data's
+    raw["time_budget"]["minutes"] = minutes  # the round's share of polish.minutes, not the data group's budget
     raw["eval"]["enabled"] = bool(composed.eval.enabled) and polish.eval_rounds
     raw["paths"]["output_dir"] = str(run_dir / f"round-{number}")
     return OmegaConf.merge(OmegaConf.structured(RunConfig), raw)  # type: ignore[return-value]
 
 
-def _one_round(round_cfg: DictConfig, number: int, began: float, seconds_left: float | None) -> RoundRecord:
-    """Round ``number``: answer and capture, then train; ``seconds_left``: what polish.minutes left when
-    the round began (None: no cap)."""
+def _one_round(round_cfg: DictConfig, number: int, began: float) -> RoundRecord:
+    """Round ``number``: answer and capture, then train (under the round's time budget, when it has one)."""
     from eagle3.stages.extract import run as extract  # the stages, loaded when a round runs
     from eagle3.stages.train import run as train
 
     dataset_dir = extract(round_cfg)
-    if seconds_left is not None:
-        round_cfg = round_clock(round_cfg, number, seconds_left - (time.monotonic() - began))
     train(round_cfg)
     summary = json.loads((Path(round_cfg.paths.output_dir) / "summary.json").read_text())
     final = summary.get("final") or {}
@@ -193,20 +222,6 @@ def _one_round(round_cfg: DictConfig, number: int, began: float, seconds_left: f
         replay_acc_pos=[final[f"val/replay_acc_pos{i}"] for i in range(k) if f"val/replay_acc_pos{i}" in final],
         served=_served(summary.get("acceptance")),
     )
-
-
-def round_clock(round_cfg: DictConfig, number: int, seconds_left: float) -> DictConfig:
-    """The round's training ends where polish.minutes do: train.max_time is what the minutes leave
-    after the round's answering and capture (the config's own max_time where that is shorter; at
-    least MIN_ROUND_FIT_S, so that a round that started trains), polish.steps_per_round its step cap;
-    without it one long round would run past the minutes by all its steps."""
-    fit_s = max(seconds_left, MIN_ROUND_FIT_S)
-    own = round_cfg.train.max_time
-    if own is not None and max_time_seconds(str(own)) <= fit_s:
-        return round_cfg
-    timed: DictConfig = OmegaConf.merge(round_cfg, {"train": {"max_time": lightning_max_time(fit_s)}})  # type: ignore[assignment]
-    say([f"polish round {number}: training gets what polish.minutes leave, train.max_time={timed.train.max_time}"])
-    return timed
 
 
 def _served(acceptance: dict | None) -> dict[str, Any] | None:

@@ -156,7 +156,9 @@ def _run(cfg: RunConfig, output_dir: Path, extra_callbacks: Sequence[L.Callback]
         eval_failed = note_evaluation_failure(summary, export_dir)
         # this machine's rates, keyed by the settings as planned: the next budget here plans from them
         eval_s = time.monotonic() - eval_start if cfg.eval.enabled and not eval_failed else None
-        machine_rates.record(planned, {"train_tok_s": fit.tok_s or None, "start_s": started_s, "eval_s": eval_s})
+        # a stage inside a longer process (polish.py's rounds) did not start one: no start_s from it
+        start_s = started_s if stage.counts_process_start else None
+        machine_rates.record(planned, {"train_tok_s": fit.tok_s or None, "start_s": start_s, "eval_s": eval_s})
         if clock is not None:
             summary["time_budget"] = clock.outcome()
             report([train_clock.outcome_line(summary["time_budget"])])

@@ -28,14 +28,29 @@ def process_seconds() -> float:
 MAX_STARTUP_S = 60.0
 
 
+# whether a clock of this process has counted its start-up: one stage pays it, the first; a later
+# stage of the same process (polish.py's rounds: extract, then train, then the next round) did not
+# import or compose anything, and counting the process's age again would charge it the stages before
+_startup_counted = False
+
+
 class StageClock:
     """Seconds since a stage was called, plus its process's start-up when the stage is what the
-    process runs (an entrypoint); a stage called inside a longer-lived process counts from its call."""
+    process runs (an entrypoint, its first stage); a stage called inside a longer-lived process, or
+    after another stage of the same process, counts from its call."""
 
     def __init__(self) -> None:
+        global _startup_counted
         self.entered = time.monotonic()
         before = process_seconds()
-        self.startup = before if before <= MAX_STARTUP_S else 0.0
+        self.startup = before if before <= MAX_STARTUP_S and not _startup_counted else 0.0
+        _startup_counted = True
+
+    @property
+    def counts_process_start(self) -> bool:
+        """Whether seconds() includes the process's start-up: only then is this stage's start a
+        process's start (what a time budget plans as ``start_s``)."""
+        return self.startup > 0.0
 
     def seconds(self) -> float:
         return self.startup + time.monotonic() - self.entered

@@ -115,3 +115,11 @@ def test_an_online_dataset_records_its_cut_as_a_stored_one_does(tmp_path, monkey
     assert cut["planned_conversations"] == 40 and cut["capture"] is None
     assert "8 conversations regenerated" in cut["regeneration"]
     assert ds.num_samples == cut["samples"] == cut["rendered_samples"] <= 8
+
+
+def test_the_first_batch_runs_even_past_the_deadline(smollm2_dir, tmp_path):
+    """A share used up before regeneration began (the engine's start, prompts written) still answers
+    one batch: a budgeted dataset with nothing answered would end the run with no data at all."""
+    regen, data = _regenerate(smollm2_dir, tmp_path / "d", ScriptedDeadline([0.0, 0.0]))
+    assert regen.generated == 4 and len(data.train) + len(data.val) == 4
+    assert "4 conversations regenerated" in (data.report.deadline_stop or "")

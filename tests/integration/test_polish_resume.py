@@ -9,14 +9,18 @@ from pathlib import Path
 
 import pytest
 from conftest import compose
+from omegaconf import OmegaConf
 
 import eagle3.stages.extract as extract_stage
 import eagle3.stages.train as train_stage
-from eagle3.planning.cost import max_time_seconds
+from eagle3.config.errors import ConfigError
+from eagle3.config.schema import run_config
+from eagle3.planning import machine_rates
 from eagle3.stages.compose import register_polish_config
-from eagle3.stages.polish import MIN_ROUND_FIT_S, round_clock
+from eagle3.stages.polish import round_config
 from eagle3.stages.polish import run as polish
 from eagle3.stages.polish_state import STATE
+from eagle3.store import Manifest
 
 TINY = ["experiment=tiny_test"]
 ROUNDS = [
@@ -105,26 +109,42 @@ def test_a_run_dir_of_another_head_is_refused(start_head, tmp_path):
         polish(_polish_cfg(datasets, export, run_dir))
 
 
-def test_polish_minutes_end_each_rounds_training(start_head, tmp_path, monkeypatch):
-    """With polish.minutes, a round trains for what the minutes leave after its answering and
-    capture (train.max_time), polish.steps_per_round only its cap; a shorter max_time of the
-    config's own is kept, and a round that started trains at least MIN_ROUND_FIT_S."""
+def test_polish_minutes_make_each_round_a_time_budget(start_head, tmp_path, monkeypatch):
+    """With polish.minutes, what is not yet spent, shared by the rounds still to run, is each round's
+    time_budget.minutes: its answering and capture are sized by the shares, its training gets what
+    they leave (train.max_time from the budget's clock), and polish.steps_per_round does not bind."""
     datasets, export = start_head
-    real_train, caps = train_stage.run, []
+    run_dir, rates = tmp_path / "polish", tmp_path / "machine_rates.json"
+    cfg = _polish_cfg(
+        datasets, export, run_dir, ("polish.rounds=2", "polish.minutes=1.6", f"paths.machine_rates={rates}")
+    )
+    # this machine's stage start recorded as quick: the table's CPU figure (25 s a stage) leaves a 48 s round nothing
+    first = run_config(round_config(cfg, OmegaConf.to_object(cfg.polish), 1, str(export), run_dir, 0.8))
+    machine_rates.record(first, {"start_s": 1.0})
+    real_train, seen = train_stage.run, []
 
-    def train(cfg):
-        caps.append(cfg.train.max_time)
-        return real_train(cfg)
+    def train(round_cfg):
+        seen.append(round_cfg)
+        return real_train(round_cfg)
 
     monkeypatch.setattr(train_stage, "run", train)
-    cfg = _polish_cfg(datasets, export, tmp_path / "polish", ("polish.rounds=1", "polish.minutes=5"))
     polish(cfg)
-    assert len(caps) == 1 and caps[0] is not None
-    assert MIN_ROUND_FIT_S <= max_time_seconds(caps[0]) < 300  # the round's answering and capture came off
-    config = json.loads((tmp_path / "polish" / "round-1" / "run_config.json").read_text())["config"]
-    assert config["train"]["max_time"] == caps[0] and config["train"]["max_steps"] == 2  # the cap stays
+    state = json.loads((run_dir / STATE).read_text())
+    assert [r["round"] for r in state["rounds"]] == [1, 2]
+    assert seen[0].time_budget.minutes == pytest.approx(0.8)  # 1.6 minutes, two rounds to run
+    assert seen[1].time_budget.minutes == pytest.approx((96.0 - state["rounds"][0]["seconds"]) / 60.0)
+    for number, minutes in ((1, seen[0].time_budget.minutes), (2, seen[1].time_budget.minutes)):
+        summary = json.loads((run_dir / f"round-{number}" / "summary.json").read_text())
+        assert summary["time_budget"]["minutes"] == pytest.approx(minutes, abs=1e-3)  # train.py's clock was the round's
+        assert summary["global_step"] > 2  # trained to its clock, past steps_per_round's 2
+        samples = Manifest.read(Path(state["rounds"][number - 1]["dataset_dir"])).num_samples
+        assert 0 < samples <= 6  # polish.prompts_per_round: the most a round answers
 
-    round_cfg = compose("train", TINY + ["train.max_time=00:00:00:30"])
-    assert round_clock(round_cfg, 1, 600.0).train.max_time == "00:00:00:30"  # the config's own, shorter
-    assert round_clock(round_cfg, 1, 12.5).train.max_time == "00:00:00:12"
-    assert max_time_seconds(round_clock(round_cfg, 1, -40.0).train.max_time) == MIN_ROUND_FIT_S
+
+def test_polish_minutes_too_few_for_a_round_are_refused_before_any_work(start_head, tmp_path):
+    datasets, export = start_head
+    run_dir = tmp_path / "polish"
+    cfg = _polish_cfg(datasets, export, run_dir, ("polish.rounds=2", "polish.minutes=0.5"))
+    with pytest.raises(ConfigError, match=r"polish\.minutes=0\.5: round 1 gets 0\.25 min: .*fixed costs"):
+        polish(cfg)
+    assert not (run_dir / "round-1").exists()

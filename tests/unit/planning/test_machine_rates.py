@@ -74,6 +74,11 @@ def test_a_figure_serves_only_a_run_of_the_same_settings(tmp_path):
     assert machine_rates.recorded(cfg) == {"train_tok_s": 1e6}
     other_batch = _cfg(tmp_path, "time_budget.rates=machine", "train.max_tokens_per_batch=4096")
     assert "train_tok_s" not in machine_rates.recorded(other_batch)
+    # the on-policy step (polish.py's rounds) is slower: its rate never plans a supervised run
+    onpolicy = _cfg(tmp_path, "time_budget.rates=machine", "train.onpolicy_weight=0.5")
+    assert "train_tok_s" not in machine_rates.recorded(onpolicy)
+    machine_rates.record(onpolicy, {"train_tok_s": 2e5})
+    assert machine_rates.recorded(cfg) == {"train_tok_s": 1e6}
     with pytest.raises(ValueError, match="unknown figures.*tok_per_s"):
         machine_rates.record(cfg, {"tok_per_s": 1.0})
 
