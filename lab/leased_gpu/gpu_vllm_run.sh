@@ -37,7 +37,8 @@
 #   bash lab/leased_gpu/gpu_vllm_run.sh storage_ab     ARMS (NAME:OVERRIDES): the same conversations captured per arm, the same
 #                                               head trained from each and measured (an A/B of capture.storage)
 #   bash lab/leased_gpu/gpu_vllm_run.sh budget_ab      ARMS (NAME:OVERRIDES): the whole budget pipeline per arm, each answering
-#                                               its own conversations (an A/B of time_budget.* at equal minutes)
+#                                               its own conversations (an A/B of time_budget.* at equal minutes),
+#                                               after a warm-up (stage warm; WARM=0: none) so the first arm pays no one-time costs
 #   bash lab/leased_gpu/gpu_vllm_run.sh bg STAGE...    the stages detached (a pipeline past one call's cap), then
 #   bash lab/leased_gpu/gpu_vllm_run.sh wait_bg S      call after call: wait up to S seconds, bring back what they wrote
 # Several stages may share one call: bash lab/leased_gpu/gpu_vllm_run.sh train serving
@@ -263,11 +264,24 @@ stage_storage_ab() {
 # own; paths.machine_rates is shared, so a later arm reads the rates the earlier ones recorded
 stage_budget_ab() {
   local arm
+  [ "${WARM:-1}" = 0 ] || stage_warm
   for arm in ${ARMS:-}; do
     rm -rf $TMPD/cache/regenerated
     run_arm budget_extract "$arm" "$TMPD/data_${arm%%:*}"
     run_arm budget_train "$arm" "$TMPD/data_${arm%%:*}"
   done
+}
+
+# warm: a fresh machine's one-time costs paid before any arm (the GGUF target converted, vLLM's and
+# torch's compile caches filled), so the first arm of an A/B is not charged them (a first arm measured
+# 3,035 conversations answered in its share where the next, with less time, answered 5,244): 64
+# conversations answered, captured and trained on for 30 steps, then thrown away. WARM=0: none
+stage_warm() {
+  ensure_gguf
+  local warm=(time_budget.minutes=null data.max_samples=64 eval.enabled=false paths.datasets_dir=$TMPD/data_warm)
+  (time (python3 extract.py "${BUDGET[@]}" "${warm[@]}" \
+    && python3 train.py "${BUDGET[@]}" "${warm[@]}" train.max_steps=30 hydra.run.dir=$TMPD/warm)) 2>&1 | quiet | tail -4
+  rm -rf $TMPD/data_warm $TMPD/warm $TMPD/cache/regenerated
 }
 
 # ab_eval: each arm's export (ARMS' names, or EVAL_ARMS') measured by evaluate.py on the held-out
@@ -326,14 +340,15 @@ stage_quant_ab() {
 stage_polish() {
   local from=${POLISH_FROM:?POLISH_FROM: the budget_ab arm whose export is polished}
   ensure_gguf
-  # POLISH_ARGS: the rounds sized for a GPU (experiment=smollm2_polish's 64 prompts and 50 steps are a
-  # CPU's: on an H100 the answering engine's start is ~60 s of the two minutes): one round of 1,500
-  # prompts whose training runs to where polish.minutes end (steps_per_round only a cap); eval.enabled=false:
-  # ab_eval measures the polished head with the arms (polish.py's own measurement: ~4 more device minutes)
-  read -r -a polish_args <<< "${POLISH_ARGS:-polish.rounds=1 polish.prompts_per_round=1500 polish.steps_per_round=100000 eval.enabled=false}"
+  # POLISH_ARGS: the rounds sized for a GPU (experiment=smollm2_polish's 64 prompts are a CPU's): one
+  # round, a time budget of polish.minutes (its answering and capture end at their shares, at most 1,500
+  # prompts; training gets the rest); eval.enabled=false: ab_eval measures the polished head with the
+  # arms (polish.py's own measurement: ~4 more device minutes). POLISH_MINUTES: on an H100 a round spent
+  # 145 s answering and capturing 1,500 prompts before its first step, so 2 minutes train nothing
+  read -r -a polish_args <<< "${POLISH_ARGS:-polish.rounds=1 polish.prompts_per_round=1500 eval.enabled=false}"
   (time python3 polish.py experiment=smollm2_polish train.init_from=$TMPD/$from/export topology=gpu1 sizes=gpu \
     "${polish_args[@]}" \
-    polish.minutes="${POLISH_MINUTES:-2}" polish.eval_rounds=false paths.cache_dir=$TMPD/cache \
+    polish.minutes="${POLISH_MINUTES:-4}" polish.eval_rounds=false paths.cache_dir=$TMPD/cache \
     paths.datasets_dir=$TMPD/data_polish logger=none hydra.run.dir=$TMPD/polish-$from) 2>&1 | quiet \
     | tail -30 | tee "$OUTD/polish_${from}.log"
   cp $TMPD/polish-$from/summary.json "$OUTD/polish_${from}_summary.json" 2>/dev/null || true
@@ -372,7 +387,12 @@ stage_bg() {
 stage_wait_bg() {
   local until=$(( $(date +%s) + $1 ))
   while [ ! -f $TMPD/bg.done ] && [ "$(date +%s)" -lt "$until" ]; do sleep 5; done
-  cp $TMPD/bg_out/* "$OUTD/" 2>/dev/null || true
+  # a call brings back at most 8 files: more come as one tar (tar -xf bg_out.tar here)
+  if [ "$(ls $TMPD/bg_out | wc -l)" -gt 8 ]; then
+    tar -C $TMPD/bg_out -cf "$OUTD/bg_out.tar" . && echo "bg_out.tar: $(ls $TMPD/bg_out | wc -l) files"
+  else
+    cp $TMPD/bg_out/* "$OUTD/" 2>/dev/null || true
+  fi
   tail -c 6000 $TMPD/bg.log | quiet | tail -40
   if [ -f $TMPD/bg.done ]; then echo "bg done rc=$(cat $TMPD/bg.done)"; else echo "bg still running"; fi
 }
@@ -383,7 +403,7 @@ while [ "$#" -gt 0 ]; do
     carry) stage_carry "$2"; shift 2 ;;
     bg) shift; stage_bg "$@"; break ;;
     wait_bg) stage_wait_bg "$2"; shift 2 ;;
-    capture|dataset|train|ranking|serving|regen|tests|storage_ab|budget_ab|quant_ab|figures_ab|polish|ab_eval|budget_extract|budget_train|budget_peer|budget_serving|budget_measure) echo "=== $1"; "stage_$1"; shift ;;
+    capture|dataset|train|ranking|serving|regen|tests|storage_ab|budget_ab|warm|quant_ab|figures_ab|polish|ab_eval|budget_extract|budget_train|budget_peer|budget_serving|budget_measure) echo "=== $1"; "stage_$1"; shift ;;
     *) echo "unknown stage $1" >&2; exit 2 ;;
   esac
 done
