@@ -53,6 +53,10 @@ def table(gap: dict[str, Any]) -> str:
             f"{_with_interval(s['relative_gap'], s['relative_gap_interval'], 1, percent=True)} | {positions} |"
         )
     notes = [f"K={gap['num_draft_tokens']}, max_new_tokens={gap['max_new_tokens']}; {na} and {nb} on the same prompts"]
+    apart = gap.get("validation_apart")
+    if apart:
+        own = ", ".join(f"{n} {apart[n]:.3f}" if apart.get(n) is not None else f"{n} n/a" for n in (na, nb))
+        notes.append(f"validation split left out: {apart['why']} ({own})")
     ta, tb = (t or "unquantized" for t in gap.get("targets") or [None, None])
     if ta != tb:
         notes.append(

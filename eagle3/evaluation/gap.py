@@ -16,7 +16,9 @@ headline sets pooled, each prompt set and the validation split (in-distribution)
 A prompt unit is intervals.Unit: one prompt's verify steps and accepted drafts per position,
 its turns summed (a two-turn prompt's turns stay together, as in breakdown.py). The reports must
 hold the same prompts (each turn of each), the same K and the same max_new_tokens; otherwise
-the gap compares different measurements, and a ValueError names what differs.
+the gap compares different measurements, and a ValueError names what differs. The validation
+split alone may differ (each head's is drawn from its own dataset): it is then left out of the
+pairing, each head's own figure there kept in ``validation_apart`` with the reason.
 
 Without per-request figures in either report (a vLLM that gives none: every per-prompt entry
 has drafts 0, or ``engine.per_request_figures`` is false) there is no per-prompt unit to
@@ -213,6 +215,33 @@ def _set_names(a: dict[str, Any], b: dict[str, Any], headline: str) -> list[str]
     return [headline] + [s for s in names if s != headline]
 
 
+def _validation_apart(
+    a: dict[str, Any], b: dict[str, Any], names: Sequence[str]
+) -> tuple[dict[str, Any], dict[str, Any], Optional[dict[str, Any]]]:
+    """The two reports without their validation splits where those are other prompts (each head's
+    split is drawn from its own dataset: two arms of an equal-minutes A/B each answer their own
+    conversations), and each head's own figure there with why it is not paired; the reports as
+    they are where the splits agree (or per-prompt entries are missing: nothing to tell them by)."""
+    ta, tb = _turns(a), _turns(b)
+    val_a, val_b = ({k for k in t if k[0] == VAL} for t in (ta, tb))
+    if not (ta and tb) or val_a == val_b:
+        return a, b, None
+
+    def without_val(report: dict[str, Any]) -> dict[str, Any]:
+        out = dict(report, in_distribution=None)
+        out["per_prompt"] = [p for p in report.get("per_prompt") or [] if p["source"] != VAL]
+        for field in ("by_source", "prompts"):
+            out[field] = {s: v for s, v in (report.get(field) or {}).items() if s != VAL}
+        return out
+
+    apart = {
+        "why": f"the validation splits are other prompts ({len(val_a)} and {len(val_b)} units, "
+        f"{len(val_a & val_b)} shared): each head's own, not paired",
+        **{name: (r.get("in_distribution") or {}).get("mean_acceptance_length") for name, r in zip(names, (a, b))},
+    }
+    return without_val(a), without_val(b), apart
+
+
 def acceptance_gap(
     a: dict[str, Any],
     b: dict[str, Any],
@@ -226,6 +255,7 @@ def acceptance_gap(
     bootstrap intervals where both reports have per-prompt figures; ``a`` and ``b`` are two
     acceptance.json dicts measured on the same prompts (ValueError where they are not); ``names``
     name the heads in the refusal, the reason and the result."""
+    a, b, apart = _validation_apart(a, b, names)
     problems = _refusals(a, b, names)
     if problems:
         raise ValueError("the two reports are not measurements of the same prompts: " + "; ".join(problems))
@@ -259,6 +289,8 @@ def acceptance_gap(
         "no_interval_reason": reason,
         "sets": {},
     }
+    if apart:
+        out["validation_apart"] = apart
     if reason is None:
         units_a, units_b = _units(a, k), _units(b, k)
         keys = sorted(units_a)  # the same keys in both (_refusals): sorted, an entry order changes nothing

@@ -128,6 +128,24 @@ def test_reports_of_different_prompts_or_settings_are_refused():
         acceptance_gap(a, acceptance_json(HAND_B, headline_sets=["broad"]))
 
 
+def test_validation_splits_of_other_prompts_are_left_out_not_refused():
+    """Two arms that each answered their own conversations have other validation splits: the held-out
+    sets are paired as ever, the split is left out, each head's own figure there kept with the reason."""
+    own_val = {k: v for k, v in HAND_B.items() if k[0] != "val"} | {("val", "v2"): [(4, [3, 2, 1])]}
+    a, b = acceptance_json(HAND_A), acceptance_json(own_val)
+    gap = acceptance_gap(a, b)
+    alike = acceptance_gap(
+        acceptance_json({k: v for k, v in HAND_A.items() if k[0] != "val"}),
+        acceptance_json({k: v for k, v in HAND_B.items() if k[0] != "val"}),
+    )
+    assert "val" not in gap["sets"] and gap["sets"] == alike["sets"]
+    apart = gap["validation_apart"]
+    assert "1 and 1 units, 0 shared" in apart["why"]
+    assert apart["A"] == a["in_distribution"]["mean_acceptance_length"]
+    assert apart["B"] == b["in_distribution"]["mean_acceptance_length"]
+    assert "validation_apart" not in acceptance_gap(a, acceptance_json(HAND_B))  # the same split: paired
+
+
 def test_without_per_request_figures_the_point_gaps_come_from_the_counters_with_the_reason():
     paired = acceptance_gap(acceptance_json(HAND_A), acceptance_json(HAND_B))
     for a_per_request in (False, True):  # neither report has them, or B alone lacks them
