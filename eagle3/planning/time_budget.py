@@ -51,6 +51,11 @@ TEMPLATE_TOKENS = 32
 TRAIN_FINISH_S = {"cpu": 30.0, "gpu": 20.0}
 
 
+class FixedCostsPastBudget(ValueError):
+    """The minutes cannot hold the fixed costs alone (stage starts, engine starts, evaluation) at
+    the rates planned from: a plan's refusal, before any work."""
+
+
 @dataclass(frozen=True)
 class TimeShares:
     """How ``minutes`` are spent: seconds per part, the conversations it sizes the data to."""
@@ -222,7 +227,7 @@ def time_shares(cfg: RunConfig, rates: cost.RunRates | None = None) -> TimeShare
     per_conv_train = answers * tokens * (1 - cfg.data.val_fraction) * budget.passes / train_tok_s
     left = total - fixed
     if left <= 0:
-        raise ValueError(
+        raise FixedCostsPastBudget(
             f"time_budget.minutes={budget.minutes}: the fixed costs alone (stage starts, evaluation) take "
             f"~{minutes(fixed)} here; give more minutes or eval.enabled=false"
         )

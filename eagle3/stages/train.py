@@ -76,7 +76,13 @@ def run(cfg: DictConfig, extra_callbacks: Sequence[L.Callback] = ()) -> float:
             repo, private = str(cfg.export.push_to_hub), bool(cfg.export.hub_private)
             preflight(repo, private, key="export.push_to_hub", note="nothing was trained")
         # time_budget.minutes: extract.py's shares name the dataset (data.max_samples)
-        run_cfg, _ = time_budget.sized(run_config(cfg))
+        try:
+            run_cfg, _ = time_budget.sized(run_config(cfg))
+        except time_budget.FixedCostsPastBudget:
+            # the rates recorded since the plan (the extraction's own engine start among them) put
+            # the fixed costs past the minutes: the plan was extract.py's, and the dataset's name does
+            # not depend on it (time_budget.asked); training takes the clock as it finds it
+            run_cfg = run_config(cfg)
         if global_rank() == 0:  # a rerun under another config does not resume this run dir's checkpoints
             run_dir.check_run_config(output_dir, run_cfg)
         try:

@@ -81,3 +81,30 @@ def _train_tokens(dataset_dir: Path) -> int:
     ds = open_dataset(dataset_dir)
     val = set(ds.val_indices())
     return sum(n for i, n in enumerate(ds.lengths.tolist()) if i not in val)
+
+
+def test_training_finds_its_dataset_when_the_rates_since_put_the_fixed_costs_past_the_minutes(tmp_path):
+    """The extraction records this machine's rates (an engine's start among them): where they now put
+    the fixed costs alone past the minutes, a plan would refuse; but extract.py's plan ran already,
+    so train.py trains on the dataset it wrote, on the clock as it finds it."""
+    import eagle3.stages.extract as extract_stage
+    import eagle3.stages.train as train_stage
+    from eagle3.planning import machine_rates
+
+    common = [
+        "experiment=tiny_test",
+        "time_budget.minutes=0.6",
+        f"paths.datasets_dir={tmp_path / 'data'}",
+        f"paths.machine_rates={tmp_path / 'machine_rates.json'}",
+    ]
+    cfg = run_config(compose("train", common))
+    machine_rates.record(cfg, {"start_s": 1.0})  # quick starts: the 36 s plan holds (the table's CPU start would not)
+    dataset_dir = Path(extract_stage.run(compose("extract", common)))
+    machine_rates.record(cfg, {"start_s": 120.0})  # then two stage starts are 4 minutes of the 0.6
+    with pytest.raises(time_budget.FixedCostsPastBudget, match="fixed costs alone"):
+        time_budget.time_shares(cfg)
+    run = tmp_path / "run"
+    train_stage.run(compose("train", common, output_dir=str(run)))
+    summary = json.loads((run / "summary.json").read_text())
+    assert Path(summary["dataset_dir"]) == dataset_dir
+    assert summary["time_budget"]["fit_s"] > 0 and summary["global_step"] > 0
