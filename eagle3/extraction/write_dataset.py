@@ -40,6 +40,9 @@ from eagle3.util.report import minutes, report
 console = Console(stderr=True)
 # provenance key: the rates this extraction measured (a time budget on this machine plans from them next)
 MEASURED_RATES = "measured_rates"
+# fewer samples than this measure their warm-up (the first forward, the first batch), not a rate: a
+# polish round's 7 answers captured at 29 tok/s against the 906 this CPU's captures run at
+MIN_RATE_SAMPLES = 16
 
 
 def extract_dataset(job: ExtractionJob, setup: CaptureSetup, timing: ExtractionTiming, lock: DirLock) -> Manifest:
@@ -96,13 +99,16 @@ def _render(
 
 def _regen_rates(regenerator, data: PreparedData) -> dict[str, float]:
     """The regeneration's new tokens per second and engine start, when this run answered every
-    conversation itself (answers from the cache would flatter the rate: nothing then)."""
+    conversation itself (answers from the cache would flatter the rate: nothing then); the rate
+    only over MIN_RATE_SAMPLES conversations or more."""
     report = data.report
     if not regenerator.generated or regenerator.seeded_turns or report.regen_seconds <= 0:
         return {}
     if regenerator.generated < report.conversations_rendered:  # some came from the cache
         return {}
-    out = {"regen_tok_s": regenerator.new_tokens / report.regen_seconds}
+    out = {}
+    if regenerator.generated >= MIN_RATE_SAMPLES:
+        out["regen_tok_s"] = regenerator.new_tokens / report.regen_seconds
     if report.regen_engine_start_s > 0:
         out["regen_start_s"] = report.regen_engine_start_s
     return out
@@ -249,8 +255,9 @@ def _capture(
         outcome = capture_into(backend, prompts, writer, deadline)
         writer.flush()  # the shards written: what a budget's capture share pays for
         done = set(writer.done_ids())
-        tokens = sum(int(s.input_ids.numel()) for s in todo if s.id in done)
-        if tokens and not job.repair:
+        captured = [s for s in todo if s.id in done]
+        tokens = sum(int(s.input_ids.numel()) for s in captured)
+        if tokens and not job.repair and len(captured) >= MIN_RATE_SAMPLES:
             measured["capture_tok_s"] = tokens / max(1e-6, time.monotonic() - started)
         return outcome.cut
     finally:

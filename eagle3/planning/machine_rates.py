@@ -71,11 +71,12 @@ def signature(cfg: RunConfig, figure: str) -> str:
     if figure == "capture_tok_s":
         return f"{target}|capture={c.backend.value}|{c.storage}|topk={c.teacher_topk}|len={d.max_length}"
     if figure == "train_tok_s":
+        # the on-policy step walks the head's own rounds too, and runs eager: another rate
+        onpolicy = "|onpolicy" if t.onpolicy_weight > 0 else ""
         return (
             f"{target}|head={h.intermediate_size}x{h.num_draft_layers}|v{h.draft_vocab_size}|ttt={t.ttt_steps}"
             f"|batch={t.max_tokens_per_batch}|val_every={t.val_check_interval}|{topo.precision}"
-            f"|{topo.devices}x{topo.num_nodes}|{t.hidden_states.value}" + ("|onpolicy" if t.onpolicy_weight > 0 else "")
-            # the on-policy step walks the head's own rounds too, and runs eager: another rate
+            f"|{topo.devices}x{topo.num_nodes}|{t.hidden_states.value}{onpolicy}"
         )
     if figure == "eval_s":
         e = cfg.eval

@@ -13,10 +13,11 @@ Each round, from the last round's export (the first from train.init_from):
      config composed for the round (data.max_samples = polish.prompts_per_round,
      data.regenerate=true), so the round's dataset has its own fingerprint;
   2. train.py's stage trains from the current head (train.init_from) for polish.steps_per_round
-     steps (with polish.minutes: for what the round's share leaves, below) with the on-policy objective mixed into the supervised loss (train.onpolicy_weight:
-     the rounds of the head as it is now, eagle3/draft/onpolicy.py), exports it and, with
-     polish.eval_rounds, measures it in vLLM: each round is a train.py run in
-     <run dir>/round-<n>/, resumed from its own checkpoints like any train.py run;
+     steps (with polish.minutes: for what the round's share leaves, below) with the on-policy
+     objective mixed into the supervised loss (train.onpolicy_weight: the rounds of the head as
+     it is now, eagle3/draft/onpolicy.py), exports it and, with polish.eval_rounds, measures it
+     in vLLM: each round is a train.py run in <run dir>/round-<n>/, resumed from its own
+     checkpoints like any train.py run;
   3. the round's record goes into <run dir>/polish_state.json (eagle3/stages/polish_state.py)
      and a line is printed: round i/n, its tokens/s, its acceptance.
 With polish.minutes each round is a time budget of its own (eagle3/planning/time_budget.py): the
@@ -42,7 +43,7 @@ from omegaconf import DictConfig, OmegaConf
 from eagle3.config.errors import ConfigError
 from eagle3.config.polish import PolishConfig
 from eagle3.config.schema import RunConfig, run_config
-from eagle3.planning.time_budget import time_shares
+from eagle3.planning.time_budget import FixedCostsPastBudget, time_shares
 from eagle3.stages.polish_log import log_round
 from eagle3.stages.polish_state import PolishState, RoundRecord, load_state
 from eagle3.stages.validate import validate_run_config
@@ -124,7 +125,7 @@ def _round_fits(round_cfg: DictConfig, polish: PolishConfig, number: int, any_do
     rounds it has, or refuses with none."""
     try:
         time_shares(run_config(round_cfg))
-    except ValueError as e:
+    except FixedCostsPastBudget as e:
         why = f"polish.minutes={polish.minutes:g}: round {number} gets {round_cfg.time_budget.minutes:.2f} min: {e}"
         if not any_done:
             raise ConfigError(why + " (more polish.minutes, or fewer polish.rounds)") from e

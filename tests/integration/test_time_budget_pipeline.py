@@ -108,3 +108,22 @@ def test_training_finds_its_dataset_when_the_rates_since_put_the_fixed_costs_pas
     summary = json.loads((run / "summary.json").read_text())
     assert Path(summary["dataset_dir"]) == dataset_dir
     assert summary["time_budget"]["fit_s"] > 0 and summary["global_step"] > 0
+
+
+def test_a_capture_of_a_handful_of_samples_records_no_rate(tmp_path):
+    """A few samples measure their warm-up, not this machine's capture rate: a budget planned from
+    such a figure would give capture minutes it never needs. From MIN_RATE_SAMPLES on, it is kept."""
+    import eagle3.stages.extract as extract_stage
+    from eagle3.extraction.write_dataset import MEASURED_RATES, MIN_RATE_SAMPLES
+
+    def measured(samples: int) -> dict:
+        overrides = [
+            "experiment=tiny_test",
+            f"data.max_samples={samples}",
+            f"paths.datasets_dir={tmp_path / str(samples)}",
+        ]
+        dataset_dir = Path(extract_stage.run(compose("extract", overrides)))
+        return Manifest.read(dataset_dir).provenance.get(MEASURED_RATES) or {}
+
+    assert "capture_tok_s" not in measured(MIN_RATE_SAMPLES - 10)
+    assert measured(MIN_RATE_SAMPLES + 8)["capture_tok_s"] > 0
