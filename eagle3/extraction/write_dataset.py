@@ -40,8 +40,8 @@ from eagle3.util.report import minutes, report
 console = Console(stderr=True)
 # provenance key: the rates this extraction measured (a time budget on this machine plans from them next)
 MEASURED_RATES = "measured_rates"
-# fewer samples than this measure their warm-up (the first forward, the first batch), not a rate: a
-# polish round's 7 answers captured at 29 tok/s against the 906 this CPU's captures run at
+# fewer samples than this measure their warm-up (the first forward, the first batch), not a rate, and
+# a plan divided by it would give capture minutes it never needs (docs/records/2026-12-07-polish-gpu-first.md)
 MIN_RATE_SAMPLES = 16
 
 

@@ -273,9 +273,9 @@ stage_budget_ab() {
 }
 
 # warm: a fresh machine's one-time costs paid before any arm (the GGUF target converted, vLLM's and
-# torch's compile caches filled), so the first arm of an A/B is not charged them (a first arm measured
-# 3,035 conversations answered in its share where the next, with less time, answered 5,244): 64
-# conversations answered, captured and trained on for 30 steps, then thrown away. WARM=0: none
+# torch's compile caches filled), so the first arm of an A/B is not charged them
+# (docs/records/2026-12-07-polish-gpu-first.md): 64 conversations answered, captured and trained on for
+# 30 steps, then thrown away. WARM=0: none
 stage_warm() {
   ensure_gguf
   local warm=(time_budget.minutes=null data.max_samples=64 eval.enabled=false paths.datasets_dir=$TMPD/data_warm)
@@ -343,8 +343,8 @@ stage_polish() {
   # POLISH_ARGS: the rounds sized for a GPU (experiment=smollm2_polish's 64 prompts are a CPU's): one
   # round, a time budget of polish.minutes (its answering and capture end at their shares, at most 1,500
   # prompts; training gets the rest); eval.enabled=false: ab_eval measures the polished head with the
-  # arms (polish.py's own measurement: ~4 more device minutes). POLISH_MINUTES: on an H100 a round spent
-  # 145 s answering and capturing 1,500 prompts before its first step, so 2 minutes train nothing
+  # arms (polish.py's own measurement: ~4 more device minutes). POLISH_MINUTES: a round's answering and
+  # capture of 1,500 prompts take most of 2 minutes on an H100 (docs/records/2026-12-07-polish-gpu-first.md)
   read -r -a polish_args <<< "${POLISH_ARGS:-polish.rounds=1 polish.prompts_per_round=1500 eval.enabled=false}"
   (time python3 polish.py experiment=smollm2_polish train.init_from=$TMPD/$from/export topology=gpu1 sizes=gpu \
     "${polish_args[@]}" \
