@@ -349,15 +349,23 @@ def regen_deadline(shares: TimeShares | None, clock: StageClock) -> Deadline | N
     return Deadline(clock, shares.regen_end_s(), "regeneration", first_batch=first)
 
 
+# how much of training's share a capture slower than the rates may take (capture_deadline)
+CAPTURE_OVERRUN_OF_TRAIN = 0.5
+
+
 def capture_deadline(shares: TimeShares | None, clock: StageClock, samples: int) -> Deadline | None:
-    """extract.py's capture of ``samples`` under a budget (None without one): it stops at the end
-    of the extraction's share, so a machine slower than the rates loses data, not training's
-    minutes (the dataset is finished with what was captured; its provenance says where it was
-    cut). No sooner than the capture share of these samples from now, though: a regeneration
-    that overran (its first batch always runs) leaves capture its minutes, not an empty dataset."""
+    """extract.py's capture of ``samples`` under a budget (None without one): the end of the
+    extraction's share, or the capture share of these samples from now where a regeneration
+    overran (its first batch always runs), plus at most CAPTURE_OVERRUN_OF_TRAIN of training's
+    share. The answers were paid for already and cost several times more to write than to
+    capture, and more passes over less data buy nothing on prompts the head never saw: a
+    capture slower than the rates takes some of training's minutes rather than dropping answers.
+    A machine far slower still loses data past that point (the dataset is finished with what
+    was captured; its provenance says where it was cut)."""
     if shares is None:
         return None
     ratio = samples / max(1, shares.samples)
     # fill: regeneration may have answered more than planned; all of it is captured (training gets less)
     own = shares.capture_s * (ratio if shares.fill else min(1.0, ratio))
-    return Deadline(clock, max(shares.extract_end_s(), clock.seconds() + own), "capture")
+    overrun = CAPTURE_OVERRUN_OF_TRAIN * max(0.0, shares.train_s)
+    return Deadline(clock, max(shares.extract_end_s(), clock.seconds() + own) + overrun, "capture")

@@ -1,7 +1,7 @@
 """time_budget's deadlines inside extract.py: regeneration starts no batch that would end past its
-share, capture stops at the end of the extraction's share, and the dataset is finished with
-the samples done in time (validation among them, the cut in its provenance), so a machine
-slower than the rates loses data rather than the training's minutes."""
+share, capture stops at its deadline (the extraction's share and part of training's:
+time_budget.capture_deadline), and the dataset is finished with the samples done in time
+(validation among them, the cut in its provenance)."""
 
 from __future__ import annotations
 

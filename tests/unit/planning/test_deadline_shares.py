@@ -36,7 +36,8 @@ def test_the_deadlines_end_where_the_shares_say():
     regen = time_budget.regen_deadline(shares, clock)
     capture = time_budget.capture_deadline(shares, clock, shares.samples)
     assert regen is not None and capture is not None
-    assert (regen.at_s, capture.at_s) == (shares.regen_end_s(), shares.extract_end_s())
+    overrun = time_budget.CAPTURE_OVERRUN_OF_TRAIN * shares.train_s
+    assert overrun > 0 and (regen.at_s, capture.at_s) == (shares.regen_end_s(), shares.extract_end_s() + overrun)
     # filling, the count caps nothing: the first batch (before any pace) is half the plan's count
     assert shares.fill and regen.first_batch == shares.conversations // 2
     fixed = time_budget.time_shares(
@@ -48,7 +49,7 @@ def test_the_deadlines_end_where_the_shares_say():
 
 def test_a_regeneration_that_overran_leaves_capture_its_own_share():
     """Its first batch always runs: when regeneration ends past the extraction's share, capture
-    still gets the minutes its samples' share was sized to take, from now."""
+    still gets the minutes its samples' share was sized to take, from now (and the overrun)."""
     from eagle3.config.schema import run_config
 
     shares = time_budget.time_shares(run_config(compose("extract", ["experiment=smollm2_budget"])))
@@ -57,7 +58,8 @@ def test_a_regeneration_that_overran_leaves_capture_its_own_share():
     late.reads = int(shares.extract_end_s()) + 100  # regeneration ended 100 s past the extraction's share
     half = time_budget.capture_deadline(shares, late, shares.samples // 2)
     assert half is not None
-    assert half.at_s == pytest.approx(late.reads + shares.capture_s * (shares.samples // 2) / shares.samples)
+    own = shares.capture_s * (shares.samples // 2) / shares.samples
+    assert half.at_s == pytest.approx(late.reads + own + time_budget.CAPTURE_OVERRUN_OF_TRAIN * shares.train_s)
 
 
 def test_a_vllm_capture_plans_its_engines_start():
@@ -82,3 +84,24 @@ def test_a_vllm_capture_plans_its_engines_start():
     assert vllm.fixed_s == pytest.approx(hf.fixed_s + start)
     assert vllm.extract_end_s() == pytest.approx(vllm.regen_end_s() + start + vllm.capture_s)
     assert vllm.conversations < hf.conversations  # the engine's minutes come out of the data's
+
+
+def test_a_capture_slower_than_the_rates_keeps_the_answers_training_pays_for_it():
+    """The answers cost far more to write than to capture: a capture at three quarters of the
+    planned rate (as one H100 captured fp8 + top-32 against the table's rate) still
+    captures every regenerated sample, taking part of training's share; one ten times slower is
+    cut where half of training's share is gone, so training keeps the rest."""
+    from eagle3.config.schema import run_config
+
+    for gpu in ([], ["topology=gpu1", "sizes=gpu", "data.regen_backend=vllm", "time_budget.rates=table"]):
+        shares = time_budget.time_shares(run_config(compose("extract", ["experiment=smollm2_budget", *gpu])))
+        assert shares is not None and shares.capture_s > 0 and shares.train_s > 0
+        clock = StageClock()
+        clock.entered -= shares.regen_end_s() + shares.capture_start_s - clock.seconds()  # capture starts on time
+        deadline = time_budget.capture_deadline(shares, clock, shares.samples)
+        assert deadline is not None
+        slower = shares.capture_s / 0.75
+        assert deadline.left() >= slower > shares.capture_s
+        far_slower = 10 * shares.capture_s
+        assert deadline.left() < far_slower
+        assert shares.train_s - (deadline.left() - shares.capture_s) == pytest.approx(shares.train_s / 2, rel=1e-3)
