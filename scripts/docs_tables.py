@@ -1,6 +1,7 @@
 """The tables of measured rates and step costs in docs/, generated from the data files the code
 reads (eagle3/planning/rates.yaml, eagle3/serving/step_costs.yaml), so a doc never shows a figure
-the planner or the advice does not use.
+the planner or the advice does not use; and the budget curve's table from its data file
+(docs/data/budget_curve.yaml, which scripts/budget_curve_plot.py draws).
 
     python scripts/docs_tables.py          # rewrite the generated blocks in docs/ (records included)
     python scripts/docs_tables.py --check  # exit 1 naming each block that differs (the suite runs it)
@@ -14,6 +15,8 @@ import argparse
 import re
 import sys
 from pathlib import Path
+
+import yaml
 
 from eagle3.planning.cost import measured_rates
 from eagle3.serving.advice import step_cost_classes
@@ -52,7 +55,30 @@ def step_costs_table() -> str:
     return "\n".join(out)
 
 
-TABLES = {"rates.yaml": rates_table, "step_costs.yaml": step_costs_table}
+CURVE = ROOT / "docs" / "data" / "budget_curve.yaml"
+
+
+def budget_curve() -> dict:
+    return yaml.safe_load(CURVE.read_text())
+
+
+def budget_curve_table() -> str:
+    """One row per head of docs/data/budget_curve.yaml, by minutes."""
+    curve = budget_curve()
+    rows = [
+        f"On one {curve['card']}:",
+        "",
+        "| minutes | held-out suite (95% interval) | machine | plan | record |",
+        "|---|---|---|---|---|",
+    ]
+    for p in sorted(curve["points"], key=lambda p: (p["minutes"], p["acceptance"])):
+        interval = f" ({p['interval'][0]:.3f}-{p['interval'][1]:.3f})" if p.get("interval") else ""
+        link = f"[{p['record'].removesuffix('.md')}](records/{p['record']})"
+        rows.append(f"| {p['minutes']:g} | **{p['acceptance']:.3f}**{interval} | {p['machine']} | {p['plan']} | {link} |")
+    return "\n".join(rows) + "\n"
+
+
+TABLES = {"rates.yaml": rates_table, "step_costs.yaml": step_costs_table, "budget_curve.yaml": budget_curve_table}
 
 
 def refresh(text: str) -> tuple[str, list[str]]:
