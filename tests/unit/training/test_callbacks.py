@@ -76,7 +76,8 @@ def test_the_whole_fits_data_wait_is_not_the_last_windows():
     got = _run(loader_delay=0.06, step_delay=0.01, window=2, batches=_SlowFirst(10, 0.06))
     assert got["train/data_wait_frac"] < 0.3
     whole = got["whole_fit_wait"]
-    assert whole is not None and 0.5 < whole < 0.95  # ~7 x 0.06 s waited against ~15 x 0.01 s of steps
+    # ~7 x 0.06 s waited against ~15 x 0.01 s of steps (each step's overhead on a loaded CPU lowers it)
+    assert whole is not None and 0.3 < whole < 0.95 and whole > got["train/data_wait_frac"] + 0.2
 
 
 def test_train_eta_logs_the_time_left_from_the_steps_it_timed(caplog):
