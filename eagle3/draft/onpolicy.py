@@ -8,8 +8,8 @@ head's rejections) and at which step each round is rejected. Both follow from th
 TTT logits on the batch (eagle3/draft/replay.py's chain and walk), so they move with the head
 during training, step by step.
 
-Per round at t (replay.round_starts: walk_rounds' rounds as tensors) with chain a = chain[t] (of K
-num_draft_tokens):
+Per round at t (replay.round_starts: walk_rounds' rounds as tensors) with chain a = chain[t]
+(of num_draft_tokens K):
     steps k < a      accepted: forward KL(p || q) of step k at t (loss.per_position_loss)
     step  k = a < K  the first rejection: decay^a x reverse KL(q || p), where step a still drafts
                      an answer token (a chain also ends where the answer does: no rejection

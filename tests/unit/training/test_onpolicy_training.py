@@ -72,7 +72,6 @@ def test_a_fit_logs_the_objective_and_the_rounds_under_train():
     assert not torch.equal(module.head.fc.weight, before)
 
 
-
 def test_train_compile_compiles_the_mixed_step_too(monkeypatch):
     """train.compile=true: setup compiles the on-policy step like the supervised one (its walk is
     tensors, replay.round_starts), and a fit trains through it; aot_eager and fullgraph here keep
