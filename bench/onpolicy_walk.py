@@ -8,6 +8,9 @@ some drafts and reject others as a trained head's do. Prints a markdown table of
 and the ratios.
 
     python bench/onpolicy_walk.py --batch 1 --tokens 4096 --vocab 4096 --k 3 --out outputs/bench/onpolicy_walk.json
+
+``--compile`` adds both losses torch.compiled (dynamic=False, as train.compile): what the tensor
+walk allows, where the host walk kept the on-policy step eager.
 """
 
 from __future__ import annotations
@@ -75,6 +78,9 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=4, help="packed samples a row")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--compile", action="store_true", help="also both losses torch.compiled (dynamic=False), as train.compile"
+    )
     add_out(ap, required=False)
     args = ap.parse_args()
     steps, target, answers, segments = _case(
@@ -107,6 +113,18 @@ def main() -> None:
         args.repeats,
         {"supervised": supervised, "onpolicy_tensor_walk": onpolicy, "onpolicy_host_walk": host_onpolicy},
     )
+    if args.compile:  # the on-policy loss as one graph: fullgraph makes a host read an error
+        sup_graph = torch.compile(lambda: eagle3_loss(steps, target, **kw, step_decay=0.8)[0], dynamic=False)
+        op_graph = torch.compile(
+            lambda: onpolicy_loss(steps, target, **kw, num_draft_tokens=args.k, decay=0.8).loss,
+            dynamic=False,
+            fullgraph=True,
+        )
+        compiled = _best_s(
+            args.repeats,
+            {"supervised_compiled": lambda: sup_graph().backward(), "onpolicy_compiled": lambda: op_graph().backward()},
+        )
+        rows.update(compiled)
     chain = torch.randint(0, args.k + 1, (args.batch, args.tokens), generator=torch.Generator().manual_seed(1))
     ok = answers & (segments >= 0)  # [B, T]
     walk = _best_s(
@@ -123,6 +141,12 @@ def main() -> None:
         print(f"| {name} | {s * 1e3:.1f} | {s / base:.2f}x |")
     ratio = rows["onpolicy_host_walk"] / rows["onpolicy_tensor_walk"]
     print(f"on-policy loss, host walk / tensor walk: {ratio:.2f}x")
+    if args.compile:
+        print(
+            "compiled, on-policy / supervised: "
+            f"{rows['onpolicy_compiled'] / rows['supervised_compiled']:.2f}x; on-policy eager host walk / "
+            f"compiled: {rows['onpolicy_host_walk'] / rows['onpolicy_compiled']:.2f}x"
+        )
     print(
         f"the walk alone (random chains): tensor {walk['walk_tensor'] * 1e3:.2f} ms, host "
         f"{walk['walk_host'] * 1e3:.2f} ms, host / tensor {walk['walk_host'] / walk['walk_tensor']:.1f}x"
