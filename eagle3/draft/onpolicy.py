@@ -8,7 +8,8 @@ head's rejections) and at which step each round is rejected. Both follow from th
 TTT logits on the batch (eagle3/draft/replay.py's chain and walk), so they move with the head
 during training, step by step.
 
-Per round at t (replay.walk_rounds) with chain a = chain[t] (of num_draft_tokens K):
+Per round at t (replay.round_starts: walk_rounds' rounds as tensors) with chain a = chain[t]
+(of num_draft_tokens K):
     steps k < a      accepted: forward KL(p || q) of step k at t (loss.per_position_loss)
     step  k = a < K  the first rejection: decay^a x reverse KL(q || p), where step a still drafts
                      an answer token (a chain also ends where the answer does: no rejection
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from eagle3.draft.loss import TargetStats, per_position_loss, step_positions
-from eagle3.draft.replay import chain_lengths, round_counts, walk_rounds
+from eagle3.draft.replay import chain_lengths, round_starts, start_counts
 
 
 @dataclass
@@ -39,7 +40,7 @@ class OnPolicyCells:
 
     accepted: list[torch.Tensor]  # step k at t was accepted in its round
     rejected: list[torch.Tensor]  # the round at t was rejected at step k
-    counts: torch.Tensor  # replay counts of the walked rounds (replay.round_counts), float64
+    counts: torch.Tensor  # replay counts of the walked rounds (replay.start_counts), float64, on the device
 
 
 @dataclass
@@ -85,14 +86,9 @@ def onpolicy_cells(
         )
     positions = step_positions(loss_mask, segment_ids, k_max)
     chain = chain_lengths(step_logits, target_argmax, positions, k_max)  # [B, T]
-    rounds = walk_rounds(chain, positions[0])
-    if round_starts_only:
-        starts = torch.zeros_like(positions[0])
-        if rounds:
-            rows, ts, _ = zip(*rounds)
-            starts[list(rows), list(ts)] = True
-    else:
-        starts = positions[0]
+    # the walk as tensors (replay.round_starts): no host read, so the step can be one compiled graph
+    walked = round_starts(chain, positions[0])  # [B, T]
+    starts = walked if round_starts_only else positions[0]  # [B, T]
     t = target_argmax.shape[1]
     accepted, rejected = [], []
     for k in range(k_max):
@@ -102,7 +98,7 @@ def onpolicy_cells(
         usable = torch.zeros_like(rejected_k)
         usable[:, : max(t - offset, 0)] = target_argmax[:, offset:] >= 0  # the row t+1+k has a target
         rejected.append(rejected_k & usable)
-    return OnPolicyCells(accepted, rejected, round_counts(rounds, k_max))
+    return OnPolicyCells(accepted, rejected, start_counts(walked, chain, k_max))
 
 
 def onpolicy_loss(

@@ -160,6 +160,69 @@ def round_counts(rounds: list[tuple[int, int, int]], num_draft_tokens: int) -> t
     return torch.tensor(counts, dtype=torch.float64)
 
 
+def round_starts(
+    chain: torch.Tensor,  # [B, T] int
+    starts_ok: torch.Tensor,  # [B, T] bool: step 0 at t drafts an answer token (positions[0])
+) -> torch.Tensor:
+    """[B, T] bool: the positions walk_rounds(chain, starts_ok) starts a round at, as tensors.
+
+    No host read and no data-dependent Python branch, so it runs on the device and inside
+    torch.compile with static shapes. Within a span s..e of starts_ok the walk visits s+1 and then
+    t -> t + chain[t] + 1 while t <= e: a jump always goes forward, so the jumps form a forest
+    whose roots are a sentinel T (a jump past e); the rounds are the path from s+1 to it. Pointer
+    doubling gives each position its depth (jumps to the sentinel) and jump tables by powers of
+    two; t is on the path from f = s+1 iff jumping depth(f) - depth(t) times from f lands on t.
+    """
+    b, n = starts_ok.shape
+    ok = starts_ok.to(torch.bool)  # [B, T]
+    device = ok.device
+    idx = torch.arange(n, device=device).expand(b, n)  # [B, T]
+    false_col = torch.zeros(b, 1, dtype=torch.bool, device=device)  # [B, 1]
+    before = torch.cat([false_col, ok[:, :-1]], dim=1)  # [B, T]: ok[t - 1]
+    span_first = ok & ~before  # [B, T]: s
+    # span end e per position: one before the next position that is not ok (reverse cummin)
+    not_ok_at = torch.where(ok, n, idx)  # [B, T]
+    span_end = not_ok_at.flip(1).cummin(1).values.flip(1) - 1  # [B, T]
+    span_start = torch.where(span_first, idx, -1).cummax(1).values  # [B, T]: s of t's span
+    # one jump per position, the sentinel n where it leaves the span (or t is no start); the
+    # sentinel column jumps to itself
+    jump = idx + chain.to(torch.int64) + 1  # [B, T]
+    jump = torch.where(ok & (jump <= span_end), jump, n)  # [B, T]
+    sentinel = torch.full((b, 1), n, dtype=torch.int64, device=device)  # [B, 1]
+    up = torch.cat([jump, sentinel], dim=1)  # [B, T + 1]: 2^0 jumps
+    depth = torch.cat([torch.ones_like(jump), torch.zeros_like(sentinel)], dim=1)  # [B, T + 1]
+    levels = max(1, int(n).bit_length())  # 2^levels > n >= any depth: a static count of doublings
+    tables = [up]
+    for _ in range(levels):
+        depth = depth + torch.gather(depth, 1, up)  # [B, T + 1]
+        up = torch.gather(up, 1, up)  # [B, T + 1]: 2^(j + 1) jumps
+        tables.append(up)
+    # depth now counts the jumps to the sentinel (each doubling sums the next 2^j jumps' ones)
+    # a span of length 1 walks none: f = s + 1 lies past e (past the row too where s = T - 1)
+    has_first = ok & (span_start >= 0) & (span_start + 1 <= span_end)  # [B, T]
+    first = (span_start + 1).clamp(max=n - 1)  # [B, T]: f = s + 1, the span's first round (an index)
+    depth_t = depth[:, :n]  # [B, T]
+    delta = (torch.gather(depth_t, 1, first) - depth_t).clamp(min=0)  # [B, T]
+    at = first  # [B, T]
+    for j in range(levels):
+        hop = ((delta >> j) & 1).bool()  # [B, T]
+        at = torch.where(hop, torch.gather(tables[j], 1, at), at)  # [B, T]
+    return has_first & (idx >= first) & (at == idx)
+
+
+def start_counts(
+    starts: torch.Tensor,  # [B, T] bool: round_starts(...)
+    chain: torch.Tensor,  # [B, T] int, <= num_draft_tokens
+    num_draft_tokens: int,
+) -> torch.Tensor:
+    """round_counts of the rounds at `starts`, on their device: [rounds, accepted, rounds with
+    >= 1 accepted, >= 2, ...] float64 [2 + num_draft_tokens]."""
+    starts = starts.to(torch.bool)  # [B, T]
+    accepted = torch.where(starts, chain, 0)  # [B, T]
+    parts = [starts.sum(), accepted.sum()] + [(starts & (chain > k)).sum() for k in range(num_draft_tokens)]
+    return torch.stack(parts).to(torch.float64)  # [2 + num_draft_tokens]
+
+
 def replay_rounds(
     chain: torch.Tensor,  # [B, T] int
     starts_ok: torch.Tensor,  # [B, T] bool: step 0 at t drafts an answer token (positions[0])

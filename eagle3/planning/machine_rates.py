@@ -71,7 +71,7 @@ def signature(cfg: RunConfig, figure: str) -> str:
     if figure == "capture_tok_s":
         return f"{target}|capture={c.backend.value}|{c.storage}|topk={c.teacher_topk}|len={d.max_length}"
     if figure == "train_tok_s":
-        # the on-policy step walks the head's own rounds too, and runs eager: another rate
+        # the on-policy step walks the head's own rounds too: another rate
         onpolicy = "|onpolicy" if t.onpolicy_weight > 0 else ""
         return (
             f"{target}|head={h.intermediate_size}x{h.num_draft_layers}|v{h.draft_vocab_size}|ttt={t.ttt_steps}"

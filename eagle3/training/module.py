@@ -81,6 +81,7 @@ class Eagle3LitModule(L.LightningModule):
         self.onpolicy_weight = float(train_cfg.onpolicy_weight)
         self.onpolicy_k = self.replay_k if self.replay_k > 0 else self.ttt_steps
         self._step = self._forward_loss
+        self._mixed_step = self._forward_mixed
         self.lr_schedule: BudgetedCosine | None = None
         self._restored_schedule: dict | None = None  # from a checkpoint, applied when the schedule is built
         # the first step whose training loss was NaN or Inf (NO_BAD_STEP: none), kept on the
@@ -119,13 +120,11 @@ class Eagle3LitModule(L.LightningModule):
             )
         # null = off (see train.compile in the schema). The datamodule pads every row to
         # max_tokens_per_batch when compiling: one static shape, one graph (dynamic shapes
-        # recompiled for new row lengths on the H200)
+        # recompiled for new row lengths on the H200). The on-policy step compiles the same way:
+        # its rounds are walked as tensors (replay.round_starts), one static graph with the head
         compiled = self.train_cfg.compile
-        if compiled and self.onpolicy_weight > 0:
-            # the rounds are walked on the host each step (replay.walk_rounds): no static graph
-            warnings.warn("train.compile: the on-policy step (train.onpolicy_weight > 0) runs eager", stacklevel=2)
-            compiled = False
         self._step = torch.compile(self._forward_loss, dynamic=False) if compiled else self._forward_loss
+        self._mixed_step = torch.compile(self._forward_mixed, dynamic=False) if compiled else self._forward_mixed
         self._graphs_before = _compiled_graphs()  # the counter is per process (other compiles, tests)
 
     def _logits(self, batch: dict[str, torch.Tensor]):
@@ -226,7 +225,7 @@ class Eagle3LitModule(L.LightningModule):
             batch = {**batch, "aux_hidden": aux}
         onpolicy = None
         if self.onpolicy_weight > 0:
-            loss, supervised, counts, onpolicy = self._forward_mixed(batch)
+            loss, supervised, counts, onpolicy = self._mixed_step(batch)
         else:
             loss, counts = self._step(batch)
         self._note_loss(loss)

@@ -70,3 +70,39 @@ def test_a_fit_logs_the_objective_and_the_rounds_under_train():
     mixed = 0.5 * float(logged["train/supervised_loss"]) + 0.5 * float(logged["train/onpolicy_loss"])
     assert float(logged["train/loss"]) == pytest.approx(mixed, rel=1e-5)
     assert not torch.equal(module.head.fc.weight, before)
+
+
+def test_train_compile_compiles_the_mixed_step_too(monkeypatch):
+    """train.compile=true: setup compiles the on-policy step like the supervised one (its walk is
+    tensors, replay.round_starts), and a fit trains through it; aot_eager and fullgraph here keep
+    the test fast and make a graph break an error."""
+    compiled_fns = []
+
+    def compile_fullgraph(fn, **kwargs):
+        compiled_fns.append(fn.__name__)
+        return real_compile(fn, **kwargs, fullgraph=True, backend="aot_eager")
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", compile_fullgraph)
+    module = _module(0.5)
+    module.train_cfg.compile = True
+    data = torch.utils.data.DataLoader([_batch()] * 2, batch_size=None)
+    quiet_cpu_trainer(max_steps=2, limit_val_batches=0).fit(module, train_dataloaders=data)
+    assert "_forward_mixed" in compiled_fns and module._mixed_step != module._forward_mixed
+
+
+def test_the_compiled_mixed_step_gives_the_eager_loss_and_gradients():
+    """The mixed step under inductor, one graph (fullgraph: a break raises), as setup compiles it
+    (dynamic=False): the eager loss, its parts, the rounds' counts and the gradients."""
+    module, batch = _module(0.3), _batch()
+    eager, eager_supervised, _, eager_onpolicy = module._forward_mixed(batch)
+    eager_grad = torch.autograd.grad(eager, module.head.fc.weight)[0]
+    compiled_step = torch.compile(module._forward_mixed, dynamic=False, fullgraph=True)
+    compiled, compiled_supervised, _, compiled_onpolicy = compiled_step(batch)
+    compiled_grad = torch.autograd.grad(compiled, module.head.fc.weight)[0]
+    assert float(compiled_onpolicy.counts[0]) > 0
+    assert compiled_onpolicy.counts.equal(eager_onpolicy.counts)
+    assert float(compiled.detach()) == pytest.approx(float(eager.detach()), rel=1e-5)
+    assert float(compiled_supervised) == pytest.approx(float(eager_supervised), rel=1e-5)
+    assert compiled_onpolicy.metrics() == pytest.approx(eager_onpolicy.metrics(), rel=1e-5)
+    assert torch.allclose(compiled_grad, eager_grad, rtol=1e-4, atol=1e-6)
