@@ -52,20 +52,26 @@ class OnPolicyLoss:
     accepted_cells: torch.Tensor
     rejected_cells: torch.Tensor
 
-    def metrics(self, prefix: str = "train/") -> dict[str, float]:
-        """The objective's parts and the rounds' acceptance (1 + accepted / rounds, and the
-        rate at each draft position) as a logger's floats."""
-        rounds = max(float(self.counts[0]), 1.0)
+    def metric_tensors(self, prefix: str = "train/") -> dict[str, torch.Tensor]:
+        """The objective's parts and the rounds' acceptance (1 + accepted / rounds, and the rate
+        at each draft position) as 0-dim tensors where they were computed: a trainer logs them
+        each step without waiting for the device."""
+        counts = self.counts.float()  # [2 + K]
+        rounds = counts[0].clamp_min(1.0)
         out = {
-            f"{prefix}onpolicy_loss": float(self.loss.detach()),
-            f"{prefix}onpolicy_forward_kl": float(self.forward_sum) / max(float(self.accepted_cells), 1.0),
-            f"{prefix}onpolicy_reverse_kl": float(self.reverse_sum) / max(float(self.rejected_cells), 1.0),
-            f"{prefix}onpolicy_accept_len": 1.0 + float(self.counts[1]) / rounds,
-            f"{prefix}onpolicy_rounds": float(self.counts[0]),
+            f"{prefix}onpolicy_loss": self.loss.detach().float(),
+            f"{prefix}onpolicy_forward_kl": self.forward_sum.float() / self.accepted_cells.clamp_min(1).float(),
+            f"{prefix}onpolicy_reverse_kl": self.reverse_sum.float() / self.rejected_cells.clamp_min(1).float(),
+            f"{prefix}onpolicy_accept_len": 1.0 + counts[1] / rounds,
+            f"{prefix}onpolicy_rounds": counts[0],
         }
-        for k in range(self.counts.shape[0] - 2):
-            out[f"{prefix}onpolicy_acc_pos{k}"] = float(self.counts[2 + k]) / rounds
+        for k in range(counts.shape[0] - 2):
+            out[f"{prefix}onpolicy_acc_pos{k}"] = counts[2 + k] / rounds
         return out
+
+    def metrics(self, prefix: str = "train/") -> dict[str, float]:
+        """metric_tensors as floats (each a device wait)."""
+        return {k: float(v) for k, v in self.metric_tensors(prefix).items()}
 
 
 @torch.no_grad()

@@ -82,6 +82,7 @@ class Eagle3LitModule(L.LightningModule):
         self.onpolicy_k = self.replay_k if self.replay_k > 0 else self.ttt_steps
         self._step = self._forward_loss
         self._mixed_step = self._forward_mixed
+        self._compiled = False  # train.compile took effect (setup)
         self.lr_schedule: BudgetedCosine | None = None
         self._restored_schedule: dict | None = None  # from a checkpoint, applied when the schedule is built
         # the first step whose training loss was NaN or Inf (NO_BAD_STEP: none), kept on the
@@ -123,6 +124,7 @@ class Eagle3LitModule(L.LightningModule):
         # recompiled for new row lengths on the H200). The on-policy step compiles the same way:
         # its rounds are walked as tensors (replay.round_starts), one static graph with the head
         compiled = self.train_cfg.compile
+        self._compiled = bool(compiled)
         self._step = torch.compile(self._forward_loss, dynamic=False) if compiled else self._forward_loss
         self._mixed_step = torch.compile(self._forward_mixed, dynamic=False) if compiled else self._forward_mixed
         self._graphs_before = _compiled_graphs()  # the counter is per process (other compiles, tests)
@@ -231,10 +233,10 @@ class Eagle3LitModule(L.LightningModule):
         self._note_loss(loss)
         logs = self._metrics(counts, "train")
         if onpolicy is not None:  # its loss, its parts and the current head's rounds on the batch
-            logs.update({k: torch.tensor(v) for k, v in onpolicy.metrics("train/").items()})
+            logs.update(onpolicy.metric_tensors("train/"))
             logs["train/supervised_loss"] = supervised.float()
         logs["train/loss"] = loss.detach().float()
-        if self._step is not self._forward_loss:
+        if self._compiled:  # (a bound method is a new object at each access: no identity test)
             # graphs dynamo compiled so far: one static shape means it stays at 1 after the
             # first step; a rise is a recompile (a new shape or a guard that failed)
             logs["train/compiled_graphs"] = torch.tensor(float(_compiled_graphs() - self._graphs_before))

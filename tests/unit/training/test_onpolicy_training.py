@@ -70,6 +70,7 @@ def test_a_fit_logs_the_objective_and_the_rounds_under_train():
     mixed = 0.5 * float(logged["train/supervised_loss"]) + 0.5 * float(logged["train/onpolicy_loss"])
     assert float(logged["train/loss"]) == pytest.approx(mixed, rel=1e-5)
     assert not torch.equal(module.head.fc.weight, before)
+    assert "train/compiled_graphs" not in logged  # eager: no compile counter on the dashboard
 
 
 def test_train_compile_compiles_the_mixed_step_too(monkeypatch):
@@ -87,8 +88,10 @@ def test_train_compile_compiles_the_mixed_step_too(monkeypatch):
     module = _module(0.5)
     module.train_cfg.compile = True
     data = torch.utils.data.DataLoader([_batch()] * 2, batch_size=None)
-    quiet_cpu_trainer(max_steps=2, limit_val_batches=0).fit(module, train_dataloaders=data)
+    trainer = quiet_cpu_trainer(max_steps=2, limit_val_batches=0)
+    trainer.fit(module, train_dataloaders=data)
     assert "_forward_mixed" in compiled_fns and module._mixed_step != module._forward_mixed
+    assert "train/compiled_graphs" in trainer.callback_metrics
 
 
 def test_the_compiled_mixed_step_gives_the_eager_loss_and_gradients():
