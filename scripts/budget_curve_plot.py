@@ -19,7 +19,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 CURVE = ROOT / "docs" / "data" / "budget_curve.yaml"
 PLOT = ROOT / "docs" / "budget_curve.svg"
-STYLE = {"warm": ("o", "C0", "warmed machine"), "fresh": ("s", "C3", "fresh machine (one-time costs inside the minutes)")}
+STYLE = {
+    "warm": ("o", "C0", "warmed machine"),
+    "fresh": ("s", "C3", "fresh machine (one-time costs inside the minutes)"),
+}
 
 
 def main() -> int:

@@ -74,7 +74,9 @@ def budget_curve_table() -> str:
     for p in sorted(curve["points"], key=lambda p: (p["minutes"], p["acceptance"])):
         interval = f" ({p['interval'][0]:.3f}-{p['interval'][1]:.3f})" if p.get("interval") else ""
         link = f"[{p['record'].removesuffix('.md')}](records/{p['record']})"
-        rows.append(f"| {p['minutes']:g} | **{p['acceptance']:.3f}**{interval} | {p['machine']} | {p['plan']} | {link} |")
+        rows.append(
+            f"| {p['minutes']:g} | **{p['acceptance']:.3f}**{interval} | {p['machine']} | {p['plan']} | {link} |"
+        )
     return "\n".join(rows) + "\n"
 
 
